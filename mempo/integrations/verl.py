@@ -1,0 +1,160 @@
+"""verl drop-in: the "mempo" advantage estimator.
+
+Use without forking verl:
+
+    VERL_USE_EXTERNAL_MODULES=mempo.integrations.verl  python -m verl.trainer.main_ppo \\
+        algorithm.adv_estimator=mempo +algorithm.mempo.memory_weight=1.0 ...
+
+Importing this module registers `compute_mempo_advantage` under the name "mempo" with verl's
+`register_adv_est`. It imports only verl submodules and `mempo.ops` (it may run while
+`verl/__init__` is still executing).
+
+What reaches the estimator. verl's `compute_advantage` (ray_trainer.py, v0.6-v0.9) passes a
+registered estimator only `token_level_rewards`, `response_mask`, `config` and `index` (the `uid`
+array). With only those, "mempo" equals verl's GRPO (outcome advantage, same conventions) and
+warns once that the memory inputs were absent. To bring the memory rewards along, store them in the
+batch under the keys below (padded per trajectory, so they survive verl's batch splitting) and call
+`compute_advantage` from this module instead of verl's (or `patch_ray_trainer()` once, which makes
+`RayPPOTrainer.fit` use it):
+
+    batch["mempo_mem_rewards"]  float [B, K]    memory reward of each scored round (K = max rounds)
+    batch["mempo_mem_spans"]    int64 [B, K, 2] (start, end) of the round's <mem> span, response coords
+    batch["mempo_mem_valid"]    bool  [B, K]    which of the K slots hold a scored round
+
+`pack_memory_fields` builds these from the CSR form used by `mempo.ops`.
+
+Configuration (the OmegaConf `algorithm` node): `norm_adv_by_std_in_grpo` (default True) and
+`mempo.memory_weight` (default 1.0), `mempo.epsilon` (default 1e-6).
+"""
+from __future__ import annotations
+
+import warnings
+from typing import Any, Optional
+
+import torch
+
+from verl.trainer.ppo import core_algos
+
+from mempo.ops.advantage import mempo_advantage
+
+__all__ = [
+    "MEMORY_KEYS",
+    "compute_mempo_advantage",
+    "compute_advantage",
+    "pack_memory_fields",
+    "unpack_memory_fields",
+    "patch_ray_trainer",
+]
+
+MEMORY_KEYS = ("mempo_mem_rewards", "mempo_mem_spans", "mempo_mem_valid")
+_warned_missing_memory = False
+
+
+def pack_memory_fields(mem_rewards: torch.Tensor, mem_offsets: torch.Tensor, mem_spans: torch.Tensor,
+                       num_slots: Optional[int] = None) -> dict[str, torch.Tensor]:
+    """CSR memory inputs -> the padded batch fields of `MEMORY_KEYS`.
+
+    mem_rewards [R] float, mem_offsets [B+1] int64, mem_spans [R, 2] int64 -> tensors of shape
+    [B, K], [B, K, 2], [B, K] with K = num_slots or the largest number of rounds per trajectory.
+    """
+    offsets = torch.as_tensor(mem_offsets, dtype=torch.int64)
+    rewards = torch.as_tensor(mem_rewards, dtype=torch.float32)
+    spans = torch.as_tensor(mem_spans, dtype=torch.int64).reshape(-1, 2)
+    counts = offsets.diff()
+    num_rows = counts.numel()
+    widest = int(counts.max()) if num_rows else 0
+    k = widest if num_slots is None else int(num_slots)
+    if k < widest:
+        raise ValueError(f"num_slots={k} is smaller than the largest number of scored rounds ({widest})")
+    valid = torch.arange(k)[None, :] < counts[:, None]
+    out_rewards = torch.zeros(num_rows, k, dtype=torch.float32)
+    out_spans = torch.zeros(num_rows, k, 2, dtype=torch.int64)
+    out_rewards[valid] = rewards
+    out_spans[valid] = spans
+    return {"mempo_mem_rewards": out_rewards, "mempo_mem_spans": out_spans, "mempo_mem_valid": valid}
+
+
+def unpack_memory_fields(mem_rewards: torch.Tensor, mem_spans: torch.Tensor, mem_valid: torch.Tensor
+                         ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Padded batch fields -> CSR (mem_rewards [R], mem_offsets [B+1], mem_spans [R, 2])."""
+    valid = mem_valid.bool()
+    offsets = torch.zeros(valid.shape[0] + 1, dtype=torch.int64, device=valid.device)
+    offsets[1:] = torch.cumsum(valid.sum(1), 0)
+    return mem_rewards[valid], offsets, mem_spans[valid]
+
+
+def _mempo_config(config: Any) -> tuple[bool, float, float]:
+    if config is None:
+        return True, 1e-6, 1.0
+    get = config.get if hasattr(config, "get") else lambda key, default=None: getattr(config, key, default)
+    sub = get("mempo", None) or {}
+    sub_get = sub.get if hasattr(sub, "get") else lambda key, default=None: getattr(sub, key, default)
+    return (bool(get("norm_adv_by_std_in_grpo", True)), float(sub_get("epsilon", 1e-6)),
+            float(sub_get("memory_weight", 1.0)))
+
+
+@core_algos.register_adv_est("mempo")
+def compute_mempo_advantage(token_level_rewards: torch.Tensor, response_mask: torch.Tensor, index: Any = None,
+                            epsilon: Optional[float] = None, norm_adv_by_std_in_grpo: Optional[bool] = None,
+                            config: Any = None, mem_rewards: Optional[torch.Tensor] = None,
+                            mem_spans: Optional[torch.Tensor] = None, mem_valid: Optional[torch.Tensor] = None,
+                            **unused: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """verl estimator contract: (token_level_rewards [B, L], response_mask [B, L], index (uid array),
+    config) -> (advantages [B, L], returns [B, L]); memory inputs in the padded form of MEMORY_KEYS.
+    """
+    global _warned_missing_memory
+    if index is None:
+        raise ValueError("the 'mempo' estimator needs the 'uid' group index (non_tensor_batch['uid'])")
+    cfg_norm, cfg_eps, memory_weight = _mempo_config(config)
+    norm = cfg_norm if norm_adv_by_std_in_grpo is None else bool(norm_adv_by_std_in_grpo)
+    eps = cfg_eps if epsilon is None else float(epsilon)
+    scores = token_level_rewards.sum(dim=-1)
+    if mem_rewards is None or mem_spans is None or mem_valid is None:
+        if not _warned_missing_memory:
+            warnings.warn("mempo estimator: no memory rewards reached it (verl passes only rewards, mask and "
+                          "uid); computing plain GRPO. Use mempo.integrations.verl.compute_advantage to pass "
+                          "the batch's mempo_mem_* fields.", RuntimeWarning, stacklevel=2)
+            _warned_missing_memory = True
+        return mempo_advantage(scores, index, response_mask, epsilon=eps, norm_adv_by_std=norm)
+    rewards, offsets, spans = unpack_memory_fields(mem_rewards, mem_spans, mem_valid)
+    return mempo_advantage(scores, index, response_mask, rewards, offsets, spans, epsilon=eps,
+                           norm_adv_by_std=norm, memory_weight=memory_weight)
+
+
+def compute_advantage(data: Any, adv_estimator: Any, gamma: float = 1.0, lam: float = 1.0, num_repeat: int = 1,
+                      norm_adv_by_std_in_grpo: bool = True, config: Any = None) -> Any:
+    """Drop-in for `verl.trainer.ppo.ray_trainer.compute_advantage` that hands the batch's memory
+    fields to the "mempo" estimator; any other estimator goes to verl's own function unchanged.
+
+    data: a verl `DataProto` with batch keys token_level_rewards, response_mask and (optionally)
+    MEMORY_KEYS, and non_tensor_batch["uid"]. Sets data.batch["advantages"] and ["returns"].
+    """
+    name = getattr(adv_estimator, "value", adv_estimator)
+    if name != "mempo":
+        from verl.trainer.ppo import ray_trainer
+
+        verl_fn = getattr(ray_trainer, "_verl_compute_advantage", ray_trainer.compute_advantage)
+        return verl_fn(data, adv_estimator, gamma=gamma, lam=lam, num_repeat=num_repeat,
+                       norm_adv_by_std_in_grpo=norm_adv_by_std_in_grpo, config=config)
+    batch = data.batch
+    memory = {}
+    if all(key in batch.keys() for key in MEMORY_KEYS):
+        memory = dict(mem_rewards=batch["mempo_mem_rewards"], mem_spans=batch["mempo_mem_spans"],
+                      mem_valid=batch["mempo_mem_valid"])
+    advantages, returns = compute_mempo_advantage(
+        token_level_rewards=batch["token_level_rewards"], response_mask=batch["response_mask"],
+        index=data.non_tensor_batch.get("uid"), norm_adv_by_std_in_grpo=norm_adv_by_std_in_grpo, config=config,
+        **memory,
+    )
+    batch["advantages"] = advantages
+    batch["returns"] = returns
+    return data
+
+
+def patch_ray_trainer() -> None:
+    """Make `RayPPOTrainer.fit` use `compute_advantage` above (idempotent). Imports verl's trainer."""
+    from verl.trainer.ppo import ray_trainer
+
+    if not hasattr(ray_trainer, "_verl_compute_advantage"):
+        ray_trainer._verl_compute_advantage = ray_trainer.compute_advantage
+        ray_trainer.compute_advantage = compute_advantage

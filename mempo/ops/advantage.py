@@ -1,0 +1,318 @@
+"""MemPO advantages: GRPO outcome advantage, pooled memory advantage, and their per-token sum.
+
+Numeric conventions (shared by the torch path, the Triton kernels and the loop references):
+
+* Groups. `index` gives the group of each trajectory (B entries): an int tensor, a numpy array of
+  ints or strings (verl's `uid` object array), or a list of hashables. Only equality matters.
+* Statistics are accumulated in fp32 whatever the input dtype; outputs are fp32.
+* Outcome (verl `compute_grpo_outcome_advantage`): per group, mean and *unbiased* (Bessel, N-1)
+  std of the scores; `A = (s - mean) / (std + epsilon)`, or `s - mean` when
+  `norm_adv_by_std=False` (Dr.GRPO). A group of one uses mean 0 and std 1, so its advantage is
+  `s / (1 + epsilon)` (exactly verl's choice). All-equal scores give 0. Broadcast as
+  `A * response_mask`.
+* Memory: every scored round carries one memory reward. Per group, the rewards of all rounds of all
+  its trajectories form one pool, normalised with the pool's mean and unbiased std, `epsilon`
+  added to the std (or only centred when `norm_adv_by_std=False`). A pool of zero or one values
+  gives 0 (one value carries no relative signal). Each normalised value is written on the tokens
+  `[start, end)` of its round's `<mem>` span, 0 elsewhere, times `response_mask`.
+* Spans are in CSR form: `mem_offsets` (B+1, int64) says that the scored rounds of trajectory b are
+  rows `mem_offsets[b]:mem_offsets[b+1]` of `mem_rewards` (R) and `mem_spans` (R x 2, int64
+  start/end in response-token coordinates). Spans must satisfy 0 <= start <= end <= L and must not
+  overlap inside one trajectory (ValueError otherwise); empty spans contribute nothing.
+* Final advantage: `A = A_out + memory_weight * A_mem` per token; `returns` is the same tensor (as
+  verl's GRPO returns it).
+* Never NaN: degenerate groups give finite values (zeros), non-finite inputs raise ValueError.
+* Device policy: see `mempo.ops._dispatch` (CUDA -> Triton kernels, CPU -> vectorised torch).
+  Both paths are deterministic (no atomics on the Triton side; sequential index_add on CPU).
+"""
+from __future__ import annotations
+
+from typing import Any, Optional, Sequence
+
+import numpy as np
+import torch
+
+from mempo.ops._dispatch import resolve_backend
+
+__all__ = [
+    "csr_offsets_from_rows",
+    "group_ids",
+    "group_zscore",
+    "grpo_outcome_advantage",
+    "memory_advantage",
+    "mempo_advantage",
+]
+
+
+# --------------------------------------------------------------------------------------------
+# Inputs
+# --------------------------------------------------------------------------------------------
+def group_ids(index: Any, num_items: int, device: torch.device | str = "cpu") -> tuple[torch.Tensor, int]:
+    """Map any group labels to dense ids 0..G-1.
+
+    index: length-`num_items` int tensor, numpy array (ints, strings or objects), or list of
+    hashables. Returns (int64 tensor [num_items] on `device`, G).
+    """
+    if isinstance(index, torch.Tensor):
+        if index.dim() != 1 or index.numel() != num_items:
+            raise ValueError(f"index must have shape ({num_items},), got {tuple(index.shape)}")
+        if index.dtype.is_floating_point or index.dtype == torch.bool:
+            raise ValueError(f"index tensor must hold integer group ids, got dtype {index.dtype}")
+        uniq, inverse = torch.unique(index, return_inverse=True)
+        return inverse.to(device=device, dtype=torch.int64), int(uniq.numel())
+    if not isinstance(index, np.ndarray) or index.dtype == object:
+        # Hashable labels of any type (tuples too): dense ids by first appearance.
+        labels = list(index)
+        if len(labels) != num_items or (isinstance(index, np.ndarray) and index.ndim != 1):
+            raise ValueError(f"index must have {num_items} entries (one per trajectory), got {len(labels)}")
+        lookup: dict = {}
+        dense = np.fromiter((lookup.setdefault(x, len(lookup)) for x in labels), dtype=np.int64, count=num_items)
+        return torch.from_numpy(dense).to(device), len(lookup)
+    if index.ndim != 1 or index.shape[0] != num_items:
+        raise ValueError(f"index must have {num_items} entries (one per trajectory), got shape {index.shape}")
+    uniq, inverse = np.unique(index, return_inverse=True)
+    return torch.from_numpy(inverse.astype(np.int64).reshape(-1)).to(device), int(uniq.shape[0])
+
+
+def _as_float_vector(x: Any, name: str, n: Optional[int] = None) -> torch.Tensor:
+    t = torch.as_tensor(x)
+    if t.dim() != 1:
+        raise ValueError(f"{name} must be 1-D, got shape {tuple(t.shape)}")
+    if n is not None and t.numel() != n:
+        raise ValueError(f"{name} must have {n} entries, got {t.numel()}")
+    if not (t.dtype.is_floating_point or t.dtype in (torch.int32, torch.int64, torch.bool)):
+        raise ValueError(f"{name} must be a float (or int) tensor, got dtype {t.dtype}")
+    t = t.to(torch.float32)
+    if t.numel() and not bool(torch.isfinite(t).all()):
+        bad = int((~torch.isfinite(t)).nonzero()[0])
+        raise ValueError(f"{name}[{bad}] is not finite ({t[bad].item()})")
+    return t
+
+
+def _check_mask(response_mask: torch.Tensor, num_rows: int) -> torch.Tensor:
+    if not isinstance(response_mask, torch.Tensor) or response_mask.dim() != 2:
+        raise ValueError("response_mask must be a 2-D tensor (batch, response_length)")
+    if response_mask.shape[0] != num_rows:
+        raise ValueError(f"response_mask has {response_mask.shape[0]} rows, expected {num_rows} (one per trajectory)")
+    if response_mask.stride(-1) != 1:
+        response_mask = response_mask.contiguous()
+    return response_mask
+
+
+def _check_spans(mem_offsets: Any, mem_spans: Any, num_rows: int, num_rounds: int, length: int,
+                 device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Validate CSR spans; return (offsets [B+1], start [R], end [R]) as int64 on `device`."""
+    offsets = torch.as_tensor(mem_offsets)
+    spans = torch.as_tensor(mem_spans)
+    if offsets.dtype.is_floating_point or offsets.dim() != 1 or offsets.numel() != num_rows + 1:
+        raise ValueError(f"mem_offsets must be an integer vector of B+1 = {num_rows + 1} CSR offsets, "
+                         f"got shape {tuple(offsets.shape)} dtype {offsets.dtype}")
+    offsets = offsets.to(device=device, dtype=torch.int64)
+    if spans.numel() == 0:
+        spans = spans.reshape(0, 2)
+    if spans.dtype.is_floating_point or spans.dim() != 2 or spans.shape != (num_rounds, 2):
+        raise ValueError(f"mem_spans must be an integer tensor of shape ({num_rounds}, 2) (start, end), "
+                         f"got shape {tuple(spans.shape)} dtype {spans.dtype}")
+    spans = spans.to(device=device, dtype=torch.int64)
+    if int(offsets[0]) != 0 or int(offsets[-1]) != num_rounds or bool((offsets[1:] < offsets[:-1]).any()):
+        raise ValueError(f"mem_offsets must start at 0, be non-decreasing and end at len(mem_rewards) = {num_rounds}")
+    start, end = spans[:, 0].contiguous(), spans[:, 1].contiguous()
+    bad = (start < 0) | (end < start) | (end > length)
+    if bool(bad.any()):
+        r = int(bad.nonzero()[0])
+        raise ValueError(f"mem_spans[{r}] = ({int(start[r])}, {int(end[r])}) is not a span inside [0, {length}]")
+    if num_rounds > 1:
+        # Overlap check: sort by (row, start) and compare each end with the next start of the same row.
+        row = torch.repeat_interleave(torch.arange(num_rows, device=device), offsets.diff())
+        key = row * (length + 1) + start
+        order = torch.argsort(key, stable=True)
+        s, e, rw = start[order], end[order], row[order]
+        nonempty = e > s
+        s, e, rw, order = s[nonempty], e[nonempty], rw[nonempty], order[nonempty]
+        clash = (rw[1:] == rw[:-1]) & (s[1:] < e[:-1])
+        if bool(clash.any()):
+            k = int(clash.nonzero()[0])
+            raise ValueError(f"mem_spans[{int(order[k])}] and mem_spans[{int(order[k + 1])}] overlap in trajectory "
+                             f"{int(rw[k])}; <mem> spans of one trajectory must be disjoint")
+    return offsets, start, end
+
+
+# --------------------------------------------------------------------------------------------
+# Grouped z-score
+# --------------------------------------------------------------------------------------------
+def _group_zscore_torch(values: torch.Tensor, group: torch.Tensor, num_groups: int, epsilon: float,
+                        norm_by_std: bool, singleton_zero: bool) -> torch.Tensor:
+    # 1. Per-group count, sum and mean (fp32; index_add_ is sequential, hence deterministic, on CPU).
+    count = torch.bincount(group, minlength=num_groups)
+    total = torch.zeros(num_groups, dtype=torch.float32, device=values.device).index_add_(0, group, values)
+    mean = total / count.clamp(min=1)
+    # 2. Unbiased variance from centred values (two passes, as in the kernel).
+    centred = values - mean[group]
+    sq = torch.zeros(num_groups, dtype=torch.float32, device=values.device).index_add_(0, group, centred * centred)
+    std = torch.sqrt(sq / (count - 1).clamp(min=1))
+    # 3. Groups of one: mean 0 / std 1 (verl) or zero (memory pools).
+    single = (count == 1)[group]
+    centred = torch.where(single, values, centred)
+    scale = 1.0 / (torch.where(single, torch.ones_like(std[group]), std[group]) + epsilon) if norm_by_std else 1.0
+    out = centred * scale
+    if singleton_zero:
+        out = torch.where(single, torch.zeros_like(out), out)
+    return out
+
+
+def group_zscore(values: torch.Tensor, group: torch.Tensor, num_groups: int, *, epsilon: float = 1e-6,
+                 norm_by_std: bool = True, singleton: str = "passthrough", backend: str = "auto") -> torch.Tensor:
+    """Normalise `values` within groups (see the module conventions).
+
+    values: [n] float (any dtype); group: [n] int64 dense group ids in [0, num_groups).
+    singleton: "passthrough" (a group of one keeps its value, mean 0 / std 1) or "zero".
+    Returns [n] fp32 on values' device.
+    """
+    if singleton not in ("passthrough", "zero"):
+        raise ValueError(f"singleton must be 'passthrough' or 'zero', got {singleton!r}")
+    values = values.to(torch.float32).contiguous()
+    group = group.to(device=values.device, dtype=torch.int64).contiguous()
+    if values.numel() == 0:
+        return values.clone()
+    if resolve_backend(backend, values) == "torch":
+        return _group_zscore_torch(values, group, num_groups, epsilon, norm_by_std, singleton == "zero")
+    from mempo.kernels import group_zscore as kernel
+
+    perm = torch.argsort(group, stable=True)
+    group_offsets = torch.zeros(num_groups + 1, dtype=torch.int64, device=values.device)
+    group_offsets[1:] = torch.cumsum(torch.bincount(group, minlength=num_groups), 0)
+    out = torch.empty_like(values)
+    return kernel.group_zscore(values, perm, group_offsets, out, epsilon, norm_by_std, singleton == "zero")
+
+
+# --------------------------------------------------------------------------------------------
+# Span scatter fused with the row broadcast
+# --------------------------------------------------------------------------------------------
+def _span_scatter_torch(row_value: torch.Tensor, span_value: torch.Tensor, start: torch.Tensor, end: torch.Tensor,
+                        offsets: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    num_rows, length = mask.shape
+    device = mask.device
+    # 1. Broadcast each trajectory's value over its tokens, times the mask, in place in the output.
+    out = torch.empty(num_rows, length, dtype=torch.float32, device=device)
+    out.copy_(mask)
+    out.mul_(row_value[:, None])
+    lengths = end - start
+    total = int(lengths.sum()) if lengths.numel() else 0
+    if total:
+        # 2. Enumerate the covered tokens only (work ~ covered tokens, not B x L): slot j of the
+        #    concatenated spans belongs to span k(j) = #(span ends <= j); its flat position is
+        #    row_k * L + start_k + (j - first slot of k). Spans are disjoint: each position once.
+        span_ends = torch.cumsum(lengths, 0)
+        slot = torch.arange(total, device=device)
+        k = torch.searchsorted(span_ends, slot, right=True)
+        row = torch.searchsorted(offsets, torch.arange(lengths.numel(), device=device), right=True) - 1
+        pos = (row * length + start - (span_ends - lengths))[k] + slot
+        flat = out.view(-1)
+        flat.index_put_((pos,), span_value[k] * mask.reshape(-1)[pos].to(torch.float32), accumulate=True)
+    return out
+
+
+def _span_scatter(row_value, span_value, start, end, offsets, mask, backend: str) -> torch.Tensor:
+    if resolve_backend(backend, row_value, mask) == "torch":
+        return _span_scatter_torch(row_value, span_value, start, end, offsets, mask)
+    from mempo.kernels import span_scatter as kernel
+
+    out = torch.empty(mask.shape, dtype=torch.float32, device=mask.device)
+    return kernel.span_scatter(row_value.contiguous(), span_value.contiguous(), start, end, offsets, mask, out)
+
+
+# --------------------------------------------------------------------------------------------
+# Public ops
+# --------------------------------------------------------------------------------------------
+def _outcome_rows(scores, index, num_rows, device, epsilon, norm_adv_by_std, backend) -> tuple[torch.Tensor, torch.Tensor, int]:
+    scores = _as_float_vector(scores, "scores", num_rows).to(device)
+    group, num_groups = group_ids(index, num_rows, device)
+    adv = group_zscore(scores, group, num_groups, epsilon=epsilon, norm_by_std=norm_adv_by_std,
+                       singleton="passthrough", backend=backend)
+    return adv, group, num_groups
+
+
+def _memory_values(mem_rewards, mem_offsets, mem_spans, group, num_groups, length, device, epsilon,
+                   norm_adv_by_std, backend):
+    num_rows = group.numel()
+    rewards = _as_float_vector(mem_rewards, "mem_rewards").to(device)
+    offsets, start, end = _check_spans(mem_offsets, mem_spans, num_rows, rewards.numel(), length, device)
+    round_group = torch.repeat_interleave(group, offsets.diff())
+    normed = group_zscore(rewards, round_group, num_groups, epsilon=epsilon, norm_by_std=norm_adv_by_std,
+                          singleton="zero", backend=backend)
+    return normed, start, end, offsets
+
+
+@torch.no_grad()
+def grpo_outcome_advantage(scores: torch.Tensor, index: Any, response_mask: torch.Tensor, epsilon: float = 1e-6,
+                           norm_adv_by_std: bool = True, *, backend: str = "auto") -> torch.Tensor:
+    """GRPO outcome advantage, numerically verl's `compute_grpo_outcome_advantage`.
+
+    scores: [B] float (one outcome score per trajectory); index: B group labels;
+    response_mask: [B, L] (bool / int / float). Returns advantages [B, L] fp32 on the mask's device.
+    """
+    mask = _check_mask(response_mask, len(scores))
+    adv, _, _ = _outcome_rows(scores, index, mask.shape[0], mask.device, epsilon, norm_adv_by_std, backend)
+    empty = torch.zeros(0, dtype=torch.float32, device=mask.device)
+    no_spans = torch.zeros(mask.shape[0] + 1, dtype=torch.int64, device=mask.device)
+    return _span_scatter(adv, empty, empty.long(), empty.long(), no_spans, mask, backend)
+
+
+@torch.no_grad()
+def memory_advantage(mem_rewards: torch.Tensor, mem_offsets: torch.Tensor, mem_spans: torch.Tensor, index: Any,
+                     response_mask: torch.Tensor, epsilon: float = 1e-6, norm_adv_by_std: bool = True, *,
+                     backend: str = "auto") -> torch.Tensor:
+    """Memory advantage alone: group-pooled z-scored memory rewards written on their `<mem>` spans.
+
+    mem_rewards: [R] float, one per scored round; mem_offsets: [B+1] int CSR offsets (rounds of
+    trajectory b are rows mem_offsets[b]:mem_offsets[b+1]); mem_spans: [R, 2] int (start, end) in
+    response-token coordinates; index: B group labels; response_mask: [B, L].
+    Returns [B, L] fp32, zero outside spans.
+    """
+    mask = _check_mask(response_mask, len(mem_offsets) - 1)
+    group, num_groups = group_ids(index, mask.shape[0], mask.device)
+    normed, start, end, offsets = _memory_values(mem_rewards, mem_offsets, mem_spans, group, num_groups,
+                                                 mask.shape[1], mask.device, epsilon, norm_adv_by_std, backend)
+    zeros = torch.zeros(mask.shape[0], dtype=torch.float32, device=mask.device)
+    return _span_scatter(zeros, normed, start, end, offsets, mask, backend)
+
+
+@torch.no_grad()
+def mempo_advantage(scores: torch.Tensor, index: Any, response_mask: torch.Tensor,
+                    mem_rewards: Optional[torch.Tensor] = None, mem_offsets: Optional[torch.Tensor] = None,
+                    mem_spans: Optional[torch.Tensor] = None, *, epsilon: float = 1e-6,
+                    norm_adv_by_std: bool = True, memory_weight: float = 1.0,
+                    backend: str = "auto") -> tuple[torch.Tensor, torch.Tensor]:
+    """MemPO token advantage: outcome + memory_weight x memory, in verl's shapes.
+
+    scores: [B] float outcome scores; index: B group labels; response_mask: [B, L];
+    mem_rewards [R], mem_offsets [B+1], mem_spans [R, 2]: the scored rounds in CSR form (all three
+    or none; with none the result is plain GRPO).
+    Returns (advantages, returns), both the same [B, L] fp32 tensor, as verl's GRPO estimator does.
+    """
+    given = [x is not None for x in (mem_rewards, mem_offsets, mem_spans)]
+    if any(given) and not all(given):
+        raise ValueError("mem_rewards, mem_offsets and mem_spans must be given together (or none of them)")
+    mask = _check_mask(response_mask, len(scores))
+    adv, group, num_groups = _outcome_rows(scores, index, mask.shape[0], mask.device, epsilon, norm_adv_by_std,
+                                           backend)
+    if all(given):
+        normed, start, end, offsets = _memory_values(mem_rewards, mem_offsets, mem_spans, group, num_groups,
+                                                     mask.shape[1], mask.device, epsilon, norm_adv_by_std, backend)
+        span_value = normed * float(memory_weight)
+    else:
+        span_value = torch.zeros(0, dtype=torch.float32, device=mask.device)
+        start = end = span_value.long()
+        offsets = torch.zeros(mask.shape[0] + 1, dtype=torch.int64, device=mask.device)
+    advantages = _span_scatter(adv, span_value, start, end, offsets, mask, backend)
+    return advantages, advantages
+
+
+def csr_offsets_from_rows(round_rows: Sequence[int] | torch.Tensor, num_rows: int) -> torch.Tensor:
+    """CSR offsets [num_rows+1] for scored rounds listed by trajectory row (rows must be sorted)."""
+    rows = torch.as_tensor(round_rows, dtype=torch.int64)
+    if rows.numel() and (bool((rows[1:] < rows[:-1]).any()) or int(rows.min()) < 0 or int(rows.max()) >= num_rows):
+        raise ValueError(f"round_rows must be sorted trajectory rows in [0, {num_rows})")
+    offsets = torch.zeros(num_rows + 1, dtype=torch.int64)
+    offsets[1:] = torch.cumsum(torch.bincount(rows, minlength=num_rows), 0)
+    return offsets

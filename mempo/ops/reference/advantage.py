@@ -1,0 +1,133 @@
+"""Plain-loop references for the advantage ops (tests and benchmarks only; never on a hot path).
+
+They follow `mempo.ops.advantage` conventions literally, one Python float at a time (float64), so
+they read as the specification: see that module's docstring for the conventions.
+"""
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from typing import Hashable, Sequence
+
+
+def group_zscore_reference(
+    values: Sequence[float],
+    groups: Sequence[Hashable],
+    epsilon: float = 1e-6,
+    norm_by_std: bool = True,
+    singleton: str = "passthrough",
+) -> list[float]:
+    """z-score of each value inside its group (unbiased std, eps added to std).
+
+    singleton="passthrough": a group of one uses mean 0, std 1 (verl's GRPO convention).
+    singleton="zero": a group of one gives 0 (the memory-reward convention).
+    """
+    members: dict[Hashable, list[int]] = defaultdict(list)
+    for i, g in enumerate(groups):
+        members[g].append(i)
+    out = [0.0] * len(values)
+    for rows in members.values():
+        if len(rows) == 1:
+            if singleton == "zero":
+                continue
+            mean, std = 0.0, 1.0
+        else:
+            xs = [float(values[i]) for i in rows]
+            mean = sum(xs) / len(xs)
+            std = math.sqrt(sum((x - mean) ** 2 for x in xs) / (len(xs) - 1))
+        for i in rows:
+            centered = float(values[i]) - mean
+            out[i] = centered / (std + epsilon) if norm_by_std else centered
+    return out
+
+
+def grpo_outcome_advantage_reference(scores, index, response_mask, epsilon=1e-6, norm_adv_by_std=True):
+    """Loop GRPO: per-group z-score of `scores` broadcast over `response_mask` rows.
+
+    scores: B floats; index: B hashables; response_mask: B rows of L numbers. Returns B rows of L floats.
+    """
+    adv = group_zscore_reference(scores, index, epsilon, norm_adv_by_std, singleton="passthrough")
+    return [[adv[b] * float(m) for m in row] for b, row in enumerate(response_mask)]
+
+
+def memory_advantage_reference(mem_rewards, mem_offsets, mem_spans, index, response_mask,
+                               epsilon=1e-6, norm_adv_by_std=True):
+    """Loop memory advantage: pool each group's memory rewards, z-score them (a pool of 0 or 1
+    values gives zeros), and write each value on its round's `<mem>` span tokens.
+
+    mem_rewards: R floats; mem_offsets: B+1 CSR offsets (rounds of trajectory b are
+    mem_offsets[b]:mem_offsets[b+1]); mem_spans: R (start, end) pairs in response-token coordinates.
+    Returns B rows of L floats (0 outside spans, times response_mask).
+    """
+    num_traj = len(mem_offsets) - 1
+    round_group = []
+    for b in range(num_traj):
+        for _ in range(mem_offsets[b], mem_offsets[b + 1]):
+            round_group.append(index[b])
+    normed = group_zscore_reference(mem_rewards, round_group, epsilon, norm_adv_by_std, singleton="zero")
+    out = [[0.0] * len(row) for row in response_mask]
+    for b in range(num_traj):
+        for r in range(mem_offsets[b], mem_offsets[b + 1]):
+            start, end = mem_spans[r]
+            for t in range(start, end):
+                out[b][t] += normed[r]
+    return [[v * float(m) for v, m in zip(row, mask_row)] for row, mask_row in zip(out, response_mask)]
+
+
+def mempo_advantage_reference(scores, index, response_mask, mem_rewards=None, mem_offsets=None, mem_spans=None,
+                              epsilon=1e-6, norm_adv_by_std=True, memory_weight=1.0):
+    """Loop composition: outcome advantage plus memory_weight x memory advantage, per token."""
+    out = grpo_outcome_advantage_reference(scores, index, response_mask, epsilon, norm_adv_by_std)
+    if mem_rewards is None:
+        return out
+    mem = memory_advantage_reference(mem_rewards, mem_offsets, mem_spans, index, response_mask, epsilon,
+                                     norm_adv_by_std)
+    return [[o + memory_weight * m for o, m in zip(orow, mrow)] for orow, mrow in zip(out, mem)]
+
+
+def random_memory_batch(seed, num_groups, group_size, length, max_rounds=4, singleton_groups=0, binary_scores=True,
+                        layout="random", mem_len=64):
+    """Seeded random inputs for the advantage ops (tests and benchmarks share them).
+
+    Returns (scores [B], index (B str labels), response_mask [B, L] int64, mem_rewards [R],
+    mem_offsets [B+1], mem_spans [R, 2]) with num_groups x group_size grouped trajectories plus
+    `singleton_groups` groups of one.
+    layout="random": each trajectory has 0..max_rounds disjoint sorted spans at random cuts (stress).
+    layout="rounds": the response is split into max_rounds equal rounds; rounds 2.. each open with a
+    scored `<mem>` span of `mem_len` tokens (the shape of a real MemPO batch).
+    """
+    import torch
+
+    from mempo.ops.advantage import csr_offsets_from_rows
+
+    if layout not in ("random", "rounds"):
+        raise ValueError(f"layout must be 'random' or 'rounds', got {layout!r}")
+    g = torch.Generator().manual_seed(seed)
+    index = []
+    for q in range(num_groups):
+        index += [f"q{q}"] * group_size
+    for s in range(singleton_groups):
+        index.append(f"single{s}")
+    batch = len(index)
+    if binary_scores:
+        scores = torch.randint(0, 2, (batch,), generator=g).float()
+    else:
+        scores = torch.randn(batch, generator=g)
+    mask = (torch.rand(batch, length, generator=g) > 0.15).long()
+    rows, spans = [], []
+    round_len = length // max(max_rounds, 1)
+    for b in range(batch):
+        if layout == "rounds":
+            for r in range(1, max_rounds):
+                rows.append(b)
+                spans.append((r * round_len, r * round_len + min(mem_len, round_len)))
+            continue
+        num_rounds = int(torch.randint(0, max_rounds + 1, (1,), generator=g))
+        cuts = sorted(torch.randint(0, length + 1, (2 * num_rounds,), generator=g).tolist())
+        for r in range(num_rounds):
+            rows.append(b)
+            spans.append((cuts[2 * r], cuts[2 * r + 1]))
+    offsets = csr_offsets_from_rows(rows, batch)
+    rewards = torch.rand(len(spans), generator=g) - 0.5
+    spans_t = torch.tensor(spans, dtype=torch.int64).reshape(-1, 2)
+    return scores, index, mask, rewards, offsets, spans_t

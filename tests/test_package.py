@@ -1,0 +1,27 @@
+"""Packaging facts: light imports, the installed layout, the public API surface."""
+import subprocess
+import sys
+
+import mempo.ops
+
+
+def test_import_mempo_ops_stays_light():
+    code = ("import sys, mempo.ops, mempo.ops.advantage, mempo.ops.answer_logprob, mempo.ops.spans\n"
+            "heavy = [m for m in ('transformers', 'verl', 'sglang', 'tokenizers', 'triton', 'flash_attn') "
+            "if m in sys.modules]\n"
+            "print(','.join(heavy))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "", f"import mempo.ops pulled in: {out.stdout.strip()}"
+
+
+def test_kernels_and_scanner_ship_inside_the_package():
+    import mempo._scanner  # noqa: F401  (compiled extension)
+    import mempo.kernels
+
+    assert mempo.kernels.__name__ == "mempo.kernels"
+
+
+def test_public_api_resolves():
+    for name in mempo.ops.__all__:
+        assert getattr(mempo.ops, name) is not None

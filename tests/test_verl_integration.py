@@ -1,0 +1,91 @@
+"""The verl plugin against the real verl package (pip install .[verl]); skipped when verl is absent."""
+import os
+import subprocess
+import sys
+import warnings
+
+import numpy as np
+import pytest
+import torch
+
+verl = pytest.importorskip("verl", reason="verl is not installed (pip install .[verl]); plugin tests skipped")
+pytestmark = pytest.mark.verl
+
+from verl import DataProto  # noqa: E402
+from verl.trainer.ppo import core_algos  # noqa: E402
+
+from mempo.integrations import verl as plugin  # noqa: E402
+from mempo.ops.advantage import csr_offsets_from_rows, mempo_advantage  # noqa: E402
+
+
+def make_batch(seed=0, groups=4, group_size=5, length=23):
+    g = torch.Generator().manual_seed(seed)
+    batch = groups * group_size + 1  # plus one singleton group
+    uid = np.array([f"u{i // group_size}" for i in range(batch)], dtype=object)
+    mask = (torch.rand(batch, length, generator=g) > 0.2).float()
+    rewards = torch.zeros(batch, length)
+    last = torch.randint(0, length, (batch,), generator=g)
+    rewards[torch.arange(batch), last] = torch.randint(0, 2, (batch,), generator=g).float()
+    rows, spans = [], []
+    for b in range(batch):
+        for r in range(int(torch.randint(0, 3, (1,), generator=g))):
+            rows.append(b)
+            spans.append((6 * r, 6 * r + 4))
+    offsets = csr_offsets_from_rows(rows, batch)
+    mem_rewards = torch.rand(len(rows), generator=g)
+    return uid, mask, rewards, mem_rewards, offsets, torch.tensor(spans, dtype=torch.int64).reshape(-1, 2)
+
+
+def test_registered_under_mempo():
+    assert core_algos.get_adv_estimator_fn("mempo") is plugin.compute_mempo_advantage
+
+
+def test_without_memory_equals_verl_grpo_and_warns_once():
+    uid, mask, rewards, *_ = make_batch()
+    want, _ = core_algos.compute_grpo_outcome_advantage(rewards.clone(), mask, uid)
+    plugin._warned_missing_memory = False
+    fn = core_algos.get_adv_estimator_fn("mempo")
+    with pytest.warns(RuntimeWarning, match="no memory rewards"):
+        got, returns = fn(token_level_rewards=rewards, response_mask=mask, index=uid, config=None)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        fn(token_level_rewards=rewards, response_mask=mask, index=uid, config=None)  # no second warning
+    torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(returns, want, rtol=1e-6, atol=1e-6)
+    for norm in (True, False):
+        want, _ = core_algos.compute_grpo_outcome_advantage(rewards.clone(), mask, uid, norm_adv_by_std_in_grpo=norm)
+        got, _ = fn(token_level_rewards=rewards, response_mask=mask, index=uid, norm_adv_by_std_in_grpo=norm)
+        torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
+
+
+def test_compute_advantage_passes_memory_fields_from_dataproto():
+    uid, mask, rewards, mem_rewards, offsets, spans = make_batch(seed=3)
+    tensors = {"token_level_rewards": rewards, "response_mask": mask,
+               **plugin.pack_memory_fields(mem_rewards, offsets, spans)}
+    data = DataProto.from_dict(tensors=tensors, non_tensors={"uid": uid})
+    config = {"norm_adv_by_std_in_grpo": True, "mempo": {"memory_weight": 0.5}}
+    data = plugin.compute_advantage(data, "mempo", config=config)
+    want, _ = mempo_advantage(rewards.sum(-1), uid, mask, mem_rewards, offsets, spans, memory_weight=0.5)
+    torch.testing.assert_close(data.batch["advantages"], want)
+    assert (data.batch["advantages"] != core_algos.compute_grpo_outcome_advantage(rewards, mask, uid)[0]).any()
+    # The padded fields survive verl's batch split and round-trip to the same CSR inputs.
+    both = DataProto.concat(data.chunk(3))  # 21 rows -> 3 equal chunks
+    r, o, s = plugin.unpack_memory_fields(both.batch["mempo_mem_rewards"], both.batch["mempo_mem_spans"],
+                                          both.batch["mempo_mem_valid"])
+    assert torch.equal(r, mem_rewards) and torch.equal(o, offsets) and torch.equal(s, spans)
+
+
+def test_external_module_registration_in_a_fresh_process():
+    code = ("import verl\n"
+            "from verl.trainer.ppo.core_algos import get_adv_estimator_fn\n"
+            "fn = get_adv_estimator_fn('mempo')\n"
+            "print(fn.__module__)\n")
+    env = dict(os.environ, VERL_USE_EXTERNAL_MODULES="mempo.integrations.verl")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == "mempo.integrations.verl"
+
+
+def test_pack_rejects_too_few_slots():
+    with pytest.raises(ValueError, match="num_slots=1"):
+        plugin.pack_memory_fields(torch.zeros(2), torch.tensor([0, 2]), torch.zeros(2, 2, dtype=torch.long), 1)
