@@ -3,7 +3,7 @@
 No torch is needed at build time; the extension works on raw buffers (see csrc/bindings.cpp).
 """
 from pybind11.setup_helpers import Pybind11Extension, build_ext
-from setuptools import setup
+from setuptools import find_packages, setup
 
 ext_modules = [
     Pybind11Extension(
@@ -15,4 +15,13 @@ ext_modules = [
     ),
 ]
 
-setup(ext_modules=ext_modules, cmdclass={"build_ext": build_ext})
+# kernels/ lives at the top of the repository (the design card's layout) and is installed as
+# mempo.kernels, so that a built wheel carries the Triton kernels.
+packages = find_packages(include=["mempo", "mempo.*"]) + ["mempo.kernels"]
+
+setup(
+    packages=packages,
+    package_dir={"mempo": "mempo", "mempo.kernels": "kernels"},
+    ext_modules=ext_modules,
+    cmdclass={"build_ext": build_ext},
+)
