@@ -1,0 +1,459 @@
+"""The MemPO turn protocol on text: parse rounds, validate the format, extract the final answer.
+
+Conventions
+-----------
+* One assistant round is ``<mem>...</mem><think>...</think>`` followed by exactly one action:
+  ``<search>query</search>``, ``<access>url-or-doc-id [page]</access>`` or ``<answer>...</answer>``.
+  The environment answers ``<search>``/``<access>`` with ``<information>...</information>``
+  (tool text, not model text). A *response* is the concatenation of the rounds and information
+  blocks, without the prompt.
+* Tag names and the set of actions come from :mod:`mempo.ops.spans` (``TAGS``, ``ACTION_TAGS``).
+* Blocks and rounds follow the grammar stated in :mod:`mempo.ops.spans` (the C++ token scanner),
+  applied to characters instead of bytes; the markers are ASCII, so for the same text both find
+  the same blocks with the same round numbers:
+
+  - markers are the exact strings ``<name>`` / ``</name>`` (case-sensitive, no attributes);
+  - at most one block is open; an opening marker while a block is open ends that block
+    *unclosed* and opens the new one; inside ``<information>`` only ``</information>`` is a marker
+    (tool output is opaque); a closing marker for another tag, or with no open block, is stray and
+    ignored; a block still open at the end of the text is unclosed;
+  - a round is finished once an action block opened in it; the next opening marker of
+    ``mem``/``think``/``search``/``access``/``answer`` starts the next round; an ``<information>``
+    block belongs to the round whose action it answers.
+
+* Round indices are 0-based in data (``Round.index``); prose says "round 1" for index 0.
+* ``Round.text`` runs from the round's first marker (the response start for the first round) to the
+  start of the next round, so the round texts concatenate back to the response.
+* Block contents in :class:`Round` fields are stripped of surrounding white space; ``None`` means
+  the round has no such block, ``""`` an empty one. When a round holds several blocks of one tag
+  (a malformed round), the fields show the first; :func:`validate_format` reports the defect.
+* :func:`validate_format` checks the named rules of :data:`FORMAT_RULES`. Nesting, closing and
+  outside-text checks use a stack parse of the markers (so ``<mem><think>x</think></mem>`` is one
+  *nested* defect, not an unclosed block plus a stray marker); the per-round rules use the rounds
+  above, with one merge: a round that starts directly with an action while the previous round got
+  no ``<information>`` is the same model turn (two actions in one turn), so it is checked as part
+  of the previous round.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import NamedTuple, Optional
+
+from mempo.ops.spans import ACTION_TAGS, TAGS
+
+__all__ = [
+    "FORMAT_RULES",
+    "Block",
+    "Round",
+    "FormatReport",
+    "find_blocks",
+    "parse_round",
+    "split_rounds",
+    "validate_format",
+    "extract_solution",
+    "parse_access_argument",
+]
+
+INFORMATION = "information"
+
+_MARKER_RE = re.compile("<(/?)(" + "|".join(re.escape(tag) for tag in TAGS) + ")>")
+_PAGE_RE = re.compile(r"(\d+)|\[(\d+)\]")
+
+FORMAT_RULES: dict[str, str] = {
+    "well_formed_tags": "every opening marker is closed by its own closing marker; no closing "
+    "marker is stray",
+    "no_nested_tags": "no block opens inside another block (markers inside <information> are "
+    "tool text and not parsed)",
+    "tag_order": "before its action a round has <mem> (may be absent in round 1), then exactly one "
+    "<think>, in this order",
+    "one_action_per_round": "every round has exactly one action (<search>, <access> or <answer>); "
+    "two actions with no <information> between them are two actions in one round",
+    "information_answers_tool_call": "an <information> block comes only after a round's "
+    "<search>/<access> action, at most one per round, and every search/access round but the last "
+    "is answered by one",
+    "mem_required_after_first_round": "from round 2 on every round has a non-empty <mem> block "
+    "(round 1 may leave it empty or omit it)",
+    "answer_last_and_nonempty": "<answer> is only the trajectory's last action, and its content is "
+    "not empty",
+    "no_text_outside_tags": "nothing but white space outside the blocks (not checked with "
+    "allow_text_outside_tags=True)",
+    "ends_with_answer": "the trajectory's last action is a closed <answer> block (not checked with "
+    "require_answer=False)",
+}
+
+
+@dataclass(frozen=True)
+class Block:
+    """One ``<tag>...</tag>`` block under the span grammar.
+
+    ``start``/``end`` are character offsets into the scanned text: ``start`` at the opening marker,
+    ``end`` one past the closing marker (``closed``) or where the block was cut off (the next
+    marker, or the end of the text). ``content`` is the raw text between the markers.
+    """
+
+    tag: str
+    start: int
+    end: int
+    content: str
+    closed: bool
+    round: int
+
+
+@dataclass(frozen=True)
+class Round:
+    """One round of a response (see the module conventions for the field semantics).
+
+    ``action`` is the action's tag name (``"search"``, ``"access"`` or ``"answer"``) and
+    ``argument`` its stripped content. For an ``access`` action, ``doc_id`` and ``page`` come from
+    :func:`parse_access_argument`; both are ``None`` for the other actions. ``information`` is the
+    stripped content of the ``<information>`` block answering this round's action.
+    """
+
+    mem: Optional[str]
+    think: Optional[str]
+    action: Optional[str]
+    argument: Optional[str]
+    text: str
+    doc_id: Optional[str] = None
+    page: Optional[int] = None
+    information: Optional[str] = None
+    index: int = 0
+    start: int = 0
+    end: int = 0
+    blocks: tuple[Block, ...] = ()
+
+
+class FormatReport(NamedTuple):
+    """Result of :func:`validate_format`.
+
+    ``failed_rules`` lists the failing rule names in :data:`FORMAT_RULES` order; ``messages[i]``
+    explains ``failed_rules[i]`` (its first offence, with a count when there are more).
+    """
+
+    ok: bool
+    failed_rules: tuple[str, ...]
+    messages: tuple[str, ...]
+
+
+# ---------------------------------------------------------------------------------------------
+# Scanning
+# ---------------------------------------------------------------------------------------------
+
+
+def _scan(text: str) -> tuple[list[Block], list[int]]:
+    """Blocks of ``text`` under the span grammar, and the start offset of every round."""
+    blocks: list[Block] = []
+    round_starts = [0]
+    open_tag: Optional[str] = None
+    open_start = open_content_start = open_round = 0
+    round_index = 0
+    round_has_action = False
+
+    def finish(end: int, content_end: int, closed: bool) -> None:
+        blocks.append(Block(open_tag, open_start, end, text[open_content_start:content_end], closed,
+                            open_round))
+
+    for match in _MARKER_RE.finditer(text):
+        closing = match.group(1) == "/"
+        name = match.group(2)
+        begin, end = match.span()
+        if open_tag == INFORMATION:
+            if closing and name == INFORMATION:
+                finish(end, begin, True)
+                open_tag = None
+            continue
+        if closing:
+            if open_tag == name:
+                finish(end, begin, True)
+                open_tag = None
+            continue
+        if open_tag is not None:
+            finish(begin, begin, False)
+        if name != INFORMATION:
+            if round_has_action:
+                round_index += 1
+                round_has_action = False
+                round_starts.append(begin)
+            if name in ACTION_TAGS:
+                round_has_action = True
+        open_tag, open_start, open_content_start, open_round = name, begin, end, round_index
+    if open_tag is not None:
+        finish(len(text), len(text), False)
+    return blocks, round_starts
+
+
+def find_blocks(text: str) -> list[Block]:
+    """All blocks of ``text``, in order of start, under the grammar of :mod:`mempo.ops.spans`."""
+    return _scan(text)[0]
+
+
+def parse_access_argument(argument: str) -> tuple[str, Optional[int]]:
+    """Split an ``<access>`` argument ``"url-or-doc-id [page]"`` into ``(doc_id, page)``.
+
+    The stripped argument is split at its last run of white space. When the part after it is a
+    non-negative decimal integer, bare or in square brackets (``"3"`` or ``"[3]"``), that integer
+    is the page (as written, no re-basing) and the stripped part before it is the doc id.
+    Otherwise the whole argument is the doc id and the page is ``None``. A lone integer
+    (``<access>42</access>``) is a doc id, never a page.
+    """
+    argument = argument.strip()
+    parts = argument.rsplit(None, 1)
+    if len(parts) == 2:
+        head, tail = parts
+        page_match = _PAGE_RE.fullmatch(tail)
+        if page_match is not None and head.strip():
+            return head.strip(), int(page_match.group(1) or page_match.group(2))
+    return argument, None
+
+
+def _round_from_blocks(text: str, index: int, start: int, end: int,
+                       blocks: tuple[Block, ...]) -> Round:
+    def first(tag: str) -> Optional[str]:
+        for block in blocks:
+            if block.tag == tag:
+                return block.content.strip()
+        return None
+
+    action_block = next((b for b in blocks if b.tag in ACTION_TAGS), None)
+    action = argument = doc_id = None
+    page = None
+    if action_block is not None:
+        action = action_block.tag
+        argument = action_block.content.strip()
+        if action == "access":
+            doc_id, page = parse_access_argument(argument)
+    return Round(
+        mem=first("mem"),
+        think=first("think"),
+        action=action,
+        argument=argument,
+        text=text[start:end],
+        doc_id=doc_id,
+        page=page,
+        information=first(INFORMATION),
+        index=index,
+        start=start,
+        end=end,
+        blocks=blocks,
+    )
+
+
+def split_rounds(response_text: str) -> list[Round]:
+    """The rounds of a response, in order, each with the ``<information>`` block that answers it.
+
+    Round boundaries follow the span grammar (module conventions), so ``Round.index`` equals the
+    ``round`` the token scanner gives the same blocks. A response that is empty or only white space
+    has no rounds; text with no markers is one round whose fields are all ``None``.
+    """
+    if not response_text.strip():
+        return []
+    blocks, round_starts = _scan(response_text)
+    bounds = round_starts + [len(response_text)]
+    per_round: list[list[Block]] = [[] for _ in round_starts]
+    for block in blocks:
+        per_round[block.round].append(block)
+    return [
+        _round_from_blocks(response_text, index, bounds[index], bounds[index + 1],
+                           tuple(per_round[index]))
+        for index in range(len(round_starts))
+    ]
+
+
+def parse_round(text: str) -> Round:
+    """Parse the text of one round (``<mem>..</mem><think>..</think><action>..</action>``).
+
+    Returns the first round of ``split_rounds(text)``; text after it (a second action that opens
+    a new round, say) is not part of the result — use :func:`split_rounds` or
+    :func:`validate_format` to see or check it. Empty text gives a round whose fields are all
+    ``None``. For an ``access`` action, ``doc_id``/``page`` are split as
+    :func:`parse_access_argument` says.
+    """
+    rounds = split_rounds(text)
+    if not rounds:
+        return Round(mem=None, think=None, action=None, argument=None, text=text, end=len(text))
+    return rounds[0]
+
+
+def extract_solution(response_text: str) -> Optional[str]:
+    """The stripped content of the response's final closed ``<answer>`` block, or ``None``.
+
+    Pass the response text only, never the prompt: prompts often hold example answers (MEM1's
+    extractor works around that by skipping the first match; this one does not need to). Blocks
+    follow the span grammar, so an ``<answer>`` inside an ``<information>`` block (retrieved text)
+    does not count, and an unclosed (truncated) answer is no answer. An empty answer gives ``""``.
+    """
+    for block in reversed(find_blocks(response_text)):
+        if block.tag == "answer" and block.closed:
+            return block.content.strip()
+    return None
+
+
+# ---------------------------------------------------------------------------------------------
+# Validation
+# ---------------------------------------------------------------------------------------------
+
+
+class _Structure(NamedTuple):
+    unclosed: list[tuple[str, int]]  # (tag, offset of its opening marker)
+    stray: list[tuple[str, int]]  # (tag, offset of the stray closing marker)
+    nested: list[tuple[str, str, int]]  # (outer tag, inner tag, offset of the outer block)
+    outside: list[tuple[int, str]]  # (offset, text) of non-white text outside every block
+
+
+def _structure(text: str) -> _Structure:
+    """Stack parse of the markers (the nesting view; ``<information>`` content stays opaque)."""
+    unclosed: list[tuple[str, int]] = []
+    stray: list[tuple[str, int]] = []
+    nested: list[tuple[str, str, int]] = []
+    outside: list[tuple[int, str]] = []
+    stack: list[tuple[str, int, list[str]]] = []  # (tag, offset, tags opened directly inside)
+    last_end = 0
+
+    def note_outside(begin: int, end: int) -> None:
+        if text[begin:end].strip():
+            outside.append((begin, text[begin:end]))
+
+    for match in _MARKER_RE.finditer(text):
+        closing = match.group(1) == "/"
+        name = match.group(2)
+        if stack and stack[-1][0] == INFORMATION and not (closing and name == INFORMATION):
+            continue
+        if not stack:
+            note_outside(last_end, match.start())
+        last_end = match.end()
+        if not closing:
+            if stack:
+                stack[-1][2].append(name)
+            stack.append((name, match.start(), []))
+            continue
+        depth = next((d for d in range(len(stack) - 1, -1, -1) if stack[d][0] == name), None)
+        if depth is None:
+            stray.append((name, match.start()))
+            continue
+        unclosed.extend((tag, offset) for tag, offset, _ in stack[depth + 1:])
+        tag, offset, inner = stack[depth]
+        if inner:
+            nested.append((tag, inner[0], offset))
+        del stack[depth:]
+    if stack:
+        unclosed.extend((tag, offset) for tag, offset, _ in stack)
+    else:
+        note_outside(last_end, len(text))
+    unclosed.sort(key=lambda item: item[1])
+    return _Structure(unclosed, stray, nested, outside)
+
+
+def _turns(rounds: list[Round]) -> list[list[Block]]:
+    """Rounds merged into model turns: a round opening with an action joins the previous round
+    when that round got no ``<information>`` (both actions were written in one turn)."""
+    turns: list[list[Block]] = []
+    for round_ in rounds:
+        starts_with_action = bool(round_.blocks) and round_.blocks[0].tag in ACTION_TAGS
+        if turns and starts_with_action and not any(b.tag == INFORMATION for b in turns[-1]):
+            turns[-1].extend(round_.blocks)
+        else:
+            turns.append(list(round_.blocks))
+    return turns
+
+
+def _describe(problems: list[str]) -> str:
+    more = len(problems) - 1
+    return problems[0] + (f" (and {more} more)" if more else "")
+
+
+def validate_format(response_text: str, *, allow_text_outside_tags: bool = False,
+                    require_answer: bool = True) -> FormatReport:
+    """Check a response against the protocol rules of :data:`FORMAT_RULES`.
+
+    ``allow_text_outside_tags=True`` skips ``no_text_outside_tags``; ``require_answer=False``
+    skips ``ends_with_answer`` (for trajectories cut at the turn limit). "Round k" in the messages
+    is 1-based and counts model turns (see the module conventions on merged rounds). Every other
+    rule is always checked; the report lists each failing rule once, in :data:`FORMAT_RULES`
+    order, with a message on its first offence.
+    """
+    problems: dict[str, list[str]] = {name: [] for name in FORMAT_RULES}
+    structure = _structure(response_text)
+    for tag, offset in structure.unclosed:
+        problems["well_formed_tags"].append(f"<{tag}> at character {offset} is never closed")
+    for tag, offset in structure.stray:
+        problems["well_formed_tags"].append(f"stray </{tag}> at character {offset}")
+    for outer, inner, offset in structure.nested:
+        problems["no_nested_tags"].append(
+            f"<{inner}> opens inside <{outer}> (the <{outer}> at character {offset})")
+    if not allow_text_outside_tags:
+        for offset, snippet in structure.outside:
+            shown = snippet.strip()
+            shown = shown if len(shown) <= 40 else shown[:37] + "..."
+            problems["no_text_outside_tags"].append(
+                f"text outside tags at character {offset}: {shown!r}")
+
+    turns = _turns(split_rounds(response_text))
+    all_actions = [b for turn in turns for b in turn if b.tag in ACTION_TAGS]
+    last_action = all_actions[-1] if all_actions else None
+    for number, turn in enumerate(turns, start=1):
+        actions = [b for b in turn if b.tag in ACTION_TAGS]
+        informations = [b for b in turn if b.tag == INFORMATION]
+        first_action = actions[0] if actions else None
+        before_action = [b for b in turn if b.tag not in ACTION_TAGS and b.tag != INFORMATION
+                         and (first_action is None or b.start < first_action.start)]
+        order = [b.tag for b in before_action]
+        if first_action is not None:
+            order_ok = order in (["think"], ["mem", "think"])
+        else:
+            order_ok = order in ([], ["mem"], ["think"], ["mem", "think"])
+        if not order_ok:
+            shown = " ".join(f"<{tag}>" for tag in order) or "nothing"
+            problems["tag_order"].append(
+                f"round {number}: {shown} before the action (expected <mem> <think>)")
+
+        if len(actions) != 1:
+            problems["one_action_per_round"].append(
+                f"round {number} has {len(actions)} actions"
+                + (": " + " ".join(f"<{b.tag}>" for b in actions) if actions else ""))
+
+        if informations:
+            if first_action is None or first_action.tag == "answer":
+                what = "no action" if first_action is None else "an <answer>"
+                problems["information_answers_tool_call"].append(
+                    f"round {number}: <information> answers {what}")
+            elif informations[0].start < first_action.start:
+                problems["information_answers_tool_call"].append(
+                    f"round {number}: <information> comes before the action")
+            if len(informations) > 1:
+                problems["information_answers_tool_call"].append(
+                    f"round {number} has {len(informations)} <information> blocks")
+        elif (first_action is not None and first_action.tag in ("search", "access")
+              and number < len(turns)):
+            problems["information_answers_tool_call"].append(
+                f"round {number}: <{first_action.tag}> is not answered by <information>")
+
+        if number >= 2:
+            mems = [b for b in before_action if b.tag == "mem"]
+            if not mems:
+                problems["mem_required_after_first_round"].append(f"round {number} has no <mem>")
+            elif not mems[0].content.strip():
+                problems["mem_required_after_first_round"].append(
+                    f"round {number} has an empty <mem>")
+
+        for block in actions:
+            if block.tag != "answer":
+                continue
+            if block is not last_action or number != len(turns):
+                problems["answer_last_and_nonempty"].append(
+                    f"round {number}: <answer> at character {block.start} is not the last action")
+            elif not block.content.strip():
+                problems["answer_last_and_nonempty"].append(f"round {number}: empty <answer>")
+
+    if require_answer and (last_action is None or last_action.tag != "answer"
+                           or not last_action.closed):
+        if last_action is None:
+            problems["ends_with_answer"].append("the response has no action")
+        elif last_action.tag != "answer":
+            problems["ends_with_answer"].append(f"the last action is <{last_action.tag}>")
+        else:
+            problems["ends_with_answer"].append("the final <answer> is not closed")
+
+    failed = tuple(name for name in FORMAT_RULES if problems[name])
+    messages = tuple(f"{name}: {_describe(problems[name])}" for name in failed)
+    return FormatReport(ok=not failed, failed_rules=failed, messages=messages)

@@ -1,0 +1,200 @@
+"""Outcome scoring of MemPO trajectories: normalisation, EM, token F1, multi-objective episodes.
+
+Conventions
+-----------
+* Normalisation is SQuAD's (as verl's ``search_r1_like_qa_em.normalize_answer``): lower-case,
+  drop every ``string.punctuation`` character, replace the articles ``a``/``an``/``the`` (whole
+  words) by a space, collapse white space. Comparisons are on normalised strings; F1 is on their
+  white-space tokens.
+* Gold answers are *aliases*: a prediction is right when it matches any alias (EM) and its F1 is
+  the best over the aliases. A bare string is one alias.
+* Empty cases (F1 and EM agree): a prediction of ``None`` (no answer) scores EM False, F1 0. When
+  the prediction and an alias both normalise to no tokens (``"The"`` vs ``"a"``) EM is True and F1
+  is 1; when only one of them is empty F1 is 0. An empty alias list scores EM False, F1 0. This is
+  plain SQuAD token F1, without HotpotQA's special case for yes/no answers.
+* Multi-objective episodes (the MEM1 protocol): an episode asks k sub-questions and the agent
+  answers all of them in one ``<answer>``, separated by ``";"``. :func:`split_answer` gives the
+  sub-answers by position; sub-answer i is scored against the aliases of objective i; a missing
+  (or empty) sub-answer scores 0 for its objective; sub-answers beyond the k-th are ignored (as
+  MEM1 does). With one objective the answer is never split (``"Paris; France"`` stays whole).
+* The episode score is, over the per-objective EM values: their mean (``mode="mean"``, default,
+  in [0, 1]), 1 only when all are right (``mode="all"``), or their sum (``mode="sum"``, MEM1's
+  reward, in [0, k]). With one objective the three modes agree.
+* :func:`compute_score` gates the score on the format: a response that fails
+  :func:`mempo.protocol.validate_format` scores 0. Its ``em``/``f1``/``per_objective`` values are
+  computed from the extracted answer whatever the format (diagnostics only; they are not gated).
+  The answer is :func:`mempo.protocol.extract_solution` of the response text (never the prompt).
+"""
+from __future__ import annotations
+
+import re
+import string
+from collections import Counter
+from typing import Any, Iterable, Mapping, Optional, Sequence, Union
+
+from mempo.protocol import extract_solution, validate_format
+
+__all__ = [
+    "SCORE_MODES",
+    "normalize_answer",
+    "em_check",
+    "f1_score",
+    "split_answer",
+    "objectives_from_golds",
+    "compute_score",
+]
+
+SCORE_MODES = ("mean", "all", "sum")
+
+_PUNCTUATION = frozenset(string.punctuation)
+_ARTICLES_RE = re.compile(r"\b(a|an|the)\b")
+
+Aliases = Union[str, Iterable[str]]
+
+
+def normalize_answer(s: str) -> str:
+    """SQuAD normalisation: lower-case, drop punctuation, drop articles, collapse white space."""
+    lowered = s.lower()
+    no_punctuation = "".join(ch for ch in lowered if ch not in _PUNCTUATION)
+    no_articles = _ARTICLES_RE.sub(" ", no_punctuation)
+    return " ".join(no_articles.split())
+
+
+def _aliases(golds: Aliases) -> list[str]:
+    if isinstance(golds, str):
+        return [golds]
+    return [str(gold) for gold in golds]
+
+
+def em_check(prediction: Optional[str], golds: Aliases) -> bool:
+    """True when the normalised prediction equals the normalised form of any alias in ``golds``.
+
+    ``golds`` is one alias string or an iterable of aliases (a string is never split into
+    characters). ``None`` (no answer) is never right.
+    """
+    if prediction is None:
+        return False
+    normalized = normalize_answer(prediction)
+    return any(normalize_answer(gold) == normalized for gold in _aliases(golds))
+
+
+def _token_f1(prediction_tokens: list[str], gold_tokens: list[str]) -> float:
+    if not prediction_tokens or not gold_tokens:
+        return float(prediction_tokens == gold_tokens)
+    common = Counter(prediction_tokens) & Counter(gold_tokens)
+    overlap = sum(common.values())
+    if overlap == 0:
+        return 0.0
+    precision = overlap / len(prediction_tokens)
+    recall = overlap / len(gold_tokens)
+    return 2 * precision * recall / (precision + recall)
+
+
+def f1_score(prediction: Optional[str], golds: Aliases) -> float:
+    """Token F1 of the normalised prediction, the best over the aliases in ``golds``.
+
+    Empty cases: ``None`` gives 0; a prediction and an alias that both normalise to nothing give 1;
+    one of them empty gives 0; no aliases give 0 (see the module conventions).
+    """
+    if prediction is None:
+        return 0.0
+    prediction_tokens = normalize_answer(prediction).split()
+    return max((_token_f1(prediction_tokens, normalize_answer(gold).split())
+                for gold in _aliases(golds)), default=0.0)
+
+
+def split_answer(text: Optional[str], num_objectives: int) -> list[Optional[str]]:
+    """The ``num_objectives`` sub-answers of an answer text, by position; ``None`` = missing.
+
+    With one objective the stripped text is the answer (no split). With k > 1 the text is split
+    on ``";"`` and each part stripped; part i answers objective i, an empty part or a part beyond
+    the text's end is missing (``None``), parts after the k-th are ignored. ``text=None`` (no
+    answer at all) gives k missing sub-answers.
+    """
+    if num_objectives < 1:
+        raise ValueError(f"num_objectives must be >= 1, got {num_objectives}")
+    if text is None:
+        return [None] * num_objectives
+    if num_objectives == 1:
+        return [text.strip()]
+    parts = [part.strip() for part in text.split(";")][:num_objectives]
+    sub_answers: list[Optional[str]] = [part if part else None for part in parts]
+    return sub_answers + [None] * (num_objectives - len(sub_answers))
+
+
+def objectives_from_golds(golds: Any) -> list[list[str]]:
+    """The gold aliases of each objective.
+
+    Accepted forms: a string (one objective, one alias); a sequence of strings (one objective,
+    those aliases); a sequence of sequences of strings (objective i = the aliases of element i).
+    So ``["Paris", "Rome"]`` is one objective with two aliases and ``[["Paris"], ["Rome"]]`` two
+    objectives. Any non-string iterable counts as a sequence (tuples, numpy arrays as read from
+    parquet). Mixing strings and sequences at the top level (ambiguous), or passing no gold at
+    all, raises ``ValueError``.
+    """
+    if isinstance(golds, str):
+        return [[golds]]
+    items = list(golds)
+    if not items:
+        raise ValueError("golds is empty: give at least one alias")
+    kinds = {isinstance(item, str) for item in items}
+    if kinds == {True}:
+        return [[str(item) for item in items]]
+    if kinds == {False}:
+        return [_aliases(item) for item in items]
+    raise ValueError("golds mixes alias strings and per-objective alias lists")
+
+
+def _aggregate(values: Sequence[float], mode: str) -> float:
+    if mode == "mean":
+        return sum(values) / len(values)
+    if mode == "all":
+        return float(all(value == 1.0 for value in values))
+    return float(sum(values))
+
+
+def compute_score(response_text: str, golds: Any, *, mode: str = "mean",
+                  format_kwargs: Optional[Mapping[str, Any]] = None) -> dict[str, Any]:
+    """Score one response against its gold answers (see the module conventions).
+
+    Args:
+        response_text: the response only (rounds and information blocks), never the prompt.
+        golds: aliases of one objective, or per-objective alias lists
+            (:func:`objectives_from_golds`).
+        mode: ``"mean"`` (default), ``"all"`` or ``"sum"``: how per-objective EM becomes the score.
+        format_kwargs: keyword arguments for :func:`mempo.protocol.validate_format`.
+
+    Returns a dict:
+        ``score`` (float): the ``mode`` aggregate of the per-objective EM when the format is valid,
+        else 0.0; ``em``/``f1`` (float): the mean per-objective EM / F1, computed whatever the
+        format (diagnostics); ``format_ok`` (bool); ``failed_rules`` (tuple of rule names);
+        ``num_objectives`` (int); ``per_objective`` (list of dicts with ``prediction`` (str or
+        None), ``golds`` (list of aliases), ``em`` and ``f1`` (floats)); ``answer`` (the extracted
+        answer text, or None).
+    """
+    if mode not in SCORE_MODES:
+        raise ValueError(f"mode must be one of {SCORE_MODES}, got {mode!r}")
+    objectives = objectives_from_golds(golds)
+    report = validate_format(response_text, **dict(format_kwargs or {}))
+    answer = extract_solution(response_text)
+    sub_answers = split_answer(answer, len(objectives))
+    per_objective = [
+        {
+            "prediction": prediction,
+            "golds": aliases,
+            "em": float(em_check(prediction, aliases)),
+            "f1": f1_score(prediction, aliases),
+        }
+        for prediction, aliases in zip(sub_answers, objectives)
+    ]
+    em_values = [item["em"] for item in per_objective]
+    return {
+        "score": _aggregate(em_values, mode) if report.ok else 0.0,
+        "em": sum(em_values) / len(em_values),
+        "f1": sum(item["f1"] for item in per_objective) / len(per_objective),
+        "format_ok": report.ok,
+        "failed_rules": report.failed_rules,
+        "num_objectives": len(objectives),
+        "per_objective": per_objective,
+        "answer": answer,
+    }

@@ -1,0 +1,231 @@
+"""Turn protocol on text (`mempo.protocol`): rounds, access arguments, format rules, answer."""
+import pytest
+
+from mempo.protocol import (
+    FORMAT_RULES,
+    Round,
+    extract_solution,
+    find_blocks,
+    parse_access_argument,
+    parse_round,
+    split_rounds,
+    validate_format,
+)
+
+R1_SEARCH = "<mem></mem>\n<think>need the film</think>\n<search>2010 best picture</search>"
+INFO_1 = "\n<information>The Hurt Locker won Best Picture.</information>\n"
+R2_ACCESS = ("<mem>Best Picture 2010: The Hurt Locker</mem>\n<think>find the director</think>\n"
+             "<access>https://en.wikipedia.org/wiki/The_Hurt_Locker 2</access>")
+INFO_2 = "\n<information>Directed by Kathryn Bigelow.</information>\n"
+R3_ANSWER = ("<mem>The Hurt Locker (2010 winner) was directed by Kathryn Bigelow</mem>\n"
+             "<think>done</think>\n<answer> Kathryn Bigelow </answer>")
+THREE_ROUNDS = R1_SEARCH + INFO_1 + R2_ACCESS + INFO_2 + R3_ANSWER
+
+WELL_FORMED = [
+    THREE_ROUNDS,
+    "<mem>nothing yet</mem><think>easy</think><answer>Paris</answer>",
+    "<think>round 1 may omit its memory</think><answer>Paris</answer>",
+    "<think>t</think><search>q</search><information>doc</information>"
+    "<mem>m</mem><think>t</think><answer>a</answer>",
+    "\n  <mem> </mem>\n<think>t</think>\n<answer>a</answer>\n",
+]
+
+
+# ---------------------------------------------------------------------------------------------
+# Rounds
+# ---------------------------------------------------------------------------------------------
+
+
+def test_split_rounds_fields_and_information_attached_to_its_round():
+    rounds = split_rounds(THREE_ROUNDS)
+    assert [r.index for r in rounds] == [0, 1, 2]
+    first, second, third = rounds
+    assert (first.mem, first.think, first.action, first.argument) == (
+        "", "need the film", "search", "2010 best picture")
+    assert first.information == "The Hurt Locker won Best Picture."
+    assert (first.doc_id, first.page) == (None, None)
+    assert second.mem == "Best Picture 2010: The Hurt Locker"
+    assert second.action == "access"
+    assert second.doc_id == "https://en.wikipedia.org/wiki/The_Hurt_Locker"
+    assert second.page == 2
+    assert second.information == "Directed by Kathryn Bigelow."
+    assert third.action == "answer" and third.argument == "Kathryn Bigelow"
+    assert third.information is None
+
+
+def test_round_texts_concatenate_back_to_the_response():
+    rounds = split_rounds(THREE_ROUNDS)
+    assert "".join(r.text for r in rounds) == THREE_ROUNDS
+    assert rounds[0].text == R1_SEARCH + INFO_1
+    assert rounds[1].text == R2_ACCESS + INFO_2
+    assert rounds[2].text == R3_ANSWER
+    for r in rounds:
+        assert THREE_ROUNDS[r.start:r.end] == r.text
+
+
+def test_empty_and_plain_text():
+    assert split_rounds("") == []
+    assert split_rounds(" \n ") == []
+    (only,) = split_rounds("no tags here")
+    assert (only.mem, only.think, only.action, only.argument) == (None, None, None, None)
+    empty = parse_round("")
+    assert isinstance(empty, Round) and empty.action is None and empty.text == ""
+
+
+def test_parse_round_reads_the_first_round_only():
+    r = parse_round(R2_ACCESS)
+    assert r.mem == "Best Picture 2010: The Hurt Locker" and r.think == "find the director"
+    assert r.text == R2_ACCESS
+    two_actions = "<mem>m</mem><think>t</think><search>a</search><search>b</search>"
+    assert parse_round(two_actions).argument == "a"
+
+
+@pytest.mark.parametrize("argument, expected", [
+    ("https://x.org/page", ("https://x.org/page", None)),
+    ("https://x.org/page 3", ("https://x.org/page", 3)),
+    ("  doc-17   [2] ", ("doc-17", 2)),
+    ("The Hurt Locker 1", ("The Hurt Locker", 1)),
+    ("42", ("42", None)),
+    ("doc-17 page2", ("doc-17 page2", None)),
+    ("doc-17 -1", ("doc-17 -1", None)),
+    ("doc-17 [3", ("doc-17 [3", None)),
+])
+def test_parse_access_argument(argument, expected):
+    assert parse_access_argument(argument) == expected
+    r = parse_round(f"<mem>m</mem><think>t</think><access>{argument}</access>")
+    assert (r.doc_id, r.page) == expected
+
+
+def test_blocks_match_the_token_scanner_grammar():
+    """Same blocks and round numbers as the reference of the C++ scanner, on malformed text too."""
+    reference = pytest.importorskip("mempo.ops.reference.spans")
+    from mempo.ops.spans import TAGS
+
+    texts = WELL_FORMED + [
+        "<mem>a<think>b</think></mem><search>q</search>",
+        "</mem><mem>m</mem><think>t</think><answer>x",
+        "<search>a</search><search>b</search><information><answer>no</answer><mem></information>",
+        "<think>t</think><mem>m</mem><answer>a</answer><information>late</information><think>",
+        "text <mem>m</mem> more <think>t</think><access>d 1</access>tail",
+    ]
+    for text in texts:
+        assert text.isascii()
+        ours = [(TAGS.index(b.tag), b.start, b.end, b.round, b.closed) for b in find_blocks(text)]
+        assert ours == reference.blocks_of_text_reference(text.encode()), text
+        rounds = split_rounds(text)
+        assert [b for r in rounds for b in r.blocks] == find_blocks(text)
+        assert "".join(r.text for r in rounds) == text
+
+
+# ---------------------------------------------------------------------------------------------
+# Format rules
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("text", WELL_FORMED)
+def test_well_formed_examples_pass_every_rule(text):
+    report = validate_format(text)
+    assert report.ok, report.messages
+    assert report.failed_rules == () and report.messages == ()
+
+
+def test_rules_are_named_and_documented():
+    assert list(FORMAT_RULES) == [
+        "well_formed_tags", "no_nested_tags", "tag_order", "one_action_per_round",
+        "information_answers_tool_call", "mem_required_after_first_round",
+        "answer_last_and_nonempty", "no_text_outside_tags", "ends_with_answer",
+    ]
+    assert all(isinstance(text, str) and text for text in FORMAT_RULES.values())
+
+
+# A minimal example per rule that breaks that rule and no other.
+FAILING = [
+    ("well_formed_tags", "<mem>m</mem></mem><think>t</think><answer>a</answer>"),
+    ("well_formed_tags", "<mem>m</mem><think>t<answer>a</answer>"),
+    ("no_nested_tags", "<mem>m</mem><think>t <answer>a</answer></think>"),
+    ("tag_order", "<think>t</think><mem>m</mem><answer>a</answer>"),
+    ("tag_order", "<mem>m</mem><answer>a</answer>"),
+    ("tag_order", "<mem>m</mem><think>t</think><think>u</think><answer>a</answer>"),
+    ("one_action_per_round",
+     "<mem>m</mem><think>t</think><search>q</search><search>r</search>"
+     "<information>i</information><mem>m</mem><think>t</think><answer>a</answer>"),
+    ("information_answers_tool_call",
+     "<mem>m</mem><think>t</think><search>q</search>"
+     "<mem>m</mem><think>t</think><answer>a</answer>"),
+    ("information_answers_tool_call",
+     "<mem>m</mem><think>t</think><answer>a</answer><information>late</information>"),
+    ("information_answers_tool_call",
+     "<information>early</information><mem>m</mem><think>t</think><answer>a</answer>"),
+    ("mem_required_after_first_round",
+     "<mem></mem><think>t</think><search>q</search><information>i</information>"
+     "<think>t</think><answer>a</answer>"),
+    ("mem_required_after_first_round",
+     "<mem></mem><think>t</think><search>q</search><information>i</information>"
+     "<mem> \n </mem><think>t</think><answer>a</answer>"),
+    ("answer_last_and_nonempty", "<mem>m</mem><think>t</think><answer> </answer>"),
+    ("answer_last_and_nonempty",
+     "<mem>m</mem><think>t</think><answer>a</answer>"
+     "<mem>m</mem><think>t</think><answer>b</answer>"),
+    ("no_text_outside_tags", "Sure! <mem>m</mem><think>t</think><answer>a</answer>"),
+    ("no_text_outside_tags", "<mem>m</mem><think>t</think><answer>a</answer> Done."),
+    ("ends_with_answer",
+     "<mem>m</mem><think>t</think><search>q</search><information>i</information>"),
+]
+
+
+@pytest.mark.parametrize("rule, text", FAILING)
+def test_each_rule_has_a_minimal_failing_example(rule, text):
+    report = validate_format(text)
+    assert not report.ok
+    assert report.failed_rules == (rule,), report.messages
+    assert len(report.messages) == 1 and report.messages[0].startswith(rule + ": ")
+
+
+def test_every_rule_is_exercised():
+    assert {rule for rule, _ in FAILING} == set(FORMAT_RULES)
+
+
+def test_flags_switch_their_rules_off():
+    outside = "Sure! <mem>m</mem><think>t</think><answer>a</answer>"
+    assert validate_format(outside, allow_text_outside_tags=True).ok
+    cut_at_turn_limit = ("<mem>m</mem><think>t</think><search>q</search>"
+                         "<information>i</information>")
+    assert validate_format(cut_at_turn_limit, require_answer=False).ok
+    truncated = "<mem>m</mem><think>t</think>"
+    assert validate_format(truncated, require_answer=False).failed_rules == (
+        "one_action_per_round",)
+
+
+def test_truncated_answer_and_several_failures_in_rule_order():
+    report = validate_format("<mem>m</mem><think>t</think><answer>a")
+    assert report.failed_rules == ("well_formed_tags", "ends_with_answer")
+    messy = "hello <search>q</search><search>r</search>"
+    report = validate_format(messy)
+    assert report.failed_rules == ("tag_order", "one_action_per_round", "no_text_outside_tags",
+                                   "ends_with_answer")
+    assert [m.split(":")[0] for m in report.messages] == list(report.failed_rules)
+    assert not validate_format("").ok and validate_format("").failed_rules == ("ends_with_answer",)
+
+
+def test_markers_inside_information_are_tool_text():
+    text = ("<mem>m</mem><think>t</think><search>q</search>"
+            "<information>a page with </mem> and <answer>wrong</answer> in it</information>"
+            "<mem>m</mem><think>t</think><answer>right</answer>")
+    assert validate_format(text).ok
+    assert extract_solution(text) == "right"
+
+
+# ---------------------------------------------------------------------------------------------
+# Final answer
+# ---------------------------------------------------------------------------------------------
+
+
+def test_extract_solution():
+    assert extract_solution(THREE_ROUNDS) == "Kathryn Bigelow"
+    assert extract_solution(R1_SEARCH + INFO_1) is None
+    assert extract_solution("<answer>first</answer> <answer>\n last \n</answer>") == "last"
+    assert extract_solution("<answer>done</answer><answer>cut off") == "done"
+    assert extract_solution("<answer>cut off") is None
+    assert extract_solution("<answer> </answer>") == ""
+    retrieved_only = "<search>q</search><information><answer>from a document</answer></information>"
+    assert extract_solution(retrieved_only) is None

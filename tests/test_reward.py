@@ -1,0 +1,136 @@
+"""Outcome scoring (`mempo.reward`): normalisation, EM, F1, multi-objective episodes."""
+import numpy as np
+import pytest
+
+from mempo.reward import (
+    compute_score,
+    em_check,
+    f1_score,
+    normalize_answer,
+    objectives_from_golds,
+    split_answer,
+)
+
+
+def respond(answer: str) -> str:
+    """A well-formed two-round response ending with ``answer``."""
+    return ("<mem></mem><think>look it up</think><search>q</search>"
+            "<information>doc</information>"
+            f"<mem>found it</mem><think>answer now</think><answer>{answer}</answer>")
+
+
+@pytest.mark.parametrize("raw, normalized", [
+    ("The Hurt Locker", "hurt locker"),
+    ("  Kathryn   BIGELOW. ", "kathryn bigelow"),
+    ("an apple, a pear & the fig!", "apple pear fig"),
+    ("Theatre anthem", "theatre anthem"),  # articles only as whole words
+    ("U.S.A.", "usa"),
+    ("", ""),
+    ("The", ""),
+])
+def test_normalize_answer(raw, normalized):
+    assert normalize_answer(raw) == normalized
+
+
+def test_em_check_aliases_and_string_golds():
+    assert em_check("the Hurt Locker", ["Avatar", "Hurt Locker"])
+    assert not em_check("Hurt", ["Hurt Locker"])
+    assert em_check("Paris", "paris.")
+    assert not em_check("a", "abc")  # a string gold is one alias, never its characters
+    assert not em_check(None, ["x"])
+    assert not em_check("x", [])
+
+
+def test_f1_score():
+    assert f1_score("Kathryn Bigelow", ["Kathryn Bigelow"]) == 1.0
+    # 1 common token of 2 predicted and 3 gold: P=1/2, R=1/3, F1=0.4
+    assert f1_score("Bigelow film", ["Kathryn Ann Bigelow"]) == pytest.approx(0.4)
+    assert f1_score("Bigelow film", ["nobody", "Kathryn Ann Bigelow"]) == pytest.approx(0.4)
+    assert f1_score("apple apple", ["apple"]) == pytest.approx(2 / 3)
+    assert f1_score("something", ["else"]) == 0.0
+
+
+def test_f1_empty_cases():
+    assert f1_score(None, ["x"]) == 0.0
+    assert f1_score("The", ["a"]) == 1.0 and em_check("The", ["a"])
+    assert f1_score("", ["x"]) == 0.0
+    assert f1_score("x", [""]) == 0.0
+    assert f1_score("x", []) == 0.0
+
+
+def test_split_answer():
+    assert split_answer("Paris; Rome", 2) == ["Paris", "Rome"]
+    assert split_answer("Paris; France", 1) == ["Paris; France"]
+    assert split_answer(" Paris ", 1) == ["Paris"]
+    assert split_answer("Paris", 3) == ["Paris", None, None]
+    assert split_answer("Paris;;Rome", 3) == ["Paris", None, "Rome"]
+    assert split_answer("a;b;c;d", 2) == ["a", "b"]
+    assert split_answer(None, 2) == [None, None]
+    with pytest.raises(ValueError):
+        split_answer("a", 0)
+
+
+def test_objectives_from_golds_forms():
+    assert objectives_from_golds("Paris") == [["Paris"]]
+    assert objectives_from_golds(["Paris", "paris, france"]) == [["Paris", "paris, france"]]
+    assert objectives_from_golds([["Paris"], ("Rome", "Roma")]) == [["Paris"], ["Rome", "Roma"]]
+    aliases = np.array(["Paris", "City of Light"])
+    assert objectives_from_golds(aliases) == [["Paris", "City of Light"]]
+    ragged = np.empty(2, dtype=object)
+    ragged[0], ragged[1] = np.array(["Paris"]), np.array(["Rome", "Roma"])
+    assert objectives_from_golds(ragged) == [["Paris"], ["Rome", "Roma"]]
+    with pytest.raises(ValueError):
+        objectives_from_golds([])
+    with pytest.raises(ValueError):
+        objectives_from_golds(["Paris", ["Rome"]])
+
+
+def test_compute_score_single_objective():
+    right = compute_score(respond("The Hurt Locker"), ["Hurt Locker"])
+    assert right["score"] == 1.0 and right["em"] == 1.0 and right["f1"] == 1.0
+    assert right["format_ok"] and right["failed_rules"] == ()
+    assert right["num_objectives"] == 1 and right["answer"] == "The Hurt Locker"
+    assert right["per_objective"] == [
+        {"prediction": "The Hurt Locker", "golds": ["Hurt Locker"], "em": 1.0, "f1": 1.0}]
+    wrong = compute_score(respond("Avatar"), ["Hurt Locker"])
+    assert wrong["score"] == 0.0 and wrong["em"] == 0.0 and wrong["format_ok"]
+
+
+def test_wrong_format_scores_zero_but_reports_em_and_f1():
+    text = "Final: " + respond("Hurt Locker")
+    result = compute_score(text, ["Hurt Locker"])
+    assert result["score"] == 0.0
+    assert not result["format_ok"] and result["failed_rules"] == ("no_text_outside_tags",)
+    assert result["em"] == 1.0 and result["f1"] == 1.0
+    lenient = compute_score(text, ["Hurt Locker"], format_kwargs={"allow_text_outside_tags": True})
+    assert lenient["score"] == 1.0 and lenient["format_ok"]
+
+
+def test_no_answer_scores_zero():
+    text = "<mem></mem><think>t</think><search>q</search><information>doc</information>"
+    result = compute_score(text, ["x"])
+    assert result["answer"] is None and result["score"] == 0.0 and result["f1"] == 0.0
+    assert result["failed_rules"] == ("ends_with_answer",)
+
+
+def test_multi_objective_modes():
+    golds = [["Paris"], ["Rome", "Roma"], ["Berlin"]]
+    text = respond("paris; Roma; Bonn")
+    mean = compute_score(text, golds)
+    assert mean["num_objectives"] == 3
+    assert [o["em"] for o in mean["per_objective"]] == [1.0, 1.0, 0.0]
+    assert mean["score"] == pytest.approx(2 / 3) and mean["em"] == pytest.approx(2 / 3)
+    assert compute_score(text, golds, mode="all")["score"] == 0.0
+    assert compute_score(text, golds, mode="sum")["score"] == 2.0
+    all_right = respond("Paris; Rome; Berlin")
+    assert compute_score(all_right, golds, mode="all")["score"] == 1.0
+    with pytest.raises(ValueError):
+        compute_score(text, golds, mode="max")
+
+
+def test_multi_objective_missing_sub_answer_scores_zero_for_its_objective():
+    result = compute_score(respond("Paris"), [["Paris"], ["Rome"]])
+    assert [o["prediction"] for o in result["per_objective"]] == ["Paris", None]
+    assert [o["em"] for o in result["per_objective"]] == [1.0, 0.0]
+    assert [o["f1"] for o in result["per_objective"]] == [1.0, 0.0]
+    assert result["score"] == 0.5 and result["f1"] == 0.5
