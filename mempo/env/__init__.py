@@ -1,0 +1,33 @@
+"""The agent's environment: corpus files, retrievers (BM25, dense, HTTP), the retrieval server, tools.
+
+- `mempo.env.corpus`: jsonl corpora as `Document` records (`load_corpus`, `write_corpus`).
+- `mempo.env.retriever`: the `Retriever` interface (`search`, `access`), its errors, the registry
+  (`make_retriever("bm25" | "http" | "dense", ...)`), `BM25Retriever`, `DenseRetriever`.
+- `mempo.env.client`: `HTTPRetriever`, the same interface over HTTP (stdlib urllib).
+- `mempo.env.server`: `create_app` (Search-R1 `/retrieve`, `/access`, `/health`), `RetrieverServer`
+  (background thread) and `serve` (what `mempo serve-retriever` runs).
+- `mempo.env.tools`: the `search` and `access` tools answering in ``<information>`` blocks.
+
+Importing `mempo.env` is cheap: bm25s, numpy, fastapi and uvicorn are imported only where used.
+"""
+from mempo.env.client import HTTPRetriever
+from mempo.env.corpus import CorpusError, Document, corpus_fingerprint, iter_corpus, load_corpus, write_corpus
+from mempo.env.retriever import (
+    DEFAULT_PAGE_CHARS, DEFAULT_TOPK, MAX_QUERY_CHARS, BM25Retriever, DenseRetriever, DocumentNotFoundError, Hit,
+    InvalidRequestError, Page, PageOutOfRangeError, Retriever, RetrieverError, RetrieverUnavailableError, Tokenizer,
+    available_retrievers, load_or_build_bm25, make_retriever, register_retriever,
+)
+from mempo.env.server import RetrieverServer, create_app, serve
+from mempo.env.tools import (
+    AccessTool, SearchTool, ToolResult, available_tools, make_tool, make_tools, parse_access_argument, register_tool,
+)
+
+__all__ = [
+    "Document", "CorpusError", "load_corpus", "iter_corpus", "write_corpus", "corpus_fingerprint",
+    "DEFAULT_TOPK", "DEFAULT_PAGE_CHARS", "MAX_QUERY_CHARS", "Hit", "Page", "Retriever", "RetrieverError",
+    "InvalidRequestError", "DocumentNotFoundError", "PageOutOfRangeError", "RetrieverUnavailableError",
+    "register_retriever", "make_retriever", "available_retrievers", "Tokenizer", "BM25Retriever",
+    "load_or_build_bm25", "DenseRetriever", "HTTPRetriever", "create_app", "RetrieverServer", "serve",
+    "ToolResult", "SearchTool", "AccessTool", "register_tool", "make_tool", "make_tools", "available_tools",
+    "parse_access_argument",
+]

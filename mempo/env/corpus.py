@@ -1,0 +1,155 @@
+"""Corpus files: one JSON object per line, read and written as `Document` records.
+
+Format (jsonl, UTF-8), one document per non-blank line::
+
+    {"id": "doc-17", "title": "Ada Lovelace", "text": "Augusta Ada King, Countess of Lovelace, ..."}
+
+Conventions:
+- `id` is required: a non-empty string (a JSON integer is accepted and converted with `str`) with no
+  white space, because the access tool's argument is ``"<doc-id> [page]"``; ids are unique in a file.
+- `text` is required (a string, possibly empty); `title` is optional (a string, default "").
+- Search-R1 / FlashRAG corpora (``{"id", "contents"}`` with the title on the first line of
+  `contents`, often in double quotes) are accepted as well: the first line becomes the title (outer
+  quotes removed), the rest the text. Other keys are ignored.
+- Blank lines are skipped. Any other bad line (not JSON, not an object, missing or mistyped field,
+  duplicate id) raises `CorpusError` naming the file and the 1-based line number.
+
+`write_corpus` writes the canonical ``{"id", "title", "text"}`` form atomically (a temporary file
+renamed over the target), so a reader never sees a half-written corpus.
+"""
+import hashlib
+import json
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable, Iterator, Union
+
+__all__ = ["Document", "CorpusError", "load_corpus", "iter_corpus", "write_corpus", "document_from_json",
+           "corpus_fingerprint"]
+
+PathLike = Union[str, "os.PathLike[str]"]
+
+
+@dataclass(frozen=True)
+class Document:
+    """One corpus document: a unique id without white space, a title and the full text."""
+    id: str
+    title: str
+    text: str
+
+    def to_json(self) -> dict:
+        """The canonical corpus-line object ``{"id", "title", "text"}``."""
+        return {"id": self.id, "title": self.title, "text": self.text}
+
+
+class CorpusError(ValueError):
+    """A corpus file (or a document record) that does not follow the format above."""
+
+
+def document_from_json(obj: object) -> Document:
+    """Build a `Document` from one decoded corpus line; raises `CorpusError` (without location)."""
+    if not isinstance(obj, dict):
+        raise CorpusError(f"expected a JSON object, got {type(obj).__name__}")
+    if "id" not in obj:
+        raise CorpusError("missing field 'id'")
+    doc_id = obj["id"]
+    if isinstance(doc_id, bool) or not isinstance(doc_id, (str, int)):
+        raise CorpusError(f"field 'id' must be a string, got {type(doc_id).__name__}")
+    doc_id = str(doc_id)
+    if not doc_id:
+        raise CorpusError("field 'id' is empty")
+    if any(ch.isspace() for ch in doc_id):
+        raise CorpusError(f"field 'id' contains white space: {doc_id!r}")
+    if "text" in obj:
+        text, title = obj["text"], obj.get("title", "")
+        if not isinstance(text, str):
+            raise CorpusError(f"field 'text' must be a string, got {type(text).__name__}")
+        if not isinstance(title, str):
+            raise CorpusError(f"field 'title' must be a string, got {type(title).__name__}")
+    elif "contents" in obj:
+        contents = obj["contents"]
+        if not isinstance(contents, str):
+            raise CorpusError(f"field 'contents' must be a string, got {type(contents).__name__}")
+        title, _, text = contents.partition("\n")
+        title = title.strip()
+        if len(title) >= 2 and title[0] == title[-1] == '"':
+            title = title[1:-1]
+    else:
+        raise CorpusError("missing field 'text' (or Search-R1 'contents')")
+    return Document(doc_id, title, text)
+
+
+def iter_corpus(path: PathLike) -> Iterator[Document]:
+    """Stream the documents of a jsonl corpus in file order, checking every line and id uniqueness."""
+    path = Path(path)
+    first_line_of: dict[str, int] = {}
+    try:
+        handle = open(path, "r", encoding="utf-8")
+    except FileNotFoundError:
+        raise CorpusError(f"{path}: corpus file not found") from None
+    with handle:
+        lineno = 0
+        while True:
+            try:
+                line = handle.readline()
+            except UnicodeDecodeError as exc:
+                raise CorpusError(f"{path}:{lineno + 1}: not valid UTF-8 ({exc.reason})") from None
+            if not line:
+                break
+            lineno += 1
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise CorpusError(f"{path}:{lineno}: not valid JSON ({exc.msg} at column {exc.colno})") from None
+            try:
+                doc = document_from_json(obj)
+            except CorpusError as exc:
+                raise CorpusError(f"{path}:{lineno}: {exc}") from None
+            previous = first_line_of.setdefault(doc.id, lineno)
+            if previous != lineno:
+                raise CorpusError(f"{path}:{lineno}: duplicate id {doc.id!r} (first seen on line {previous})")
+            yield doc
+
+
+def load_corpus(path: PathLike) -> list[Document]:
+    """Read a whole jsonl corpus into a list of `Document` (see the module docstring for the format)."""
+    return list(iter_corpus(path))
+
+
+def write_corpus(path: PathLike, documents: Iterable[Document]) -> int:
+    """Write `documents` as a canonical jsonl corpus (atomic replace); returns the number written.
+
+    Raises `CorpusError` for duplicate or malformed ids (the file is then left untouched).
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp_name = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
+    seen: set[str] = set()
+    count = 0
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            for doc in documents:
+                checked = document_from_json(doc.to_json())
+                if checked.id in seen:
+                    raise CorpusError(f"duplicate id {checked.id!r} (document {count})")
+                seen.add(checked.id)
+                handle.write(json.dumps(checked.to_json(), ensure_ascii=False) + "\n")
+                count += 1
+        os.replace(tmp_name, path)
+    except BaseException:
+        if os.path.exists(tmp_name):
+            os.unlink(tmp_name)
+        raise
+    return count
+
+
+def corpus_fingerprint(path: PathLike) -> str:
+    """SHA-256 of a corpus file's bytes (hex), used to tell whether a saved index is stale."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()

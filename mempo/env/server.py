@@ -1,0 +1,354 @@
+"""The retrieval server: any `Retriever` over HTTP, speaking Search-R1's `/retrieve` API.
+
+Endpoints (JSON in, JSON out; `create_app` builds the FastAPI app):
+
+``POST /retrieve`` (Search-R1 ``retrieval_server.py`` compatible)::
+
+    request:  {"queries": ["q1", "q2"], "topk": 5, "return_scores": true}
+              topk optional (null/absent -> the server's default_topk, 5), return_scores optional (false)
+    response: {"result": [[{"document": {"id": "d7", "title": "T", "contents": "T\\n<text>"},
+                            "score": 12.3}, ...],      # query 1, best first, at most topk hits
+                           [...]]}                     # query 2
+              with return_scores false each entry is the bare document {"id", "title", "contents"}.
+    "contents" is the title, a newline, then the document's whole text (Search-R1's wiki-18
+    convention, so Search-R1 clients that split the first line off as the title work unchanged);
+    "title" is an extra field for clients that want it without parsing.
+
+``POST /access``::
+
+    request:  {"doc_id": "d7", "page": 0, "page_chars": 25000}   # page (0-based) and page_chars optional
+    response: {"doc_id": "d7", "title": "T", "page": 0, "num_pages": 3, "text": "<at most page_chars chars>"}
+
+``GET /health``: 200 ``{"status": "ok", "retriever": "bm25", "num_docs": N, "default_topk", "topk_max",
+"max_queries", "max_query_chars", "page_chars"}``. The app exists only once the index is loaded, so
+a 200 here means ready; `serve` prints a readiness line as soon as the socket accepts requests.
+
+Errors are JSON ``{"detail": "<message>", "error": "<kind>"}``, never a 500 for a bad request:
+- 400 invalid_request: a body that cannot be decoded at all;
+- 422 invalid_request: bad JSON, not an object, missing field, wrong type (strict: "5" is not an
+  integer), unknown field, empty query list, blank query, over max_queries / max_query_chars,
+  topk < 1 or > topk_max, page < 0, page_chars < 1 or > max_page_chars;
+- 404 document_not_found (404 not_found for an unknown route), 416 page_out_of_range (the body also
+  carries "num_pages"), 413 request_too_large (body over max_body_bytes);
+- 503 retriever_unavailable: a backing retriever failed.
+Limits are set per app (`create_app` keywords, `mempo serve-retriever` flags).
+
+Binding: 127.0.0.1 by default; `serve` warns on stderr when asked for a non-loopback address.
+Port 0 picks a free port (the readiness line and `RetrieverServer.url` say which).
+fastapi and uvicorn are imported inside the functions that need them.
+"""
+import ipaddress
+import json
+import socket
+import sys
+import threading
+import time
+from typing import Callable, Optional
+
+from mempo.env.retriever import (
+    DEFAULT_TOPK, MAX_QUERY_CHARS, DocumentNotFoundError, InvalidRequestError, PageOutOfRangeError, Retriever,
+    RetrieverError, check_doc_id, check_page, check_page_chars, check_queries, check_topk,
+)
+
+__all__ = ["create_app", "RetrieverServer", "serve", "is_loopback", "DEFAULT_HOST", "DEFAULT_PORT",
+           "DEFAULT_TOPK_MAX", "DEFAULT_MAX_QUERIES", "DEFAULT_MAX_PAGE_CHARS", "DEFAULT_MAX_BODY_BYTES"]
+
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 8000
+DEFAULT_TOPK_MAX = 100
+DEFAULT_MAX_QUERIES = 256
+DEFAULT_MAX_PAGE_CHARS = 1_000_000
+DEFAULT_MAX_BODY_BYTES = 4 << 20
+
+
+def _error_body(kind: str, message: str, **extra) -> bytes:
+    return json.dumps({"detail": message, "error": kind, **extra}).encode("utf-8")
+
+
+class _BodyLimit:
+    """ASGI middleware: read a request body up to `limit` bytes (413 beyond), then replay it."""
+
+    def __init__(self, app, limit: int):
+        self.app, self.limit = app, limit
+
+    async def _reject(self, send, status: int, kind: str, message: str) -> None:
+        body = _error_body(kind, message)
+        await send({"type": "http.response.start", "status": status,
+                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+        await send({"type": "http.response.body", "body": body})
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http" or scope["method"] not in ("POST", "PUT", "PATCH"):
+            await self.app(scope, receive, send)
+            return
+        too_large = f"request body over the limit of {self.limit} bytes"
+        for name, value in scope.get("headers", ()):
+            if name == b"content-length":
+                try:
+                    declared = int(value)
+                except ValueError:
+                    await self._reject(send, 400, "invalid_request", "malformed Content-Length header")
+                    return
+                if declared > self.limit:
+                    await self._reject(send, 413, "request_too_large", too_large)
+                    return
+        chunks, size, more = [], 0, True
+        while more:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > self.limit:
+                await self._reject(send, 413, "request_too_large", too_large)
+                return
+            chunks.append(chunk)
+            more = message.get("more_body", False)
+        replayed = False
+
+        async def replay():
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": b"".join(chunks), "more_body": False}
+            return await receive()
+
+        await self.app(scope, replay, send)
+
+
+def _validation_message(errors) -> str:
+    """One line from pydantic/FastAPI validation errors: 'topk: Input should be a valid integer; ...'."""
+    parts = []
+    for error in errors:
+        loc = [str(part) for part in error.get("loc", ()) if part != "body"]
+        where = ".".join(loc) if loc else "body"
+        if error.get("type") == "json_invalid":
+            where = "body"
+            msg = "not valid JSON"
+        else:
+            msg = error.get("msg", "invalid")
+        parts.append(f"{where}: {msg}")
+    return "; ".join(parts) or "invalid request"
+
+
+def create_app(retriever: Retriever, *, default_topk: int = DEFAULT_TOPK, topk_max: int = DEFAULT_TOPK_MAX,
+               max_queries: int = DEFAULT_MAX_QUERIES, max_query_chars: int = MAX_QUERY_CHARS,
+               max_page_chars: int = DEFAULT_MAX_PAGE_CHARS, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES):
+    """A FastAPI app serving `retriever` (endpoints, shapes and errors: see the module docstring)."""
+    from typing import Optional as Opt
+
+    from fastapi import FastAPI, Request
+    from fastapi.exceptions import RequestValidationError
+    from fastapi.responses import Response
+    from pydantic import BaseModel, ConfigDict
+    from starlette.exceptions import HTTPException
+
+    if not 1 <= default_topk <= topk_max:
+        raise ValueError(f"need 1 <= default_topk ({default_topk}) <= topk_max ({topk_max})")
+    if max_queries < 1 or max_query_chars < 1 or max_page_chars < 1 or max_body_bytes < 1:
+        raise ValueError("max_queries, max_query_chars, max_page_chars and max_body_bytes must be >= 1")
+
+    class RetrieveRequest(BaseModel):
+        model_config = ConfigDict(strict=True, extra="forbid")
+        queries: list[str]
+        topk: Opt[int] = None
+        return_scores: bool = False
+
+    class AccessRequest(BaseModel):
+        model_config = ConfigDict(strict=True, extra="forbid")
+        doc_id: str
+        page: int = 0
+        page_chars: Opt[int] = None
+
+    def json_response(obj, status: int = 200) -> Response:
+        return Response(json.dumps(obj, ensure_ascii=False).encode("utf-8"), status_code=status,
+                        media_type="application/json")
+
+    def error_response(status: int, kind: str, message: str, **extra) -> Response:
+        return Response(_error_body(kind, message, **extra), status_code=status, media_type="application/json")
+
+    app = FastAPI(title="mempo retriever", docs_url=None, redoc_url=None, openapi_url=None)
+    app.add_middleware(_BodyLimit, limit=max_body_bytes)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request: Request, exc: RequestValidationError):
+        return error_response(422, "invalid_request", _validation_message(exc.errors()))
+
+    @app.exception_handler(HTTPException)
+    async def _http_error(request: Request, exc: HTTPException):
+        kinds = {400: "invalid_request", 404: "not_found", 405: "method_not_allowed"}
+        message = str(exc.detail)
+        if exc.status_code == 400 and "parsing the body" in message:
+            message = "body: not valid JSON (could not decode the request body)"
+        return error_response(exc.status_code, kinds.get(exc.status_code, "http_error"), message)
+
+    @app.exception_handler(InvalidRequestError)
+    async def _invalid_args(request: Request, exc: InvalidRequestError):
+        return error_response(422, "invalid_request", str(exc))
+
+    @app.exception_handler(DocumentNotFoundError)
+    async def _not_found(request: Request, exc: DocumentNotFoundError):
+        return error_response(404, "document_not_found", str(exc))
+
+    @app.exception_handler(PageOutOfRangeError)
+    async def _out_of_range(request: Request, exc: PageOutOfRangeError):
+        return error_response(416, "page_out_of_range", str(exc), num_pages=exc.num_pages)
+
+    @app.exception_handler(RetrieverError)
+    async def _unavailable(request: Request, exc: RetrieverError):
+        return error_response(503, "retriever_unavailable", str(exc))
+
+    @app.get("/health")
+    def health():
+        return json_response({
+            "status": "ok", "retriever": retriever.name, "num_docs": retriever.num_docs,
+            "default_topk": default_topk, "topk_max": topk_max, "max_queries": max_queries,
+            "max_query_chars": max_query_chars, "page_chars": retriever.page_chars,
+        })
+
+    @app.post("/retrieve")
+    def retrieve(request: RetrieveRequest):
+        queries = check_queries(request.queries, max_queries=max_queries, max_query_chars=max_query_chars)
+        topk = default_topk if request.topk is None else check_topk(request.topk, topk_max=topk_max)
+        result = []
+        for hits in retriever.search(queries, topk):
+            documents = [{"id": h.doc_id, "title": h.title, "contents": h.title + "\n" + h.text} for h in hits]
+            if request.return_scores:
+                result.append([{"document": d, "score": h.score} for d, h in zip(documents, hits)])
+            else:
+                result.append(documents)
+        return json_response({"result": result})
+
+    @app.post("/access")
+    def access(request: AccessRequest):
+        page_chars = retriever.page_chars if request.page_chars is None else request.page_chars
+        check_page_chars(page_chars, limit=max(max_page_chars, retriever.page_chars))
+        page = retriever.access(check_doc_id(request.doc_id), check_page(request.page), page_chars)
+        return json_response({"doc_id": page.doc_id, "title": page.title, "page": page.page,
+                              "num_pages": page.num_pages, "text": page.text})
+
+    return app
+
+
+def is_loopback(host: str) -> bool:
+    """True for localhost and loopback addresses (127.0.0.0/8, ::1)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    """A listening TCP socket on (host, port); port 0 picks a free one."""
+    family, type_, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    sock = socket.socket(family, type_, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+        sock.listen(2048)
+    except OSError:
+        sock.close()
+        raise
+    sock.set_inheritable(True)
+    return sock
+
+
+def _url(sock: socket.socket) -> str:
+    host, port = sock.getsockname()[:2]
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
+def _uvicorn_server(app, log_level: str):
+    import uvicorn
+
+    config = uvicorn.Config(app, log_level=log_level, access_log=False, lifespan="off",
+                            timeout_graceful_shutdown=5)
+    return uvicorn.Server(config)
+
+
+class RetrieverServer:
+    """`create_app(retriever)` served by uvicorn on a background thread (tests, benchmarks, notebooks).
+
+    ``with RetrieverServer(retriever) as server: HTTPRetriever(server.url)...``; the default port 0
+    picks a free port. `stop` shuts the server down and joins its thread.
+    """
+
+    def __init__(self, retriever: Retriever, host: str = DEFAULT_HOST, port: int = 0, *,
+                 log_level: str = "warning", **app_options):
+        self.retriever, self.host, self.port = retriever, host, port
+        self.log_level, self.app_options = log_level, app_options
+        self.url: Optional[str] = None
+        self._server = None
+        self._sock: Optional[socket.socket] = None
+        self._thread: Optional[threading.Thread] = None
+
+    def start(self, timeout: float = 30.0) -> "RetrieverServer":
+        """Bind, start serving, and return once the server accepts requests (else RuntimeError)."""
+        if self._thread is not None:
+            raise RuntimeError("server already started")
+        sock = self._sock = _bind(self.host, self.port)
+        self.url = _url(sock)
+        self._server = _uvicorn_server(create_app(self.retriever, **self.app_options), self.log_level)
+        self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [sock]},
+                                        name=f"mempo-retriever {self.url}", daemon=True)
+        self._thread.start()
+        deadline = time.monotonic() + timeout
+        while not self._server.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(f"retriever server on {self.url} did not start within {timeout:g} s")
+            time.sleep(0.01)
+        return self
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Ask the server to exit, then wait for its thread (forcing exit after `timeout` s)."""
+        if self._server is None or self._thread is None:
+            return
+        self._server.should_exit = True
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            self._server.force_exit = True
+            self._thread.join(timeout)
+        if self._sock is not None:
+            self._sock.close()
+        self._server, self._thread, self._sock = None, None, None
+
+    def __enter__(self) -> "RetrieverServer":
+        return self.start()
+
+    def __exit__(self, *exc_info) -> None:
+        self.stop()
+
+
+def serve(retriever: Retriever, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, *,
+          on_ready: Optional[Callable[[str], None]] = None, log_level: str = "warning", **app_options) -> None:
+    """Serve `retriever` in the calling thread until SIGINT/SIGTERM (graceful shutdown).
+
+    `on_ready(url)` is called once the socket accepts requests. Raises OSError if the address is
+    taken. Warns on stderr when `host` is not a loopback address.
+    """
+    if not is_loopback(host):
+        print(f"warning: serving the retriever on non-loopback address {host}: anyone who can reach "
+              f"this machine can query it", file=sys.stderr, flush=True)
+    sock = _bind(host, port)
+    url = _url(sock)
+    server = _uvicorn_server(create_app(retriever, **app_options), log_level)
+    finished = threading.Event()
+
+    def announce():
+        while not server.started:
+            if finished.wait(0.01):
+                return
+        if on_ready is not None:
+            on_ready(url)
+
+    watcher = threading.Thread(target=announce, name="mempo-retriever readiness", daemon=True)
+    watcher.start()
+    try:
+        server.run(sockets=[sock])
+    finally:
+        finished.set()
+        watcher.join(1.0)
+        sock.close()

@@ -1,0 +1,429 @@
+"""The retrieval server (real uvicorn on a free loopback port) and the HTTP client's failure modes.
+
+Servers started here: `RetrieverServer` threads (module fixture and a few small ones), one
+`python -m mempo.cli serve-retriever` subprocess, and stdlib `http.server` stand-ins (garbage,
+5xx, slow, Search-R1). Every one is stopped before its test ends; all bind 127.0.0.1.
+"""
+import contextlib
+import http.client
+import http.server
+import json
+import os
+import queue
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from mempo.cli import main as cli_main
+from mempo.env.client import HTTPRetriever
+from mempo.env.corpus import write_corpus
+from mempo.env.retriever import (
+    BM25Retriever, DocumentNotFoundError, InvalidRequestError, PageOutOfRangeError, RetrieverError,
+    RetrieverUnavailableError,
+)
+from mempo.env.server import RetrieverServer, create_app, is_loopback
+from test_retrieval import make_corpus
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def corpus():
+    return make_corpus()
+
+
+@pytest.fixture(scope="module")
+def bm25(corpus):
+    with BM25Retriever.build(corpus) as retriever:
+        yield retriever
+
+
+@pytest.fixture(scope="module")
+def server(bm25):
+    with RetrieverServer(bm25, topk_max=50, max_queries=8, max_query_chars=100) as running:
+        HTTPRetriever(running.url).wait_until_ready(timeout=10)
+        yield running
+    assert running._thread is None  # stopped and joined
+
+
+def post(url: str, path: str, body: bytes, content_type: str = "application/json"):
+    """Raw POST on a fresh connection: (status, decoded JSON or raw bytes)."""
+    host, port = url.removeprefix("http://").split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=10)
+    try:
+        conn.request("POST", path, body=body, headers={"Content-Type": content_type})
+        response = conn.getresponse()
+        raw = response.read()
+    finally:
+        conn.close()
+    try:
+        return response.status, json.loads(raw)
+    except ValueError:
+        return response.status, raw
+
+
+def closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+# ------------------------------------------------------------------------------------------------
+# the API
+# ------------------------------------------------------------------------------------------------
+
+def test_health(server, corpus):
+    status, body = post(server.url, "/retrieve", b'{"queries": ["zebulon1"]}')
+    assert status == 200
+    health = HTTPRetriever(server.url).health()
+    assert health == {"status": "ok", "retriever": "bm25", "num_docs": len(corpus), "default_topk": 5,
+                      "topk_max": 50, "max_queries": 8, "max_query_chars": 100, "page_chars": 25_000}
+    assert server.url.startswith("http://127.0.0.1:")
+
+
+def test_retrieve_speaks_search_r1(server, bm25):
+    status, body = post(server.url, "/retrieve",
+                        json.dumps({"queries": ["zebulon2", "river stone"], "topk": 3, "return_scores": True}).encode())
+    assert status == 200 and list(body) == ["result"] and len(body["result"]) == 2
+    first = body["result"][0][0]
+    assert set(first) == {"document", "score"} and set(first["document"]) == {"id", "title", "contents"}
+    assert first["document"]["id"] == "needle-2"
+    hit = bm25.search(["zebulon2"], 3)[0][0]
+    assert first["document"]["contents"] == hit.title + "\n" + hit.text
+    assert first["score"] == pytest.approx(hit.score)
+    assert len(body["result"][1]) == 3
+    # Search-R1 client parsing: the first line of "contents" is the title
+    assert first["document"]["contents"].split("\n")[0] == "Needle 2"
+    # without scores (and without topk: the default 5), each entry is the bare document
+    status, body = post(server.url, "/retrieve", b'{"queries": ["river"]}')
+    assert status == 200 and len(body["result"][0]) == 5 and set(body["result"][0][0]) == {"id", "title", "contents"}
+
+
+@pytest.mark.parametrize("body, fragment", [
+    (b"{not json", "not valid JSON"),
+    (b"\xff\xfe\x00", "not valid JSON"),
+    (b"[]", "body"),
+    (b'"queries"', "body"),
+    (b"{}", "queries: Field required"),
+    (b'{"queries": "river"}', "queries"),
+    (b'{"queries": [1]}', "queries.0"),
+    (b'{"queries": []}', "queries is empty"),
+    (b'{"queries": ["   "]}', "queries[0] is blank"),
+    (b'{"queries": ["' + b"x" * 101 + b'"]}', "too long"),
+    (json.dumps({"queries": ["q"] * 9}).encode(), "too many queries"),
+    (b'{"queries": ["river"], "topk": 0}', "topk must be >= 1"),
+    (b'{"queries": ["river"], "topk": -3}', "topk must be >= 1"),
+    (b'{"queries": ["river"], "topk": 51}', "over the limit 50"),
+    (b'{"queries": ["river"], "topk": 100000000000000000000000000}', "over the limit"),
+    (b'{"queries": ["river"], "topk": "5"}', "topk"),
+    (b'{"queries": ["river"], "topk": 5.5}', "topk"),
+    (b'{"queries": ["river"], "topk": true}', "topk"),
+    (b'{"queries": ["river"], "return_scores": "yes"}', "return_scores"),
+    (b'{"queries": ["river"], "top_k": 5}', "top_k: Extra inputs are not permitted"),
+])
+def test_malformed_retrieve_requests_are_4xx(server, body, fragment):
+    status, answer = post(server.url, "/retrieve", body)
+    assert status in (400, 422), answer
+    assert answer["error"] == "invalid_request" and fragment in answer["detail"]
+
+
+def test_access_endpoint(server, bm25):
+    status, body = post(server.url, "/access", b'{"doc_id": "long-0", "page": 1}')
+    assert status == 200
+    page = bm25.access("long-0", 1)
+    assert body == {"doc_id": "long-0", "title": page.title, "page": 1, "num_pages": 3, "text": page.text}
+    status, body = post(server.url, "/access", b'{"doc_id": "long-0", "page_chars": 1000}')
+    assert status == 200 and body["num_pages"] == 60 and len(body["text"]) == 1000
+    cases = [
+        (b'{"doc_id": "absent"}', 404, "document_not_found", "unknown document id 'absent'"),
+        (b'{"doc_id": "long-0", "page": 3}', 416, "page_out_of_range", "numbered 0 to 2"),
+        (b'{"doc_id": "long-0", "page": -1}', 422, "invalid_request", "page must be >= 0"),
+        (b'{"doc_id": "long-0", "page": "1"}', 422, "invalid_request", "page"),
+        (b'{"doc_id": "long-0", "page_chars": 0}', 422, "invalid_request", "page_chars"),
+        (b'{"doc_id": "long-0", "page_chars": 10000000}', 422, "invalid_request", "over the limit"),
+        (b'{"doc_id": ""}', 422, "invalid_request", "doc_id is empty"),
+        (b'{"page": 0}', 422, "invalid_request", "doc_id: Field required"),
+        (b"nope", 422, "invalid_request", "not valid JSON"),
+    ]
+    for request, status_expected, kind, fragment in cases:
+        status, body = post(server.url, "/access", request)
+        assert (status, body["error"]) == (status_expected, kind), (request, body)
+        assert fragment in body["detail"], (request, body)
+    _, body = post(server.url, "/access", b'{"doc_id": "long-0", "page": 3}')
+    assert body["num_pages"] == 3
+
+
+def test_body_limit_and_unknown_routes(bm25):
+    with RetrieverServer(bm25, max_body_bytes=1000) as small:
+        status, body = post(small.url, "/retrieve", json.dumps({"queries": ["x" * 2000]}).encode())
+        assert status == 413 and body["error"] == "request_too_large"
+        status, body = post(small.url, "/nothing", b"{}")
+        assert status == 404 and body["error"] == "not_found"
+
+
+def test_app_rejects_bad_limits(bm25):
+    with pytest.raises(ValueError):
+        create_app(bm25, default_topk=10, topk_max=5)
+    assert is_loopback("127.0.0.1") and is_loopback("::1") and is_loopback("localhost")
+    assert not is_loopback("0.0.0.0") and not is_loopback("10.1.2.3")
+
+
+# ------------------------------------------------------------------------------------------------
+# the client against the real server
+# ------------------------------------------------------------------------------------------------
+
+def test_http_retriever_matches_in_process(server, bm25, corpus):
+    client = HTTPRetriever(server.url, timeout=5, retries=0)
+    queries = ["zebulon5", "river stone market", "Long start", "nomatchatall"]
+    assert client.search(queries, 7) == bm25.search(queries, 7)
+    assert client.access("long-2", 2) == bm25.access("long-2", 2)
+    assert client.access("needle-1", 0, page_chars=7) == bm25.access("needle-1", 0, page_chars=7)
+    assert client.num_docs == len(corpus) and client.page_chars == 25_000
+
+
+def test_http_retriever_maps_4xx_without_retrying(server):
+    client = HTTPRetriever(server.url, timeout=5, retries=3, backoff=2.0)  # a retry would take >= 2 s
+    started = time.monotonic()
+    with pytest.raises(DocumentNotFoundError, match="unknown document id 'absent'.*HTTP 404 from http://127.0.0.1"):
+        client.access("absent")
+    with pytest.raises(PageOutOfRangeError) as info:
+        client.access("long-0", 9)
+    assert info.value.num_pages == 3
+    with pytest.raises(InvalidRequestError, match="too long"):
+        client.search(["x" * 101])
+    with pytest.raises(InvalidRequestError, match="over the limit 50"):
+        client.search(["river"], topk=51)
+    with pytest.raises(InvalidRequestError):  # checked locally, never sent
+        client.search([])
+    assert time.monotonic() - started < 2.0
+
+
+# ------------------------------------------------------------------------------------------------
+# client failure modes
+# ------------------------------------------------------------------------------------------------
+
+def test_server_down_names_the_url_after_bounded_retries():
+    url = f"http://127.0.0.1:{closed_port()}"
+    client = HTTPRetriever(url, timeout=0.5, retries=2, backoff=0.01)
+    started = time.monotonic()
+    with pytest.raises(RetrieverUnavailableError) as info:
+        client.search(["river"])
+    message = str(info.value)
+    assert f"{url}/retrieve" in message and "after 3 attempt(s)" in message and "cannot connect" in message
+    assert time.monotonic() - started < 2.0
+    with pytest.raises(RetrieverError, match="not ready after 0.2 s"):
+        HTTPRetriever(url).wait_until_ready(timeout=0.2, interval=0.05)
+
+
+class _StandIn(http.server.BaseHTTPRequestHandler):
+    """Answers every request with the server's (status, body, delay) and counts requests."""
+
+    protocol_version = "HTTP/1.1"  # keep-alive unless the answer says otherwise
+
+    def do_POST(self):
+        self.server.hits += 1
+        status, body, delay = self.server.answer
+        length = int(self.headers.get("Content-Length", 0))
+        self.rfile.read(length)
+        if delay:
+            time.sleep(delay)
+        try:
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            if not self.server.drop_idle:
+                self.send_header("Connection", "close")
+            self.end_headers()
+            self.wfile.write(body)
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+        # drop_idle: promise keep-alive but close anyway, like a server whose idle timeout expired
+        self.close_connection = True
+
+    do_GET = do_POST
+
+    def log_message(self, *args):
+        pass
+
+
+@contextlib.contextmanager
+def stand_in(status: int, body: bytes, delay: float = 0.0, drop_idle: bool = False):
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _StandIn)
+    httpd.daemon_threads = True
+    httpd.answer, httpd.hits, httpd.drop_idle = (status, body, delay), 0, drop_idle
+    thread = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    thread.start()
+    try:
+        yield httpd, f"http://127.0.0.1:{httpd.server_address[1]}"
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+        thread.join(5)
+
+
+@pytest.mark.parametrize("body, fragment", [
+    (b"<html>surprise</html>", "answered non-JSON"),
+    (b'{"result": "nope"}', "unexpected shape"),
+    (b'{"result": [[{"document": {"id": "a"}, "score": 1}]]}', "unexpected shape"),
+    (b'{"result": [[{"document": {"id": "a", "contents": "t\\nx"}, "score": "high"}]]}', "unexpected shape"),
+    (b'{"result": []}', "unexpected shape"),
+    (b"[1, 2]", "unexpected shape"),
+])
+def test_garbage_answers_raise_without_retry(body, fragment):
+    with stand_in(200, body) as (httpd, url):
+        client = HTTPRetriever(url, timeout=2, retries=3, backoff=0.01)
+        with pytest.raises(RetrieverUnavailableError, match=fragment) as info:
+            client.search(["river"])
+        assert url in str(info.value) and httpd.hits == 1
+
+
+def test_garbage_access_and_health_answers():
+    with stand_in(200, b'{"doc_id": "a"}') as (_, url):
+        client = HTTPRetriever(url, timeout=2, retries=0)
+        with pytest.raises(RetrieverUnavailableError, match="unexpected shape"):
+            client.access("a")
+        with pytest.raises(RetrieverUnavailableError, match="num_docs"):
+            client.health()
+
+
+def test_5xx_is_retried_then_reported():
+    with stand_in(503, b'{"detail": "index reloading"}') as (httpd, url):
+        client = HTTPRetriever(url, timeout=2, retries=2, backoff=0.01)
+        with pytest.raises(RetrieverUnavailableError, match="after 3 attempt.*HTTP 503: index reloading"):
+            client.search(["river"])
+        assert httpd.hits == 3
+
+
+def test_4xx_with_plain_text_is_not_retried():
+    with stand_in(400, b"bad request, friend") as (httpd, url):
+        client = HTTPRetriever(url, timeout=2, retries=3, backoff=0.01)
+        with pytest.raises(InvalidRequestError, match="bad request, friend.*HTTP 400"):
+            client.search(["river"])
+        assert httpd.hits == 1
+
+
+def test_slow_server_times_out():
+    with stand_in(200, b'{"result": [[]]}', delay=1.5) as (httpd, url):
+        client = HTTPRetriever(url, timeout=0.2, retries=1, backoff=0.01)
+        started = time.monotonic()
+        with pytest.raises(RetrieverUnavailableError, match="no answer within 0.2 s") as info:
+            client.search(["river"])
+        assert time.monotonic() - started < 1.2 and httpd.hits == 2 and url in str(info.value)
+
+
+def test_client_reads_an_original_search_r1_server():
+    answer = {"result": [[{"document": {"id": "0", "contents": '"Aaron"\nAaron is a prophet.'}, "score": 1.5}]]}
+    with stand_in(200, json.dumps(answer).encode()) as (_, url):
+        hits = HTTPRetriever(url, retries=0).search(["aaron"], 1)
+    assert [(h.doc_id, h.title, h.text, h.score) for h in hits[0]] == [("0", "Aaron", "Aaron is a prophet.", 1.5)]
+
+
+def test_closed_keep_alive_connection_is_reopened_without_counting_an_attempt():
+    answer = {"result": [[{"document": {"id": "a", "title": "A", "contents": "A\ntext"}, "score": 1.0}]]}
+    with stand_in(200, json.dumps(answer).encode(), drop_idle=True) as (httpd, url):
+        client = HTTPRetriever(url, timeout=2, retries=0)
+        for _ in range(3):
+            assert client.search(["a"])[0][0].doc_id == "a"
+        assert httpd.hits == 3
+        client.close()
+
+
+def test_client_keeps_one_connection_per_thread(server):
+    client = HTTPRetriever(server.url, timeout=5, retries=0)
+    client.search(["river"])
+    first = client._local.conn.sock
+    client.search(["stone"])
+    assert client._local.conn.sock is first  # reused
+    seen = []
+    thread = threading.Thread(target=lambda: (client.search(["river"]), seen.append(client._local.conn.sock)))
+    thread.start()
+    thread.join()
+    assert seen[0] is not first
+    client.close()
+    assert client._local.conn is None
+
+
+def test_client_rejects_bad_configuration():
+    for bad in ["127.0.0.1:8000", "ftp://x", ""]:
+        with pytest.raises(ValueError):
+            HTTPRetriever(bad)
+    with pytest.raises(ValueError):
+        HTTPRetriever("http://127.0.0.1:1", timeout=0)
+
+
+# ------------------------------------------------------------------------------------------------
+# the CLI
+# ------------------------------------------------------------------------------------------------
+
+def _start_cli(args: list[str]) -> tuple[subprocess.Popen, str]:
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    proc = subprocess.Popen([sys.executable, "-m", "mempo.cli", "serve-retriever", *args], cwd=REPO_ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    lines: "queue.Queue[str]" = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(line) for line in proc.stdout], daemon=True).start()
+    try:
+        line = lines.get(timeout=30)
+    except queue.Empty:
+        proc.kill()
+        raise AssertionError(f"no readiness line; stderr: {proc.communicate(timeout=5)[1]}")
+    return proc, line
+
+
+def _stop_cli(proc: subprocess.Popen) -> tuple[int, str]:
+    proc.send_signal(signal.SIGINT)
+    try:
+        _, stderr = proc.communicate(timeout=15)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        _, stderr = proc.communicate(timeout=5)
+    return proc.returncode, stderr
+
+
+def test_cli_serve_retriever_subprocess(tmp_path, corpus):
+    corpus_path, index_dir = tmp_path / "corpus.jsonl", tmp_path / "index"
+    write_corpus(corpus_path, corpus)
+    args = ["--corpus", str(corpus_path), "--index-dir", str(index_dir), "--port", "0", "--topk-max", "20"]
+    for run in ("build", "load"):
+        proc, line = _start_cli(args)
+        try:
+            assert line.startswith("mempo-retriever ready url=http://127.0.0.1:"), line
+            fields = dict(part.split("=", 1) for part in line.split()[2:])
+            assert fields["docs"] == str(len(corpus)) and fields["retriever"] == "bm25"
+            client = HTTPRetriever(fields["url"], timeout=5, retries=0)
+            assert client.health()["topk_max"] == 20
+            assert client.search(["zebulon9"], 2)[0][0].doc_id == "needle-9"
+            assert client.access("long-1", 2).num_pages == 3
+        finally:
+            returncode, stderr = _stop_cli(proc)
+        assert returncode == 130, stderr
+        assert ("built BM25 index" in stderr) == (run == "build") and ("loaded BM25 index" in stderr) == (run == "load")
+        assert (index_dir / "mempo_index.json").is_file()
+
+
+def test_cli_usage_errors(tmp_path, capsys):
+    assert cli_main(["serve-retriever"]) == 2
+    assert cli_main(["serve-retriever", "--corpus", str(tmp_path / "absent.jsonl")]) == 2
+    assert cli_main(["serve-retriever", "--corpus", "x", "--topk-default", "9", "--topk-max", "5"]) == 2
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"id": "a", "text": "x"}\n{"id": "a", "text": "y"}\n')
+    assert cli_main(["serve-retriever", "--corpus", str(bad)]) == 2
+    assert f"{bad}:2: duplicate id 'a'" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as info:
+        cli_main(["no-such-command"])
+    assert info.value.code == 2
+
+
+def test_cli_port_taken(tmp_path, corpus):
+    corpus_path = tmp_path / "corpus.jsonl"
+    write_corpus(corpus_path, corpus[:20])
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        assert cli_main(["serve-retriever", "--corpus", str(corpus_path), "--port", str(port)]) == 1
