@@ -72,18 +72,11 @@ from typing import Any, Iterable, NamedTuple, Optional, Sequence, Union
 import numpy as np
 import torch
 
+from mempo.tags import ACTION_TAGS, INFORMATION_TAG, TAGS, marker_strings  # re-exported
+
 __all__ = [
     "ACTION_TAGS", "TAGS", "Span", "SpanBatch", "TokenTable", "find_spans", "marker_strings",
 ]
-
-TAGS: tuple[str, ...] = ("mem", "think", "search", "access", "answer", "information")
-ACTION_TAGS: tuple[str, ...] = ("search", "access", "answer")
-INFORMATION_TAG = TAGS.index("information")
-
-
-def marker_strings() -> tuple[str, ...]:
-    """The 12 marker strings in marker-code order (code 2*tag: ``<tag>``, 2*tag+1: ``</tag>``)."""
-    return tuple(m for name in TAGS for m in (f"<{name}>", f"</{name}>"))
 
 
 class Span(NamedTuple):
