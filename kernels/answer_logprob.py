@@ -1,0 +1,365 @@
+"""Triton kernels: masked, thresholded answer log-probabilities (ALGORITHM.md section 4).
+
+Three kernels, each with its launcher below it (the functional API, validation and dispatch live in
+`mempo.ops.answer_logprob`):
+
+* `_row_logp_kernel`      one program per row of materialised logits `[M, V]`: online log-sum-exp
+                          over BLOCK_V vocabulary tiles, target logit read directly -> token_logp.
+* `_hidden_logp_kernel`   one program per (block of BLOCK_M rows, vocabulary split): logits tile
+                          = hidden @ weight.T built with `tl.dot` over H chunks, never stored;
+                          online log-sum-exp over the split's tiles -> per-split partials
+                          (running max, rescaled sum, target logit).
+  `_combine_kernel`       merges the per-split partials of each row -> token_logp.
+* `_segment_kernel`       one program per context over CSR offsets (or n*T for padded input):
+                          keep, num_kept, mean_logp, P. Deterministic, no atomics.
+
+Numeric conventions (shared with the torch path and the loop reference):
+* Every load is cast to fp32 at once; all accumulation is fp32. `tl.dot` runs on native bf16/fp16
+  operands on a GPU (fp32 accumulator) and on fp32 operands with IEEE precision (no TF32) when the
+  inputs are fp32 or under the CPU interpreter (whose bf16 dot is wrong).
+* Logits are divided by the temperature (multiplied by `inv_temp`) before the softmax.
+* Out-of-range vocabulary lanes of the last tile are -inf; a running max of -inf is replaced by 0
+  before it is subtracted, and the final lse is kept finite, so -inf - -inf never occurs (not even
+  in a discarded `tl.where` branch). A target logit of -inf gives token_logp = -inf (never NaN).
+* Rows with answer_mask 0 exit early; their token_logp is written as 0.0 and their target is never
+  read (it may be -100).
+* keep = mask and (token_logp > log_threshold) (strict), or keep = mask without threshold.
+  P = exp(mean of kept token_logp); a context with no kept row gets P = empty_value and
+  mean_logp = 0.
+"""
+import torch
+import triton
+import triton.language as tl
+
+
+# ------------------------------------------------------------------------------------------------
+# (a) row kernel: token log-prob from materialised logits
+# ------------------------------------------------------------------------------------------------
+@triton.jit
+def _row_logp_kernel(
+    logits_ptr,          # [M, V] fp32 / bf16 / fp16, last dim contiguous
+    stride_row,          # elements between consecutive rows of logits
+    targets_ptr,         # [M] int
+    mask_ptr,            # [M] uint8 (answer_mask != 0)
+    out_ptr,             # [M] fp32 token_logp
+    V,
+    inv_temp,
+    BLOCK_V: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)
+
+    # 1. Early exit: a masked row is not computed; its token_logp is defined as 0.0.
+    active = tl.load(mask_ptr + row)
+    if active == 0:
+        tl.store(out_ptr + row, 0.0)
+        return
+
+    base = logits_ptr + row * stride_row
+    cols = tl.arange(0, BLOCK_V)
+    m = float("-inf")  # running max of z = logits / T
+    d = 0.0            # running sum of exp(z - m)
+
+    # 2. Online log-sum-exp over the vocabulary, one BLOCK_V tile at a time:
+    #      m' = max(m, max_tile z)
+    #      d' = d * exp(m - m') + sum_tile exp(z - m')
+    #    Lanes past V load -inf (exp(-inf) = 0). If m' is still -inf (every logit so far -inf),
+    #    subtract 0 instead, so that -inf - -inf cannot produce NaN.
+    for v0 in range(0, V, BLOCK_V):
+        offs = v0 + cols
+        z = tl.load(base + offs, mask=offs < V, other=float("-inf")).to(tl.float32) * inv_temp
+        m_new = tl.maximum(m, tl.max(z, axis=0))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        d = d * tl.exp(m - m_safe) + tl.sum(tl.exp(z - m_safe), axis=0)
+        m = m_new
+
+    # 3. log p(target) = (z_target - m) - log d, subtracting the max first (z_t - m is exact-ish
+    #    even for logits ~1e4, where m + log d would round to the fp32 grid of 1e4). Since d >= 1
+    #    whenever m is finite and z_t <= m, the result is <= 0 by construction.
+    #    If every logit is -inf (m = -inf, d = 0), z_t is -inf too: with m -> 0 and d -> 1 the
+    #    result is -inf, with no NaN even as an intermediate.
+    target = tl.load(targets_ptr + row).to(tl.int64)
+    z_t = tl.load(base + target).to(tl.float32) * inv_temp
+    m_safe = tl.where(m == float("-inf"), 0.0, m)
+    logp = (z_t - m_safe) - tl.log(tl.where(d > 0.0, d, 1.0))
+    tl.store(out_ptr + row, logp)
+
+
+def row_logp(logits, targets, mask_u8, out, inv_temp: float, block_v: int = None):
+    """Launch one program per row. logits `[M, V]` (stride(1) == 1), targets `[M]` int, mask_u8
+    `[M]` uint8, out `[M]` fp32 (written entirely: 0.0 on masked rows)."""
+    M, V = logits.shape
+    if M == 0:
+        return out
+    if block_v is None:
+        block_v = min(4096, triton.next_power_of_2(V))
+    num_warps = 8 if block_v >= 2048 else 4
+    _row_logp_kernel[(M,)](
+        logits, logits.stride(0), targets, mask_u8, out, V, float(inv_temp),
+        BLOCK_V=block_v, num_warps=num_warps,
+    )
+    return out
+
+
+# ------------------------------------------------------------------------------------------------
+# (b) fused kernel: token log-prob from hidden states and the lm_head, logits never stored
+# ------------------------------------------------------------------------------------------------
+@triton.jit
+def _hidden_logp_kernel(
+    hidden_ptr, stride_hm, stride_hh,   # [M, H]
+    weight_ptr, stride_wv, stride_wh,   # [V, H] (lm_head weight)
+    bias_ptr,                           # [V] or dummy
+    targets_ptr,                        # [M] int
+    mask_ptr,                           # [M] uint8
+    part_m_ptr, part_d_ptr, part_t_ptr, # [NUM_SPLITS, M] fp32 partials
+    M, V, H,
+    inv_temp,
+    V_PER_SPLIT,                        # vocabulary entries per split (multiple of BLOCK_V)
+    HAS_BIAS: tl.constexpr,
+    DOT_FP32: tl.constexpr,             # cast operands to fp32 (fp32 inputs, or the interpreter)
+    BLOCK_M: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+):
+    pid_m = tl.program_id(0)
+    pid_s = tl.program_id(1)
+    rows = pid_m.to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
+    row_ok = rows < M
+    part = pid_s.to(tl.int64) * M + rows
+
+    # 1. Early exit: a block whose rows are all masked (or past M) computes nothing. The partials
+    #    it writes (m = -inf, d = 0, z_t = -inf) are ignored by the combine kernel for masked rows.
+    active = (tl.load(mask_ptr + rows, mask=row_ok, other=0) != 0) & row_ok
+    n_active = tl.sum(active.to(tl.int32), axis=0)
+    if n_active == 0:
+        tl.store(part_m_ptr + part, tl.full([BLOCK_M], float("-inf"), tl.float32), mask=row_ok)
+        tl.store(part_d_ptr + part, tl.zeros([BLOCK_M], tl.float32), mask=row_ok)
+        tl.store(part_t_ptr + part, tl.full([BLOCK_M], float("-inf"), tl.float32), mask=row_ok)
+        return
+
+    # Masked rows inside an active block read target -1 (never matches) and zero hidden states.
+    target = tl.load(targets_ptr + rows, mask=active, other=-1).to(tl.int64)
+    m = tl.full([BLOCK_M], float("-inf"), tl.float32)    # running max of z
+    d = tl.zeros([BLOCK_M], tl.float32)                   # running sum of exp(z - m)
+    z_t = tl.full([BLOCK_M], float("-inf"), tl.float32)  # target logit, if it lies in this split
+
+    v_start = pid_s * V_PER_SPLIT
+    v_stop = tl.minimum(V, v_start + V_PER_SPLIT)
+    offs_v = tl.arange(0, BLOCK_V)
+    offs_h = tl.arange(0, BLOCK_H)
+    for v0 in range(v_start, v_stop, BLOCK_V):
+        cols = v0 + offs_v
+        col_ok = cols < v_stop
+
+        # 2. Logit tile z = (hidden[rows] @ weight[cols].T + bias[cols]) / T, accumulated in fp32
+        #    over H in BLOCK_H chunks. The weight tile is read transposed ([BLOCK_H, BLOCK_V]).
+        acc = tl.zeros([BLOCK_M, BLOCK_V], tl.float32)
+        for h0 in range(0, H, BLOCK_H):
+            hh = h0 + offs_h
+            h_ok = hh < H
+            a = tl.load(hidden_ptr + rows[:, None] * stride_hm + hh[None, :] * stride_hh,
+                        mask=active[:, None] & h_ok[None, :], other=0.0)
+            b = tl.load(weight_ptr + cols[None, :].to(tl.int64) * stride_wv + hh[:, None] * stride_wh,
+                        mask=col_ok[None, :] & h_ok[:, None], other=0.0)
+            if DOT_FP32:
+                acc = tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
+            else:
+                acc = tl.dot(a, b, acc)
+        if HAS_BIAS:
+            acc += tl.load(bias_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
+        z = acc * inv_temp
+        # 3. Lanes past the split's end (the last, partial tile) become -inf before the max.
+        z = tl.where(col_ok[None, :], z, float("-inf"))
+
+        # 4. The target logit is picked up in the tile that holds it (at most one lane per row).
+        hit = cols[None, :].to(tl.int64) == target[:, None]
+        z_t = tl.maximum(z_t, tl.max(tl.where(hit, z, float("-inf")), axis=1))
+
+        # 5. Online log-sum-exp, per row, with the -inf guard of the row kernel:
+        #      m' = max(m, max_tile z);  d' = d * exp(m - m') + sum_tile exp(z - m')
+        m_new = tl.maximum(m, tl.max(z, axis=1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        d = d * tl.exp(m - m_safe) + tl.sum(tl.exp(z - m_safe[:, None]), axis=1)
+        m = m_new
+
+    tl.store(part_m_ptr + part, m, mask=row_ok)
+    tl.store(part_d_ptr + part, d, mask=row_ok)
+    tl.store(part_t_ptr + part, z_t, mask=row_ok)
+
+
+@triton.jit
+def _combine_kernel(
+    part_m_ptr, part_d_ptr, part_t_ptr,  # [NUM_SPLITS, M] fp32
+    mask_ptr,                            # [M] uint8
+    out_ptr,                             # [M] fp32 token_logp
+    M, NUM_SPLITS,
+    BLOCK_M: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+):
+    rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
+    row_ok = rows < M
+    splits = tl.arange(0, BLOCK_S)
+    ok = row_ok[:, None] & (splits[None, :] < NUM_SPLITS)
+    idx = splits[None, :].to(tl.int64) * M + rows[:, None]
+
+    # 1. Merge: mx = max_s m_s (guarded against -inf), d = sum_s d_s * exp(m_s - mx).
+    pm = tl.load(part_m_ptr + idx, mask=ok, other=float("-inf"))
+    pd = tl.load(part_d_ptr + idx, mask=ok, other=0.0)
+    pt = tl.load(part_t_ptr + idx, mask=ok, other=float("-inf"))
+    m = tl.max(pm, axis=1)
+    m_safe = tl.where(m == float("-inf"), 0.0, m)
+    d = tl.sum(pd * tl.exp(pm - m_safe[:, None]), axis=1)
+    # d = 0 only for masked rows and rows whose logits are all -inf (then z_t = -inf as well).
+    log_d = tl.log(tl.where(d > 0.0, d, 1.0))
+
+    # 2. Exactly one split holds the target logit; the others report -inf.
+    #    log p = (z_t - mx) - log d (max subtracted first, as in the row kernel); a -inf target
+    #    logit gives -inf, never -inf - -inf.
+    z_t = tl.max(pt, axis=1)
+    logp = (z_t - m_safe) - log_d
+
+    # 3. Masked rows report 0.0.
+    active = tl.load(mask_ptr + rows, mask=row_ok, other=0) != 0
+    tl.store(out_ptr + rows, tl.where(active, logp, 0.0), mask=row_ok)
+
+
+def _default_hidden_config(M, V, H, device, interpret: bool, dot_fp32: bool):
+    """(block_m, block_v, block_h, num_splits, num_warps, num_stages) for the fused kernel.
+
+    Fixed configs (no autotune). On sm_90 (checked by compiling ahead of time with ptxas -v): the
+    bf16/fp16 config uses wgmma at 192 registers per thread without spills; the fp32 (IEEE, FMA)
+    config at 182 registers without spills. Larger tiles or 4 warps spill."""
+    if interpret:
+        # Few, large tiles: the interpreter pays per operation, not per element.
+        block_v = max(16, min(1024, triton.next_power_of_2(V)))
+        block_h = max(16, min(64, triton.next_power_of_2(H)))
+        return 16, block_v, block_h, 1, 4, 1
+    if dot_fp32:
+        block_m, block_v, block_h, num_warps, num_stages = 64, 128, 16, 8, 2
+    else:
+        block_m, block_v, block_h, num_warps, num_stages = 64, 128, 64, 8, 3
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    row_blocks = triton.cdiv(M, block_m)
+    # Split the vocabulary until there are about 4 programs per SM (M is often small: 1-5k rows).
+    # Programs with the same split run side by side (axis 0 is fastest), sharing weight tiles in L2.
+    num_splits = max(1, min(triton.cdiv(4 * sms, row_blocks), triton.cdiv(V, block_v)))
+    return block_m, block_v, block_h, num_splits, num_warps, num_stages
+
+
+def hidden_logp(hidden, weight, bias, targets, mask_u8, out, inv_temp: float, *, interpret: bool,
+                block_m: int = None, block_v: int = None, block_h: int = None,
+                num_splits: int = None):
+    """Launch the fused kernel and the combine kernel. hidden `[M, H]`, weight `[V, H]`, bias `[V]`
+    or None, targets `[M]` int, mask_u8 `[M]` uint8, out `[M]` fp32 (written entirely).
+    Block sizes and the number of vocabulary splits default to a fixed config (no autotune)."""
+    M, H = hidden.shape
+    V = weight.shape[0]
+    if M == 0:
+        return out
+    # fp32 (IEEE) dot for fp32 or mixed operands, and under the interpreter (its bf16 dot is wrong).
+    dot_fp32 = interpret or hidden.dtype == torch.float32 or weight.dtype == torch.float32 \
+        or hidden.dtype != weight.dtype
+    cfg = _default_hidden_config(M, V, H, hidden.device, interpret, dot_fp32)
+    block_m = block_m or cfg[0]
+    block_v = block_v or cfg[1]
+    block_h = block_h or cfg[2]
+    num_splits = num_splits or cfg[3]
+    num_warps, num_stages = cfg[4], cfg[5]
+    # Each split covers a whole number of BLOCK_V tiles; drop splits that would be empty.
+    v_per_split = triton.cdiv(triton.cdiv(V, num_splits), block_v) * block_v
+    num_splits = triton.cdiv(V, v_per_split)
+
+    part = torch.empty((3, num_splits, M), dtype=torch.float32, device=hidden.device)
+    grid = (triton.cdiv(M, block_m), num_splits)
+    _hidden_logp_kernel[grid](
+        hidden, hidden.stride(0), hidden.stride(1),
+        weight, weight.stride(0), weight.stride(1),
+        bias if bias is not None else hidden,
+        targets, mask_u8,
+        part[0], part[1], part[2],
+        M, V, H, float(inv_temp), v_per_split,
+        HAS_BIAS=bias is not None, DOT_FP32=bool(dot_fp32),
+        BLOCK_M=block_m, BLOCK_V=block_v, BLOCK_H=block_h,
+        num_warps=num_warps, num_stages=num_stages,
+    )
+    combine_block_m = 64
+    _combine_kernel[(triton.cdiv(M, combine_block_m),)](
+        part[0], part[1], part[2], mask_u8, out, M, num_splits,
+        BLOCK_M=combine_block_m, BLOCK_S=max(2, triton.next_power_of_2(num_splits)),
+    )
+    return out
+
+
+# ------------------------------------------------------------------------------------------------
+# (c) segment kernel: keep, num_kept, mean, P per context (CSR offsets or padded n*T)
+# ------------------------------------------------------------------------------------------------
+@triton.jit
+def _segment_kernel(
+    logp_ptr,            # [M] fp32 token_logp
+    mask_ptr,            # [M] uint8
+    cu_seqlens_ptr,      # [C + 1] int (IS_VARLEN) or dummy
+    keep_ptr,            # [M] uint8 out
+    p_ptr,               # [C] fp32 out
+    mean_ptr,            # [C] fp32 out
+    count_ptr,           # [C] int64 out
+    T,                   # rows per context when not IS_VARLEN
+    log_threshold,
+    empty_value,
+    HAS_THRESHOLD: tl.constexpr,
+    IS_VARLEN: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+):
+    c = tl.program_id(0).to(tl.int64)
+    # 1. Row range of context c: CSR offsets, or n*T .. (n+1)*T for padded input (one kernel body).
+    if IS_VARLEN:
+        bos = tl.load(cu_seqlens_ptr + c).to(tl.int64)
+        eos = tl.load(cu_seqlens_ptr + c + 1).to(tl.int64)
+    else:
+        bos = c * T
+        eos = bos + T
+
+    # 2. keep_i = mask_i and logp_i > log(threshold); sum and count the kept rows in fp32 / int32.
+    offs = tl.arange(0, BLOCK_T)
+    total = tl.zeros([BLOCK_T], tl.float32)
+    count = tl.zeros([BLOCK_T], tl.int32)
+    for start in range(bos, eos, BLOCK_T):
+        rows = start + offs
+        ok = rows < eos
+        lp = tl.load(logp_ptr + rows, mask=ok, other=0.0)
+        keep = (tl.load(mask_ptr + rows, mask=ok, other=0) != 0) & ok
+        if HAS_THRESHOLD:
+            keep = keep & (lp > log_threshold)
+        tl.store(keep_ptr + rows, keep.to(tl.uint8), mask=ok)
+        total += tl.where(keep, lp, 0.0)
+        count += keep.to(tl.int32)
+    s = tl.sum(total, axis=0)
+    n = tl.sum(count, axis=0)
+
+    # 3. mean = s / n and P = exp(mean); no kept row: P = empty_value, mean = 0 (never 0/0).
+    has = n > 0
+    mean = s / tl.maximum(n, 1).to(tl.float32)
+    tl.store(p_ptr + c, tl.where(has, tl.exp(mean), empty_value))
+    tl.store(mean_ptr + c, tl.where(has, mean, 0.0))
+    tl.store(count_ptr + c, n.to(tl.int64))
+
+
+def segment_reduce(token_logp, mask_u8, cu_seqlens, keep_u8, p, mean_logp, num_kept, *,
+                   num_contexts: int, seq_len: int, log_threshold, empty_value: float,
+                   block_t: int = None):
+    """Launch one program per context. `cu_seqlens` `[C + 1]` int (varlen) or None (padded: context
+    n is rows n*seq_len .. (n+1)*seq_len). `log_threshold` None disables the threshold. Outputs:
+    keep_u8 `[M]` uint8, p / mean_logp `[C]` fp32, num_kept `[C]` int64 (each written entirely)."""
+    if num_contexts == 0:
+        return
+    if block_t is None:
+        if cu_seqlens is None:
+            longest = seq_len
+        else:
+            longest = token_logp.numel() // max(1, num_contexts)
+        block_t = max(16, min(1024, triton.next_power_of_2(max(1, longest))))
+    _segment_kernel[(num_contexts,)](
+        token_logp, mask_u8, cu_seqlens if cu_seqlens is not None else token_logp,
+        keep_u8, p, mean_logp, num_kept,
+        int(seq_len), float(log_threshold) if log_threshold is not None else 0.0, float(empty_value),
+        HAS_THRESHOLD=log_threshold is not None, IS_VARLEN=cu_seqlens is not None,
+        BLOCK_T=block_t,
+    )

@@ -1,0 +1,693 @@
+"""Tests of the masked, thresholded answer log-prob op (mempo.ops.answer_logprob).
+
+Three implementations are compared on random inputs: the Triton kernels (CPU interpreter here, small
+shapes), the vectorised torch path, and the float64 loop reference (mempo.ops.reference).
+
+Tolerances. fp32 paths vs the float64 reference: |d logp| <= 2e-5 + 2e-6 |logp| (fp32 log-sum-exp
+over up to 151,936 terms). Low-precision inputs (bf16 / fp16 logits or hidden states) are checked
+twice: (1) against the float64 reference on the same low-precision inputs with the fp32 tolerance
+(the op accumulates in fp32 whatever the input dtype), and (2) flash-attention style against the
+reference on the original fp32 inputs: the op's error must be <= 2x the error of PyTorch computing
+the same thing natively in that dtype (+1e-5). keep may differ from the reference only on a row
+whose reference logp lies within the tolerance of log(threshold) (a legitimate flip); the context of
+such a row is then not compared on P / mean / num_kept (the tests assert that most contexts are).
+"""
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from mempo.ops.answer_logprob import AnswerLogProb, answer_logprob, answer_logprob_from_hidden
+from mempo.ops.reference.answer_logprob import (
+    answer_logprob_from_hidden_reference,
+    answer_logprob_reference,
+)
+
+HAS_CUDA = torch.cuda.is_available()
+BACKENDS = ["torch", "triton"]
+
+
+# ------------------------------------------------------------------------------------------------
+# input builders
+# ------------------------------------------------------------------------------------------------
+def _gen(seed):
+    return torch.Generator().manual_seed(seed)
+
+
+def random_cu(M, C, g, empty=True):
+    """Random CSR offsets over M rows into C contexts (some empty when `empty`)."""
+    if C == 1:
+        return torch.tensor([0, M])
+    cuts = torch.randint(0, M + 1, (C - 1,), generator=g).sort().values
+    if not empty:
+        cuts = torch.linspace(0, M, C + 1)[1:-1].round().long()
+    return torch.cat([torch.tensor([0]), cuts, torch.tensor([M])])
+
+
+def make_logits_case(M, V, seed=0, p_mask=0.75, scale=2.0):
+    """fp32 logits whose target log-probs spread from about -log V to 0 (so a 0.5 threshold both
+    keeps and drops rows); masked rows get target -100."""
+    g = _gen(seed)
+    logits = torch.randn(M, V, generator=g) * scale
+    targets = torch.randint(0, V, (M,), generator=g)
+    boost = torch.rand(M, generator=g) * (math.log(max(V, 2)) + 3 * scale)
+    logits[torch.arange(M), targets] += boost
+    mask = torch.rand(M, generator=g) < p_mask
+    targets = torch.where(mask, targets, torch.full_like(targets, -100))
+    return logits, targets, mask
+
+
+def make_hidden_case(M, V, H, seed=0, p_mask=0.75, with_bias=True):
+    g = _gen(seed)
+    weight = torch.randn(V, H, generator=g) / math.sqrt(H)
+    targets = torch.randint(0, V, (M,), generator=g)
+    hidden = torch.randn(M, H, generator=g)
+    w_t = weight[targets]
+    boost = torch.rand(M, generator=g) * (math.log(max(V, 2)) + 4)
+    hidden = hidden + boost[:, None] * w_t / w_t.pow(2).sum(1, keepdim=True)
+    bias = torch.randn(V, generator=g) * 0.5 if with_bias else None
+    mask = torch.rand(M, generator=g) < p_mask
+    targets = torch.where(mask, targets, torch.full_like(targets, -100))
+    return hidden, weight, bias, targets, mask
+
+
+def on(device, *xs):
+    return [None if x is None else x.to(device) for x in xs]
+
+
+# ------------------------------------------------------------------------------------------------
+# comparison
+# ------------------------------------------------------------------------------------------------
+def assert_no_nan(out: AnswerLogProb):
+    for name, x in out._asdict().items():
+        if x.dtype.is_floating_point:
+            assert not torch.isnan(x).any(), f"NaN in {name}"
+
+
+def assert_matches(out: AnswerLogProb, ref: AnswerLogProb, mask, threshold, cu=None, *, atol=2e-5,
+                   rtol=2e-6, min_compared=0.5):
+    """Compare an op result with the float64 reference (see module docstring)."""
+    assert out.token_logp.dtype == torch.float32 and out.p.dtype == torch.float32
+    assert out.mean_logp.dtype == torch.float32 and out.num_kept.dtype == torch.int64
+    assert out.keep.dtype == torch.bool
+    assert out.token_logp.shape == ref.token_logp.shape and out.keep.shape == ref.keep.shape
+    assert out.p.shape == ref.p.shape
+    assert_no_nan(out)
+    lp = out.token_logp.detach().cpu().double().reshape(-1)
+    rlp = ref.token_logp.double().reshape(-1)
+    m = mask.cpu().reshape(-1).bool()
+    tol = atol + rtol * rlp.abs()
+    err = (lp - rlp).abs()
+    assert bool((err <= tol).all()), f"token_logp max err {err.max().item():.3g}"
+    assert bool((lp[~m] == 0).all()), "masked rows must report 0.0"
+    assert bool((lp[m] <= 0).all()), "log-probs must be <= 0"
+    keep = out.keep.cpu().reshape(-1)
+    rkeep = ref.keep.reshape(-1)
+    assert not bool(keep[~m].any()), "masked rows must not be kept"
+    if threshold is None:
+        near = torch.zeros_like(m)
+    else:
+        near = m & ((rlp - math.log(threshold)).abs() <= 2 * tol)
+    flipped = keep != rkeep
+    assert not bool((flipped & ~near).any()), "keep differs away from the threshold"
+    border = flipped
+
+    # Contexts without a flipped row must agree exactly on num_kept and closely on mean / P.
+    bad_ctx = torch.zeros(ref.p.numel(), dtype=torch.bool)
+    bad_ctx[row_contexts(tuple(mask.shape), cu)[border]] = True
+    good = ~bad_ctx
+    if ref.p.numel():
+        assert good.float().mean() >= min_compared, "too few contexts away from the threshold"
+    assert torch.equal(out.num_kept.cpu()[good], ref.num_kept[good])
+    mean_err = (out.mean_logp.cpu().double() - ref.mean_logp)[good].abs()
+    assert bool((mean_err <= atol + rtol * ref.mean_logp[good].abs()).all()), \
+        f"mean_logp err {mean_err.max().item():.3g}"
+    p_err = (out.p.cpu().double() - ref.p)[good].abs()
+    assert bool((p_err <= 2 * atol + 2 * rtol * ref.p[good].abs() + 1e-5 * ref.p[good].abs()).all()), \
+        f"p err {p_err.max().item():.3g}"
+
+
+def row_contexts(row_shape, cu):
+    """Context index of every row (flattened)."""
+    if len(row_shape) == 2:
+        n, t = row_shape
+        return torch.arange(n).repeat_interleave(t)
+    M = row_shape[0]
+    if cu is None:
+        return torch.zeros(M, dtype=torch.long)
+    cu = cu.cpu().long()
+    return torch.repeat_interleave(torch.arange(cu.numel() - 1), cu[1:] - cu[:-1], output_size=M)
+
+
+# ------------------------------------------------------------------------------------------------
+# logits entry point vs reference
+# ------------------------------------------------------------------------------------------------
+SHAPES = [(1, 1, 1), (1, 17, 1), (7, 17, 3), (33, 100, 5), (33, 1000, 6), (7, 4097, 2)]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("M,V,C", SHAPES)
+@pytest.mark.parametrize("threshold", [None, 0.5, 1.0])
+def test_logits_matches_reference(backend, M, V, C, threshold, device):
+    logits, targets, mask = make_logits_case(M, V, seed=M * 1000 + V)
+    cu = random_cu(M, C, _gen(V))
+    ref = answer_logprob_reference(logits, targets, mask, cu, threshold=threshold)
+    dev = device if backend == "triton" else torch.device("cpu")
+    out = answer_logprob(*on(dev, logits, targets, mask, cu), threshold=threshold, backend=backend)
+    assert_matches(out, ref, mask, threshold, cu)
+    if threshold == 1.0:  # strict: log p > log 1 = 0 never holds
+        assert not out.keep.any() and bool((out.p == 0).all())
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("temperature", [0.7, 2.5])
+def test_temperature(backend, temperature, device):
+    logits, targets, mask = make_logits_case(33, 1000, seed=5)
+    cu = torch.tensor([0, 10, 20, 33])
+    ref = answer_logprob_reference(logits, targets, mask, cu, threshold=0.5, temperature=temperature)
+    dev = device if backend == "triton" else torch.device("cpu")
+    out = answer_logprob(*on(dev, logits, targets, mask, cu), threshold=0.5, temperature=temperature,
+                         backend=backend)
+    assert_matches(out, ref, mask, 0.5, cu)
+
+
+def test_triton_equals_torch(device):
+    logits, targets, mask = make_logits_case(33, 4097, seed=11)
+    cu = torch.tensor([0, 3, 3, 17, 33])
+    a = answer_logprob(logits, targets, mask, cu, threshold=None, backend="torch")
+    b = answer_logprob(*on(device, logits, targets, mask, cu), threshold=None, backend="triton")
+    torch.testing.assert_close(b.token_logp.cpu(), a.token_logp, atol=1e-5, rtol=1e-6)
+    torch.testing.assert_close(b.p.cpu(), a.p, atol=1e-6, rtol=1e-5)
+    assert torch.equal(b.keep.cpu(), a.keep) and torch.equal(b.num_kept.cpu(), a.num_kept)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_auto_backend_on_cpu(backend):
+    logits, targets, mask = make_logits_case(7, 17, seed=3)
+    a = answer_logprob(logits, targets, mask, threshold=0.5)  # auto -> torch on CPU
+    b = answer_logprob(logits, targets, mask, threshold=0.5, backend=backend)
+    torch.testing.assert_close(a.token_logp, b.token_logp, atol=1e-5, rtol=1e-6)
+
+
+# ------------------------------------------------------------------------------------------------
+# low precision
+# ------------------------------------------------------------------------------------------------
+def _native_token_logp(logits_lp, targets, mask, temperature=1.0):
+    """What PyTorch computes in the low-precision dtype itself (the flash-attention yardstick)."""
+    lp = (logits_lp / temperature).log_softmax(-1)
+    t = targets.clamp(min=0)
+    out = lp.gather(-1, t.unsqueeze(-1)).squeeze(-1).double()
+    return torch.where(mask, out, torch.zeros_like(out))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_low_precision_logits(backend, dtype, device):
+    M, V = 33, 1000
+    logits, targets, mask = make_logits_case(M, V, seed=21, scale=1.0)
+    cu = torch.tensor([0, 8, 16, 24, 33])
+    lowp = logits.to(dtype)
+    dev = device if backend == "triton" else torch.device("cpu")
+    out = answer_logprob(*on(dev, lowp, targets, mask, cu), threshold=0.5, backend=backend)
+    # (1) fp32 accumulation on the low-precision inputs: reference-grade accuracy.
+    assert_matches(out, answer_logprob_reference(lowp, targets, mask, cu, threshold=0.5), mask, 0.5, cu,
+                   min_compared=0.25)
+    # (2) against the fp32-input reference: at most 2x PyTorch's own error in that dtype.
+    ref32 = answer_logprob_reference(logits, targets, mask, cu, threshold=0.5).token_logp
+    ours = (out.token_logp.cpu().double() - ref32).abs().max().item()
+    theirs = (_native_token_logp(lowp, targets, mask) - ref32).abs().max().item()
+    assert ours <= 2 * theirs + 1e-5, (ours, theirs)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_low_precision_hidden(backend, dtype, device):
+    M, V, H = 33, 1000, 40
+    hidden, weight, bias, targets, mask = make_hidden_case(M, V, H, seed=22)
+    cu = torch.tensor([0, 8, 16, 24, 33])
+    h, w, b = hidden.to(dtype), weight.to(dtype), bias.to(dtype)
+    dev = device if backend == "triton" else torch.device("cpu")
+    out = answer_logprob_from_hidden(*on(dev, h, w), *on(dev, targets, mask, cu), bias=b.to(dev),
+                                     threshold=0.5, backend=backend, vocab_chunk=300)
+    ref = answer_logprob_from_hidden_reference(h, w, targets, mask, cu, bias=b, threshold=0.5)
+    assert_matches(out, ref, mask, 0.5, cu, atol=5e-5, min_compared=0.25)
+    ref32 = answer_logprob_from_hidden_reference(hidden, weight, targets, mask, cu, bias=bias).token_logp
+    ours = (out.token_logp.cpu().double() - ref32).abs().max().item()
+    native_logits = torch.nn.functional.linear(h, w, b)
+    theirs = (_native_token_logp(native_logits, targets, mask) - ref32).abs().max().item()
+    assert ours <= 2 * theirs + 1e-5, (ours, theirs)
+
+
+# ------------------------------------------------------------------------------------------------
+# fused hidden entry point
+# ------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_mixed_dtypes_hidden(backend, device):
+    """hidden bf16, weight fp32, bias fp16: every operand is read as it is and upcast to fp32."""
+    hidden, weight, bias, targets, mask = make_hidden_case(17, 300, 40, seed=71)
+    h, b = hidden.to(torch.bfloat16), bias.to(torch.float16)
+    dev = device if backend == "triton" else torch.device("cpu")
+    out = answer_logprob_from_hidden(*on(dev, h, weight, targets, mask), bias=b.to(dev), threshold=None,
+                                     vocab_chunk=128, backend=backend)
+    ref = answer_logprob_from_hidden_reference(h, weight, targets, mask, None, bias=b, threshold=None)
+    assert_matches(out, ref, mask, None)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("M,V,H", [(1, 1, 16), (7, 17, 16), (33, 1000, 40), (7, 4097, 40)])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_hidden_equals_logits_path(backend, M, V, H, with_bias, device):
+    hidden, weight, bias, targets, mask = make_hidden_case(M, V, H, seed=M + V + H, with_bias=with_bias)
+    cu = random_cu(M, 3, _gen(M))
+    logits = hidden @ weight.T + (bias if bias is not None else 0)
+    dev = device if backend == "triton" else torch.device("cpu")
+    a = answer_logprob(*on(dev, logits, targets, mask, cu), threshold=0.5, temperature=1.3, backend=backend)
+    b = answer_logprob_from_hidden(*on(dev, hidden, weight, targets, mask, cu), bias=on(dev, bias)[0],
+                                   threshold=0.5, temperature=1.3, backend=backend, vocab_chunk=64)
+    ref = answer_logprob_from_hidden_reference(hidden, weight, targets, mask, cu, bias=bias, threshold=0.5,
+                                               temperature=1.3)
+    assert_matches(b, ref, mask, 0.5, cu, min_compared=0.3)
+    torch.testing.assert_close(b.token_logp.cpu(), a.token_logp.cpu(), atol=2e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("vocab_chunk", [1, 7, 64, 1000, 8192])
+def test_hidden_torch_vocab_chunks(vocab_chunk):
+    hidden, weight, bias, targets, mask = make_hidden_case(33, 1000, 40, seed=7)
+    cu = torch.tensor([0, 11, 11, 33])
+    out = answer_logprob_from_hidden(hidden, weight, targets, mask, cu, bias=bias, threshold=None,
+                                     vocab_chunk=vocab_chunk, backend="torch")
+    ref = answer_logprob_from_hidden_reference(hidden, weight, targets, mask, cu, bias=bias, threshold=None)
+    assert_matches(out, ref, mask, None, cu)
+
+
+@pytest.mark.parametrize("num_splits,block_v", [(1, 16), (3, 16), (5, 64), (2, 1024)])
+def test_hidden_triton_splits(num_splits, block_v, device):
+    """Several vocabulary splits per row block, partial last tiles, H not a multiple of BLOCK_H."""
+    from mempo.kernels import answer_logprob as kern
+
+    M, V, H = 33, 1000, 40
+    hidden, weight, bias, targets, mask = make_hidden_case(M, V, H, seed=num_splits)
+    ref = answer_logprob_from_hidden_reference(hidden, weight, targets, mask, None, bias=bias, threshold=None)
+    h, w, b, t = on(device, hidden, weight, bias, targets)
+    out = torch.empty(M, dtype=torch.float32, device=device)
+    kern.hidden_logp(h, w, b, t, mask.to(device).view(torch.uint8), out, 1.0, interpret=not HAS_CUDA,
+                     block_m=16, block_v=block_v, block_h=16, num_splits=num_splits)
+    err = (out.cpu().double() - ref.token_logp).abs()
+    assert err.max().item() < 2e-5
+
+
+# ------------------------------------------------------------------------------------------------
+# the real vocabulary size (151,936, Qwen2.5; not a multiple of 1024 or 4096)
+# ------------------------------------------------------------------------------------------------
+QWEN_V = 151_936
+
+
+def test_qwen_vocab_torch_vs_reference():
+    logits, targets, mask = make_logits_case(3, QWEN_V, seed=1)
+    mask[:] = True
+    targets = torch.tensor([0, QWEN_V - 1, 77_777])  # first, last and a middle token
+    logits[1, -1] += 15.0
+    ref = answer_logprob_reference(logits, targets, mask, None, threshold=None)
+    out = answer_logprob(logits, targets, mask, threshold=None, backend="torch")
+    assert_matches(out, ref, mask, None)
+    hidden, weight, bias, targets_h, mask_h = make_hidden_case(3, QWEN_V, 16, seed=2, p_mask=1.0)
+    targets_h = torch.tensor([QWEN_V - 1, 5, 151_935 - 4096])
+    ref_h = answer_logprob_from_hidden_reference(hidden, weight, targets_h, mask_h, None, bias=bias,
+                                                 threshold=None)
+    out_h = answer_logprob_from_hidden(hidden, weight, targets_h, mask_h, bias=bias, threshold=None,
+                                       backend="torch")
+    assert_matches(out_h, ref_h, mask_h, None)
+
+
+def test_qwen_vocab_triton(device):
+    logits, targets, mask = make_logits_case(2, QWEN_V, seed=3)
+    mask[:] = True
+    targets = torch.tensor([QWEN_V - 1, 4096 * 37 + 3])
+    ref = answer_logprob_reference(logits, targets, mask, None, threshold=None)
+    out = answer_logprob(*on(device, logits, targets, mask), threshold=None, backend="triton")
+    assert_matches(out, ref, mask, None)
+    hidden, weight, bias, _, mask_h = make_hidden_case(2, QWEN_V, 16, seed=4, p_mask=1.0)
+    targets_h = torch.tensor([QWEN_V - 1, 1024 * 148 - 1])
+    ref_h = answer_logprob_from_hidden_reference(hidden, weight, targets_h, mask_h, None, bias=bias,
+                                                 threshold=None)
+    out_h = answer_logprob_from_hidden(*on(device, hidden, weight, targets_h, mask_h),
+                                       bias=bias.to(device), threshold=None, backend="triton")
+    assert_matches(out_h, ref_h, mask_h, None)
+
+
+# ------------------------------------------------------------------------------------------------
+# contexts: empty, all-masked, C = 1, M = 0, padded vs varlen, empty_value
+# ------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_empty_and_all_masked_contexts(backend, device):
+    M, V = 12, 50
+    logits, targets, mask = make_logits_case(M, V, seed=9, p_mask=1.0)
+    mask[4:8] = False  # context 2 (rows 4..7) is all masked
+    targets[4:8] = -100
+    cu = torch.tensor([0, 0, 4, 8, 8, 12, 12])  # contexts 0, 3, 5 are empty
+    dev = device if backend == "triton" else torch.device("cpu")
+    for threshold in (None, 0.5):
+        out = answer_logprob(*on(dev, logits, targets, mask, cu), threshold=threshold, backend=backend)
+        ref = answer_logprob_reference(logits, targets, mask, cu, threshold=threshold)
+        assert_matches(out, ref, mask, threshold, cu)
+        for c in (0, 2, 3, 5):
+            assert out.p[c].item() == 0.0 and out.mean_logp[c].item() == 0.0
+            assert out.num_kept[c].item() == 0
+        if threshold is None:
+            assert out.num_kept.tolist() == [0, 4, 0, 0, 4, 0]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_empty_value_convention(backend, device):
+    """An empty context gets empty_value (default 0.0), never exp(0) = 1."""
+    logits, targets, mask = make_logits_case(6, 20, seed=2)
+    mask[:] = False
+    cu = torch.tensor([0, 3, 3, 6])
+    dev = device if backend == "triton" else torch.device("cpu")
+    out = answer_logprob(*on(dev, logits, targets, mask, cu), backend=backend)
+    assert out.p.tolist() == [0.0, 0.0, 0.0]
+    assert out.mean_logp.tolist() == [0.0, 0.0, 0.0] and out.num_kept.tolist() == [0, 0, 0]
+    assert out.token_logp.tolist() == [0.0] * 6 and not out.keep.any()
+    out = answer_logprob(*on(dev, logits, targets, mask, cu), empty_value=-1.0, backend=backend)
+    assert out.p.tolist() == [-1.0, -1.0, -1.0]
+    # Everything below the threshold: also empty.
+    mask[:] = True
+    targets = torch.zeros(6, dtype=torch.long)
+    logits = torch.zeros(6, 20)  # uniform: log p = -log 20 < log 0.5
+    out = answer_logprob(*on(dev, logits, targets, mask, cu), threshold=0.5, empty_value=0.25,
+                         backend=backend)
+    assert out.p.tolist() == [0.25, 0.25, 0.25] and out.num_kept.tolist() == [0, 0, 0]
+    out = answer_logprob(*on(dev, logits, targets, mask, cu), threshold=None, backend=backend)
+    torch.testing.assert_close(out.p.cpu(), torch.tensor([1 / 20, 0.0, 1 / 20]), rtol=1e-6, atol=0)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_single_context(backend, device):
+    logits, targets, mask = make_logits_case(9, 30, seed=4)
+    dev = device if backend == "triton" else torch.device("cpu")
+    a = answer_logprob(*on(dev, logits, targets, mask), threshold=None, backend=backend)
+    b = answer_logprob(*on(dev, logits, targets, mask, torch.tensor([0, 9])), threshold=None, backend=backend)
+    assert a.p.shape == (1,)
+    assert torch.equal(a.p, b.p) and torch.equal(a.token_logp, b.token_logp)
+    assert_matches(a, answer_logprob_reference(logits, targets, mask, None, threshold=None), mask, None)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_zero_rows(backend, device):
+    dev = device if backend == "triton" else torch.device("cpu")
+    logits = torch.zeros(0, 17, device=dev)
+    t = torch.zeros(0, dtype=torch.long, device=dev)
+    m = torch.zeros(0, dtype=torch.bool, device=dev)
+    out = answer_logprob(logits, t, m, torch.tensor([0]), backend=backend)
+    assert out.token_logp.shape == (0,) and out.p.shape == (0,) and out.num_kept.shape == (0,)
+    out = answer_logprob(logits, t, m, torch.tensor([0, 0, 0]), empty_value=0.5, backend=backend)
+    assert out.p.tolist() == [0.5, 0.5] and out.num_kept.tolist() == [0, 0]
+    out = answer_logprob_from_hidden(torch.zeros(0, 16, device=dev), torch.randn(17, 16, device=dev), t, m,
+                                     torch.tensor([0, 0]), backend=backend)
+    assert out.p.tolist() == [0.0]
+    out = answer_logprob(torch.zeros(3, 0, 17, device=dev), t.view(3, 0), m.view(3, 0), backend=backend)
+    assert out.p.tolist() == [0.0, 0.0, 0.0] and out.token_logp.shape == (3, 0)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("threshold", [None, 0.5])
+def test_padded_equals_varlen(backend, threshold, device):
+    N, T, V, H = 5, 7, 100, 16
+    hidden, weight, bias, targets, mask = make_hidden_case(N * T, V, H, seed=31)
+    mask[2 * T:3 * T] = False  # an all-masked context
+    targets[2 * T:3 * T] = -100
+    logits = hidden @ weight.T + bias
+    cu = torch.arange(N + 1) * T
+    dev = device if backend == "triton" else torch.device("cpu")
+    flat = answer_logprob(*on(dev, logits, targets, mask, cu), threshold=threshold, backend=backend)
+    pad = answer_logprob(*on(dev, logits.view(N, T, V), targets.view(N, T), mask.view(N, T)),
+                         threshold=threshold, backend=backend)
+    assert pad.token_logp.shape == (N, T) and pad.keep.shape == (N, T) and pad.p.shape == (N,)
+    for x, y in zip(flat, pad):
+        assert torch.equal(x.cpu(), y.reshape(x.shape).cpu())
+    padh = answer_logprob_from_hidden(*on(dev, hidden.view(N, T, H), weight, targets.view(N, T),
+                                         mask.view(N, T)),
+                                      bias=bias.to(dev), threshold=threshold, backend=backend)
+    torch.testing.assert_close(padh.token_logp.reshape(-1), flat.token_logp, atol=2e-5, rtol=1e-5)
+    ref = answer_logprob_reference(logits.view(N, T, V), targets.view(N, T), mask.view(N, T), None,
+                                   threshold=threshold)
+    assert_matches(pad, ref, mask.view(N, T), threshold)
+
+
+# ------------------------------------------------------------------------------------------------
+# never NaN
+# ------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_never_nan_extreme_logits(backend, device):
+    M, V = 6, 40
+    logits = torch.randn(M, V) * 5
+    logits[0] = float("-inf")                     # every logit -inf
+    logits[0, 3] = 0.0
+    logits[1, :20] = float("-inf")                # a run of -inf logits
+    logits[2] = torch.linspace(-1e4, 1e4, V)      # huge spread
+    logits[3, 7] = float("-inf")                  # target logit -inf
+    logits[4] = float("-inf")                     # a row that is entirely -inf
+    logits[5] = 1e4                               # huge, equal
+    targets = torch.tensor([3, 25, V - 1, 7, 1, 0])
+    mask = torch.ones(M, dtype=torch.bool)
+    cu = torch.tensor([0, 2, 3, 4, 5, 6])
+    dev = device if backend == "triton" else torch.device("cpu")
+    for threshold in (None, 0.5):
+        out = answer_logprob(*on(dev, logits, targets, mask, cu), threshold=threshold, backend=backend)
+        assert_no_nan(out)
+        lp = out.token_logp.cpu()
+        assert lp[0].item() == 0.0 and lp[2].item() == 0.0
+        assert lp[3].item() == float("-inf") and lp[4].item() == float("-inf")
+        assert abs(lp[5].item() + math.log(V)) < 1e-5
+        assert abs(lp[1].item() - torch.log_softmax(logits[1], 0)[25].item()) < 1e-5
+        if threshold is None:  # a kept -inf log-prob: mean -inf, P = 0
+            assert out.p[2].item() == 0.0 and out.p[3].item() == 0.0
+            assert out.mean_logp[2].item() == float("-inf")
+        else:
+            assert out.num_kept[2].item() == 0 and out.p[2].item() == 0.0
+
+
+# ------------------------------------------------------------------------------------------------
+# kernels write only their own range (canary padding)
+# ------------------------------------------------------------------------------------------------
+SENTINEL = 12345.0
+
+
+def test_kernels_canary(device):
+    from mempo.kernels import answer_logprob as kern
+
+    M, V, H, C, pad = 21, 100, 40, 4, 7
+    hidden, weight, bias, targets, mask = make_hidden_case(M, V, H, seed=41)
+    logits = hidden @ weight.T + bias
+    cu = torch.tensor([0, 5, 5, 13, 21])
+    logits, hidden, weight, bias, targets, cu = on(device, logits, hidden, weight, bias, targets, cu)
+    mask_u8 = mask.to(device).view(torch.uint8)
+
+    def padded(n, dtype, fill):
+        buf = torch.full((n + 2 * pad,), fill, dtype=dtype, device=device)
+        return buf, buf[pad:pad + n]
+
+    def untouched(buf, n, fill):
+        return bool((buf[:pad] == fill).all()) and bool((buf[pad + n:] == fill).all())
+
+    lp_buf, lp = padded(M, torch.float32, SENTINEL)
+    kern.row_logp(logits, targets, mask_u8, lp, 1.0, block_v=32)
+    assert untouched(lp_buf, M, SENTINEL) and not bool((lp == SENTINEL).any())
+    lh_buf, lh = padded(M, torch.float32, SENTINEL)
+    kern.hidden_logp(hidden, weight, bias, targets, mask_u8, lh, 1.0, interpret=not HAS_CUDA,
+                     block_m=16, block_v=32, block_h=16, num_splits=2)
+    assert untouched(lh_buf, M, SENTINEL) and not bool((lh == SENTINEL).any())
+    torch.testing.assert_close(lh, lp, atol=2e-5, rtol=1e-5)
+
+    keep_buf, keep = padded(M, torch.uint8, 77)
+    p_buf, p = padded(C, torch.float32, SENTINEL)
+    mean_buf, mean = padded(C, torch.float32, SENTINEL)
+    cnt_buf, cnt = padded(C, torch.int64, -7)
+    kern.segment_reduce(lp, mask_u8, cu, keep, p, mean, cnt, num_contexts=C, seq_len=0,
+                        log_threshold=math.log(0.5), empty_value=0.0, block_t=16)
+    assert untouched(keep_buf, M, 77) and untouched(p_buf, C, SENTINEL)
+    assert untouched(mean_buf, C, SENTINEL) and untouched(cnt_buf, C, -7)
+    assert not bool((keep == 77).any()) and not bool((p == SENTINEL).any()) and not bool((cnt == -7).any())
+    # Padded (IS_VARLEN=False) form over 3 contexts of 7 rows.
+    keep_buf, keep = padded(M, torch.uint8, 77)
+    p_buf, p = padded(3, torch.float32, SENTINEL)
+    mean_buf, mean = padded(3, torch.float32, SENTINEL)
+    cnt_buf, cnt = padded(3, torch.int64, -7)
+    kern.segment_reduce(lp, mask_u8, None, keep, p, mean, cnt, num_contexts=3, seq_len=7,
+                        log_threshold=None, empty_value=0.0, block_t=16)
+    assert untouched(keep_buf, M, 77) and untouched(p_buf, 3, SENTINEL)
+    assert untouched(mean_buf, 3, SENTINEL) and untouched(cnt_buf, 3, -7)
+    assert cnt.tolist() == mask.view(3, 7).sum(1).tolist()
+
+
+# ------------------------------------------------------------------------------------------------
+# validation
+# ------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("cu,match", [
+    (torch.tensor([1, 3, 6]), "start at 0"),
+    (torch.tensor([0, 4, 3, 6]), "non-decreasing"),
+    (torch.tensor([0, 3, 5]), "end at M"),
+    (torch.tensor([0, 3, 7]), "end at M"),
+    (torch.tensor([0.0, 6.0]), "integer"),
+    (torch.tensor([[0, 6]]), "1-D"),
+    (torch.tensor([], dtype=torch.long), "1-D"),
+])
+def test_bad_cu_seqlens(cu, match):
+    logits, targets, mask = make_logits_case(6, 10)
+    with pytest.raises(ValueError, match=match):
+        answer_logprob(logits, targets, mask, cu)
+
+
+@pytest.mark.parametrize("threshold", [0.0, -0.5, 1.5, float("nan"), True, "0.5"])
+def test_bad_threshold(threshold):
+    logits, targets, mask = make_logits_case(6, 10)
+    with pytest.raises(ValueError, match="threshold"):
+        answer_logprob(logits, targets, mask, threshold=threshold)
+
+
+@pytest.mark.parametrize("temperature", [0.0, -1.0, float("inf"), float("nan")])
+def test_bad_temperature(temperature):
+    logits, targets, mask = make_logits_case(6, 10)
+    with pytest.raises(ValueError, match="temperature"):
+        answer_logprob(logits, targets, mask, temperature=temperature)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_out_of_range_targets(backend, device):
+    dev = device if backend == "triton" else torch.device("cpu")
+    logits = torch.randn(6, 10, device=dev)
+    mask = torch.tensor([1, 1, 0, 1, 1, 1], dtype=torch.bool, device=dev)
+    targets = torch.tensor([0, 9, -100, 10, 3, 3], device=dev)  # row 2 masked: -100 is fine
+    with pytest.raises(ValueError, match="row 3"):
+        answer_logprob(logits, targets, mask, backend=backend)
+    targets[3] = -1
+    with pytest.raises(ValueError, match="row 3"):
+        answer_logprob_from_hidden(torch.randn(6, 16, device=dev), torch.randn(10, 16, device=dev),
+                                   targets, mask, backend=backend)
+    with pytest.raises(ValueError, match=r"n=1, t=0"):
+        answer_logprob(logits.view(2, 3, 10), targets.view(2, 3), mask.view(2, 3), backend=backend)
+    targets[3] = 5
+    out = answer_logprob(logits, targets, mask, backend=backend)  # masked -100 never read
+    assert out.token_logp[2].item() == 0.0 and not out.keep[2].item()
+
+
+def test_shape_and_type_errors():
+    logits, targets, mask = make_logits_case(6, 10)
+    with pytest.raises(ValueError, match="targets"):
+        answer_logprob(logits, targets[:5], mask)
+    with pytest.raises(ValueError, match="answer_mask"):
+        answer_logprob(logits, targets, mask[:5])
+    with pytest.raises(ValueError, match="targets must be an integer"):
+        answer_logprob(logits, targets.float(), mask)
+    with pytest.raises(ValueError, match="fp32, bf16 or fp16"):
+        answer_logprob(logits.double(), targets, mask)
+    with pytest.raises(ValueError, match="logits must be"):
+        answer_logprob(logits[0], targets, mask)
+    with pytest.raises(ValueError, match="cu_seqlens must be None"):
+        answer_logprob(logits.view(2, 3, 10), targets.view(2, 3), mask.view(2, 3), torch.tensor([0, 3, 6]))
+    with pytest.raises(ValueError, match="backend"):
+        answer_logprob(logits, targets, mask, backend="cuda")
+    hidden = torch.randn(6, 16)
+    with pytest.raises(ValueError, match="weight"):
+        answer_logprob_from_hidden(hidden, torch.randn(10, 15), targets, mask)
+    with pytest.raises(ValueError, match="bias"):
+        answer_logprob_from_hidden(hidden, torch.randn(10, 16), targets, mask, bias=torch.randn(9))
+    with pytest.raises(ValueError, match="vocab_chunk"):
+        answer_logprob_from_hidden(hidden, torch.randn(10, 16), targets, mask, vocab_chunk=0)
+    with pytest.raises(ValueError, match="V >= 1"):
+        answer_logprob(torch.zeros(6, 0), targets.clamp(min=0), mask)
+
+
+def test_import_is_light():
+    """Importing the op module pulls in neither triton, the kernels, nor transformers."""
+    code = ("import sys, mempo.ops.answer_logprob, mempo.ops.reference.answer_logprob; "
+            "bad = [m for m in ('triton', 'mempo.kernels.answer_logprob', 'transformers') "
+            "if m in sys.modules]; "
+            "assert not bad, bad")
+    env = dict(os.environ)
+    subprocess.run([sys.executable, "-c", code], check=True, env=env)
+
+
+# ------------------------------------------------------------------------------------------------
+# GPU tier: real sizes, Triton vs torch path on the same device
+# ------------------------------------------------------------------------------------------------
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_gpu_real_sizes(dtype):
+    V, H, C, T = QWEN_V, 896, 72, 16
+    M = C * T
+    hidden, weight, bias, targets, mask = make_hidden_case(M, V, H, seed=99, with_bias=False)
+    hidden, weight, targets, mask = on("cuda", hidden.to(dtype), weight.to(dtype), targets, mask)
+    cu = (torch.arange(C + 1) * T).cuda()
+    a = answer_logprob_from_hidden(hidden, weight, targets, mask, cu, backend="torch")
+    b = answer_logprob_from_hidden(hidden, weight, targets, mask, cu, backend="triton")
+    logits = (hidden.float() @ weight.float().T).to(dtype)
+    c = answer_logprob(logits, targets, mask, cu, backend="triton")
+    d = answer_logprob(logits, targets, mask, cu, backend="torch")
+    # fp32 operands: IEEE dot vs cuBLAS fp32; bf16 operands: native bf16 MMA (fp32 accumulate) vs
+    # fp32 matmul of the same bf16 values (identical products, different summation order).
+    atol = 1e-4 if dtype == torch.float32 else 2e-3
+    torch.testing.assert_close(b.token_logp, a.token_logp, atol=atol, rtol=1e-4)
+    torch.testing.assert_close(c.token_logp, d.token_logp, atol=1e-5, rtol=1e-5)
+    for out in (a, b, c, d):
+        assert_no_nan(out)
+    ref_rows = torch.arange(0, M, 97)
+    sub = answer_logprob_from_hidden_reference(hidden[ref_rows].cpu(), weight.cpu(), targets[ref_rows].cpu(),
+                                               mask[ref_rows].cpu(), threshold=None)
+    err = (b.token_logp[ref_rows].cpu().double() - sub.token_logp).abs().max().item()
+    assert err < atol * 10
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_never_nan_banned_vocab_blocks(backend, device):
+    """-inf bias over whole vocabulary tiles / splits / chunks (banned tokens), small tiles."""
+    from mempo.kernels import answer_logprob as kern
+
+    M, V, H = 9, 300, 16
+    hidden, weight, bias, targets, mask = make_hidden_case(M, V, H, seed=51, with_bias=True)
+    bias[:200] = float("-inf")
+    targets = torch.where(mask, 200 + targets % 100, targets)
+    targets[0] = 5  # a banned target: log p = -inf
+    mask[0] = True
+    ref = answer_logprob_from_hidden_reference(hidden, weight, targets, mask, None, bias=bias, threshold=None)
+    dev = device if backend == "triton" else torch.device("cpu")
+    h, w, b, t, m = on(dev, hidden, weight, bias, targets, mask)
+    if backend == "triton":
+        out = torch.empty(M, dtype=torch.float32, device=dev)
+        kern.hidden_logp(h, w, b, t, m.view(torch.uint8), out, 1.0, interpret=not HAS_CUDA,
+                         block_m=16, block_v=16, block_h=16, num_splits=4)
+        logits = (h @ w.T + b).contiguous()
+        out_rows = torch.empty(M, dtype=torch.float32, device=dev)
+        kern.row_logp(logits, t, m.view(torch.uint8), out_rows, 1.0, block_v=16)
+        results = [out, out_rows]
+    else:
+        results = [answer_logprob_from_hidden(h, w, t, m, bias=b, threshold=None, vocab_chunk=50,
+                                              backend="torch").token_logp]
+    for lp in results:
+        lp = lp.cpu().double()
+        assert not torch.isnan(lp).any()
+        assert lp[0].item() == float("-inf")
+        finite = mask.clone()
+        finite[0] = False
+        assert (lp[finite] - ref.token_logp[finite]).abs().max().item() < 2e-5
+    out = answer_logprob_from_hidden(h, w, t, m, bias=b, threshold=None, backend=backend)
+    assert_no_nan(out)
+    assert out.p.item() == 0.0 and out.mean_logp.item() == float("-inf")
+
+
+def test_hidden_triton_qwen_vocab_multi_h_chunks(device):
+    """V = 151,936 through the fused kernel with H spanning several BLOCK_H chunks and 3 splits."""
+    from mempo.kernels import answer_logprob as kern
+
+    M, V, H = 2, QWEN_V, 40
+    hidden, weight, bias, _, mask = make_hidden_case(M, V, H, seed=61, p_mask=1.0)
+    targets = torch.tensor([V - 1, 2 * 50_688 + 1])
+    ref = answer_logprob_from_hidden_reference(hidden, weight, targets, mask, None, bias=bias, threshold=None)
+    h, w, b, t = on(device, hidden, weight, bias, targets)
+    out = torch.empty(M, dtype=torch.float32, device=device)
+    kern.hidden_logp(h, w, b, t, mask.to(device).view(torch.uint8), out, 1.0, interpret=not HAS_CUDA,
+                     block_m=16, block_v=2048, block_h=16, num_splits=3)
+    assert (out.cpu().double() - ref.token_logp).abs().max().item() < 2e-5
