@@ -24,3 +24,21 @@ def pytest_collection_modifyitems(config, items):
 def device():
     """Device for Triton-path tests: CUDA when present, else CPU under the interpreter."""
     return torch.device("cuda" if HAS_CUDA else "cpu")
+
+
+@pytest.fixture(scope="session")
+def corpus():
+    """300 generated documents (needles, long documents): tests/_corpus.py."""
+    from _corpus import make_corpus
+
+    return make_corpus()
+
+
+@pytest.fixture(scope="session")
+def bm25(corpus):
+    """An in-process BM25 retriever over `corpus`."""
+    from mempo.env.retriever import BM25Retriever
+
+    retriever = BM25Retriever.build(corpus)
+    yield retriever
+    retriever.close()

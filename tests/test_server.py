@@ -24,24 +24,13 @@ from mempo.cli import main as cli_main
 from mempo.env.client import HTTPRetriever
 from mempo.env.corpus import write_corpus
 from mempo.env.retriever import (
-    BM25Retriever, DocumentNotFoundError, InvalidRequestError, PageOutOfRangeError, RetrieverError,
+    DocumentNotFoundError, InvalidRequestError, PageOutOfRangeError, RetrieverError,
     RetrieverUnavailableError,
 )
 from mempo.env.server import RetrieverServer, create_app, is_loopback
-from test_retrieval import make_corpus
+
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-
-
-@pytest.fixture(scope="module")
-def corpus():
-    return make_corpus()
-
-
-@pytest.fixture(scope="module")
-def bm25(corpus):
-    with BM25Retriever.build(corpus) as retriever:
-        yield retriever
 
 
 @pytest.fixture(scope="module")

@@ -6,23 +6,12 @@ import socket
 import pytest
 
 from mempo.env.client import HTTPRetriever
-from mempo.env.retriever import BM25Retriever, Retriever
+from mempo.env.retriever import Retriever
 from mempo.env.server import RetrieverServer
 from mempo.env.tools import (
     AccessTool, SearchTool, ToolResult, available_tools, make_tool, make_tools, parse_access_argument,
 )
-from test_retrieval import LONG_DOC_CHARS, make_corpus
-
-
-@pytest.fixture(scope="module")
-def corpus():
-    return make_corpus()
-
-
-@pytest.fixture(scope="module")
-def bm25(corpus):
-    with BM25Retriever.build(corpus) as retriever:
-        yield retriever
+from _corpus import LONG_DOC_CHARS
 
 
 @pytest.fixture(scope="module")

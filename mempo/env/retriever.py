@@ -62,6 +62,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Optional, Sequence, Union
 
 from mempo.env.corpus import CorpusError, Document, corpus_fingerprint, iter_corpus
+from mempo.registry import Registry
 
 __all__ = [
     "DEFAULT_TOPK", "DEFAULT_PAGE_CHARS", "MAX_QUERY_CHARS", "Hit", "Page", "Retriever", "RetrieverError",
@@ -235,34 +236,25 @@ class Retriever(abc.ABC):
         self.close()
 
 
-_RETRIEVERS: dict[str, Callable[..., Retriever]] = {}
+RETRIEVERS = Registry("retriever")
 
 
 def register_retriever(name: str):
     """Decorator registering a retriever factory (class or function returning a Retriever) under `name`."""
-    def decorate(factory):
-        if name in _RETRIEVERS and _RETRIEVERS[name] is not factory:
-            raise ValueError(f"retriever {name!r} is already registered")
-        _RETRIEVERS[name] = factory
-        return factory
-    return decorate
+    return RETRIEVERS.register(name)
 
 
 def make_retriever(name: str, **kwargs: Any) -> Retriever:
     """Build the retriever registered under `name` with keyword arguments `kwargs`."""
-    if name == "http" and name not in _RETRIEVERS:
-        import mempo.env.client  # noqa: F401  (registers "http")
-    try:
-        factory = _RETRIEVERS[name]
-    except KeyError:
-        raise ValueError(f"unknown retriever {name!r}; registered: {', '.join(available_retrievers())}") from None
-    return factory(**kwargs)
+    import mempo.env.client  # noqa: F401  (registers "http")
+
+    return RETRIEVERS.get(name)(**kwargs)
 
 
 def available_retrievers() -> list[str]:
     """Names accepted by `make_retriever`."""
     import mempo.env.client  # noqa: F401  (registers "http")
-    return sorted(_RETRIEVERS)
+    return RETRIEVERS.names()
 
 
 # ----------------------------------------------------------------------------------------------

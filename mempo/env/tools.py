@@ -31,8 +31,9 @@ first. Tools work unchanged with an in-process retriever and with `HTTPRetriever
 """
 import logging
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
+from mempo.registry import Registry
 from mempo.env.retriever import (
     DEFAULT_PAGE_CHARS, DEFAULT_TOPK, MAX_QUERY_CHARS, DocumentNotFoundError, InvalidRequestError,
     PageOutOfRangeError, Retriever, RetrieverError,
@@ -76,26 +77,17 @@ def _unexpected(kind: str, tool: str, exc: Exception) -> ToolResult:
                     error=f"{type(exc).__name__}: {exc}")
 
 
-_TOOLS: dict[str, Callable[..., Any]] = {}
+TOOLS = Registry("tool")
 
 
 def register_tool(name: str):
     """Decorator registering a tool class (constructor: retriever first, then keywords) under `name`."""
-    def decorate(factory):
-        if name in _TOOLS and _TOOLS[name] is not factory:
-            raise ValueError(f"tool {name!r} is already registered")
-        _TOOLS[name] = factory
-        return factory
-    return decorate
+    return TOOLS.register(name)
 
 
 def make_tool(name: str, retriever: Retriever, **kwargs: Any):
     """The tool registered under `name`, bound to `retriever`."""
-    try:
-        factory = _TOOLS[name]
-    except KeyError:
-        raise ValueError(f"unknown tool {name!r}; registered: {', '.join(available_tools())}") from None
-    return factory(retriever, **kwargs)
+    return TOOLS.get(name)(retriever, **kwargs)
 
 
 def make_tools(retriever: Retriever, names: Optional[list[str]] = None,
@@ -107,7 +99,7 @@ def make_tools(retriever: Retriever, names: Optional[list[str]] = None,
 
 def available_tools() -> list[str]:
     """Names accepted by `make_tool`."""
-    return sorted(_TOOLS)
+    return TOOLS.names()
 
 
 @register_tool("search")
