@@ -5,7 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source tools/env.sh "test,verl"
-python -c "import mempo, mempo._scanner, mempo.kernels; print('testing installed mempo at', mempo.__file__)"
+python -P -c "import mempo, mempo._scanner, mempo.kernels; print('testing installed mempo at', mempo.__file__)"
 # `pytest` (not `python -m pytest`) so that `import mempo` resolves to the installed wheel, not the tree.
 pytest -q tests "$@"
 bash tools/asan_fuzz.sh
