@@ -3,9 +3,10 @@
 Run: pytest bench/bench_retrieval.py --benchmark-only      (about 2-3 minutes on 2 CPU cores)
      MEMPO_BENCH_RETRIEVAL_DOCS=5000 pytest bench/bench_retrieval.py --benchmark-only   (quick check)
 
-Corpus: `synthetic_corpus(100_000, seed=0)`: random pseudo-word documents (Zipf-distributed
-vocabulary of 20,000 words, titles naming random entities, entity mentions in the text), 60 to 250
-words each and 1% long documents of 3,000 to 8,000 words (several access pages).
+Corpus: `synthetic_corpus(100_000, seed=0)`: the documents of `mempo.env.world.World.generate(seed=0,
+num_documents=100_000)`: about 50,000 entity articles (people, cities, companies ... with their fact
+sentences), 60 long chronicles of 3 or more 25,000-character access pages, and news / namesake
+distractors; 47 MB of text.
 Queries: 4,000 deterministic queries, each an entity name plus two words of a random document.
 
 Measured:
@@ -19,7 +20,6 @@ Measured:
 - in-process search queries/s (no HTTP) as the baseline.
 queries/s is in each benchmark's extra_info ("qps"); the timed unit is one round of requests.
 """
-import itertools
 import os
 import random
 import signal
@@ -34,6 +34,7 @@ import pytest
 from mempo.env.client import HTTPRetriever
 from mempo.env.corpus import Document, write_corpus
 from mempo.env.retriever import BM25Retriever
+from mempo.env.world import World
 
 NUM_DOCS = int(os.environ.get("MEMPO_BENCH_RETRIEVAL_DOCS", "100000"))  # smaller for a quick check
 NUM_QUERIES = 4_000
@@ -41,32 +42,10 @@ TOPK = 5
 CLIENTS = 16
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
-_SYLLABLES = ("ka lo mi ra ten vos ul bri sha dor en fi gal hu zo pex qui wy nar bel tor ash im ost rel "
-              "cun das ve tha mor").split()
-
 
 def synthetic_corpus(num_docs: int, seed: int = 0) -> list[Document]:
-    """A deterministic random corpus of `num_docs` documents (see the module docstring)."""
-    rng = random.Random(seed)
-
-    def pseudo_word(min_syllables: int, max_syllables: int) -> str:
-        return "".join(rng.choice(_SYLLABLES) for _ in range(rng.randint(min_syllables, max_syllables)))
-
-    vocab = list(dict.fromkeys(pseudo_word(2, 4) for _ in range(24_000)))[:20_000]
-    cum_weights = list(itertools.accumulate(1.0 / (rank + 1) ** 1.05 for rank in range(len(vocab))))
-    entities = list(dict.fromkeys(f"{pseudo_word(2, 3).title()} {pseudo_word(2, 3).title()}"
-                                  for _ in range(max(10, num_docs // 3))))
-    kinds = ["river", "city", "painter", "company", "battle", "treaty", "album", "mountain", "novel", "ship"]
-    docs = []
-    for i in range(num_docs):
-        entity = entities[rng.randrange(len(entities))]
-        length = rng.randint(3_000, 8_000) if rng.random() < 0.01 else rng.randint(60, 250)
-        words = rng.choices(vocab, cum_weights=cum_weights, k=length)
-        for _ in range(rng.randint(1, 4)):
-            words.insert(rng.randrange(len(words) + 1), entities[rng.randrange(len(entities))])
-        words.insert(0, f"{entity} is a {rng.choice(kinds)}.")
-        docs.append(Document(f"doc-{i}", f"{entity} ({rng.choice(kinds)})", " ".join(words)))
-    return docs
+    """The documents of a synthetic world with exactly `num_docs` documents (see the module docstring)."""
+    return list(World.generate(seed=seed, num_documents=num_docs).documents())
 
 
 def synthetic_queries(docs: list[Document], num_queries: int, seed: int = 1) -> list[str]:

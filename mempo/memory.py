@@ -92,17 +92,24 @@ class ShortTextPolicy:
     again. A text no longer than the limit is kept whole. ``cut_notice`` is appended to the kept
     content when something was cut; its ``{shown}`` and ``{total}`` fields are the kept and total
     content lengths in characters; ``None`` appends nothing (the reference's silent cut).
+    ``newest_tool_result``: under the memory policy, the newest tool result is shown as its
+    short text (``"short"``, the reference as ALGORITHM.md §2 and the seed notes describe it) or
+    whole (``"full"``, as ASearcher's public agent shows a fresh result once; with "short" a page
+    read by ``<access>`` is cut to ``webpage_chars`` before the agent ever sees it whole).
     """
 
     search_results_chars: Optional[int] = None
     webpage_chars: Optional[int] = 100
     cut_notice: Optional[str] = DEFAULT_CUT_NOTICE
+    newest_tool_result: str = "short"
 
     def __post_init__(self) -> None:
         for name in ("search_results_chars", "webpage_chars"):
             value = getattr(self, name)
             if value is not None and value < 0:
                 raise ValueError(f"{name} must be >= 0 or None, got {value}")
+        if self.newest_tool_result not in ("short", "full"):
+            raise ValueError(f"newest_tool_result must be 'short' or 'full', got {self.newest_tool_result!r}")
 
     def limit(self, record_type: str) -> Optional[int]:
         """The character limit for a record type (``None``: no cut; never cut non-tool records)."""
@@ -218,10 +225,13 @@ class AgentMemory:
             kept = self._records[1:]
         else:
             kept = self._records[max(1, self._memory_window_start()):]
+        newest_tool = max((i for i, r in enumerate(self._records) if r.type in TOOL_RECORD_TYPES), default=None)
+        show_newest_whole = self.short_text_policy.newest_tool_result == "full"
         for record in kept:
             if record.type == "llm_gen":
                 messages.append({"role": "assistant", "content": record.text})
-            elif policy == "full":
+            elif policy == "full" or (show_newest_whole and newest_tool is not None
+                                      and record is self._records[newest_tool]):
                 messages.append({"role": "user", "content": record.text})
             else:
                 messages.append({"role": "user", "content": record.short_text})

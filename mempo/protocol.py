@@ -58,7 +58,7 @@ __all__ = [
 INFORMATION = "information"
 
 _MARKER_RE = re.compile("<(/?)(" + "|".join(re.escape(tag) for tag in TAGS) + ")>")
-_PAGE_RE = re.compile(r"(\d+)|\[(\d+)\]")
+_PAGE_RE = re.compile(r"([0-9]+)|\[([0-9]+)\]")  # ASCII digits only
 
 FORMAT_RULES: dict[str, str] = {
     "well_formed_tags": "every opening marker is closed by its own closing marker; no closing "
@@ -192,7 +192,7 @@ def parse_access_argument(argument: str) -> tuple[str, Optional[int]]:
     """Split an ``<access>`` argument ``"url-or-doc-id [page]"`` into ``(doc_id, page)``.
 
     The stripped argument is split at its last run of white space. When the part after it is a
-    non-negative decimal integer, bare or in square brackets (``"3"`` or ``"[3]"``), that integer
+    non-negative ASCII decimal integer, bare or in square brackets (``"3"`` or ``"[3]"``), that integer
     is the page (as written, no re-basing) and the stripped part before it is the doc id.
     Otherwise the whole argument is the doc id and the page is ``None``. A lone integer
     (``<access>42</access>``) is a doc id, never a page.

@@ -234,3 +234,23 @@ def test_explicit_short_text_overrides_the_policy():
 def test_record_type_is_checked():
     with pytest.raises(ValueError):
         Record("tool", "x", "x")
+
+
+def test_newest_tool_result_can_be_shown_whole():
+    """ShortTextPolicy(newest_tool_result="full"): the page just read is shown whole once, then short."""
+    page = "<information>" + "x" * 300 + "</information>"
+    memory = AgentMemory("Q?", short_text_policy=ShortTextPolicy(newest_tool_result="full", cut_notice=None))
+    memory.add_llm_gen("<mem>m1</mem><think>t</think><access>d1</access>")
+    memory.add_webpage(page)
+    assert memory.messages("memory")[-1] == {"role": "user", "content": page}
+    memory.add_llm_gen("<mem>m2</mem><think>t</think><access>d2</access>")
+    memory.add_webpage(page.replace("x", "y"))
+    shown = memory.messages("memory")
+    assert shown[-1]["content"] == page.replace("x", "y")
+    assert all("x" * 101 not in m["content"] for m in shown)  # the older page only as its short text
+    default = AgentMemory("Q?")
+    default.add_llm_gen("<mem>m1</mem><think>t</think><access>d1</access>")
+    default.add_webpage(page)
+    assert len(default.messages("memory")[-1]["content"]) < len(page)
+    with pytest.raises(ValueError, match="newest_tool_result"):
+        ShortTextPolicy(newest_tool_result="whole")

@@ -118,6 +118,7 @@ def test_access_bad_calls(retriever, argument, fragment):
 
 def test_parse_access_argument():
     assert parse_access_argument("d7") == ("d7", 0)
+    assert parse_access_argument("d7 [2]") == ("d7", 2)  # the protocol's bracketed page form
     assert parse_access_argument(" https://x.org/a?b=1  12\n") == ("https://x.org/a?b=1", 12)
     with pytest.raises(ValueError):
         parse_access_argument("d7 ٣")  # non-ASCII digits are not a page number

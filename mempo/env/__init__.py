@@ -3,10 +3,16 @@
 - `mempo.env.corpus`: jsonl corpora as `Document` records (`load_corpus`, `write_corpus`).
 - `mempo.env.retriever`: the `Retriever` interface (`search`, `access`), its errors, the registry
   (`make_retriever("bm25" | "http" | "dense", ...)`), `BM25Retriever`, `DenseRetriever`.
-- `mempo.env.client`: `HTTPRetriever`, the same interface over HTTP (stdlib urllib).
+- `mempo.env.client`: `HTTPRetriever`, the same interface over HTTP (stdlib http.client).
 - `mempo.env.server`: `create_app` (Search-R1 `/retrieve`, `/access`, `/health`), `RetrieverServer`
   (background thread) and `serve` (what `mempo serve-retriever` runs).
 - `mempo.env.tools`: the `search` and `access` tools answering in ``<information>`` blocks.
+- `mempo.env.data`: Search-R1-style QA loaders (jsonl, parquet) and MEM1-style multi-objective
+  `Episode` composition (import it directly).
+- `mempo.env.world`: the seeded synthetic world (entities, documents, k-objective multi-hop
+  questions with golds), tiny to 100,000+ documents (import it directly).
+- `mempo.env.oracle`: the oracle agent that solves synthetic episodes by the protocol under both
+  context policies: cold-start SFT data and fixtures (import it directly).
 
 Importing `mempo.env` is cheap: bm25s, numpy, fastapi and uvicorn are imported only where used.
 """

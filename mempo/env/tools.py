@@ -33,6 +33,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from mempo import protocol
 from mempo.registry import Registry
 from mempo.env.retriever import (
     DEFAULT_PAGE_CHARS, DEFAULT_TOPK, MAX_QUERY_CHARS, DocumentNotFoundError, InvalidRequestError,
@@ -143,19 +144,19 @@ class SearchTool:
 
 
 def parse_access_argument(argument: str) -> tuple[str, int]:
-    """``"<doc-id> [page]"`` -> (doc_id, page); raises `InvalidRequestError` with an agent-readable reason."""
-    words = argument.split() if isinstance(argument, str) else []
-    if not words:
+    """``"<doc-id> [page]"`` -> (doc_id, page), split as `mempo.protocol.parse_access_argument` does
+    (the page is a bare or bracketed ASCII integer, default 0); document ids hold no white space.
+    Raises `InvalidRequestError` with an agent-readable reason."""
+    if not isinstance(argument, str) or not argument.strip():
         raise InvalidRequestError("empty access request. Write <access> doc-id [page] </access>.")
-    if len(words) > 2:
+    if len(argument.split()) > 2:
         raise InvalidRequestError(f"malformed access request {argument.strip()[:200]!r}. "
                                   "Write <access> doc-id [page] </access>, e.g. <access> d7 1 </access>.")
-    if len(words) == 1:
-        return words[0], 0
-    page_word = words[1]
-    if not (page_word.isascii() and page_word.isdigit()):
-        raise InvalidRequestError(f"malformed page {page_word[:50]!r}: the page is a whole number counted from 0.")
-    return words[0], int(page_word)
+    doc_id, page = protocol.parse_access_argument(argument)
+    words = doc_id.split()
+    if len(words) == 2:  # a second word that is no page number
+        raise InvalidRequestError(f"malformed page {words[1][:50]!r}: the page is a whole number counted from 0.")
+    return doc_id, 0 if page is None else page
 
 
 @register_tool("access")

@@ -1,0 +1,467 @@
+"""Question data: Search-R1-style QA records, multi-objective episodes (MEM1 composition), jsonl/parquet I/O.
+
+Conventions
+-----------
+* A *QA record* (`QARecord`) is one question with its gold answer aliases, as in Search-R1's data
+  (``{"id", "question", "golden_answers": [...], ...}``). Accepted input fields:
+
+  - ``question`` (required): a non-blank string;
+  - the gold aliases, from the first of these keys that is present: ``golden_answers``,
+    ``answers``, ``answer``, ``reward_model.ground_truth.target`` (Search-R1's processed parquet).
+    A value is one string or a list of strings (a tuple or an array read from parquet counts as a
+    list); integers are converted with ``str`` (a bare year); the list must not be empty and no
+    alias may be blank;
+  - ``id`` (optional, string or integer): default ``"<file stem>:<line>"`` (jsonl, 1-based line) or
+    ``"<file stem>:<row>"`` (parquet, 0-based row);
+  - every other field is kept, untouched, in ``QARecord.metadata`` (``data_source``, ``split`` ...).
+
+* jsonl files hold one JSON object per non-blank line (UTF-8). Any bad line raises `DataError`
+  naming the file and its 1-based line number (parquet: the 0-based row). Parquet needs pyarrow;
+  without it `load_qa_parquet` raises `MissingDependencyError` naming the package.
+
+* An *episode* (`Episode`) is what one agent trajectory answers: ``questions`` (k >= 1
+  sub-questions, the *objectives*), ``golds`` (one alias list per objective, in question order;
+  pass it straight to `mempo.reward.compute_score`) and ``prompt`` (the user message).
+
+* Multi-objective composition (MEM1): `compose_episodes(pool, num_objectives=k, num_episodes=n,
+  seed=s)` draws k distinct records of the pool for each episode with ``random.Random(seed)``, so
+  the same pool (same order), k, n and seed give the same episodes. With ``reuse_questions=True``
+  (MEM1's default behaviour) each episode draws independently; with ``False`` the pool is shuffled
+  once and cut into disjoint episodes (needs ``len(pool) >= k * n``).
+
+* Prompt format (`make_episode_prompt`), style ``"numbered"`` (default)::
+
+      <EPISODE_INSTRUCTIONS>
+
+      Questions:
+      1. <question 1>
+      2. <question 2>
+
+      Give all 2 answers in one <answer> block, in the order of the questions, separated by ";",
+      e.g. <answer>answer 1; answer 2</answer>.
+
+  (the last sentence is one line). With one question the last line is ``Give the answer in one
+  <answer> block, e.g. <answer>your answer</answer>.`` Style ``"joined"`` (MEM1's layout) puts the
+  questions on one line joined with ``"; "``: ``Questions: <q1>; <q2>`` (questions that contain
+  ``";"`` cannot use it). `parse_episode_prompt` recovers the questions from either layout. The
+  agent's answer is split on ``";"`` by `mempo.reward.split_answer`.
+"""
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Iterator, Optional, Sequence, Union
+
+__all__ = [
+    "DataError",
+    "MissingDependencyError",
+    "QARecord",
+    "Episode",
+    "PROMPT_STYLES",
+    "EPISODE_INSTRUCTIONS",
+    "GOLD_KEYS",
+    "qa_record_from_json",
+    "iter_qa_jsonl",
+    "load_qa_jsonl",
+    "load_qa_parquet",
+    "load_qa",
+    "write_qa_jsonl",
+    "make_episode_prompt",
+    "parse_episode_prompt",
+    "compose_episodes",
+    "write_episodes_jsonl",
+    "load_episodes_jsonl",
+]
+
+PathLike = Union[str, "os.PathLike[str]"]
+
+PROMPT_STYLES = ("numbered", "joined")
+GOLD_KEYS = ("golden_answers", "answers", "answer", "reward_model.ground_truth.target")
+
+EPISODE_INSTRUCTIONS = (
+    "Answer the questions below using the search tool over a document corpus. Every turn, first "
+    "write <mem>...</mem>: everything you still need to remember, because older turns are not "
+    "shown again. Then write <think>...</think>, then exactly one action: <search>query</search>, "
+    "<access>doc-id page</access> (read one page of a long document) or <answer>...</answer>. "
+    "Search and access results come back inside <information>...</information>."
+)
+
+_NUMBERED_RE = re.compile(r"^(\d+)\. (.+)$")
+
+
+class DataError(ValueError):
+    """A QA or episode record (or file) that does not follow the format in the module docstring."""
+
+
+class MissingDependencyError(ImportError):
+    """An optional package needed for a file format is not installed (the message names it)."""
+
+
+@dataclass(frozen=True)
+class QARecord:
+    """One question, its gold answer aliases (``golden_answers``), an id, and the other input fields."""
+
+    id: str
+    question: str
+    golden_answers: list[str]
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        """Search-R1-style object: ``{"id", "question", "golden_answers", **metadata}``."""
+        return {**self.metadata, "id": self.id, "question": self.question,
+                "golden_answers": list(self.golden_answers)}
+
+
+@dataclass(frozen=True)
+class Episode:
+    """k sub-questions answered in one trajectory (module docstring: prompt format, gold layout).
+
+    ``golds[i]`` lists the aliases of objective i; ``source_ids[i]`` is the id of the QA record
+    objective i came from (empty when unknown); ``metadata`` holds anything else (e.g. the synthetic
+    world's hop chains).
+    """
+
+    id: str
+    questions: list[str]
+    golds: list[list[str]]
+    prompt: str
+    source_ids: list[str] = field(default_factory=list)
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not self.questions:
+            raise DataError(f"episode {self.id!r} has no questions")
+        if len(self.golds) != len(self.questions):
+            raise DataError(f"episode {self.id!r}: {len(self.questions)} questions but "
+                            f"{len(self.golds)} gold lists")
+
+    @property
+    def num_objectives(self) -> int:
+        """k, the number of sub-questions."""
+        return len(self.questions)
+
+    def to_json(self) -> dict[str, Any]:
+        """``{"id", "questions", "golds", "prompt", "source_ids", "metadata"}``."""
+        return {"id": self.id, "questions": list(self.questions),
+                "golds": [list(aliases) for aliases in self.golds], "prompt": self.prompt,
+                "source_ids": list(self.source_ids), "metadata": dict(self.metadata)}
+
+    @classmethod
+    def from_json(cls, obj: Any) -> "Episode":
+        """Inverse of `to_json`; raises `DataError` for a malformed object."""
+        if not isinstance(obj, dict):
+            raise DataError(f"expected a JSON object, got {type(obj).__name__}")
+        for key in ("id", "questions", "golds", "prompt"):
+            if key not in obj:
+                raise DataError(f"missing field {key!r}")
+        questions, golds = obj["questions"], obj["golds"]
+        if not isinstance(questions, list) or not all(isinstance(q, str) for q in questions):
+            raise DataError("field 'questions' must be a list of strings")
+        if not isinstance(golds, list) or not all(
+                isinstance(aliases, list) and all(isinstance(a, str) for a in aliases) for aliases in golds):
+            raise DataError("field 'golds' must be a list of lists of strings")
+        if not isinstance(obj["prompt"], str):
+            raise DataError("field 'prompt' must be a string")
+        return cls(id=str(obj["id"]), questions=questions, golds=golds, prompt=obj["prompt"],
+                   source_ids=[str(s) for s in obj.get("source_ids", [])],
+                   metadata=dict(obj.get("metadata", {})))
+
+
+# ---------------------------------------------------------------------------------------------
+# QA records
+# ---------------------------------------------------------------------------------------------
+
+
+def _lookup(obj: dict, dotted: str) -> tuple[bool, Any]:
+    node: Any = obj
+    for part in dotted.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return False, None
+        node = node[part]
+    return True, node
+
+
+def _aliases(value: Any, key: str) -> list[str]:
+    if isinstance(value, bool):
+        raise DataError(f"field {key!r} must be a string or a list of strings, got bool")
+    if isinstance(value, (str, int)):
+        items = [value]
+    elif isinstance(value, (list, tuple)) or (hasattr(value, "tolist") and not isinstance(value, dict)):
+        items = list(value.tolist() if hasattr(value, "tolist") else value)
+    else:
+        raise DataError(f"field {key!r} must be a string or a list of strings, got {type(value).__name__}")
+    if not items:
+        raise DataError(f"field {key!r} is an empty list: give at least one gold answer")
+    aliases = []
+    for i, item in enumerate(items):
+        if isinstance(item, bool) or not isinstance(item, (str, int)):
+            raise DataError(f"field {key!r}[{i}] must be a string, got {type(item).__name__}")
+        item = str(item)
+        if not item.strip():
+            raise DataError(f"field {key!r}[{i}] is blank")
+        aliases.append(item)
+    return aliases
+
+
+def qa_record_from_json(obj: Any, default_id: Optional[str] = None) -> QARecord:
+    """Build a `QARecord` from one decoded record (module conventions); raises `DataError`.
+
+    ``default_id`` is used when the record has no ``id`` (the loaders pass ``"<stem>:<line>"``).
+    """
+    if not isinstance(obj, dict):
+        raise DataError(f"expected a JSON object, got {type(obj).__name__}")
+    if "question" not in obj:
+        raise DataError("missing field 'question'")
+    question = obj["question"]
+    if not isinstance(question, str):
+        raise DataError(f"field 'question' must be a string, got {type(question).__name__}")
+    if not question.strip():
+        raise DataError("field 'question' is blank")
+    golds: Optional[list[str]] = None
+    used_key = None
+    for key in GOLD_KEYS:
+        present, value = _lookup(obj, key)
+        if present:
+            golds, used_key = _aliases(value, key), key
+            break
+    if golds is None:
+        raise DataError("missing gold answers: expected one of the fields " + ", ".join(GOLD_KEYS))
+    if "id" in obj and obj["id"] is not None:
+        record_id = obj["id"]
+        if isinstance(record_id, bool) or not isinstance(record_id, (str, int)):
+            raise DataError(f"field 'id' must be a string or an integer, got {type(record_id).__name__}")
+        record_id = str(record_id)
+    elif default_id is not None:
+        record_id = default_id
+    else:
+        raise DataError("missing field 'id' (and no default id given)")
+    top_key = used_key.split(".")[0]
+    metadata = {k: v for k, v in obj.items() if k not in ("id", "question", top_key)}
+    return QARecord(record_id, question, golds, metadata)
+
+
+def iter_qa_jsonl(path: PathLike) -> Iterator[QARecord]:
+    """Stream the QA records of a jsonl file, checking every line; errors name file and line."""
+    path = Path(path)
+    try:
+        handle = open(path, "r", encoding="utf-8")
+    except FileNotFoundError:
+        raise DataError(f"{path}: file not found") from None
+    seen: dict[str, int] = {}
+    with handle:
+        lineno = 0
+        while True:
+            try:
+                line = handle.readline()
+            except UnicodeDecodeError as exc:
+                raise DataError(f"{path}:{lineno + 1}: not valid UTF-8 ({exc.reason})") from None
+            if not line:
+                break
+            lineno += 1
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise DataError(f"{path}:{lineno}: not valid JSON ({exc.msg} at column {exc.colno})") from None
+            try:
+                record = qa_record_from_json(obj, default_id=f"{path.stem}:{lineno}")
+            except DataError as exc:
+                raise DataError(f"{path}:{lineno}: {exc}") from None
+            first = seen.setdefault(record.id, lineno)
+            if first != lineno:
+                raise DataError(f"{path}:{lineno}: duplicate id {record.id!r} (first seen on line {first})")
+            yield record
+
+
+def load_qa_jsonl(path: PathLike) -> list[QARecord]:
+    """All QA records of a jsonl file (see `iter_qa_jsonl`)."""
+    return list(iter_qa_jsonl(path))
+
+
+def load_qa_parquet(path: PathLike) -> list[QARecord]:
+    """All QA records of a parquet file (Search-R1's ``train.parquet`` / ``test.parquet``).
+
+    Needs pyarrow (raises `MissingDependencyError` without it). Errors name the file and the
+    0-based row.
+    """
+    path = Path(path)
+    try:
+        import pyarrow.parquet as pq
+    except ImportError:
+        raise MissingDependencyError(
+            f"{path}: reading parquet needs the 'pyarrow' package, which is not installed "
+            "(pip install pyarrow), or convert the file to jsonl") from None
+    if not path.exists():
+        raise DataError(f"{path}: file not found")
+    try:
+        rows = pq.read_table(path).to_pylist()
+    except Exception as exc:  # pyarrow raises its own error types for corrupt files
+        raise DataError(f"{path}: not a readable parquet file ({type(exc).__name__}: {exc})") from None
+    records, seen = [], {}
+    for row_index, row in enumerate(rows):
+        try:
+            record = qa_record_from_json(row, default_id=f"{path.stem}:{row_index}")
+        except DataError as exc:
+            raise DataError(f"{path}: row {row_index}: {exc}") from None
+        first = seen.setdefault(record.id, row_index)
+        if first != row_index:
+            raise DataError(f"{path}: row {row_index}: duplicate id {record.id!r} (first seen in row {first})")
+        records.append(record)
+    return records
+
+
+def load_qa(path: PathLike) -> list[QARecord]:
+    """QA records from ``.jsonl`` / ``.json`` (one object per line) or ``.parquet`` by file suffix."""
+    suffix = Path(path).suffix.lower()
+    if suffix == ".parquet":
+        return load_qa_parquet(path)
+    if suffix in (".jsonl", ".json", ".ndjson"):
+        return load_qa_jsonl(path)
+    raise DataError(f"{path}: unknown QA file type {suffix!r} (expected .jsonl or .parquet)")
+
+
+def _write_jsonl(path: PathLike, objects: Iterable[dict]) -> int:
+    """Write objects as jsonl atomically (temporary file renamed over the target)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp_name = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
+    count = 0
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            for obj in objects:
+                handle.write(json.dumps(obj, ensure_ascii=False) + "\n")
+                count += 1
+        os.replace(tmp_name, path)
+    except BaseException:
+        if os.path.exists(tmp_name):
+            os.unlink(tmp_name)
+        raise
+    return count
+
+
+def write_qa_jsonl(path: PathLike, records: Iterable[QARecord]) -> int:
+    """Write QA records as Search-R1-style jsonl (`QARecord.to_json`); returns the count."""
+    return _write_jsonl(path, (record.to_json() for record in records))
+
+
+# ---------------------------------------------------------------------------------------------
+# Episodes
+# ---------------------------------------------------------------------------------------------
+
+
+def make_episode_prompt(questions: Sequence[str], style: str = "numbered") -> str:
+    """The user message of an episode asking ``questions`` (exact format: module docstring)."""
+    if style not in PROMPT_STYLES:
+        raise ValueError(f"style must be one of {PROMPT_STYLES}, got {style!r}")
+    if not questions:
+        raise ValueError("an episode needs at least one question")
+    for question in questions:
+        if "\n" in question or not question.strip():
+            raise ValueError(f"questions must be one non-blank line each, got {question!r}")
+    k = len(questions)
+    if style == "numbered":
+        listing = "Questions:\n" + "\n".join(f"{i}. {q.strip()}" for i, q in enumerate(questions, 1))
+    else:
+        if k > 1 and any(";" in q for q in questions):
+            raise ValueError("the 'joined' style cannot hold questions that contain ';'")
+        listing = "Questions: " + "; ".join(q.strip() for q in questions)
+    if k == 1:
+        closing = "Give the answer in one <answer> block, e.g. <answer>your answer</answer>."
+    else:
+        example = "; ".join(f"answer {i}" for i in range(1, min(k, 3) + 1)) + ("; ..." if k > 3 else "")
+        closing = (f"Give all {k} answers in one <answer> block, in the order of the questions, "
+                   f"separated by \";\", e.g. <answer>{example}</answer>.")
+    return f"{EPISODE_INSTRUCTIONS}\n\n{listing}\n\n{closing}"
+
+
+def parse_episode_prompt(prompt: str) -> list[str]:
+    """The sub-questions of a prompt made by `make_episode_prompt` (either style), in order.
+
+    Raises `DataError` when the prompt has no question list.
+    """
+    lines = prompt.splitlines()
+    for index, line in enumerate(lines):
+        if line == "Questions:":
+            questions = []
+            for following in lines[index + 1:]:
+                match = _NUMBERED_RE.match(following)
+                if match is None or int(match.group(1)) != len(questions) + 1:
+                    break
+                questions.append(match.group(2))
+            if questions:
+                return questions
+        elif line.startswith("Questions: "):
+            questions = [q.strip() for q in line[len("Questions: "):].split(";")]
+            if all(questions):
+                return questions
+    raise DataError("the prompt has no question list ('Questions:' followed by numbered lines, "
+                    "or 'Questions: q1; q2')")
+
+
+def compose_episodes(pool: Sequence[QARecord], num_objectives: int, num_episodes: int, seed: int = 0, *,
+                     reuse_questions: bool = True, style: str = "numbered",
+                     id_prefix: str = "episode") -> list[Episode]:
+    """MEM1-style multi-objective episodes: ``num_objectives`` records of ``pool`` per episode.
+
+    Deterministic in (pool order, num_objectives, num_episodes, seed, reuse_questions); see the
+    module docstring. Episode ids are ``f"{id_prefix}-k{num_objectives}-s{seed}-{i}"``; an
+    episode's ``metadata["records"]`` keeps each record's metadata (e.g. hop chains).
+    """
+    if num_objectives < 1:
+        raise ValueError(f"num_objectives must be >= 1, got {num_objectives}")
+    if num_episodes < 0:
+        raise ValueError(f"num_episodes must be >= 0, got {num_episodes}")
+    if len(pool) < num_objectives:
+        raise ValueError(f"the pool has {len(pool)} questions, fewer than num_objectives={num_objectives}")
+    rng = random.Random(seed)
+    if reuse_questions:
+        draws = [rng.sample(range(len(pool)), num_objectives) for _ in range(num_episodes)]
+    else:
+        needed = num_objectives * num_episodes
+        if len(pool) < needed:
+            raise ValueError(f"reuse_questions=False needs {needed} questions, the pool has {len(pool)}")
+        order = rng.sample(range(len(pool)), needed)
+        draws = [order[i * num_objectives:(i + 1) * num_objectives] for i in range(num_episodes)]
+    episodes = []
+    for number, indices in enumerate(draws):
+        records = [pool[i] for i in indices]
+        questions = [r.question for r in records]
+        episodes.append(Episode(
+            id=f"{id_prefix}-k{num_objectives}-s{seed}-{number}",
+            questions=questions,
+            golds=[list(r.golden_answers) for r in records],
+            prompt=make_episode_prompt(questions, style),
+            source_ids=[r.id for r in records],
+            metadata={"records": [dict(r.metadata) for r in records]},
+        ))
+    return episodes
+
+
+def write_episodes_jsonl(path: PathLike, episodes: Iterable[Episode]) -> int:
+    """Write episodes as jsonl (`Episode.to_json`, atomic replace); returns the count."""
+    return _write_jsonl(path, (episode.to_json() for episode in episodes))
+
+
+def load_episodes_jsonl(path: PathLike) -> list[Episode]:
+    """Read episodes written by `write_episodes_jsonl`; errors name the file and line."""
+    path = Path(path)
+    if not path.exists():
+        raise DataError(f"{path}: file not found")
+    episodes = []
+    with open(path, "r", encoding="utf-8") as handle:
+        for lineno, line in enumerate(handle, 1):
+            if not line.strip():
+                continue
+            try:
+                episodes.append(Episode.from_json(json.loads(line)))
+            except json.JSONDecodeError as exc:
+                raise DataError(f"{path}:{lineno}: not valid JSON ({exc.msg} at column {exc.colno})") from None
+            except DataError as exc:
+                raise DataError(f"{path}:{lineno}: {exc}") from None
+    return episodes

@@ -1,0 +1,507 @@
+"""An oracle agent that solves synthetic-world episodes by the MemPO protocol, and its trajectories.
+
+Conventions
+-----------
+* The oracle is a policy on chat messages: `OracleAgent.respond(messages)` returns one assistant
+  round ``<mem>...</mem>\\n<think>...</think>\\n<action>...</action>``. It reads only
+  (1) the sub-questions in the user prompt (`mempo.env.data.parse_episode_prompt`), (2) the
+  ``<mem>`` of the *last* assistant message and (3) the tool result right after it. Everything
+  else it knows travels inside its own ``<mem>``, which it parses back every round; so under the
+  memory context policy (`AgentMemory.messages(policy="memory")`) it works exactly as under the
+  full policy, and older rounds are never consulted under either.
+* It understands the synthetic world's grammar only (`mempo.env.world.parse_question`,
+  `fact_pattern`, `pointer_pattern`), never the world itself: facts come from retrieved text. A
+  question outside the grammar is answered ``unknown``.
+* Memory format (one line each; parsed back by `parse_oracle_memory`)::
+
+      Step 3.
+      Q1: founder of Velora Works = Anika Dorsel; birthplace of Anika Dorsel = Tamsk
+      Q2: establishment year of Brisk Mills = ? see chronicle-0001 page 2
+      Q3: founder of Kelm Press = ? (tried 1)
+      Q4: not started
+
+  A hop is ``<relation label> of <subject> = <value>``; the value is the fact found, ``?`` with
+  the failed search count ``(tried n)`` while searching, ``? see <doc-id> page <p>`` when the
+  fact sits on a chronicle page to open, or ``unknown`` when the oracle gave up. ``Step n`` is
+  the round number (1-based), the only way the oracle knows its turn budget.
+* Policy: work on the first unresolved question; search ``"<subject> <relation words>"``
+  (then ``"<subject>"``, then ``"<subject> <label>"`` after failed searches; give up after
+  ``max_search_attempts``); after every tool result, scan it for the pending fact of *every*
+  question; reuse a fact another question already found; open a chronicle page once when an
+  article points to it (not found there: give up); answer when all questions are resolved, or at
+  round ``max_turns`` with ``unknown`` for the open ones. Answers are joined with ``"; "``.
+* Web pages under the memory policy: `AgentMemory` shows even the *last* tool result as its
+  short text, and the default `ShortTextPolicy` cuts web pages to 100 characters, so a fact on a
+  chronicle page is invisible to a memory-policy agent unless the page short text keeps it (e.g.
+  ``ShortTextPolicy(webpage_chars=None)``). The oracle then gives up on that question honestly.
+* `run_oracle` drives one episode against real tools (`SearchTool`/`AccessTool` over any
+  retriever, in-process or HTTP) and returns an `OracleTrajectory`: per round the exact
+  ``messages`` it was generated from, the assistant text and the tool result; the response text
+  (rounds and ``<information>`` blocks, separated by blank lines), and
+  `mempo.reward.compute_score` of it. Trajectories round-trip through jsonl.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable, Mapping, Optional, Sequence, Union
+
+from mempo.env.data import Episode, parse_episode_prompt
+from mempo.env.world import (
+    CHRONICLE_RELATIONS, RELATIONS, QuestionParse, fact_pattern, parse_question, pointer_pattern,
+)
+from mempo.memory import CONTEXT_POLICIES, DEFAULT_SYSTEM_PROMPT, AgentMemory, ShortTextPolicy
+from mempo.protocol import parse_round
+from mempo.reward import compute_score
+
+__all__ = [
+    "DEFAULT_MAX_TURNS",
+    "UNKNOWN",
+    "OracleAgent",
+    "OracleRound",
+    "OracleTrajectory",
+    "HopState",
+    "ObjectiveState",
+    "parse_oracle_memory",
+    "run_oracle",
+    "run_oracle_episodes",
+    "write_trajectories_jsonl",
+    "load_trajectories_jsonl",
+]
+
+DEFAULT_MAX_TURNS = 64
+UNKNOWN = "unknown"
+
+_LABEL_TO_RELATION = {r.label: r.name for r in RELATIONS.values()}
+_HOP_RE = re.compile(
+    r"^(?P<label>" + "|".join(re.escape(label) for label in sorted(_LABEL_TO_RELATION, key=len, reverse=True))
+    + r") of (?P<subject>.+?) = (?P<value>.+)$")
+_TRIED_RE = re.compile(r"^\? \(tried (\d+)\)$")
+_SEE_RE = re.compile(r"^\? see (\S+) page (\d+)$")
+_STEP_RE = re.compile(r"^Step (\d+)\.$")
+_OBJECTIVE_RE = re.compile(r"^Q(\d+): (.*)$")
+
+
+# ---------------------------------------------------------------------------------------------
+# State carried in <mem>
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class HopState:
+    """One hop of a question: the relation applied to ``subject`` and what is known of its value.
+
+    ``value`` is the fact once found (``UNKNOWN`` after giving up); ``tried`` counts failed
+    searches; ``pointer`` is ``(doc_id, page)`` when an article said where the fact is written.
+    """
+
+    relation: str
+    subject: Optional[str] = None
+    value: Optional[str] = None
+    tried: int = 0
+    pointer: Optional[tuple[str, int]] = None
+
+    @property
+    def label(self) -> str:
+        return RELATIONS[self.relation].label
+
+    def memory_text(self) -> str:
+        if self.value is not None:
+            shown = self.value
+        elif self.pointer is not None:
+            shown = f"? see {self.pointer[0]} page {self.pointer[1]}"
+        else:
+            shown = f"? (tried {self.tried})"
+        return f"{self.label} of {self.subject} = {shown}"
+
+
+@dataclass
+class ObjectiveState:
+    """One sub-question: its number (1-based), text, parse (None: outside the grammar) and hops."""
+
+    number: int
+    question: str
+    parse: Optional[QuestionParse]
+    hops: list[HopState]
+
+    @classmethod
+    def plan(cls, number: int, question: str) -> "ObjectiveState":
+        """The fresh state of a question: its hops, the first one's subject known."""
+        try:
+            parsed = parse_question(question)
+        except ValueError:
+            return cls(number, question, None, [])
+        hops = [HopState(relation) for relation in parsed.relations]
+        hops[0].subject = parsed.start
+        return cls(number, question, parsed, hops)
+
+    @property
+    def failed(self) -> bool:
+        return self.parse is None or any(hop.value == UNKNOWN for hop in self.hops)
+
+    @property
+    def done(self) -> bool:
+        return self.failed or all(hop.value is not None for hop in self.hops)
+
+    @property
+    def answer(self) -> str:
+        if self.failed or not self.done:
+            return UNKNOWN
+        return self.hops[-1].value
+
+    def next_hop(self) -> Optional[HopState]:
+        """The first hop without a value (its subject is known), or None when done."""
+        if self.done:
+            return None
+        return next(hop for hop in self.hops if hop.value is None)
+
+    def set_value(self, hop: HopState, value: str) -> None:
+        """Record a hop's value and make it the next hop's subject."""
+        hop.value = value
+        position = self.hops.index(hop)
+        if value != UNKNOWN and position + 1 < len(self.hops):
+            self.hops[position + 1].subject = value
+
+    def memory_text(self, focused: bool) -> str:
+        if self.parse is None:
+            return f"Q{self.number}: {UNKNOWN}"
+        shown = [hop for hop in self.hops if hop.value is not None]
+        pending = self.next_hop()
+        if pending is not None and (focused or pending.tried or pending.pointer):
+            shown.append(pending)
+        if not shown:
+            return f"Q{self.number}: not started"
+        return f"Q{self.number}: " + "; ".join(hop.memory_text() for hop in shown)
+
+
+def parse_oracle_memory(mem: str, questions: Sequence[str]) -> tuple[int, list[ObjectiveState]]:
+    """Read an oracle ``<mem>`` back: ``(step, objective states)`` for ``questions``.
+
+    Lines that do not follow the format are ignored (a missing line means "not started"); the
+    hops of each question are re-derived from its text, and the memory fills in their values.
+    """
+    step = 0
+    recorded: dict[int, str] = {}
+    for line in mem.splitlines():
+        line = line.strip()
+        step_match = _STEP_RE.match(line)
+        if step_match:
+            step = int(step_match.group(1))
+            continue
+        objective_match = _OBJECTIVE_RE.match(line)
+        if objective_match:
+            recorded[int(objective_match.group(1))] = objective_match.group(2).strip()
+    objectives = [ObjectiveState.plan(number, question) for number, question in enumerate(questions, 1)]
+    for objective in objectives:
+        body = recorded.get(objective.number, "")
+        if objective.parse is None or not body or body == "not started":
+            continue
+        if body == UNKNOWN:
+            objective.hops[0].value = UNKNOWN
+            continue
+        known: dict[tuple[str, str], str] = {}
+        for part in body.split("; "):
+            hop_match = _HOP_RE.match(part.strip())
+            if hop_match:
+                relation = _LABEL_TO_RELATION[hop_match.group("label")]
+                known[(relation, hop_match.group("subject"))] = hop_match.group("value").strip()
+        for hop in objective.hops:
+            text = known.get((hop.relation, hop.subject)) if hop.subject is not None else None
+            if text is None:
+                break
+            tried, see = _TRIED_RE.match(text), _SEE_RE.match(text)
+            if tried:
+                hop.tried = int(tried.group(1))
+                break
+            if see:
+                hop.pointer = (see.group(1), int(see.group(2)))
+                break
+            objective.set_value(hop, text)
+            if text == UNKNOWN:
+                break
+    return step, objectives
+
+
+# ---------------------------------------------------------------------------------------------
+# The agent
+# ---------------------------------------------------------------------------------------------
+
+
+def _query(hop: HopState) -> str:
+    variants = (f"{hop.subject} {RELATIONS[hop.relation].query}", f"{hop.subject}", f"{hop.subject} {hop.label}")
+    return variants[min(hop.tried, len(variants) - 1)]
+
+
+class OracleAgent:
+    """The rule-based policy described in the module docstring.
+
+    Args:
+        max_turns: the turn budget it plans for (it answers at round ``max_turns`` at the latest).
+        max_search_attempts: failed searches for one fact before answering ``unknown`` for it.
+    """
+
+    def __init__(self, max_turns: int = DEFAULT_MAX_TURNS, max_search_attempts: int = 3):
+        if max_turns < 1 or max_search_attempts < 1:
+            raise ValueError("max_turns and max_search_attempts must be >= 1")
+        self.max_turns = max_turns
+        self.max_search_attempts = max_search_attempts
+
+    def respond(self, messages: Sequence[Mapping[str, str]]) -> str:
+        """The next assistant round for a prompt of chat messages (system, user question, ...)."""
+        question_message = next(m for m in messages if m["role"] == "user")
+        questions = parse_episode_prompt(question_message["content"])
+        last = max((i for i, m in enumerate(messages) if m["role"] == "assistant"), default=None)
+        notes: list[str] = []
+        if last is None:
+            step = 1
+            objectives = [ObjectiveState.plan(n, q) for n, q in enumerate(questions, 1)]
+            notes.append("There is 1 question; I resolve it one fact at a time." if len(questions) == 1 else
+                         f"There are {len(questions)} questions; I resolve them one fact at a time.")
+        else:
+            previous = parse_round(messages[last]["content"])
+            previous_step, objectives = parse_oracle_memory(previous.mem or "", questions)
+            step = previous_step + 1
+            tool_text = None
+            if last + 1 < len(messages) and messages[last + 1]["role"] == "user":
+                tool_text = messages[last + 1]["content"]
+            if tool_text is not None and previous.action in ("search", "access"):
+                notes.extend(self._observe(objectives, previous.action, tool_text))
+        notes.extend(self._share_known_facts(objectives))
+        focus = next((o for o in objectives if not o.done), None)
+        if focus is None or step >= self.max_turns:
+            action, argument = "answer", "; ".join(o.answer for o in objectives)
+            if focus is None:
+                notes.append("Every question is resolved, so I give all answers in order.")
+            else:
+                notes.append("The turn budget is used up, so I answer with what I have and "
+                             "'unknown' for the open questions.")
+        else:
+            hop = focus.next_hop()
+            if hop.pointer is not None:
+                action, argument = "access", f"{hop.pointer[0]} {hop.pointer[1]}"
+                notes.append(f"Q{focus.number} needs the {hop.label} of {hop.subject}, which is written on "
+                             f"page {hop.pointer[1]} of {hop.pointer[0]}, so I open that page.")
+            else:
+                action, argument = "search", _query(hop)
+                notes.append(f"Q{focus.number} needs the {hop.label} of {hop.subject}, so I search for it.")
+        mem_lines = [f"Step {step}."] + [o.memory_text(o is focus) for o in objectives]
+        return ("<mem>\n" + "\n".join(mem_lines) + "\n</mem>\n<think>\n" + " ".join(notes)
+                + f"\n</think>\n<{action}> {argument} </{action}>")
+
+    def _observe(self, objectives: list[ObjectiveState], action: str, tool_text: str) -> list[str]:
+        """Update the states with a tool result; returns sentences for the think block."""
+        notes = []
+        focus = next((o for o in objectives if not o.done), None)
+        focus_hop = focus.next_hop() if focus is not None else None
+        for objective in objectives:
+            hop = objective.next_hop()
+            if hop is None:
+                continue
+            relation = RELATIONS[hop.relation]
+            match = fact_pattern(relation, hop.subject).search(tool_text)
+            if match:
+                objective.set_value(hop, match.group("o").strip())
+                notes.append(f"The {'page' if action == 'access' else 'search result'} says that the "
+                             f"{hop.label} of {hop.subject} is {hop.value} (Q{objective.number}).")
+                continue
+            if hop is not focus_hop:
+                continue
+            if action == "access" or hop.pointer is not None:
+                objective.set_value(hop, UNKNOWN)
+                notes.append(f"The page does not show the {hop.label} of {hop.subject}; "
+                             f"I give up on Q{objective.number}.")
+                continue
+            pointer = (pointer_pattern(relation, hop.subject).search(tool_text)
+                       if hop.relation in CHRONICLE_RELATIONS else None)
+            if pointer:
+                hop.pointer = (pointer.group("doc_id"), int(pointer.group("page")))
+                notes.append(f"The search result says the {hop.label} of {hop.subject} is recorded in "
+                             f"{hop.pointer[0]}, page {hop.pointer[1]}.")
+                continue
+            hop.tried += 1
+            if hop.tried >= self.max_search_attempts:
+                objective.set_value(hop, UNKNOWN)
+                notes.append(f"After {hop.tried} searches I still cannot find the {hop.label} of "
+                             f"{hop.subject}; I give up on Q{objective.number}.")
+            else:
+                notes.append(f"The search result does not state the {hop.label} of {hop.subject}; "
+                             "I try another query.")
+        return notes
+
+    @staticmethod
+    def _share_known_facts(objectives: list[ObjectiveState]) -> list[str]:
+        """Fill pending hops with facts another question already found."""
+        notes = []
+        changed = True
+        while changed:
+            changed = False
+            known = {(hop.relation, hop.subject): hop.value for o in objectives for hop in o.hops
+                     if hop.value not in (None, UNKNOWN)}
+            for objective in objectives:
+                hop = objective.next_hop()
+                if hop is not None and (hop.relation, hop.subject) in known:
+                    objective.set_value(hop, known[(hop.relation, hop.subject)])
+                    notes.append(f"I already know that the {hop.label} of {hop.subject} is {hop.value} "
+                                 f"(Q{objective.number}).")
+                    changed = True
+        return notes
+
+
+# ---------------------------------------------------------------------------------------------
+# Trajectories
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class OracleRound:
+    """One round: the prompt ``messages`` it was generated from, the assistant text, the tool result."""
+
+    index: int
+    messages: list[dict[str, str]]
+    assistant: str
+    action: Optional[str]
+    argument: Optional[str]
+    tool_text: Optional[str] = None
+    tool_kind: Optional[str] = None
+    tool_ok: Optional[bool] = None
+    tool_metadata: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class OracleTrajectory:
+    """An oracle episode under one context policy (see the module docstring)."""
+
+    episode_id: str
+    policy: str
+    system_prompt: str
+    prompt: str
+    golds: list[list[str]]
+    rounds: list[OracleRound]
+    final_answer: Optional[str]
+    score: dict[str, Any]
+    finished: bool
+    max_turns: int
+
+    @property
+    def response_text(self) -> str:
+        """The rounds and their ``<information>`` blocks, separated by blank lines (no prompt)."""
+        return _response_text(self.rounds)
+
+    @property
+    def num_rounds(self) -> int:
+        return len(self.rounds)
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-ready dict (the response text included, for readers that do not rebuild it)."""
+        obj = asdict(self)
+        obj["score"] = {**self.score, "failed_rules": list(self.score.get("failed_rules", ()))}
+        obj["response_text"] = self.response_text
+        return obj
+
+    @classmethod
+    def from_json(cls, obj: Mapping[str, Any]) -> "OracleTrajectory":
+        """Inverse of `to_json` (the stored response text is checked against the rounds)."""
+        rounds = [OracleRound(**r) for r in obj["rounds"]]
+        trajectory = cls(episode_id=obj["episode_id"], policy=obj["policy"], system_prompt=obj["system_prompt"],
+                         prompt=obj["prompt"], golds=[list(g) for g in obj["golds"]], rounds=rounds,
+                         final_answer=obj["final_answer"], score=dict(obj["score"]), finished=obj["finished"],
+                         max_turns=obj["max_turns"])
+        if "response_text" in obj and obj["response_text"] != trajectory.response_text:
+            raise ValueError(f"trajectory {trajectory.episode_id!r}: response_text does not match its rounds")
+        return trajectory
+
+
+def _response_text(rounds: Sequence[OracleRound]) -> str:
+    parts = []
+    for round_ in rounds:
+        parts.append(round_.assistant)
+        if round_.tool_text is not None:
+            parts.append("\n\n" + round_.tool_text + "\n\n")
+    return "".join(parts)
+
+
+ToolMap = Mapping[str, Callable[[str], Any]]
+
+
+def _as_tools(tools: Any) -> ToolMap:
+    from mempo.env.retriever import Retriever
+
+    if isinstance(tools, Retriever):
+        from mempo.env.tools import make_tools
+
+        return make_tools(tools)
+    return tools
+
+
+def run_oracle(episode: Episode, tools: Union[ToolMap, Any], *, policy: str = "memory",
+               max_turns: int = DEFAULT_MAX_TURNS, system_prompt: str = DEFAULT_SYSTEM_PROMPT,
+               short_text_policy: Optional[ShortTextPolicy] = None, agent: Optional[OracleAgent] = None,
+               score_mode: str = "mean") -> OracleTrajectory:
+    """Run the oracle on one episode under ``policy`` (``"memory"`` or ``"full"``).
+
+    Args:
+        episode: the episode (its ``prompt`` is the user message, its ``golds`` the answers).
+        tools: ``{"search": SearchTool, "access": AccessTool}`` (e.g. `mempo.env.tools.make_tools`)
+            or a `Retriever` to build them from.
+        policy: the context policy the prompts are built with (`AgentMemory.messages`).
+        max_turns: the turn limit (the trajectory ends unanswered after it).
+        system_prompt: the system message.
+        short_text_policy: how tool results are shortened under the memory policy (default:
+            `AgentMemory`'s).
+        agent: the policy (default ``OracleAgent(max_turns=max_turns)``).
+        score_mode: passed to `mempo.reward.compute_score`.
+    """
+    if policy not in CONTEXT_POLICIES:
+        raise ValueError(f"policy must be one of {CONTEXT_POLICIES}, got {policy!r}")
+    tools = _as_tools(tools)
+    agent = agent or OracleAgent(max_turns=max_turns)
+    memory = AgentMemory(episode.prompt, system_prompt=system_prompt, short_text_policy=short_text_policy)
+    rounds: list[OracleRound] = []
+    final_answer, finished = None, False
+    for index in range(max_turns):
+        messages = [dict(m) for m in memory.messages(policy)]
+        text = agent.respond(messages)
+        memory.add_llm_gen(text)
+        parsed = parse_round(text)
+        round_ = OracleRound(index, messages, text, parsed.action, parsed.argument)
+        rounds.append(round_)
+        if parsed.action == "answer":
+            final_answer, finished = parsed.argument, True
+            break
+        tool = tools.get(parsed.action) if parsed.action else None
+        if tool is None:
+            break
+        result = tool(parsed.argument)
+        round_.tool_text, round_.tool_kind, round_.tool_ok = result.text, result.kind, result.ok
+        round_.tool_metadata = dict(result.metadata)
+        if result.kind == "webpage":
+            memory.add_webpage(result.text)
+        else:
+            memory.add_search_results(result.text)
+    score = compute_score(_response_text(rounds), episode.golds, mode=score_mode)
+    return OracleTrajectory(episode_id=episode.id, policy=policy, system_prompt=system_prompt, prompt=episode.prompt,
+                            golds=[list(g) for g in episode.golds], rounds=rounds, final_answer=final_answer,
+                            score=score, finished=finished, max_turns=max_turns)
+
+
+def run_oracle_episodes(episodes: Iterable[Episode], tools: Union[ToolMap, Any],
+                        **kwargs: Any) -> list[OracleTrajectory]:
+    """`run_oracle` on every episode (same keyword arguments)."""
+    tools = _as_tools(tools)
+    return [run_oracle(episode, tools, **kwargs) for episode in episodes]
+
+
+def write_trajectories_jsonl(path: Union[str, "os.PathLike[str]"], trajectories: Iterable[OracleTrajectory]) -> int:
+    """Write trajectories as jsonl (one `OracleTrajectory.to_json` per line); returns the count."""
+    from mempo.env.data import _write_jsonl
+
+    return _write_jsonl(path, (t.to_json() for t in trajectories))
+
+
+def load_trajectories_jsonl(path: Union[str, "os.PathLike[str]"]) -> list[OracleTrajectory]:
+    """Read trajectories written by `write_trajectories_jsonl`."""
+    with open(Path(path), "r", encoding="utf-8") as handle:
+        return [OracleTrajectory.from_json(json.loads(line)) for line in handle if line.strip()]

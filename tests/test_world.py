@@ -1,0 +1,176 @@
+"""The synthetic world: determinism, sizes, chronicle layout, question grammar and gold support.
+
+Worlds here are tiny (25-60 entities, about 50-120 documents) except one 20,000-document size check.
+"""
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from mempo.env.corpus import load_corpus
+from mempo.env.data import load_episodes_jsonl, load_qa_jsonl, parse_episode_prompt
+from mempo.env.world import (
+    RELATIONS, World, fact_pattern, gold_aliases, parse_question, pointer_pattern,
+)
+from mempo.reward import compute_score, normalize_answer
+
+
+@pytest.fixture(scope="module")
+def world():
+    return World.generate(seed=0, num_entities=40, chronicle_fraction=0.5)
+
+
+@pytest.fixture(scope="module")
+def documents(world):
+    return {doc.id: doc for doc in world.documents()}
+
+
+def as_tuples(docs):
+    return [(d.id, d.title, d.text) for d in docs]
+
+
+def test_same_seed_gives_identical_world_and_questions():
+    a, b = World.generate(seed=7, num_entities=30), World.generate(seed=7, num_entities=30)
+    assert as_tuples(a.documents()) == as_tuples(b.documents())
+    assert a.manifest() == b.manifest()
+    assert [q.to_json() for q in a.questions(20, hops=(1, 2, 3), seed=3)] == \
+        [q.to_json() for q in b.questions(20, hops=(1, 2, 3), seed=3)]
+    # documents() can be iterated again with the same result
+    assert as_tuples(a.documents()) == as_tuples(a.documents())
+
+
+def test_world_does_not_depend_on_the_hash_seed():
+    code = ("import hashlib, json; from mempo.env.world import World; "
+            "w = World.generate(3, 40, chronicle_fraction=0.3); h = hashlib.sha256(); "
+            "[h.update(json.dumps(d.to_json()).encode()) for d in w.documents()]; "
+            "[h.update(json.dumps(e.to_json()).encode()) for e in w.episodes(3, 4, seed=2, hops=(1, 2, 3), "
+            "access_fraction=0.3)]; print(h.hexdigest())")
+    digests = {subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True,
+                              env={**os.environ, "PYTHONHASHSEED": seed}).stdout for seed in ("1", "2")}
+    assert len(digests) == 1
+
+
+def test_different_seed_gives_different_world_and_questions():
+    a, b = World.generate(seed=1, num_entities=30), World.generate(seed=2, num_entities=30)
+    assert [d.text for d in a.documents()] != [d.text for d in b.documents()]
+    assert {e.name for e in a.entities} != {e.name for e in b.entities}
+    assert [q.question for q in a.questions(10, seed=0)] != [q.question for q in a.questions(10, seed=1)]
+
+
+def test_sizes_and_ids(world, documents):
+    tiny = World.generate(seed=0, num_entities=25)
+    docs = list(tiny.documents())
+    assert 45 <= len(docs) <= 60 and len(docs) == tiny.num_documents
+    assert len({d.id for d in docs}) == len(docs)
+    assert all(d.id and not any(ch.isspace() for ch in d.id) for d in docs)
+    exact = World.generate(seed=0, num_documents=333)
+    assert sum(1 for _ in exact.documents()) == 333 == exact.num_documents
+    kinds = {e.kind for e in world.entities}
+    assert kinds == {"person", "city", "country", "river", "company", "university", "book"}
+    names = [normalize_answer(e.name) for e in world.entities]
+    assert len(set(names)) == len(names)  # unique even after answer normalisation
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError):
+        World.generate(seed=0, num_entities=5)
+    with pytest.raises(ValueError):
+        World.generate(seed=0, num_documents=10)
+    tiny = World.generate(seed=0, num_entities=25, chronicle_fraction=0.0)
+    assert not tiny.chronicle_facts
+    with pytest.raises(ValueError, match="chronicle"):
+        tiny.questions(2, access_fraction=0.5)
+    with pytest.raises(ValueError, match="hops"):
+        tiny.questions(2, hops=0)
+
+
+def test_chronicles_are_long_and_their_facts_need_a_later_page(world, documents):
+    page_chars = world.page_chars
+    chronicles = [d for d in documents.values() if d.id.startswith("chronicle-")]
+    assert chronicles and all(len(d.text) > 2 * page_chars for d in chronicles)
+    assert world.chronicle_facts
+    for (relation, subject), (doc_id, page) in world.chronicle_facts.items():
+        sentence = world.fact_sentence(relation, subject)
+        text = documents[doc_id].text
+        assert sentence in text[page * page_chars:(page + 1) * page_chars]
+        assert text.index(sentence) >= 5_000  # beyond what a search result shows
+        article = documents[world.entities[subject].doc_id].text
+        assert sentence not in article
+        pointer = pointer_pattern(RELATIONS[relation], world.entities[subject].name).search(article)
+        assert pointer and (pointer.group("doc_id"), int(pointer.group("page"))) == (doc_id, page)
+
+
+def test_question_grammar_round_trips(world):
+    for record in world.questions(60, hops=(1, 2, 3, 4), seed=5, access_fraction=0.2):
+        parsed = parse_question(record.question)
+        chain = record.metadata["chain"]
+        assert parsed.relations == tuple(step["relation"] for step in chain)
+        assert parsed.start == chain[0]["subject"]
+        assert parsed.hops == record.metadata["hops"] == len(chain)
+    with pytest.raises(ValueError):
+        parse_question("What is the meaning of life?")
+
+
+def test_gold_answers_are_supported_by_the_corpus(world, documents):
+    records = world.questions(60, hops=(1, 2, 3), seed=11, access_fraction=0.3)
+    assert any(r.metadata["needs_access"] for r in records)
+    all_text = [d.text for d in documents.values()]
+    for record in records:
+        chain = record.metadata["chain"]
+        for support in record.metadata["support"]:
+            assert support["sentence"] in documents[support["doc_id"]].text
+        assert record.golden_answers[0] == chain[-1]["value"]
+        for step in chain:  # every statement of the fact in the corpus gives the same value
+            pattern = fact_pattern(RELATIONS[step["relation"]], step["subject"])
+            values = {m.group("o") for text in all_text for m in pattern.finditer(text)}
+            assert values == {step["value"]}, (record.question, step, values)
+        for step, nxt in zip(chain, chain[1:]):
+            assert nxt["subject"] == step["value"]
+
+
+def test_gold_aliases():
+    assert gold_aliases("river", "Olvas River") == ["Olvas River", "Olvas"]
+    assert gold_aliases("number", "812")[:2] == ["812", "812 km"]
+    assert gold_aliases("person", "Anika Dorsel") == ["Anika Dorsel"]
+
+
+@pytest.mark.parametrize("k", range(1, 11))
+def test_episodes_with_k_objectives(world, k):
+    episodes = world.episodes(k, 2, seed=k)
+    assert len(episodes) == 2
+    for episode in episodes:
+        assert episode.num_objectives == k == len(episode.golds) == len(set(episode.questions))
+        assert parse_episode_prompt(episode.prompt) == episode.questions
+        response = ("<mem>m</mem><think>t</think><answer>"
+                    + "; ".join(golds[0] for golds in episode.golds) + "</answer>")
+        assert compute_score(response, episode.golds)["score"] == 1.0
+    assert [e.to_json() for e in episodes] == [e.to_json() for e in world.episodes(k, 2, seed=k)]
+
+
+def test_write(tmp_path, world):
+    questions = world.questions(5, seed=0)
+    episodes = world.episodes(3, 2, seed=0)
+    paths = world.write(tmp_path / "w", questions=questions, episodes=episodes)
+    assert as_tuples(load_corpus(paths["corpus"])) == as_tuples(world.documents())
+    assert [q.to_json() for q in load_qa_jsonl(paths["questions"])] == [q.to_json() for q in questions]
+    assert [e.to_json() for e in load_episodes_jsonl(paths["episodes"])] == [e.to_json() for e in episodes]
+    assert '"num_documents"' in paths["manifest"].read_text()
+
+
+def test_twenty_thousand_documents_are_quick():
+    started = time.perf_counter()
+    big = World.generate(seed=1, num_documents=20_000)
+    count = sum(1 for _ in big.documents())
+    elapsed = time.perf_counter() - started
+    assert count == 20_000
+    assert elapsed < 30, f"20k documents took {elapsed:.1f} s"  # about 1 s on the dev machine
+
+
+def test_import_is_light():
+    code = ("import sys, mempo.env.world, mempo.env.data; "
+            "heavy = [m for m in ('torch', 'numpy', 'bm25s', 'fastapi', 'transformers', 'pyarrow') "
+            "if m in sys.modules]; "
+            "assert not heavy, heavy")
+    subprocess.run([sys.executable, "-c", code], check=True)
