@@ -193,6 +193,24 @@ def test_adjacent_spans_are_exact():
     assert got[0, 6:].eq(0).all()
 
 
+@pytest.mark.parametrize("lengths", [[5, 5, 5, 4], [1, 1, 1, 60], [0, 0, 3, 0]])
+def test_torch_scatter_grid_and_slot_layouts(lengths):
+    """Equal-ish spans take the padded-grid layout, one long span among short ones the exact slot
+    enumeration; both must equal the loop reference (and never write past the block)."""
+    rows, length = 3, 70
+    starts = [0, 10, 2, 5]
+    spans = torch.tensor([[s, s + n] for s, n in zip(starts, lengths)])
+    offsets = torch.tensor([0, 2, 3, 4])
+    mask = (torch.arange(rows * length).reshape(rows, length) % 7 != 3).long()
+    values = torch.tensor([0.5, -1.25, 2.0, 0.75])
+    got = adv_ops._span_scatter_torch(torch.tensor([0.1, 0.2, 0.3]), values, spans[:, 0], spans[:, 1], offsets, mask)
+    want = torch.tensor([0.1, 0.2, 0.3])[:, None] * mask
+    for b in range(rows):
+        for r in range(int(offsets[b]), int(offsets[b + 1])):
+            want[b, spans[r, 0]:spans[r, 1]] += values[r] * mask[b, spans[r, 0]:spans[r, 1]]
+    torch.testing.assert_close(got, want)
+
+
 @pytest.mark.gpu
 def test_triton_matches_torch_at_real_sizes():
     """GPU tier: 128 questions x 16 trajectories x 4,096 tokens, 8 scored rounds each."""

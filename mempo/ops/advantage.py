@@ -99,6 +99,12 @@ def _check_mask(response_mask: torch.Tensor, num_rows: int) -> torch.Tensor:
     return response_mask
 
 
+def _rows_of_csr(offsets: torch.Tensor, num_items: int) -> torch.Tensor:
+    """Row id of each of `num_items` CSR items: item i belongs to row b when offsets[b] <= i < offsets[b+1]."""
+    items = torch.arange(num_items, device=offsets.device)
+    return torch.searchsorted(offsets, items, right=True) - 1
+
+
 def _check_spans(mem_offsets: Any, mem_spans: Any, num_rows: int, num_rounds: int, length: int,
                  device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Validate CSR spans; return (offsets [B+1], start [R], end [R]) as int64 on `device`."""
@@ -122,18 +128,21 @@ def _check_spans(mem_offsets: Any, mem_spans: Any, num_rows: int, num_rounds: in
         r = int(bad.nonzero()[0])
         raise ValueError(f"mem_spans[{r}] = ({int(start[r])}, {int(end[r])}) is not a span inside [0, {length}]")
     if num_rounds > 1:
-        # Overlap check: sort by (row, start) and compare each end with the next start of the same row.
-        row = torch.repeat_interleave(torch.arange(num_rows, device=device), offsets.diff())
-        key = row * (length + 1) + start
-        order = torch.argsort(key, stable=True)
-        s, e, rw = start[order], end[order], row[order]
-        nonempty = e > s
-        s, e, rw, order = s[nonempty], e[nonempty], rw[nonempty], order[nonempty]
-        clash = (rw[1:] == rw[:-1]) & (s[1:] < e[:-1])
+        # Overlap check without sorting per row: encode (row, position) as row * (L + 1) + position,
+        # sort the spans by encoded start, and compare each non-empty span's start with the largest
+        # encoded end seen before it (a running max stays inside the row: rows are L + 1 apart).
+        row = _rows_of_csr(offsets, num_rounds)
+        key_start = row * (length + 1) + start
+        key_end = row * (length + 1) + end
+        order = torch.argsort(key_start, stable=True)
+        ks, ke = key_start.index_select(0, order), key_end.index_select(0, order)
+        widest_end, widest_at = torch.cummax(ke, 0)
+        clash = (ks[1:] < widest_end[:-1]) & (ke[1:] > ks[1:])
         if bool(clash.any()):
             k = int(clash.nonzero()[0])
-            raise ValueError(f"mem_spans[{int(order[k])}] and mem_spans[{int(order[k + 1])}] overlap in trajectory "
-                             f"{int(rw[k])}; <mem> spans of one trajectory must be disjoint")
+            first, second = int(order[int(widest_at[k])]), int(order[k + 1])
+            raise ValueError(f"mem_spans[{first}] and mem_spans[{second}] overlap in trajectory {int(row[second])}; "
+                             "<mem> spans of one trajectory must be disjoint")
     return offsets, start, end
 
 
@@ -143,18 +152,20 @@ def _check_spans(mem_offsets: Any, mem_spans: Any, num_rows: int, num_rounds: in
 def _group_zscore_torch(values: torch.Tensor, group: torch.Tensor, num_groups: int, epsilon: float,
                         norm_by_std: bool, singleton_zero: bool) -> torch.Tensor:
     # 1. Per-group count, sum and mean (fp32; index_add_ is sequential, hence deterministic, on CPU).
+    #    Gathers use index_select: plain advanced indexing is far slower on multi-threaded CPU.
     count = torch.bincount(group, minlength=num_groups)
     total = torch.zeros(num_groups, dtype=torch.float32, device=values.device).index_add_(0, group, values)
     mean = total / count.clamp(min=1)
     # 2. Unbiased variance from centred values (two passes, as in the kernel).
-    centred = values - mean[group]
+    centred = values - mean.index_select(0, group)
     sq = torch.zeros(num_groups, dtype=torch.float32, device=values.device).index_add_(0, group, centred * centred)
     std = torch.sqrt(sq / (count - 1).clamp(min=1))
     # 3. Groups of one: mean 0 / std 1 (verl) or zero (memory pools).
-    single = (count == 1)[group]
+    single_group = count == 1
+    std = torch.where(single_group, torch.ones_like(std), std)
+    single = single_group.index_select(0, group)
     centred = torch.where(single, values, centred)
-    scale = 1.0 / (torch.where(single, torch.ones_like(std[group]), std[group]) + epsilon) if norm_by_std else 1.0
-    out = centred * scale
+    out = centred / (std.index_select(0, group) + epsilon) if norm_by_std else centred
     if singleton_zero:
         out = torch.where(single, torch.zeros_like(out), out)
     return out
@@ -192,23 +203,36 @@ def _span_scatter_torch(row_value: torch.Tensor, span_value: torch.Tensor, start
                         offsets: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     num_rows, length = mask.shape
     device = mask.device
-    # 1. Broadcast each trajectory's value over its tokens, times the mask, in place in the output.
-    out = torch.empty(num_rows, length, dtype=torch.float32, device=device)
-    out.copy_(mask)
-    out.mul_(row_value[:, None])
+    # One spare element after the [B, L] block receives the padding writes of step 2.
+    storage = torch.empty(num_rows * length + 1, dtype=torch.float32, device=device)
+    out = storage[:-1].view(num_rows, length)
+    # 1. Broadcast each trajectory's value over its tokens, times the mask: one fused pass.
+    torch.mul(mask, row_value[:, None], out=out)
     lengths = end - start
     total = int(lengths.sum()) if lengths.numel() else 0
-    if total:
-        # 2. Enumerate the covered tokens only (work ~ covered tokens, not B x L): slot j of the
-        #    concatenated spans belongs to span k(j) = #(span ends <= j); its flat position is
-        #    row_k * L + start_k + (j - first slot of k). Spans are disjoint: each position once.
+    if total == 0:
+        return out
+    # 2. Add each span's value on its covered tokens only (work ~ covered tokens, not B x L).
+    #    Spans are laid out as a [R, widest] grid of flat positions row_k * L + start_k + j; grid
+    #    cells past a span's end point at the spare element. Spans are disjoint, so each real
+    #    position is written once and index_add_ is exact. Gathers use index_select: plain
+    #    advanced indexing is far slower on multi-threaded CPU.
+    widest = int(lengths.max())
+    row = _rows_of_csr(offsets, lengths.numel())
+    first = row * length + start
+    if lengths.numel() * widest <= 4 * total:
+        step = torch.arange(widest, device=device)
+        inside = step[None, :] < lengths[:, None]
+        pos = torch.where(inside, first[:, None] + step[None, :], num_rows * length).reshape(-1)
+        value = torch.where(inside, span_value[:, None], 0.0).reshape(-1)
+    else:  # a few very long spans: enumerate covered slots exactly instead of padding to the widest
         span_ends = torch.cumsum(lengths, 0)
         slot = torch.arange(total, device=device)
         k = torch.searchsorted(span_ends, slot, right=True)
-        row = torch.searchsorted(offsets, torch.arange(lengths.numel(), device=device), right=True) - 1
-        pos = (row * length + start - (span_ends - lengths))[k] + slot
-        flat = out.view(-1)
-        flat.index_put_((pos,), span_value[k] * mask.reshape(-1)[pos].to(torch.float32), accumulate=True)
+        pos = (first - (span_ends - lengths)).index_select(0, k) + slot
+        value = span_value.index_select(0, k)
+    mask_at = mask.reshape(-1).index_select(0, pos.clamp(max=num_rows * length - 1)).to(torch.float32)
+    storage.index_add_(0, pos, value * mask_at)
     return out
 
 
@@ -237,7 +261,7 @@ def _memory_values(mem_rewards, mem_offsets, mem_spans, group, num_groups, lengt
     num_rows = group.numel()
     rewards = _as_float_vector(mem_rewards, "mem_rewards").to(device)
     offsets, start, end = _check_spans(mem_offsets, mem_spans, num_rows, rewards.numel(), length, device)
-    round_group = torch.repeat_interleave(group, offsets.diff())
+    round_group = group.index_select(0, _rows_of_csr(offsets, rewards.numel()))
     normed = group_zscore(rewards, round_group, num_groups, epsilon=epsilon, norm_by_std=norm_adv_by_std,
                           singleton="zero", backend=backend)
     return normed, start, end, offsets
