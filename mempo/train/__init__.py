@@ -1,0 +1,48 @@
+"""mempo.train: the training infrastructure of MemPO.
+
+Configuration (`mempo.train.config`, standard library + PyYAML only): `MempoConfig` and its
+sections, `load_config`, `dump_config`, `ConfigError`.
+Losses (`mempo.train.losses`): `policy_loss`, `kl_penalty`, `agg_loss`, `entropy_from_logits`,
+`zero_variance_group_mask`, `filter_zero_variance_tokens`.
+Actor (`mempo.train.actor`): `Actor` (FSDP2 when distributed), `init_distributed`,
+`build_causal_lm`.
+Checkpoints (`mempo.train.checkpoint`): `save_checkpoint`, `load_checkpoint`, `latest_checkpoint`.
+Logging (`mempo.train.logging`): `MetricsLogger`, `StageTimer`, `progress`.
+
+Names load on first use, so ``import mempo.train`` and ``import mempo.train.config`` stay light
+(no torch, no transformers).
+"""
+from __future__ import annotations
+
+import importlib
+
+_EXPORTS = {
+    "ConfigError": "config", "MempoConfig": "config", "ModelConfig": "config", "DataConfig": "config",
+    "EnvConfig": "config", "RolloutConfig": "config", "ScoringConfig": "config", "AlgorithmConfig": "config",
+    "ActorConfig": "config", "TrainerConfig": "config", "EvalConfig": "config", "load_config": "config",
+    "config_from_dict": "config", "config_to_dict": "config", "dump_config": "config",
+    "policy_loss": "losses", "kl_penalty": "losses", "agg_loss": "losses", "masked_mean": "losses",
+    "entropy_from_logits": "losses", "zero_variance_group_mask": "losses",
+    "filter_zero_variance_tokens": "losses",
+    "Actor": "actor", "LogProbs": "actor", "DistInfo": "actor", "init_distributed": "actor",
+    "shutdown_distributed": "actor", "build_causal_lm": "actor", "token_log_probs": "actor",
+    "save_checkpoint": "checkpoint", "load_checkpoint": "checkpoint", "latest_checkpoint": "checkpoint",
+    "list_checkpoints": "checkpoint", "prune_checkpoints": "checkpoint", "capture_rng_state": "checkpoint",
+    "restore_rng_state": "checkpoint", "CheckpointState": "checkpoint",
+    "MetricsLogger": "logging", "StageTimer": "logging", "progress": "logging", "read_metrics": "logging",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'mempo.train' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"mempo.train.{module}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(list(globals()) + __all__)

@@ -1,0 +1,541 @@
+"""The policy actor: a Hugging Face causal LM, FSDP2-sharded when torch.distributed is initialised,
+with chunked response log-probs and a micro-batched PPO-clip + KL update.
+
+Conventions
+-----------
+* Batch layout: one row per trajectory, full sequences (prompt + response) ``[B, L]``:
+  ``input_ids`` (int64), ``attention_mask`` (1 = real token, left or right padding), optional
+  ``position_ids`` (default ``cumsum(attention_mask) - 1`` clamped at 0), and ``response_mask``
+  (bool / 0-1): the tokens that carry loss (model-generated response tokens; 0 on prompt, tool
+  output and padding). A masked token must be a real token that is not its row's first real token.
+* Log-prob alignment: ``log_probs[b, t] = log softmax(logits(ids[b, :t]) / temperature)[ids[b, t]]``,
+  i.e. aligned with the token it scores (the same coordinates as every other ``[B, L]`` tensor);
+  fp32; 0.0 where ``response_mask`` is 0. ``advantages``, ``old_log_probs`` and ``ref_log_probs``
+  use the same alignment.
+* Memory: only masked tokens are scored, and the lm_head runs ``logprob_chunk_tokens`` rows at a time
+  under activation checkpointing (each chunk's ``[rows, V]`` fp32 logits are recomputed in backward),
+  so no ``[B, L, V]`` tensor is ever materialised.
+* Distributed: `init_distributed` reads torchrun's variables (RANK, WORLD_SIZE, LOCAL_RANK,
+  MASTER_ADDR, MASTER_PORT) and initialises NCCL on CUDA, gloo on CPU; without them it is a no-op
+  (one process). When torch.distributed is initialised, `Actor` applies ``fully_shard`` to every
+  decoder layer (the model's ``_no_split_modules`` classes) and then to a small root wrapper holding
+  the model, on a 1-D data-parallel mesh. Each rank passes its *own* rows; the loss normalisers
+  (token and sequence counts) are all-reduced so that the sum of the ranks' losses equals the loss
+  of the concatenated batch, and each rank's loss is multiplied by the world size to undo FSDP's
+  gradient averaging: N ranks give the same update as one process on all rows. Every rank runs the
+  same number of forwards (ranks with fewer micro-batches run zero-weighted ones), as FSDP's
+  collectives require.
+* Update (`Actor.update`): ``ppo_epochs`` passes; each pass splits the rows into ``ppo_mini_batches``
+  contiguous mini-batches, one optimiser step each; each mini-batch runs micro-batches of at most
+  ``micro_batch_tokens`` padded tokens with gradient accumulation. Loss per mini-batch:
+  ``policy_loss + kl_coef * agg(kl) - entropy_coef * agg(entropy)`` (`mempo.train.losses`; one
+  aggregation mode for all three). Gradients are clipped to ``grad_clip`` (global norm, DTensor
+  aware); a non-finite norm skips the optimiser step (counted in ``skipped_steps``).
+  ``old_log_probs=None`` means on-policy: the ratio is taken against the detached current
+  log-probs (ratio 1, the plain policy gradient, in every epoch: pass the rollout policy's
+  log-probs for multi-epoch or multi-mini-batch PPO). The KL term needs ``ref_log_probs`` when
+  ``kl_coef > 0``.
+* Modes: the model is put in train mode for `update` and eval mode for `compute_log_probs`; PPO
+  ratios assume dropout 0 (true for Qwen2/Llama configs).
+* Supported models: causal LMs whose output is ``lm_head(decoder(...).last_hidden_state)`` with
+  `get_decoder()` / `get_output_embeddings()` (Qwen2, Qwen3, Llama, Mistral families); models with
+  logit soft-capping or scaling are not supported.
+"""
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from typing import Any, Mapping, NamedTuple, Optional
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from mempo.train.config import ActorConfig, ModelConfig
+from mempo.train.losses import agg_loss, kl_penalty, policy_loss
+
+__all__ = ["Actor", "DistInfo", "LogProbs", "init_distributed", "shutdown_distributed", "build_causal_lm",
+           "token_log_probs", "plan_micro_batches"]
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+# ------------------------------------------------------------------------------------------------
+# process group
+# ------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class DistInfo:
+    """This process's place: rank, world size, local rank, compute device, and whether a process
+    group is active."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    device: torch.device
+    distributed: bool
+
+
+def _default_device(local_rank: int) -> torch.device:
+    return torch.device("cuda", local_rank) if torch.cuda.is_available() else torch.device("cpu")
+
+
+def init_distributed(backend: Optional[str] = None) -> DistInfo:
+    """Initialise torch.distributed from torchrun's environment (no-op without it; idempotent).
+
+    backend: None picks "nccl" when CUDA is available, else "gloo". Sets the CUDA device to
+    LOCAL_RANK. Returns the DistInfo; with no torchrun variables: rank 0 of 1, not distributed.
+    """
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    if dist.is_available() and dist.is_initialized():
+        return DistInfo(dist.get_rank(), dist.get_world_size(), local_rank, _default_device(local_rank), True)
+    if "WORLD_SIZE" not in os.environ or "RANK" not in os.environ:
+        return DistInfo(0, 1, 0, _default_device(0), False)
+    if torch.cuda.is_available():
+        torch.cuda.set_device(local_rank)
+    backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
+    dist.init_process_group(backend=backend)
+    return DistInfo(dist.get_rank(), dist.get_world_size(), local_rank, _default_device(local_rank), True)
+
+
+def shutdown_distributed() -> None:
+    """Destroy the default process group if one is active."""
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def _distributed() -> bool:
+    return dist.is_available() and dist.is_initialized()
+
+
+def _all_reduce(tensor: torch.Tensor, op=None) -> torch.Tensor:
+    if _distributed():
+        dist.all_reduce(tensor, op=op or dist.ReduceOp.SUM)
+    return tensor
+
+
+# ------------------------------------------------------------------------------------------------
+# model construction
+# ------------------------------------------------------------------------------------------------
+def build_causal_lm(model_config: ModelConfig, vocab_size: Optional[int] = None) -> nn.Module:
+    """A transformers causal LM from `ModelConfig`: ``from_pretrained(path)``, or for
+    ``path == "builtin-tiny"`` a randomly initialised Qwen2 of the configured sizes (uses the torch
+    RNG; vocab from ``model_config.vocab_size`` or `vocab_size`). Imports transformers lazily."""
+    import transformers
+
+    dtype = _DTYPES[model_config.dtype]
+    if model_config.path != "builtin-tiny":
+        return transformers.AutoModelForCausalLM.from_pretrained(
+            model_config.path, dtype=dtype, attn_implementation=model_config.attn_implementation)
+    vocab = model_config.vocab_size or vocab_size
+    if vocab is None:
+        raise ValueError("builtin-tiny needs a vocabulary size: set model.vocab_size or pass the tokenizer's")
+    qwen_config = transformers.Qwen2Config(
+        vocab_size=vocab, hidden_size=model_config.hidden_size, intermediate_size=model_config.intermediate_size,
+        num_hidden_layers=model_config.num_hidden_layers, num_attention_heads=model_config.num_attention_heads,
+        num_key_value_heads=model_config.num_key_value_heads,
+        max_position_embeddings=model_config.max_position_embeddings, tie_word_embeddings=False)
+    return transformers.AutoModelForCausalLM.from_config(
+        qwen_config, dtype=dtype, attn_implementation=model_config.attn_implementation)
+
+
+# ------------------------------------------------------------------------------------------------
+# chunked log-probs
+# ------------------------------------------------------------------------------------------------
+class LogProbs(NamedTuple):
+    """`compute_log_probs` result: fp32 `[B, L]` log-probs (token-aligned, 0 off the mask) and
+    entropy of the predictive distribution at the same positions (None unless requested)."""
+
+    log_probs: torch.Tensor
+    entropy: Optional[torch.Tensor]
+
+
+def _score_rows(hidden: torch.Tensor, targets: torch.Tensor, head: nn.Module, inv_temperature: float,
+                with_entropy: bool):
+    logits = head(hidden).float()
+    if inv_temperature != 1.0:
+        logits = logits * inv_temperature
+    log_p = torch.log_softmax(logits, dim=-1)
+    picked = log_p.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    if not with_entropy:
+        return (picked,)
+    p = log_p.exp()
+    entropy = -torch.where(p > 0, p * log_p, torch.zeros_like(p)).sum(dim=-1)
+    return picked, entropy
+
+
+def token_log_probs(hidden: torch.Tensor, targets: torch.Tensor, head: nn.Module, temperature: float = 1.0,
+                    chunk_rows: int = 1024, with_entropy: bool = False):
+    """Log-prob of `targets` under ``softmax(head(hidden) / temperature)``, `chunk_rows` rows at a time.
+
+    hidden: `[N, H]` (any float dtype); targets: int64 `[N]`; head: the lm_head module. Returns
+    (log_probs fp32 `[N]`, entropy fp32 `[N]` or None). Under autograd each chunk is checkpointed:
+    only `hidden` is kept and the `[chunk_rows, V]` fp32 logits are recomputed in backward.
+    """
+    if not temperature > 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+    inv_temperature = 1.0 / float(temperature)
+    grad = torch.is_grad_enabled() and (hidden.requires_grad or any(p.requires_grad for p in head.parameters()))
+    log_probs, entropies = [], []
+    for start in range(0, hidden.shape[0], chunk_rows):
+        args = (hidden[start:start + chunk_rows], targets[start:start + chunk_rows], head, inv_temperature,
+                with_entropy)
+        out = checkpoint(_score_rows, *args, use_reentrant=False) if grad else _score_rows(*args)
+        log_probs.append(out[0])
+        if with_entropy:
+            entropies.append(out[1])
+    empty = hidden.new_zeros((0,), dtype=torch.float32)
+    log_prob = torch.cat(log_probs) if log_probs else empty
+    entropy = (torch.cat(entropies) if entropies else empty) if with_entropy else None
+    return log_prob, entropy
+
+
+class _PolicyModule(nn.Module):
+    """The FSDP root: runs the decoder once and scores only the masked tokens (module docstring)."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids, attention_mask, position_ids, loss_mask, temperature: float, chunk_rows: int,
+                with_entropy: bool):
+        decoder, head = self.model.get_decoder(), self.model.get_output_embeddings()
+        hidden = decoder(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                         use_cache=False).last_hidden_state
+        rows, cols = loss_mask[:, 1:].nonzero(as_tuple=True)
+        targets = input_ids[rows, cols + 1]
+        padding_only = rows.numel() == 0
+        if padding_only:  # one zero-weighted row keeps lm_head in the graph (FSDP needs every rank's grads)
+            rows, cols = rows.new_zeros(1), cols.new_zeros(1)
+            targets = input_ids[rows, cols]
+        scored_logp, scored_entropy = token_log_probs(hidden[rows, cols], targets, head, temperature, chunk_rows,
+                                                      with_entropy)
+        log_probs = hidden.new_zeros(input_ids.shape, dtype=torch.float32)
+        entropy = hidden.new_zeros(input_ids.shape, dtype=torch.float32) if with_entropy else None
+        if padding_only:
+            log_probs = log_probs + 0.0 * scored_logp.sum()
+            return log_probs, entropy
+        log_probs = log_probs.index_put((rows, cols + 1), scored_logp)
+        if with_entropy:
+            entropy = entropy.index_put((rows, cols + 1), scored_entropy)
+        return log_probs, entropy
+
+
+# ------------------------------------------------------------------------------------------------
+# batch preparation
+# ------------------------------------------------------------------------------------------------
+class _Batch(NamedTuple):
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    position_ids: torch.Tensor
+    loss_mask: torch.Tensor
+    first: torch.Tensor  # first real token per row
+    last: torch.Tensor   # last real token per row
+
+
+def _prepare_batch(input_ids, attention_mask, position_ids, loss_mask, device) -> _Batch:
+    if input_ids.dim() != 2 or input_ids.shape[0] == 0 or input_ids.shape[1] == 0:
+        raise ValueError(f"input_ids must be a non-empty [B, L] tensor, got shape {tuple(input_ids.shape)}")
+    attention = (torch.ones_like(input_ids) if attention_mask is None else attention_mask).to(device).bool()
+    if attention.shape != input_ids.shape:
+        raise ValueError(f"attention_mask must have shape {tuple(input_ids.shape)}, got {tuple(attention.shape)}")
+    if not attention.any(dim=-1).all():
+        raise ValueError("every row needs at least one real token (attention_mask all 0 in a row)")
+    if position_ids is None:
+        position_ids = (attention.long().cumsum(-1) - 1).clamp(min=0)
+    positions = torch.arange(input_ids.shape[1], device=device).expand_as(attention)
+    first = torch.where(attention, positions, input_ids.shape[1]).min(dim=-1).values
+    last = torch.where(attention, positions, -1).max(dim=-1).values
+    mask = attention.clone() if loss_mask is None else loss_mask.to(device).bool()
+    if loss_mask is None:
+        mask[torch.arange(mask.shape[0], device=device), first] = False
+    if mask.shape != input_ids.shape:
+        raise ValueError(f"response_mask must have shape {tuple(input_ids.shape)}, got {tuple(mask.shape)}")
+    if (mask & ~attention).any():
+        raise ValueError("response_mask marks padding (attention_mask 0) tokens")
+    if mask.gather(1, first.unsqueeze(1)).any():
+        raise ValueError("response_mask marks a row's first real token, which has no context to be scored from")
+    return _Batch(input_ids.to(device), attention, position_ids.to(device), mask, first, last)
+
+
+def plan_micro_batches(first: list[int], last: list[int], token_budget: Optional[int]) -> list[list[int]]:
+    """Group consecutive rows into micro-batches of at most `token_budget` padded tokens.
+
+    first / last: each row's first and last real-token column. A micro-batch of rows R costs
+    ``len(R) * (max(last) - min(first) + 1)``; a row that alone exceeds the budget runs alone.
+    token_budget None: one micro-batch. Returns lists of row positions (indices into the inputs).
+    """
+    if token_budget is None:
+        return [list(range(len(first)))] if first else []
+    plans, current, low, high = [], [], 0, 0
+    for row, (a, b) in enumerate(zip(first, last)):
+        new_low, new_high = (min(low, a), max(high, b)) if current else (a, b)
+        if current and (len(current) + 1) * (new_high - new_low + 1) > token_budget:
+            plans.append(current)
+            current, new_low, new_high = [], a, b
+        current.append(row)
+        low, high = new_low, new_high
+    if current:
+        plans.append(current)
+    return plans
+
+
+def _slice_rows(batch: _Batch, rows: torch.Tensor, *tensors: Optional[torch.Tensor]):
+    """Rows of the batch (and of extra `[B, L]` tensors), columns cut to the rows' real tokens."""
+    low, high = int(batch.first[rows].min()), int(batch.last[rows].max()) + 1
+    part = _Batch(batch.input_ids[rows, low:high], batch.attention_mask[rows, low:high],
+                  batch.position_ids[rows, low:high], batch.loss_mask[rows, low:high],
+                  batch.first[rows] - low, batch.last[rows] - low)
+    extras = [None if t is None else t[rows, low:high] for t in tensors]
+    return part, extras, (low, high)
+
+
+def _enable_activation_checkpointing(model: nn.Module) -> None:
+    """transformers' per-decoder-layer activation checkpointing (non-reentrant), by its 5.x name when
+    present, else the 4.x one."""
+    kwargs = {"use_reentrant": False}
+    if hasattr(model, "activation_checkpointing_enable"):
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+
+
+# ------------------------------------------------------------------------------------------------
+# the actor
+# ------------------------------------------------------------------------------------------------
+class Actor:
+    """A trainable (or frozen reference) policy around a Hugging Face causal LM (module docstring).
+
+    model: the causal LM (moved to the device; sharded in place when distributed). optim_config:
+    `ActorConfig` (optimiser, loss, micro-batching). device_mesh: a 1-D mesh for FSDP2 (None: all
+    ranks). trainable: False builds no optimiser and freezes the parameters (a reference policy).
+    device: default CUDA LOCAL_RANK when available, else CPU.
+    """
+
+    def __init__(self, model: nn.Module, optim_config: Optional[ActorConfig] = None, device_mesh=None, *,
+                 trainable: bool = True, device: Optional[torch.device] = None):
+        self.config = optim_config or ActorConfig()
+        self.device = torch.device(device) if device is not None else _default_device(
+            int(os.environ.get("LOCAL_RANK", "0")))
+        self.module = model.to(self.device)
+        if self.config.gradient_checkpointing and trainable:
+            _enable_activation_checkpointing(self.module)
+        if not trainable:
+            self.module.requires_grad_(False)
+        self.policy = _PolicyModule(self.module)
+        self.distributed = _distributed()
+        self.rank = dist.get_rank() if self.distributed else 0
+        self.world_size = dist.get_world_size() if self.distributed else 1
+        if self.distributed:
+            self._shard(device_mesh)
+        self.optimizer = None
+        if trainable:
+            params = [p for p in self.module.parameters() if p.requires_grad]
+            self.optimizer = torch.optim.AdamW(params, lr=self.config.lr, betas=(self.config.beta1, self.config.beta2),
+                                               eps=self.config.eps, weight_decay=self.config.weight_decay)
+
+    def _shard(self, device_mesh) -> None:
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+        mesh = device_mesh or init_device_mesh(self.device.type, (self.world_size,), mesh_dim_names=("dp",))
+        kwargs: dict[str, Any] = {"mesh": mesh}
+        if self.config.param_dtype is not None:
+            kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=_DTYPES[self.config.param_dtype],
+                                                       reduce_dtype=torch.float32)
+        layer_classes = set(getattr(self.module, "_no_split_modules", None) or ())
+        layers = [m for m in self.module.modules() if type(m).__name__ in layer_classes]
+        if not layers:
+            raise ValueError(f"{type(self.module).__name__}: no decoder layers found to shard "
+                             f"(_no_split_modules={sorted(layer_classes)})")
+        for layer in layers:
+            fully_shard(layer, **kwargs)
+        fully_shard(self.policy, **kwargs)
+
+    # --------------------------------------------------------------------------------------------
+    def set_lr(self, lr: float) -> None:
+        """Set the learning rate of every parameter group (for schedules)."""
+        for group in self.optimizer.param_groups:
+            group["lr"] = float(lr)
+
+    def _forward(self, part: _Batch, temperature: float, with_entropy: bool):
+        attention = None if bool(part.attention_mask.all()) else part.attention_mask.long()
+        return self.policy(part.input_ids, attention, part.position_ids, part.loss_mask, float(temperature),
+                           int(self.config.logprob_chunk_tokens), with_entropy)
+
+    def _synced_plans(self, batch: _Batch, rows: torch.Tensor, token_budget: Optional[int]) -> tuple[list, int]:
+        plans = plan_micro_batches(batch.first[rows].tolist(), batch.last[rows].tolist(), token_budget)
+        count = torch.tensor([len(plans)], device=self.device)
+        _all_reduce(count, dist.ReduceOp.MAX if self.distributed else None)
+        return [rows[plan] for plan in plans], int(count.item())
+
+    @torch.no_grad()
+    def compute_log_probs(self, input_ids: torch.Tensor, attention_mask: Optional[torch.Tensor] = None,
+                          position_ids: Optional[torch.Tensor] = None, response_mask: Optional[torch.Tensor] = None,
+                          temperature: float = 1.0, with_entropy: bool = False,
+                          micro_batch_tokens: Optional[int] = -1) -> LogProbs:
+        """Token-aligned log-probs (and optionally entropies) of this rank's rows, fp32 `[B, L]`.
+
+        response_mask None: every real token except each row's first. micro_batch_tokens: -1 uses
+        the config's value, None one forward. Collective when distributed. Results are on the
+        device of `input_ids`.
+        """
+        budget = self.config.micro_batch_tokens if micro_batch_tokens == -1 else micro_batch_tokens
+        batch = _prepare_batch(input_ids, attention_mask, position_ids, response_mask, self.device)
+        log_probs = torch.zeros(batch.input_ids.shape, dtype=torch.float32, device=self.device)
+        entropy = torch.zeros_like(log_probs) if with_entropy else None
+        plans, count = self._synced_plans(batch, torch.arange(batch.input_ids.shape[0], device=self.device), budget)
+        self.module.eval()
+        for index in range(count):
+            rows = plans[index] if index < len(plans) else plans[0][:1]
+            part, _, (low, high) = _slice_rows(batch, rows)
+            part_logp, part_entropy = self._forward(part, temperature, with_entropy)
+            if index < len(plans):
+                log_probs[rows, low:high] = part_logp
+                if with_entropy:
+                    entropy[rows, low:high] = part_entropy
+        out_device = input_ids.device
+        return LogProbs(log_probs.to(out_device), None if entropy is None else entropy.to(out_device))
+
+    # --------------------------------------------------------------------------------------------
+    def update(self, batch: Mapping[str, torch.Tensor], advantages: torch.Tensor,
+               old_log_probs: Optional[torch.Tensor] = None, ref_log_probs: Optional[torch.Tensor] = None,
+               config: Optional[ActorConfig] = None, temperature: float = 1.0) -> dict[str, float]:
+        """PPO-clip + KL update on this rank's rows (module docstring); returns metrics averaged over
+        the optimiser steps: ``loss``, ``pg_loss``, ``kl_loss``, ``entropy``, ``pg_clipfrac``,
+        ``pg_clipfrac_lower``, ``ppo_kl``, ``ratio_mean/max/min``, ``grad_norm``, ``lr``,
+        ``num_tokens``, ``optimizer_steps``, ``skipped_steps`` (global over ranks).
+
+        batch: ``input_ids``, ``attention_mask``, optional ``position_ids``, ``response_mask``
+        (`[B, L]`). advantages / old_log_probs / ref_log_probs: fp32 `[B, L]`, token-aligned.
+        config: loss settings for this call (default: the actor's; the learning rate is set with
+        `set_lr`). temperature: the sampling temperature the rollout used.
+        """
+        if self.optimizer is None:
+            raise RuntimeError("this Actor was built with trainable=False")
+        cfg = config or self.config
+        if cfg.kl_coef > 0 and ref_log_probs is None:
+            raise ValueError("kl_coef > 0 needs ref_log_probs (or set kl_coef to 0)")
+        data = _prepare_batch(batch["input_ids"], batch.get("attention_mask"), batch.get("position_ids"),
+                              batch["response_mask"], self.device)
+        targets = {"advantages": advantages, "old_log_probs": old_log_probs, "ref_log_probs": ref_log_probs}
+        for name, tensor in targets.items():
+            if tensor is not None and tensor.shape != data.input_ids.shape:
+                raise ValueError(f"{name} must have shape {tuple(data.input_ids.shape)}, got {tuple(tensor.shape)}")
+        targets = {k: None if v is None else v.to(self.device, torch.float32) for k, v in targets.items()}
+        num_rows = data.input_ids.shape[0]
+        if num_rows < cfg.ppo_mini_batches:  # every rank must pass at least ppo_mini_batches rows
+            raise ValueError(f"{num_rows} rows cannot be split into ppo_mini_batches={cfg.ppo_mini_batches}")
+        self.module.train()
+        step_metrics = []
+        for _ in range(cfg.ppo_epochs):
+            for rows in torch.arange(num_rows, device=self.device).tensor_split(cfg.ppo_mini_batches):
+                step_metrics.append(self._train_mini_batch(data, rows, targets, cfg, temperature))
+        return {name: sum(m[name] for m in step_metrics) / len(step_metrics) for name in step_metrics[0]} | {
+            "optimizer_steps": float(sum(1 - m["skipped_steps"] for m in step_metrics)),
+            "skipped_steps": float(sum(m["skipped_steps"] for m in step_metrics))}
+
+    def _global_normalisers(self, loss_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int]:
+        """Loss tokens and non-empty rows summed over ranks; padded length L, max over ranks."""
+        counts = torch.stack([loss_mask.sum(), loss_mask.any(dim=-1).sum()]).to(torch.float64)
+        _all_reduce(counts)
+        length = torch.tensor([loss_mask.shape[1]], device=loss_mask.device)
+        _all_reduce(length, dist.ReduceOp.MAX if self.distributed else None)
+        return counts[0], counts[1], int(length.item())
+
+    def _micro_loss(self, part: _Batch, extras, cfg: ActorConfig, temperature: float, norms):
+        advantages, old, ref = extras
+        log_probs, entropy = self._forward(part, temperature, with_entropy=True)
+        if cfg.entropy_coef == 0:
+            entropy = entropy.detach()
+        old = log_probs.detach() if old is None else old
+        pg_loss, metrics = policy_loss(log_probs, old, advantages, part.loss_mask, cfg.clip_ratio_low,
+                                       cfg.clip_ratio_high, cfg.clip_ratio_c, cfg.loss_agg_mode, **norms)
+        loss = pg_loss
+        kl_loss = torch.zeros((), device=self.device)
+        if cfg.kl_coef > 0:
+            kl_per_token = kl_penalty(log_probs, ref, cfg.kl_estimator)
+            kl_loss = agg_loss(kl_per_token, part.loss_mask, cfg.loss_agg_mode, **norms)
+            loss = loss + cfg.kl_coef * kl_loss
+        if cfg.entropy_coef > 0:
+            loss = loss - cfg.entropy_coef * agg_loss(entropy, part.loss_mask, cfg.loss_agg_mode, **norms)
+        entropy_sum = torch.where(part.loss_mask, entropy.detach(), 0.0).sum()
+        return loss, pg_loss.detach(), kl_loss.detach(), entropy_sum, metrics
+
+    def _train_mini_batch(self, data: _Batch, rows: torch.Tensor, targets: dict, cfg: ActorConfig,
+                          temperature: float) -> dict[str, float]:
+        num_tokens, num_sequences, padded_length = self._global_normalisers(data.loss_mask[rows])
+        norms = {"num_tokens": num_tokens, "num_sequences": num_sequences,
+                 "norm_length": cfg.loss_norm_length or padded_length}
+        plans, count = self._synced_plans(data, rows, cfg.micro_batch_tokens)
+        # loss, pg_loss, kl_loss, entropy sum, then token-weighted clipfrac, clipfrac_lower, ppo_kl, ratio_mean
+        sums = torch.zeros(8, dtype=torch.float64, device=self.device)
+        ratio_max = torch.full((), -math.inf, dtype=torch.float64, device=self.device)
+        ratio_min = torch.full((), math.inf, dtype=torch.float64, device=self.device)
+        self.optimizer.zero_grad(set_to_none=True)
+        for index in range(count):
+            real = index < len(plans)
+            part, extras, _ = _slice_rows(data, plans[index] if real else rows[:1], targets["advantages"],
+                                          targets["old_log_probs"], targets["ref_log_probs"])
+            loss, pg_loss, kl_loss, entropy_sum, metrics = self._micro_loss(part, extras, cfg, temperature, norms)
+            (loss * (self.world_size if real else 0.0)).backward()
+            if real:
+                n = metrics["num_tokens"].double()
+                sums += torch.stack([v.double() for v in (
+                    loss.detach(), pg_loss, kl_loss, entropy_sum, metrics["pg_clipfrac"] * n,
+                    metrics["pg_clipfrac_lower"] * n, metrics["ppo_kl"] * n, metrics["ratio_mean"] * n)])
+                if n > 0:
+                    ratio_max = torch.maximum(ratio_max, metrics["ratio_max"].double())
+                    ratio_min = torch.minimum(ratio_min, metrics["ratio_min"].double())
+        grad_norm, skipped = self._clip_and_step(cfg)
+        return self._reduce_metrics(sums, ratio_max, ratio_min, num_tokens, grad_norm, skipped)
+
+    def _clip_and_step(self, cfg: ActorConfig) -> tuple[float, int]:
+        params = [p for p in self.module.parameters() if p.requires_grad]
+        max_norm = cfg.grad_clip if cfg.grad_clip is not None else math.inf
+        norm = torch.nn.utils.clip_grad_norm_(params, max_norm, error_if_nonfinite=False)
+        if hasattr(norm, "full_tensor"):
+            norm = norm.full_tensor()
+        norm = float(norm)
+        if not math.isfinite(norm):
+            self.optimizer.zero_grad(set_to_none=True)
+            return norm, 1
+        self.optimizer.step()
+        return norm, 0
+
+    def _reduce_metrics(self, sums, ratio_max, ratio_min, num_tokens, grad_norm, skipped) -> dict[str, float]:
+        _all_reduce(sums)
+        extremes = torch.stack([ratio_max, -ratio_min])
+        _all_reduce(extremes, dist.ReduceOp.MAX if self.distributed else None)
+        tokens = float(num_tokens)
+        per_token = (lambda value: float(value) / tokens if tokens > 0 else 0.0)
+        has_tokens = tokens > 0 and math.isfinite(float(extremes[0]))
+        return {
+            "loss": float(sums[0]), "pg_loss": float(sums[1]), "kl_loss": float(sums[2]),
+            "entropy": per_token(sums[3]), "pg_clipfrac": per_token(sums[4]), "pg_clipfrac_lower": per_token(sums[5]),
+            "ppo_kl": per_token(sums[6]), "ratio_mean": per_token(sums[7]) if tokens > 0 else 1.0,
+            "ratio_max": float(extremes[0]) if has_tokens else 1.0,
+            "ratio_min": float(-extremes[1]) if has_tokens else 1.0,
+            "grad_norm": grad_norm, "lr": float(self.optimizer.param_groups[0]["lr"]), "num_tokens": tokens,
+            "skipped_steps": skipped,
+        }
+
+    # --------------------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """{"model": full model state dict, "optimizer": full FQN-keyed optimiser state} on CPU.
+        Collective when distributed (rank 0 receives the values, other ranks empty dicts)."""
+        from mempo.train.checkpoint import model_state_dict, optimizer_state_dict
+
+        state = {"model": model_state_dict(self.module)}
+        if self.optimizer is not None:
+            state["optimizer"] = optimizer_state_dict(self.module, self.optimizer)
+        return state
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Load `state_dict()` output (collective when distributed; rank 0's values are broadcast)."""
+        from mempo.train.checkpoint import load_model_state, load_optimizer_state
+
+        load_model_state(self.module, state.get("model", {}))
+        if self.optimizer is not None and "optimizer" in state:
+            load_optimizer_state(self.module, self.optimizer, state["optimizer"])

@@ -1,0 +1,589 @@
+"""The training configuration: one typed tree of dataclasses, loaded from YAML plus dotted overrides.
+
+Conventions
+-----------
+* The tree. `MempoConfig` has one section per concern: ``model`` (`ModelConfig`), ``data``
+  (`DataConfig`), ``env`` (`EnvConfig`), ``rollout`` (`RolloutConfig`), ``scoring``
+  (`ScoringConfig`), ``algorithm`` (`AlgorithmConfig`), ``actor`` (`ActorConfig`: optimiser and
+  policy loss), ``trainer`` (`TrainerConfig`) and ``eval`` (`EvalConfig`). Every field has a default,
+  so an empty YAML file (or no file) is a valid configuration. These sections describe a training
+  run; `mempo.rollout.loop.RolloutConfig` is the agent loop's own (narrower) record, which the
+  trainer fills from ``rollout`` here (``context_policy`` -> ``policy``, ``max_new_tokens_per_round``
+  -> ``max_new_tokens``).
+* Loading. `load_config(path, overrides)` reads the YAML mapping (``yaml.safe_load``), applies the
+  overrides (``"actor.lr=1e-5"``, ``"eval.objectives=[2,4,8]"``), converts every value to its field's
+  type and validates the result. `config_from_dict` does the same for an in-memory mapping.
+* Types. Conversion follows the field's annotation: ``bool`` (true/false, yes/no, on/off, 1/0),
+  ``int`` (no silent truncation of 1.5, no bools), ``float`` (ints accepted; ``"1e-6"`` accepted,
+  YAML 1.1 reads it as a string), ``str``, ``Optional[X]`` (``null``/``none``/``~`` give None),
+  ``list[X]`` (a YAML list, ``"[2, 4]"`` or ``"2,4"``), ``Literal[...]`` (one of the choices, exact
+  match) and nested sections (mappings).
+* Errors. Every problem raises `ConfigError` (a ValueError) whose ``field`` is the full dotted path
+  (``"actor.clip_ratio_low"``) and whose message says what is allowed: the expected type, the
+  choices, the range, or, for an unknown key, the known keys of that section.
+* Validation runs in each section's ``__post_init__`` (ranges, choices, cross-field rules), so no
+  invalid section can be built, whichever way it is built.
+* Dumping. `dump_config(cfg, path=None)` writes plain YAML; loading it back gives an equal config.
+
+This module imports only the standard library and PyYAML (no torch, no transformers).
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Mapping, Optional, Sequence, Union
+
+import yaml
+
+__all__ = [
+    "ConfigError", "ModelConfig", "DataConfig", "EnvConfig", "RolloutConfig", "ScoringConfig",
+    "AlgorithmConfig", "ActorConfig", "TrainerConfig", "EvalConfig", "MempoConfig",
+    "load_config", "config_from_dict", "config_to_dict", "dump_config", "apply_overrides",
+    "LOSS_AGG_MODES", "KL_ESTIMATORS",
+]
+
+LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+KL_ESTIMATORS = ("k1", "k2", "k3", "low_var_kl")
+_NONE_WORDS = ("null", "none", "~", "")
+_TRUE_WORDS = ("true", "yes", "on", "1")
+_FALSE_WORDS = ("false", "no", "off", "0")
+
+
+class ConfigError(ValueError):
+    """A bad configuration value or key. ``field``: full dotted path; ``reason``: what is allowed."""
+
+    def __init__(self, field_path: str, reason: str):
+        self.field = field_path
+        self.reason = reason
+        super().__init__(f"{field_path}: {reason}" if field_path else reason)
+
+    def under(self, prefix: str) -> "ConfigError":
+        """The same error with `prefix` (a section name) put in front of the field path."""
+        return ConfigError(f"{prefix}.{self.field}" if self.field else prefix, self.reason)
+
+
+# ------------------------------------------------------------------------------------------------
+# checks used by the sections' __post_init__
+# ------------------------------------------------------------------------------------------------
+def _require(condition: bool, field_name: str, reason: str) -> None:
+    if not condition:
+        raise ConfigError(field_name, reason)
+
+
+def _positive(obj: Any, *names: str) -> None:
+    for name in names:
+        value = getattr(obj, name)
+        if value is not None:
+            _require(value > 0, name, f"must be > 0, got {value!r}")
+
+
+def _non_negative(obj: Any, *names: str) -> None:
+    for name in names:
+        value = getattr(obj, name)
+        if value is not None:
+            _require(value >= 0, name, f"must be >= 0, got {value!r}")
+
+
+def _finite(obj: Any) -> None:
+    for f in dataclasses.fields(obj):
+        value = getattr(obj, f.name)
+        if isinstance(value, float):
+            _require(math.isfinite(value), f.name, f"must be a finite number, got {value!r}")
+
+
+def _check_types(obj: Any) -> None:
+    """Convert every field of a section in place to its annotated type (raises ConfigError)."""
+    hints = typing.get_type_hints(type(obj))
+    for f in dataclasses.fields(obj):
+        setattr(obj, f.name, coerce_value(getattr(obj, f.name), hints[f.name], f.name))
+
+
+# ------------------------------------------------------------------------------------------------
+# sections
+# ------------------------------------------------------------------------------------------------
+@dataclass
+class ModelConfig:
+    """The policy model.
+
+    path: a Hugging Face model id or local directory, or ``"builtin-tiny"``: a small random Qwen2
+    built from the size fields below (no download; for tests and the demo). tokenizer: a tokenizer
+    id/directory (None: the model's own; for builtin-tiny the trainer supplies one). vocab_size:
+    builtin-tiny only (None: the tokenizer's size). dtype: parameter dtype of the loaded model.
+    attn_implementation: passed to transformers ("sdpa", "eager", "flash_attention_2").
+    """
+
+    path: str = "builtin-tiny"
+    tokenizer: Optional[str] = None
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    attn_implementation: str = "sdpa"
+    vocab_size: Optional[int] = None
+    hidden_size: int = 64
+    intermediate_size: int = 128
+    num_hidden_layers: int = 2
+    num_attention_heads: int = 4
+    num_key_value_heads: int = 2
+    max_position_embeddings: int = 8192
+
+    def __post_init__(self):
+        _check_types(self)
+        _require(self.path.strip() != "", "path", "must be a model id, a directory or 'builtin-tiny'")
+        _positive(self, "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                  "num_attention_heads", "num_key_value_heads", "max_position_embeddings")
+        _require(self.hidden_size % self.num_attention_heads == 0, "hidden_size",
+                 f"must be a multiple of num_attention_heads ({self.num_attention_heads}), got {self.hidden_size}")
+        _require(self.num_attention_heads % self.num_key_value_heads == 0, "num_key_value_heads",
+                 f"must divide num_attention_heads ({self.num_attention_heads}), got {self.num_key_value_heads}")
+
+
+@dataclass
+class DataConfig:
+    """Training / evaluation questions.
+
+    source: ``"synthetic"`` (the generated world of `mempo.env.world`) or ``"files"`` (QA jsonl /
+    parquet files, `mempo.env.data.load_qa`). num_objectives: sub-questions per training episode
+    (MEM1 composition; the paper trains on 2). questions_per_step: questions per training step
+    (B; each is rolled out `rollout.group_size` times). world_*: the synthetic world's size and seed.
+    """
+
+    source: Literal["synthetic", "files"] = "synthetic"
+    train_files: list[str] = field(default_factory=list)
+    eval_files: list[str] = field(default_factory=list)
+    num_objectives: int = 2
+    questions_per_step: int = 8
+    shuffle: bool = True
+    seed: int = 0
+    world_seed: int = 0
+    world_entities: int = 200
+
+    def __post_init__(self):
+        _check_types(self)
+        _positive(self, "num_objectives", "questions_per_step", "world_entities")
+        _require(self.source != "files" or bool(self.train_files), "train_files",
+                 "must list at least one QA file when source is 'files'")
+
+
+@dataclass
+class EnvConfig:
+    """The tool environment. retriever: ``"bm25"`` (in-process over the corpus) or ``"http"``
+    (a Search-R1 compatible server at `retriever_url`). topk / doc_chars: search results and their
+    cut; page_chars: access-tool page size."""
+
+    retriever: Literal["bm25", "http"] = "bm25"
+    retriever_url: Optional[str] = None
+    corpus_path: Optional[str] = None
+    topk: int = 5
+    doc_chars: int = 5000
+    page_chars: int = 25000
+
+    def __post_init__(self):
+        _check_types(self)
+        _positive(self, "topk", "doc_chars", "page_chars")
+        _require(self.retriever != "http" or bool(self.retriever_url), "retriever_url",
+                 "must be set (e.g. 'http://127.0.0.1:8000') when retriever is 'http'")
+
+
+@dataclass
+class RolloutConfig:
+    """Training rollouts (ALGORITHM.md sections 1-2).
+
+    group_size: samples per question (G). max_turns / eval_max_turns: round limits for training and
+    evaluation rollouts. max_new_tokens_per_round: generation limit of one round;
+    max_response_tokens: limit of the whole response (None: no limit). context_policy: ``"full"``
+    (growing context, the reference's training rollouts) or ``"memory"`` (AgentMemory context).
+    backend: ``"hf"`` (transformers generate) or ``"sglang"`` (an SGLang server at `sglang_url`).
+    temperature / top_p / top_k: sampling (top_k 0 = off); the same temperature divides the
+    logits when the actor computes log-probs.
+    """
+
+    group_size: int = 16
+    max_turns: int = 8
+    eval_max_turns: int = 64
+    max_new_tokens_per_round: int = 1024
+    max_response_tokens: Optional[int] = 4096
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    context_policy: Literal["full", "memory"] = "full"
+    backend: Literal["hf", "sglang"] = "hf"
+    sglang_url: Optional[str] = None
+    seed: int = 0
+
+    def __post_init__(self):
+        _check_types(self)
+        _finite(self)
+        _positive(self, "group_size", "max_turns", "eval_max_turns", "max_new_tokens_per_round",
+                  "max_response_tokens", "temperature")
+        _non_negative(self, "top_k")
+        _require(0.0 < self.top_p <= 1.0, "top_p", f"must be in (0, 1], got {self.top_p!r}")
+        _require(self.backend != "sglang" or bool(self.sglang_url), "sglang_url",
+                 "must be set (e.g. 'http://127.0.0.1:30000') when backend is 'sglang'")
+
+
+@dataclass
+class ScoringConfig:
+    """Memory-reward teacher scoring (ALGORITHM.md section 4, `mempo.scoring`).
+
+    method: ``"packed"``, ``"reference"`` or ``"cached"``. threshold: keep answer tokens with
+    p > threshold (None: plain geometric mean). token_budget: token positions per scoring forward.
+    """
+
+    method: Literal["packed", "reference", "cached"] = "packed"
+    threshold: Optional[float] = 0.5
+    token_budget: int = 16384
+
+    def __post_init__(self):
+        _check_types(self)
+        _finite(self)
+        _positive(self, "token_budget")
+        _require(self.threshold is None or 0.0 < self.threshold <= 1.0, "threshold",
+                 f"must be in (0, 1] or null, got {self.threshold!r}")
+
+
+@dataclass
+class AlgorithmConfig:
+    """Advantages (ALGORITHM.md section 5, `mempo.ops.advantage`).
+
+    epsilon: added to the group std. norm_adv_by_std: divide by the std (False: Dr.GRPO centring).
+    memory_weight: A = A_out + memory_weight * A_mem. skip_zero_variance_groups: drop the outcome
+    part of groups whose scores are all equal from the policy loss (`mempo.train.losses.
+    zero_variance_group_mask`; memory advantages still apply).
+    """
+
+    epsilon: float = 1e-6
+    norm_adv_by_std: bool = True
+    memory_weight: float = 1.0
+    skip_zero_variance_groups: bool = True
+
+    def __post_init__(self):
+        _check_types(self)
+        _finite(self)
+        _positive(self, "epsilon")
+        _non_negative(self, "memory_weight")
+
+
+@dataclass
+class ActorConfig:
+    """The policy update (`mempo.train.actor.Actor`, `mempo.train.losses`).
+
+    Optimiser: AdamW(lr, betas=(beta1, beta2), eps, weight_decay); grad_clip: max global grad norm
+    (None: no clipping, the norm is still reported). Loss: PPO-clip with clip-higher (ratio clipped
+    to [1 - clip_ratio_low, 1 + clip_ratio_high]) and dual-clip (clip_ratio_c > 1, None: off);
+    loss_agg_mode: one of LOSS_AGG_MODES; loss_norm_length: the constant divisor of
+    "seq-mean-token-sum-norm" (None: the padded length L of the update batch, which varies; set it to
+    the rollout's max response length for Dr.GRPO's constant). KL to the
+    reference policy: kl_coef * agg(kl_estimator(log_prob, ref_log_prob)) (kl_coef 0: no reference
+    model needed). entropy_coef: bonus subtracted from the loss. ppo_epochs: passes over the batch;
+    ppo_mini_batches: optimiser steps per pass. micro_batch_tokens: padded tokens per forward
+    (rows x length; None: the whole mini-batch). logprob_chunk_tokens: rows per lm_head chunk.
+    gradient_checkpointing: recompute decoder layers in backward. param_dtype: FSDP2 mixed
+    precision compute dtype (None: the model's dtype; gradients are reduced in float32).
+    """
+
+    lr: float = 1e-6
+    weight_decay: float = 0.01
+    beta1: float = 0.9
+    beta2: float = 0.999
+    eps: float = 1e-8
+    grad_clip: Optional[float] = 1.0
+    clip_ratio_low: float = 0.2
+    clip_ratio_high: float = 0.28
+    clip_ratio_c: Optional[float] = 3.0
+    loss_agg_mode: Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean",
+                           "seq-mean-token-sum-norm"] = "token-mean"
+    loss_norm_length: Optional[int] = None
+    kl_coef: float = 0.001
+    kl_estimator: Literal["k1", "k2", "k3", "low_var_kl"] = "low_var_kl"
+    entropy_coef: float = 0.0
+    ppo_epochs: int = 1
+    ppo_mini_batches: int = 1
+    micro_batch_tokens: Optional[int] = 16384
+    logprob_chunk_tokens: int = 1024
+    gradient_checkpointing: bool = False
+    param_dtype: Optional[Literal["float32", "bfloat16", "float16"]] = None
+
+    def __post_init__(self):
+        _check_types(self)
+        _finite(self)
+        _positive(self, "lr", "eps", "grad_clip", "clip_ratio_low", "clip_ratio_high", "loss_norm_length",
+                  "ppo_epochs", "ppo_mini_batches", "micro_batch_tokens", "logprob_chunk_tokens")
+        _non_negative(self, "weight_decay", "kl_coef", "entropy_coef")
+        _require(self.clip_ratio_low < 1.0, "clip_ratio_low", f"must be < 1 (ratio floor 1 - low > 0), "
+                                                             f"got {self.clip_ratio_low!r}")
+        for name in ("beta1", "beta2"):
+            _require(0.0 <= getattr(self, name) < 1.0, name, f"must be in [0, 1), got {getattr(self, name)!r}")
+        _require(self.clip_ratio_c is None or self.clip_ratio_c > 1.0, "clip_ratio_c",
+                 f"must be > 1 (dual-clip bound) or null, got {self.clip_ratio_c!r}")
+
+
+@dataclass
+class TrainerConfig:
+    """The run. total_steps: training steps; save_every / eval_every / log_every: in steps (0: never,
+    except a final checkpoint); keep_last: checkpoints kept (None: all). out_dir: checkpoints,
+    metrics.jsonl, TensorBoard runs. resume: "auto" (latest checkpoint in out_dir if any), "never",
+    or a checkpoint directory. seed: python / numpy / torch seed (rank added per process)."""
+
+    total_steps: int = 100
+    save_every: int = 50
+    eval_every: int = 0
+    log_every: int = 1
+    keep_last: Optional[int] = 3
+    out_dir: str = "runs/mempo"
+    seed: int = 0
+    resume: str = "auto"
+    tensorboard: bool = True
+    wandb: bool = False
+    wandb_project: Optional[str] = None
+    progress: bool = True
+
+    def __post_init__(self):
+        _check_types(self)
+        _positive(self, "total_steps", "log_every", "keep_last")
+        _non_negative(self, "save_every", "eval_every")
+        _require(self.out_dir.strip() != "", "out_dir", "must be a directory path")
+        _require(self.resume.strip() != "", "resume", "must be 'auto', 'never' or a checkpoint directory")
+
+
+@dataclass
+class EvalConfig:
+    """Multi-objective evaluation. objectives: numbers of sub-questions per episode to evaluate;
+    max_turns: round limit; policies: context policies to evaluate; episodes: per objective count."""
+
+    objectives: list[int] = field(default_factory=lambda: [2, 4, 6, 8, 10])
+    max_turns: int = 64
+    policies: list[Literal["full", "memory"]] = field(default_factory=lambda: ["memory"])
+    episodes: int = 64
+    temperature: float = 0.0
+
+    def __post_init__(self):
+        _check_types(self)
+        _finite(self)
+        _positive(self, "max_turns", "episodes")
+        _non_negative(self, "temperature")
+        _require(len(self.objectives) > 0, "objectives", "must list at least one number of objectives")
+        for i, k in enumerate(self.objectives):
+            _require(k >= 1, f"objectives[{i}]", f"must be >= 1, got {k!r}")
+        _require(len(self.policies) > 0, "policies", "must list at least one of 'full', 'memory'")
+
+
+@dataclass
+class MempoConfig:
+    """The whole training configuration (one field per section; see the module docstring)."""
+
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    env: EnvConfig = field(default_factory=EnvConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    scoring: ScoringConfig = field(default_factory=ScoringConfig)
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    actor: ActorConfig = field(default_factory=ActorConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+
+    def __post_init__(self):
+        hints = typing.get_type_hints(type(self))
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if not isinstance(value, hints[f.name]):
+                setattr(self, f.name, _build_section(hints[f.name], value, f.name))
+
+
+# ------------------------------------------------------------------------------------------------
+# value conversion
+# ------------------------------------------------------------------------------------------------
+def _type_name(hint: Any) -> str:
+    origin = typing.get_origin(hint)
+    if origin is Literal:
+        return "one of " + ", ".join(repr(c) for c in typing.get_args(hint))
+    if origin is Union:
+        args = [a for a in typing.get_args(hint) if a is not type(None)]
+        return " or ".join(_type_name(a) for a in args) + " or null"
+    if origin is list:
+        return f"a list of ({_type_name(typing.get_args(hint)[0])})"
+    if dataclasses.is_dataclass(hint):
+        return f"a mapping of {hint.__name__} fields"
+    return getattr(hint, "__name__", str(hint))
+
+
+def _bad(path: str, hint: Any, value: Any) -> ConfigError:
+    return ConfigError(path, f"expected {_type_name(hint)}, got {value!r}")
+
+
+def _coerce_scalar(value: Any, hint: type, path: str) -> Any:
+    if hint is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, int) and value in (0, 1):
+            return bool(value)
+        if isinstance(value, str) and value.strip().lower() in _TRUE_WORDS + _FALSE_WORDS:
+            return value.strip().lower() in _TRUE_WORDS
+        raise _bad(path, hint, value)
+    if hint is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        if isinstance(value, str):
+            try:
+                return int(value.strip().replace("_", ""))
+            except ValueError:
+                pass
+        raise _bad(path, hint, value)
+    if hint is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        if isinstance(value, str):
+            try:
+                return float(value.strip())
+            except ValueError:
+                pass
+        raise _bad(path, hint, value)
+    if hint is str:
+        if isinstance(value, str):
+            return value
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return str(value)
+        raise _bad(path, hint, value)
+    raise ConfigError(path, f"unsupported field type {hint!r}")
+
+
+def _parse_list_text(text: str) -> list[Any]:
+    stripped = text.strip()
+    if stripped.startswith("["):
+        parsed = yaml.safe_load(stripped)
+        if isinstance(parsed, list):
+            return parsed
+    if stripped == "":
+        return []
+    return [part.strip() for part in stripped.split(",")]
+
+
+def coerce_value(value: Any, hint: Any, path: str) -> Any:
+    """Convert `value` (a YAML value or an override's text) to the annotated type `hint`.
+
+    Raises ConfigError(path, ...) naming the expected type or the choices.
+    """
+    origin = typing.get_origin(hint)
+    if origin is Union:
+        args = [a for a in typing.get_args(hint) if a is not type(None)]
+        if value is None or (isinstance(value, str) and value.strip().lower() in _NONE_WORDS):
+            return None
+        inner = args[0] if len(args) == 1 else Union[tuple(args)]
+        try:
+            return coerce_value(value, inner, path)
+        except ConfigError as error:
+            raise ConfigError(path, f"{error.reason.replace('expected ', 'expected null or ', 1)}") from None
+    if origin is Literal:
+        choices = typing.get_args(hint)
+        text = value.strip() if isinstance(value, str) else value
+        if text in choices:
+            return text
+        raise ConfigError(path, f"must be one of {', '.join(repr(c) for c in choices)}, got {value!r}")
+    if origin is list:
+        item_hint = typing.get_args(hint)[0]
+        items = _parse_list_text(value) if isinstance(value, str) else value
+        if not isinstance(items, (list, tuple)):
+            raise _bad(path, hint, value)
+        return [coerce_value(item, item_hint, f"{path}[{i}]") for i, item in enumerate(items)]
+    if dataclasses.is_dataclass(hint):
+        return _build_section(hint, value, path)
+    if value is None:
+        raise _bad(path, hint, value)
+    return _coerce_scalar(value, hint, path)
+
+
+def _build_section(cls: type, data: Any, path: str) -> Any:
+    if isinstance(data, cls):
+        return data
+    if data is None:
+        data = {}
+    if not isinstance(data, Mapping):
+        raise ConfigError(path, f"expected a mapping of {cls.__name__} fields, got {data!r}")
+    known = {f.name for f in dataclasses.fields(cls)}
+    for key in data:
+        if key not in known:
+            where = f"{path}.{key}" if path else str(key)
+            raise ConfigError(where, f"unknown key; {cls.__name__} has: {', '.join(sorted(known))}")
+    try:
+        return cls(**dict(data))
+    except ConfigError as error:
+        raise (error.under(path) if path else error) from None
+
+
+# ------------------------------------------------------------------------------------------------
+# public API
+# ------------------------------------------------------------------------------------------------
+def _section_fields(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def apply_overrides(data: Mapping[str, Any], overrides: Sequence[str]) -> dict[str, Any]:
+    """Return a copy of the raw config mapping `data` with dotted overrides ``"a.b=value"`` applied.
+
+    Keys are checked against the config tree (unknown keys raise ConfigError naming the dotted
+    path); values stay text here and are converted by field type when the config is built.
+    """
+    result: dict[str, Any] = {k: (dict(v) if isinstance(v, Mapping) else v) for k, v in data.items()}
+    for override in overrides:
+        if "=" not in override:
+            raise ConfigError(override.strip(), "override must look like 'section.field=value'")
+        dotted, text = override.split("=", 1)
+        dotted = dotted.strip()
+        parts = dotted.split(".")
+        cls: Any = MempoConfig
+        node = result
+        for depth, part in enumerate(parts):
+            hints = _section_fields(cls)
+            if part not in hints:
+                where = ".".join(parts[: depth + 1])
+                raise ConfigError(where, f"unknown key; {cls.__name__} has: {', '.join(sorted(hints))}")
+            hint = hints[part]
+            if depth == len(parts) - 1:
+                if dataclasses.is_dataclass(hint):
+                    raise ConfigError(dotted, f"is a section; override one of its fields "
+                                              f"({', '.join(sorted(_section_fields(hint)))})")
+                node[part] = text
+            else:
+                if not dataclasses.is_dataclass(hint):
+                    raise ConfigError(".".join(parts[: depth + 1]), f"is a field, not a section ({_type_name(hint)})")
+                child = node.get(part)
+                node[part] = dict(child) if isinstance(child, Mapping) else {}
+                node, cls = node[part], hint
+    return result
+
+
+def config_from_dict(data: Optional[Mapping[str, Any]] = None, overrides: Sequence[str] = ()) -> MempoConfig:
+    """Build and validate a MempoConfig from a raw mapping plus dotted overrides."""
+    raw = apply_overrides(data or {}, overrides)
+    return _build_section(MempoConfig, raw, "")
+
+
+def load_config(path: Union[str, Path, None] = None, overrides: Sequence[str] = ()) -> MempoConfig:
+    """Load a YAML file (None: all defaults), apply dotted overrides, convert and validate."""
+    data: Any = {}
+    if path is not None:
+        text = Path(path).read_text(encoding="utf-8")
+        try:
+            data = yaml.safe_load(text)
+        except yaml.YAMLError as error:
+            raise ConfigError("", f"{path}: not valid YAML: {error}") from None
+        if data is None:
+            data = {}
+        if not isinstance(data, Mapping):
+            raise ConfigError("", f"{path}: the top level must be a mapping of sections, got {type(data).__name__}")
+    return config_from_dict(data, overrides)
+
+
+def config_to_dict(cfg: MempoConfig) -> dict[str, Any]:
+    """The config as plain nested dicts / lists / scalars (YAML and JSON friendly)."""
+    return dataclasses.asdict(cfg)
+
+
+def dump_config(cfg: MempoConfig, path: Union[str, Path, None] = None) -> str:
+    """The config as YAML text (sections in declaration order); also written to `path` if given."""
+    text = yaml.safe_dump(config_to_dict(cfg), sort_keys=False, default_flow_style=False)
+    if path is not None:
+        Path(path).write_text(text, encoding="utf-8")
+    return text

@@ -1,0 +1,293 @@
+"""Training metrics, stage timings and progress display.
+
+Conventions
+-----------
+* `MetricsLogger(out_dir)` writes one JSON object per `log(step, metrics)` call to
+  ``out_dir/metrics.jsonl``: ``{"step": int, "time": unix seconds, <name>: value, ...}``. Values may
+  be Python / numpy numbers, 0-dim tensors, bools or strings; non-finite floats are written as
+  ``null`` (strict JSON). Each line is flushed when written (a crashed run keeps every finished line).
+* Resume: ``MetricsLogger(out_dir, resume_step=N)`` first rewrites the file (atomically: temporary
+  file + `os.replace`) keeping only well-formed lines with ``step <= N``, so after resuming from the
+  step-N checkpoint the file matches an uninterrupted run. ``resume_step=None`` starts a new run: an
+  existing file is truncated (with a warning).
+* TensorBoard (``tensorboard=True``): scalars under ``out_dir/tensorboard`` when the `tensorboard`
+  package is installed (via `torch.utils.tensorboard`); otherwise a one-time warning and no event
+  files. On resume, events after the resumed step are purged (``purge_step=N+1``).
+* Weights & Biases (``wandb=True``): imported lazily; a missing package raises ImportError at
+  construction (the user asked for it explicitly). The run id is kept in ``out_dir/wandb_run_id``
+  so a resumed run continues the same W&B run.
+* Only one process should write: `enabled` defaults to "rank 0 of torch.distributed, or the only
+  process"; disabled loggers accept every call and write nothing.
+* `StageTimer` sums wall-clock seconds per named stage (``with timer("rollout"): ...``);
+  `progress(stage_name, total)` shows a `rich` progress bar when rich is installed and stderr is a
+  terminal, else plain periodic log lines on stderr.
+
+This module imports only the standard library at import time.
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import os
+import sys
+import time
+import warnings
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Callable, Iterator, Mapping, Optional, Union
+
+__all__ = ["MetricsLogger", "StageTimer", "progress", "read_metrics", "METRICS_FILE"]
+
+METRICS_FILE = "metrics.jsonl"
+_warned: set[str] = set()
+
+
+def _warn_once(key: str, message: str) -> None:
+    if key not in _warned:
+        _warned.add(key)
+        warnings.warn(message, RuntimeWarning, stacklevel=3)
+
+
+def _default_enabled() -> bool:
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.distributed.is_available() and torch.distributed.is_initialized():
+        return torch.distributed.get_rank() == 0
+    return True
+
+
+def _plain_value(value: Any) -> Any:
+    """A JSON-ready value: numbers as int/float (non-finite -> None), strings and bools unchanged."""
+    if hasattr(value, "item") and callable(value.item):
+        value = value.item()
+    if isinstance(value, (bool, str)) or value is None:
+        return value
+    if isinstance(value, int):
+        return value
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise TypeError(f"metric values must be numbers, bools or strings, got {type(value).__name__}") from None
+    return number if math.isfinite(number) else None
+
+
+def read_metrics(path: Union[str, os.PathLike]) -> list[dict]:
+    """The well-formed records of a metrics.jsonl file (a torn last line is skipped)."""
+    records = []
+    with open(path, encoding="utf-8") as handle:
+        for line in handle:
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if isinstance(record, dict) and isinstance(record.get("step"), int):
+                records.append(record)
+    return records
+
+
+def _truncate_after(path: Path, resume_step: int) -> None:
+    kept = [r for r in read_metrics(path) if r["step"] <= resume_step] if path.exists() else []
+    temp = path.with_name(f".{path.name}.tmp")
+    with open(temp, "w", encoding="utf-8") as handle:
+        for record in kept:
+            handle.write(json.dumps(record) + "\n")
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(temp, path)
+
+
+class MetricsLogger:
+    """One JSON line per step to metrics.jsonl, plus optional TensorBoard / W&B (module docstring).
+
+    out_dir: run directory (created). resume_step: the step of the checkpoint being resumed (None:
+    a new run). run_name / wandb_project / config: W&B only (config: a plain dict).
+    """
+
+    def __init__(self, out_dir: Union[str, os.PathLike], tensorboard: bool = True, wandb: bool = False, *,
+                 resume_step: Optional[int] = None, run_name: Optional[str] = None,
+                 wandb_project: Optional[str] = None, config: Optional[Mapping[str, Any]] = None,
+                 enabled: Optional[bool] = None):
+        self.out_dir = Path(out_dir)
+        self.enabled = _default_enabled() if enabled is None else enabled
+        self.path = self.out_dir / METRICS_FILE
+        self._file = None
+        self._tensorboard = None
+        self._wandb_run = None
+        if not self.enabled:
+            return
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        if resume_step is not None:
+            _truncate_after(self.path, int(resume_step))
+        elif self.path.exists() and self.path.stat().st_size > 0:
+            warnings.warn(f"{self.path}: starting a new run, truncating the existing metrics file", RuntimeWarning,
+                          stacklevel=2)
+            self.path.write_text("", encoding="utf-8")
+        self._file = open(self.path, "a", encoding="utf-8")
+        if tensorboard:
+            self._tensorboard = self._open_tensorboard(resume_step)
+        if wandb:
+            self._wandb_run = self._open_wandb(resume_step, run_name, wandb_project, config)
+
+    def _open_tensorboard(self, resume_step: Optional[int]):
+        if importlib.util.find_spec("tensorboard") is None:
+            _warn_once("tensorboard", "tensorboard is not installed: no TensorBoard event files are written "
+                                      "(pip install tensorboard); metrics.jsonl is still written")
+            return None
+        from torch.utils.tensorboard import SummaryWriter
+
+        purge = None if resume_step is None else int(resume_step) + 1
+        return SummaryWriter(log_dir=str(self.out_dir / "tensorboard"), purge_step=purge)
+
+    def _open_wandb(self, resume_step, run_name, project, config):
+        try:
+            import wandb
+        except ImportError as error:
+            raise ImportError("wandb=True needs the wandb package (pip install wandb)") from error
+        id_file = self.out_dir / "wandb_run_id"
+        resuming = resume_step is not None and id_file.exists()
+        run_id = id_file.read_text().strip() if resuming else wandb.util.generate_id()
+        id_file.write_text(run_id + "\n")
+        return wandb.init(project=project, name=run_name, id=run_id, resume="allow", dir=str(self.out_dir),
+                          config=dict(config) if config else None)
+
+    def log(self, step: int, metrics: Mapping[str, Any]) -> dict:
+        """Write one record for `step`; returns it (also when disabled, nothing is written then)."""
+        record = {"step": int(step), "time": time.time()}
+        for name, value in metrics.items():
+            if name in record:
+                raise ValueError(f"metric name {name!r} is reserved")
+            record[str(name)] = _plain_value(value)
+        if not self.enabled:
+            return record
+        self._file.write(json.dumps(record) + "\n")
+        self._file.flush()
+        numbers = {k: v for k, v in record.items() if k not in ("step", "time") and isinstance(v, (int, float))
+                   and not isinstance(v, bool)}
+        if self._tensorboard is not None:
+            for name, value in numbers.items():
+                self._tensorboard.add_scalar(name, value, global_step=int(step))
+            self._tensorboard.flush()
+        if self._wandb_run is not None:
+            self._wandb_run.log(numbers, step=int(step))
+        return record
+
+    def close(self) -> None:
+        """Flush and close every sink (idempotent)."""
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+        if self._tensorboard is not None:
+            self._tensorboard.close()
+            self._tensorboard = None
+        if self._wandb_run is not None:
+            self._wandb_run.finish()
+            self._wandb_run = None
+
+    def __enter__(self) -> "MetricsLogger":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class StageTimer:
+    """Wall-clock seconds per named stage, summed over repeated entries.
+
+    ``with timer("rollout"): ...`` (or ``timer.stage("rollout")``). synchronize: called before reading
+    the clock on entry and exit (e.g. ``torch.cuda.synchronize`` to time GPU work).
+    """
+
+    def __init__(self, synchronize: Optional[Callable[[], None]] = None):
+        self._synchronize = synchronize
+        self._seconds: dict[str, float] = {}
+
+    def _now(self) -> float:
+        if self._synchronize is not None:
+            self._synchronize()
+        return time.perf_counter()
+
+    @contextmanager
+    def stage(self, name: str) -> Iterator[None]:
+        """Time the body under `name` (seconds are added even when the body raises)."""
+        start = self._now()
+        try:
+            yield
+        finally:
+            self._seconds[name] = self._seconds.get(name, 0.0) + (self._now() - start)
+
+    __call__ = stage
+
+    def seconds(self) -> dict[str, float]:
+        """Stage name -> total seconds, in first-entry order."""
+        return dict(self._seconds)
+
+    def metrics(self, prefix: str = "time/") -> dict[str, float]:
+        """``{prefix + name: seconds}`` for a metrics record."""
+        return {prefix + name: value for name, value in self._seconds.items()}
+
+    def reset(self) -> None:
+        """Forget all stages (call once per step)."""
+        self._seconds.clear()
+
+
+class _PlainProgress:
+    """Fallback progress: a stderr line at most every `interval` seconds and one at the end."""
+
+    def __init__(self, name: str, total: Optional[int], interval: float):
+        self.name, self.total, self.interval = name, total, interval
+        self.done = 0
+        self._start = self._last = time.perf_counter()
+
+    def advance(self, amount: int = 1) -> None:
+        self.done += amount
+        now = time.perf_counter()
+        if now - self._last >= self.interval:
+            self._last = now
+            self._print(now)
+
+    def _print(self, now: float) -> None:
+        of_total = f"/{self.total} ({100.0 * self.done / self.total:.0f}%)" if self.total else ""
+        print(f"[{self.name}] {self.done}{of_total} {now - self._start:.1f}s", file=sys.stderr, flush=True)
+
+    def finish(self) -> None:
+        self._print(time.perf_counter())
+
+
+class _RichProgress:
+    def __init__(self, name: str, total: Optional[int]):
+        from rich.progress import Progress
+
+        self._progress = Progress(transient=False)
+        self._progress.start()
+        self._task = self._progress.add_task(name, total=total)
+
+    def advance(self, amount: int = 1) -> None:
+        self._progress.advance(self._task, amount)
+
+    def finish(self) -> None:
+        self._progress.stop()
+
+
+@contextmanager
+def progress(stage_name: str, total: Optional[int] = None, *, enabled: Optional[bool] = None,
+             interval: float = 10.0) -> Iterator[Any]:
+    """A progress display for one stage; yields an object with ``advance(amount=1)``.
+
+    rich bar when rich is installed and stderr is a terminal; otherwise plain stderr lines every
+    `interval` seconds and at the end. enabled: default rank 0 only; disabled yields a no-op.
+    """
+    enabled = _default_enabled() if enabled is None else enabled
+    if not enabled:
+        yield _NoProgress()
+        return
+    use_rich = importlib.util.find_spec("rich") is not None and sys.stderr.isatty()
+    bar = _RichProgress(stage_name, total) if use_rich else _PlainProgress(stage_name, total, interval)
+    try:
+        yield bar
+    finally:
+        bar.finish()
+
+
+class _NoProgress:
+    def advance(self, amount: int = 1) -> None:
+        """Ignore progress (a disabled display)."""

@@ -1,0 +1,274 @@
+"""Policy-update losses: PPO-clip with clip-higher and dual-clip, KL estimators, loss aggregation,
+entropy, and the zero-variance group filter (ALGORITHM.md section 6; verl `core_algos` semantics).
+
+Conventions
+-----------
+* Tensors are ``[B, L]`` (B sequences, L token positions). ``mask`` (bool, or 0/1 of any dtype) is
+  1 on the tokens that carry loss (model-generated response tokens) and 0 elsewhere (prompt, tool
+  output, padding). Values at masked-out positions are ignored, even NaN or inf: every function
+  selects with ``torch.where`` instead of multiplying by the mask, so nothing leaks into the result
+  or its gradient.
+* dtypes: inputs may be fp32 / bf16 / fp16 / fp64; computations run in the promotion of the input
+  dtype and fp32 (fp64 stays fp64, half precision is lifted to fp32). Returned losses are 0-dim.
+* Aggregation (`agg_loss`, verl >= 0.6 semantics). With s_b = sum_t mask*loss (token sum of row
+  b), n_b = sum_t mask (its token count), and "non-empty" rows those with n_b > 0:
+
+      token-mean               sum_b s_b / T              T = num_tokens (default sum_b n_b)
+      seq-mean-token-sum       sum_{b non-empty} s_b / S  S = num_sequences (default #non-empty rows)
+      seq-mean-token-mean      sum_{b non-empty} (s_b / n_b) / S
+      seq-mean-token-sum-norm  sum_{b non-empty} s_b / S / N   N = norm_length (default L, the
+                                                              padded length of `mask`)
+
+  "seq-mean-token-sum-norm" is Dr.GRPO's constant-length normalisation: pass the same N every
+  step (e.g. the rollout's max response length) for a constant divisor; the default L changes with
+  the padded batch length. (verl <= 0.5 divided the batch token sum by L without the 1/S.) Rows
+  with no loss token are left out of every sequence mean, as in verl >= 0.6; s_b / n_b is an exact
+  division (verl adds 1e-8 to n_b).
+  `num_tokens` / `num_sequences` are the *global* normalisers when one batch is split into
+  micro-batches or data-parallel ranks: each part passes the totals of the whole batch and the
+  parts' losses sum to the loss of the whole batch.
+* Empty input: a zero normaliser (no token / no non-empty row, e.g. an all-masked batch) gives a
+  loss of exactly 0 that is still connected to the autograd graph (zero gradients, never NaN).
+  Metrics over no tokens are 0 (fractions, approx KL) and 1 (ratio mean / max / min).
+* PPO-clip (verl `compute_policy_loss_vanilla`): log_ratio = clamp(log_prob - old_log_prob, -20, 20),
+  ratio = exp(log_ratio); l1 = -A*ratio; l2 = -A*clamp(ratio, 1 - clip_ratio_low, 1 + clip_ratio_high)
+  (clip-higher: a larger upper bound lets unlikely tokens with A > 0 grow); l = max(l1, l2). Dual-clip
+  (clip_ratio_c = c > 1): for A < 0 the loss is min(l, -A*c), which bounds the loss of a negative-
+  advantage token whose ratio exploded. clip_ratio_c=None disables dual-clip.
+* KL estimators (Schulman's k1/k2/k3, log_ratio = log_prob - ref_log_prob): k1 = log_ratio;
+  k2 = 0.5 * log_ratio^2; k3 = low_var_kl = exp(-r) - (-r) - 1 with r = log_ratio, where -r is first
+  clamped to [-20, 20] and the result to [-10, 10] (verl's clamps).
+
+This module imports torch only (`zero_variance_group_mask` loads `mempo.ops.advantage` on first use).
+"""
+from __future__ import annotations
+
+from typing import Any, Optional, Union
+
+import torch
+
+from mempo.train.config import KL_ESTIMATORS, LOSS_AGG_MODES
+
+__all__ = [
+    "LOSS_AGG_MODES", "KL_ESTIMATORS", "agg_loss", "masked_mean", "policy_loss", "kl_penalty",
+    "entropy_from_logits", "zero_variance_group_mask", "filter_zero_variance_tokens",
+]
+
+Number = Union[int, float, torch.Tensor]
+_LOG_RATIO_CLAMP = 20.0
+_LOW_VAR_KL_CLAMP = 10.0
+
+
+def _bool_mask(mask: torch.Tensor, like: torch.Tensor, name: str = "mask") -> torch.Tensor:
+    if mask.shape != like.shape:
+        raise ValueError(f"{name} must have the shape of the loss tensor {tuple(like.shape)}, got {tuple(mask.shape)}")
+    return mask if mask.dtype == torch.bool else mask != 0
+
+
+def _compute_dtype(x: torch.Tensor) -> torch.dtype:
+    return torch.promote_types(x.dtype, torch.float32)
+
+
+def _zero_like_graph(values: torch.Tensor) -> torch.Tensor:
+    """A 0-dim zero that keeps `values` in the autograd graph (finite even if `values` is not)."""
+    return torch.where(torch.isfinite(values), values, torch.zeros_like(values)).sum() * 0.0
+
+
+def masked_mean(values: torch.Tensor, mask: torch.Tensor, empty_value: float = 0.0) -> torch.Tensor:
+    """Mean of `values` over `mask` (same shape); `empty_value` when the mask selects nothing.
+
+    Returns a 0-dim tensor of dtype promote(values.dtype, float32).
+    """
+    mask = _bool_mask(mask, values)
+    values = values.to(_compute_dtype(values))
+    count = mask.sum()
+    total = torch.where(mask, values, torch.zeros_like(values)).sum()
+    return torch.where(count > 0, total / count.clamp(min=1), torch.full_like(total, empty_value))
+
+
+def _masked_extreme(values: torch.Tensor, mask: torch.Tensor, largest: bool) -> torch.Tensor:
+    """Max (or min) of `values` over `mask`; 1.0 when the mask is empty (the ratio of no change)."""
+    if values.numel() == 0:
+        return torch.ones((), dtype=values.dtype, device=values.device)
+    fill = -torch.inf if largest else torch.inf
+    picked = torch.where(mask, values, torch.full_like(values, fill))
+    extreme = picked.max() if largest else picked.min()
+    return torch.where(mask.any(), extreme, torch.ones_like(extreme))
+
+
+def agg_loss(loss_mat: torch.Tensor, loss_mask: torch.Tensor, loss_agg_mode: str = "token-mean", *,
+             num_tokens: Optional[Number] = None, num_sequences: Optional[Number] = None,
+             norm_length: Optional[Number] = None) -> torch.Tensor:
+    """Aggregate a per-token loss `[B, L]` into a 0-dim loss (modes and normalisers: module docstring).
+
+    loss_mat: float `[B, L]`; loss_mask: bool or 0/1 `[B, L]`; loss_agg_mode: one of LOSS_AGG_MODES.
+    num_tokens / num_sequences: global normalisers (int or 0-dim tensor) for split batches;
+    norm_length: the constant divisor of "seq-mean-token-sum-norm". A zero normaliser gives 0.
+    """
+    if loss_agg_mode not in LOSS_AGG_MODES:
+        raise ValueError(f"loss_agg_mode must be one of {LOSS_AGG_MODES}, got {loss_agg_mode!r}")
+    if loss_mat.dim() != 2:
+        raise ValueError(f"loss_mat must be [B, L], got shape {tuple(loss_mat.shape)}")
+    mask = _bool_mask(loss_mask, loss_mat, "loss_mask")
+    values = loss_mat.to(_compute_dtype(loss_mat))
+    masked = torch.where(mask, values, torch.zeros_like(values))
+    row_tokens = mask.sum(dim=-1)
+    if loss_agg_mode == "token-mean":
+        numerator = masked.sum()
+        denominator = row_tokens.sum() if num_tokens is None else num_tokens
+    else:
+        non_empty = row_tokens > 0
+        row_sums = masked.sum(dim=-1)
+        if loss_agg_mode == "seq-mean-token-mean":
+            row_sums = row_sums / row_tokens.clamp(min=1).to(row_sums.dtype)
+        numerator = torch.where(non_empty, row_sums, torch.zeros_like(row_sums)).sum()
+        denominator = non_empty.sum() if num_sequences is None else num_sequences
+        if loss_agg_mode == "seq-mean-token-sum-norm":
+            length = loss_mat.shape[-1] if norm_length is None else norm_length
+            denominator = denominator * torch.as_tensor(length, dtype=numerator.dtype, device=numerator.device)
+    denominator = torch.as_tensor(denominator, dtype=numerator.dtype, device=numerator.device)
+    zero = _zero_like_graph(values)
+    return torch.where(denominator != 0, numerator / torch.where(denominator != 0, denominator, 1.0), zero)
+
+
+def policy_loss(log_prob: torch.Tensor, old_log_prob: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
+                clip_ratio_low: float = 0.2, clip_ratio_high: float = 0.28, clip_ratio_c: Optional[float] = 3.0,
+                loss_agg_mode: str = "token-mean", *, num_tokens: Optional[Number] = None,
+                num_sequences: Optional[Number] = None, norm_length: Optional[Number] = None,
+                ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """PPO-clip surrogate with clip-higher and dual-clip (module docstring), aggregated by `agg_loss`.
+
+    log_prob: `[B, L]` current policy log-probs (carries the gradient); old_log_prob: `[B, L]`
+    behaviour-policy log-probs (no gradient); advantages: `[B, L]`; mask: `[B, L]` loss tokens.
+    Returns (loss 0-dim, metrics) where metrics are detached 0-dim tensors over the mask tokens:
+    ``pg_clipfrac`` (fraction where the clipped term was taken), ``pg_clipfrac_lower`` (fraction where
+    dual-clip bound the loss), ``ppo_kl`` (mean old - new log-prob), ``ratio_mean`` / ``ratio_max`` /
+    ``ratio_min`` and ``num_tokens`` (mask count, float).
+    """
+    if not (clip_ratio_low > 0 and clip_ratio_high > 0 and clip_ratio_low < 1):
+        raise ValueError(f"clip ratios must satisfy 0 < clip_ratio_low < 1 and clip_ratio_high > 0, "
+                         f"got low={clip_ratio_low}, high={clip_ratio_high}")
+    if clip_ratio_c is not None and not clip_ratio_c > 1.0:
+        raise ValueError(f"clip_ratio_c (dual-clip) must be > 1 or None, got {clip_ratio_c}")
+    bool_mask = _bool_mask(mask, log_prob)
+    for name, tensor in (("old_log_prob", old_log_prob), ("advantages", advantages)):
+        if tensor.shape != log_prob.shape:
+            raise ValueError(f"{name} must have shape {tuple(log_prob.shape)}, got {tuple(tensor.shape)}")
+    dtype = _compute_dtype(log_prob)
+    zeros = torch.zeros((), dtype=dtype, device=log_prob.device)
+    log_prob_c = torch.where(bool_mask, log_prob.to(dtype), zeros)
+    old_c = torch.where(bool_mask, old_log_prob.detach().to(dtype), zeros)
+    adv = torch.where(bool_mask, advantages.detach().to(dtype), zeros)
+
+    log_ratio = torch.clamp(log_prob_c - old_c, -_LOG_RATIO_CLAMP, _LOG_RATIO_CLAMP)
+    ratio = torch.exp(log_ratio)
+    unclipped = -adv * ratio
+    clipped = -adv * torch.clamp(ratio, 1.0 - clip_ratio_low, 1.0 + clip_ratio_high)
+    loss_mat = torch.maximum(unclipped, clipped)
+    dual_clipped = torch.zeros_like(bool_mask)
+    if clip_ratio_c is not None:
+        bound = -adv * clip_ratio_c
+        dual_clipped = (adv < 0) & (loss_mat > bound)
+        loss_mat = torch.where(adv < 0, torch.minimum(loss_mat, bound), loss_mat)
+    loss = agg_loss(loss_mat, bool_mask, loss_agg_mode, num_tokens=num_tokens, num_sequences=num_sequences,
+                    norm_length=norm_length)
+    with torch.no_grad():
+        metrics = {
+            "pg_clipfrac": masked_mean((clipped > unclipped).to(dtype), bool_mask),
+            "pg_clipfrac_lower": masked_mean(dual_clipped.to(dtype), bool_mask),
+            "ppo_kl": masked_mean(-log_ratio, bool_mask),
+            "ratio_mean": masked_mean(ratio, bool_mask, empty_value=1.0),
+            "ratio_max": _masked_extreme(ratio, bool_mask, largest=True),
+            "ratio_min": _masked_extreme(ratio, bool_mask, largest=False),
+            "num_tokens": bool_mask.sum().to(dtype),
+        }
+    return loss, {k: v.detach() for k, v in metrics.items()}
+
+
+def kl_penalty(log_prob: torch.Tensor, ref_log_prob: torch.Tensor, estimator: str = "low_var_kl") -> torch.Tensor:
+    """Per-token KL estimate between the policy and the reference, `[B, L]` (same shape as inputs).
+
+    estimator: "k1" (log_prob - ref), "k2" (0.5 * (log_prob - ref)^2), "k3" / "low_var_kl"
+    (exp(ref - lp) - (ref - lp) - 1 with ref - lp clamped to [-20, 20] and the result to [-10, 10]).
+    Gradient flows through `log_prob` only. dtype: promote(log_prob.dtype, float32). Mask with `agg_loss`.
+    """
+    if estimator not in KL_ESTIMATORS:
+        raise ValueError(f"kl estimator must be one of {KL_ESTIMATORS}, got {estimator!r}")
+    if ref_log_prob.shape != log_prob.shape:
+        raise ValueError(f"ref_log_prob must have shape {tuple(log_prob.shape)}, got {tuple(ref_log_prob.shape)}")
+    dtype = _compute_dtype(log_prob)
+    log_ratio = log_prob.to(dtype) - ref_log_prob.detach().to(dtype)
+    if estimator == "k1":
+        return log_ratio
+    if estimator == "k2":
+        return 0.5 * log_ratio.square()
+    neg_log_ratio = torch.clamp(-log_ratio, -_LOG_RATIO_CLAMP, _LOG_RATIO_CLAMP)
+    kl = torch.exp(neg_log_ratio) - neg_log_ratio - 1.0
+    return torch.clamp(kl, -_LOW_VAR_KL_CLAMP, _LOW_VAR_KL_CLAMP)
+
+
+def entropy_from_logits(logits: torch.Tensor, chunk_size: int = 1024) -> torch.Tensor:
+    """Entropy of softmax(logits) over the last dim, computed `chunk_size` rows at a time.
+
+    logits: `[..., V]`, any float dtype (-inf entries allowed: banned tokens contribute 0). Returns
+    `[...]` in promote(logits.dtype, float32). Only one chunk is lifted to fp32 at a time (no full
+    fp32/fp64 copy of `[..., V]`); under autograd each chunk's intermediates are kept for backward.
+    """
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+    dtype = _compute_dtype(logits)
+    flat = logits.reshape(-1, logits.shape[-1])
+    pieces = []
+    for start in range(0, flat.shape[0], chunk_size):
+        z = flat[start:start + chunk_size].to(dtype)
+        log_p = torch.log_softmax(z, dim=-1)
+        p = log_p.exp()
+        p_log_p = torch.where(p > 0, p * log_p, torch.zeros_like(p))
+        pieces.append(-p_log_p.sum(dim=-1))
+    if not pieces:
+        return torch.zeros(logits.shape[:-1], dtype=dtype, device=logits.device)
+    return torch.cat(pieces).reshape(logits.shape[:-1])
+
+
+def zero_variance_group_mask(scores: Any, index: Any) -> torch.Tensor:
+    """bool `[B]`: True where the trajectory's group has score variance (at least two distinct scores).
+
+    scores: `[B]` outcome scores (tensor / array / list of floats); index: the group label of each
+    trajectory (int tensor, numpy array of ints or strings such as verl's `uid`, or a list of
+    hashables; see `mempo.ops.advantage.group_ids`). A group whose scores are all equal (exact
+    comparison), including a group of one, gives False: its GRPO outcome advantage is 0 (up to
+    rounding) and carries no relative signal. See `filter_zero_variance_tokens` for what is dropped.
+    """
+    from mempo.ops.advantage import group_ids
+
+    values = torch.as_tensor(scores).detach().reshape(-1).to(torch.float64).cpu()
+    if not torch.isfinite(values).all():
+        raise ValueError("scores must be finite")
+    group, num_groups = group_ids(index, values.numel(), device="cpu")
+    high = torch.full((num_groups,), -torch.inf, dtype=torch.float64).scatter_reduce(0, group, values, "amax")
+    low = torch.full((num_groups,), torch.inf, dtype=torch.float64).scatter_reduce(0, group, values, "amin")
+    has_variance = high > low
+    device = scores.device if isinstance(scores, torch.Tensor) else "cpu"
+    return has_variance[group].to(device)
+
+
+def filter_zero_variance_tokens(response_mask: torch.Tensor, group_has_variance: torch.Tensor,
+                                memory_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """The policy-loss mask `[B, L]` (bool) when zero-variance groups are skipped.
+
+    What is dropped: the *outcome* part of the loss of trajectories in zero-variance groups
+    (`group_has_variance[b]` False), i.e. every response token of such a trajectory that carries only
+    the outcome advantage. Their tokens inside scored `<mem>` spans (`memory_mask`, bool `[B, L]`,
+    True where a memory advantage is written) stay in the mask, so memory advantages still apply.
+    Dropped tokens leave the loss entirely: they no longer count in the token-mean / sequence
+    normalisers, nor in the KL and entropy terms computed over the same mask. Callers should also
+    zero the outcome advantage of those rows (it is 0 up to rounding). memory_mask None: whole rows
+    of zero-variance groups are dropped.
+    """
+    keep = response_mask.bool() & group_has_variance.bool().reshape(-1, 1)
+    if memory_mask is not None:
+        if memory_mask.shape != response_mask.shape:
+            raise ValueError(f"memory_mask must have shape {tuple(response_mask.shape)}, "
+                             f"got {tuple(memory_mask.shape)}")
+        keep = keep | (response_mask.bool() & memory_mask.bool())
+    return keep
