@@ -63,8 +63,12 @@ class ToolResult:
 
 
 def information(body: str) -> str:
-    """Wrap a tool answer in the protocol's information tags."""
-    return f"<information>{body}</information>"
+    """Wrap a tool answer in the protocol's information tags.
+
+    A literal ``</information>`` inside the body (a retrieved page quoting the protocol) would end
+    the block early for the scanner and `validate_format`; it is defused as ``</ information>``.
+    """
+    return "<information>" + body.replace("</information>", "</ information>") + "</information>"
 
 
 def _failure(kind: str, message: str, **metadata: Any) -> ToolResult:
