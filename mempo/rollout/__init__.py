@@ -1,0 +1,49 @@
+"""mempo.rollout: the agent loop, generation backends and the `Trajectory` record.
+
+* `mempo.rollout.trajectory`: `Trajectory`, `Round` (offsets into the response, not copies),
+  `round_training_inputs`, jsonl I/O.
+* `mempo.rollout.chat`: `ChatFormat` (messages -> prompt ids with the tokenizer's chat template or a
+  built-in ChatML one; the forced `<mem>` prefix; tool segments).
+* `mempo.rollout.backends`: the backend interface and registry; `HFBackend` (transformers),
+  `SGLangBackend` (SGLang offline engine), `ScriptedBackend` (replays ids); stop detection.
+* `mempo.rollout.loop`: `RolloutConfig`, `RolloutEngine`, `rollout` (G samples per question,
+  full or memory context policy, concurrent tools).
+* `mempo.rollout.requests`: `scoring_requests`, `attach_memory_rewards`, `advantage_inputs`.
+
+Importing this package is light: names load on first access, and transformers / sglang only when a
+backend that needs them is built or used.
+"""
+from __future__ import annotations
+
+import importlib
+
+_EXPORTS = {
+    "Trajectory": "trajectory", "Round": "trajectory", "RoundInput": "trajectory", "POLICIES": "trajectory",
+    "FINISH_REASONS": "trajectory", "round_training_inputs": "trajectory",
+    "write_trajectories_jsonl": "trajectory", "read_trajectories_jsonl": "trajectory",
+    "iter_trajectories_jsonl": "trajectory",
+    "ChatFormat": "chat", "ToolSegment": "chat", "render_builtin": "chat", "default_stop_token_ids": "chat",
+    "GenerationBackend": "backends", "GenerationRequest": "backends", "GenerationOutput": "backends",
+    "SamplingParams": "backends", "RequestKey": "backends", "make_backend": "backends",
+    "register_backend": "backends", "available_backends": "backends", "HFBackend": "backends",
+    "SGLangBackend": "backends", "ScriptedBackend": "backends", "round_script": "backends",
+    "cut_round": "backends", "ActionStopScanner": "backends",
+    "RolloutConfig": "loop", "RolloutEngine": "loop", "RolloutTask": "loop", "RolloutStats": "loop",
+    "rollout": "loop", "TRAINING_MAX_TURNS": "loop", "EVALUATION_MAX_TURNS": "loop",
+    "scoring_requests": "requests", "attach_memory_rewards": "requests", "advantage_inputs": "requests",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'mempo.rollout' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"mempo.rollout.{module}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(list(globals()) + __all__)

@@ -1,0 +1,215 @@
+"""`HFBackend`: generation with a transformers causal LM (CPU or GPU), token ids in and out.
+
+Conventions
+-----------
+* Requests are batched with left padding (pad id: ``pad_token_id``, else the tokenizer's pad/EOS
+  id, else 0) and an attention mask; requests are sorted by prompt length and cut into chunks of
+  ``max_batch_size`` rows (``None``: one chunk) to limit padding.
+* Stopping is per row, by a ``StoppingCriteria`` that feeds each new token's bytes to an
+  :class:`~mempo.rollout.backends.stopping.ActionStopScanner` (stop after the token that closes an
+  action block), stops at the request's stop ids (and at the model's ``generation_config`` EOS ids,
+  which transformers applies anyway; the loop treats an id that is not one of its stop ids as an
+  ordinary last token) and at its own ``max_new_tokens``. Finished rows
+  are padded by transformers; the recorded length strips the padding, so the returned ids are
+  exactly the sampled ones.
+* Sampling: ``SamplingParams.temperature == 0`` is greedy; otherwise multinomial sampling with
+  temperature / top-p / top-k (0 disables top-k). ``seed`` seeds torch's generators inside a
+  ``torch.random.fork_rng`` block (the caller's RNG state is left untouched), so one call with the
+  same requests and seed is reproducible on one machine.
+* The model runs in eval mode during ``generate`` (its previous mode is restored afterwards), so a
+  model object shared with the trainer samples without dropout.
+* ``logits_processors``: extra transformers ``LogitsProcessor`` s applied at every step (tests use a
+  scripted processor to force token sequences).
+* ``sync_weights(weights)``: copies trainer tensors into the model in place (names of
+  ``model.state_dict()``); tensors that already are the model's own storage are skipped, and
+  ``None`` is a no-op (the trainer shares the model object).
+"""
+from __future__ import annotations
+
+from typing import Any, Iterable, Mapping, Optional, Sequence, Union
+
+from mempo.rollout.backends.base import (
+    GenerationOutput, GenerationRequest, SamplingParams, named_tensors, register_backend,
+)
+from mempo.rollout.backends.stopping import STOP_ACTION, STOP_EOS, STOP_LENGTH, ActionStopScanner, TokenBytes
+
+__all__ = ["HFBackend"]
+
+_STOP_CLASS = None
+
+
+def _round_stop_class():
+    """A transformers ``StoppingCriteria`` subclass (built on first use: transformers is imported lazily)."""
+    global _STOP_CLASS
+    if _STOP_CLASS is not None:
+        return _STOP_CLASS
+    import torch
+    from transformers import StoppingCriteria
+
+    class RoundStop(StoppingCriteria):
+        """Per-row stop: action closed, stop id, or the row's own max_new_tokens."""
+
+        def __init__(self, requests: Sequence[GenerationRequest], token_bytes: TokenBytes, prompt_width: int,
+                     extra_stops: Sequence[int] = ()):
+            self.token_bytes = token_bytes
+            self.prompt_width = prompt_width
+            self.max_new = [r.max_new_tokens for r in requests]
+            self.stops = [frozenset(r.stop_token_ids) | frozenset(extra_stops) for r in requests]
+            self.scanners = []
+            for request in requests:
+                scanner = ActionStopScanner()
+                prefix = request.prompt_ids[len(request.prompt_ids) - request.prefix_len:]
+                scanner.feed(token_bytes.join(prefix))
+                self.scanners.append(scanner)
+            self.lengths: list[Optional[int]] = [None] * len(requests)
+            self.reasons: list[str] = [STOP_LENGTH] * len(requests)
+
+        def __call__(self, input_ids, scores, **kwargs):
+            step = input_ids.shape[1] - self.prompt_width
+            last = input_ids[:, -1].tolist()
+            done = []
+            for row, token in enumerate(last):
+                if self.lengths[row] is None:
+                    if self.scanners[row].feed(self.token_bytes[token]):
+                        self.lengths[row], self.reasons[row] = step, STOP_ACTION
+                    elif token in self.stops[row]:
+                        self.lengths[row], self.reasons[row] = step, STOP_EOS
+                    elif step >= self.max_new[row]:
+                        self.lengths[row], self.reasons[row] = step, STOP_LENGTH
+                done.append(self.lengths[row] is not None)
+            return torch.tensor(done, dtype=torch.bool, device=input_ids.device)
+
+    _STOP_CLASS = RoundStop
+    return RoundStop
+
+
+@register_backend("hf")
+class HFBackend:
+    """transformers generation behind the backend interface (module conventions).
+
+    Args:
+        model: a causal LM (``model.generate``); put it on its device before.
+        tokenizer: the tokenizer (or pass ``token_table``): its token bytes drive stop detection and
+            its pad/EOS ids the padding.
+        token_table: a :class:`mempo.ops.spans.TokenTable` or :class:`TokenBytes` (instead of the
+            tokenizer).
+        pad_token_id: padding id (default: the tokenizer's pad id, else its EOS id, else 0).
+        max_batch_size: rows per ``generate`` call (``None``: all requests at once).
+        logits_processors: extra transformers logits processors.
+    """
+
+    name = "hf"
+
+    def __init__(self, model: Any, tokenizer: Any = None, *, token_table: Any = None,
+                 pad_token_id: Optional[int] = None, max_batch_size: Optional[int] = None,
+                 logits_processors: Sequence[Any] = ()) -> None:
+        if tokenizer is None and token_table is None:
+            raise ValueError("HFBackend needs the tokenizer (or its token_table) to detect the end of a round")
+        if max_batch_size is not None and max_batch_size < 1:
+            raise ValueError("max_batch_size must be >= 1 or None")
+        self.model = model
+        self.tokenizer = tokenizer
+        self.token_bytes = TokenBytes.of(token_table if token_table is not None else tokenizer)
+        if pad_token_id is None and tokenizer is not None:
+            pad_token_id = getattr(tokenizer, "pad_token_id", None)
+            if pad_token_id is None:
+                pad_token_id = getattr(tokenizer, "eos_token_id", None)
+        self.pad_token_id = int(pad_token_id) if pad_token_id is not None else 0
+        self.max_batch_size = max_batch_size
+        self.logits_processors = list(logits_processors)
+
+    @property
+    def device(self):
+        return next(self.model.parameters()).device
+
+    def generate(self, requests: Sequence[GenerationRequest], sampling: SamplingParams) -> list[GenerationOutput]:
+        """New ids per request (module conventions); one ``model.generate`` per chunk."""
+        import torch
+
+        if not requests:
+            return []
+        order = sorted(range(len(requests)), key=lambda i: len(requests[i].prompt_ids))
+        size = self.max_batch_size or len(order)
+        outputs: list[Optional[GenerationOutput]] = [None] * len(requests)
+        device = self.device
+        devices = [device.index if device.index is not None else torch.cuda.current_device()] \
+            if device.type == "cuda" else []
+        was_training = bool(getattr(self.model, "training", False))
+        self.model.eval()  # no dropout while sampling, even when the trainer shares the model
+        try:
+            with torch.random.fork_rng(devices=devices):
+                if sampling.seed is not None:
+                    torch.manual_seed(int(sampling.seed))
+                for begin in range(0, len(order), size):
+                    chunk = order[begin:begin + size]
+                    for index, output in zip(chunk, self._generate_chunk([requests[i] for i in chunk], sampling)):
+                        outputs[index] = output
+        finally:
+            self.model.train(was_training)
+        return outputs  # type: ignore[return-value]
+
+    def _generate_chunk(self, requests: list[GenerationRequest], sampling: SamplingParams) -> list[GenerationOutput]:
+        import torch
+        from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteriaList
+
+        device = self.device
+        width = max(len(r.prompt_ids) for r in requests)
+        input_ids = torch.full((len(requests), width), self.pad_token_id, dtype=torch.long)
+        attention_mask = torch.zeros((len(requests), width), dtype=torch.long)
+        for row, request in enumerate(requests):
+            n = len(request.prompt_ids)
+            input_ids[row, width - n:] = torch.tensor(request.prompt_ids, dtype=torch.long)
+            attention_mask[row, width - n:] = 1
+        # transformers also stops rows at the model's own generation_config EOS ids: stop there too
+        model_eos = getattr(getattr(self.model, "generation_config", None), "eos_token_id", None)
+        model_eos = [model_eos] if isinstance(model_eos, int) else [int(t) for t in (model_eos or [])]
+        stop_ids = sorted({t for r in requests for t in r.stop_token_ids} | set(model_eos))
+        options: dict[str, Any] = dict(
+            max_new_tokens=max(r.max_new_tokens for r in requests),
+            pad_token_id=self.pad_token_id,
+            eos_token_id=stop_ids or None,
+            do_sample=not sampling.greedy,
+        )
+        if not sampling.greedy:
+            options.update(temperature=float(sampling.temperature), top_p=float(sampling.top_p),
+                           top_k=int(sampling.top_k) if sampling.top_k > 0 else 0)
+        config = GenerationConfig(**options)
+        criteria = _round_stop_class()(requests, self.token_bytes, width, model_eos)
+        with torch.inference_mode():
+            sequences = self.model.generate(
+                input_ids=input_ids.to(device), attention_mask=attention_mask.to(device), generation_config=config,
+                stopping_criteria=StoppingCriteriaList([criteria]),
+                logits_processor=LogitsProcessorList(self.logits_processors),
+            )
+        if not isinstance(sequences, torch.Tensor):  # a ModelOutput when a config asks for a dict
+            sequences = sequences.sequences
+        new = sequences[:, width:].tolist()
+        outputs = []
+        for row, request in enumerate(requests):
+            length = criteria.lengths[row]
+            if length is None:  # generation ended for another reason (e.g. the model's max length)
+                length = min(len(new[row]), request.max_new_tokens)
+            outputs.append(GenerationOutput(new[row][:length], criteria.reasons[row]))
+        return outputs
+
+    def sync_weights(self, weights: Union[None, Mapping[str, Any], Iterable[tuple[str, Any]]] = None) -> None:
+        """Copy trainer weights into the model in place (module conventions)."""
+        if weights is None:
+            return
+        import torch
+
+        own = self.model.state_dict(keep_vars=True)
+        with torch.no_grad():
+            for name, tensor in named_tensors(weights):
+                target = own.get(name)
+                if target is None:
+                    raise KeyError(f"sync_weights: the model has no tensor named {name!r}")
+                if tuple(target.shape) != tuple(tensor.shape):
+                    raise ValueError(f"sync_weights: {name} has shape {tuple(tensor.shape)}, the model's is "
+                                     f"{tuple(target.shape)}")
+                if target.data_ptr() == tensor.data_ptr() and target.device == tensor.device:
+                    continue  # the trainer's tensor is this model's own storage
+                target.copy_(tensor.to(device=target.device, dtype=target.dtype))
+
+    def close(self) -> None:
+        """Nothing to release (the model belongs to the caller)."""

@@ -1,0 +1,186 @@
+"""Chat formatting of round prompts: messages -> token ids, the forced ``<mem>`` prefix, tool segments.
+
+Conventions
+-----------
+* Tokenizers: a transformers tokenizer or a bare ``tokenizers.Tokenizer``. Text is encoded without
+  added special tokens (no BOS is inserted; special tokens written in the text, such as
+  ``<|im_start|>``, are matched as added tokens) and decoded with special tokens kept and no
+  clean-up, so ``decode`` shows exactly what the ids are.
+* Template: when the tokenizer has a chat template (transformers ``chat_template``) the prompt is
+  ``tokenizer.apply_chat_template(messages, tokenize=True, add_generation_prompt=True)``. Otherwise
+  (or with ``template="builtin"``) the built-in Qwen-style (ChatML) template renders::
+
+      <|im_start|>{role}\\n{content}<|im_end|>\\n      (for every message, in order)
+      <|im_start|>assistant\\n                         (the generation prompt)
+
+  and the text is encoded. With a tokenizer that lacks ``<|im_start|>``/``<|im_end|>`` as tokens
+  they are encoded as plain text (harmless for tests, wrong for a real model: give its template).
+  A template that rewrites assistant contents breaks the protocol (Qwen3's drops everything up to
+  ``</think>`` from earlier assistant turns, so a memory-context prompt would lose that turn's
+  ``<mem>``): use ``template="builtin"`` with such models.
+* Forced prefix: every assistant turn starts with ``forced_prefix`` (``"<mem>"``), encoded on its
+  own (``prefix_ids``). The agent loop appends these ids to the prompt before generating and records
+  them as the first ids of the round, in the *response* (mask 1 by default: the model is trained to
+  open every turn with ``<mem>`` itself; see :mod:`mempo.rollout.loop`). Round text decoded from
+  the round's ids therefore starts with ``<mem>`` and ``AgentMemory.add_llm_gen(text,
+  forced_prefix="<mem>")`` stores it once, as is.
+* Tool segment (full-context sequences): after a search/access round the sequence continues with
+  the chat turn boundary, the tool result as a user message, and the next generation prompt::
+
+      <|im_end|>\\n<|im_start|>user\\n  +  <information>...</information>  +  <|im_end|>\\n<|im_start|>assistant\\n
+
+  (for a tokenizer template the two glue strings are read off that template by rendering sentinel
+  messages). The three parts are encoded separately and concatenated, so the tool text's ids are
+  known (``ToolSegment.information_start/end``); the whole segment has mask 0. The full-context
+  sequence is thus the chat rendering of ``AgentMemory.messages("full")``, round by round, with
+  the model's own ids for every assistant turn.
+"""
+from __future__ import annotations
+
+from typing import Any, NamedTuple, Optional, Sequence
+
+from mempo.memory import MEM_PREFIX
+
+__all__ = ["ChatFormat", "ToolSegment", "render_builtin", "encode_text", "decode_ids", "default_stop_token_ids",
+           "IM_START", "IM_END"]
+
+IM_START = "<|im_start|>"
+IM_END = "<|im_end|>"
+_SENTINEL_ASSISTANT = "MEMPO0SENTINEL0ASSISTANT"
+_SENTINEL_TOOL = "MEMPO0SENTINEL0TOOL"
+
+
+def _is_transformers_tokenizer(tokenizer: Any) -> bool:
+    return hasattr(tokenizer, "apply_chat_template") or hasattr(tokenizer, "convert_tokens_to_ids")
+
+
+def encode_text(tokenizer: Any, text: str) -> list[int]:
+    """Ids of ``text`` without added special tokens (module conventions)."""
+    if not text:
+        return []
+    if _is_transformers_tokenizer(tokenizer):
+        return list(tokenizer.encode(text, add_special_tokens=False))
+    return list(tokenizer.encode(text, add_special_tokens=False).ids)
+
+
+def decode_ids(tokenizer: Any, ids: Sequence[int]) -> str:
+    """Text of ``ids`` with special tokens kept and no clean-up."""
+    ids = [int(i) for i in ids]
+    if _is_transformers_tokenizer(tokenizer):
+        return tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+    return tokenizer.decode(ids, skip_special_tokens=False)
+
+
+def _token_id(tokenizer: Any, token: str) -> Optional[int]:
+    if _is_transformers_tokenizer(tokenizer):
+        vocab = tokenizer.get_vocab()
+        return vocab.get(token)
+    return tokenizer.token_to_id(token)
+
+
+def default_stop_token_ids(tokenizer: Any) -> tuple[int, ...]:
+    """The tokenizer's EOS id plus ``<|im_end|>`` and ``<|endoftext|>`` when they are single tokens."""
+    ids: list[int] = []
+    eos = getattr(tokenizer, "eos_token_id", None) if _is_transformers_tokenizer(tokenizer) else None
+    if isinstance(eos, int):
+        ids.append(eos)
+    elif isinstance(eos, (list, tuple)):
+        ids.extend(int(i) for i in eos)
+    for token in (IM_END, "<|endoftext|>"):
+        token_id = _token_id(tokenizer, token)
+        if token_id is not None:
+            ids.append(int(token_id))
+    return tuple(dict.fromkeys(ids))
+
+
+def render_builtin(messages: Sequence[dict], add_generation_prompt: bool = True) -> str:
+    """The built-in Qwen-style (ChatML) rendering (module conventions)."""
+    text = "".join(f"{IM_START}{m['role']}\n{m['content']}{IM_END}\n" for m in messages)
+    if add_generation_prompt:
+        text += f"{IM_START}assistant\n"
+    return text
+
+
+class ToolSegment(NamedTuple):
+    """The ids appended after a tool call; ``ids[information_start:information_end]`` are the tool text's."""
+
+    ids: list[int]
+    information_start: int
+    information_end: int
+
+
+class ChatFormat:
+    """Round prompts and tool segments for one tokenizer (module conventions).
+
+    Args:
+        tokenizer: transformers tokenizer or ``tokenizers.Tokenizer``.
+        forced_prefix: the text every assistant turn starts with (``"<mem>"``; ``""`` for none).
+        template: ``"auto"`` (the tokenizer's chat template when it has one, else built-in),
+            ``"tokenizer"`` (require it) or ``"builtin"``.
+    """
+
+    def __init__(self, tokenizer: Any, *, forced_prefix: str = MEM_PREFIX, template: str = "auto") -> None:
+        if template not in ("auto", "tokenizer", "builtin"):
+            raise ValueError(f"template must be 'auto', 'tokenizer' or 'builtin', got {template!r}")
+        has_template = bool(getattr(tokenizer, "chat_template", None)) and hasattr(tokenizer, "apply_chat_template")
+        if template == "tokenizer" and not has_template:
+            raise ValueError("the tokenizer has no chat template")
+        self.tokenizer = tokenizer
+        self.uses_tokenizer_template = has_template and template != "builtin"
+        self.forced_prefix = forced_prefix or ""
+        self.prefix_ids: list[int] = encode_text(tokenizer, self.forced_prefix)
+        self._glue: Optional[tuple[list[int], list[int]]] = None
+
+    def encode(self, text: str) -> list[int]:
+        return encode_text(self.tokenizer, text)
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return decode_ids(self.tokenizer, ids)
+
+    def render(self, messages: Sequence[dict], add_generation_prompt: bool = True) -> str:
+        """The prompt text of ``messages`` (the forced prefix not included)."""
+        if self.uses_tokenizer_template:
+            return self.tokenizer.apply_chat_template(list(messages), tokenize=False,
+                                                      add_generation_prompt=add_generation_prompt)
+        return render_builtin(messages, add_generation_prompt)
+
+    def prompt_ids(self, messages: Sequence[dict]) -> list[int]:
+        """Prompt ids of ``messages`` with the generation prompt, without the forced prefix.
+
+        Returns a list of ints [P]."""
+        if self.uses_tokenizer_template:
+            result = self.tokenizer.apply_chat_template(list(messages), tokenize=True, add_generation_prompt=True,
+                                                        return_dict=False)
+            if hasattr(result, "keys") and "input_ids" in result:
+                result = result["input_ids"]
+            if result and isinstance(result[0], (list, tuple)):
+                result = result[0]
+            return [int(t) for t in result]
+        return self.encode(render_builtin(messages, True))
+
+    def tool_glue(self) -> tuple[str, str]:
+        """(text before the tool result, text after it) of a tool segment (module conventions)."""
+        if not self.uses_tokenizer_template:
+            return f"{IM_END}\n{IM_START}user\n", f"{IM_END}\n{IM_START}assistant\n"
+        messages = [{"role": "system", "content": "s"}, {"role": "user", "content": "q"},
+                    {"role": "assistant", "content": _SENTINEL_ASSISTANT},
+                    {"role": "user", "content": _SENTINEL_TOOL}]
+        text = self.render(messages, add_generation_prompt=True)
+        after_assistant = text.rfind(_SENTINEL_ASSISTANT)
+        tool_at = text.rfind(_SENTINEL_TOOL)
+        if after_assistant < 0 or tool_at < after_assistant:
+            raise ValueError("could not read the tool-turn boundaries off the tokenizer's chat template "
+                             "(it does not render assistant and user contents verbatim); use template='builtin'")
+        before = text[after_assistant + len(_SENTINEL_ASSISTANT):tool_at]
+        after = text[tool_at + len(_SENTINEL_TOOL):]
+        return before, after
+
+    def tool_segment(self, tool_text: str) -> ToolSegment:
+        """The ids appended after a tool call: glue, the tool text, glue (module conventions)."""
+        if self._glue is None:
+            before, after = self.tool_glue()
+            self._glue = (self.encode(before), self.encode(after))
+        before_ids, after_ids = self._glue
+        text_ids = self.encode(tool_text)
+        start = len(before_ids)
+        return ToolSegment(before_ids + text_ids + after_ids, start, start + len(text_ids))

@@ -1,0 +1,462 @@
+"""The agent loop: G samples of every question, rounds of generation and tool calls, as token ids.
+
+Conventions
+-----------
+* State machine per trajectory: ``generating -> (tool calling -> generating)* -> done``. One *step*
+  sends every trajectory waiting for generation to the backend as one batch (so each step batches
+  all active trajectories of all questions); then the tool calls of that step run concurrently in a
+  thread pool (``tool_workers`` threads; the retriever may be in-process or HTTP); the next step
+  starts when they are all answered. Steps are therefore deterministic: with a seeded backend the
+  same inputs give the same trajectories.
+* A round: the context (full policy: ``prompt_ids + response_ids``; memory policy: the chat
+  rendering of ``AgentMemory.messages("memory")``, recorded as ``Round.prompt_ids``) + the forced
+  prefix ids (``<mem>``) go to the backend; its output is cut after the token that closes the
+  round's action block (:func:`mempo.rollout.backends.stopping.cut_round`), at a stop id or at the
+  round's token limit. The forced prefix and the kept ids are appended to ``response_ids``
+  unchanged (token-in/token-out: nothing is decoded and re-encoded); the prefix has mask 1 when
+  ``train_forced_prefix`` (default: the model learns to open every turn with ``<mem>`` itself; its
+  log-prob under the policy is as computable as any other token's), else 0. The round's text
+  (decoded from those ids) is added to the :class:`~mempo.memory.AgentMemory` with
+  ``add_llm_gen(text, forced_prefix="<mem>")``, which stores the one leading ``<mem>`` as is.
+* Actions: ``<answer>`` ends the trajectory (``"answer"``). ``<search>``/``<access>`` call the tool
+  of that name with the block's stripped content; the result (a ``ToolResult``; a tool that raises
+  or is missing gives an ``<information>Error: ...</information>`` result, ``tool_ok=False``) is
+  appended as the tool segment (mask 0, see :mod:`mempo.rollout.chat`) and recorded in the memory
+  (``add_webpage`` for kind ``"webpage"``, else ``add_search_results``). A search/access in the
+  last allowed round (``max_turns``) ends the trajectory with ``"turn_limit"`` without calling the
+  tool (nothing would read the result).
+* Malformed rounds: a round that stops at a stop id or at ``max_new_tokens`` without closing an
+  action ends the trajectory with ``"malformed"``; ``compute_score``'s format check gives it 0.
+* Token budget: ``response_ids`` never exceeds ``max_response_tokens`` (generated + tool ids, like
+  verl's response length), and a backend context never exceeds ``max_context_tokens`` (prompt +
+  new ids; ``None``: unlimited). A round's limit is ``min(max_new_tokens, room left)``; a round cut
+  by that room, a tool segment cut to fit (kept up to the budget), or no room for one more id
+  after the forced prefix, ends the trajectory with ``"token_budget"``.
+* After the loop: one :func:`mempo.ops.spans.find_spans` call over all responses gives each round's
+  ``mem_span`` (the first ``<mem>`` block starting in the round, if closed with non-blank content);
+  the outcome is ``compute_score`` of the protocol text (the rounds' texts and the tool results'
+  texts, in order, without chat glue) against the golds.
+* Output order: questions in input order, the G samples of each in sample order; ``uid`` is the
+  episode id (``"<id>#<k>"`` for the k-th repeat of an id within one call).
+"""
+from __future__ import annotations
+
+import time
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable, Mapping, Optional, Sequence
+
+from mempo.memory import DEFAULT_SYSTEM_PROMPT, MEM_PREFIX, AgentMemory, ShortTextPolicy
+from mempo.protocol import extract_solution, find_blocks
+from mempo.reward import compute_score
+from mempo.rollout.backends.base import GenerationBackend, GenerationRequest, RequestKey, SamplingParams
+from mempo.rollout.backends.stopping import STOP_LENGTH, TokenBytes, cut_round
+from mempo.rollout.chat import ChatFormat, default_stop_token_ids
+from mempo.rollout.trajectory import POLICIES, Round, Trajectory
+
+__all__ = ["TRAINING_MAX_TURNS", "EVALUATION_MAX_TURNS", "RolloutConfig", "RolloutTask", "RolloutStats",
+           "RolloutEngine", "rollout", "as_task"]
+
+TRAINING_MAX_TURNS = 8
+EVALUATION_MAX_TURNS = 64
+_TOOL_KINDS = {"search": "search_results", "access": "webpage"}
+
+
+@dataclass(frozen=True)
+class RolloutConfig:
+    """How trajectories are sampled (module conventions).
+
+    policy: "full" (one growing sequence, the reference's training rollouts) or "memory" (each round
+        rebuilt from the memory context, evaluation style). group_size: G samples per question.
+    max_turns: round limit (8 training, 64 evaluation). max_new_tokens: per round.
+    max_response_tokens / max_context_tokens: token budgets (``None``: unlimited).
+    temperature / top_p / top_k / seed: sampling (``seed`` is mixed with the call and step numbers).
+    system_prompt, short_text_policy: the :class:`AgentMemory` settings.
+    forced_prefix / train_forced_prefix: the forced ``<mem>`` and whether it has mask 1.
+    stop_token_ids: ids ending a round (``None``: the tokenizer's EOS, ``<|im_end|>``, ``<|endoftext|>``).
+    tool_workers: threads for tool calls. score_mode / format_kwargs: passed to ``compute_score``.
+    chat_template: "auto", "tokenizer" or "builtin" (:class:`ChatFormat`).
+    """
+
+    policy: str = "full"
+    group_size: int = 16
+    max_turns: int = TRAINING_MAX_TURNS
+    max_new_tokens: int = 1024
+    max_response_tokens: Optional[int] = 4096
+    max_context_tokens: Optional[int] = None
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int = 0
+    system_prompt: str = DEFAULT_SYSTEM_PROMPT
+    short_text_policy: Optional[ShortTextPolicy] = None
+    forced_prefix: str = MEM_PREFIX
+    train_forced_prefix: bool = True
+    stop_token_ids: Optional[tuple[int, ...]] = None
+    tool_workers: int = 16
+    score_mode: str = "mean"
+    format_kwargs: Optional[Mapping[str, Any]] = None
+    chat_template: str = "auto"
+
+    def __post_init__(self) -> None:
+        if self.policy not in POLICIES:
+            raise ValueError(f"policy must be one of {POLICIES}, got {self.policy!r}")
+        for name in ("group_size", "max_turns", "max_new_tokens", "tool_workers"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        for name in ("max_response_tokens", "max_context_tokens"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(f"{name} must be >= 1 or None, got {value}")
+
+    @classmethod
+    def evaluation(cls, **overrides: Any) -> "RolloutConfig":
+        """Evaluation defaults: memory policy, 64 turns, one sample, no response budget."""
+        base = dict(policy="memory", group_size=1, max_turns=EVALUATION_MAX_TURNS, max_response_tokens=None)
+        base.update(overrides)
+        return cls(**base)
+
+    def replace(self, **changes: Any) -> "RolloutConfig":
+        return replace(self, **changes)
+
+
+@dataclass(frozen=True)
+class RolloutTask:
+    """One question to sample: ``id``, the user ``prompt`` and its ``golds`` (``None``: not scored)."""
+
+    id: str
+    prompt: str
+    golds: Any = None
+
+
+def as_task(item: Any, position: int = 0) -> RolloutTask:
+    """A :class:`RolloutTask` from an ``Episode`` (``id``, ``prompt``, ``golds``), a mapping
+    (``prompt`` or ``question``; ``golds`` or ``golden_answers``; optional ``id``), a
+    ``(prompt, golds)`` pair or a prompt string. Missing ids become the position."""
+    if isinstance(item, RolloutTask):
+        return item
+    if isinstance(item, str):
+        return RolloutTask(str(position), item, None)
+    if hasattr(item, "prompt") and hasattr(item, "golds"):
+        return RolloutTask(str(getattr(item, "id", position)), str(item.prompt), item.golds)
+    if isinstance(item, Mapping):
+        prompt = item.get("prompt", item.get("question"))
+        if not isinstance(prompt, str):
+            raise ValueError(f"task {position}: a mapping needs a 'prompt' or 'question' string")
+        golds = item.get("golds", item.get("golden_answers"))
+        return RolloutTask(str(item.get("id", position)), prompt, golds)
+    if isinstance(item, (tuple, list)) and len(item) == 2 and isinstance(item[0], str):
+        return RolloutTask(str(position), item[0], item[1])
+    raise TypeError(f"task {position}: cannot make a rollout task from {type(item).__name__}")
+
+
+@dataclass
+class RolloutStats:
+    """Counters of the last :meth:`RolloutEngine.run` (wall times in seconds).
+
+    steps / batch_sizes: generation calls and their batch sizes; generated_tokens: ids kept from the
+    backend (forced prefixes not included); forced_tokens: forced-prefix ids; tool_calls /
+    tool_errors: tool results appended (``ok=False`` ones); finish_reasons: trajectories per reason.
+    """
+
+    trajectories: int = 0
+    steps: int = 0
+    batch_sizes: list[int] = field(default_factory=list)
+    generated_tokens: int = 0
+    forced_tokens: int = 0
+    tool_calls: int = 0
+    tool_errors: int = 0
+    generation_seconds: float = 0.0
+    tool_seconds: float = 0.0
+    wall_seconds: float = 0.0
+    finish_reasons: Counter = field(default_factory=Counter)
+
+
+class _Run:
+    """One trajectory being sampled."""
+
+    def __init__(self, task: RolloutTask, uid: str, sample_index: int, memory: AgentMemory,
+                 prompt_ids: list[int]) -> None:
+        self.task, self.uid, self.sample_index, self.memory = task, uid, sample_index, memory
+        self.prompt_ids = prompt_ids
+        self.response_ids: list[int] = []
+        self.response_mask: list[int] = []
+        self.rounds: list[Round] = []
+        self.round_texts: list[str] = []
+        self.finish_reason: Optional[str] = None
+        self.round_prompt: Optional[list[int]] = None
+        self.round_limit = 0
+        self.round_limited = False
+
+    @property
+    def done(self) -> bool:
+        return self.finish_reason is not None
+
+
+def _closed_block_content(text: str, tag: str) -> Optional[str]:
+    for block in reversed(find_blocks(text)):
+        if block.tag == tag and block.closed:
+            return block.content.strip()
+    return None
+
+
+class RolloutEngine:
+    """Runs the agent loop (module conventions).
+
+    Args:
+        backend: a generation backend (:mod:`mempo.rollout.backends`).
+        tokenizer: the policy's tokenizer (transformers or ``tokenizers``).
+        tools: ``{"search": callable, "access": callable}`` taking the action's argument and
+            returning a ``ToolResult`` (default: ``make_tools(retriever)``).
+        retriever: used when ``tools`` is not given.
+        config: :class:`RolloutConfig`.
+    """
+
+    def __init__(self, backend: GenerationBackend, tokenizer: Any, tools: Optional[Mapping[str, Callable]] = None,
+                 *, retriever: Any = None, config: Optional[RolloutConfig] = None) -> None:
+        self.config = config or RolloutConfig()
+        if tools is None:
+            if retriever is None:
+                raise ValueError("give the tools, or a retriever to build them from")
+            from mempo.env.tools import make_tools
+
+            tools = make_tools(retriever)
+        self.backend = backend
+        self.tokenizer = tokenizer
+        self.tools = dict(tools)
+        self.chat = ChatFormat(tokenizer, forced_prefix=self.config.forced_prefix, template=self.config.chat_template)
+        self.token_bytes = TokenBytes.of(tokenizer)
+        stops = self.config.stop_token_ids
+        self.stop_token_ids = tuple(int(t) for t in (stops if stops is not None else default_stop_token_ids(tokenizer)))
+        self.stats = RolloutStats()
+        self._calls = 0
+
+    # -- public ------------------------------------------------------------------------------------
+    def run(self, tasks: Sequence[Any], *, group_size: Optional[int] = None) -> list[Trajectory]:
+        """Sample ``group_size`` (default ``config.group_size``) trajectories of every task.
+
+        ``tasks``: episodes, mappings, ``(prompt, golds)`` pairs (:func:`as_task`). Returns
+        ``len(tasks) * G`` trajectories, grouped by task (module conventions).
+        """
+        cfg = self.config
+        group = cfg.group_size if group_size is None else int(group_size)
+        if group < 1:
+            raise ValueError(f"group_size must be >= 1, got {group}")
+        call = self._calls
+        self._calls += 1
+        stats = self.stats = RolloutStats()
+        began = time.perf_counter()
+        runs = self._start_runs([as_task(t, i) for i, t in enumerate(tasks)], group)
+        step = 0
+        with ThreadPoolExecutor(max_workers=cfg.tool_workers, thread_name_prefix="mempo-tool") as pool:
+            while True:
+                requests, waiting = [], []
+                for run in runs:
+                    if not run.done:
+                        request = self._next_request(run)
+                        if request is not None:
+                            requests.append(request)
+                            waiting.append(run)
+                if not requests:
+                    break
+                sampling = SamplingParams(cfg.temperature, cfg.top_p, cfg.top_k, seed=self._step_seed(call, step))
+                t0 = time.perf_counter()
+                outputs = self.backend.generate(requests, sampling)
+                stats.generation_seconds += time.perf_counter() - t0
+                if len(outputs) != len(requests):
+                    raise RuntimeError(f"the backend returned {len(outputs)} outputs for {len(requests)} requests")
+                stats.steps += 1
+                stats.batch_sizes.append(len(requests))
+                calls = []
+                for run, output in zip(waiting, outputs):
+                    tool_call = self._accept_generation(run, output.token_ids)
+                    if tool_call is not None:
+                        calls.append((run, tool_call))
+                if calls:
+                    t0 = time.perf_counter()
+                    futures = [pool.submit(self._call_tool, action, argument) for _, (action, argument) in calls]
+                    for (run, _), future in zip(calls, futures):
+                        self._accept_tool(run, future.result())
+                    stats.tool_seconds += time.perf_counter() - t0
+                step += 1
+        trajectories = self._finish(runs)
+        stats.trajectories = len(trajectories)
+        stats.wall_seconds = time.perf_counter() - began
+        return trajectories
+
+    # -- steps -------------------------------------------------------------------------------------
+    def _start_runs(self, tasks: list[RolloutTask], group: int) -> list[_Run]:
+        cfg = self.config
+        runs, seen = [], Counter()
+        for task in tasks:
+            seen[task.id] += 1
+            uid = task.id if seen[task.id] == 1 else f"{task.id}#{seen[task.id] - 1}"
+            prompt_ids = None
+            for sample in range(group):
+                memory = AgentMemory(task.prompt, system_prompt=cfg.system_prompt,
+                                     short_text_policy=cfg.short_text_policy)
+                if prompt_ids is None:
+                    prompt_ids = self.chat.prompt_ids(memory.messages("full"))
+                runs.append(_Run(task, uid, sample, memory, list(prompt_ids)))
+        return runs
+
+    def _step_seed(self, call: int, step: int) -> int:
+        return (self.config.seed * 1_000_003 + call * 10_007 + step) % (2 ** 31 - 1)
+
+    def _next_request(self, run: _Run) -> Optional[GenerationRequest]:
+        cfg = self.config
+        prefix = self.chat.prefix_ids
+        if cfg.policy == "full":
+            context = run.prompt_ids + run.response_ids
+            run.round_prompt = None
+        else:
+            context = self.chat.prompt_ids(run.memory.messages("memory"))
+            run.round_prompt = context
+        limit, limited = cfg.max_new_tokens, False
+        if cfg.max_response_tokens is not None:
+            room = cfg.max_response_tokens - len(run.response_ids) - len(prefix)
+            if room < limit:
+                limit, limited = room, True
+        if cfg.max_context_tokens is not None:
+            room = cfg.max_context_tokens - len(context) - len(prefix)
+            if room < limit:
+                limit, limited = room, True
+        if limit < 1:
+            self._finish_run(run, "token_budget")
+            return None
+        run.round_limit, run.round_limited = limit, limited
+        key = RequestKey(run.uid, run.sample_index, len(run.rounds))
+        return GenerationRequest(context + prefix, limit, len(prefix), self.stop_token_ids, key)
+
+    def _accept_generation(self, run: _Run, token_ids: Sequence[int]) -> Optional[tuple[str, str]]:
+        cfg = self.config
+        prefix = self.chat.prefix_ids
+        cut = cut_round(token_ids, self.token_bytes, prefix_ids=prefix, stop_token_ids=self.stop_token_ids,
+                        max_new_tokens=run.round_limit)
+        start = len(run.response_ids)
+        run.response_ids.extend(prefix)
+        run.response_ids.extend(cut.token_ids)
+        run.response_mask.extend([1 if cfg.train_forced_prefix else 0] * len(prefix))
+        run.response_mask.extend([1] * len(cut.token_ids))
+        end = len(run.response_ids)
+        self.stats.generated_tokens += len(cut.token_ids)
+        self.stats.forced_tokens += len(prefix)
+        text = self.chat.decode(run.response_ids[start:end])
+        run.memory.add_llm_gen(text, forced_prefix=cfg.forced_prefix or None)
+        run.round_texts.append(text)
+        argument = _closed_block_content(text, cut.action) if cut.action is not None else None
+        run.rounds.append(Round(
+            index=len(run.rounds), start=start, end=end, tool_end=end, full_end=len(run.prompt_ids) + start,
+            prefix_len=len(prefix), action=cut.action, action_argument=argument, stop_reason=cut.reason,
+            prompt_ids=list(run.round_prompt) if run.round_prompt is not None else None,
+        ))
+        if cut.action == "answer":
+            self._finish_run(run, "answer")
+        elif cut.action is not None:
+            if len(run.rounds) >= cfg.max_turns:
+                self._finish_run(run, "turn_limit")
+            else:
+                return cut.action, argument or ""
+        elif cut.reason == STOP_LENGTH and run.round_limited:
+            self._finish_run(run, "token_budget")
+        else:
+            self._finish_run(run, "malformed")
+        return None
+
+    def _call_tool(self, action: str, argument: str):
+        from mempo.env.tools import ToolResult, information
+
+        kind = _TOOL_KINDS.get(action, "search_results")
+        tool = self.tools.get(action)
+        if tool is None:
+            message = f"no {action} tool is available."
+            return ToolResult(information(f"Error: {message}"), kind, ok=False, metadata={"error": message})
+        try:
+            result = tool(argument)
+        except Exception as exc:  # a tool must not end the rollout
+            return ToolResult(information(f"Error: the {action} tool failed; try again or answer with what you know."),
+                              kind, ok=False, metadata={"error": f"{type(exc).__name__}: {exc}"})
+        if isinstance(result, str):
+            text = result if result.lstrip().startswith("<information>") else information(result)
+            result = ToolResult(text, kind)
+        return result
+
+    def _accept_tool(self, run: _Run, result: Any) -> None:
+        cfg = self.config
+        segment = self.chat.tool_segment(result.text)
+        ids = segment.ids
+        truncated = False
+        if cfg.max_response_tokens is not None:
+            room = cfg.max_response_tokens - len(run.response_ids)
+            if len(ids) > room:
+                ids, truncated = ids[:max(room, 0)], True
+        base = len(run.response_ids)
+        run.response_ids.extend(ids)
+        run.response_mask.extend([0] * len(ids))
+        last = run.rounds[-1]
+        last.tool_end = len(run.response_ids)
+        last.information = (base + min(segment.information_start, len(ids)),
+                            base + min(segment.information_end, len(ids)))
+        last.tool_ok = bool(result.ok)
+        self.stats.tool_calls += 1
+        self.stats.tool_errors += not result.ok
+        if result.kind == "webpage":
+            run.memory.add_webpage(result.text)
+        else:
+            run.memory.add_search_results(result.text)
+        if truncated:
+            self._finish_run(run, "token_budget")
+
+    def _finish_run(self, run: _Run, reason: str) -> None:
+        run.finish_reason = reason
+        self.stats.finish_reasons[reason] += 1
+
+    # -- after the loop ----------------------------------------------------------------------------
+    def _span_table(self, runs: list[_Run]):
+        table = self.token_bytes.table
+        top = max((max(run.response_ids) for run in runs if run.response_ids), default=-1)
+        if top >= table.vocab_size:  # a model vocabulary padded beyond the tokenizer's: no bytes
+            from mempo.ops.spans import TokenTable
+
+            pieces = list(self.token_bytes.pieces) + [b""] * (top + 1 - table.vocab_size)
+            table = TokenTable.from_token_bytes(pieces)
+        return table
+
+    def _finish(self, runs: list[_Run]) -> list[Trajectory]:
+        from mempo.ops.spans import find_spans
+
+        cfg = self.config
+        batch = find_spans([run.response_ids for run in runs], self._span_table(runs)) if runs else None
+        trajectories = []
+        for i, run in enumerate(runs):
+            mem_spans = [s for s in batch.spans_of(i) if s.tag == "mem"]
+            for round_, text in zip(run.rounds, run.round_texts):
+                span = next((s for s in mem_spans if round_.start <= s.start < round_.end), None)
+                if span is None or not span.closed:
+                    continue
+                block = next((b for b in find_blocks(text) if b.tag == "mem"), None)
+                if block is not None and block.closed and block.content.strip():
+                    round_.mem_span = (int(span.start), min(int(span.end), round_.end))
+            protocol_text = "".join(record.text for record in run.memory.records[1:])
+            if run.task.golds is not None:
+                outcome = compute_score(protocol_text, run.task.golds, mode=cfg.score_mode,
+                                        format_kwargs=cfg.format_kwargs)
+                answer = outcome["answer"]
+            else:
+                outcome, answer = {}, extract_solution(protocol_text)
+            trajectory = Trajectory(
+                uid=run.uid, sample_index=run.sample_index, policy=cfg.policy, prompt_ids=run.prompt_ids,
+                response_ids=run.response_ids, response_mask=run.response_mask, rounds=run.rounds,
+                finish_reason=run.finish_reason or "malformed", golds=run.task.golds, final_answer=answer,
+                outcome=outcome, episode_id=run.task.id,
+            )
+            trajectories.append(trajectory)
+        return trajectories
+
+
+def rollout(backend: GenerationBackend, tokenizer: Any, tasks: Sequence[Any], *,
+            tools: Optional[Mapping[str, Callable]] = None, retriever: Any = None,
+            config: Optional[RolloutConfig] = None) -> list[Trajectory]:
+    """One-shot :class:`RolloutEngine` run (see it for the arguments)."""
+    return RolloutEngine(backend, tokenizer, tools, retriever=retriever, config=config).run(tasks)

@@ -1,0 +1,303 @@
+"""The `Trajectory` record: one sampled agent episode as token ids, masks and round offsets.
+
+Conventions
+-----------
+* Coordinates. ``prompt_ids`` [P] is the chat-formatted system + question prompt ending with the
+  generation prompt (``<|im_start|>assistant\\n``), without the forced ``<mem>``. ``response_ids``
+  [L] holds everything after it, *as generated*: round 1 (forced prefix + the model's ids), the tool
+  segment (turn glue + ``<information>...</information>`` + glue, see :mod:`mempo.rollout.chat`),
+  round 2, ... ``response_mask`` [L] is 1 on the model's ids (and on the forced prefix unless the
+  rollout was configured otherwise) and 0 on tool segments. Offsets marked *response* index
+  ``response_ids``; offsets marked *sequence* index ``prompt_ids + response_ids``.
+* Offsets, not copies. Round r occupies response ``[start, end)``; its tool segment (if any)
+  ``[end, tool_end)``, with the tool text's ids at ``information = (a, b)``; round r+1 starts at
+  ``tool_end``. ``full_end = P + start`` (sequence): ``full_ctx[r]``, the whole context before round
+  r's own output, is ``sequence_ids[:full_end]``. Both policies use this layout, so for a
+  memory-policy trajectory ``full_ctx[r]`` is the full history it did *not* see.
+* ``Round.prompt_ids``: memory policy only, the exact ids of the prompt round r was generated from
+  (rebuilt from ``AgentMemory.messages("memory")``, without the forced prefix); ``None`` for the
+  full policy, whose round-r context is ``prompt_ids + response_ids[:start]``.
+* ``mem_span`` (response coordinates, from the C++ span scanner): the round's first ``<mem>`` block
+  when it is closed and its content is not blank, else ``None``. A round is *scored* (gets a memory
+  reward) when its index is >= 1 (round 2 on) and it has a ``mem_span``; ``mem_ctx[r]`` is
+  ``prompt_ids + response_ids[mem_span]``.
+* ``action`` is the tag of the action block that closed the round (``"search"``, ``"access"``,
+  ``"answer"``) or ``None`` (a malformed round); ``action_argument`` its stripped content.
+  ``stop_reason``: ``"action"``, ``"eos"`` (a stop token) or ``"length"`` (max tokens).
+* ``finish_reason`` (:data:`FINISH_REASONS`): ``"answer"``, ``"turn_limit"``, ``"token_budget"``,
+  ``"malformed"`` (a round ended without an action; its outcome score is 0 through
+  ``compute_score``'s format check).
+* ``outcome`` is :func:`mempo.reward.compute_score`'s dict (after a JSON round trip its tuples are
+  lists); ``memory_rewards`` (``None`` until scoring) has one float per scored round, in round order.
+* Serialisation: :meth:`Trajectory.to_dict` / :meth:`Trajectory.from_dict` (plain JSON types),
+  :func:`write_trajectories_jsonl` / :func:`read_trajectories_jsonl`.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Iterator, NamedTuple, Optional, Union
+
+__all__ = ["POLICIES", "FINISH_REASONS", "Round", "Trajectory", "RoundInput", "round_training_inputs",
+           "write_trajectories_jsonl", "read_trajectories_jsonl", "iter_trajectories_jsonl"]
+
+POLICIES = ("full", "memory")
+FINISH_REASONS = ("answer", "turn_limit", "token_budget", "malformed")
+
+
+def _pair(value: Any) -> Optional[tuple[int, int]]:
+    if value is None:
+        return None
+    a, b = value
+    return int(a), int(b)
+
+
+@dataclass
+class Round:
+    """One assistant round of a trajectory (module conventions for every field)."""
+
+    index: int
+    start: int
+    end: int
+    tool_end: int
+    full_end: int
+    prefix_len: int = 0
+    mem_span: Optional[tuple[int, int]] = None
+    action: Optional[str] = None
+    action_argument: Optional[str] = None
+    stop_reason: str = "action"
+    prompt_ids: Optional[list[int]] = None
+    information: Optional[tuple[int, int]] = None
+    tool_ok: Optional[bool] = None
+
+    @property
+    def num_tokens(self) -> int:
+        """Ids of the round itself (forced prefix + generated), without the tool segment."""
+        return self.end - self.start
+
+    @property
+    def scored(self) -> bool:
+        """True for a round >= 2 (index >= 1) with a well-formed ``<mem>``."""
+        return self.index >= 1 and self.mem_span is not None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "index": self.index, "start": self.start, "end": self.end, "tool_end": self.tool_end,
+            "full_end": self.full_end, "prefix_len": self.prefix_len,
+            "mem_span": list(self.mem_span) if self.mem_span is not None else None,
+            "action": self.action, "action_argument": self.action_argument, "stop_reason": self.stop_reason,
+            "prompt_ids": list(self.prompt_ids) if self.prompt_ids is not None else None,
+            "information": list(self.information) if self.information is not None else None,
+            "tool_ok": self.tool_ok,
+        }
+
+    @classmethod
+    def from_dict(cls, obj: dict[str, Any]) -> "Round":
+        prompt_ids = obj.get("prompt_ids")
+        return cls(
+            index=int(obj["index"]), start=int(obj["start"]), end=int(obj["end"]), tool_end=int(obj["tool_end"]),
+            full_end=int(obj["full_end"]), prefix_len=int(obj.get("prefix_len", 0)),
+            mem_span=_pair(obj.get("mem_span")), action=obj.get("action"),
+            action_argument=obj.get("action_argument"), stop_reason=obj.get("stop_reason", "action"),
+            prompt_ids=[int(t) for t in prompt_ids] if prompt_ids is not None else None,
+            information=_pair(obj.get("information")), tool_ok=obj.get("tool_ok"),
+        )
+
+
+@dataclass
+class Trajectory:
+    """One sampled trajectory (module conventions).
+
+    uid: the group (question) label shared by the G samples; sample_index: 0..G-1; policy: "full" or
+    "memory"; golds: the gold aliases as given to ``compute_score``; episode_id: the source
+    episode's id.
+    """
+
+    uid: str
+    sample_index: int
+    policy: str
+    prompt_ids: list[int]
+    response_ids: list[int]
+    response_mask: list[int]
+    rounds: list[Round]
+    finish_reason: str
+    golds: Any = None
+    final_answer: Optional[str] = None
+    outcome: dict[str, Any] = field(default_factory=dict)
+    memory_rewards: Optional[list[float]] = None
+    episode_id: Optional[str] = None
+
+    # -- views -------------------------------------------------------------------------------------
+    @property
+    def sequence_ids(self) -> list[int]:
+        """``prompt_ids + response_ids`` (a new list) [P + L]."""
+        return self.prompt_ids + self.response_ids
+
+    @property
+    def score(self) -> float:
+        """The outcome score (0.0 before scoring)."""
+        return float(self.outcome.get("score", 0.0))
+
+    @property
+    def num_generated_tokens(self) -> int:
+        """Response ids with mask 1."""
+        return sum(self.response_mask)
+
+    def scored_rounds(self) -> list[Round]:
+        """The rounds that get a memory reward, in order (``Round.scored``)."""
+        return [r for r in self.rounds if r.scored]
+
+    def round_context_ids(self, round_: Union[int, Round]) -> list[int]:
+        """The exact ids round r was generated from, without its forced prefix [C]."""
+        r = self.rounds[round_] if isinstance(round_, int) else round_
+        if r.prompt_ids is not None:
+            return list(r.prompt_ids)
+        return self.prompt_ids + self.response_ids[:r.start]
+
+    def mem_context_ids(self, round_: Union[int, Round]) -> list[int]:
+        """``mem_ctx[r]`` = prompt ids + the round's ``<mem>...</mem>`` ids (ValueError without a mem span)."""
+        r = self.rounds[round_] if isinstance(round_, int) else round_
+        if r.mem_span is None:
+            raise ValueError(f"round {r.index} has no well-formed <mem> block")
+        return self.prompt_ids + self.response_ids[r.mem_span[0]:r.mem_span[1]]
+
+    def response_text(self, tokenizer: Any) -> str:
+        """The protocol text (rounds and ``<information>`` blocks, no chat glue) decoded from the ids.
+
+        Equal to the text the outcome was scored on, up to the tokenizer's normalisation of tool
+        text (e.g. NFC)."""
+        from mempo.rollout.chat import decode_ids
+
+        parts = []
+        for r in self.rounds:
+            parts.append(decode_ids(tokenizer, self.response_ids[r.start:r.end]))
+            if r.information is not None:
+                parts.append(decode_ids(tokenizer, self.response_ids[r.information[0]:r.information[1]]))
+        return "".join(parts)
+
+    # -- checks ------------------------------------------------------------------------------------
+    def validate(self) -> None:
+        """Raise ValueError when the record breaks the module conventions (offsets, lengths, enums)."""
+        if self.policy not in POLICIES:
+            raise ValueError(f"policy must be one of {POLICIES}, got {self.policy!r}")
+        if self.finish_reason not in FINISH_REASONS:
+            raise ValueError(f"finish_reason must be one of {FINISH_REASONS}, got {self.finish_reason!r}")
+        if len(self.response_mask) != len(self.response_ids):
+            raise ValueError("response_mask and response_ids differ in length")
+        position = 0
+        prompt_len = len(self.prompt_ids)
+        for i, r in enumerate(self.rounds):
+            if r.index != i:
+                raise ValueError(f"round {i} has index {r.index}")
+            if not position == r.start <= r.end <= r.tool_end <= len(self.response_ids):
+                raise ValueError(f"round {i} offsets ({r.start}, {r.end}, {r.tool_end}) do not follow {position}")
+            if r.full_end != prompt_len + r.start:
+                raise ValueError(f"round {i}: full_end {r.full_end} != len(prompt_ids) + start")
+            if r.mem_span is not None and not r.start <= r.mem_span[0] < r.mem_span[1] <= r.end:
+                raise ValueError(f"round {i}: mem_span {r.mem_span} outside the round")
+            if r.information is not None and not r.end <= r.information[0] <= r.information[1] <= r.tool_end:
+                raise ValueError(f"round {i}: information {r.information} outside the tool segment")
+            if (r.prompt_ids is None) != (self.policy == "full"):
+                raise ValueError(f"round {i}: prompt_ids must be given for the memory policy only")
+            position = r.tool_end
+        if position != len(self.response_ids):
+            raise ValueError(f"the rounds cover {position} of {len(self.response_ids)} response ids")
+        if self.memory_rewards is not None:
+            if len(self.memory_rewards) != len(self.scored_rounds()):
+                raise ValueError(f"{len(self.memory_rewards)} memory rewards for {len(self.scored_rounds())} "
+                                 "scored rounds")
+            if not all(math.isfinite(v) for v in self.memory_rewards):
+                raise ValueError("memory_rewards must be finite")
+
+    # -- serialisation -----------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        """Plain-JSON dict (lists, ints, floats, strings, None)."""
+        return {
+            "uid": self.uid, "sample_index": self.sample_index, "policy": self.policy,
+            "episode_id": self.episode_id, "prompt_ids": list(self.prompt_ids),
+            "response_ids": list(self.response_ids), "response_mask": list(self.response_mask),
+            "rounds": [r.to_dict() for r in self.rounds], "finish_reason": self.finish_reason,
+            "golds": self.golds, "final_answer": self.final_answer,
+            "outcome": json.loads(json.dumps(self.outcome)),
+            "memory_rewards": list(self.memory_rewards) if self.memory_rewards is not None else None,
+        }
+
+    @classmethod
+    def from_dict(cls, obj: dict[str, Any]) -> "Trajectory":
+        """Inverse of :meth:`to_dict` (validated)."""
+        rewards = obj.get("memory_rewards")
+        trajectory = cls(
+            uid=str(obj["uid"]), sample_index=int(obj["sample_index"]), policy=obj["policy"],
+            prompt_ids=[int(t) for t in obj["prompt_ids"]], response_ids=[int(t) for t in obj["response_ids"]],
+            response_mask=[int(t) for t in obj["response_mask"]],
+            rounds=[Round.from_dict(r) for r in obj["rounds"]], finish_reason=obj["finish_reason"],
+            golds=obj.get("golds"), final_answer=obj.get("final_answer"), outcome=dict(obj.get("outcome") or {}),
+            memory_rewards=[float(v) for v in rewards] if rewards is not None else None,
+            episode_id=obj.get("episode_id"),
+        )
+        trajectory.validate()
+        return trajectory
+
+
+class RoundInput(NamedTuple):
+    """One round as a training sequence: ``input_ids`` [C + n], ``loss_mask`` [C + n] (0 on the
+    context, the response mask on the round's own ids), ``context_len`` C."""
+
+    round_index: int
+    input_ids: list[int]
+    loss_mask: list[int]
+    context_len: int
+
+
+def round_training_inputs(trajectory: Trajectory) -> list[RoundInput]:
+    """Per-round training sequences: the exact context the round was generated from + its ids.
+
+    Memory policy: context = ``Round.prompt_ids`` (the rebuilt per-round prompt). Full policy:
+    context = ``prompt_ids + response_ids[:start]`` (one forward of the whole sequence gives the
+    same log-probs for every round at once; this per-round form is for checks and for trainers that
+    want one row per round). The round's own ids are ``response_ids[start:end]`` (forced prefix +
+    generated; the tool segment after it is not part of the round). ``loss_mask`` is 0 on the context
+    and ``response_mask[start:end]`` on the round.
+    """
+    inputs = []
+    for r in trajectory.rounds:
+        context = trajectory.round_context_ids(r)
+        own = trajectory.response_ids[r.start:r.end]
+        inputs.append(RoundInput(r.index, context + own, [0] * len(context) + trajectory.response_mask[r.start:r.end],
+                                 len(context)))
+    return inputs
+
+
+PathLike = Union[str, "os.PathLike[str]"]
+
+
+def write_trajectories_jsonl(path: PathLike, trajectories: Iterable[Trajectory]) -> int:
+    """Write one JSON object per line (``Trajectory.to_dict``); returns the count."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    count = 0
+    with open(path, "w", encoding="utf-8") as handle:
+        for trajectory in trajectories:
+            handle.write(json.dumps(trajectory.to_dict(), ensure_ascii=False) + "\n")
+            count += 1
+    return count
+
+
+def iter_trajectories_jsonl(path: PathLike) -> Iterator[Trajectory]:
+    """Stream trajectories from a jsonl file (blank lines skipped; errors name the line)."""
+    with open(path, "r", encoding="utf-8") as handle:
+        for lineno, line in enumerate(handle, 1):
+            if not line.strip():
+                continue
+            try:
+                yield Trajectory.from_dict(json.loads(line))
+            except (ValueError, KeyError, TypeError) as exc:
+                raise ValueError(f"{path}:{lineno}: not a trajectory record ({exc})") from None
+
+
+def read_trajectories_jsonl(path: PathLike) -> list[Trajectory]:
+    """All trajectories of a jsonl file."""
+    return list(iter_trajectories_jsonl(path))

@@ -1,0 +1,120 @@
+"""Trajectories -> teacher-scoring requests -> memory rewards -> mempo_advantage inputs."""
+import math
+
+import pytest
+import torch
+
+from mempo.ops import mempo_advantage
+from mempo.rollout import RolloutConfig, RolloutEngine, ScriptedBackend, round_script
+from mempo.rollout.requests import advantage_inputs, attach_memory_rewards, scoring_requests, scoring_types
+from test_rollout_fixtures import chat_tokenizer, needle_scripts, needle_task
+
+ANSWER_PREFIX = "\n<think>\nI know it.\n</think>\n<answer>\n"
+ANSWER_SUFFIX = "\n</answer>"
+
+
+def answer_builder(golds, tok):
+    """The ALGORITHM.md answer template; mask 1 on the gold's ids only."""
+    gold = golds[0] if isinstance(golds[0], str) else golds[0][0]
+    before = tok.encode(ANSWER_PREFIX, add_special_tokens=False)
+    middle = tok.encode(gold, add_special_tokens=False)
+    after = tok.encode(ANSWER_SUFFIX, add_special_tokens=False)
+    return before + middle + after, [0] * len(before) + [1] * len(middle) + [0] * len(after)
+
+
+@pytest.fixture(scope="module")
+def batch(bm25):
+    tok = chat_tokenizer()
+    scripts = {
+        "q3": needle_scripts(3, extra_search=True),  # rounds 2 and 3 scored
+        ("q5", 0): needle_scripts(5),  # round 2 scored
+        ("q5", 1): ["</mem><think>t</think><search>zebulon5</search>",
+                    "   </mem><think>blank memory</think><answer>Needle 5</answer>"],  # blank <mem>: not scored
+        ("q5", 2): ["round one memory</mem><think>t</think><answer>Needle 5</answer>"],  # round 1: never scored
+    }
+    backend = ScriptedBackend(round_script(tok, scripts), tok)
+    config = RolloutConfig(group_size=3, max_new_tokens=128)
+    trajectories = RolloutEngine(backend, tok, retriever=bm25, config=config).run([needle_task(3), needle_task(5)])
+    return tok, trajectories
+
+
+def test_scoring_requests_one_per_trajectory(batch):
+    tok, trajectories = batch
+    requests = scoring_requests(trajectories, tok, answer_builder)
+    request_type, round_type = scoring_types()
+    from mempo.scoring import ScoredRound, ScoringRequest
+
+    assert (request_type, round_type) == (ScoringRequest, ScoredRound)
+    assert len(requests) == len(trajectories) and all(isinstance(r, request_type) for r in requests)
+    assert [len(r.rounds) for r in requests] == [2, 2, 2, 1, 0, 0]
+    for trajectory, request in zip(trajectories, requests):
+        assert request.sequence_ids == trajectory.prompt_ids + trajectory.response_ids
+        ids, mask = answer_builder(trajectory.golds, tok)
+        assert (request.answer_ids, request.answer_mask) == (ids, mask)
+        assert tok.decode([t for t, m in zip(ids, mask) if m]) == trajectory.golds[0]
+        for scored, r in zip(request.rounds, trajectory.scored_rounds()):
+            assert isinstance(scored, round_type) and r.index >= 1
+            # full_ctx[r]: everything before round r's own output (its forced <mem> included in the round)
+            full_ctx = tok.decode(request.sequence_ids[:scored.full_end])
+            assert full_ctx.endswith("<|im_start|>assistant\n") and full_ctx.count("<mem>") == r.index
+            # mem_ctx[r]: system + question prompt, then the round's <mem>...</mem>
+            assert scored.mem_ctx_ids[:len(trajectory.prompt_ids)] == trajectory.prompt_ids
+            mem_text = tok.decode(scored.mem_ctx_ids[len(trajectory.prompt_ids):])
+            assert mem_text.startswith("<mem>zebulon") and mem_text.rstrip().endswith("</mem>")
+            assert "<information>" not in tok.decode(scored.mem_ctx_ids)
+
+
+def test_memory_rewards_reach_the_mem_tokens(batch):
+    tok, trajectories = batch
+    for trajectory in trajectories:
+        trajectory.memory_rewards = None
+    with pytest.raises(ValueError, match="no memory rewards"):
+        advantage_inputs(trajectories)
+    with pytest.raises(ValueError, match="scored rounds"):
+        attach_memory_rewards(trajectories, [[0.1]] * len(trajectories))
+    results = [[0.3, -0.1], {"mem_rewards": [0.2, 0.0]}, type("R", (), {"memory_rewards": torch.tensor([0.5, 0.1])})(),
+               [-0.4], [], []]
+    attach_memory_rewards(trajectories, results)
+    assert trajectories[2].memory_rewards == pytest.approx([0.5, 0.1])
+    scores, index, mask, rewards, offsets, spans = advantage_inputs(trajectories, pad_to=1500)
+    assert mask.shape == (6, 1500) and list(index) == ["q3"] * 3 + ["q5"] * 3
+    assert offsets.tolist() == [0, 2, 4, 6, 7, 7, 7] and spans.shape == (7, 2)
+    assert scores.tolist() == [t.score for t in trajectories]
+    advantages, _ = mempo_advantage(scores, index, mask, rewards, offsets, spans)
+    assert torch.isfinite(advantages).all()
+    # q5's pool: [-0.4] plus nothing else -> one value -> 0; q3's pool of 6 values is normalised
+    pool = torch.tensor([0.3, -0.1, 0.2, 0.0, 0.5, 0.1])
+    z = (pool - pool.mean()) / (pool.std() + 1e-6)
+    outcome = advantages[0, 0]
+    for row, k in ((0, 0), (0, 1), (1, 0), (1, 1), (2, 0), (2, 1)):
+        start, end = trajectories[row].scored_rounds()[k].mem_span
+        assert torch.allclose(advantages[row, start:end], outcome + z[2 * row + k], atol=1e-5)
+        assert torch.allclose(advantages[row, end], outcome)  # past the <mem> span
+    first = trajectories[0].rounds[0]
+    assert (advantages[0, first.end:first.tool_end] == 0).all()  # tool tokens: mask 0
+    assert not math.isnan(float(advantages[3].sum()))
+
+
+def test_end_to_end_with_the_scoring_module(batch):
+    """rollout -> scoring_requests (default answer template) -> mempo.scoring -> rewards -> advantages."""
+    from mempo.scoring import DEFAULT_ANSWER_TEMPLATE, ScoringResult, score_packed, score_reference
+    from test_rollout_fixtures import tiny_qwen2
+
+    tok, trajectories = batch
+    requests = scoring_requests(trajectories, tok)
+    ids, mask = requests[0].answer_ids, requests[0].answer_mask
+    assert tok.decode(ids) == DEFAULT_ANSWER_TEMPLATE.format(answer="Needle 3")
+    assert tok.decode([t for t, m in zip(ids, mask) if m]).strip() == "Needle 3"
+    model = tiny_qwen2(len(tok), seed=3)
+    results = score_reference(model, requests, threshold=None)
+    assert all(isinstance(r, ScoringResult) for r in results)
+    packed = score_packed(model, requests, threshold=None)
+    for a, b in zip(results, packed):
+        assert a.mem_reward == pytest.approx(b.mem_reward, abs=1e-5)
+    for trajectory in trajectories:
+        trajectory.memory_rewards = None
+    attach_memory_rewards(trajectories, results)
+    assert [len(t.memory_rewards) for t in trajectories] == [2, 2, 2, 1, 0, 0]
+    assert all(v != 0.0 for t in trajectories for v in t.memory_rewards)
+    advantages, _ = mempo_advantage(*advantage_inputs(trajectories))
+    assert torch.isfinite(advantages).all()

@@ -1,0 +1,484 @@
+"""Tests of the memory-reward teacher scoring (mempo.scoring).
+
+The three methods (reference, packed, cached) must agree with each other and with a ground truth
+computed here independently: one plain `model(input_ids).logits` forward per context + answer,
+log_softmax in float64, threshold and geometric mean by hand. Models are tiny random HF models
+built from configs (no downloads): Qwen2 (SDPA) and Llama (eager attention), fp32, seeded. The
+Qwen2 lm_head is scaled up so that the next-token distributions are peaked and threshold=0.5 keeps
+some gold tokens and drops others; answers mix greedy continuations (high probability) with random
+tokens (low probability).
+
+Tolerance: |dP| <= 1e-5 in fp32. Every thresholded ground-truth log-prob is asserted to lie at
+least 1e-4 away from log(threshold), so that no keep decision can flip between methods.
+"""
+import math
+import random
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from mempo.scoring import (
+    DEFAULT_ANSWER_TEMPLATE,
+    METHODS,
+    ScoredRound,
+    ScoringRequest,
+    ScoringResult,
+    ScoringStats,
+    build_answer,
+    score,
+    score_cached,
+    score_packed,
+)
+
+transformers = pytest.importorskip("transformers")
+tokenizers = pytest.importorskip("tokenizers")
+
+TOL = 1e-5
+VOCAB = 384
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Tiny models gain nothing from threads, and on a loaded 2-core machine two spinning intra-op
+    threads make these tests 5-10x slower; restored afterwards."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+# ------------------------------------------------------------------------------------------------
+# tiny models
+# ------------------------------------------------------------------------------------------------
+def _qwen2(attn="sdpa"):
+    torch.manual_seed(0)
+    cfg = transformers.Qwen2Config(
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
+        tie_word_embeddings=False, attn_implementation=attn)
+    model = transformers.Qwen2ForCausalLM(cfg).float().eval()
+    with torch.no_grad():  # peaked next-token distributions: some tokens get p > 0.5
+        model.lm_head.weight.mul_(60.0)
+    return model
+
+
+def _llama():
+    torch.manual_seed(1)
+    cfg = transformers.LlamaConfig(
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
+        tie_word_embeddings=True, attn_implementation="eager")
+    model = transformers.LlamaForCausalLM(cfg).float().eval()
+    with torch.no_grad():
+        model.model.norm.weight.mul_(40.0)
+    return model
+
+
+@pytest.fixture(scope="module")
+def qwen2():
+    return _qwen2()
+
+
+@pytest.fixture(scope="module")
+def llama():
+    return _llama()
+
+
+# ------------------------------------------------------------------------------------------------
+# ground truth: one plain forward per context, float64 log_softmax, threshold by hand
+# ------------------------------------------------------------------------------------------------
+def _answer_logps(model, ctx, answer):
+    with torch.no_grad():
+        logits = model(input_ids=torch.tensor([list(ctx) + list(answer)])).logits[0]
+    logp = torch.log_softmax(logits.double(), dim=-1)
+    return [float(logp[len(ctx) - 1 + i, a]) for i, a in enumerate(answer)]
+
+
+def _p_from_logps(logps, mask, threshold):
+    vals = [lp for lp, m in zip(logps, mask) if m]
+    if threshold is not None:
+        log_t = math.log(threshold)
+        assert all(abs(lp - log_t) > 1e-4 for lp in vals), "a log-prob sits on the threshold"
+        vals = [lp for lp in vals if lp > log_t]
+    return (math.exp(sum(vals) / len(vals)) if vals else 0.0), len(vals)
+
+
+def ground_truth(model, requests, threshold):
+    out = []
+    for req in requests:
+        res = ScoringResult()
+        for rnd in req.rounds:
+            pf, kf = _p_from_logps(_answer_logps(model, req.sequence_ids[:rnd.full_end],
+                                                 req.answer_ids), req.answer_mask, threshold)
+            pm, km = _p_from_logps(_answer_logps(model, rnd.mem_ctx_ids, req.answer_ids),
+                                   req.answer_mask, threshold)
+            res.p_full.append(pf)
+            res.p_mem.append(pm)
+            res.mem_reward.append(pm - pf)
+            res.num_kept_full.append(kf)
+            res.num_kept_mem.append(km)
+        out.append(res)
+    return out
+
+
+def assert_same(got, want, tol=TOL):
+    assert len(got) == len(want)
+    for r, (g, w) in enumerate(zip(got, want)):
+        assert len(g.p_full) == len(w.p_full) == len(g.p_mem) == len(g.mem_reward)
+        for name in ("p_full", "p_mem", "mem_reward"):
+            for k, (a, b) in enumerate(zip(getattr(g, name), getattr(w, name))):
+                assert isinstance(a, float)
+                assert abs(a - b) <= tol, f"request {r} round {k} {name}: {a} vs {b}"
+        assert g.num_kept_full == w.num_kept_full, r
+        assert g.num_kept_mem == w.num_kept_mem, r
+
+
+# ------------------------------------------------------------------------------------------------
+# synthetic requests
+# ------------------------------------------------------------------------------------------------
+def _greedy(model, ctx, n):
+    ids = list(ctx)
+    with torch.no_grad():
+        for _ in range(n):
+            ids.append(int(model(input_ids=torch.tensor([ids])).logits[0, -1].argmax()))
+    return ids[len(ctx):]
+
+
+def make_requests(model, seed=0):
+    """Requests covering: K = 7 and K = 1 rounds, zero rounds, a truncated trajectory (a round
+    scored at the very end), multi-objective answer masks, a mem_ctx shorter than the answer, a
+    mem_ctx sharing nothing with the sequence, a mem_ctx that is a prefix of the sequence, a
+    1-token answer, and different sequence lengths in one call."""
+    rng = random.Random(seed)
+
+    def toks(n):
+        return [rng.randrange(VOCAB) for _ in range(n)]
+
+    def answer(ctx, n_greedy, n_random, mask):
+        ans = _greedy(model, ctx, n_greedy) + toks(n_random)
+        return ans, mask
+
+    reqs = []
+    # 1. K = 7 rounds over a ~170-token trajectory; answer = greedy tokens + random tail.
+    prompt = toks(12)
+    seq = prompt + toks(160)
+    ends = [20, 35, 60, 80, 110, 140, 165]
+    rounds = [ScoredRound(e, prompt + toks(rng.randint(2, 9))) for e in ends]
+    ans, mask = answer(seq[:60], 4, 5, [0, 1, 1, 1, 0, 1, 1, 0, 0])
+    reqs.append(ScoringRequest(seq, rounds, ans, mask))
+    # 2. K = 1, a short trajectory; multi-objective mask (two gold spans, a separator between).
+    prompt = toks(8)
+    seq = prompt + toks(25)
+    ans, mask = answer(seq[:20], 6, 2, [0, 1, 1, 0, 1, 1, 1, 0])
+    reqs.append(ScoringRequest(seq, [ScoredRound(20, prompt + toks(4))], ans, mask))
+    # 3. Zero rounds (no memory scored): nothing to compute.
+    reqs.append(ScoringRequest(toks(30), [], toks(5), [1, 1, 1, 1, 1]))
+    # 4. Truncated trajectory: last round scored at len(sequence); mem_ctx (3 tokens) shorter than
+    #    the 12-token answer and sharing nothing with the sequence; a mem_ctx that is a prefix of
+    #    the sequence (empty suffix) and one equal to a whole full_ctx.
+    prompt = toks(10)
+    seq = prompt + toks(70)
+    mem_short = [(seq[0] + 1) % VOCAB] + toks(2)
+    rounds = [ScoredRound(30, mem_short), ScoredRound(55, seq[:14]), ScoredRound(80, seq[:30])]
+    ans, mask = answer(seq, 7, 5, [1, 1, 0, 1, 1, 1, 1, 1, 0, 1, 1, 0])
+    reqs.append(ScoringRequest(seq, rounds, ans, mask))
+    # 5. A 1-token answer (only the context's last row predicts it).
+    prompt = toks(6)
+    seq = prompt + toks(40)
+    ans = _greedy(model, seq[:25], 1)
+    reqs.append(ScoringRequest(seq, [ScoredRound(25, prompt + toks(3)),
+                                     ScoredRound(40, prompt + toks(6))], ans, [1]))
+    return reqs
+
+
+@pytest.fixture(scope="module")
+def qwen2_requests(qwen2):
+    return make_requests(qwen2, seed=0)
+
+
+@pytest.fixture(scope="module")
+def llama_requests(llama):
+    return make_requests(llama, seed=1)
+
+
+# ------------------------------------------------------------------------------------------------
+# agreement: every method vs the ground truth (and so vs each other)
+# ------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("threshold", [0.5, None])
+@pytest.mark.parametrize("method", METHODS)
+def test_qwen2_methods_match_ground_truth(qwen2, qwen2_requests, method, threshold):
+    want = ground_truth(qwen2, qwen2_requests, threshold)
+    got = score(qwen2, qwen2_requests, method, threshold=threshold)
+    assert_same(got, want)
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_llama_eager_methods_match_ground_truth(llama, llama_requests, method):
+    want = ground_truth(llama, llama_requests, 0.5)
+    assert_same(score(llama, llama_requests, method), want)
+
+
+def test_threshold_is_exercised(qwen2, qwen2_requests):
+    """The fixture really tests the threshold: some contexts keep all gold tokens, some part, some
+    none (P = 0, the documented empty value), and threshold=None keeps every gold token."""
+    res = score_packed(qwen2, qwen2_requests, threshold=0.5)
+    counts = []
+    for req, r in zip(qwen2_requests, res):
+        gold = sum(req.answer_mask)
+        for kept, p in zip(r.num_kept_full + r.num_kept_mem, r.p_full + r.p_mem):
+            counts.append((kept, gold))
+            assert (p == 0.0) == (kept == 0)
+            assert 0.0 <= p <= 1.0
+    assert any(k == 0 for k, _ in counts)
+    assert any(0 < k < g for k, g in counts)
+    assert any(k == g for k, g in counts)
+    plain = score_packed(qwen2, qwen2_requests, threshold=None)
+    for req, r in zip(qwen2_requests, plain):
+        assert all(k == sum(req.answer_mask) for k in r.num_kept_full + r.num_kept_mem)
+        assert all(p > 0.0 for p in r.p_full + r.p_mem)
+
+
+def test_empty_value_and_no_gold(qwen2):
+    """No gold token (all-zero mask) or threshold 1.0 (nothing passes): P = empty_value, never 1."""
+    seq = list(range(1, 30))
+    req = ScoringRequest(seq, [ScoredRound(10, seq[:5]), ScoredRound(29, [7, 8])], [3, 4, 5], [0, 0, 0])
+    for method in METHODS:
+        r = score(qwen2, [req], method)[0]
+        assert r.p_full == r.p_mem == [0.0, 0.0] and r.mem_reward == [0.0, 0.0]
+        assert r.num_kept_full == [0, 0]
+        r = score(qwen2, [req], method, empty_value=-1.0)[0]
+        assert r.p_full == [-1.0, -1.0]
+    req.answer_mask = [1, 1, 1]
+    for method in METHODS:
+        r = score(qwen2, [req], method, threshold=1.0)[0]
+        assert r.p_full == r.p_mem == [0.0, 0.0]
+
+
+def test_no_rounds_at_all(qwen2):
+    reqs = [ScoringRequest([1, 2, 3], [], [4, 5], [1, 1])] * 2
+    for method in METHODS:
+        stats = ScoringStats()
+        assert score(qwen2, reqs, method, stats=stats) == [ScoringResult(), ScoringResult()]
+        assert stats.forwards == 0
+    assert score(qwen2, [], "packed") == []
+
+
+# ------------------------------------------------------------------------------------------------
+# micro-batching, fallback path, bookkeeping
+# ------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("method", METHODS)
+def test_token_budget_gives_same_numbers(qwen2, qwen2_requests, method):
+    big, small = ScoringStats(), ScoringStats()
+    one = score(qwen2, qwen2_requests, method, token_budget=1 << 20, stats=big)
+    many = score(qwen2, qwen2_requests, method, token_budget=40, stats=small)
+    assert_same(many, one)
+    assert small.forwards > big.forwards
+    assert small.contexts == big.contexts == 2 * sum(len(r.rounds) for r in qwen2_requests)
+    tiny = score(qwen2, qwen2_requests, method, token_budget=1)  # every unit / row alone
+    assert_same(tiny, one)
+
+
+def test_token_counts(qwen2, qwen2_requests):
+    """Packed/cached run each trajectory's root once plus |a|-1 tokens per answer copy and each mem
+    suffix; the reference runs every context + answer (plus padding)."""
+    stats = {m: ScoringStats() for m in METHODS}
+    for m in METHODS:
+        score(qwen2, qwen2_requests, m, stats=stats[m])
+    real_ref = sum(r.full_end + len(q.answer_ids) + len(r.mem_ctx_ids) + len(q.answer_ids)
+                   for q in qwen2_requests for r in q.rounds)
+    assert stats["reference"].tokens - stats["reference"].padding_tokens == real_ref
+    assert stats["packed"].tokens == stats["cached"].tokens
+    assert stats["packed"].forwards == sum(1 for q in qwen2_requests if q.rounds)
+    assert stats["packed"].tokens < real_ref
+
+
+def test_logits_fallback_matches_fused(qwen2, qwen2_requests):
+    for method in METHODS:
+        fused = score(qwen2, qwen2_requests, method, fused=True)
+        plain = score(qwen2, qwen2_requests, method, fused=False)
+        assert_same(plain, fused)
+
+
+class _LogitsOnly(torch.nn.Module):
+    """A causal LM without get_decoder / get_output_embeddings and a softcapped output: scoring
+    must use its logits (the fused path would be wrong)."""
+
+    def __init__(self, inner):
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, input_ids, attention_mask=None, position_ids=None, use_cache=False, **kw):
+        out = self.inner(input_ids=input_ids, attention_mask=attention_mask,
+                         position_ids=position_ids, use_cache=use_cache, **kw)
+        out.logits = 30.0 * torch.tanh(out.logits / 30.0)
+        return out
+
+
+def test_duck_typed_model_without_structure(qwen2, qwen2_requests):
+    wrapped = _LogitsOnly(qwen2).eval()
+    want = ground_truth(wrapped, qwen2_requests[:2], 0.5)
+    for method in METHODS:
+        assert_same(score(wrapped, qwen2_requests[:2], method), want)
+    with pytest.raises(ValueError, match="fused=True"):
+        score(wrapped, qwen2_requests[:2], "packed", fused=True)
+
+
+def test_softcapped_output_detected_by_probe(qwen2, qwen2_requests):
+    """A model whose forward changes the lm_head output fails the once-per-model probe and is
+    scored from its logits, still matching the ground truth."""
+    model = _qwen2()
+    original = model.forward
+
+    def capped(*args, **kwargs):
+        out = original(*args, **kwargs)
+        out.logits = 20.0 * torch.tanh(out.logits / 20.0)
+        return out
+
+    model.forward = capped
+    want = ground_truth(model, qwen2_requests[:2], 0.5)
+    assert_same(score(model, qwen2_requests[:2], "cached"), want)
+
+
+def test_eval_mode_no_grad_and_restore(qwen2_requests):
+    model = _qwen2()
+    model.train()
+    torch.manual_seed(0)
+    res = score_cached(model, qwen2_requests[:2])
+    assert model.training
+    assert all(isinstance(p, float) for r in res for p in r.p_full + r.p_mem)
+    assert all(p.grad is None for p in model.parameters())
+
+
+def test_rejects_bad_input(qwen2):
+    good = ScoringRequest([1, 2, 3, 4], [ScoredRound(2, [1, 9])], [5, 6], [1, 1])
+    bad = [
+        ScoringRequest([1, 2, 3, 4], [ScoredRound(0, [1])], [5], [1]),       # full_end 0
+        ScoringRequest([1, 2, 3, 4], [ScoredRound(5, [1])], [5], [1]),       # past the end
+        ScoringRequest([1, 2, 3, 4], [ScoredRound(2, [])], [5], [1]),        # empty mem_ctx
+        ScoringRequest([1, 2, 3, 4], [ScoredRound(2, [1])], [], []),         # empty answer
+        ScoringRequest([1, 2, 3, 4], [ScoredRound(2, [1])], [5, 6], [1]),    # mask length
+        ScoringRequest([1, 2, 3, VOCAB], [ScoredRound(2, [1])], [5], [1]),   # id out of range
+    ]
+    for req in bad:
+        with pytest.raises(ValueError):
+            score(qwen2, [good, req], "packed")
+    with pytest.raises(ValueError, match="method"):
+        score(qwen2, [good], "dense")
+    with pytest.raises(ValueError, match="token_budget"):
+        score(qwen2, [good], "packed", token_budget=0)
+
+
+def test_packed_needs_dense_mask_attention(qwen2):
+    req = ScoringRequest([1, 2, 3, 4], [ScoredRound(2, [1, 9])], [5, 6], [1, 1])
+    model = _qwen2()
+    model.config._attn_implementation = "flash_attention_2"
+    for method in ("packed", "cached"):
+        with pytest.raises(ValueError, match="attn_implementation"):
+            score(model, [req], method)
+
+
+def test_import_does_not_load_transformers():
+    code = "import sys, mempo.scoring; assert 'transformers' not in sys.modules, 'loaded'"
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+# ------------------------------------------------------------------------------------------------
+# answer template and answer mask from offsets
+# ------------------------------------------------------------------------------------------------
+_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+          r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+_TEXT = ("<think> I have the answer. </think> <answer> Paris; London; Marie Curie; 1889; "
+         "São Paulo; 東京; the Nile river </answer> who was the first president of the company "
+         "when was the museum founded; 42; 3.14; naïve café").split()
+
+
+@pytest.fixture(scope="module", params=["qwen2-split", "no-split"])
+def bpe(request):
+    """Byte-level BPE trained here: with the Qwen2 pre-tokenizer split, or with no split at all
+    (merges then cross word and template boundaries)."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    rng = random.Random(3)
+    corpus = [" ".join(rng.choice(_TEXT) for _ in range(rng.randint(3, 20))) + rng.choice(["\n", ""])
+              for _ in range(400)]
+    tok = Tokenizer(models.BPE())
+    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tok.pre_tokenizer = byte_level if request.param == "no-split" else pre_tokenizers.Sequence(
+        [pre_tokenizers.Split(Regex(_SPLIT), behavior="isolated"), byte_level])
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=VOCAB, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                  show_progress=False)
+    tok.train_from_iterator(corpus, trainer=trainer)
+    return tok
+
+
+GOLDS = ["Paris", ["Paris", "London"], ["Marie Curie", "1889", "São Paulo", "東京"], "the Nile river",
+         ["42", "3.14"], "naïve café"]
+
+
+@pytest.mark.parametrize("gold", GOLDS, ids=lambda g: "multi" if isinstance(g, list) else "single")
+def test_answer_mask_from_offsets(bpe, gold):
+    ids, mask = build_answer(bpe, gold)
+    parts = [gold] if isinstance(gold, str) else gold
+    text = DEFAULT_ANSWER_TEMPLATE.replace("{answer}", "; ".join(parts))
+    enc = bpe.encode(text, add_special_tokens=False)
+    assert ids == enc.ids and len(mask) == len(ids)
+    assert bpe.decode(ids) == text  # byte-level: lossless
+    # Gold characters <-> masked tokens: every gold character lies under a masked token, and every
+    # masked token overlaps a gold character; template and separator characters outside.
+    gold_chars, at = set(), text.index("<answer>\n") + len("<answer>\n")
+    for j, part in enumerate(parts):
+        gold_chars.update(range(at, at + len(part)))
+        at += len(part) + 2
+    covered = set()
+    for (s, e), m in zip(enc.offsets, mask):
+        chars = set(range(s, e))
+        assert bool(m) == bool(chars & gold_chars)
+        if m:
+            covered |= chars
+    assert gold_chars <= covered
+    # The masked tokens decode to text that holds every sub-answer, in order, and nothing of the
+    # template beyond the boundary pieces.
+    masked_text = bpe.decode([t for t, m in zip(ids, mask) if m])
+    pos = 0
+    for part in parts:
+        pos = masked_text.index(part, pos) + len(part)
+    assert "<answer>" not in masked_text and "</answer>" not in masked_text
+    assert "I have the answer" not in masked_text
+
+
+def test_answer_mask_separators_out_with_split(bpe):
+    """With the Qwen2 split the separator ';' is its own token: masked out between sub-answers."""
+    ids, mask = build_answer(bpe, ["Paris", "London", "42"])
+    pieces = [bpe.decode([t]) for t in ids]
+    for piece, m in zip(pieces, mask):
+        if piece.strip() == ";":
+            assert m == 0
+    assert sum(mask) >= 3
+
+
+def test_build_answer_hf_fast_tokenizer_and_template(bpe):
+    fast = transformers.PreTrainedTokenizerFast(tokenizer_object=bpe)
+    for gold in GOLDS:
+        assert build_answer(fast, gold) == build_answer(bpe, gold)
+    ids, mask = build_answer(bpe, "Paris", template="A: {answer}.")
+    assert bpe.decode(ids) == "A: Paris."
+    assert bpe.decode([t for t, m in zip(ids, mask) if m]).strip() == "Paris"
+    assert sum(build_answer(bpe, "")[1]) == 0
+    with pytest.raises(ValueError):
+        build_answer(bpe, "x", template="no placeholder")
+
+
+def test_build_answer_end_to_end(bpe, qwen2):
+    """Answer ids from the trained tokenizer, scored by every method: same numbers."""
+    rng = random.Random(5)
+    prompt = bpe.encode("who was the first president of the company", add_special_tokens=False).ids
+    seq = prompt + [rng.randrange(VOCAB) for _ in range(50)]
+    ans, mask = build_answer(bpe, ["Marie Curie", "1889"])
+    req = ScoringRequest(seq, [ScoredRound(30, prompt + [5, 6, 7]), ScoredRound(len(seq), prompt + [8])],
+                         ans, mask)
+    want = ground_truth(qwen2, [req], None)
+    for method in METHODS:
+        assert_same(score(qwen2, [req], method, threshold=None), want)
