@@ -203,36 +203,37 @@ def _span_scatter_torch(row_value: torch.Tensor, span_value: torch.Tensor, start
                         offsets: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     num_rows, length = mask.shape
     device = mask.device
-    # One spare element after the [B, L] block receives the padding writes of step 2.
+    # One spare element after the [B, L] block absorbs the padding cells of step 2; it holds 0.
     storage = torch.empty(num_rows * length + 1, dtype=torch.float32, device=device)
+    storage[-1] = 0.0
     out = storage[:-1].view(num_rows, length)
-    # 1. Broadcast each trajectory's value over its tokens, times the mask: one fused pass.
-    torch.mul(mask, row_value[:, None], out=out)
+    # 1. The mask as fp32 (a vectorised cast; mixing an int mask into a multiply is far slower).
+    out.copy_(mask)
     lengths = end - start
     total = int(lengths.sum()) if lengths.numel() else 0
-    if total == 0:
-        return out
-    # 2. Add each span's value on its covered tokens only (work ~ covered tokens, not B x L).
-    #    Spans are laid out as a [R, widest] grid of flat positions row_k * L + start_k + j; grid
-    #    cells past a span's end point at the spare element. Spans are disjoint, so each real
-    #    position is written once and index_add_ is exact. Gathers use index_select: plain
-    #    advanced indexing is far slower on multi-threaded CPU.
-    widest = int(lengths.max())
-    row = _rows_of_csr(offsets, lengths.numel())
-    first = row * length + start
-    if lengths.numel() * widest <= 4 * total:
-        step = torch.arange(widest, device=device)
-        inside = step[None, :] < lengths[:, None]
-        pos = torch.where(inside, first[:, None] + step[None, :], num_rows * length).reshape(-1)
-        value = torch.where(inside, span_value[:, None], 0.0).reshape(-1)
-    else:  # a few very long spans: enumerate covered slots exactly instead of padding to the widest
-        span_ends = torch.cumsum(lengths, 0)
-        slot = torch.arange(total, device=device)
-        k = torch.searchsorted(span_ends, slot, right=True)
-        pos = (first - (span_ends - lengths)).index_select(0, k) + slot
-        value = span_value.index_select(0, k)
-    mask_at = mask.reshape(-1).index_select(0, pos.clamp(max=num_rows * length - 1)).to(torch.float32)
-    storage.index_add_(0, pos, value * mask_at)
+    if total:
+        # 2. Flat positions of the covered tokens only (work ~ covered tokens, not B x L). Spans are
+        #    laid out as an [R, widest] grid of positions row_k * L + start_k + j; cells past a
+        #    span's end point at the spare element (mask 0 there). A few very long spans among
+        #    short ones enumerate covered slots exactly instead of padding to the widest.
+        widest = int(lengths.max())
+        first = _rows_of_csr(offsets, lengths.numel()) * length + start
+        if lengths.numel() * widest <= 4 * total:
+            step = torch.arange(widest, device=device)
+            pos = torch.where(step[None, :] < lengths[:, None], first[:, None] + step[None, :], num_rows * length)
+            span_add = (span_value[:, None] * storage.index_select(0, pos.reshape(-1)).view_as(pos)).reshape(-1)
+            pos = pos.reshape(-1)
+        else:
+            span_ends = torch.cumsum(lengths, 0)
+            slot = torch.arange(total, device=device)
+            k = torch.searchsorted(span_ends, slot, right=True)
+            pos = (first - (span_ends - lengths)).index_select(0, k) + slot
+            span_add = span_value.index_select(0, k) * storage.index_select(0, pos)
+    # 3. Outcome value times the mask everywhere, then the span values (times the mask) on their
+    #    tokens. Spans are disjoint, so each real position receives one addition: exact.
+    out.mul_(row_value[:, None])
+    if total:
+        storage.index_add_(0, pos, span_add)
     return out
 
 
