@@ -118,3 +118,42 @@ def test_end_to_end_with_the_scoring_module(batch):
     assert all(v != 0.0 for t in trajectories for v in t.memory_rewards)
     advantages, _ = mempo_advantage(*advantage_inputs(trajectories))
     assert torch.isfinite(advantages).all()
+
+
+def test_scoring_methods_agree_on_rollout_trajectories(bm25):
+    """Real trajectories from the agent loop: multi-objective answers, a trajectory cut at the turn
+    limit, a round without memory. Reference, packed and cached scoring agree to 1e-5 (fp32)."""
+    from mempo.scoring import score_cached, score_packed, score_reference
+    from test_rollout_fixtures import tiny_qwen2
+
+    tok = chat_tokenizer()
+    two_hops = ["</mem><think>first objective</think><search>zebulon3</search>",
+                "zebulon3: Needle 3; next zebulon5</mem><think>second</think><search>zebulon5</search>",
+                "zebulon3: Needle 3; zebulon5: Needle 5</mem><think>done</think><answer>Needle 3; Needle 5</answer>"]
+    scripts = {("m", 0): two_hops,
+               ("m", 1): two_hops[:2] + ["   </mem><think>no memory</think><answer>Needle 3; Needle 5</answer>"],
+               ("t", 0): needle_scripts(4, extra_search=True), ("t", 1): needle_scripts(4, extra_search=True)}
+    tasks = [{"id": "m", "prompt": "Which documents mention zebulon3 and zebulon5?",
+              "golds": [["Needle 3"], ["Needle 5"]]},
+             {"id": "t", "prompt": "Which document mentions zebulon4?", "golds": ["Needle 4"]}]
+    engine = RolloutEngine(ScriptedBackend(round_script(tok, scripts), tok), tok, retriever=bm25,
+                           config=RolloutConfig(group_size=2, max_new_tokens=128, max_turns=2))
+    truncated = engine.run(tasks[1:])
+    assert {t.finish_reason for t in truncated} == {"turn_limit"}
+    engine = RolloutEngine(ScriptedBackend(round_script(tok, scripts), tok), tok, retriever=bm25,
+                           config=RolloutConfig(group_size=2, max_new_tokens=128, max_turns=8))
+    trajectories = engine.run(tasks[:1]) + truncated
+    requests = scoring_requests(trajectories, tok)
+    assert [len(r.rounds) for r in requests] == [2, 1, 1, 1]
+    assert sum(requests[0].answer_mask) > 0
+    model = tiny_qwen2(len(tok), seed=5)
+    with torch.no_grad():  # scale the head so that a 0.5 threshold keeps some tokens and drops others
+        model.lm_head.weight.mul_(40.0)
+    for threshold in (None, 0.5):
+        want = score_reference(model, requests, threshold=threshold)
+        for method in (score_packed, score_cached):
+            got = method(model, requests, threshold=threshold)
+            for a, b in zip(want, got):
+                assert a.p_full == pytest.approx(b.p_full, abs=1e-5)
+                assert a.p_mem == pytest.approx(b.p_mem, abs=1e-5)
+                assert a.mem_reward == pytest.approx(b.mem_reward, abs=1e-5)
