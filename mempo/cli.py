@@ -143,6 +143,12 @@ def _serve_retriever(args: argparse.Namespace) -> int:
 register_command("serve-retriever", "serve a BM25 index over a jsonl corpus (Search-R1 /retrieve API, "
                                     "plus /access and /health)", _serve_retriever_arguments, _serve_retriever)
 
+import mempo.train.commands  # noqa: E402,F401  (registers `sft` and `train`)
+
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # `python -m mempo.cli` runs this file as `__main__`, a second module object; the commands
+    # register themselves on `mempo.cli`, so run that module's `main`.
+    from mempo.cli import main as _cli_main
+
+    sys.exit(_cli_main())

@@ -1,0 +1,127 @@
+"""The ``mempo sft`` and ``mempo train`` commands (registered on import; heavy imports inside the runners).
+
+    mempo sft   --config CFG [--trajectories PATH] [--out DIR] [--steps N | --epochs E] [--lr LR] [key=value ...]
+    mempo train --config CFG [--out DIR] [--resume] [--threads N] [key=value ...]
+
+Overrides are dotted config keys (``actor.lr=1e-5``). A bad config value prints the ConfigError
+message and exits with code 2. `sft` without ``--trajectories`` runs the oracle on synthetic-world
+episodes (``data.*``) and trains on its trajectories; it saves the tuned model and tokenizer to
+``<out>/model`` (a built-in model with the builtin marker), usable as ``model.path``.
+``train --resume`` sets ``trainer.resume=auto`` (continue from the latest checkpoint in the run
+directory); without it the config's ``trainer.resume`` applies.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from mempo.cli import register_command
+
+
+def _log(message: str) -> None:
+    print(f"mempo: {message}", file=sys.stderr, flush=True)
+
+
+def _common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", help="YAML config (default: all defaults)")
+    parser.add_argument("--out", help="run directory (default: trainer.out_dir)")
+    parser.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
+    parser.add_argument("overrides", nargs="*", metavar="key=value", help="dotted config overrides")
+
+
+def _load(args: argparse.Namespace, extra: list[str]):
+    from mempo.train.config import ConfigError, load_config
+
+    try:
+        return load_config(args.config, list(args.overrides) + extra)
+    except ConfigError as error:
+        _log(f"bad config: {error}")
+        return None
+    except OSError as error:
+        _log(f"cannot read the config: {error}")
+        return None
+
+
+def _threads(args: argparse.Namespace) -> None:
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
+
+
+# ------------------------------------------------------------------------------------------------
+def _train_arguments(parser: argparse.ArgumentParser) -> None:
+    _common(parser)
+    parser.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in the run dir")
+
+
+def _train(args: argparse.Namespace) -> int:
+    extra = ["trainer.resume=auto"] if args.resume else []
+    if args.out:
+        extra.append(f"trainer.out_dir={args.out}")
+    cfg = _load(args, extra)
+    if cfg is None:
+        return 2
+    _threads(args)
+    from mempo.train.trainer import train
+
+    result = train(cfg)
+    _log(f"trained to step {result.last_step} (resumed from {result.resumed_from}); run dir {result.out_dir}")
+    return 0
+
+
+# ------------------------------------------------------------------------------------------------
+def _sft_arguments(parser: argparse.ArgumentParser) -> None:
+    _common(parser)
+    parser.add_argument("--trajectories", help="jsonl of oracle trajectories or {'messages': [...]} chats "
+                                               "(default: run the oracle on synthetic episodes)")
+    parser.add_argument("--episodes", type=int, default=16, help="oracle episodes when no --trajectories (16)")
+    parser.add_argument("--steps", type=int, help="optimiser steps")
+    parser.add_argument("--epochs", type=float, help="passes over the data (default 1 when --steps is absent)")
+    parser.add_argument("--lr", type=float, default=1e-4, help="learning rate (default 1e-4)")
+    parser.add_argument("--batch-tokens", type=int, default=4096, help="padded tokens per batch (default 4096)")
+
+
+def _sft(args: argparse.Namespace) -> int:
+    cfg = _load(args, [f"trainer.out_dir={args.out}"] if args.out else [])
+    if cfg is None:
+        return 2
+    if (args.steps is not None and args.steps < 1) or (args.epochs is not None and args.epochs <= 0) \
+            or args.lr <= 0 or args.batch_tokens < 1:
+        _log("--steps, --epochs, --lr and --batch-tokens must be positive")
+        return 2
+    _threads(args)
+    from pathlib import Path
+
+    from mempo.builtin import save_builtin
+    from mempo.train.logging import MetricsLogger
+    from mempo.train.sft import load_sft_records, run_sft
+    from mempo.train.trainer import build_run
+
+    out = Path(cfg.trainer.out_dir)
+    if args.trajectories:
+        try:
+            records = load_sft_records(args.trajectories)
+        except (OSError, ValueError) as error:
+            _log(f"cannot read {args.trajectories}: {error}")
+            return 2
+    else:
+        records = None
+    run = build_run(cfg, out_dir=out)
+    if records is None:
+        from mempo.env.oracle import run_oracle_episodes
+
+        records = run_oracle_episodes(run.episodes[:args.episodes], run.retriever,
+                                      policy=cfg.rollout.context_policy, max_turns=cfg.rollout.max_turns)
+    with MetricsLogger(out / "sft", tensorboard=cfg.trainer.tensorboard) as logger:
+        metrics = run_sft(cfg, run.model, run.tokenizer, records, steps=args.steps, epochs=args.epochs, lr=args.lr,
+                          batch_tokens=args.batch_tokens, logger=logger, seed=cfg.trainer.seed)
+    save_builtin(out / "model", run.model, run.tokenizer, sft_steps=metrics["steps"])
+    _log(f"sft: {metrics['steps']} steps on {metrics['examples']} turns, loss {metrics['first_loss']:.4f} -> "
+         f"{metrics['last_loss']:.4f}; model saved to {out / 'model'}")
+    return 0
+
+
+register_command("train", "MemPO RL training (rollout, rewards, memory scoring, advantages, update)",
+                 _train_arguments, _train)
+register_command("sft", "SFT cold start on agent trajectories (loss on assistant tokens)", _sft_arguments, _sft)

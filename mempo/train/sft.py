@@ -1,0 +1,165 @@
+"""SFT cold start on agent trajectories: next-token loss on the assistant tokens only.
+
+Conventions
+-----------
+* Inputs: `mempo.env.oracle.OracleTrajectory` objects (or their jsonl, `load_trajectories_jsonl`),
+  or chat records ``{"messages": [{"role", "content"}, ...]}`` (a user's jsonl): every assistant
+  message is a target, generated from the messages before it.
+* One training sequence per assistant turn, built exactly as the rollout builds a round
+  (`mempo.rollout.chat.ChatFormat`): ``prompt_ids(messages)`` (chat rendering with the generation
+  prompt, no forced prefix) + the forced prefix ids (``<mem>``, encoded alone) + the ids of the rest
+  of the assistant text (the text after its leading ``<mem>``; a turn not starting with ``<mem>``
+  is encoded whole after the prefix-less prompt). No end-of-turn token is appended: rollout rounds
+  end at the action's closing tag. ``loss_mask`` is 1 exactly on the assistant ids (prefix
+  included, as the rollout trains the forced prefix by default) and 0 on the prompt.
+* Loop: plain AdamW (``lr``, ``actor.weight_decay``, betas from ``actor``), grad-norm clip
+  ``actor.grad_clip``; batches of consecutive sequences (shuffled per epoch with ``seed``) holding
+  at most ``batch_tokens`` padded tokens; loss = mean token cross-entropy over the batch's masked
+  tokens. ``steps`` (optimiser steps) or ``epochs`` bounds the run.
+"""
+from __future__ import annotations
+
+import json
+import math
+import random
+from pathlib import Path
+from typing import Any, Iterable, NamedTuple, Optional, Sequence, Union
+
+__all__ = ["SFTExample", "examples_from_trajectories", "load_sft_records", "run_sft"]
+
+
+class SFTExample(NamedTuple):
+    """One training sequence: ids and the 0/1 loss mask (1 on assistant ids)."""
+
+    input_ids: list[int]
+    loss_mask: list[int]
+
+
+def _turns(record: Any) -> Iterable[tuple[list[dict], str]]:
+    if hasattr(record, "rounds") and hasattr(record, "episode_id"):  # OracleTrajectory
+        for round_ in record.rounds:
+            yield [dict(m) for m in round_.messages], round_.assistant
+        return
+    if isinstance(record, dict) and "rounds" in record and "episode_id" in record:
+        for round_ in record["rounds"]:
+            yield [dict(m) for m in round_["messages"]], round_["assistant"]
+        return
+    messages = record["messages"] if isinstance(record, dict) else record
+    for i, message in enumerate(messages):
+        if message.get("role") == "assistant":
+            yield [dict(m) for m in messages[:i]], str(message.get("content", ""))
+
+
+def examples_from_trajectories(records: Iterable[Any], tokenizer: Any, *, chat_template: str = "auto") -> list[SFTExample]:
+    """One `SFTExample` per assistant turn (module conventions)."""
+    from mempo.memory import MEM_PREFIX
+    from mempo.rollout.chat import ChatFormat
+
+    chat = ChatFormat(tokenizer, forced_prefix=MEM_PREFIX, template=chat_template)
+    examples = []
+    for record in records:
+        for messages, assistant in _turns(record):
+            prompt = chat.prompt_ids(messages)
+            text = assistant.lstrip()
+            if text.startswith(MEM_PREFIX):
+                own = list(chat.prefix_ids) + chat.encode(text[len(MEM_PREFIX):])
+            else:
+                own = chat.encode(assistant)
+            if not own:
+                continue
+            examples.append(SFTExample(prompt + own, [0] * len(prompt) + [1] * len(own)))
+    return examples
+
+
+def load_sft_records(path: Union[str, Path]) -> list[Any]:
+    """Records of a jsonl file: oracle trajectories or ``{"messages": [...]}`` chats."""
+    records = []
+    with open(path, encoding="utf-8") as handle:
+        for number, line in enumerate(handle, 1):
+            if not line.strip():
+                continue
+            obj = json.loads(line)
+            if not isinstance(obj, dict) or not ("messages" in obj or "rounds" in obj):
+                raise ValueError(f"{path}:{number}: expected an oracle trajectory or a {{'messages': [...]}} object")
+            records.append(obj)
+    return records
+
+
+def _batches(order: Sequence[int], examples: Sequence[SFTExample], batch_tokens: int) -> list[list[int]]:
+    batches, current, longest = [], [], 0
+    for i in order:
+        n = len(examples[i].input_ids)
+        if current and (len(current) + 1) * max(longest, n) > batch_tokens:
+            batches.append(current)
+            current, longest = [], 0
+        current.append(i)
+        longest = max(longest, n)
+    if current:
+        batches.append(current)
+    return batches
+
+
+def run_sft(cfg: Any, model: Any, tokenizer: Any, trajectories: Sequence[Any], *, steps: Optional[int] = None,
+            epochs: Optional[float] = None, lr: float = 1e-4, batch_tokens: int = 4096, logger: Any = None,
+            seed: int = 0) -> dict[str, Any]:
+    """Fine-tune `model` in place on the assistant tokens of `trajectories` (module conventions).
+
+    cfg: a `MempoConfig` (its ``actor`` optimiser settings; None: AdamW defaults). steps / epochs:
+    stop after that many optimiser steps / passes (default: one epoch). logger: a `MetricsLogger`
+    (``sft/loss`` per step). Returns {"losses": [...], "first_loss", "last_loss", "steps",
+    "tokens", "examples"}.
+    """
+    import torch
+
+    examples = examples_from_trajectories(trajectories, tokenizer)
+    if not examples:
+        raise ValueError("no assistant turns to train on")
+    actor_cfg = getattr(cfg, "actor", None)
+    optimizer = torch.optim.AdamW(
+        [p for p in model.parameters() if p.requires_grad], lr=lr,
+        betas=(actor_cfg.beta1, actor_cfg.beta2) if actor_cfg else (0.9, 0.999),
+        weight_decay=actor_cfg.weight_decay if actor_cfg else 0.0)
+    grad_clip = actor_cfg.grad_clip if actor_cfg else 1.0
+    device = next(model.parameters()).device
+    pad = getattr(tokenizer, "pad_token_id", None) or 0
+    rng = random.Random(seed)
+    max_steps = steps if steps is not None else math.inf
+    max_epochs = epochs if epochs is not None else (math.inf if steps is not None else 1)
+    losses, tokens, step, epoch = [], 0, 0, 0
+    model.train()
+    while step < max_steps and epoch < max_epochs:
+        order = list(range(len(examples)))
+        rng.shuffle(order)
+        batches = _batches(order, examples, batch_tokens)
+        if epoch + 1 > max_epochs:  # fractional last epoch
+            batches = batches[:max(1, int(len(batches) * (max_epochs - epoch)))]
+        for rows in batches:
+            if step >= max_steps:
+                break
+            width = max(len(examples[i].input_ids) for i in rows)
+            ids = torch.full((len(rows), width), int(pad), dtype=torch.long)
+            attention = torch.zeros_like(ids)
+            mask = torch.zeros_like(ids, dtype=torch.bool)
+            for r, i in enumerate(rows):
+                n = len(examples[i].input_ids)
+                ids[r, :n] = torch.tensor(examples[i].input_ids)
+                attention[r, :n] = 1
+                mask[r, :n] = torch.tensor(examples[i].loss_mask, dtype=torch.bool)
+            ids, attention, mask = ids.to(device), attention.to(device), mask.to(device)
+            logits = model(input_ids=ids, attention_mask=attention, use_cache=False).logits[:, :-1].float()
+            targets, target_mask = ids[:, 1:], mask[:, 1:]
+            loss = torch.nn.functional.cross_entropy(logits[target_mask], targets[target_mask])
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            if grad_clip is not None:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+            optimizer.step()
+            step += 1
+            tokens += int(target_mask.sum())
+            losses.append(float(loss.detach()))
+            if logger is not None:
+                logger.log(step, {"sft/loss": losses[-1], "sft/tokens": int(target_mask.sum()), "sft/epoch": epoch})
+        epoch += 1
+    model.eval()
+    return {"losses": losses, "first_loss": losses[0] if losses else None, "last_loss": losses[-1] if losses else None,
+            "steps": step, "tokens": tokens, "examples": len(examples)}

@@ -1,0 +1,297 @@
+"""One MemPO training step, as named stages (ALGORITHM.md sections 3-6).
+
+    rollout -> rewards -> memory_rewards -> advantages -> old_and_ref_log_probs -> update -> sync_weights
+
+Each stage is a small function of a `StepContext` (what lives across steps: config, actor, reference
+actor, backend, tokenizer, tools) and the previous stage's output; `train_step` runs them in order
+under a `StageTimer` (``time/<stage>`` seconds in the metrics).
+
+Conventions
+-----------
+* Rollout seeding: every step builds its `RolloutEngine` with loop seed
+  ``rollout.seed * 1_000_003 + step`` (the engine mixes in its call counter, always 0 here), so the
+  samples of step s depend only on (weights, episodes, seed, s): a resumed run re-samples exactly.
+* Distributed: each rank rolls out its own questions (``episodes`` is this rank's share); GRPO groups
+  never straddle ranks, so advantages are rank-local and exact. Reported means are over this rank.
+* Token advantages come from `mempo.ops.mempo_advantage` in *response* coordinates ``[B, Lr]``
+  (`advantage_inputs`). With ``algorithm.skip_zero_variance_groups`` the outcome part of trajectories
+  in groups whose scores are all equal is dropped (`filter_zero_variance_tokens`: their tokens leave
+  the loss, except the tokens of scored ``<mem>`` spans, which keep their memory advantage; the
+  outcome advantage of those rows is zeroed).
+* Training rows (`build_batch`), by ``rollout.context_policy``:
+  - full: one row per trajectory, ``prompt_ids + response_ids``; loss on the response mask; the
+    advantage of response token j sits at column ``P + j``.
+  - memory: one row per round (`round_training_inputs`): the exact context the round was generated
+    from + the round's own ids ``response_ids[start:end]``; loss on the round's response mask; the
+    advantage of the round's k-th id is ``A[b, start + k]`` (the same token in response coordinates),
+    so each round carries its own memory advantage on its ``<mem>`` span and the outcome elsewhere.
+  Rows are right-padded (pad id, attention 0); all ``[N, L]`` tensors are token-aligned as `Actor`
+  expects.
+* Old log-probs are the current policy's (computed before the update, eval mode), so the first PPO
+  epoch's ratio is 1; reference log-probs come from the frozen reference actor (skipped when
+  ``actor.kl_coef == 0``).
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Optional, Sequence
+
+import torch
+
+from mempo.train.config import MempoConfig
+from mempo.train.logging import StageTimer
+
+__all__ = ["StepContext", "StepResult", "TrainBatch", "loop_config", "rollout", "rewards", "memory_rewards",
+           "advantages", "build_batch", "old_and_ref_log_probs", "update", "sync_weights", "train_step",
+           "STAGES"]
+
+STAGES = ("rollout", "rewards", "memory_rewards", "advantages", "old_and_ref_log_probs", "update", "sync_weights")
+
+
+@dataclass
+class StepContext:
+    """What a step needs. actor: the trained `Actor`; ref_actor: frozen reference (None when
+    kl_coef is 0); backend: the generation backend (shares or syncs the actor's weights); tools:
+    the agent's tools; scaffold: a `mempo.builtin.ProtocolScaffold` to tell the episodes' answers
+    to (None: real models); rollout_model: the module the backend generates with (for scoring
+    too; default the actor's module)."""
+
+    cfg: MempoConfig
+    actor: Any
+    ref_actor: Optional[Any]
+    backend: Any
+    tokenizer: Any
+    tools: Mapping[str, Callable]
+    scaffold: Optional[Any] = None
+    rollout_model: Optional[Any] = None
+    distributed: bool = False
+
+    @property
+    def scoring_model(self):
+        return self.rollout_model if self.rollout_model is not None else self.actor.module
+
+
+@dataclass
+class TrainBatch:
+    """Training rows (token-aligned `[N, L]`): ids, attention, loss mask, advantages; ``row_traj``:
+    the trajectory of each row; ``row_round``: its round (-1 for full-policy rows)."""
+
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    response_mask: torch.Tensor
+    advantages: torch.Tensor
+    row_traj: list[int]
+    row_round: list[int]
+
+    def as_dict(self) -> dict[str, torch.Tensor]:
+        return {"input_ids": self.input_ids, "attention_mask": self.attention_mask,
+                "response_mask": self.response_mask}
+
+
+@dataclass
+class StepResult:
+    """`train_step` output: metrics, the trajectories, response-coordinate token advantages
+    ``[B, Lr]`` and loss mask, and the training batch."""
+
+    metrics: dict[str, float]
+    trajectories: list
+    advantages: torch.Tensor
+    loss_mask: torch.Tensor
+    batch: TrainBatch
+    extras: dict[str, Any] = field(default_factory=dict)
+
+
+def loop_config(cfg: MempoConfig, step: int):
+    """`mempo.rollout.loop.RolloutConfig` of step `step` from the training config's ``rollout``."""
+    from mempo.rollout.loop import RolloutConfig as LoopConfig
+
+    r = cfg.rollout
+    return LoopConfig(policy=r.context_policy, group_size=r.group_size, max_turns=r.max_turns,
+                      max_new_tokens=r.max_new_tokens_per_round, max_response_tokens=r.max_response_tokens,
+                      temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
+                      seed=(r.seed * 1_000_003 + int(step)) % (2 ** 31 - 1), tool_workers=4)
+
+
+# ------------------------------------------------------------------------------------------------
+# stages
+# ------------------------------------------------------------------------------------------------
+def rollout(ctx: StepContext, episodes: Sequence[Any], step: int) -> list:
+    """G trajectories of every episode (`RolloutEngine`), grouped by episode."""
+    from mempo.rollout.loop import RolloutEngine
+
+    if ctx.scaffold is not None:
+        from mempo.builtin import answer_text
+
+        ctx.scaffold.set_answers({str(e.id): answer_text(e.golds) for e in episodes})
+    engine = RolloutEngine(ctx.backend, ctx.tokenizer, ctx.tools, config=loop_config(ctx.cfg, step))
+    trajectories = engine.run(list(episodes))
+    return trajectories
+
+
+def rewards(trajectories: Sequence[Any]) -> dict[str, float]:
+    """Outcome metrics (the scores are already in each trajectory's ``outcome``)."""
+    n = max(len(trajectories), 1)
+    mean = lambda key, default=0.0: sum(float(t.outcome.get(key, default)) for t in trajectories) / n  # noqa: E731
+    return {
+        "reward/mean": mean("score"), "reward/em": mean("em"), "reward/f1": mean("f1"),
+        "reward/format_rate": sum(1.0 for t in trajectories if t.outcome.get("format_ok")) / n,
+        "rollout/turns": sum(len(t.rounds) for t in trajectories) / n,
+        "rollout/response_length": sum(len(t.response_ids) for t in trajectories) / n,
+        "rollout/generated_tokens": sum(t.num_generated_tokens for t in trajectories) / n,
+        "rollout/answered_rate": sum(1.0 for t in trajectories if t.finish_reason == "answer") / n,
+    }
+
+
+def memory_rewards(ctx: StepContext, trajectories: Sequence[Any]) -> dict[str, float]:
+    """Teacher scoring of every scored round with the current policy; attaches ``memory_rewards``."""
+    from mempo.rollout.requests import attach_memory_rewards, scoring_requests
+    from mempo.scoring import score
+
+    s = ctx.cfg.scoring
+    requests = scoring_requests(trajectories, ctx.tokenizer)
+    results = score(ctx.scoring_model, requests, method=s.method, threshold=s.threshold, token_budget=s.token_budget)
+    attach_memory_rewards(trajectories, results)
+    p_mem = [v for r in results for v in r.p_mem]
+    p_full = [v for r in results for v in r.p_full]
+    rewards_ = [v for r in results for v in r.mem_reward]
+    k = max(len(rewards_), 1)
+    return {"memory/reward": sum(rewards_) / k, "memory/p_mem": sum(p_mem) / k, "memory/p_full": sum(p_full) / k,
+            "memory/scored_rounds": float(len(rewards_))}
+
+
+def advantages(ctx: StepContext, trajectories: Sequence[Any]) -> tuple[torch.Tensor, torch.Tensor, dict]:
+    """Token advantages and loss mask in response coordinates ``[B, Lr]`` (module conventions)."""
+    from mempo.ops import mempo_advantage
+    from mempo.rollout.requests import advantage_inputs
+    from mempo.train.losses import filter_zero_variance_tokens, zero_variance_group_mask
+
+    a = ctx.cfg.algorithm
+    scores, index, response_mask, mem_rewards_, mem_offsets, mem_spans = advantage_inputs(trajectories)
+    adv, _ = mempo_advantage(scores, index, response_mask, mem_rewards_, mem_offsets, mem_spans,
+                             epsilon=a.epsilon, norm_adv_by_std=a.norm_adv_by_std, memory_weight=a.memory_weight)
+    memory_mask = torch.zeros_like(response_mask, dtype=torch.bool)
+    for row in range(len(trajectories)):
+        for start, end in mem_spans[int(mem_offsets[row]):int(mem_offsets[row + 1])].tolist():
+            memory_mask[row, start:end] = True
+    memory_mask &= response_mask.bool()
+    loss_mask = response_mask.bool()
+    has_variance = zero_variance_group_mask(scores, index)
+    if a.skip_zero_variance_groups:
+        loss_mask = filter_zero_variance_tokens(response_mask, has_variance, memory_mask)
+        if (~has_variance).any():  # zero the (rounding-level) outcome part of those rows
+            outcome_only, _ = mempo_advantage(scores, index, response_mask, epsilon=a.epsilon,
+                                              norm_adv_by_std=a.norm_adv_by_std)
+            drop = (~has_variance).reshape(-1, 1) & response_mask.bool()
+            adv = torch.where(drop, adv - outcome_only, adv)
+    adv = torch.where(loss_mask, adv, torch.zeros_like(adv))
+    on_mem = adv[memory_mask]
+    metrics = {"adv/mean": float(adv[loss_mask].mean()) if loss_mask.any() else 0.0,
+               "adv/abs_mean_mem": float(on_mem.abs().mean()) if on_mem.numel() else 0.0,
+               "adv/groups_with_variance": float(has_variance.float().mean()) if len(trajectories) else 0.0,
+               "adv/loss_tokens": float(loss_mask.sum())}
+    return adv, loss_mask, metrics
+
+
+def build_batch(ctx: StepContext, trajectories: Sequence[Any], adv: torch.Tensor, loss_mask: torch.Tensor) -> TrainBatch:
+    """Training rows for the configured context policy (module conventions)."""
+    from mempo.rollout.trajectory import round_training_inputs
+
+    rows: list[tuple[list[int], list[int], list[float]]] = []
+    row_traj, row_round = [], []
+    policy = ctx.cfg.rollout.context_policy
+    for b, t in enumerate(trajectories):
+        n = len(t.response_ids)
+        mask_b, adv_b = loss_mask[b, :n].long().tolist(), adv[b, :n].tolist()
+        if policy == "full":
+            p = len(t.prompt_ids)
+            rows.append((t.sequence_ids, [0] * p + mask_b, [0.0] * p + adv_b))
+            row_traj.append(b)
+            row_round.append(-1)
+        else:
+            for r, inp in zip(t.rounds, round_training_inputs(t)):
+                c = inp.context_len
+                rows.append((inp.input_ids, [0] * c + mask_b[r.start:r.end], [0.0] * c + adv_b[r.start:r.end]))
+                row_traj.append(b)
+                row_round.append(r.index)
+    width = max(len(ids) for ids, _, _ in rows)
+    pad = getattr(ctx.tokenizer, "pad_token_id", None) or 0
+    n_rows = len(rows)
+    input_ids = torch.full((n_rows, width), int(pad), dtype=torch.long)
+    attention = torch.zeros((n_rows, width), dtype=torch.long)
+    response_mask = torch.zeros((n_rows, width), dtype=torch.bool)
+    advantages_ = torch.zeros((n_rows, width), dtype=torch.float32)
+    for i, (ids, mask, values) in enumerate(rows):
+        k = len(ids)
+        input_ids[i, :k] = torch.tensor(ids, dtype=torch.long)
+        attention[i, :k] = 1
+        response_mask[i, :k] = torch.tensor(mask, dtype=torch.bool)
+        advantages_[i, :k] = torch.tensor(values, dtype=torch.float32)
+    return TrainBatch(input_ids, attention, response_mask, advantages_, row_traj, row_round)
+
+
+def old_and_ref_log_probs(ctx: StepContext, batch: TrainBatch) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """Current-policy and reference log-probs of the batch's loss tokens (token-aligned fp32)."""
+    temperature = ctx.cfg.rollout.temperature
+    old = ctx.actor.compute_log_probs(batch.input_ids, batch.attention_mask, response_mask=batch.response_mask,
+                                      temperature=temperature).log_probs
+    ref = None
+    if ctx.ref_actor is not None and ctx.cfg.actor.kl_coef > 0:
+        ref = ctx.ref_actor.compute_log_probs(batch.input_ids, batch.attention_mask,
+                                              response_mask=batch.response_mask, temperature=temperature).log_probs
+    return old, ref
+
+
+def update(ctx: StepContext, batch: TrainBatch, old: torch.Tensor, ref: Optional[torch.Tensor]) -> dict[str, float]:
+    """PPO-clip + KL update (`Actor.update`); returns its metrics under ``actor/``."""
+    if not batch.response_mask.any():
+        return {"actor/skipped_empty": 1.0}
+    metrics = ctx.actor.update(batch.as_dict(), batch.advantages, old_log_probs=old, ref_log_probs=ref,
+                               temperature=ctx.cfg.rollout.temperature)
+    return {f"actor/{k}": float(v) for k, v in metrics.items()}
+
+
+def sync_weights(ctx: StepContext) -> None:
+    """Make the backend generate with the updated weights: nothing to copy when it shares the
+    actor's module; a separate rollout model (distributed runs) gets the full state dict."""
+    if ctx.rollout_model is None or ctx.rollout_model is ctx.actor.module:
+        ctx.backend.sync_weights(None)
+        return
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    full = get_model_state_dict(ctx.actor.module, options=StateDictOptions(full_state_dict=True))
+    ctx.backend.sync_weights({k: (v.full_tensor() if hasattr(v, "full_tensor") else v) for k, v in full.items()})
+
+
+# ------------------------------------------------------------------------------------------------
+def train_step(ctx: StepContext, episodes: Sequence[Any], step: int, timer: Optional[StageTimer] = None) -> StepResult:
+    """Run the stages in order on this rank's `episodes` (module docstring); returns a StepResult."""
+    timer = timer or StageTimer()
+    timer.reset()
+    began = time.perf_counter()
+    metrics: dict[str, float] = {}
+    with timer("rollout"):
+        trajectories = rollout(ctx, episodes, step)
+    with timer("rewards"):
+        metrics.update(rewards(trajectories))
+    with timer("memory_rewards"):
+        metrics.update(memory_rewards(ctx, trajectories))
+    with timer("advantages"):
+        adv, loss_mask, adv_metrics = advantages(ctx, trajectories)
+        metrics.update(adv_metrics)
+        batch = build_batch(ctx, trajectories, adv, loss_mask)
+    with timer("old_and_ref_log_probs"):
+        old, ref = old_and_ref_log_probs(ctx, batch)
+    with timer("update"):
+        metrics.update(update(ctx, batch, old, ref))
+    with timer("sync_weights"):
+        sync_weights(ctx)
+    seconds = time.perf_counter() - began
+    tokens = float(batch.attention_mask.sum())
+    metrics.update({"train/rows": float(batch.input_ids.shape[0]), "train/tokens": tokens,
+                    "perf/tokens_per_s": tokens / seconds if seconds > 0 else 0.0, "time/step": seconds})
+    metrics.update(timer.metrics("time/"))
+    metrics["kl"] = metrics.get("actor/kl_loss", 0.0)
+    metrics["entropy"] = metrics.get("actor/entropy", 0.0)
+    metrics["clip_fraction"] = metrics.get("actor/pg_clipfrac", 0.0)
+    return StepResult(metrics, list(trajectories), adv, loss_mask, batch)

@@ -1,0 +1,270 @@
+"""The MemPO training loop: build what is missing, run `mempo.train.step.train_step`, log, checkpoint,
+resume.
+
+Conventions
+-----------
+* Building (`build_run`): tokenizer: given, else ``model.tokenizer``, else the model directory's,
+  else for ``model.path == "builtin-tiny"`` a byte-level BPE trained on the synthetic world
+  (`mempo.builtin.train_tokenizer`, saved to ``<out>/tokenizer`` and reloaded on resume). Model:
+  given, else `build_causal_lm` (builtin-tiny: seeded with ``trainer.seed``). Episodes: given, else
+  ``world.episodes(data.num_objectives, pool, data.seed)`` of the synthetic world
+  (``data.world_seed``, ``data.world_entities``). Retriever: given, else BM25 over the world's
+  documents (or `HTTPRetriever` when ``env.retriever == "http"``). The reference policy is a frozen
+  copy of the initial model (skipped when ``actor.kl_coef == 0``).
+* Scaffold: a built-in model (``builtin-tiny`` or a directory written by `mempo.builtin.save_builtin`)
+  generates through `mempo.builtin.ScaffoldedHFBackend` (protocol forced, content sampled);
+  ``scaffold=False/True`` overrides.
+* Data order: step s (1-based) takes questions ``[(s-1)*B, s*B)`` of an endless stream made of
+  epochs over the episode pool, each epoch shuffled with ``random.Random(data.seed, epoch)`` when
+  ``data.shuffle``; a pure function of s, so the data position is exactly the step
+  (``data_state = {"step", "position"}``). Distributed: rank k takes every world_size-th question.
+* Checkpoints (`mempo.train.checkpoint`, atomic) every ``trainer.save_every`` steps and at the end:
+  model, optimiser, RNG states, data state; under ``<out>/checkpoints``. Resume: ``trainer.resume``
+  "auto" (latest complete checkpoint, if any), "never", or a checkpoint path; the metrics file is
+  cut back to the resumed step (`MetricsLogger(resume_step=...)`), so a resumed run's metrics.jsonl
+  equals an uninterrupted run's (timing values aside).
+* Determinism: ``torch.use_deterministic_algorithms(True, warn_only=True)``; seeds from
+  ``trainer.seed`` (+ rank); the rollout of step s is seeded by (rollout.seed, s) only.
+"""
+from __future__ import annotations
+
+import copy
+import random
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+from mempo.train.config import MempoConfig, dump_config
+
+__all__ = ["TrainResult", "Run", "build_run", "train", "step_episodes", "seed_everything"]
+
+
+@dataclass
+class TrainResult:
+    """What `train` returns: the run directory, the last step reached, the metrics logged by this
+    call (one dict per step), the last checkpoint written (or None), model and tokenizer."""
+
+    out_dir: Path
+    last_step: int
+    metrics: list[dict] = field(default_factory=list)
+    checkpoint: Optional[Path] = None
+    resumed_from: Optional[int] = None
+    model: Any = None
+    tokenizer: Any = None
+
+
+@dataclass
+class Run:
+    """Everything `build_run` assembled."""
+
+    cfg: MempoConfig
+    out_dir: Path
+    tokenizer: Any
+    model: Any
+    episodes: list
+    retriever: Any
+    ctx: Any
+    rank: int = 0
+    world_size: int = 1
+
+
+def seed_everything(seed: int) -> None:
+    """Seed python, numpy and torch; deterministic torch algorithms (warn only)."""
+    import numpy as np
+    import torch
+
+    random.seed(seed)
+    np.random.seed(seed % (2 ** 32))
+    torch.manual_seed(seed)
+    torch.use_deterministic_algorithms(True, warn_only=True)
+
+
+def step_episodes(episodes: Sequence[Any], step: int, batch_size: int, *, shuffle: bool = True, seed: int = 0,
+                  rank: int = 0, world_size: int = 1) -> list:
+    """The questions of (1-based) step `step` (module conventions), this rank's share."""
+    n = len(episodes)
+    if n == 0:
+        raise ValueError("no training episodes")
+    out, orders = [], {}
+    for position in range((step - 1) * batch_size, step * batch_size):
+        epoch, offset = divmod(position, n)
+        if epoch not in orders:
+            order = list(range(n))
+            if shuffle:
+                random.Random(f"mempo-data/{seed}/{epoch}").shuffle(order)
+            orders[epoch] = order
+        out.append(episodes[orders[epoch][offset]])
+    return out[rank::world_size]
+
+
+def _is_builtin(cfg: MempoConfig) -> bool:
+    from mempo.builtin import is_builtin_dir
+
+    return cfg.model.path == "builtin-tiny" or is_builtin_dir(cfg.model.path)
+
+
+def _build_tokenizer(cfg: MempoConfig, out_dir: Path, world: Any):
+    from transformers import AutoTokenizer
+
+    if cfg.model.tokenizer:
+        return AutoTokenizer.from_pretrained(cfg.model.tokenizer)
+    if cfg.model.path != "builtin-tiny":
+        return AutoTokenizer.from_pretrained(cfg.model.path)
+    saved = out_dir / "tokenizer"
+    if (saved / "tokenizer.json").is_file():
+        return AutoTokenizer.from_pretrained(saved)
+    from mempo.builtin import default_corpus_texts, train_tokenizer
+
+    tokenizer = train_tokenizer(default_corpus_texts(world), vocab_size=1024)
+    if _rank() == 0:
+        tokenizer.save_pretrained(saved)
+    return tokenizer
+
+
+def _rank() -> int:
+    import torch.distributed as dist
+
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+
+
+def _episode_pool(cfg: MempoConfig, world: Any) -> list:
+    d = cfg.data
+    if d.source == "files":
+        from mempo.env.data import compose_episodes, load_qa
+
+        pool = [record for path in d.train_files for record in load_qa(path)]
+        count = max(1, len(pool) // d.num_objectives)
+        return compose_episodes(pool, d.num_objectives, count, d.seed)
+    wanted = max(d.questions_per_step * 4, 8)
+    for count in (wanted, wanted // 2, wanted // 4, d.questions_per_step):
+        try:
+            return world.episodes(d.num_objectives, max(count, 1), seed=d.seed)
+        except ValueError:
+            continue
+    raise ValueError(f"the synthetic world (world_entities={d.world_entities}) cannot make "
+                     f"{d.questions_per_step} episodes of {d.num_objectives} objectives")
+
+
+def build_run(cfg: MempoConfig, *, model=None, tokenizer=None, episodes=None, retriever=None, out_dir=None,
+              scaffold: Optional[bool] = None) -> Run:
+    """Assemble tokenizer, model, episodes, retriever, actors, backend and the step context."""
+    import torch
+
+    from mempo.env.tools import make_tools
+    from mempo.rollout.backends.hf import HFBackend
+    from mempo.train.actor import Actor, build_causal_lm, init_distributed
+    from mempo.train.step import StepContext
+
+    info = init_distributed()
+    out = Path(out_dir or cfg.trainer.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    seed_everything(cfg.trainer.seed + info.rank)
+    world = None
+    if cfg.data.source == "synthetic" and (episodes is None or retriever is None or tokenizer is None):
+        from mempo.env.world import World
+
+        world = World.generate(seed=cfg.data.world_seed, num_entities=cfg.data.world_entities)
+    if tokenizer is None:
+        tokenizer = _build_tokenizer(cfg, out, world)
+    if model is None:
+        torch.manual_seed(cfg.trainer.seed)  # the same initial weights on every rank
+        model = build_causal_lm(cfg.model, len(tokenizer))
+    if episodes is None:
+        episodes = _episode_pool(cfg, world)
+    if retriever is None:
+        if cfg.env.retriever == "http":
+            from mempo.env.client import HTTPRetriever
+
+            retriever = HTTPRetriever(cfg.env.retriever_url)
+        elif cfg.env.corpus_path:
+            from mempo.env.retriever import load_or_build_bm25
+
+            retriever = load_or_build_bm25(cfg.env.corpus_path, None)
+        else:
+            from mempo.env.retriever import BM25Retriever
+
+            retriever = BM25Retriever.build(list(world.documents()))
+    tools = make_tools(retriever, options={"search": {"topk": cfg.env.topk, "doc_chars": cfg.env.doc_chars}})
+    use_scaffold = _is_builtin(cfg) if scaffold is None else bool(scaffold)
+    ref_actor = None
+    if cfg.actor.kl_coef > 0:
+        ref_actor = Actor(copy.deepcopy(model), cfg.actor, trainable=False)
+    rollout_model = copy.deepcopy(model) if info.distributed else None
+    actor = Actor(model, cfg.actor)
+    gen_model = rollout_model if rollout_model is not None else actor.module
+    if rollout_model is not None:
+        rollout_model.to(actor.device)
+    scaffold_obj = None
+    if use_scaffold:
+        from mempo.builtin import ProtocolScaffold, ScaffoldedHFBackend
+
+        scaffold_obj = ProtocolScaffold(tokenizer, turns=min(cfg.rollout.max_turns, 3))
+        backend = ScaffoldedHFBackend(gen_model, tokenizer, scaffold_obj)
+    else:
+        backend = HFBackend(gen_model, tokenizer)
+    ctx = StepContext(cfg=cfg, actor=actor, ref_actor=ref_actor, backend=backend, tokenizer=tokenizer, tools=tools,
+                      scaffold=scaffold_obj, rollout_model=rollout_model, distributed=info.distributed)
+    return Run(cfg, out, tokenizer, model, list(episodes), retriever, ctx, info.rank, info.world_size)
+
+
+def _resume_path(cfg: MempoConfig, root: Path) -> Optional[Path]:
+    from mempo.train.checkpoint import latest_checkpoint, resolve_checkpoint
+
+    mode = cfg.trainer.resume.strip()
+    if mode == "never":
+        return None
+    if mode == "auto":
+        return latest_checkpoint(root)
+    return resolve_checkpoint(mode)
+
+
+def train(cfg: MempoConfig, *, model=None, tokenizer=None, episodes=None, retriever=None, out_dir=None,
+          scaffold: Optional[bool] = None, max_steps: Optional[int] = None) -> TrainResult:
+    """Train for ``trainer.total_steps`` steps (module conventions); returns a TrainResult.
+
+    max_steps: stop after this many steps in this call (tests; the schedule is unchanged)."""
+    from mempo.train.checkpoint import load_checkpoint, save_checkpoint
+    from mempo.train.logging import MetricsLogger, StageTimer, progress
+    from mempo.train.step import train_step
+
+    run = build_run(cfg, model=model, tokenizer=tokenizer, episodes=episodes, retriever=retriever, out_dir=out_dir,
+                    scaffold=scaffold)
+    t = cfg.trainer
+    ckpt_root = run.out_dir / "checkpoints"
+    start, resumed = 0, None
+    path = _resume_path(cfg, ckpt_root)
+    if path is not None:
+        state = load_checkpoint(path, run.ctx.actor.module, run.ctx.actor.optimizer)
+        start = resumed = int(state.step)
+    if run.rank == 0:
+        dump_config(cfg, run.out_dir / "config.yaml")
+    result = TrainResult(run.out_dir, start, resumed_from=resumed, model=run.model, tokenizer=run.tokenizer)
+    timer = StageTimer()
+    end = t.total_steps if max_steps is None else min(t.total_steps, start + max_steps)
+    B = cfg.data.questions_per_step
+    with MetricsLogger(run.out_dir, tensorboard=t.tensorboard, wandb=t.wandb, resume_step=resumed,
+                       wandb_project=t.wandb_project) as logger, \
+            progress("train", t.total_steps, enabled=t.progress and run.rank == 0) as bar:
+        if start:
+            bar.advance(start)
+        for step in range(start + 1, end + 1):
+            batch = step_episodes(run.episodes, step, B, shuffle=cfg.data.shuffle, seed=cfg.data.seed,
+                                  rank=run.rank, world_size=run.world_size)
+            outcome = train_step(run.ctx, batch, step, timer)
+            metrics = outcome.metrics
+            if step % t.log_every == 0 or step == end:
+                logger.log(step, metrics)
+            result.metrics.append(dict(metrics, step=step))
+            result.last_step = step
+            if (t.save_every and step % t.save_every == 0) or step == t.total_steps:
+                result.checkpoint = save_checkpoint(
+                    ckpt_root, step, run.ctx.actor.module, run.ctx.actor.optimizer,
+                    data_state={"step": step, "position": step * B}, extra={"seed": t.seed},
+                    keep_last=t.keep_last)
+            bar.advance(1)
+    return result
+
+
+def _log(message: str) -> None:
+    print(f"mempo: {message}", file=sys.stderr, flush=True)
