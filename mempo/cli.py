@@ -145,6 +145,8 @@ register_command("serve-retriever", "serve a BM25 index over a jsonl corpus (Sea
 
 import mempo.train.commands  # noqa: E402,F401  (registers `sft` and `train`)
 
+import mempo.eval_commands  # noqa: E402,F401  (registers `eval` and `demo`)
+
 
 if __name__ == "__main__":
     # `python -m mempo.cli` runs this file as `__main__`, a second module object; the commands

@@ -1,0 +1,450 @@
+"""`mempo demo`: MemPO end to end on CPU, from nothing, in minutes.
+
+Stages (each prints what it did and how long it took; timings go to ``stages.json``):
+
+1. world      the synthetic world (`mempo.env.world.World`, ``demo.world_documents`` documents) and a
+              BM25 retriever over it;
+2. oracle     oracle trajectories (`mempo.env.oracle.run_oracle`, memory context) on
+              ``demo.sft_episodes`` episodes of each of ``demo.sft_objectives`` objectives; only
+              correct ones (score 1) are kept, as the paper's cold-start data;
+3. tokenizer  a byte-level BPE (`mempo.builtin.train_tokenizer`, ``demo.vocab_size``) trained on the
+              documents and the oracle texts;
+4. model      a randomly initialised Qwen2 (`mempo.builtin.tiny_model`, ``demo.model_size``);
+5. sft        supervised cold start on the oracle trajectories (`mempo.train.sft.run_sft`); the
+              model is saved to ``<out>/model_sft``;
+6. eval-before  evaluation (`mempo.eval.evaluate`) of ``eval.episodes`` episodes for each of
+              ``eval.objectives`` under ``eval.policies`` (the memory context) -> ``eval_before.json`` / ``.md``;
+7. rl         MemPO RL (`mempo.train.trainer.train`, ``trainer.total_steps`` steps) into
+              ``<out>/rl`` (``metrics.jsonl``); the model is saved to ``<out>/model_rl``;
+8. eval-after the same evaluation -> ``eval_after.json`` / ``.md``;
+9. report     ``report.md`` + PNG plots (`mempo.report.write_report`).
+
+Configuration: a YAML file with the `mempo.train.config.MempoConfig` sections plus a ``demo``
+section (`DemoConfig`); the built-in defaults (`DEFAULT_CONFIG`) equal the repository's
+``configs/demo.yaml``. Overrides are dotted (``eval.episodes=4``, ``trainer.total_steps=2``).
+
+A stage whose function is not available (the SFT or RL module missing from this installation) is
+skipped with its reason printed, written to ``stages.json`` and stated in the report; the
+stages that do not need it still run.
+"""
+from __future__ import annotations
+
+import copy
+import dataclasses
+import inspect
+import json
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Mapping, Optional, Sequence, Union
+
+import yaml
+
+__all__ = ["DemoConfig", "DEFAULT_CONFIG", "load_demo_config", "run_demo", "DemoResult"]
+
+PathLike = Union[str, "os.PathLike[str]"]
+
+
+@dataclass
+class DemoConfig:
+    """The demo's own settings (the ``demo`` section).
+
+    world_documents: documents in the synthetic world. vocab_size: tokenizer size.
+    tokenizer_documents: documents the tokenizer is trained on (plus every oracle text).
+    model_size: a `mempo.builtin.SIZES` name. max_position_embeddings: the model's context.
+    sft_objectives / sft_episodes: oracle episodes per number of objectives for the cold start.
+    sft_steps / sft_epochs / sft_lr / sft_batch_tokens: `run_sft`'s steps (None: epochs bound the
+    run), epochs (None: one), learning rate and padded tokens per batch.
+    rl_scaffold: generate RL rollouts through `mempo.builtin.ScaffoldedHFBackend` (None: only when
+    no SFT ran, i.e. when the random model cannot follow the protocol by itself).
+    torch_threads: torch intra-op threads (0: automatic: the CPUs left idle by the current load
+    average, at least 1; small models on a busy machine run much slower with oversubscribed threads).
+    seed: model initialisation seed.
+    """
+
+    world_documents: int = 2000
+    vocab_size: int = 4096
+    tokenizer_documents: int = 2000
+    model_size: str = "small"
+    max_position_embeddings: int = 4096
+    sft_objectives: list[int] = field(default_factory=lambda: [1, 2, 3, 4])
+    sft_episodes: int = 24
+    sft_steps: Optional[int] = 90
+    sft_epochs: Optional[float] = None
+    sft_lr: float = 1e-3
+    sft_batch_tokens: int = 4096
+    rl_scaffold: Optional[bool] = None
+    torch_threads: int = 0
+    seed: int = 0
+
+
+#: The built-in demo configuration (equal to the repository's configs/demo.yaml).
+DEFAULT_CONFIG: dict[str, Any] = {
+    "demo": dataclasses.asdict(DemoConfig()),
+    "model": {"path": "builtin-tiny", "max_position_embeddings": 4096},
+    "data": {"num_objectives": 2, "questions_per_step": 2, "seed": 0, "world_seed": 0},
+    "env": {"topk": 3, "doc_chars": 800},
+    "rollout": {"group_size": 4, "max_turns": 6, "eval_max_turns": 16, "max_new_tokens_per_round": 192,
+                "max_response_tokens": 2048, "temperature": 1.0, "context_policy": "full"},
+    "actor": {"lr": 1e-4, "kl_coef": 0.001, "micro_batch_tokens": 8192},
+    "trainer": {"total_steps": 4, "save_every": 0, "eval_every": 0, "log_every": 1, "resume": "never",
+                "tensorboard": False, "out_dir": "demo_out/rl"},
+    "eval": {"objectives": [2, 4], "max_turns": 12, "policies": ["memory"], "episodes": 20, "temperature": 0.0},
+}
+
+
+def _split_overrides(overrides: Sequence[str]) -> tuple[list[str], list[str]]:
+    demo, rest = [], []
+    for item in overrides:
+        (demo if item.strip().startswith("demo.") else rest).append(item)
+    return demo, rest
+
+
+def load_demo_config(path: Optional[PathLike] = None, overrides: Sequence[str] = ()):
+    """(MempoConfig, DemoConfig) from a YAML file (None: `DEFAULT_CONFIG`) plus dotted overrides."""
+    from mempo.train.config import ConfigError, coerce_value, config_from_dict
+
+    if path is None:
+        data = copy.deepcopy(DEFAULT_CONFIG)
+    else:
+        data = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
+        if not isinstance(data, Mapping):
+            raise ConfigError("", f"{path}: the top level must be a mapping of sections")
+        data = dict(data)
+    demo_data = dict(data.pop("demo", None) or {})
+    demo_overrides, rest = _split_overrides(overrides)
+    for item in demo_overrides:
+        if "=" not in item:
+            raise ConfigError(item, "override must look like 'demo.field=value'")
+        key, value = item.split("=", 1)
+        demo_data[key.strip()[len("demo."):]] = value
+    hints = {f.name: f.type for f in dataclasses.fields(DemoConfig)}
+    import typing
+
+    hints = typing.get_type_hints(DemoConfig)
+    for key in list(demo_data):
+        if key not in hints:
+            raise ConfigError(f"demo.{key}", f"unknown key; DemoConfig has: {', '.join(sorted(hints))}")
+        demo_data[key] = coerce_value(demo_data[key], hints[key], f"demo.{key}")
+    return config_from_dict(data, rest), DemoConfig(**demo_data)
+
+
+# ------------------------------------------------------------------------------------------------
+# stage bookkeeping
+# ------------------------------------------------------------------------------------------------
+@dataclass
+class DemoResult:
+    """What the demo produced: the output directory, the report path, the stage records."""
+
+    out_dir: Path
+    report: Optional[Path]
+    stages: list[dict[str, Any]]
+    before: Any = None
+    after: Any = None
+    skipped: list[str] = field(default_factory=list)
+
+    @property
+    def total_seconds(self) -> float:
+        return float(sum(s["seconds"] for s in self.stages))
+
+
+class _Stages:
+    def __init__(self, out_dir: Path, total: int, echo: Callable[[str], None]):
+        self.out_dir, self.total, self.echo = out_dir, total, echo
+        self.records: list[dict[str, Any]] = []
+        self.started = time.perf_counter()
+        from mempo.eval import machine_facts
+
+        self.machine = machine_facts()
+
+    def run(self, name: str, fn: Callable[[], tuple[Any, str]]) -> Any:
+        number = len(self.records) + 1
+        self.echo(f"[{number}/{self.total}] {name} ...")
+        start = time.perf_counter()
+        value, summary = fn()
+        seconds = time.perf_counter() - start
+        self.records.append({"name": name, "seconds": seconds, "summary": summary})
+        self.echo(f"[{number}/{self.total}] {name}: {summary} ({seconds:.1f} s)")
+        self.save()
+        return value
+
+    def skip(self, name: str, reason: str) -> None:
+        number = len(self.records) + 1
+        self.records.append({"name": name, "seconds": 0.0, "summary": f"SKIPPED: {reason}", "skipped": True})
+        self.echo(f"[{number}/{self.total}] {name}: SKIPPED: {reason}")
+        self.save()
+
+    def save(self) -> None:
+        data = {"stages": self.records, "total_seconds": time.perf_counter() - self.started,
+                "machine": self.machine}
+        (self.out_dir / "stages.json").write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+
+
+def _call(fn: Callable, *args: Any, **optional: Any) -> Any:
+    """Call `fn` with `args` and those of `optional` that its signature accepts."""
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return fn(*args, **optional)
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return fn(*args, **optional)
+    return fn(*args, **{k: v for k, v in optional.items() if k in params})
+
+
+def _echo(line: str) -> None:
+    print(f"mempo demo: {line}", flush=True)
+
+
+# ------------------------------------------------------------------------------------------------
+# the demo
+# ------------------------------------------------------------------------------------------------
+def run_demo(cfg: Any, demo: DemoConfig, out_dir: PathLike, *, echo: Callable[[str], None] = _echo,
+             show_progress: bool = True) -> DemoResult:
+    """Run every stage (module docstring) into `out_dir`; returns a `DemoResult`."""
+    from mempo.train.config import dump_config
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    cfg = dataclasses.replace(cfg, trainer=dataclasses.replace(cfg.trainer, out_dir=str(out / "rl")))
+    dump_config(cfg, out / "config.yaml")
+    (out / "demo_config.json").write_text(json.dumps(dataclasses.asdict(demo), indent=2) + "\n", encoding="utf-8")
+    threads = _set_threads(demo.torch_threads)
+    echo(f"torch threads: {threads} (CPUs: {os.cpu_count()}, load average {_load():.2f})")
+    stages = _Stages(out, 9, echo)
+    state: dict[str, Any] = {}
+    skipped: list[str] = []
+
+    # 1. world ----------------------------------------------------------------------------------
+    def world_stage():
+        from mempo.env.retriever import BM25Retriever
+        from mempo.env.world import World
+
+        world = World.generate(cfg.data.world_seed, num_documents=demo.world_documents)
+        retriever = BM25Retriever.build(world.documents())
+        state["world"], state["retriever"] = world, retriever
+        return world, (f"{world.num_documents} documents ({len(world.entities)} entities), "
+                       f"BM25 index built")
+
+    stages.run("world", world_stage)
+    world, retriever = state["world"], state["retriever"]
+
+    # 2. oracle trajectories --------------------------------------------------------------------
+    def oracle_stage():
+        from mempo.env.oracle import run_oracle
+        from mempo.env.tools import make_tools
+        from mempo.train.logging import progress
+
+        tools = make_tools(retriever, options={"search": {"topk": cfg.env.topk, "doc_chars": cfg.env.doc_chars},
+                                               "access": {"page_chars": cfg.env.page_chars}})
+        episodes = [e for k in demo.sft_objectives
+                    for e in world.episodes(int(k), demo.sft_episodes, seed=cfg.data.seed + 20_000 + int(k))]
+        trajectories = []
+        with progress("oracle", total=len(episodes), enabled=show_progress) as bar:
+            for episode in episodes:
+                trajectories.append(run_oracle(episode, tools, policy="memory"))
+                bar.advance()
+        kept = [t for t in trajectories if float(t.score.get("score", 0.0)) == 1.0]
+        what = "correct oracle trajectories kept"
+        if not kept:  # a tiny world can defeat the oracle; train on what there is rather than nothing
+            kept, what = trajectories, "oracle trajectories kept (none was correct: all kept)"
+        state["oracle"] = kept
+        rounds = sum(t.num_rounds for t in kept)
+        return kept, (f"{len(kept)}/{len(trajectories)} {what} "
+                      f"({rounds} rounds; objectives {list(demo.sft_objectives)})")
+
+    stages.run("oracle", oracle_stage)
+
+    # 3. tokenizer ------------------------------------------------------------------------------
+    def tokenizer_stage():
+        from mempo.builtin import default_corpus_texts, train_tokenizer
+
+        texts = default_corpus_texts(world, limit=demo.tokenizer_documents)
+        for t in state["oracle"]:
+            texts.append(t.prompt)
+            texts.append(t.response_text)
+        tokenizer = train_tokenizer(texts, demo.vocab_size)
+        state["tokenizer"] = tokenizer
+        return tokenizer, f"byte-level BPE, {len(tokenizer)} ids, trained on {len(texts)} texts"
+
+    stages.run("tokenizer", tokenizer_stage)
+    tokenizer = state["tokenizer"]
+
+    # 4. model ----------------------------------------------------------------------------------
+    def model_stage():
+        from mempo.builtin import tiny_model
+
+        model = tiny_model(tokenizer, demo.model_size, demo.seed, max_position_embeddings=demo.max_position_embeddings)
+        state["model"] = model
+        c = model.config
+        params = sum(p.numel() for p in model.parameters())
+        return model, (f"Qwen2 '{demo.model_size}': {c.num_hidden_layers} layers x {c.hidden_size}, "
+                       f"{params / 1e6:.2f} M parameters, random init (seed {demo.seed})")
+
+    stages.run("model", model_stage)
+    model = state["model"]
+
+    # 5. SFT ------------------------------------------------------------------------------------
+    try:
+        from mempo.train.sft import run_sft
+    except ImportError as error:
+        run_sft = None
+        skipped.append(f"sft: `from mempo.train.sft import run_sft` failed ({error})")
+        stages.skip("sft", f"mempo.train.sft.run_sft is not available ({error})")
+    if run_sft is not None:
+        def sft_stage():
+            from mempo.train.logging import MetricsLogger
+
+            with MetricsLogger(out / "sft", tensorboard=False) as logger:
+                result = _call(run_sft, cfg, model, tokenizer, state["oracle"], steps=demo.sft_steps,
+                               epochs=demo.sft_epochs, lr=demo.sft_lr, batch_tokens=demo.sft_batch_tokens,
+                               logger=logger, seed=demo.seed)
+            state["sft_result"] = result
+            if hasattr(result, "parameters") and result is not model:  # a new model was returned
+                state["model"] = result
+            _save_model(out / "model_sft", state["model"], tokenizer)
+            return result, f"{_describe(result)}; saved to {out / 'model_sft'}"
+
+        stages.run("sft", sft_stage)
+    model = state["model"]
+
+    # 6. eval before ----------------------------------------------------------------------------
+    from mempo.eval import eval_episodes, evaluate
+
+    episodes_by_k = eval_episodes(world, cfg)
+
+    def eval_stage(which: str):
+        def body():
+            report = evaluate(state["model"], tokenizer, episodes_by_k, retriever, cfg, label=f"{which} RL", log=echo, show_progress=show_progress)
+            report.write(out, f"eval_{which}", title=f"Evaluation {which} RL")
+            state[which] = report
+            cells = "; ".join(f"k={r.objectives} {r.policy}: EM {r.em:.3f} F1 {r.f1:.3f} "
+                              f"prompt tok/episode {r.prompt_tokens_per_episode:.0f}" for r in report.rows)
+            return report, cells
+        return body
+
+    stages.run("eval-before", eval_stage("before"))
+
+    # 7. RL -------------------------------------------------------------------------------------
+    try:
+        from mempo.train.trainer import train
+    except ImportError as error:
+        train = None
+        skipped.append(f"rl: `from mempo.train.trainer import train` failed ({error})")
+        stages.skip("rl", f"mempo.train.trainer.train is not available ({error})")
+    if train is not None:
+        def rl_stage():
+            steps = cfg.trainer.total_steps
+            episodes = world.episodes(cfg.data.num_objectives, steps * cfg.data.questions_per_step,
+                                      seed=cfg.data.seed)
+            scaffold = demo.rl_scaffold if demo.rl_scaffold is not None else "sft_result" not in state
+            result = _call(train, cfg, model=state["model"], tokenizer=tokenizer, episodes=episodes,
+                           retriever=retriever, out_dir=str(out / "rl"), scaffold=bool(scaffold))
+            state["rl_result"] = result
+            trained = getattr(result, "model", None)
+            if trained is not None and hasattr(trained, "parameters"):
+                state["model"] = trained
+            _save_model(out / "model_rl", state["model"], tokenizer)
+            rollouts = "scaffolded" if scaffold else "the model's own"
+            return result, f"{steps} MemPO steps ({_describe(result)}, {rollouts} rollouts); metrics in {out / 'rl'}"
+
+        stages.run("rl", rl_stage)
+
+    # 8. eval after -----------------------------------------------------------------------------
+    if train is not None:
+        stages.run("eval-after", eval_stage("after"))
+    else:
+        stages.skip("eval-after", "no RL stage ran")
+
+    # 9. report ---------------------------------------------------------------------------------
+    def make_report():
+        from mempo.report import write_report
+
+        stages.save()
+        metrics_path = out / "rl" / "metrics.jsonl"
+        return write_report(out, before=state.get("before"), after=state.get("after"),
+                            metrics_path=metrics_path if metrics_path.is_file() else None,
+                            stages=json.loads((out / "stages.json").read_text(encoding="utf-8")),
+                            machine=stages.machine, title="MemPO CPU demo report", notes=skipped)
+
+    def report_stage():
+        result = make_report()
+        return result, f"{result.path} and {len(result.plots)} plots ({', '.join(sorted(result.plots))})"
+
+    report = stages.run("report", report_stage)
+    make_report()  # again, so that the stage table includes the report stage itself
+    total = time.perf_counter() - stages.started
+    echo(f"done in {total:.1f} s; report: {report.path}")
+    for item in skipped:
+        echo(f"NOT RUN: {item}")
+    return DemoResult(out, report.path, stages.records, state.get("before"), state.get("after"), skipped)
+
+
+def _load() -> float:
+    try:
+        return float(os.getloadavg()[0])
+    except (AttributeError, OSError):
+        return 0.0
+
+
+def _set_threads(requested: int) -> int:
+    import torch
+
+    if requested and requested > 0:
+        torch.set_num_threads(int(requested))
+    else:
+        try:
+            cpus = len(os.sched_getaffinity(0))
+        except (AttributeError, OSError):
+            cpus = os.cpu_count() or 1
+        torch.set_num_threads(max(1, min(torch.get_num_threads(), cpus - int(round(_load())))))
+    return torch.get_num_threads()
+
+
+def _describe(result: Any) -> str:
+    """A short text for a stage result object (its scalar fields)."""
+    if result is None:
+        return "done"
+    if dataclasses.is_dataclass(result):
+        items = {f.name: getattr(result, f.name) for f in dataclasses.fields(result)}
+    elif isinstance(result, Mapping):
+        items = dict(result)
+    else:
+        return type(result).__name__
+    parts = []
+    for key, value in items.items():
+        if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+            continue
+        parts.append(f"{key}={value:.4g}" if isinstance(value, float) else f"{key}={value}")
+    return ", ".join(parts[:8]) or type(result).__name__
+
+
+def _save_model(path: Path, model: Any, tokenizer: Any) -> None:
+    from mempo.builtin import save_builtin
+
+    save_builtin(path, model, tokenizer)
+
+
+# ------------------------------------------------------------------------------------------------
+# CLI glue (registered in mempo.eval_commands)
+# ------------------------------------------------------------------------------------------------
+def add_arguments(parser) -> None:
+    parser.add_argument("--config", default=None,
+                        help="demo YAML (MempoConfig sections + a 'demo' section); default: the built-in "
+                             "configuration (= configs/demo.yaml)")
+    parser.add_argument("--out", default="demo_out", help="output directory (default demo_out)")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bars (stage lines only)")
+    parser.add_argument("overrides", nargs="*", help="dotted overrides, e.g. eval.episodes=4 trainer.total_steps=2")
+
+
+def run_command(args) -> int:
+    from mempo.train.config import ConfigError
+
+    try:
+        cfg, demo = load_demo_config(args.config, args.overrides)
+    except (ConfigError, OSError) as error:
+        print(f"mempo demo: {error}", file=sys.stderr)
+        return 2
+    result = run_demo(cfg, demo, args.out, show_progress=not args.no_progress)
+    return 0 if not result.skipped else 1

@@ -1,0 +1,400 @@
+"""The run report: ``report.md`` plus PNG plots from a training run directory.
+
+Conventions
+-----------
+* Inputs (all optional; whatever is missing is said so in the report, never invented):
+  ``metrics.jsonl`` (the trainer's `mempo.train.logging.MetricsLogger` records; found in the run
+  directory, in ``rl/`` or another sub-directory), ``sft/metrics.jsonl`` (``sft/loss`` per step),
+  ``eval_before.json`` / ``eval_after.json``
+  (`mempo.eval.EvalReport` files: before and after RL), ``stages.json`` (wall times of the run's
+  stages: ``{"stages": [{"name", "seconds", "summary"}], "machine": {...}, ...}``, written by
+  `mempo.demo`). Each can also be passed explicitly to `write_report`.
+* Metric names. The trainer's names (``reward/mean``, ``memory/reward``, ``memory/p_mem``, ``kl``,
+  ...) are looked up through aliases (`METRIC_ALIASES`): the first alias that is a record key wins;
+  failing that, a key ending with ``"/" + alias``. Keys starting with ``time/``
+  are stage seconds per step (`mempo.train.logging.StageTimer.metrics`).
+* Plots (matplotlib, Agg backend, PNG): ``reward.png`` (reward and the other outcome metrics per
+  step), ``memory_reward.png`` (the memory reward, P_mem and P_full per step), ``kl.png`` (KL,
+  entropy, clip fraction per step), ``tokens.png`` (prompt tokens per episode by objectives, memory
+  vs full context, before vs after), ``sft.png`` (the SFT loss, when logged). A plot with no data is not written (and the report says so).
+* The report states the measured numbers: machine facts (CPU count, torch version, ...), stage wall
+  times, a before/after table (EM, F1, prompt tokens per episode, peak prompt tokens per turn) for
+  every evaluated number of objectives under the memory context (and the full context when
+  evaluated), the training curve (per step, the main metrics) and a first/last/mean summary of every
+  numeric metric.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping, Optional, Sequence, Union
+
+__all__ = ["write_report", "ReportResult", "METRIC_ALIASES", "find_metric", "metric_series", "load_run"]
+
+PathLike = Union[str, "os.PathLike[str]"]
+
+METRIC_ALIASES: dict[str, tuple[str, ...]] = {
+    "reward": ("reward/mean", "reward", "score", "reward_mean", "outcome_reward"),
+    "em": ("reward/em", "em"),
+    "f1": ("reward/f1", "f1"),
+    "format_rate": ("reward/format_rate", "format_rate", "format_ok"),
+    "mem_reward": ("memory/reward", "mem_reward", "memory_reward", "mem_reward_mean"),
+    "p_mem": ("memory/p_mem", "p_mem"),
+    "p_full": ("memory/p_full", "p_full"),
+    "kl": ("kl", "actor/kl_loss", "kl_loss", "actor/ppo_kl"),
+    "entropy": ("entropy", "actor/entropy"),
+    "clip_fraction": ("clip_fraction", "actor/pg_clipfrac", "clipfrac", "pg_clipfrac"),
+    "tokens": ("train/tokens", "tokens", "rollout/generated_tokens", "generated_tokens"),
+    "loss": ("actor/loss", "loss", "pg_loss"),
+    "grad_norm": ("actor/grad_norm", "grad_norm"),
+    "step_seconds": ("time/step", "step_seconds"),
+}
+_CURVE_COLUMNS = ("reward", "em", "f1", "format_rate", "mem_reward", "p_mem", "p_full", "kl", "entropy",
+                  "clip_fraction", "tokens", "loss")
+
+
+@dataclass
+class ReportResult:
+    """What `write_report` wrote: the markdown path and the plot paths by name."""
+
+    path: Path
+    plots: dict[str, Path] = field(default_factory=dict)
+    missing: list[str] = field(default_factory=list)
+
+
+# ------------------------------------------------------------------------------------------------
+# metrics lookup
+# ------------------------------------------------------------------------------------------------
+def _numeric(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def find_metric(records: Sequence[Mapping[str, Any]], name: str) -> Optional[str]:
+    """The record key holding metric `name` (an alias group of `METRIC_ALIASES`, or a literal key)."""
+    keys: list[str] = []
+    for record in records:
+        for key in record:
+            if key not in keys and key not in ("step", "time"):
+                keys.append(key)
+    aliases = METRIC_ALIASES.get(name, (name,))
+    for alias in aliases:
+        if alias in keys:
+            return alias
+    for alias in aliases:
+        for key in keys:
+            if key.endswith("/" + alias) and not key.startswith("time/"):
+                return key
+    return None
+
+
+def metric_series(records: Sequence[Mapping[str, Any]], name: str) -> tuple[list[int], list[float]]:
+    """(steps, values) of metric `name` over the records where it is a finite number."""
+    key = find_metric(records, name)
+    if key is None:
+        return [], []
+    steps, values = [], []
+    for record in records:
+        value = record.get(key)
+        if _numeric(value):
+            steps.append(int(record["step"]))
+            values.append(float(value))
+    return steps, values
+
+
+def load_run(run_dir: PathLike) -> dict[str, Any]:
+    """The inputs found in `run_dir` (module conventions): metrics records, before/after evals, stages."""
+    from mempo.eval import EvalReport
+    from mempo.train.logging import METRICS_FILE, read_metrics
+
+    root = Path(run_dir)
+    found: dict[str, Any] = {"metrics": None, "metrics_path": None, "before": None, "after": None, "stages": None}
+    candidates = [root / METRICS_FILE, root / "rl" / METRICS_FILE] + [
+        p for p in sorted(root.glob(f"*/{METRICS_FILE}")) if p.parent.name not in ("rl", "sft")]
+    sft_path = root / "sft" / METRICS_FILE
+    found["sft"] = read_metrics(sft_path) if sft_path.is_file() else None
+    for path in candidates:
+        if path.is_file():
+            found["metrics"], found["metrics_path"] = read_metrics(path), path
+            break
+    for which in ("before", "after"):
+        path = root / f"eval_{which}.json"
+        if path.is_file():
+            found[which] = EvalReport.load(path)
+    path = root / "stages.json"
+    if path.is_file():
+        found["stages"] = json.loads(path.read_text(encoding="utf-8"))
+    return found
+
+
+# ------------------------------------------------------------------------------------------------
+# plots
+# ------------------------------------------------------------------------------------------------
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg", force=True)
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _line_plot(path: Path, title: str, panels: Sequence[tuple[str, Sequence[tuple[str, list, list]]]]) -> bool:
+    """One figure with a panel per (ylabel, [(label, steps, values)]); False (nothing written) when empty."""
+    panels = [(ylabel, [s for s in series if s[1]]) for ylabel, series in panels]
+    panels = [p for p in panels if p[1]]
+    if not panels:
+        return False
+    plt = _pyplot()
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 3.8), squeeze=False)
+    for ax, (ylabel, series) in zip(axes[0], panels):
+        for label, steps, values in series:
+            ax.plot(steps, values, marker="o" if len(steps) < 30 else None, label=label)
+        ax.set_xlabel("step")
+        ax.set_ylabel(ylabel)
+        ax.grid(alpha=0.3)
+        if len(series) > 1:
+            ax.legend()
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, format="png", dpi=100)
+    plt.close(fig)
+    return True
+
+
+def _tokens_plot(path: Path, evals: Mapping[str, Any]) -> bool:
+    bars = []  # (label, {k: value})
+    for which in ("before", "after"):
+        report = evals.get(which)
+        if report is None:
+            continue
+        for policy in ("memory", "full"):
+            values = {r.objectives: r.prompt_tokens_per_episode for r in report.rows if r.policy == policy}
+            if values:
+                bars.append((f"{policy} context, {which} RL", values))
+    if not bars:
+        return False
+    plt = _pyplot()
+    ks = sorted({k for _, values in bars for k in values})
+    width = 0.8 / len(bars)
+    fig, ax = plt.subplots(figsize=(max(5.5, 1.6 * len(ks) + 3), 3.8))
+    for i, (label, values) in enumerate(bars):
+        xs = [j + (i - (len(bars) - 1) / 2) * width for j in range(len(ks))]
+        ax.bar(xs, [values.get(k, 0.0) for k in ks], width, label=label)
+    ax.set_xticks(range(len(ks)))
+    ax.set_xticklabels([f"{k} objectives" for k in ks])
+    ax.set_ylabel("prompt tokens per episode")
+    ax.set_title("Prompt tokens per episode (model tokenizer)")
+    ax.grid(axis="y", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, format="png", dpi=100)
+    plt.close(fig)
+    return True
+
+
+# ------------------------------------------------------------------------------------------------
+# markdown
+# ------------------------------------------------------------------------------------------------
+def _fmt(value: Any, digits: int = 3) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return str(value)
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            return str(value)
+        if abs(value) >= 1000:
+            return f"{value:.0f}"
+        return f"{value:.{digits}f}" if abs(value) >= 10 ** -digits or value == 0 else f"{value:.2e}"
+    return str(value)
+
+
+def _table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> list[str]:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(_fmt(c) if not isinstance(c, str) else c for c in row) + " |" for row in rows]
+    return lines
+
+
+def _machine_section(machine: Mapping[str, Any]) -> list[str]:
+    names = (("cpu_count", "CPU count (os.cpu_count)"), ("cpu_affinity", "CPUs usable by this process"),
+             ("torch_threads", "torch threads"), ("torch", "torch"), ("transformers", "transformers"),
+             ("python", "Python"), ("platform", "platform"), ("cuda", "CUDA device"))
+    rows = [(label, str(machine[key])) for key, label in names if key in machine]
+    return ["## Machine", ""] + _table(("fact", "value"), rows) + [""]
+
+
+def _before_after_section(before: Any, after: Any) -> list[str]:
+    lines = ["## Before / after RL", ""]
+    if before is None and after is None:
+        return lines + ["No evaluation files (eval_before.json / eval_after.json) were found.", ""]
+    policies = []
+    for report in (before, after):
+        for row in (report.rows if report is not None else []):
+            if row.policy not in policies:
+                policies.append(row.policy)
+    policies.sort(key=lambda p: (p != "memory", p))
+    for policy in policies:
+        ks = sorted({r.objectives for rep in (before, after) if rep is not None for r in rep.rows if r.policy == policy})
+        rows = []
+        for k in ks:
+            b = before.row(k, policy) if before is not None else None
+            a = after.row(k, policy) if after is not None else None
+
+            def get(row, name):
+                return getattr(row, name) if row is not None else None
+
+            rows.append((k, get(b, "episodes") or get(a, "episodes"),
+                         get(b, "em"), get(a, "em"), get(b, "f1"), get(a, "f1"),
+                         get(b, "format_rate"), get(a, "format_rate"),
+                         get(b, "mean_turns"), get(a, "mean_turns"),
+                         get(b, "prompt_tokens_per_episode"), get(a, "prompt_tokens_per_episode"),
+                         get(b, "peak_prompt_tokens"), get(a, "peak_prompt_tokens")))
+        lines += [f"### {policy} context", ""]
+        lines += _table(("objectives", "episodes", "EM before", "EM after", "F1 before", "F1 after",
+                         "format before", "format after", "turns before", "turns after",
+                         "prompt tok/episode before", "prompt tok/episode after",
+                         "peak prompt tok/turn before", "peak prompt tok/turn after"), rows)
+        lines.append("")
+    for which, report in (("before", before), ("after", after)):
+        if report is not None:
+            meta = report.metadata
+            lines.append(f"Evaluation {which} RL: {meta.get('seconds', 0.0):.1f} s, max_turns "
+                         f"{meta.get('max_turns')}, max_new_tokens {meta.get('max_new_tokens')}, temperature "
+                         f"{meta.get('temperature')}, model {meta.get('model')} "
+                         f"({meta.get('parameters', '?')} parameters).")
+    lines.append("")
+    return lines
+
+
+def _curve_section(records: Optional[Sequence[Mapping[str, Any]]], metrics_path: Optional[Path]) -> list[str]:
+    lines = ["## Training curve", ""]
+    if not records:
+        return lines + ["No training metrics (metrics.jsonl) were found.", ""]
+    lines.append(f"{len(records)} logged steps from `{metrics_path.name if metrics_path else 'metrics.jsonl'}`.")
+    lines.append("")
+    columns = [(name, find_metric(records, name)) for name in _CURVE_COLUMNS]
+    columns = [(name, key) for name, key in columns if key is not None]
+    if columns:
+        chosen = list(records)
+        if len(chosen) > 40:  # keep the table readable: 40 evenly spaced steps (first and last included)
+            idx = sorted({round(i * (len(chosen) - 1) / 39) for i in range(40)})
+            chosen = [chosen[i] for i in idx]
+        rows = [[r["step"]] + [r.get(key) if _numeric(r.get(key)) else None for _, key in columns] for r in chosen]
+        lines += _table(["step"] + [f"{name} (`{key}`)" for name, key in columns], rows) + [""]
+    numeric_keys = []
+    for record in records:
+        for key, value in record.items():
+            if key not in ("step", "time") and _numeric(value) and key not in numeric_keys:
+                numeric_keys.append(key)
+    summary = []
+    for key in numeric_keys:
+        values = [float(r[key]) for r in records if _numeric(r.get(key))]
+        summary.append((f"`{key}`", len(values), values[0], values[-1], sum(values) / len(values)))
+    lines += ["### Every logged metric", ""]
+    lines += _table(("metric", "steps", "first", "last", "mean"), summary) + [""]
+    time_keys = [k for k in numeric_keys if k.startswith("time/")]
+    if time_keys:
+        rows = []
+        for key in time_keys:
+            values = [float(r[key]) for r in records if _numeric(r.get(key))]
+            rows.append((key[len("time/"):], sum(values) / len(values), sum(values)))
+        lines += ["### Seconds per training stage", ""]
+        lines += _table(("stage", "mean s/step", "total s"), rows) + [""]
+    return lines
+
+
+def _stages_section(stages: Optional[Mapping[str, Any]]) -> list[str]:
+    lines = ["## Wall time per stage", ""]
+    if not stages or not stages.get("stages"):
+        return lines + ["No stage timings (stages.json) were found.", ""]
+    rows = [(s.get("name", "?"), float(s.get("seconds", 0.0)), s.get("summary", "")) for s in stages["stages"]]
+    total = stages.get("total_seconds", sum(r[1] for r in rows))
+    rows.append(("**total**", float(total), ""))
+    lines += _table(("stage", "seconds", "what it did"), rows) + [""]
+    return lines
+
+
+def write_report(run_dir: PathLike, *, out_path: Optional[PathLike] = None,
+                 metrics: Optional[Sequence[Mapping[str, Any]]] = None, metrics_path: Optional[PathLike] = None,
+                 before: Any = None, after: Any = None, stages: Optional[Mapping[str, Any]] = None,
+                 machine: Optional[Mapping[str, Any]] = None, title: str = "MemPO run report",
+                 notes: Sequence[str] = ()) -> ReportResult:
+    """Write ``report.md`` and the PNG plots into `run_dir` (module conventions).
+
+    Explicit arguments win over the files found in `run_dir`: `metrics` (records) or
+    `metrics_path`; `before` / `after` (`EvalReport` objects or paths to their JSON);
+    `stages` (the stages.json mapping); `machine` (default: the stages' machine facts, else this
+    machine's). `notes`: extra lines for the top of the report (e.g. what was skipped).
+    """
+    from mempo.eval import EvalReport, machine_facts
+    from mempo.train.logging import read_metrics
+
+    root = Path(run_dir)
+    root.mkdir(parents=True, exist_ok=True)
+    found = load_run(root)
+    if metrics is None and metrics_path is not None:
+        metrics, found["metrics_path"] = read_metrics(metrics_path), Path(metrics_path)
+    records = list(metrics) if metrics is not None else found["metrics"]
+    before = EvalReport.load(before) if isinstance(before, (str, os.PathLike)) else (before or found["before"])
+    after = EvalReport.load(after) if isinstance(after, (str, os.PathLike)) else (after or found["after"])
+    stages = stages if stages is not None else found["stages"]
+    machine = machine or (stages or {}).get("machine") or machine_facts()
+
+    plots: dict[str, Path] = {}
+    missing: list[str] = []
+    recs = records or []
+    series = {name: metric_series(recs, name) for name in METRIC_ALIASES}
+
+    def named(*names: str) -> list[tuple[str, list, list]]:
+        return [(f"{n} ({find_metric(recs, n)})", *series[n]) for n in names if series[n][0]]
+
+    plan = {
+        "reward": ("Outcome reward per step", [("reward", named("reward")), ("EM / F1 / format", named("em", "f1", "format_rate"))]),
+        "memory_reward": ("Memory reward per step", [("memory reward", named("mem_reward")), ("P(answer | context)", named("p_mem", "p_full"))]),
+        "kl": ("KL to the reference policy", [("KL", named("kl")), ("entropy / clip fraction", named("entropy", "clip_fraction"))]),
+    }
+    for name, (plot_title, panels) in plan.items():
+        path = root / f"{name}.png"
+        if _line_plot(path, plot_title, panels):
+            plots[name] = path
+        else:
+            missing.append(f"{name}.png (no such metrics logged)")
+    sft_records = found.get("sft") or []
+    sft_steps, sft_losses = metric_series(sft_records, "sft/loss")
+    if sft_steps and _line_plot(root / "sft.png", "SFT cold start", [("loss", [("sft/loss", sft_steps, sft_losses)])]):
+        plots["sft"] = root / "sft.png"
+    path = root / "tokens.png"
+    if _tokens_plot(path, {"before": before, "after": after}):
+        plots["tokens"] = path
+    else:
+        missing.append("tokens.png (no evaluation results)")
+
+    lines = [f"# {title}", "", f"Written {time.strftime('%Y-%m-%d %H:%M:%S')} from `{root}`. Every number below "
+             "is measured in this run; nothing is copied from the paper.", ""]
+    lines += [f"* {note}" for note in notes] + ([""] if notes else [])
+    lines += _machine_section(machine)
+    lines += _stages_section(stages)
+    if sft_losses:
+        lines += ["## SFT cold start", "", f"{len(sft_losses)} optimiser steps; loss {sft_losses[0]:.3f} (first) -> "
+                  f"{sft_losses[-1]:.3f} (last), mean of the last 10 {sum(sft_losses[-10:]) / len(sft_losses[-10:]):.3f}.", ""]
+    lines += _before_after_section(before, after)
+    lines += _curve_section(records, found["metrics_path"])
+    lines += ["## Plots", ""]
+    for name, path in plots.items():
+        lines += [f"![{name}]({path.name})", ""]
+    for item in missing:
+        lines.append(f"* not written: {item}")
+    if missing:
+        lines.append("")
+    for which, report in (("before", before), ("after", after)):
+        if report is not None:
+            lines.append(report.markdown(f"Evaluation {which} RL (all cells)"))
+    out = Path(out_path) if out_path is not None else root / "report.md"
+    out.write_text("\n".join(lines).rstrip() + "\n", encoding="utf-8")
+    return ReportResult(out, plots, missing)

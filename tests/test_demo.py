@@ -1,0 +1,54 @@
+"""mempo.demo: the configuration file equals the built-in one; a drastically reduced demo completes."""
+from pathlib import Path
+
+import pytest
+import yaml
+
+pytest.importorskip("transformers")
+pytest.importorskip("matplotlib")
+
+from mempo.demo import DEFAULT_CONFIG, load_demo_config
+
+REPO = Path(__file__).resolve().parents[1]
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+SMOKE = [
+    "demo.world_documents=120", "demo.vocab_size=400", "demo.tokenizer_documents=60", "demo.model_size=tiny",
+    "demo.max_position_embeddings=2048", "demo.sft_objectives=[1]", "demo.sft_episodes=2", "demo.sft_steps=1",
+    "demo.sft_batch_tokens=2048", "demo.torch_threads=1",
+    "trainer.total_steps=1", "data.questions_per_step=1", "rollout.group_size=2", "rollout.max_turns=2",
+    "rollout.max_new_tokens_per_round=16", "rollout.max_response_tokens=512",
+    "eval.objectives=[2,4]", "eval.episodes=2", "eval.max_turns=2",
+]
+
+
+def test_config_file_equals_builtin_defaults():
+    assert yaml.safe_load((REPO / "configs" / "demo.yaml").read_text()) == DEFAULT_CONFIG
+    cfg, demo = load_demo_config(REPO / "configs" / "demo.yaml")
+    assert cfg.eval.objectives == [2, 4] and cfg.eval.policies == ["memory"] and demo.model_size == "small"
+
+
+def test_unknown_demo_key_is_an_error():
+    from mempo.train.config import ConfigError
+
+    with pytest.raises(ConfigError, match="demo.nope"):
+        load_demo_config(None, ["demo.nope=1"])
+
+
+def test_smoke_demo(tmp_path):
+    pytest.importorskip("mempo.train.trainer", reason="the RL trainer (mempo.train.trainer) is not installed")
+    pytest.importorskip("mempo.train.sft", reason="the SFT module (mempo.train.sft) is not installed")
+    from mempo.cli import main
+
+    out = tmp_path / "demo_out"
+    assert main(["demo", "--out", str(out), "--no-progress", *SMOKE]) == 0
+    text = (out / "report.md").read_text()
+    for stage in ("world", "oracle", "tokenizer", "model", "sft", "eval-before", "rl", "eval-after", "report"):
+        assert f"| {stage} |" in text
+    assert "SKIPPED" not in text
+    assert "## Before / after RL" in text and "1 logged steps" in text
+    for name in ("reward", "memory_reward", "kl", "tokens", "sft"):
+        png = out / f"{name}.png"
+        assert png.read_bytes()[:8] == PNG_MAGIC
+    for name in ("eval_before.json", "eval_after.json", "stages.json", "rl/metrics.jsonl", "model_rl/config.json"):
+        assert (out / name).is_file(), name

@@ -1,0 +1,130 @@
+"""mempo.eval: oracle EM, token counting by hand, a tiny random model, the `mempo eval` command."""
+import json
+import math
+
+import pytest
+
+pytest.importorskip("transformers")
+
+from mempo.eval import (EvalReport, OracleBackend, build_world, eval_episodes, evaluate, round_prompt_tokens,
+                        summarize)
+from mempo.train.config import config_from_dict
+from test_rollout_fixtures import chat_tokenizer, tiny_qwen2
+
+
+def _cfg(**eval_section):
+    section = {"objectives": [1, 2], "episodes": 2, "policies": ["memory", "full"], **eval_section}
+    return config_from_dict({"data": {"world_entities": 30}, "env": {"topk": 3, "doc_chars": 600},
+                             "rollout": {"max_new_tokens_per_round": 400}, "eval": section})
+
+
+@pytest.fixture(scope="module")
+def world():
+    return build_world(_cfg())
+
+
+def _chatml(messages):
+    text = "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in messages)
+    return text + "<|im_start|>assistant\n"
+
+
+def test_oracle_backend_em_is_one_and_tokens_match_a_hand_count(world):
+    from mempo.env.oracle import run_oracle
+    from mempo.env.tools import make_tools
+
+    w, retriever = world
+    cfg = _cfg()
+    tok = chat_tokenizer()
+    episodes = eval_episodes(w, cfg)
+    report = evaluate(None, tok, episodes, retriever, cfg, backend=OracleBackend(tok), show_progress=False,
+                      log=lambda line: None, keep_trajectories=True)
+    assert len(report.rows) == 4
+    for row in report.rows:
+        assert row.em == 1.0 and row.f1 == 1.0 and row.score == 1.0 and row.format_rate == 1.0
+        assert row.answer_rate == 1.0 and row.episodes == 2
+    tools = make_tools(retriever, options={"search": {"topk": 3, "doc_chars": 600}})
+    for k, eps in episodes.items():
+        for episode, traj in zip(eps, report.trajectories[(k, "memory")]):
+            # hand count: the ChatML text of the messages the oracle saw, encoded by the tokenizer
+            oracle = run_oracle(episode, tools, policy="memory")
+            expected = [len(tok.encode(_chatml(r.messages), add_special_tokens=False)) for r in oracle.rounds]
+            assert round_prompt_tokens(traj) == expected
+        for traj in report.trajectories[(k, "full")]:
+            # full context: the prompt plus everything before the round (rounds and tool segments)
+            expected, seen = [], len(traj.prompt_ids)
+            for r in traj.rounds:
+                expected.append(seen)
+                seen += r.tool_end - r.start
+            assert round_prompt_tokens(traj) == expected
+        for policy in ("memory", "full"):
+            trajs = report.trajectories[(k, policy)]
+            row = report.row(k, policy)
+            sums = [sum(round_prompt_tokens(t)) for t in trajs]
+            assert row.prompt_tokens_per_episode == pytest.approx(sum(sums) / len(sums))
+            assert row.peak_prompt_tokens == max(max(round_prompt_tokens(t)) for t in trajs)
+            assert row.mean_turns == pytest.approx(sum(len(t.rounds) for t in trajs) / len(trajs))
+    # memory context is cheaper than the full history for the same answers
+    assert report.row(2, "memory").prompt_tokens_per_episode < report.row(2, "full").prompt_tokens_per_episode
+
+
+def test_one_round_answer_counts_exactly_the_first_prompt(world):
+    from mempo.memory import DEFAULT_SYSTEM_PROMPT
+    from mempo.rollout.backends import ScriptedBackend, round_script
+
+    _, retriever = world
+    tok = chat_tokenizer()
+    cfg = _cfg(objectives=[1], policies=["memory"])
+    task = {"id": "q", "prompt": "Who wrote it?", "golds": ["Ann"]}
+    backend = ScriptedBackend(round_script(tok, {"q": ["</mem>\n<think>\nx\n</think>\n<answer>Ann</answer>"]}), tok)
+    report = evaluate(None, tok, {1: [task]}, retriever, cfg, backend=backend, show_progress=False,
+                      log=lambda line: None)
+    row = report.row(1, "memory")
+    hand = len(tok.encode(_chatml([{"role": "system", "content": DEFAULT_SYSTEM_PROMPT},
+                                   {"role": "user", "content": "Who wrote it?"}]), add_special_tokens=False))
+    assert row.em == 1.0 and row.mean_turns == 1.0
+    assert row.prompt_tokens_per_episode == hand and row.peak_prompt_tokens == hand
+
+
+def test_tiny_random_model_reports_finite_numbers(world, tmp_path):
+    w, retriever = world
+    tok = chat_tokenizer()
+    model = tiny_qwen2(len(tok))
+    cfg = _cfg(objectives=[1, 2], episodes=2, max_turns=3)
+    report = evaluate(model, tok, eval_episodes(w, cfg), retriever, cfg, max_new_tokens=12, show_progress=False,
+                      log=lambda line: None)
+    assert len(report.rows) == 4
+    for row in report.rows:
+        for name, value in vars(row).items():
+            if isinstance(value, float):
+                assert math.isfinite(value), name
+        assert 0.0 <= row.em <= 1.0 and row.mean_turns >= 1 and row.peak_prompt_tokens > 0
+    assert report.metadata["parameters"] > 0 and report.metadata["machine"]["cpu_count"]
+    paths = report.write(tmp_path, "eval")
+    loaded = EvalReport.load(paths["json"])
+    assert loaded.rows == report.rows
+    table = paths["markdown"].read_text()
+    assert "| k | policy |" in table and table.count("\n| ") >= 5
+    assert json.loads(paths["json"].read_text())["metadata"]["max_new_tokens"] == 12
+
+
+def test_summarize_empty_is_finite():
+    row = summarize([], 2, "memory")
+    assert row.episodes == 0 and row.em == 0.0 and row.peak_prompt_tokens == 0
+
+
+def test_eval_command(tmp_path):
+    from mempo.cli import main
+
+    tok = chat_tokenizer()
+    model = tiny_qwen2(len(tok))
+    model_dir = tmp_path / "model"
+    model.save_pretrained(model_dir)
+    tok.save_pretrained(model_dir)
+    out = tmp_path / "out"
+    rc = main(["eval", "--model", str(model_dir), "--out", str(out), "--no-progress", "data.world_entities=30",
+               "eval.objectives=[1]", "eval.episodes=1", "eval.max_turns=2", "rollout.max_new_tokens_per_round=8"])
+    assert rc == 0
+    report = EvalReport.load(out / "eval.json")
+    assert [(r.objectives, r.policy, r.episodes) for r in report.rows] == [(1, "memory", 1)]
+    assert (out / "eval.md").is_file()
+    assert main(["eval", "--model", str(tmp_path / "missing"), "--out", str(out)]) == 2
