@@ -10,6 +10,8 @@ errors, a missing or malformed corpus), 130 interrupted.
 
 Commands:
   serve-retriever   serve a BM25 index over a jsonl corpus on the Search-R1 HTTP API (`mempo.env.server`)
+  sft, train        SFT cold start and MemPO RL (`mempo.train.commands`)
+  eval, demo        k-objective evaluation and the CPU demo (`mempo.eval_commands`)
 """
 import argparse
 import sys
