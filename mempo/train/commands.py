@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from mempo.cli import register_command
 
@@ -66,8 +67,20 @@ def _train(args: argparse.Namespace) -> int:
     from mempo.train.trainer import train
 
     result = train(cfg)
-    _log(f"trained to step {result.last_step} (resumed from {result.resumed_from}); run dir {result.out_dir}")
+    final = Path(result.out_dir) / "model"
+    if result.model is not None and _is_rank_zero():
+        # The final policy as a plain HF directory, for `mempo eval --model` and further training.
+        result.model.save_pretrained(final)
+        result.tokenizer.save_pretrained(final)
+    _log(f"trained to step {result.last_step} (resumed from {result.resumed_from}); run dir {result.out_dir}; "
+         f"final model in {final}")
     return 0
+
+
+def _is_rank_zero() -> bool:
+    import torch.distributed as dist
+
+    return not (dist.is_available() and dist.is_initialized()) or dist.get_rank() == 0
 
 
 # ------------------------------------------------------------------------------------------------
