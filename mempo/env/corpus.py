@@ -18,12 +18,11 @@ Conventions:
 renamed over the target), so a reader never sees a half-written corpus.
 """
 import hashlib
-import json
 import os
-import tempfile
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Iterable, Iterator, Union
+
+from mempo.jsonl import iter_jsonl_records, write_jsonl
 
 __all__ = ["Document", "CorpusError", "load_corpus", "iter_corpus", "write_corpus", "document_from_json",
            "corpus_fingerprint"]
@@ -82,36 +81,8 @@ def document_from_json(obj: object) -> Document:
 
 def iter_corpus(path: PathLike) -> Iterator[Document]:
     """Stream the documents of a jsonl corpus in file order, checking every line and id uniqueness."""
-    path = Path(path)
-    first_line_of: dict[str, int] = {}
-    try:
-        handle = open(path, "r", encoding="utf-8")
-    except FileNotFoundError:
-        raise CorpusError(f"{path}: corpus file not found") from None
-    with handle:
-        lineno = 0
-        while True:
-            try:
-                line = handle.readline()
-            except UnicodeDecodeError as exc:
-                raise CorpusError(f"{path}:{lineno + 1}: not valid UTF-8 ({exc.reason})") from None
-            if not line:
-                break
-            lineno += 1
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise CorpusError(f"{path}:{lineno}: not valid JSON ({exc.msg} at column {exc.colno})") from None
-            try:
-                doc = document_from_json(obj)
-            except CorpusError as exc:
-                raise CorpusError(f"{path}:{lineno}: {exc}") from None
-            previous = first_line_of.setdefault(doc.id, lineno)
-            if previous != lineno:
-                raise CorpusError(f"{path}:{lineno}: duplicate id {doc.id!r} (first seen on line {previous})")
-            yield doc
+    return iter_jsonl_records(path, lambda obj, _: document_from_json(obj), CorpusError, unique_ids=True,
+                              missing="corpus file not found")
 
 
 def load_corpus(path: PathLike) -> list[Document]:
@@ -124,26 +95,17 @@ def write_corpus(path: PathLike, documents: Iterable[Document]) -> int:
 
     Raises `CorpusError` for duplicate or malformed ids (the file is then left untouched).
     """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
     seen: set[str] = set()
-    count = 0
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            for doc in documents:
-                checked = document_from_json(doc.to_json())
-                if checked.id in seen:
-                    raise CorpusError(f"duplicate id {checked.id!r} (document {count})")
-                seen.add(checked.id)
-                handle.write(json.dumps(checked.to_json(), ensure_ascii=False) + "\n")
-                count += 1
-        os.replace(tmp_name, path)
-    except BaseException:
-        if os.path.exists(tmp_name):
-            os.unlink(tmp_name)
-        raise
-    return count
+
+    def checked_documents() -> Iterator[dict]:
+        for count, doc in enumerate(documents):
+            checked = document_from_json(doc.to_json())
+            if checked.id in seen:
+                raise CorpusError(f"duplicate id {checked.id!r} (document {count})")
+            seen.add(checked.id)
+            yield checked.to_json()
+
+    return write_jsonl(path, checked_documents())
 
 
 def corpus_fingerprint(path: PathLike) -> str:

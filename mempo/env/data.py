@@ -48,14 +48,14 @@ Conventions
 """
 from __future__ import annotations
 
-import json
 import os
 import random
 import re
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Optional, Sequence, Union
+
+from mempo.jsonl import iter_jsonl_records, write_jsonl
 
 __all__ = [
     "DataError",
@@ -247,36 +247,9 @@ def qa_record_from_json(obj: Any, default_id: Optional[str] = None) -> QARecord:
 
 def iter_qa_jsonl(path: PathLike) -> Iterator[QARecord]:
     """Stream the QA records of a jsonl file, checking every line; errors name file and line."""
-    path = Path(path)
-    try:
-        handle = open(path, "r", encoding="utf-8")
-    except FileNotFoundError:
-        raise DataError(f"{path}: file not found") from None
-    seen: dict[str, int] = {}
-    with handle:
-        lineno = 0
-        while True:
-            try:
-                line = handle.readline()
-            except UnicodeDecodeError as exc:
-                raise DataError(f"{path}:{lineno + 1}: not valid UTF-8 ({exc.reason})") from None
-            if not line:
-                break
-            lineno += 1
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise DataError(f"{path}:{lineno}: not valid JSON ({exc.msg} at column {exc.colno})") from None
-            try:
-                record = qa_record_from_json(obj, default_id=f"{path.stem}:{lineno}")
-            except DataError as exc:
-                raise DataError(f"{path}:{lineno}: {exc}") from None
-            first = seen.setdefault(record.id, lineno)
-            if first != lineno:
-                raise DataError(f"{path}:{lineno}: duplicate id {record.id!r} (first seen on line {first})")
-            yield record
+    stem = Path(path).stem
+    return iter_jsonl_records(path, lambda obj, lineno: qa_record_from_json(obj, default_id=f"{stem}:{lineno}"),
+                              DataError, unique_ids=True)
 
 
 def load_qa_jsonl(path: PathLike) -> list[QARecord]:
@@ -326,28 +299,9 @@ def load_qa(path: PathLike) -> list[QARecord]:
     raise DataError(f"{path}: unknown QA file type {suffix!r} (expected .jsonl or .parquet)")
 
 
-def _write_jsonl(path: PathLike, objects: Iterable[dict]) -> int:
-    """Write objects as jsonl atomically (temporary file renamed over the target)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
-    count = 0
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            for obj in objects:
-                handle.write(json.dumps(obj, ensure_ascii=False) + "\n")
-                count += 1
-        os.replace(tmp_name, path)
-    except BaseException:
-        if os.path.exists(tmp_name):
-            os.unlink(tmp_name)
-        raise
-    return count
-
-
 def write_qa_jsonl(path: PathLike, records: Iterable[QARecord]) -> int:
     """Write QA records as Search-R1-style jsonl (`QARecord.to_json`); returns the count."""
-    return _write_jsonl(path, (record.to_json() for record in records))
+    return write_jsonl(path, (record.to_json() for record in records))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -445,23 +399,9 @@ def compose_episodes(pool: Sequence[QARecord], num_objectives: int, num_episodes
 
 def write_episodes_jsonl(path: PathLike, episodes: Iterable[Episode]) -> int:
     """Write episodes as jsonl (`Episode.to_json`, atomic replace); returns the count."""
-    return _write_jsonl(path, (episode.to_json() for episode in episodes))
+    return write_jsonl(path, (episode.to_json() for episode in episodes))
 
 
 def load_episodes_jsonl(path: PathLike) -> list[Episode]:
     """Read episodes written by `write_episodes_jsonl`; errors name the file and line."""
-    path = Path(path)
-    if not path.exists():
-        raise DataError(f"{path}: file not found")
-    episodes = []
-    with open(path, "r", encoding="utf-8") as handle:
-        for lineno, line in enumerate(handle, 1):
-            if not line.strip():
-                continue
-            try:
-                episodes.append(Episode.from_json(json.loads(line)))
-            except json.JSONDecodeError as exc:
-                raise DataError(f"{path}:{lineno}: not valid JSON ({exc.msg} at column {exc.colno})") from None
-            except DataError as exc:
-                raise DataError(f"{path}:{lineno}: {exc}") from None
-    return episodes
+    return list(iter_jsonl_records(path, lambda obj, _: Episode.from_json(obj), DataError))

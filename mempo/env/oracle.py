@@ -42,13 +42,12 @@ Conventions
 """
 from __future__ import annotations
 
-import json
 import os
 import re
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Optional, Sequence, Union
 
+from mempo.jsonl import iter_jsonl_records, write_jsonl
 from mempo.env.data import Episode, parse_episode_prompt
 from mempo.env.world import (
     CHRONICLE_RELATIONS, RELATIONS, QuestionParse, fact_pattern, parse_question, pointer_pattern,
@@ -496,12 +495,10 @@ def run_oracle_episodes(episodes: Iterable[Episode], tools: Union[ToolMap, Any],
 
 def write_trajectories_jsonl(path: Union[str, "os.PathLike[str]"], trajectories: Iterable[OracleTrajectory]) -> int:
     """Write trajectories as jsonl (one `OracleTrajectory.to_json` per line); returns the count."""
-    from mempo.env.data import _write_jsonl
-
-    return _write_jsonl(path, (t.to_json() for t in trajectories))
+    return write_jsonl(path, (t.to_json() for t in trajectories))
 
 
 def load_trajectories_jsonl(path: Union[str, "os.PathLike[str]"]) -> list[OracleTrajectory]:
-    """Read trajectories written by `write_trajectories_jsonl`."""
-    with open(Path(path), "r", encoding="utf-8") as handle:
-        return [OracleTrajectory.from_json(json.loads(line)) for line in handle if line.strip()]
+    """Read trajectories written by `write_trajectories_jsonl`; errors name the file and line."""
+    return list(iter_jsonl_records(path, lambda obj, _: OracleTrajectory.from_json(obj),
+                                   rejects=(KeyError, TypeError)))

@@ -38,7 +38,6 @@ import json
 import math
 import os
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Iterable, Iterator, NamedTuple, Optional, Union
 
 __all__ = ["POLICIES", "FINISH_REASONS", "Round", "Trajectory", "RoundInput", "round_training_inputs",
@@ -46,6 +45,8 @@ __all__ = ["POLICIES", "FINISH_REASONS", "Round", "Trajectory", "RoundInput", "r
 
 POLICIES = ("full", "memory")
 FINISH_REASONS = ("answer", "turn_limit", "token_budget", "malformed")
+
+from mempo.jsonl import iter_jsonl_records, write_jsonl
 
 
 def _pair(value: Any) -> Optional[tuple[int, int]]:
@@ -275,27 +276,13 @@ PathLike = Union[str, "os.PathLike[str]"]
 
 
 def write_trajectories_jsonl(path: PathLike, trajectories: Iterable[Trajectory]) -> int:
-    """Write one JSON object per line (``Trajectory.to_dict``); returns the count."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    count = 0
-    with open(path, "w", encoding="utf-8") as handle:
-        for trajectory in trajectories:
-            handle.write(json.dumps(trajectory.to_dict(), ensure_ascii=False) + "\n")
-            count += 1
-    return count
+    """Write one JSON object per line (``Trajectory.to_dict``), atomically; returns the count."""
+    return write_jsonl(path, (trajectory.to_dict() for trajectory in trajectories))
 
 
 def iter_trajectories_jsonl(path: PathLike) -> Iterator[Trajectory]:
     """Stream trajectories from a jsonl file (blank lines skipped; errors name the line)."""
-    with open(path, "r", encoding="utf-8") as handle:
-        for lineno, line in enumerate(handle, 1):
-            if not line.strip():
-                continue
-            try:
-                yield Trajectory.from_dict(json.loads(line))
-            except (ValueError, KeyError, TypeError) as exc:
-                raise ValueError(f"{path}:{lineno}: not a trajectory record ({exc})") from None
+    return iter_jsonl_records(path, lambda obj, _: Trajectory.from_dict(obj), rejects=(KeyError, TypeError))
 
 
 def read_trajectories_jsonl(path: PathLike) -> list[Trajectory]:

@@ -1,0 +1,85 @@
+"""JSON-lines files, read and written one way everywhere (corpora, QA data, episodes, trajectories).
+
+* Writing is atomic: a temporary file in the target's folder, renamed over the target when every
+  object is written; on any error (also one raised by the objects' generator, e.g. a validation
+  error) the target is left untouched and the temporary file removed.
+* Reading streams the file; blank lines are skipped; every error names the file and the 1-based
+  line (missing file, invalid UTF-8, invalid JSON, and whatever the record parser rejects), raised
+  as the caller's error type.
+"""
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Callable, Iterable, Iterator, TypeVar, Union
+
+PathLike = Union[str, "os.PathLike[str]"]
+T = TypeVar("T")
+
+__all__ = ["iter_jsonl", "iter_jsonl_records", "write_jsonl"]
+
+
+def write_jsonl(path: PathLike, objects: Iterable[Any]) -> int:
+    """Write one JSON object per line, atomically; returns the number written."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp_name = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
+    count = 0
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            for obj in objects:
+                handle.write(json.dumps(obj, ensure_ascii=False) + "\n")
+                count += 1
+        os.replace(tmp_name, path)
+    except BaseException:
+        if os.path.exists(tmp_name):
+            os.unlink(tmp_name)
+        raise
+    return count
+
+
+def iter_jsonl(path: PathLike, error: type[Exception] = ValueError, *,
+               missing: str = "file not found") -> Iterator[tuple[int, Any]]:
+    """(line number, decoded JSON value) for every non-blank line of `path`."""
+    path = Path(path)
+    try:
+        handle = open(path, "r", encoding="utf-8")
+    except FileNotFoundError:
+        raise error(f"{path}: {missing}") from None
+    with handle:
+        lineno = 0
+        while True:
+            try:
+                line = handle.readline()
+            except UnicodeDecodeError as exc:
+                raise error(f"{path}:{lineno + 1}: not valid UTF-8 ({exc.reason})") from None
+            if not line:
+                return
+            lineno += 1
+            if not line.strip():
+                continue
+            try:
+                yield lineno, json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise error(f"{path}:{lineno}: not valid JSON ({exc.msg} at column {exc.colno})") from None
+
+
+def iter_jsonl_records(path: PathLike, parse: Callable[[Any, int], T], error: type[Exception] = ValueError, *,
+                       unique_ids: bool = False, missing: str = "file not found",
+                       rejects: tuple[type[Exception], ...] = ()) -> Iterator[T]:
+    """Records `parse(obj, lineno)` of every line; a rejection (`error` or one of `rejects`) is
+    re-raised as `error` naming file and line. With `unique_ids`, a record whose `.id` was seen on
+    an earlier line is an error naming both lines."""
+    first_line_of: dict[Any, int] = {}
+    for lineno, obj in iter_jsonl(path, error, missing=missing):
+        try:
+            record = parse(obj, lineno)
+        except (error, *rejects) as exc:
+            raise error(f"{path}:{lineno}: {exc}") from None
+        if unique_ids:
+            first = first_line_of.setdefault(record.id, lineno)
+            if first != lineno:
+                raise error(f"{path}:{lineno}: duplicate id {record.id!r} (first seen on line {first})")
+        yield record
