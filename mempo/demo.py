@@ -56,11 +56,14 @@ class DemoConfig:
     model_size: a `mempo.builtin.SIZES` name. max_position_embeddings: the model's context.
     sft_objectives / sft_episodes: oracle episodes per number of objectives for the cold start.
     sft_steps / sft_epochs / sft_lr / sft_batch_tokens: `run_sft`'s steps (None: epochs bound the
-    run), epochs (None: one), learning rate and padded tokens per batch.
+    run), epochs (None: one), learning rate and padded tokens per batch. sft_seconds: a wall-time
+    bound on the SFT stage (None: none; the demo's budget is met whatever the machine's speed).
+    sft_schedule: `run_sft`'s learning-rate schedule ("constant" or "cosine").
     rl_scaffold: generate RL rollouts through `mempo.builtin.ScaffoldedHFBackend` (None: only when
     no SFT ran, i.e. when the random model cannot follow the protocol by itself).
     torch_threads: torch intra-op threads (0: automatic: the CPUs left idle by the current load
-    average, at least 1; small models on a busy machine run much slower with oversubscribed threads).
+    average, rounded down (a residual load below 1 from a process that just ended frees the CPU), at least
+    1; small models on a busy machine run much slower with oversubscribed threads).
     seed: model initialisation seed.
     """
 
@@ -70,11 +73,13 @@ class DemoConfig:
     model_size: str = "small"
     max_position_embeddings: int = 4096
     sft_objectives: list[int] = field(default_factory=lambda: [1, 2, 3, 4])
-    sft_episodes: int = 24
-    sft_steps: Optional[int] = 90
+    sft_episodes: int = 64
+    sft_steps: Optional[int] = 4000
     sft_epochs: Optional[float] = None
-    sft_lr: float = 1e-3
-    sft_batch_tokens: int = 4096
+    sft_seconds: Optional[float] = 540.0
+    sft_lr: float = 3e-3
+    sft_schedule: str = "cosine"
+    sft_batch_tokens: int = 2048
     rl_scaffold: Optional[bool] = None
     torch_threads: int = 0
     seed: int = 0
@@ -87,11 +92,11 @@ DEFAULT_CONFIG: dict[str, Any] = {
     "data": {"num_objectives": 2, "questions_per_step": 2, "seed": 0, "world_seed": 0},
     "env": {"topk": 3, "doc_chars": 800},
     "rollout": {"group_size": 4, "max_turns": 6, "eval_max_turns": 16, "max_new_tokens_per_round": 192,
-                "max_response_tokens": 2048, "temperature": 1.0, "context_policy": "full"},
+                "max_response_tokens": 2048, "temperature": 1.0, "context_policy": "memory"},
     "actor": {"lr": 1e-4, "kl_coef": 0.001, "micro_batch_tokens": 8192},
     "trainer": {"total_steps": 4, "save_every": 0, "eval_every": 0, "log_every": 1, "resume": "never",
                 "tensorboard": False, "out_dir": "demo_out/rl"},
-    "eval": {"objectives": [2, 4], "max_turns": 12, "policies": ["memory"], "episodes": 20, "temperature": 0.0},
+    "eval": {"objectives": [2, 4], "max_turns": 12, "policies": ["memory"], "episodes": 16, "temperature": 0.0},
 }
 
 
@@ -299,7 +304,8 @@ def run_demo(cfg: Any, demo: DemoConfig, out_dir: PathLike, *, echo: Callable[[s
             with MetricsLogger(out / "sft", tensorboard=False) as logger:
                 result = _call(run_sft, cfg, model, tokenizer, state["oracle"], steps=demo.sft_steps,
                                epochs=demo.sft_epochs, lr=demo.sft_lr, batch_tokens=demo.sft_batch_tokens,
-                               logger=logger, seed=demo.seed)
+                               logger=logger, seed=demo.seed, max_seconds=demo.sft_seconds,
+                               schedule=demo.sft_schedule)
             state["sft_result"] = result
             if hasattr(result, "parameters") and result is not model:  # a new model was returned
                 state["model"] = result
@@ -398,7 +404,7 @@ def _set_threads(requested: int) -> int:
             cpus = len(os.sched_getaffinity(0))
         except (AttributeError, OSError):
             cpus = os.cpu_count() or 1
-        torch.set_num_threads(max(1, min(torch.get_num_threads(), cpus - int(round(_load())))))
+        torch.set_num_threads(max(1, min(torch.get_num_threads(), cpus - int(_load()))))
     return torch.get_num_threads()
 
 

@@ -58,3 +58,41 @@ def test_loss_decreases(setup):
     metrics = run_sft(cfg, model, tok, trajectories, steps=12, lr=3e-3, batch_tokens=8192, seed=0)
     assert metrics["steps"] == 12 and all(torch.isfinite(torch.tensor(metrics["losses"])))
     assert metrics["last_loss"] < 0.8 * metrics["first_loss"]
+
+
+def test_selective_logits_equal_full_logits(setup):
+    """Logits on the assistant positions only give the same losses as the full logits (fallback path)."""
+    import copy
+
+    tok, trajectories = setup
+    model = tiny_model(tok, seed=0)
+    wrapped = _FullLogits(copy.deepcopy(model))
+    cfg = config_from_dict({})
+    a = run_sft(cfg, model, tok, trajectories, steps=3, lr=1e-3, batch_tokens=8192, seed=0)
+    b = run_sft(cfg, wrapped, tok, trajectories, steps=3, lr=1e-3, batch_tokens=8192, seed=0)
+    assert a["losses"] == pytest.approx(b["losses"], rel=1e-4)
+
+
+class _FullLogits(torch.nn.Module):
+    """A wrapper with no ``.model`` / output head: run_sft computes every logit."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.wrapped = model
+
+    def forward(self, **kwargs):
+        return self.wrapped(**kwargs)
+
+
+def test_cosine_schedule_and_time_bound(setup):
+    tok, trajectories = setup
+    model = tiny_model(tok, seed=0)
+    cfg = config_from_dict({})
+    metrics = run_sft(cfg, model, tok, trajectories, steps=10, lr=1e-3, batch_tokens=2048, seed=0,
+                      schedule="cosine", warmup=0.2)
+    assert metrics["steps"] == 10
+    timed = run_sft(cfg, tiny_model(tok, seed=0), tok, trajectories, steps=10_000, lr=1e-3, batch_tokens=2048,
+                    seed=0, max_seconds=0.5, schedule="cosine")
+    assert 1 <= timed["steps"] < 10_000 and timed["seconds"] < 30
+    with pytest.raises(ValueError):
+        run_sft(cfg, tiny_model(tok, seed=0), tok, trajectories, steps=1, schedule="linear")

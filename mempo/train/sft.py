@@ -15,7 +15,15 @@ Conventions
 * Loop: plain AdamW (``lr``, ``actor.weight_decay``, betas from ``actor``), grad-norm clip
   ``actor.grad_clip``; batches of consecutive sequences (shuffled per epoch with ``seed``) holding
   at most ``batch_tokens`` padded tokens; loss = mean token cross-entropy over the batch's masked
-  tokens. ``steps`` (optimiser steps) or ``epochs`` bounds the run.
+  tokens. ``steps`` (optimiser steps) or ``epochs`` bounds the run, and ``max_seconds`` (wall
+  time) too when given. ``schedule``: ``"constant"`` (``lr`` throughout) or ``"cosine"`` (linear
+  warm-up over the first ``warmup`` fraction of the run, then cosine decay to ``lr / 10``; the
+  run's progress is the larger of steps done / ``steps`` and seconds spent / ``max_seconds``).
+* Batches are length-bucketed: the shuffled order is cut into chunks of 32 sequences, each
+  sorted by length, so a batch pads little; the batches are then shuffled again.
+* Logits are computed only where the loss needs them (the assistant ids) when the model exposes
+  a decoder (``model.model``) and an output head (``get_output_embeddings``): the vocabulary
+  projection of every prompt position would cost as much as a layer of a small model.
 """
 from __future__ import annotations
 
@@ -85,7 +93,14 @@ def load_sft_records(path: Union[str, Path]) -> list[Any]:
     return records
 
 
-def _batches(order: Sequence[int], examples: Sequence[SFTExample], batch_tokens: int) -> list[list[int]]:
+def _batches(order: Sequence[int], examples: Sequence[SFTExample], batch_tokens: int,
+             rng: Optional[random.Random] = None, bucket: int = 32) -> list[list[int]]:
+    if rng is not None and bucket > 1:  # length buckets: sort chunks of the shuffled order, shuffle the batches
+        chunks = [sorted(order[i:i + bucket], key=lambda j: len(examples[j].input_ids))
+                  for i in range(0, len(order), bucket)]
+        batches = [b for chunk in chunks for b in _batches(chunk, examples, batch_tokens)]
+        rng.shuffle(batches)
+        return batches
     batches, current, longest = [], [], 0
     for i in order:
         n = len(examples[i].input_ids)
@@ -101,15 +116,23 @@ def _batches(order: Sequence[int], examples: Sequence[SFTExample], batch_tokens:
 
 def run_sft(cfg: Any, model: Any, tokenizer: Any, trajectories: Sequence[Any], *, steps: Optional[int] = None,
             epochs: Optional[float] = None, lr: float = 1e-4, batch_tokens: int = 4096, logger: Any = None,
-            seed: int = 0) -> dict[str, Any]:
+            seed: int = 0, max_seconds: Optional[float] = None, schedule: str = "constant",
+            warmup: float = 0.05) -> dict[str, Any]:
     """Fine-tune `model` in place on the assistant tokens of `trajectories` (module conventions).
 
     cfg: a `MempoConfig` (its ``actor`` optimiser settings; None: AdamW defaults). steps / epochs:
     stop after that many optimiser steps / passes (default: one epoch). logger: a `MetricsLogger`
-    (``sft/loss`` per step). Returns {"losses": [...], "first_loss", "last_loss", "steps",
-    "tokens", "examples"}.
+    (``sft/loss`` per step). max_seconds: stop after that much wall time (None: no limit).
+    schedule / warmup: the learning-rate schedule (module conventions). Returns {"losses": [...],
+    "first_loss", "last_loss", "steps", "tokens", "examples", "epochs", "seconds"}.
     """
+    import time
+
     import torch
+
+    if schedule not in ("constant", "cosine"):
+        raise ValueError(f"schedule must be 'constant' or 'cosine', got {schedule!r}")
+    began = time.perf_counter()
 
     examples = examples_from_trajectories(trajectories, tokenizer)
     if not examples:
@@ -125,16 +148,48 @@ def run_sft(cfg: Any, model: Any, tokenizer: Any, trajectories: Sequence[Any], *
     rng = random.Random(seed)
     max_steps = steps if steps is not None else math.inf
     max_epochs = epochs if epochs is not None else (math.inf if steps is not None else 1)
+    decoder = getattr(model, "model", None)
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    config = getattr(model, "config", None)
+    selective = (decoder is not None and callable(decoder) and head is not None
+                 and not getattr(config, "final_logit_softcapping", None)
+                 and getattr(config, "logit_scale", None) is None)
+    if schedule == "cosine" and steps is None and max_seconds is None:
+        per_epoch = len(_batches(list(range(len(examples))), examples, batch_tokens))
+        total_for_schedule = max(1, int(per_epoch * max_epochs))
+    else:
+        total_for_schedule = steps
+
+    def progress_now() -> float:
+        done = 0.0
+        if total_for_schedule:
+            done = step / total_for_schedule
+        if max_seconds:
+            done = max(done, (time.perf_counter() - began) / max_seconds)
+        return min(done, 1.0)
+
+    def lr_now() -> float:
+        if schedule == "constant":
+            return lr
+        done = progress_now()
+        if warmup > 0 and done < warmup:
+            return lr * max(done / warmup, 0.02)
+        rest = (done - warmup) / max(1e-9, 1.0 - warmup)
+        return lr * (0.1 + 0.9 * 0.5 * (1.0 + math.cos(math.pi * min(rest, 1.0))))
+
+    def out_of_time() -> bool:
+        return max_seconds is not None and time.perf_counter() - began >= max_seconds
+
     losses, tokens, step, epoch = [], 0, 0, 0
     model.train()
-    while step < max_steps and epoch < max_epochs:
+    while step < max_steps and epoch < max_epochs and not out_of_time():
         order = list(range(len(examples)))
         rng.shuffle(order)
-        batches = _batches(order, examples, batch_tokens)
+        batches = _batches(order, examples, batch_tokens, rng)
         if epoch + 1 > max_epochs:  # fractional last epoch
             batches = batches[:max(1, int(len(batches) * (max_epochs - epoch)))]
         for rows in batches:
-            if step >= max_steps:
+            if step >= max_steps or out_of_time():
                 break
             width = max(len(examples[i].input_ids) for i in rows)
             ids = torch.full((len(rows), width), int(pad), dtype=torch.long)
@@ -146,9 +201,16 @@ def run_sft(cfg: Any, model: Any, tokenizer: Any, trajectories: Sequence[Any], *
                 attention[r, :n] = 1
                 mask[r, :n] = torch.tensor(examples[i].loss_mask, dtype=torch.bool)
             ids, attention, mask = ids.to(device), attention.to(device), mask.to(device)
-            logits = model(input_ids=ids, attention_mask=attention, use_cache=False).logits[:, :-1].float()
             targets, target_mask = ids[:, 1:], mask[:, 1:]
-            loss = torch.nn.functional.cross_entropy(logits[target_mask], targets[target_mask])
+            if selective:
+                hidden = decoder(input_ids=ids, attention_mask=attention, use_cache=False).last_hidden_state
+                logits = head(hidden[:, :-1][target_mask]).float()
+            else:
+                logits = model(input_ids=ids, attention_mask=attention, use_cache=False).logits[:, :-1].float()
+                logits = logits[target_mask]
+            loss = torch.nn.functional.cross_entropy(logits, targets[target_mask])
+            for group in optimizer.param_groups:
+                group["lr"] = lr_now()
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             if grad_clip is not None:
@@ -158,8 +220,10 @@ def run_sft(cfg: Any, model: Any, tokenizer: Any, trajectories: Sequence[Any], *
             tokens += int(target_mask.sum())
             losses.append(float(loss.detach()))
             if logger is not None:
-                logger.log(step, {"sft/loss": losses[-1], "sft/tokens": int(target_mask.sum()), "sft/epoch": epoch})
+                logger.log(step, {"sft/loss": losses[-1], "sft/tokens": int(target_mask.sum()), "sft/epoch": epoch,
+                                  "sft/lr": optimizer.param_groups[0]["lr"]})
         epoch += 1
     model.eval()
     return {"losses": losses, "first_loss": losses[0] if losses else None, "last_loss": losses[-1] if losses else None,
-            "steps": step, "tokens": tokens, "examples": len(examples)}
+            "steps": step, "tokens": tokens, "examples": len(examples), "epochs": epoch,
+            "seconds": time.perf_counter() - began}
