@@ -12,7 +12,7 @@ load on first use.
 """
 from __future__ import annotations
 
-import importlib
+from mempo._lazy import lazy_exports
 
 _EXPORTS = {
     "group_ids": "advantage",
@@ -31,17 +31,4 @@ _EXPORTS = {
     "TAGS": "spans",
 }
 
-__all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name: str):
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'mempo.ops' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"mempo.ops.{module}"), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__():
-    return sorted(list(globals()) + __all__)
+__all__, __getattr__, __dir__ = lazy_exports('mempo.ops', _EXPORTS, globals())

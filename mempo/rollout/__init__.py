@@ -15,7 +15,7 @@ backend that needs them is built or used.
 """
 from __future__ import annotations
 
-import importlib
+from mempo._lazy import lazy_exports
 
 _EXPORTS = {
     "Trajectory": "trajectory", "Round": "trajectory", "RoundInput": "trajectory", "POLICIES": "trajectory",
@@ -33,17 +33,4 @@ _EXPORTS = {
     "scoring_requests": "requests", "attach_memory_rewards": "requests", "advantage_inputs": "requests",
 }
 
-__all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name: str):
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'mempo.rollout' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"mempo.rollout.{module}"), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__():
-    return sorted(list(globals()) + __all__)
+__all__, __getattr__, __dir__ = lazy_exports('mempo.rollout', _EXPORTS, globals())

@@ -14,7 +14,7 @@ Names load on first use, so ``import mempo.train`` and ``import mempo.train.conf
 """
 from __future__ import annotations
 
-import importlib
+from mempo._lazy import lazy_exports
 
 _EXPORTS = {
     "ConfigError": "config", "MempoConfig": "config", "ModelConfig": "config", "DataConfig": "config",
@@ -32,17 +32,4 @@ _EXPORTS = {
     "MetricsLogger": "logging", "StageTimer": "logging", "progress": "logging", "read_metrics": "logging",
 }
 
-__all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name: str):
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'mempo.train' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"mempo.train.{module}"), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__():
-    return sorted(list(globals()) + __all__)
+__all__, __getattr__, __dir__ = lazy_exports('mempo.train', _EXPORTS, globals())
