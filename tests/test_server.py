@@ -13,6 +13,7 @@ import queue
 import signal
 import socket
 import subprocess
+import tempfile
 import sys
 import threading
 import time
@@ -352,7 +353,7 @@ def test_client_rejects_bad_configuration():
 
 def _start_cli(args: list[str]) -> tuple[subprocess.Popen, str]:
     env = dict(os.environ, PYTHONUNBUFFERED="1")
-    proc = subprocess.Popen([sys.executable, "-m", "mempo.cli", "serve-retriever", *args], cwd=REPO_ROOT,
+    proc = subprocess.Popen([sys.executable, "-m", "mempo.cli", "serve-retriever", *args], cwd=tempfile.gettempdir(),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     lines: "queue.Queue[str]" = queue.Queue()
     threading.Thread(target=lambda: [lines.put(line) for line in proc.stdout], daemon=True).start()

@@ -95,9 +95,9 @@ def _comparable(path):
 def test_sigkill_and_resume_match_an_uninterrupted_run(tmp_path):
     full, killed = tmp_path / "full", tmp_path / "killed"
     cmd, env = _cli(full)
-    subprocess.run(cmd, env=env, check=True, cwd=ROOT, timeout=240, capture_output=True)
+    subprocess.run(cmd, env=env, check=True, cwd=tmp_path, timeout=240, capture_output=True)
     cmd, env = _cli(killed)
-    proc = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(cmd, env=env, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.time() + 180
         latest = killed / "checkpoints" / "latest"
@@ -110,7 +110,7 @@ def test_sigkill_and_resume_match_an_uninterrupted_run(tmp_path):
         proc.wait(timeout=30)
     assert proc.returncode == -signal.SIGKILL
     cmd, env = _cli(killed, "--resume")
-    done = subprocess.run(cmd, env=env, cwd=ROOT, timeout=240, capture_output=True, text=True)
+    done = subprocess.run(cmd, env=env, cwd=tmp_path, timeout=240, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "resumed from 2" in done.stderr
     a, b = _comparable(full / "metrics.jsonl"), _comparable(killed / "metrics.jsonl")
@@ -123,5 +123,5 @@ def test_sigkill_and_resume_match_an_uninterrupted_run(tmp_path):
 
 def test_cli_bad_config_exits_2(tmp_path):
     cmd, env = _cli(tmp_path, "actor.clip_ratio_low=2")
-    done = subprocess.run(cmd, env=env, cwd=ROOT, timeout=60, capture_output=True, text=True)
+    done = subprocess.run(cmd, env=env, cwd=tmp_path, timeout=60, capture_output=True, text=True)
     assert done.returncode == 2 and "actor.clip_ratio_low" in done.stderr

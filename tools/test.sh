@@ -4,7 +4,7 @@
 # ASan/UBSan build of the scanner over its fuzz corpus.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-source tools/env.sh "test,verl"
+source tools/env.sh "test,verl,demo"
 python -P -c "import mempo, mempo._scanner, mempo.kernels; print('testing installed mempo at', mempo.__file__)"
 # `pytest` (not `python -m pytest`) so that `import mempo` resolves to the installed wheel, not the tree.
 pytest -q tests "$@"
