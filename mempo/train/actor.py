@@ -100,8 +100,10 @@ def init_distributed(backend: Optional[str] = None) -> DistInfo:
 
 
 def shutdown_distributed() -> None:
-    """Destroy the default process group if one is active."""
+    """Destroy the default process group if one is active, after a barrier: a rank that tears its
+    gloo connections down while a peer still uses them makes the peer abort."""
     if dist.is_available() and dist.is_initialized():
+        dist.barrier()
         dist.destroy_process_group()
 
 
