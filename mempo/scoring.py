@@ -624,6 +624,18 @@ def _count(stats: Optional[ScoringStats], tokens: int, padding: int = 0) -> None
         stats.padding_tokens += padding
 
 
+def _trajectory_plans(requests, rows, stats: Optional[ScoringStats]):
+    """(index, request, root length, units) of every request with scored rounds (packed / cached),
+    counting its 2 contexts per round in `stats`."""
+    for req_i, req in enumerate(requests):
+        if not req.rounds:
+            continue
+        if stats is not None:
+            stats.contexts += 2 * len(req.rounds)
+        root_len, units = _plan(rows, req_i, req)
+        yield req_i, req, root_len, units
+
+
 def score_reference(
     model,
     requests: Sequence[ScoringRequest],
@@ -724,12 +736,7 @@ def score_packed(
     with _EvalMode(model):
         requests, runner, rows = _prepare(model, requests, token_budget, fused, True)
         dev = runner.device
-        for req_i, req in enumerate(requests):
-            if not req.rounds:
-                continue
-            if stats is not None:
-                stats.contexts += 2 * len(req.rounds)
-            root_len, units = _plan(rows, req_i, req)
+        for req_i, req, root_len, units in _trajectory_plans(requests, rows, stats):
             root = list(req.sequence_ids[:root_len])
             for chunk in _chunks(units, root_len, token_budget):
                 q_ids, q_pos, blocks, picks = _layout(chunk, root_len, rows.gold[req_i])
@@ -774,12 +781,7 @@ def score_cached(
     with _EvalMode(model):
         requests, runner, rows = _prepare(model, requests, token_budget, fused, True)
         dev = runner.device
-        for req_i, req in enumerate(requests):
-            if not req.rounds:
-                continue
-            if stats is not None:
-                stats.contexts += 2 * len(req.rounds)
-            root_len, units = _plan(rows, req_i, req)
+        for req_i, req, root_len, units in _trajectory_plans(requests, rows, stats):
             chunks = _chunks(units, root_len, token_budget)
             # Root rows (each context's last row predicts a_0) come from the root forward.
             gold = rows.gold[req_i]
