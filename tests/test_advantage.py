@@ -193,12 +193,13 @@ def test_adjacent_spans_are_exact():
     assert got[0, 6:].eq(0).all()
 
 
-@pytest.mark.parametrize("lengths", [[5, 5, 5, 4], [1, 1, 1, 60], [0, 0, 3, 0]])
-def test_torch_scatter_grid_and_slot_layouts(lengths):
-    """Equal-ish spans take the padded-grid layout, one long span among short ones the exact slot
-    enumeration; both must equal the loop reference (and never write past the block)."""
+@pytest.mark.parametrize("starts, lengths", [([0, 10, 2, 5], [5, 5, 5, 4]), ([0, 10, 2, 5], [1, 1, 1, 60]),
+                                             ([0, 10, 2, 5], [0, 0, 3, 0]), ([0, 63, 2, 6], [63, 7, 1, 64])])
+def test_torch_scatter_power_of_two_pieces(starts, lengths):
+    """The torch path cuts spans into power-of-two pieces written back as rows of an unfolded view;
+    whatever the mix of lengths (one class, many classes, empty spans, a span ending at the last
+    cell of the block) it must equal the loop definition."""
     rows, length = 3, 70
-    starts = [0, 10, 2, 5]
     spans = torch.tensor([[s, s + n] for s, n in zip(starts, lengths)])
     offsets = torch.tensor([0, 2, 3, 4])
     mask = (torch.arange(rows * length).reshape(rows, length) % 7 != 3).long()
@@ -211,6 +212,25 @@ def test_torch_scatter_grid_and_slot_layouts(lengths):
     torch.testing.assert_close(got, want)
 
 
+def test_torch_scatter_back_to_back_spans_of_every_length():
+    """Rows tiled edge to edge with spans of lengths 1..40 (every bit class, pieces of neighbouring
+    spans touching) at a size where the writes run on several threads: exact against the reference."""
+    lengths = torch.arange(1, 41)
+    length = int(lengths.sum())
+    rows = 64
+    start = (torch.cumsum(lengths, 0) - lengths).repeat(rows)
+    end = torch.cumsum(lengths, 0).repeat(rows)
+    offsets = torch.arange(rows + 1) * lengths.numel()
+    values = torch.randn(start.numel(), generator=torch.Generator().manual_seed(3))
+    row_value = torch.randn(rows, generator=torch.Generator().manual_seed(4))
+    mask = (torch.rand(rows, length, generator=torch.Generator().manual_seed(5)) > 0.1).long()
+    got = adv_ops._span_scatter_torch(row_value, values, start, end, offsets, mask)
+    want = row_value[:, None] * mask
+    span_of_token = torch.repeat_interleave(torch.arange(lengths.numel()), lengths)
+    want += values.view(rows, -1)[:, span_of_token] * mask
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
 @pytest.mark.gpu
 def test_triton_matches_torch_at_real_sizes():
     """GPU tier: 128 questions x 16 trajectories x 4,096 tokens, 8 scored rounds each."""
@@ -219,3 +239,22 @@ def test_triton_matches_torch_at_real_sizes():
     got, _ = mempo_advantage(*args, backend="triton")
     want, _ = mempo_advantage(*args, backend="torch")
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("huge", ["1", "0"])
+def test_huge_page_outputs_hold_the_same_values(monkeypatch, huge):
+    """The huge-page advice on large CPU outputs (mempo.ops._alloc) changes page backing only:
+    a 2,048 x 1,024 result (8 MiB, above the threshold) equals the loop reference either way."""
+    from mempo.ops import _alloc
+
+    monkeypatch.setenv("MEMPO_HUGE_PAGES", huge)
+    assert _alloc.huge_pages_enabled() is (huge == "1")
+    scores, index, mask, rewards, offsets, spans = random_batch(7, num_groups=128, group_size=16, length=1024,
+                                                                       max_rounds=4, layout="rounds", mem_len=48)
+    assert mask.numel() * 4 >= _alloc.MIN_BYTES
+    got, _ = mempo_advantage(scores, index, mask, rewards, offsets, spans, backend="torch")
+    want = torch.tensor(mempo_advantage_reference(scores.tolist(), list(index), mask.tolist(), rewards.tolist(),
+                                                  offsets.tolist(), spans.tolist()))
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    small = _alloc.empty_output((3, 5))
+    assert small.shape == (3, 5) and small.dtype == torch.float32

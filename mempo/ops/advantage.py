@@ -32,6 +32,7 @@ from typing import Any, Optional, Sequence
 import numpy as np
 import torch
 
+from mempo.ops._alloc import empty_output
 from mempo.ops._dispatch import resolve_backend
 
 __all__ = [
@@ -199,41 +200,51 @@ def group_zscore(values: torch.Tensor, group: torch.Tensor, num_groups: int, *, 
 # --------------------------------------------------------------------------------------------
 # Span scatter fused with the row broadcast
 # --------------------------------------------------------------------------------------------
+def _span_pieces(start: torch.Tensor, end: torch.Tensor, offsets: torch.Tensor,
+                 length: int) -> list[tuple[int, torch.Tensor, torch.Tensor]]:
+    """Cut every span into power-of-two pieces: [(width, flat first position, span id)] per width.
+
+    A span of length n = sum of 2^k over the set bits of n becomes one piece per set bit, the wider
+    pieces first. Pieces of one width never overlap (spans are disjoint), so each width class can be
+    gathered and written back as whole rows of an unfolded view: work ~ covered tokens, no padding,
+    and no cell is written twice (safe under any parallel schedule). At most log2(L) + 1 classes.
+    """
+    lengths = end - start
+    if lengths.numel() == 0:
+        return []
+    first = _rows_of_csr(offsets, lengths.numel()) * length + start
+    pieces = []
+    for bit in range(int(lengths.max()).bit_length()):
+        span_id = ((lengths >> bit) & 1).nonzero().squeeze(1)
+        if span_id.numel():
+            higher_bits = (lengths.index_select(0, span_id) >> (bit + 1)) << (bit + 1)
+            pieces.append((1 << bit, first.index_select(0, span_id) + higher_bits, span_id))
+    return pieces
+
+
 def _span_scatter_torch(row_value: torch.Tensor, span_value: torch.Tensor, start: torch.Tensor, end: torch.Tensor,
                         offsets: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     num_rows, length = mask.shape
-    device = mask.device
-    # One spare element after the [B, L] block absorbs the padding cells of step 2; it holds 0.
-    storage = torch.empty(num_rows * length + 1, dtype=torch.float32, device=device)
-    storage[-1] = 0.0
-    out = storage[:-1].view(num_rows, length)
-    # 1. The mask as fp32 (a vectorised cast; mixing an int mask into a multiply is far slower).
+    # 1. The mask as fp32 (a vectorised cast; mixing an int mask into a multiply is far slower),
+    #    into a fresh buffer faulted in as huge pages where the OS allows (see mempo.ops._alloc).
+    out = empty_output((num_rows, length), torch.float32, mask.device)
     out.copy_(mask)
-    lengths = end - start
-    total = int(lengths.sum()) if lengths.numel() else 0
-    if total:
-        # 2. Flat positions of the covered tokens only (work ~ covered tokens, not B x L). Spans are
-        #    laid out as an [R, widest] grid of positions row_k * L + start_k + j; cells past a
-        #    span's end point at the spare element (mask 0 there). A few very long spans among
-        #    short ones enumerate covered slots exactly instead of padding to the widest.
-        widest = int(lengths.max())
-        first = _rows_of_csr(offsets, lengths.numel()) * length + start
-        if lengths.numel() * widest <= 4 * total:
-            step = torch.arange(widest, device=device)
-            pos = torch.where(step[None, :] < lengths[:, None], first[:, None] + step[None, :], num_rows * length)
-            span_add = (span_value[:, None] * storage.index_select(0, pos.reshape(-1)).view_as(pos)).reshape(-1)
-            pos = pos.reshape(-1)
-        else:
-            span_ends = torch.cumsum(lengths, 0)
-            slot = torch.arange(total, device=device)
-            k = torch.searchsorted(span_ends, slot, right=True)
-            pos = (first - (span_ends - lengths)).index_select(0, k) + slot
-            span_add = span_value.index_select(0, k) * storage.index_select(0, pos)
-    # 3. Outcome value times the mask everywhere, then the span values (times the mask) on their
-    #    tokens. Spans are disjoint, so each real position receives one addition: exact.
+    flat = out.view(-1)
+    # 2. Gather the mask under every span piece ([pieces, width] rows of an unfolded view).
+    pieces = []
+    for width, piece_first, span_id in _span_pieces(start, end, offsets, length):
+        windows = flat.unfold(0, width, 1)
+        pieces.append((windows, piece_first, span_id, windows.index_select(0, piece_first)))
+    # 3. Outcome value times the mask everywhere.
     out.mul_(row_value[:, None])
-    if total:
-        storage.index_add_(0, pos, span_add)
+    # 4. Span tokens: mask * outcome + mask * span value (the same two roundings as a separate
+    #    memory advantage added on top), written once per token: pieces are disjoint.
+    span_row = _rows_of_csr(offsets, span_value.numel()) if pieces else None
+    for windows, piece_first, span_id, piece_mask in pieces:
+        outcome = row_value.index_select(0, span_row.index_select(0, span_id))
+        value = piece_mask * outcome[:, None]
+        value += piece_mask * span_value.index_select(0, span_id)[:, None]
+        windows.index_put_((piece_first,), value)
     return out
 
 
