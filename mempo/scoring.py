@@ -64,9 +64,10 @@ single unit (or a reference context) longer than the budget still runs, alone; a
 root alone exceeds the budget still runs as one forward per unit (packed) or one root forward plus
 one forward per unit (cached): memory then grows with L (the packed mask is S x S).
 
-Limits: packed and cached need `attn_implementation` "sdpa" or "eager" (a dense mask; flash
-attention ignores it) and full-attention layers only (no sliding windows); both raise ValueError
-otherwise. The reference works with any attention implementation.
+Limits: packed and cached need a dense mask: `attn_implementation` "sdpa" or "eager". A model set
+to a flash-attention implementation (the trainer's packed varlen path) is switched to "sdpa" for
+the call and back afterwards; any other implementation, and layers other than full attention
+(sliding windows), raise ValueError. The reference works with any attention implementation.
 
 Everything runs under `torch.no_grad()` with the model in eval mode (its mode is restored after);
 results are Python floats. Importing this module imports torch only (no transformers): models are
@@ -602,16 +603,29 @@ def _prepare(model, requests, token_budget, fused, need_dense_mask):
 
 
 class _EvalMode:
-    def __init__(self, model):
+    """Eval mode + no_grad for one scoring call; with `dense_mask`, a model running a flash-attention
+    implementation (no dense masks) is switched to SDPA for the call and switched back after: the
+    policy trains through flash-attn varlen while its scoring pass keeps the prefix-sharing mask."""
+
+    def __init__(self, model, dense_mask: bool = False):
         self.model = model
+        self.dense_mask = dense_mask
 
     def __enter__(self):
         self.was_training = bool(getattr(self.model, "training", False))
         self.model.eval()
         self.no_grad = torch.no_grad()
         self.no_grad.__enter__()
+        config = getattr(self.model, "config", None)
+        self.saved_impl = getattr(config, "_attn_implementation", None)
+        if self.dense_mask and isinstance(self.saved_impl, str) and "flash" in self.saved_impl:
+            config._attn_implementation = "sdpa"
+        else:
+            self.saved_impl = None
 
     def __exit__(self, *exc):
+        if self.saved_impl is not None:
+            self.model.config._attn_implementation = self.saved_impl
         self.no_grad.__exit__(*exc)
         self.model.train(self.was_training)
         return False
@@ -733,7 +747,7 @@ def score_packed(
     attn_implementation "sdpa" or "eager" and full-attention layers (ValueError otherwise).
     Arguments and result: as `score_reference`.
     """
-    with _EvalMode(model):
+    with _EvalMode(model, dense_mask=True):
         requests, runner, rows = _prepare(model, requests, token_budget, fused, True)
         dev = runner.device
         for req_i, req, root_len, units in _trajectory_plans(requests, rows, stats):
@@ -778,7 +792,7 @@ def score_cached(
     attn_implementation "sdpa" or "eager" and full-attention layers (ValueError otherwise).
     Arguments and result: as `score_reference`.
     """
-    with _EvalMode(model):
+    with _EvalMode(model, dense_mask=True):
         requests, runner, rows = _prepare(model, requests, token_budget, fused, True)
         dev = runner.device
         for req_i, req, root_len, units in _trajectory_plans(requests, rows, stats):

@@ -373,10 +373,30 @@ def test_rejects_bad_input(qwen2):
 def test_packed_needs_dense_mask_attention(qwen2):
     req = ScoringRequest([1, 2, 3, 4], [ScoredRound(2, [1, 9])], [5, 6], [1, 1])
     model = _qwen2()
-    model.config._attn_implementation = "flash_attention_2"
+    model.config._attn_implementation = "flex_attention"
     for method in ("packed", "cached"):
         with pytest.raises(ValueError, match="attn_implementation"):
             score(model, [req], method)
+
+
+@pytest.mark.parametrize("method", ["packed", "cached"])
+def test_flash_attention_model_is_scored_through_sdpa(monkeypatch, qwen2_requests, method):
+    """A policy that trains with flash attention (packed varlen) is scored with the dense
+    prefix-sharing mask through SDPA for the call, then switched back; flash is never called."""
+    from transformers import AttentionInterface
+
+    def flash_probe(*args, **kwargs):
+        raise AssertionError("the flash-attention function was called during dense-mask scoring")
+
+    monkeypatch.setitem(AttentionInterface._global_mapping, "flash_scoring_probe", flash_probe)
+    model = _qwen2()
+    want = ground_truth(model, qwen2_requests[:2], 0.5)
+    model.config._attn_implementation = "flash_scoring_probe"
+    assert_same(score(model, qwen2_requests[:2], method), want)
+    assert model.config._attn_implementation == "flash_scoring_probe"
+    with pytest.raises(AssertionError, match="flash-attention function was called"):
+        score(model, qwen2_requests[:1], "reference")
+    assert model.config._attn_implementation == "flash_scoring_probe"
 
 
 def test_import_does_not_load_transformers():
