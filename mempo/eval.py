@@ -24,6 +24,8 @@ Conventions
 * Output. `EvalReport` holds one `EvalRow` per (k, policy) plus ``metadata`` (model, tokenizer,
   settings, machine, wall time); ``write(out_dir, name)`` writes ``<name>.json`` (`EvalReport.load`
   reads it back) and ``<name>.md`` (a markdown table), and, if asked, the trajectories as jsonl.
+  ``scalars()`` flattens the rows into metrics ``eval/<name>@k<k>_<policy>`` (the trainer's
+  periodic evaluation logs them).
 * `OracleBackend` plays the rule-based oracle agent (`mempo.env.oracle.OracleAgent`) as a
   generation backend (it decodes the ChatML prompt back into messages): the upper bound of a
   policy on the synthetic world, and the reference for the tests.
@@ -44,12 +46,17 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Optional, Sequence, Union
 
 __all__ = ["EvalRow", "EvalReport", "evaluate", "summarize", "round_prompt_tokens", "eval_episodes",
-           "build_world", "load_model_dir", "OracleBackend", "machine_facts", "EVAL_SEED_OFFSET"]
+           "build_world", "load_model_dir", "OracleBackend", "machine_facts", "EVAL_SEED_OFFSET", "SCALAR_NAMES"]
 
 #: Evaluation episodes use question seed ``cfg.data.seed + EVAL_SEED_OFFSET + k`` (training uses others).
 EVAL_SEED_OFFSET = 10_000
 
 PathLike = Union[str, "os.PathLike[str]"]
+
+#: `EvalRow` fields that `EvalReport.scalars` reports, and their metric names (the first five are in [0, 1]).
+SCALAR_NAMES = {"em": "em", "f1": "f1", "score": "score", "format_rate": "format", "answer_rate": "answered",
+                "mean_turns": "turns", "prompt_tokens_per_episode": "prompt_tokens",
+                "peak_prompt_tokens": "peak_prompt_tokens", "generated_tokens_per_episode": "generated_tokens"}
 
 
 # ------------------------------------------------------------------------------------------------
@@ -104,6 +111,12 @@ class EvalReport:
 
     def to_dict(self) -> dict[str, Any]:
         return {"rows": [asdict(r) for r in self.rows], "metadata": self.metadata}
+
+    def scalars(self, prefix: str = "eval/") -> dict[str, float]:
+        """Every row's numbers as flat metrics ``<prefix><name>@k<objectives>_<policy>`` (names:
+        `SCALAR_NAMES`), e.g. ``eval/em@k2_memory``, for a metrics logger."""
+        return {f"{prefix}{name}@k{row.objectives}_{row.policy}": float(getattr(row, field_name))
+                for row in self.rows for field_name, name in SCALAR_NAMES.items()}
 
     @classmethod
     def from_dict(cls, obj: Mapping[str, Any]) -> "EvalReport":

@@ -199,6 +199,19 @@ def test_state_json_is_readable(tmp_path):
     assert state["step"] == 4 and state["world_size"] == 1 and state["data_state"] == [1, 2]
 
 
+def test_resume_modes_and_checkpoint_step(tmp_path):
+    root = tmp_path / "checkpoints"
+    assert ckpt.resume_checkpoint("auto", root) is None  # nothing saved yet: a fresh run
+    save_checkpoint(root, 3)
+    save_checkpoint(root, 6)
+    assert ckpt.resume_checkpoint("auto", root).name == "step_00000006"
+    assert ckpt.resume_checkpoint(" never ", root) is None
+    assert ckpt.resume_checkpoint(str(root / "step_00000003"), tmp_path / "elsewhere").name == "step_00000003"
+    with pytest.raises(FileNotFoundError):
+        ckpt.resume_checkpoint(str(tmp_path / "missing"), root)
+    assert ckpt.checkpoint_step(root) == 6 and ckpt.checkpoint_step(root / "step_00000003") == 3
+
+
 # ------------------------------------------------------------------------------------------------
 # metrics logging
 # ------------------------------------------------------------------------------------------------

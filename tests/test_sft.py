@@ -96,3 +96,79 @@ def test_cosine_schedule_and_time_bound(setup):
     assert 1 <= timed["steps"] < 10_000 and timed["seconds"] < 30
     with pytest.raises(ValueError):
         run_sft(cfg, tiny_model(tok, seed=0), tok, trajectories, steps=1, schedule="linear")
+
+
+def test_interrupted_run_resumes_to_the_uninterrupted_result(setup, tmp_path):
+    """A 7-step cosine-schedule run interrupted after step 4 (checkpoints every 2 steps), then resumed
+    into a model with other weights by a fresh call, ends with the losses and parameters of an
+    uninterrupted 7-step run. One trajectory makes 3 batches per epoch: the resumed part starts
+    mid-epoch and crosses an epoch boundary."""
+    from mempo.train.checkpoint import latest_checkpoint, list_checkpoints
+    from mempo.train.sft import _epoch_batches
+
+    tok, trajectories = setup
+    trajectories = trajectories[:1]
+    cfg = config_from_dict({})
+    common = dict(steps=7, lr=3e-3, batch_tokens=2048, seed=3, schedule="cosine", warmup=0.2)
+    assert len(_epoch_batches(examples_from_trajectories(trajectories, tok), 2048, 3, 0)) == 3
+    full_model = tiny_model(tok, seed=0)
+    full = run_sft(cfg, full_model, tok, trajectories, **common)
+
+    root = tmp_path / "checkpoints"
+    first = run_sft(cfg, tiny_model(tok, seed=0), tok, trajectories, checkpoint_root=root, save_every=2,
+                    max_steps=4, **common)
+    assert first["steps"] == 4 and [step for step, _ in list_checkpoints(root)] == [2, 4]
+    assert first["checkpoint"] == latest_checkpoint(root)
+    resumed_model = tiny_model(tok, seed=1)  # other weights: everything must come from the checkpoint
+    second = run_sft(cfg, resumed_model, tok, trajectories, checkpoint_root=root, save_every=2, resume_from=root,
+                     **common)
+    assert second["resumed_from"] == 4 and second["steps"] == 7 and len(second["losses"]) == 3
+    assert first["losses"] + second["losses"] == pytest.approx(full["losses"], abs=1e-6)
+    assert second["tokens"] == full["tokens"] and second["epochs"] == full["epochs"] == 3
+    for (name, a), (_, b) in zip(full_model.named_parameters(), resumed_model.named_parameters()):
+        assert torch.allclose(a, b, atol=1e-6, rtol=0), name
+    assert [step for step, _ in list_checkpoints(root)] == [2, 4, 6, 7]  # every 2 steps and at the end
+
+
+def test_resume_refuses_a_checkpoint_of_other_data(setup, tmp_path):
+    tok, trajectories = setup
+    cfg = config_from_dict({})
+    run_sft(cfg, tiny_model(tok, seed=0), tok, trajectories, steps=1, batch_tokens=2048, seed=0,
+            checkpoint_root=tmp_path)
+    with pytest.raises(ValueError, match="seed 0 and .* seed 1"):
+        run_sft(cfg, tiny_model(tok, seed=0), tok, trajectories, steps=2, batch_tokens=2048, seed=1,
+                resume_from=tmp_path)
+    with pytest.raises(ValueError, match="training sequences"):
+        run_sft(cfg, tiny_model(tok, seed=0), tok, trajectories[:1], steps=2, batch_tokens=2048, seed=0,
+                resume_from=tmp_path)
+
+
+def test_cli_sft_resume(tmp_path):
+    """`mempo sft` checkpoints under <out>/sft/checkpoints; `--resume` continues the run to --steps and
+    its metrics file keeps one line per step."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from mempo.train.checkpoint import latest_checkpoint
+    from mempo.train.logging import read_metrics
+
+    config = Path(__file__).resolve().parents[1] / "configs" / "tiny.yaml"
+    out = tmp_path / "run"
+    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+
+    def sft(*extra):
+        cmd = [sys.executable, "-m", "mempo.cli", "sft", "--config", str(config), "--out", str(out), "--threads", "1",
+               "--episodes", "2", "--batch-tokens", "2048", "trainer.save_every=1", "trainer.tensorboard=false",
+               "trainer.resume=never", *extra]
+        done = subprocess.run(cmd, env=env, cwd=tmp_path, timeout=240, capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr[-2000:]
+        return done.stderr
+
+    assert "(resumed from None)" in sft("--steps", "2")
+    resumed = sft("--steps", "3", "--resume")  # --resume wins over the trainer.resume=never above
+    assert "sft: 3 steps" in resumed and "(resumed from 2)" in resumed
+    assert latest_checkpoint(out / "sft" / "checkpoints").name == "step_00000003"
+    assert [r["step"] for r in read_metrics(out / "sft" / "metrics.jsonl")] == [1, 2, 3]
+    assert (out / "model" / "config.json").is_file()

@@ -7,6 +7,7 @@ the choice between the gold answer and "unknown")."""
 import json
 import math
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -125,3 +126,144 @@ def test_cli_bad_config_exits_2(tmp_path):
     cmd, env = _cli(tmp_path, "actor.clip_ratio_low=2")
     done = subprocess.run(cmd, env=env, cwd=tmp_path, timeout=60, capture_output=True, text=True)
     assert done.returncode == 2 and "actor.clip_ratio_low" in done.stderr
+
+
+# ------------------------------------------------------------------------------------------------
+# periodic evaluation (trainer.eval_every)
+# ------------------------------------------------------------------------------------------------
+EVAL = ["eval.objectives=[2]", "eval.episodes=1", "eval.max_turns=2", "eval.policies=[memory,full]"]
+RATES = ("em", "f1", "score", "format", "answered")  # the eval/ metrics that are shares in [0, 1]
+
+
+def test_periodic_eval_logs_eval_metrics_at_its_steps(tmp_path):
+    """eval_every=2 over 3 steps: eval/ metrics on step 2 only (logged although log_every=3), equal to
+    a direct `mempo.eval.evaluate` of the step-2 policy; training itself is unchanged by evaluating;
+    eval_every=0 logs no eval/ metrics."""
+    from mempo.eval import build_world, eval_episodes, evaluate
+    from mempo.train.actor import build_causal_lm
+    from mempo.train.checkpoint import checkpoint_dir, load_checkpoint
+    from mempo.train.logging import read_metrics
+    from mempo.train.trainer import train
+
+    torch.set_num_threads(1)
+    plain_dir, eval_dir = tmp_path / "plain", tmp_path / "eval"
+    plain = train(_cfg(plain_dir, "trainer.total_steps=3", "trainer.save_every=1", "trainer.keep_last=null", *EVAL))
+    cfg = _cfg(eval_dir, "trainer.total_steps=3", "trainer.eval_every=2", "trainer.log_every=3", *EVAL)
+    evaluated = train(cfg)
+
+    assert not any(k.startswith("eval/") for r in read_metrics(plain_dir / "metrics.jsonl") for k in r)
+    rows = read_metrics(eval_dir / "metrics.jsonl")
+    assert [r["step"] for r in rows] == [2, 3]
+    logged = {k: v for k, v in rows[0].items() if k.startswith("eval/")}
+    assert not any(k.startswith("eval/") for k in rows[1])
+    for policy in ("memory", "full"):
+        for name in RATES:
+            value = logged[f"eval/{name}@k2_{policy}"]
+            assert value is not None and math.isfinite(value) and 0.0 <= value <= 1.0, (name, policy, value)
+        assert logged[f"eval/prompt_tokens@k2_{policy}"] > 0 and logged[f"eval/turns@k2_{policy}"] >= 1
+    assert rows[0]["time/eval"] > 0
+
+    for a, b in zip(plain.metrics, evaluated.metrics):  # evaluating does not disturb training
+        assert a["actor/loss"] == b["actor/loss"] and a["reward/mean"] == b["reward/mean"]
+
+    model = build_causal_lm(cfg.model, len(plain.tokenizer))  # the step-2 policy, evaluated directly
+    load_checkpoint(checkpoint_dir(plain_dir / "checkpoints", 2), model, restore_rng=False)
+    world, retriever = build_world(cfg)
+    report = evaluate(model, plain.tokenizer, eval_episodes(world, cfg), retriever, cfg, show_progress=False)
+    assert report.scalars("eval/") == pytest.approx(logged)
+
+
+# ------------------------------------------------------------------------------------------------
+# data.source=files with env.corpus_path
+# ------------------------------------------------------------------------------------------------
+FACTS = [  # (document id, title, text, question, answer)
+    ("zorvath-observatory", "Zorvath Observatory", "The Zorvath Observatory stands in the town of Quellmoor.",
+     "In which town does the Zorvath Observatory stand?", "Quellmoor"),
+    ("brindle-canal", "Brindle Canal", "The Brindle Canal was dug by the engineer Ottoline Vasque.",
+     "Which engineer dug the Brindle Canal?", "Ottoline Vasque"),
+    ("marrow-lake", "Marrow Lake", "Marrow Lake is fed by the river Tessent.",
+     "Which river feeds Marrow Lake?", "Tessent"),
+    ("kestrel-bridge", "Kestrel Bridge", "The Kestrel Bridge is painted a deep cobalt colour.",
+     "What colour is the Kestrel Bridge painted?", "cobalt"),
+    ("fennick-library", "Fennick Library", "The Fennick Library holds the Ambrose Codex.",
+     "Which codex does the Fennick Library hold?", "Ambrose Codex"),
+    ("orrin-tower", "Orrin Tower", "Orrin Tower was built in the year 1712.",
+     "In which year was Orrin Tower built?", "1712"),
+]
+
+
+def _files_run_dir(tmp_path):
+    """A corpus jsonl (mempo.env.corpus) of FACTS' documents; QA jsonl (mempo.env.data) files: the first
+    four questions for training (Search-R1 fields), the last two for evaluation (``answer`` alias)."""
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "corpus.jsonl").write_text("".join(json.dumps({"id": d, "title": t, "text": x}) + "\n"
+                                               for d, t, x, _, _ in FACTS))
+    (data / "train.jsonl").write_text("".join(json.dumps({"id": f"q{i}", "question": q, "golden_answers": [a]}) + "\n"
+                                              for i, (_, _, _, q, a) in enumerate(FACTS[:4])))
+    (data / "eval.jsonl").write_text("".join(json.dumps({"question": q, "answer": a}) + "\n"
+                                             for _, _, _, q, a in FACTS[4:]))
+    return data, ["data.source=files", f"data.train_files=[{data / 'train.jsonl'}]",
+                  f"data.eval_files=[{data / 'eval.jsonl'}]", f"env.corpus_path={data / 'corpus.jsonl'}"]
+
+
+def test_files_source_trains_on_the_given_questions_and_corpus(tmp_path):
+    from mempo.env.retriever import BM25Retriever
+    from mempo.train.step import train_step
+    from mempo.train.trainer import build_run, step_episodes
+
+    torch.set_num_threads(1)
+    _, files = _files_run_dir(tmp_path)
+    run = build_run(_cfg(tmp_path / "run", *files))
+    assert isinstance(run.retriever, BM25Retriever) and run.retriever.num_docs == len(FACTS)
+    served = run.ctx.tools["search"]("Kestrel Bridge colour")  # the step's search tool queries our corpus
+    assert served.ok and "(ID: kestrel-bridge, Title: Kestrel Bridge)" in served.text
+    train_questions = {q: a for _, _, _, q, a in FACTS[:4]}
+    assert {q for e in run.episodes for q in e.questions} <= set(train_questions)
+
+    result = train_step(run.ctx, step_episodes(run.episodes, 1, 2, seed=0), 1)
+    assert all(math.isfinite(v) for v in result.metrics.values())
+    assert result.metrics["reward/format_rate"] == 1.0
+    doc_ids = {d for d, _, _, _, _ in FACTS}
+    for t in result.trajectories:
+        prompt = run.tokenizer.decode(t.prompt_ids)
+        asked = [q for q in train_questions if q in prompt]
+        assert len(asked) == 2  # num_objectives of our questions in every rollout prompt
+        assert t.golds == [[train_questions[q]] for q in sorted(asked, key=prompt.index)]
+        for r in t.rounds:  # every search answer names only documents of our corpus
+            if r.action == "search" and r.information is not None:
+                text = run.tokenizer.decode(t.response_ids[r.information[0]:r.information[1]])
+                assert all(hit in doc_ids for hit in re.findall(r"\(ID: ([^,]+),", text)), text
+
+
+def test_cli_train_on_files_with_periodic_eval(tmp_path):
+    """`mempo train` with data.source=files: 2 steps, eval on data.eval_files after each step."""
+    from mempo.train.logging import read_metrics
+
+    _, files = _files_run_dir(tmp_path)
+    out = tmp_path / "run"
+    cmd, env = _cli(out, *files, "trainer.total_steps=2", "trainer.eval_every=1", *EVAL)
+    done = subprocess.run(cmd, env=env, cwd=tmp_path, timeout=240, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = read_metrics(out / "metrics.jsonl")
+    assert [r["step"] for r in rows] == [1, 2]
+    for row in rows:
+        for policy in ("memory", "full"):
+            for name in RATES:
+                assert 0.0 <= row[f"eval/{name}@k2_{policy}"] <= 1.0
+    assert (out / "model" / "config.json").is_file()
+
+
+def test_files_source_config_errors_name_the_field(tmp_path):
+    from mempo.train.config import ConfigError
+    from mempo.train.trainer import build_run
+
+    data, files = _files_run_dir(tmp_path)
+    no_corpus = [f for f in files if not f.startswith("env.corpus_path")]
+    with pytest.raises(ConfigError, match=r"^env\.corpus_path: must name a corpus"):
+        build_run(_cfg(tmp_path / "run", *no_corpus))
+    no_eval_files = [f for f in files if not f.startswith("data.eval_files")]
+    with pytest.raises(ConfigError, match=r"^data\.eval_files: must list"):
+        _cfg(tmp_path / "run", *no_eval_files, "trainer.eval_every=1")
+    with pytest.raises(ConfigError, match=r"^eval\.objectives: k=4 needs at least 4 questions"):
+        build_run(_cfg(tmp_path / "run", *files, "trainer.eval_every=1", "eval.objectives=[2,4]"))

@@ -25,9 +25,24 @@ Conventions
   gradient averaging: N ranks give the same update as one process on all rows. Every rank runs the
   same number of forwards (ranks with fewer micro-batches run zero-weighted ones), as FSDP's
   collectives require.
+* Packing (``ActorConfig.packing``): a micro-batch runs either padded (``[rows, T]`` + padding mask)
+  or packed (`pack_rows`: the rows' real tokens as one ``[1, N]`` sequence, each row keeping its own
+  position ids, ``cu_seqlens`` marking the rows, ``attention_mask=None``). Under a flash-attention
+  implementation the packed forward passes ``cu_seq_lens_q/k`` and ``max_length_q/k`` explicitly, so
+  transformers calls ``flash_attn_varlen_func`` (no padding computed at all); under "sdpa" / "eager"
+  transformers builds a dense block-diagonal causal mask ``[1, 1, N, N]`` from the position ids (a
+  row starts wherever the position does not step by +1; `PackedRows.positions_delimit_rows` checks
+  that this finds the actor's rows, else the forward raises ValueError). The log-probs are
+  scattered back to the ``[rows, T]`` layout, so everything after the forward is the same in both
+  modes. "auto" packs only under flash attention: under SDPA/eager the packed attention is dense
+  over all N tokens (N^2 scores behind a mask instead of rows x T^2), which costs more than the
+  padding it saves (tiny Qwen2, 8 rows of 50..600 tokens, one thread of a shared 2-core CPU:
+  log-probs 94 ms padded vs 163 ms packed, an update 318 vs 486 ms); both modes give the same
+  numbers.
 * Update (`Actor.update`): ``ppo_epochs`` passes; each pass splits the rows into ``ppo_mini_batches``
   contiguous mini-batches, one optimiser step each; each mini-batch runs micro-batches of at most
-  ``micro_batch_tokens`` padded tokens with gradient accumulation. Loss per mini-batch:
+  ``micro_batch_tokens`` tokens (padded: rows x padded length; packed: real tokens) with gradient
+  accumulation. Loss per mini-batch:
   ``policy_loss + kl_coef * agg(kl) - entropy_coef * agg(entropy)`` (`mempo.train.losses`; one
   aggregation mode for all three). Gradients are clipped to ``grad_clip`` (global norm, DTensor
   aware); a non-finite norm skips the optimiser step (counted in ``skipped_steps``).
@@ -56,8 +71,8 @@ from torch.utils.checkpoint import checkpoint
 from mempo.train.config import ActorConfig, ModelConfig
 from mempo.train.losses import agg_loss, kl_penalty, policy_loss
 
-__all__ = ["Actor", "DistInfo", "LogProbs", "init_distributed", "shutdown_distributed", "build_causal_lm",
-           "token_log_probs", "plan_micro_batches"]
+__all__ = ["Actor", "DistInfo", "LogProbs", "PackedRows", "init_distributed", "shutdown_distributed",
+           "build_causal_lm", "token_log_probs", "pack_rows", "resolve_packing", "plan_micro_batches"]
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -193,34 +208,133 @@ def token_log_probs(hidden: torch.Tensor, targets: torch.Tensor, head: nn.Module
     return log_prob, entropy
 
 
+# ------------------------------------------------------------------------------------------------
+# packing
+# ------------------------------------------------------------------------------------------------
+def _uses_flash_attention(attn_implementation: Optional[str]) -> bool:
+    # transformers' own test (utils.generic.is_flash_attention_requested): every flash flavour
+    # ("flash_attention_2", "flash_attention_3", kernels-community flash kernels) takes varlen kwargs
+    return attn_implementation is not None and "flash" in attn_implementation
+
+
+def resolve_packing(packing: str, attn_implementation: Optional[str]) -> bool:
+    """Whether micro-batches run packed: `packing` is ``ActorConfig.packing`` ("auto": packed only
+    under a flash-attention implementation), `attn_implementation` the model's
+    (``model.config._attn_implementation``). "packed" needs flash attention, "sdpa" or "eager"
+    (ValueError otherwise: other implementations may not honour packed position ids)."""
+    if packing not in ("auto", "packed", "padded"):
+        raise ValueError(f"packing must be 'auto', 'packed' or 'padded', got {packing!r}")
+    flash = _uses_flash_attention(attn_implementation)
+    if packing == "packed" and not (flash or attn_implementation in ("sdpa", "eager")):
+        raise ValueError(f"packing='packed' needs attn_implementation 'sdpa', 'eager' or a flash-attention one; "
+                         f"the model uses {attn_implementation!r} (use packing='padded')")
+    return packing == "packed" or (packing == "auto" and flash)
+
+
+class PackedRows(NamedTuple):
+    """The real tokens of a padded batch's rows concatenated into one sequence (`pack_rows`).
+
+    input_ids / position_ids: int64 ``[1, N]``, N the batch's real tokens, row by row in column
+    order. cu_seqlens: int32 ``[rows + 1]``, row r at ``[cu_seqlens[r], cu_seqlens[r + 1])``.
+    max_length: the longest row's token count. index: int64 ``[rows, L]``, each real token's place
+    in the packed sequence, -1 on padding.
+    """
+
+    input_ids: torch.Tensor
+    position_ids: torch.Tensor
+    cu_seqlens: torch.Tensor
+    max_length: int
+    index: torch.Tensor
+
+    def varlen_kwargs(self) -> dict[str, Any]:
+        """The FlashAttentionKwargs that make transformers call ``flash_attn_varlen_func`` on these
+        rows without deriving the boundaries from the position ids."""
+        return {"cu_seq_lens_q": self.cu_seqlens, "cu_seq_lens_k": self.cu_seqlens,
+                "max_length_q": self.max_length, "max_length_k": self.max_length}
+
+    def positions_delimit_rows(self) -> bool:
+        """Whether transformers' packed-sequence detection (a new sequence wherever the position id
+        does not step by +1; `masking_utils.find_packed_sequence_indices`) finds exactly these rows,
+        as the mask it builds for "sdpa" / "eager" needs: each row's position ids count up by 1 and
+        no row continues the previous row's count. True for the default position ids."""
+        positions = self.position_ids[0]
+        breaks = torch.diff(positions) != 1  # breaks[i]: token i + 1 starts a sequence
+        row_start = torch.zeros(positions.shape[0], dtype=torch.bool, device=positions.device)
+        row_start[self.cu_seqlens[:-1].long()] = True
+        return bool(torch.equal(breaks, row_start[1:]))
+
+
+def pack_rows(input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor) -> PackedRows:
+    """Drop the padding of a ``[rows, L]`` batch and concatenate its rows (`PackedRows`).
+
+    input_ids / position_ids: int64 ``[rows, L]``; attention_mask: bool ``[rows, L]`` (True = real
+    token; left, right or any padding), at least one real token per row. Each row keeps its own
+    position ids (the actor's default restarts them at 0 for every row).
+    """
+    lengths = attention_mask.sum(dim=-1)
+    cu_seqlens = torch.zeros(lengths.shape[0] + 1, dtype=torch.int32, device=input_ids.device)
+    cu_seqlens[1:] = lengths.cumsum(0)
+    total = int(cu_seqlens[-1])
+    index = torch.full(attention_mask.shape, -1, dtype=torch.long, device=input_ids.device)
+    index[attention_mask] = torch.arange(total, device=input_ids.device)
+    return PackedRows(input_ids[attention_mask].unsqueeze(0), position_ids[attention_mask].unsqueeze(0), cu_seqlens,
+                      int(lengths.max()), index)
+
+
 class _PolicyModule(nn.Module):
-    """The FSDP root: runs the decoder once and scores only the masked tokens (module docstring)."""
+    """The FSDP root: runs the decoder once (padded or packed) and scores only the masked tokens
+    (module docstring)."""
 
     def __init__(self, model: nn.Module):
         super().__init__()
         self.model = model
 
+    def _decode(self, input_ids, attention_mask, position_ids, packed: bool):
+        """Hidden states of every token as ``[tokens, H]`` and each ``[rows, L]`` token's row in it."""
+        decoder = self.model.get_decoder()
+        if not packed:
+            padding = None if bool(attention_mask.all()) else attention_mask.long()
+            hidden = decoder(input_ids=input_ids, attention_mask=padding, position_ids=position_ids,
+                             use_cache=False).last_hidden_state
+            index = torch.arange(input_ids.numel(), device=input_ids.device).view_as(input_ids)
+            return hidden.flatten(0, 1), index
+        rows = pack_rows(input_ids, attention_mask, position_ids)
+        implementation = getattr(self.model.config, "_attn_implementation", None)
+        if _uses_flash_attention(implementation):
+            varlen = rows.varlen_kwargs()
+        elif rows.positions_delimit_rows():
+            varlen = {}  # transformers derives the block-diagonal mask from the position ids
+        else:
+            raise ValueError("packed SDPA/eager attention finds the rows from the position ids, so each row's "
+                             "position ids must count up by 1 without continuing the previous row's; "
+                             "use packing='padded' for these position ids")
+        hidden = decoder(input_ids=rows.input_ids, attention_mask=None, position_ids=rows.position_ids,
+                         use_cache=False, **varlen).last_hidden_state
+        return hidden[0], rows.index
+
     def forward(self, input_ids, attention_mask, position_ids, loss_mask, temperature: float, chunk_rows: int,
-                with_entropy: bool):
-        decoder, head = self.model.get_decoder(), self.model.get_output_embeddings()
-        hidden = decoder(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                         use_cache=False).last_hidden_state
-        rows, cols = loss_mask[:, 1:].nonzero(as_tuple=True)
-        targets = input_ids[rows, cols + 1]
+                with_entropy: bool, packed: bool):
+        """input_ids / position_ids int64, attention_mask / loss_mask bool, all ``[rows, L]``. Returns
+        fp32 ``[rows, L]`` log-probs and entropy (None unless `with_entropy`), 0 off `loss_mask`."""
+        hidden, index = self._decode(input_ids, attention_mask, position_ids, packed)
+        rows, cols = loss_mask.nonzero(as_tuple=True)
+        # a loss token is never its row's first real token, so the token before it in `hidden` is
+        # the previous real token of the same row
+        sources = index[rows, cols] - 1
+        targets = input_ids[rows, cols]
         padding_only = rows.numel() == 0
         if padding_only:  # one zero-weighted row keeps lm_head in the graph (FSDP needs every rank's grads)
-            rows, cols = rows.new_zeros(1), cols.new_zeros(1)
-            targets = input_ids[rows, cols]
-        scored_logp, scored_entropy = token_log_probs(hidden[rows, cols], targets, head, temperature, chunk_rows,
-                                                      with_entropy)
+            sources, targets = sources.new_zeros(1), targets.new_zeros(1)
+        scored_logp, scored_entropy = token_log_probs(hidden[sources], targets, self.model.get_output_embeddings(),
+                                                      temperature, chunk_rows, with_entropy)
         log_probs = hidden.new_zeros(input_ids.shape, dtype=torch.float32)
         entropy = hidden.new_zeros(input_ids.shape, dtype=torch.float32) if with_entropy else None
         if padding_only:
             log_probs = log_probs + 0.0 * scored_logp.sum()
             return log_probs, entropy
-        log_probs = log_probs.index_put((rows, cols + 1), scored_logp)
+        log_probs = log_probs.index_put((rows, cols), scored_logp)
         if with_entropy:
-            entropy = entropy.index_put((rows, cols + 1), scored_entropy)
+            entropy = entropy.index_put((rows, cols), scored_entropy)
         return log_probs, entropy
 
 
@@ -261,23 +375,27 @@ def _prepare_batch(input_ids, attention_mask, position_ids, loss_mask, device) -
     return _Batch(input_ids.to(device), attention, position_ids.to(device), mask, first, last)
 
 
-def plan_micro_batches(first: list[int], last: list[int], token_budget: Optional[int]) -> list[list[int]]:
-    """Group consecutive rows into micro-batches of at most `token_budget` padded tokens.
+def plan_micro_batches(first: list[int], last: list[int], token_budget: Optional[int],
+                       packed: bool = False) -> list[list[int]]:
+    """Group consecutive rows into micro-batches of at most `token_budget` tokens.
 
     first / last: each row's first and last real-token column. A micro-batch of rows R costs
-    ``len(R) * (max(last) - min(first) + 1)``; a row that alone exceeds the budget runs alone.
-    token_budget None: one micro-batch. Returns lists of row positions (indices into the inputs).
+    ``len(R) * (max(last) - min(first) + 1)`` padded tokens, or with `packed` its rows' tokens
+    ``sum(last - first + 1)`` (no padding is computed); a row that alone exceeds the budget runs
+    alone. token_budget None: one micro-batch. Returns lists of row positions (indices into the inputs).
     """
     if token_budget is None:
         return [list(range(len(first)))] if first else []
-    plans, current, low, high = [], [], 0, 0
+    plans, current, low, high, tokens = [], [], 0, 0, 0
     for row, (a, b) in enumerate(zip(first, last)):
         new_low, new_high = (min(low, a), max(high, b)) if current else (a, b)
-        if current and (len(current) + 1) * (new_high - new_low + 1) > token_budget:
+        new_tokens = tokens + b - a + 1
+        cost = new_tokens if packed else (len(current) + 1) * (new_high - new_low + 1)
+        if current and cost > token_budget:
             plans.append(current)
-            current, new_low, new_high = [], a, b
+            current, new_low, new_high, new_tokens = [], a, b, b - a + 1
         current.append(row)
-        low, high = new_low, new_high
+        low, high, tokens = new_low, new_high, new_tokens
     if current:
         plans.append(current)
     return plans
@@ -326,6 +444,8 @@ class Actor:
         if not trainable:
             self.module.requires_grad_(False)
         self.policy = _PolicyModule(self.module)
+        self.attn_implementation = getattr(getattr(self.module, "config", None), "_attn_implementation", None)
+        self.packed = resolve_packing(self.config.packing, self.attn_implementation)
         self.distributed = _distributed()
         self.rank = dist.get_rank() if self.distributed else 0
         self.world_size = dist.get_world_size() if self.distributed else 1
@@ -361,13 +481,13 @@ class Actor:
         for group in self.optimizer.param_groups:
             group["lr"] = float(lr)
 
-    def _forward(self, part: _Batch, temperature: float, with_entropy: bool):
-        attention = None if bool(part.attention_mask.all()) else part.attention_mask.long()
-        return self.policy(part.input_ids, attention, part.position_ids, part.loss_mask, float(temperature),
-                           int(self.config.logprob_chunk_tokens), with_entropy)
+    def _forward(self, part: _Batch, temperature: float, with_entropy: bool, packed: bool):
+        return self.policy(part.input_ids, part.attention_mask, part.position_ids, part.loss_mask, float(temperature),
+                           int(self.config.logprob_chunk_tokens), with_entropy, packed)
 
-    def _synced_plans(self, batch: _Batch, rows: torch.Tensor, token_budget: Optional[int]) -> tuple[list, int]:
-        plans = plan_micro_batches(batch.first[rows].tolist(), batch.last[rows].tolist(), token_budget)
+    def _synced_plans(self, batch: _Batch, rows: torch.Tensor, token_budget: Optional[int],
+                      packed: bool) -> tuple[list, int]:
+        plans = plan_micro_batches(batch.first[rows].tolist(), batch.last[rows].tolist(), token_budget, packed)
         count = torch.tensor([len(plans)], device=self.device)
         _all_reduce(count, dist.ReduceOp.MAX if self.distributed else None)
         return [rows[plan] for plan in plans], int(count.item())
@@ -387,12 +507,13 @@ class Actor:
         batch = _prepare_batch(input_ids, attention_mask, position_ids, response_mask, self.device)
         log_probs = torch.zeros(batch.input_ids.shape, dtype=torch.float32, device=self.device)
         entropy = torch.zeros_like(log_probs) if with_entropy else None
-        plans, count = self._synced_plans(batch, torch.arange(batch.input_ids.shape[0], device=self.device), budget)
+        plans, count = self._synced_plans(batch, torch.arange(batch.input_ids.shape[0], device=self.device), budget,
+                                          self.packed)
         self.module.eval()
         for index in range(count):
             rows = plans[index] if index < len(plans) else plans[0][:1]
             part, _, (low, high) = _slice_rows(batch, rows)
-            part_logp, part_entropy = self._forward(part, temperature, with_entropy)
+            part_logp, part_entropy = self._forward(part, temperature, with_entropy, self.packed)
             if index < len(plans):
                 log_probs[rows, low:high] = part_logp
                 if with_entropy:
@@ -417,6 +538,7 @@ class Actor:
         if self.optimizer is None:
             raise RuntimeError("this Actor was built with trainable=False")
         cfg = config or self.config
+        packed = resolve_packing(cfg.packing, self.attn_implementation)
         if cfg.kl_coef > 0 and ref_log_probs is None:
             raise ValueError("kl_coef > 0 needs ref_log_probs (or set kl_coef to 0)")
         data = _prepare_batch(batch["input_ids"], batch.get("attention_mask"), batch.get("position_ids"),
@@ -433,7 +555,7 @@ class Actor:
         step_metrics = []
         for _ in range(cfg.ppo_epochs):
             for rows in torch.arange(num_rows, device=self.device).tensor_split(cfg.ppo_mini_batches):
-                step_metrics.append(self._train_mini_batch(data, rows, targets, cfg, temperature))
+                step_metrics.append(self._train_mini_batch(data, rows, targets, cfg, temperature, packed))
         return {name: sum(m[name] for m in step_metrics) / len(step_metrics) for name in step_metrics[0]} | {
             "optimizer_steps": float(sum(1 - m["skipped_steps"] for m in step_metrics)),
             "skipped_steps": float(sum(m["skipped_steps"] for m in step_metrics))}
@@ -446,9 +568,9 @@ class Actor:
         _all_reduce(length, dist.ReduceOp.MAX if self.distributed else None)
         return counts[0], counts[1], int(length.item())
 
-    def _micro_loss(self, part: _Batch, extras, cfg: ActorConfig, temperature: float, norms):
+    def _micro_loss(self, part: _Batch, extras, cfg: ActorConfig, temperature: float, norms, packed: bool):
         advantages, old, ref = extras
-        log_probs, entropy = self._forward(part, temperature, with_entropy=True)
+        log_probs, entropy = self._forward(part, temperature, with_entropy=True, packed=packed)
         if cfg.entropy_coef == 0:
             entropy = entropy.detach()
         old = log_probs.detach() if old is None else old
@@ -466,11 +588,11 @@ class Actor:
         return loss, pg_loss.detach(), kl_loss.detach(), entropy_sum, metrics
 
     def _train_mini_batch(self, data: _Batch, rows: torch.Tensor, targets: dict, cfg: ActorConfig,
-                          temperature: float) -> dict[str, float]:
+                          temperature: float, packed: bool) -> dict[str, float]:
         num_tokens, num_sequences, padded_length = self._global_normalisers(data.loss_mask[rows])
         norms = {"num_tokens": num_tokens, "num_sequences": num_sequences,
                  "norm_length": cfg.loss_norm_length or padded_length}
-        plans, count = self._synced_plans(data, rows, cfg.micro_batch_tokens)
+        plans, count = self._synced_plans(data, rows, cfg.micro_batch_tokens, packed)
         # loss, pg_loss, kl_loss, entropy sum, then token-weighted clipfrac, clipfrac_lower, ppo_kl, ratio_mean
         sums = torch.zeros(8, dtype=torch.float64, device=self.device)
         ratio_max = torch.full((), -math.inf, dtype=torch.float64, device=self.device)
@@ -480,7 +602,8 @@ class Actor:
             real = index < len(plans)
             part, extras, _ = _slice_rows(data, plans[index] if real else rows[:1], targets["advantages"],
                                           targets["old_log_probs"], targets["ref_log_probs"])
-            loss, pg_loss, kl_loss, entropy_sum, metrics = self._micro_loss(part, extras, cfg, temperature, norms)
+            loss, pg_loss, kl_loss, entropy_sum, metrics = self._micro_loss(part, extras, cfg, temperature, norms,
+                                                                            packed)
             (loss * (self.world_size if real else 0.0)).backward()
             if real:
                 n = metrics["num_tokens"].double()

@@ -30,6 +30,10 @@ the pointer; barriers order the steps. On load, rank 0 reads the files and the v
 single-process model (the FQNs are those of the module passed in: pass the Hugging Face model
 itself, not a wrapper). The full state dict must fit in rank 0's CPU memory.
 
+Resuming (the RL trainer and SFT alike): `resume_checkpoint(mode, root)` maps a ``trainer.resume``
+value ("auto", "never" or a path) to the checkpoint to load; `checkpoint_step` reads its step (e.g.
+to cut the metrics file back before loading).
+
 RNG: `capture_rng_state` / `restore_rng_state`. A rank whose RNG file is missing (the world size
 changed) keeps its current RNG state (a warning is issued).
 
@@ -54,7 +58,8 @@ import torch
 
 __all__ = [
     "CheckpointState", "capture_rng_state", "restore_rng_state", "checkpoint_dir", "list_checkpoints",
-    "latest_checkpoint", "resolve_checkpoint", "save_checkpoint", "load_checkpoint", "prune_checkpoints",
+    "latest_checkpoint", "resolve_checkpoint", "resume_checkpoint", "checkpoint_step", "save_checkpoint",
+    "load_checkpoint", "prune_checkpoints",
     "model_state_dict", "optimizer_state_dict", "load_model_state", "load_optimizer_state",
 ]
 
@@ -253,6 +258,24 @@ def resolve_checkpoint(path: PathLike) -> Path:
     if latest is None:
         raise FileNotFoundError(f"no complete checkpoint at or under {path}")
     return latest
+
+
+def resume_checkpoint(mode: str, root: PathLike) -> Optional[Path]:
+    """The checkpoint a run resumes from, by a ``trainer.resume`` value: ``"auto"`` (the latest
+    complete checkpoint under `root`, None when there is none), ``"never"`` (None) or a checkpoint
+    directory / root (`resolve_checkpoint`: FileNotFoundError when nothing complete is there)."""
+    mode = mode.strip()
+    if mode == "never":
+        return None
+    if mode == "auto":
+        return latest_checkpoint(root)
+    return resolve_checkpoint(mode)
+
+
+def checkpoint_step(path: PathLike) -> int:
+    """The step of a checkpoint (a ``step_N`` directory or a root: its latest), read from state.json."""
+    path = resolve_checkpoint(path)
+    return int(json.loads((path / "state.json").read_text(encoding="utf-8"))["step"])
 
 
 def prune_checkpoints(root: PathLike, keep_last: Optional[int]) -> list[Path]:

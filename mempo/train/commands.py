@@ -1,14 +1,19 @@
 """The ``mempo sft`` and ``mempo train`` commands (registered on import; heavy imports inside the runners).
 
-    mempo sft   --config CFG [--trajectories PATH] [--out DIR] [--steps N | --epochs E] [--lr LR] [key=value ...]
+    mempo sft   --config CFG [--trajectories PATH] [--out DIR] [--steps N | --epochs E] [--lr LR] [--resume]
+                [key=value ...]
     mempo train --config CFG [--out DIR] [--resume] [--threads N] [key=value ...]
 
 Overrides are dotted config keys (``actor.lr=1e-5``). A bad config value prints the ConfigError
 message and exits with code 2. `sft` without ``--trajectories`` runs the oracle on synthetic-world
 episodes (``data.*``) and trains on its trajectories; it saves the tuned model and tokenizer to
-``<out>/model`` (a built-in model with the builtin marker), usable as ``model.path``.
-``train --resume`` sets ``trainer.resume=auto`` (continue from the latest checkpoint in the run
-directory); without it the config's ``trainer.resume`` applies.
+``<out>/model`` (a built-in model with the builtin marker), usable as ``model.path``. Its
+checkpoints (`mempo.train.sft.run_sft`) go to ``<out>/sft/checkpoints`` every ``trainer.save_every``
+SFT steps and at the end (``trainer.keep_last`` kept), its metrics to ``<out>/sft/metrics.jsonl``.
+``--resume`` sets ``trainer.resume=auto`` (continue from the latest checkpoint in the run
+directory, ``<out>/sft/checkpoints`` for sft); without it the config's ``trainer.resume`` applies.
+``--steps`` / ``--epochs`` bound the whole SFT run, so a resumed run stops where an uninterrupted
+one would.
 """
 from __future__ import annotations
 
@@ -93,10 +98,14 @@ def _sft_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--epochs", type=float, help="passes over the data (default 1 when --steps is absent)")
     parser.add_argument("--lr", type=float, default=1e-4, help="learning rate (default 1e-4)")
     parser.add_argument("--batch-tokens", type=int, default=4096, help="padded tokens per batch (default 4096)")
+    parser.add_argument("--resume", action="store_true", help="continue from the latest SFT checkpoint in the run dir")
 
 
 def _sft(args: argparse.Namespace) -> int:
-    cfg = _load(args, [f"trainer.out_dir={args.out}"] if args.out else [])
+    extra = ["trainer.resume=auto"] if args.resume else []
+    if args.out:
+        extra.append(f"trainer.out_dir={args.out}")
+    cfg = _load(args, extra)
     if cfg is None:
         return 2
     if (args.steps is not None and args.steps < 1) or (args.epochs is not None and args.epochs <= 0) \
@@ -107,11 +116,18 @@ def _sft(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from mempo.builtin import save_builtin
+    from mempo.train.checkpoint import checkpoint_step, resume_checkpoint
     from mempo.train.logging import MetricsLogger
     from mempo.train.sft import load_sft_records, run_sft
     from mempo.train.trainer import build_run
 
     out = Path(cfg.trainer.out_dir)
+    checkpoints = out / "sft" / "checkpoints"
+    try:
+        resume_from = resume_checkpoint(cfg.trainer.resume, checkpoints)
+    except FileNotFoundError as error:
+        _log(f"trainer.resume: {error}")
+        return 2
     if args.trajectories:
         try:
             records = load_sft_records(args.trajectories)
@@ -126,12 +142,17 @@ def _sft(args: argparse.Namespace) -> int:
 
         records = run_oracle_episodes(run.episodes[:args.episodes], run.retriever,
                                       policy=cfg.rollout.context_policy, max_turns=cfg.rollout.max_turns)
-    with MetricsLogger(out / "sft", tensorboard=cfg.trainer.tensorboard) as logger:
+    resume_step = checkpoint_step(resume_from) if resume_from is not None else None
+    with MetricsLogger(out / "sft", tensorboard=cfg.trainer.tensorboard, resume_step=resume_step) as logger:
         metrics = run_sft(cfg, run.model, run.tokenizer, records, steps=args.steps, epochs=args.epochs, lr=args.lr,
-                          batch_tokens=args.batch_tokens, logger=logger, seed=cfg.trainer.seed)
+                          batch_tokens=args.batch_tokens, logger=logger, seed=cfg.trainer.seed,
+                          checkpoint_root=checkpoints, save_every=cfg.trainer.save_every,
+                          keep_last=cfg.trainer.keep_last, resume_from=resume_from)
     save_builtin(out / "model", run.model, run.tokenizer, sft_steps=metrics["steps"])
-    _log(f"sft: {metrics['steps']} steps on {metrics['examples']} turns, loss {metrics['first_loss']:.4f} -> "
-         f"{metrics['last_loss']:.4f}; model saved to {out / 'model'}")
+    losses = (f"loss {metrics['first_loss']:.4f} -> {metrics['last_loss']:.4f}" if metrics["losses"]
+              else "no step left to train")
+    _log(f"sft: {metrics['steps']} steps on {metrics['examples']} turns (resumed from {metrics['resumed_from']}), "
+         f"{losses}; model saved to {out / 'model'}")
     return 0
 
 

@@ -3,13 +3,14 @@
 Conventions
 -----------
 * The tree. `MempoConfig` has one section per concern: ``model`` (`ModelConfig`), ``data``
-  (`DataConfig`), ``env`` (`EnvConfig`), ``rollout`` (`RolloutConfig`), ``scoring``
+  (`DataConfig`), ``env`` (`EnvConfig`), ``rollout`` (`RolloutSection`), ``scoring``
   (`ScoringConfig`), ``algorithm`` (`AlgorithmConfig`), ``actor`` (`ActorConfig`: optimiser and
   policy loss), ``trainer`` (`TrainerConfig`) and ``eval`` (`EvalConfig`). Every field has a default,
   so an empty YAML file (or no file) is a valid configuration. These sections describe a training
-  run; `mempo.rollout.loop.RolloutConfig` is the agent loop's own (narrower) record, which the
-  trainer fills from ``rollout`` here (``context_policy`` -> ``policy``, ``max_new_tokens_per_round``
-  -> ``max_new_tokens``).
+  run. The ``rollout`` section's class is `RolloutSection`, not ``RolloutConfig``, because
+  `mempo.rollout.loop.RolloutConfig` is the agent loop's own (narrower) record, which the trainer
+  fills from this section (`mempo.train.step.loop_config`: ``context_policy`` -> ``policy``,
+  ``max_new_tokens_per_round`` -> ``max_new_tokens``).
 * Loading. `load_config(path, overrides)` reads the YAML mapping (``yaml.safe_load``), applies the
   overrides (``"actor.lr=1e-5"``, ``"eval.objectives=[2,4,8]"``), converts every value to its field's
   type and validates the result. `config_from_dict` does the same for an in-memory mapping.
@@ -39,7 +40,7 @@ from typing import Any, Literal, Mapping, Optional, Sequence, Union
 import yaml
 
 __all__ = [
-    "ConfigError", "ModelConfig", "DataConfig", "EnvConfig", "RolloutConfig", "ScoringConfig",
+    "ConfigError", "ModelConfig", "DataConfig", "EnvConfig", "RolloutSection", "ScoringConfig",
     "AlgorithmConfig", "ActorConfig", "TrainerConfig", "EvalConfig", "MempoConfig",
     "load_config", "config_from_dict", "config_to_dict", "dump_config", "apply_overrides",
     "LOSS_AGG_MODES", "KL_ESTIMATORS",
@@ -143,9 +144,11 @@ class DataConfig:
     """Training / evaluation questions.
 
     source: ``"synthetic"`` (the generated world of `mempo.env.world`) or ``"files"`` (QA jsonl /
-    parquet files, `mempo.env.data.load_qa`). num_objectives: sub-questions per training episode
-    (MEM1 composition; the paper trains on 2). questions_per_step: questions per training step
-    (B; each is rolled out `rollout.group_size` times). world_*: the synthetic world's size and seed.
+    parquet files, `mempo.env.data.load_qa`; questions from ``train_files``, the trainer's periodic
+    evaluation from ``eval_files``, documents from ``env.corpus_path``). num_objectives:
+    sub-questions per training episode (MEM1 composition; the paper trains on 2).
+    questions_per_step: questions per training step (B; each is rolled out `rollout.group_size`
+    times). world_*: the synthetic world's size and seed.
     """
 
     source: Literal["synthetic", "files"] = "synthetic"
@@ -186,7 +189,7 @@ class EnvConfig:
 
 
 @dataclass
-class RolloutConfig:
+class RolloutSection:
     """Training rollouts (ALGORITHM.md sections 1-2).
 
     group_size: samples per question (G). max_turns / eval_max_turns: round limits for training and
@@ -276,10 +279,22 @@ class ActorConfig:
     the rollout's max response length for Dr.GRPO's constant). KL to the
     reference policy: kl_coef * agg(kl_estimator(log_prob, ref_log_prob)) (kl_coef 0: no reference
     model needed). entropy_coef: bonus subtracted from the loss. ppo_epochs: passes over the batch;
-    ppo_mini_batches: optimiser steps per pass. micro_batch_tokens: padded tokens per forward
-    (rows x length; None: the whole mini-batch). logprob_chunk_tokens: rows per lm_head chunk.
-    gradient_checkpointing: recompute decoder layers in backward. param_dtype: FSDP2 mixed
-    precision compute dtype (None: the model's dtype; gradients are reduced in float32).
+    ppo_mini_batches: optimiser steps per pass. micro_batch_tokens: tokens per forward (padded:
+    rows x padded length; packed: real tokens; None: the whole mini-batch). logprob_chunk_tokens:
+    rows per lm_head chunk. gradient_checkpointing: recompute decoder layers in backward.
+    param_dtype: FSDP2 mixed precision compute dtype (None: the model's dtype; gradients are reduced
+    in float32).
+
+    packing: how a micro-batch reaches the model (`compute_log_probs` and `update`). "padded": a
+    ``[rows, L]`` batch with a padding mask. "packed": the rows' real tokens concatenated into one
+    ``[1, N]`` sequence, each row keeping its own position ids; under a flash-attention
+    implementation (``"flash" in attn_implementation``) attention runs through
+    ``flash_attn_varlen_func`` with explicit ``cu_seqlens`` (cost ~ sum of squared row lengths, no
+    padding), under "sdpa" / "eager" through transformers' block-diagonal causal mask built from the
+    position ids (a dense ``N x N`` mask: exact, but attention costs N^2 instead of rows x L^2).
+    "auto" (default): packed under flash attention, padded otherwise, because the dense packed
+    mask makes SDPA/eager slower, not faster (measured on CPU: the actor module docstring). The
+    update's `config` argument may switch packing per call.
     """
 
     lr: float = 1e-6
@@ -303,6 +318,7 @@ class ActorConfig:
     logprob_chunk_tokens: int = 1024
     gradient_checkpointing: bool = False
     param_dtype: Optional[Literal["float32", "bfloat16", "float16"]] = None
+    packing: Literal["auto", "packed", "padded"] = "auto"
 
     def __post_init__(self):
         _check_types(self)
@@ -321,9 +337,11 @@ class ActorConfig:
 @dataclass
 class TrainerConfig:
     """The run. total_steps: training steps; save_every / eval_every / log_every: in steps (0: never,
-    except a final checkpoint); keep_last: checkpoints kept (None: all). out_dir: checkpoints,
-    metrics.jsonl, TensorBoard runs. resume: "auto" (latest checkpoint in out_dir if any), "never",
-    or a checkpoint directory. seed: python / numpy / torch seed (rank added per process)."""
+    except a final checkpoint); eval_every runs the ``eval`` section's evaluation after every
+    eval_every-th step and logs it as ``eval/...`` metrics; keep_last: checkpoints kept (None:
+    all). out_dir: checkpoints, metrics.jsonl, TensorBoard runs. resume: "auto" (latest checkpoint
+    in out_dir if any), "never", or a checkpoint directory (`mempo sft` uses save_every, keep_last
+    and resume for its own checkpoints too). seed: python / numpy / torch seed (rank added per process)."""
 
     total_steps: int = 100
     save_every: int = 50
@@ -348,8 +366,9 @@ class TrainerConfig:
 
 @dataclass
 class EvalConfig:
-    """Multi-objective evaluation. objectives: numbers of sub-questions per episode to evaluate;
-    max_turns: round limit; policies: context policies to evaluate; episodes: per objective count."""
+    """Multi-objective evaluation (`mempo eval` and the trainer's ``trainer.eval_every``).
+    objectives: numbers of sub-questions per episode to evaluate; max_turns: round limit; policies:
+    context policies to evaluate; episodes: per objective count; temperature: 0 is greedy."""
 
     objectives: list[int] = field(default_factory=lambda: [2, 4, 6, 8, 10])
     max_turns: int = 64
@@ -375,7 +394,7 @@ class MempoConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     env: EnvConfig = field(default_factory=EnvConfig)
-    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    rollout: RolloutSection = field(default_factory=RolloutSection)
     scoring: ScoringConfig = field(default_factory=ScoringConfig)
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     actor: ActorConfig = field(default_factory=ActorConfig)
@@ -388,6 +407,9 @@ class MempoConfig:
             value = getattr(self, f.name)
             if not isinstance(value, hints[f.name]):
                 setattr(self, f.name, _build_section(hints[f.name], value, f.name))
+        _require(not (self.trainer.eval_every and self.data.source == "files" and not self.data.eval_files),
+                 "data.eval_files", "must list at least one QA file when data.source is 'files' and "
+                                    "trainer.eval_every > 0 (the periodic evaluation's questions)")
 
 
 # ------------------------------------------------------------------------------------------------

@@ -13,14 +13,27 @@ Conventions
   end at the action's closing tag. ``loss_mask`` is 1 exactly on the assistant ids (prefix
   included, as the rollout trains the forced prefix by default) and 0 on the prompt.
 * Loop: plain AdamW (``lr``, ``actor.weight_decay``, betas from ``actor``), grad-norm clip
-  ``actor.grad_clip``; batches of consecutive sequences (shuffled per epoch with ``seed``) holding
+  ``actor.grad_clip``; batches of consecutive sequences (shuffled per epoch) holding
   at most ``batch_tokens`` padded tokens; loss = mean token cross-entropy over the batch's masked
   tokens. ``steps`` (optimiser steps) or ``epochs`` bounds the run, and ``max_seconds`` (wall
   time) too when given. ``schedule``: ``"constant"`` (``lr`` throughout) or ``"cosine"`` (linear
   warm-up over the first ``warmup`` fraction of the run, then cosine decay to ``lr / 10``; the
   run's progress is the larger of steps done / ``steps`` and seconds spent / ``max_seconds``).
 * Batches are length-bucketed: the shuffled order is cut into chunks of 32 sequences, each
-  sorted by length, so a batch pads little; the batches are then shuffled again.
+  sorted by length, so a batch pads little; the batches are then shuffled again. Both shuffles of
+  epoch e use ``random.Random(f"mempo-sft/{seed}/{e}")``, so an epoch's batches are a pure function
+  of (examples, batch_tokens, seed, e) and the data position is just (epoch, batch index).
+* Checkpoints (``checkpoint_root``; `mempo.train.checkpoint`, atomic): every ``save_every`` steps
+  (0: none on the way) and at the end: model, optimiser (its state and the learning rate), the RNG
+  states, ``data_state = {"kind": "sft", "step", "epoch", "batch", "tokens", "seconds"}`` (the
+  next batch to train, and the totals so far) and ``extra = {"seed", "examples"}``.
+  ``resume_from`` (a checkpoint or a root: its latest) restores all of it and continues: the
+  learning-rate schedule's position is the step (and, with ``max_seconds``, the wall time spent
+  before, carried in ``seconds``), ``steps`` / ``epochs`` / ``max_seconds`` bound the whole run,
+  not this call, so an interrupted run resumed with the same arguments ends where an
+  uninterrupted one does, with the same parameters (exactly so unless a ``"cosine"`` schedule
+  follows ``max_seconds``, i.e. wall time). A checkpoint of other data (another seed or number of training sequences)
+  is refused with a ValueError.
 * Logits are computed only where the loss needs them (the assistant ids) when the model exposes
   a decoder (``model.model``) and an output head (``get_output_embeddings``): the vocabulary
   projection of every prompt position would cost as much as a layer of a small model.
@@ -114,25 +127,54 @@ def _batches(order: Sequence[int], examples: Sequence[SFTExample], batch_tokens:
     return batches
 
 
+def _epoch_batches(examples: Sequence[SFTExample], batch_tokens: int, seed: int, epoch: int) -> list[list[int]]:
+    """The batches of epoch `epoch`, in training order (module conventions)."""
+    rng = random.Random(f"mempo-sft/{seed}/{epoch}")
+    order = list(range(len(examples)))
+    rng.shuffle(order)
+    return _batches(order, examples, batch_tokens, rng)
+
+
+def _resume_position(state: Any, seed: int, num_examples: int) -> dict[str, Any]:
+    """The data_state of an SFT checkpoint, checked against this run's data (ValueError otherwise)."""
+    data, extra = state.data_state, state.extra or {}
+    if not isinstance(data, dict) or data.get("kind") != "sft":
+        raise ValueError(f"{state.path} is not an SFT checkpoint (its data_state is {data!r})")
+    if extra.get("seed") != seed or extra.get("examples") != num_examples:
+        raise ValueError(f"{state.path} was saved with seed {extra.get('seed')} and {extra.get('examples')} training "
+                         f"sequences; this run has seed {seed} and {num_examples}: resume with the same data, "
+                         f"tokenizer and seed")
+    return data
+
+
 def run_sft(cfg: Any, model: Any, tokenizer: Any, trajectories: Sequence[Any], *, steps: Optional[int] = None,
             epochs: Optional[float] = None, lr: float = 1e-4, batch_tokens: int = 4096, logger: Any = None,
             seed: int = 0, max_seconds: Optional[float] = None, schedule: str = "constant",
-            warmup: float = 0.05) -> dict[str, Any]:
+            warmup: float = 0.05, checkpoint_root: Union[str, Path, None] = None, save_every: int = 0,
+            keep_last: Optional[int] = None, resume_from: Union[str, Path, None] = None,
+            max_steps: Optional[int] = None) -> dict[str, Any]:
     """Fine-tune `model` in place on the assistant tokens of `trajectories` (module conventions).
 
     cfg: a `MempoConfig` (its ``actor`` optimiser settings; None: AdamW defaults). steps / epochs:
     stop after that many optimiser steps / passes (default: one epoch). logger: a `MetricsLogger`
     (``sft/loss`` per step). max_seconds: stop after that much wall time (None: no limit).
-    schedule / warmup: the learning-rate schedule (module conventions). Returns {"losses": [...],
-    "first_loss", "last_loss", "steps", "tokens", "examples", "epochs", "seconds"}.
+    schedule / warmup: the learning-rate schedule (module conventions). checkpoint_root /
+    save_every / keep_last: checkpoints (None: none; keep_last None keeps all); resume_from: a
+    checkpoint to continue from (module conventions). max_steps: stop after this many steps in
+    this call (an interruption, for tests; the schedule is unchanged). Returns {"losses": [...] (this call's),
+    "first_loss", "last_loss", "steps" (total), "tokens" (total), "examples", "epochs",
+    "seconds" (total), "resumed_from" (the step, or None), "checkpoint" (the last one written, or None)}.
     """
     import time
 
     import torch
 
+    from mempo.train.checkpoint import load_checkpoint, save_checkpoint
+
     if schedule not in ("constant", "cosine"):
         raise ValueError(f"schedule must be 'constant' or 'cosine', got {schedule!r}")
-    began = time.perf_counter()
+    if save_every < 0:
+        raise ValueError(f"save_every must be >= 0, got {save_every}")
 
     examples = examples_from_trajectories(trajectories, tokenizer)
     if not examples:
@@ -145,8 +187,7 @@ def run_sft(cfg: Any, model: Any, tokenizer: Any, trajectories: Sequence[Any], *
     grad_clip = actor_cfg.grad_clip if actor_cfg else 1.0
     device = next(model.parameters()).device
     pad = getattr(tokenizer, "pad_token_id", None) or 0
-    rng = random.Random(seed)
-    max_steps = steps if steps is not None else math.inf
+    step_limit = steps if steps is not None else math.inf
     max_epochs = epochs if epochs is not None else (math.inf if steps is not None else 1)
     decoder = getattr(model, "model", None)
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
@@ -159,6 +200,15 @@ def run_sft(cfg: Any, model: Any, tokenizer: Any, trajectories: Sequence[Any], *
         total_for_schedule = max(1, int(per_epoch * max_epochs))
     else:
         total_for_schedule = steps
+
+    step, epoch, batch_index, tokens, seconds_before, resumed_from = 0, 0, 0, 0, 0.0, None
+    if resume_from is not None:
+        state = load_checkpoint(resume_from, model, optimizer)
+        position = _resume_position(state, seed, len(examples))
+        step, epoch, batch_index = int(position["step"]), int(position["epoch"]), int(position["batch"])
+        tokens, seconds_before, resumed_from = int(position["tokens"]), float(position["seconds"]), step
+    began = time.perf_counter() - seconds_before  # the wall time of the whole run, across resumes
+    last_step = min(step_limit, math.inf if max_steps is None else step + max_steps)  # of this call
 
     def progress_now() -> float:
         done = 0.0
@@ -180,17 +230,22 @@ def run_sft(cfg: Any, model: Any, tokenizer: Any, trajectories: Sequence[Any], *
     def out_of_time() -> bool:
         return max_seconds is not None and time.perf_counter() - began >= max_seconds
 
-    losses, tokens, step, epoch = [], 0, 0, 0
+    def save() -> Path:
+        return save_checkpoint(
+            checkpoint_root, step, model, optimizer, keep_last=keep_last,
+            extra={"seed": seed, "examples": len(examples)},
+            data_state={"kind": "sft", "step": step, "epoch": epoch, "batch": batch_index, "tokens": tokens,
+                        "seconds": time.perf_counter() - began})
+
+    losses: list[float] = []
+    checkpoint, saved_step = None, resumed_from
     model.train()
-    while step < max_steps and epoch < max_epochs and not out_of_time():
-        order = list(range(len(examples)))
-        rng.shuffle(order)
-        batches = _batches(order, examples, batch_tokens, rng)
+    while step < last_step and epoch < max_epochs and not out_of_time():
+        batches = _epoch_batches(examples, batch_tokens, seed, epoch)
         if epoch + 1 > max_epochs:  # fractional last epoch
             batches = batches[:max(1, int(len(batches) * (max_epochs - epoch)))]
-        for rows in batches:
-            if step >= max_steps or out_of_time():
-                break
+        while batch_index < len(batches) and step < last_step and not out_of_time():
+            rows = batches[batch_index]
             width = max(len(examples[i].input_ids) for i in rows)
             ids = torch.full((len(rows), width), int(pad), dtype=torch.long)
             attention = torch.zeros_like(ids)
@@ -217,13 +272,19 @@ def run_sft(cfg: Any, model: Any, tokenizer: Any, trajectories: Sequence[Any], *
                 torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
             optimizer.step()
             step += 1
+            batch_index += 1
             tokens += int(target_mask.sum())
             losses.append(float(loss.detach()))
             if logger is not None:
                 logger.log(step, {"sft/loss": losses[-1], "sft/tokens": int(target_mask.sum()), "sft/epoch": epoch,
                                   "sft/lr": optimizer.param_groups[0]["lr"]})
-        epoch += 1
+            if checkpoint_root is not None and save_every and step % save_every == 0:
+                checkpoint, saved_step = save(), step  # batch == len(batches) resumes at the next epoch
+        if batch_index == len(batches):
+            epoch, batch_index = epoch + 1, 0
+    if checkpoint_root is not None and saved_step != step:
+        checkpoint = save()
     model.eval()
     return {"losses": losses, "first_loss": losses[0] if losses else None, "last_loss": losses[-1] if losses else None,
-            "steps": step, "tokens": tokens, "examples": len(examples), "epochs": epoch,
-            "seconds": time.perf_counter() - began}
+            "steps": step, "tokens": tokens, "examples": len(examples), "epochs": epoch + (1 if batch_index else 0),
+            "seconds": time.perf_counter() - began, "resumed_from": resumed_from, "checkpoint": checkpoint}

@@ -103,14 +103,15 @@ class StepResult:
 
 
 def loop_config(cfg: MempoConfig, step: int):
-    """`mempo.rollout.loop.RolloutConfig` of step `step` from the training config's ``rollout``."""
-    from mempo.rollout.loop import RolloutConfig as LoopConfig
+    """The agent loop's `mempo.rollout.loop.RolloutConfig` for step `step`, from the training config's
+    ``rollout`` section (`mempo.train.config.RolloutSection`)."""
+    from mempo.rollout.loop import RolloutConfig
 
     r = cfg.rollout
-    return LoopConfig(policy=r.context_policy, group_size=r.group_size, max_turns=r.max_turns,
-                      max_new_tokens=r.max_new_tokens_per_round, max_response_tokens=r.max_response_tokens,
-                      temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
-                      seed=(r.seed * 1_000_003 + int(step)) % (2 ** 31 - 1), tool_workers=4)
+    return RolloutConfig(policy=r.context_policy, group_size=r.group_size, max_turns=r.max_turns,
+                         max_new_tokens=r.max_new_tokens_per_round, max_response_tokens=r.max_response_tokens,
+                         temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
+                         seed=(r.seed * 1_000_003 + int(step)) % (2 ** 31 - 1), tool_workers=4)
 
 
 # ------------------------------------------------------------------------------------------------

@@ -7,10 +7,15 @@ Conventions
   else for ``model.path == "builtin-tiny"`` a byte-level BPE trained on the synthetic world
   (`mempo.builtin.train_tokenizer`, saved to ``<out>/tokenizer`` and reloaded on resume). Model:
   given, else `build_causal_lm` (builtin-tiny: seeded with ``trainer.seed``). Episodes: given, else
-  ``world.episodes(data.num_objectives, pool, data.seed)`` of the synthetic world
-  (``data.world_seed``, ``data.world_entities``). Retriever: given, else BM25 over the world's
-  documents (or `HTTPRetriever` when ``env.retriever == "http"``). The reference policy is a frozen
-  copy of the initial model (skipped when ``actor.kl_coef == 0``).
+  ``data.source == "synthetic"``: ``world.episodes(data.num_objectives, pool, data.seed)`` of the
+  synthetic world (``data.world_seed``, ``data.world_entities``); ``"files"``: the QA records of
+  ``data.train_files`` composed into k-objective episodes (`mempo.env.data.compose_episodes`, k =
+  ``data.num_objectives``, seed ``data.seed``). Retriever: given, else `HTTPRetriever` when
+  ``env.retriever == "http"``, else BM25 over ``env.corpus_path`` when set, else over the synthetic
+  world's documents (``data.source == "files"`` without a corpus is a ConfigError naming
+  ``env.corpus_path``). The builtin-tiny tokenizer is trained on the world's or the corpus's
+  documents. The reference policy is a frozen copy of the initial model (skipped when
+  ``actor.kl_coef == 0``).
 * Scaffold: a built-in model (``builtin-tiny`` or a directory written by `mempo.builtin.save_builtin`)
   generates through `mempo.builtin.ScaffoldedHFBackend` (protocol forced, content sampled);
   ``scaffold=False/True`` overrides.
@@ -23,6 +28,17 @@ Conventions
   "auto" (latest complete checkpoint, if any), "never", or a checkpoint path; the metrics file is
   cut back to the resumed step (`MetricsLogger(resume_step=...)`), so a resumed run's metrics.jsonl
   equals an uninterrupted run's (timing values aside).
+* Periodic evaluation (``trainer.eval_every`` > 0): after every eval_every-th step (and before that
+  step's checkpoint), `periodic_eval` runs `mempo.eval.evaluate` with the ``eval`` section
+  (objectives, policies, episodes, max_turns, temperature) on the current policy's own generation
+  (no protocol scaffold, even for built-in models: the scaffold is told the gold answers) and the
+  run's retriever. Its episodes are drawn once by `build_run`: synthetic source:
+  `mempo.eval.eval_episodes` (question seeds apart from training's); files source: the QA records
+  of ``data.eval_files`` composed per k with seed ``data.seed + EVAL_SEED_OFFSET + k``. The numbers
+  join that step's metrics row (logged even off the ``log_every`` grid) as
+  ``eval/<name>@k<k>_<policy>`` (`mempo.eval.EvalReport.scalars`, e.g. ``eval/em@k2_memory``) plus
+  ``time/eval``. Rank 0 evaluates (on the unsharded rollout copy when distributed). Generation
+  reseeds torch per request, so evaluating does not change the training run's numbers.
 * Determinism: ``torch.use_deterministic_algorithms(True, warn_only=True)``; seeds from
   ``trainer.seed`` (+ rank); the rollout of step s is seeded by (rollout.seed, s) only.
 """
@@ -31,13 +47,14 @@ from __future__ import annotations
 import copy
 import random
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from mempo.train.config import MempoConfig, dump_config
+from mempo.train.config import ConfigError, MempoConfig, dump_config
 
-__all__ = ["TrainResult", "Run", "build_run", "train", "step_episodes", "seed_everything"]
+__all__ = ["TrainResult", "Run", "build_run", "train", "periodic_eval", "step_episodes", "seed_everything"]
 
 
 @dataclass
@@ -56,7 +73,8 @@ class TrainResult:
 
 @dataclass
 class Run:
-    """Everything `build_run` assembled."""
+    """Everything `build_run` assembled. eval_episodes: ``{k: episodes}`` of the periodic evaluation
+    (empty when ``trainer.eval_every`` is 0)."""
 
     cfg: MempoConfig
     out_dir: Path
@@ -67,6 +85,7 @@ class Run:
     ctx: Any
     rank: int = 0
     world_size: int = 1
+    eval_episodes: dict = field(default_factory=dict)
 
 
 def seed_everything(seed: int) -> None:
@@ -116,7 +135,14 @@ def _build_tokenizer(cfg: MempoConfig, out_dir: Path, world: Any):
         return AutoTokenizer.from_pretrained(saved)
     from mempo.builtin import default_corpus_texts, train_tokenizer
 
-    tokenizer = train_tokenizer(default_corpus_texts(world), vocab_size=1024)
+    texts = default_corpus_texts(world)
+    if world is None and cfg.env.corpus_path:  # files source: learn the corpus's words instead
+        from itertools import islice
+
+        from mempo.env.corpus import iter_corpus
+
+        texts += [f"{doc.title}\n{doc.text}" for doc in islice(iter_corpus(cfg.env.corpus_path), 2000)]
+    tokenizer = train_tokenizer(texts, vocab_size=1024)
     if _rank() == 0:
         tokenizer.save_pretrained(saved)
     return tokenizer
@@ -128,12 +154,21 @@ def _rank() -> int:
     return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
 
 
+def _qa_pool(paths: Sequence[str]) -> list:
+    from mempo.env.data import load_qa
+
+    return [record for path in paths for record in load_qa(path)]
+
+
 def _episode_pool(cfg: MempoConfig, world: Any) -> list:
     d = cfg.data
     if d.source == "files":
-        from mempo.env.data import compose_episodes, load_qa
+        from mempo.env.data import compose_episodes
 
-        pool = [record for path in d.train_files for record in load_qa(path)]
+        pool = _qa_pool(d.train_files)
+        if len(pool) < d.num_objectives:
+            raise ConfigError("data.train_files", f"hold {len(pool)} questions, fewer than "
+                                                  f"data.num_objectives={d.num_objectives}")
         count = max(1, len(pool) // d.num_objectives)
         return compose_episodes(pool, d.num_objectives, count, d.seed)
     wanted = max(d.questions_per_step * 4, 8)
@@ -146,6 +181,25 @@ def _episode_pool(cfg: MempoConfig, world: Any) -> list:
                      f"{d.questions_per_step} episodes of {d.num_objectives} objectives")
 
 
+def _eval_episode_sets(cfg: MempoConfig, world: Any) -> dict[int, list]:
+    """``{k: episodes}`` of the periodic evaluation (module conventions)."""
+    from mempo.eval import EVAL_SEED_OFFSET, eval_episodes
+
+    if cfg.data.source == "synthetic":
+        return eval_episodes(world, cfg)
+    from mempo.env.data import compose_episodes
+
+    pool = _qa_pool(cfg.data.eval_files)
+    sets = {}
+    for k in cfg.eval.objectives:
+        if len(pool) < k:
+            raise ConfigError("eval.objectives", f"k={k} needs at least {k} questions; data.eval_files "
+                                                 f"hold {len(pool)}")
+        sets[int(k)] = compose_episodes(pool, k, cfg.eval.episodes, cfg.data.seed + EVAL_SEED_OFFSET + k,
+                                        id_prefix="eval")
+    return sets
+
+
 def build_run(cfg: MempoConfig, *, model=None, tokenizer=None, episodes=None, retriever=None, out_dir=None,
               scaffold: Optional[bool] = None) -> Run:
     """Assemble tokenizer, model, episodes, retriever, actors, backend and the step context."""
@@ -156,12 +210,16 @@ def build_run(cfg: MempoConfig, *, model=None, tokenizer=None, episodes=None, re
     from mempo.train.actor import Actor, build_causal_lm, init_distributed
     from mempo.train.step import StepContext
 
+    if retriever is None and cfg.data.source == "files" and cfg.env.retriever == "bm25" and not cfg.env.corpus_path:
+        raise ConfigError("env.corpus_path", "must name a corpus jsonl (mempo.env.corpus) when data.source is "
+                                             "'files' and env.retriever is 'bm25'")
     info = init_distributed()
     out = Path(out_dir or cfg.trainer.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     seed_everything(cfg.trainer.seed + info.rank)
     world = None
-    if cfg.data.source == "synthetic" and (episodes is None or retriever is None or tokenizer is None):
+    evaluating = cfg.trainer.eval_every > 0
+    if cfg.data.source == "synthetic" and (episodes is None or retriever is None or tokenizer is None or evaluating):
         from mempo.env.world import World
 
         world = World.generate(seed=cfg.data.world_seed, num_entities=cfg.data.world_entities)
@@ -185,7 +243,9 @@ def build_run(cfg: MempoConfig, *, model=None, tokenizer=None, episodes=None, re
             from mempo.env.retriever import BM25Retriever
 
             retriever = BM25Retriever.build(list(world.documents()))
-    tools = make_tools(retriever, options={"search": {"topk": cfg.env.topk, "doc_chars": cfg.env.doc_chars}})
+    eval_sets = _eval_episode_sets(cfg, world) if evaluating else {}
+    tools = make_tools(retriever, options={"search": {"topk": cfg.env.topk, "doc_chars": cfg.env.doc_chars},
+                                           "access": {"page_chars": cfg.env.page_chars}})
     use_scaffold = _is_builtin(cfg) if scaffold is None else bool(scaffold)
     ref_actor = None
     if cfg.actor.kl_coef > 0:
@@ -205,18 +265,18 @@ def build_run(cfg: MempoConfig, *, model=None, tokenizer=None, episodes=None, re
         backend = HFBackend(gen_model, tokenizer)
     ctx = StepContext(cfg=cfg, actor=actor, ref_actor=ref_actor, backend=backend, tokenizer=tokenizer, tools=tools,
                       scaffold=scaffold_obj, rollout_model=rollout_model, distributed=info.distributed)
-    return Run(cfg, out, tokenizer, model, list(episodes), retriever, ctx, info.rank, info.world_size)
+    return Run(cfg, out, tokenizer, model, list(episodes), retriever, ctx, info.rank, info.world_size, eval_sets)
 
 
-def _resume_path(cfg: MempoConfig, root: Path) -> Optional[Path]:
-    from mempo.train.checkpoint import latest_checkpoint, resolve_checkpoint
+def periodic_eval(run: Run, step: int) -> dict[str, float]:
+    """The ``eval`` section's evaluation of the current policy after step `step` (module
+    conventions): ``eval/<name>@k<k>_<policy>`` metrics and ``time/eval``."""
+    from mempo.eval import evaluate
 
-    mode = cfg.trainer.resume.strip()
-    if mode == "never":
-        return None
-    if mode == "auto":
-        return latest_checkpoint(root)
-    return resolve_checkpoint(mode)
+    began = time.perf_counter()
+    report = evaluate(run.ctx.scoring_model, run.tokenizer, run.eval_episodes, run.retriever, run.cfg,
+                      label=f"step {step}", log=_log, show_progress=False)
+    return {**report.scalars("eval/"), "time/eval": time.perf_counter() - began}
 
 
 def train(cfg: MempoConfig, *, model=None, tokenizer=None, episodes=None, retriever=None, out_dir=None,
@@ -224,7 +284,7 @@ def train(cfg: MempoConfig, *, model=None, tokenizer=None, episodes=None, retrie
     """Train for ``trainer.total_steps`` steps (module conventions); returns a TrainResult.
 
     max_steps: stop after this many steps in this call (tests; the schedule is unchanged)."""
-    from mempo.train.checkpoint import load_checkpoint, save_checkpoint
+    from mempo.train.checkpoint import load_checkpoint, resume_checkpoint, save_checkpoint
     from mempo.train.logging import MetricsLogger, StageTimer, progress
     from mempo.train.step import train_step
 
@@ -233,7 +293,7 @@ def train(cfg: MempoConfig, *, model=None, tokenizer=None, episodes=None, retrie
     t = cfg.trainer
     ckpt_root = run.out_dir / "checkpoints"
     start, resumed = 0, None
-    path = _resume_path(cfg, ckpt_root)
+    path = resume_checkpoint(t.resume, ckpt_root)
     if path is not None:
         state = load_checkpoint(path, run.ctx.actor.module, run.ctx.actor.optimizer)
         start = resumed = int(state.step)
@@ -251,9 +311,11 @@ def train(cfg: MempoConfig, *, model=None, tokenizer=None, episodes=None, retrie
         for step in range(start + 1, end + 1):
             batch = step_episodes(run.episodes, step, B, shuffle=cfg.data.shuffle, seed=cfg.data.seed,
                                   rank=run.rank, world_size=run.world_size)
-            outcome = train_step(run.ctx, batch, step, timer)
-            metrics = outcome.metrics
-            if step % t.log_every == 0 or step == end:
+            metrics = train_step(run.ctx, batch, step, timer).metrics
+            evaluated = bool(t.eval_every) and step % t.eval_every == 0 and run.rank == 0
+            if evaluated:
+                metrics.update(periodic_eval(run, step))
+            if step % t.log_every == 0 or step == end or evaluated:
                 logger.log(step, metrics)
             result.metrics.append(dict(metrics, step=step))
             result.last_step = step

@@ -1,0 +1,15 @@
+"""`_dist_worker`'s data-parallel run with ``packing="packed"``: ``torchrun --nproc_per_node=2
+tests/_dist_packing_worker.py OUT_DIR`` runs the packed forward under FSDP2 (gloo) on 2 ranks."""
+import dataclasses
+import sys
+
+import torch
+
+import _dist_worker
+
+_padded_config = _dist_worker.actor_config
+_dist_worker.actor_config = lambda: dataclasses.replace(_padded_config(), packing="packed")
+
+if __name__ == "__main__":
+    torch.set_num_threads(1)
+    _dist_worker.run(sys.argv[1])
