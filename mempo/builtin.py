@@ -108,17 +108,22 @@ def default_corpus_texts(world: Any = None, limit: int = 2000) -> list[str]:
 # ------------------------------------------------------------------------------------------------
 # model
 # ------------------------------------------------------------------------------------------------
-def tiny_model(tokenizer: Any, size: str = "tiny", seed: int = 0, *, max_position_embeddings: int = 8192):
+def tiny_model(tokenizer: Any, size: str = "tiny", seed: int = 0, *, max_position_embeddings: int = 8192,
+               tie_word_embeddings: bool = False, **shape: Any):
     """A random `Qwen2ForCausalLM` of `SIZES[size]` over the tokenizer's vocabulary (float32, eval
-    mode). Seeded: the torch global RNG is forked, so the caller's RNG state is untouched."""
+    mode). Seeded: the torch global RNG is forked, so the caller's RNG state is untouched.
+
+    tie_word_embeddings: share the input embedding and the output head (fewer parameters; a
+    small model copies names from its context more easily). shape: `Qwen2Config` fields that
+    override those of the size (e.g. ``num_hidden_layers=2``, ``hidden_size=384``)."""
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     if size not in SIZES:
         raise ValueError(f"size must be one of {sorted(SIZES)}, got {size!r}")
     config = Qwen2Config(vocab_size=len(tokenizer), max_position_embeddings=max_position_embeddings,
-                         tie_word_embeddings=False, eos_token_id=tokenizer.eos_token_id,
-                         pad_token_id=tokenizer.pad_token_id, **SIZES[size])
+                         tie_word_embeddings=bool(tie_word_embeddings), eos_token_id=tokenizer.eos_token_id,
+                         pad_token_id=tokenizer.pad_token_id, **{**SIZES[size], **shape})
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = Qwen2ForCausalLM(config).to(torch.float32)

@@ -2,16 +2,20 @@
 
 Stages (each prints what it did and how long it took; timings go to ``stages.json``):
 
-1. world      the synthetic world (`mempo.env.world.World`, ``demo.world_documents`` documents) and a
+1. world      the synthetic world (`mempo.env.world.World`, ``data.world_documents`` documents) and a
               BM25 retriever over it;
-2. oracle     oracle trajectories (`mempo.env.oracle.run_oracle`, memory context) on
-              ``demo.sft_episodes`` episodes of each of ``demo.sft_objectives`` objectives; only
-              correct ones (score 1) are kept, as the paper's cold-start data;
+2. oracle     oracle trajectories (`mempo.env.oracle.run_oracle`, memory context, think style
+              ``demo.oracle_think``) on ``demo.sft_episodes`` episodes of each of
+              ``demo.sft_objectives`` objectives; only correct ones (score 1) are kept, as the
+              paper's cold-start data. SFT and RL episodes are drawn with other question seeds than
+              the evaluation's, and any that shares a question with an evaluation episode is
+              dropped, so the evaluation questions are never trained on;
 3. tokenizer  a byte-level BPE (`mempo.builtin.train_tokenizer`, ``demo.vocab_size``) trained on the
               documents and the oracle texts;
 4. model      a randomly initialised Qwen2 (`mempo.builtin.tiny_model`, ``demo.model_size``);
-5. sft        supervised cold start on the oracle trajectories (`mempo.train.sft.run_sft`); the
-              model is saved to ``<out>/model_sft``;
+5. sft        supervised cold start on the oracle trajectories (`mempo.train.sft.run_sft`; with
+              ``demo.sft_prompt_loss_weight`` > 0 the prompt tokens are modelled too); the model is
+              saved to ``<out>/model_sft``;
 6. eval-before  evaluation (`mempo.eval.evaluate`) of ``eval.episodes`` episodes for each of
               ``eval.objectives`` under ``eval.policies`` (the memory context) -> ``eval_before.json`` / ``.md``;
 7. rl         MemPO RL (`mempo.train.trainer.train`, ``trainer.total_steps`` steps) into
@@ -51,34 +55,45 @@ PathLike = Union[str, "os.PathLike[str]"]
 class DemoConfig:
     """The demo's own settings (the ``demo`` section).
 
-    world_documents: documents in the synthetic world. vocab_size: tokenizer size.
+    The world itself is the ``data`` section's (``world_documents``, ``article_fillers``), so
+    `mempo eval` / `mempo train` with the demo's saved config rebuild the same one. vocab_size:
+    tokenizer size.
     tokenizer_documents: documents the tokenizer is trained on (plus every oracle text).
     model_size: a `mempo.builtin.SIZES` name. max_position_embeddings: the model's context.
+    tie_embeddings: share the input embedding and the output head (`tiny_model`): the head row of
+    a name the SFT targets never contain is then that name's input embedding (trained wherever the
+    name is read) rather than a row only ever pushed down, which helps copying names from the context.
+    oracle_think: the oracle's think style (`OracleAgent`: "full" sentences or "short", one line).
     sft_objectives / sft_episodes: oracle episodes per number of objectives for the cold start.
     sft_steps / sft_epochs / sft_lr / sft_batch_tokens: `run_sft`'s steps (None: epochs bound the
     run), epochs (None: one), learning rate and padded tokens per batch. sft_seconds: a wall-time
     bound on the SFT stage (None: none; the demo's budget is met whatever the machine's speed).
     sft_schedule: `run_sft`'s learning-rate schedule ("constant" or "cosine").
+    sft_prompt_loss_weight: `run_sft`'s ``prompt_loss_weight``: the loss also models the prompt
+    tokens (question, previous round, search results) with this weight (0: assistant tokens only);
+    a model from scratch learns to copy names from its context much sooner.
     rl_scaffold: generate RL rollouts through `mempo.builtin.ScaffoldedHFBackend` (None: only when
     no SFT ran, i.e. when the random model cannot follow the protocol by itself).
-    torch_threads: torch intra-op threads (0: automatic: the CPUs left idle by the current load
-    average, rounded down (a residual load below 1 from a process that just ended frees the CPU), at least
-    1; small models on a busy machine run much slower with oversubscribed threads).
+    torch_threads: torch intra-op threads (0: automatic: the CPUs other processes leave idle, from
+    /proc/stat sampled over half a second, at least 1; small models on a busy machine run much
+    slower with oversubscribed threads).
     seed: model initialisation seed.
     """
 
-    world_documents: int = 2000
     vocab_size: int = 4096
     tokenizer_documents: int = 2000
     model_size: str = "small"
     max_position_embeddings: int = 4096
+    tie_embeddings: bool = True
+    oracle_think: str = "short"
     sft_objectives: list[int] = field(default_factory=lambda: [1, 2, 3, 4])
-    sft_episodes: int = 64
+    sft_episodes: int = 512
     sft_steps: Optional[int] = 4000
     sft_epochs: Optional[float] = None
-    sft_seconds: Optional[float] = 540.0
+    sft_seconds: Optional[float] = 570.0
     sft_lr: float = 3e-3
     sft_schedule: str = "cosine"
+    sft_prompt_loss_weight: float = 1.0
     sft_batch_tokens: int = 2048
     rl_scaffold: Optional[bool] = None
     torch_threads: int = 0
@@ -89,9 +104,10 @@ class DemoConfig:
 DEFAULT_CONFIG: dict[str, Any] = {
     "demo": dataclasses.asdict(DemoConfig()),
     "model": {"path": "builtin-tiny", "max_position_embeddings": 4096},
-    "data": {"num_objectives": 2, "questions_per_step": 2, "seed": 0, "world_seed": 0},
-    "env": {"topk": 3, "doc_chars": 800},
-    "rollout": {"group_size": 4, "max_turns": 6, "eval_max_turns": 16, "max_new_tokens_per_round": 192,
+    "data": {"num_objectives": 2, "questions_per_step": 2, "seed": 0, "world_seed": 0, "world_documents": 2000,
+             "article_fillers": [0, 1]},
+    "env": {"topk": 1, "doc_chars": 600},
+    "rollout": {"group_size": 4, "max_turns": 6, "max_new_tokens_per_round": 192,
                 "max_response_tokens": 2048, "temperature": 1.0, "context_policy": "memory"},
     "actor": {"lr": 1e-4, "kl_coef": 0.001, "micro_batch_tokens": 8192},
     "trainer": {"total_steps": 4, "save_every": 0, "eval_every": 0, "log_every": 1, "resume": "never",
@@ -216,39 +232,44 @@ def run_demo(cfg: Any, demo: DemoConfig, out_dir: PathLike, *, echo: Callable[[s
     dump_config(cfg, out / "config.yaml")
     (out / "demo_config.json").write_text(json.dumps(dataclasses.asdict(demo), indent=2) + "\n", encoding="utf-8")
     threads = _set_threads(demo.torch_threads)
-    echo(f"torch threads: {threads} (CPUs: {os.cpu_count()}, load average {_load():.2f})")
+    echo(f"torch threads: {threads} (CPUs: {os.cpu_count()}, load average {os.getloadavg()[0]:.2f})")
     stages = _Stages(out, 9, echo)
     state: dict[str, Any] = {}
     skipped: list[str] = []
 
     # 1. world ----------------------------------------------------------------------------------
     def world_stage():
-        from mempo.env.retriever import BM25Retriever
-        from mempo.env.world import World
+        from mempo.eval import build_world
 
-        world = World.generate(cfg.data.world_seed, num_documents=demo.world_documents)
-        retriever = BM25Retriever.build(world.documents())
+        world, retriever = build_world(cfg)
         state["world"], state["retriever"] = world, retriever
         return world, (f"{world.num_documents} documents ({len(world.entities)} entities), "
                        f"BM25 index built")
 
     stages.run("world", world_stage)
     world, retriever = state["world"], state["retriever"]
+    from mempo.eval import eval_episodes, evaluate
+
+    episodes_by_k = eval_episodes(world, cfg)
+    state["eval_questions"] = {q for episodes in episodes_by_k.values() for e in episodes for q in e.questions}
 
     # 2. oracle trajectories --------------------------------------------------------------------
     def oracle_stage():
-        from mempo.env.oracle import run_oracle
+        from mempo.env.oracle import OracleAgent, run_oracle
         from mempo.env.tools import make_tools
         from mempo.train.logging import progress
 
         tools = make_tools(retriever, options={"search": {"topk": cfg.env.topk, "doc_chars": cfg.env.doc_chars},
                                                "access": {"page_chars": cfg.env.page_chars}})
-        episodes = [e for k in demo.sft_objectives
-                    for e in world.episodes(int(k), demo.sft_episodes, seed=cfg.data.seed + 20_000 + int(k))]
+        drawn = [e for k in demo.sft_objectives
+                 for e in world.episodes(int(k), demo.sft_episodes, seed=cfg.data.seed + 20_000 + int(k))]
+        # Held out: another seed draws other episodes, but a question can come up again (the world
+        # has finitely many); an SFT episode sharing a question with an evaluation episode is dropped.
+        episodes = [e for e in drawn if not set(e.questions) & state["eval_questions"]]
         trajectories = []
         with progress("oracle", total=len(episodes), enabled=show_progress) as bar:
             for episode in episodes:
-                trajectories.append(run_oracle(episode, tools, policy="memory"))
+                trajectories.append(run_oracle(episode, tools, policy="memory", agent=OracleAgent(think=demo.oracle_think)))
                 bar.advance()
         kept = [t for t in trajectories if float(t.score.get("score", 0.0)) == 1.0]
         what = "correct oracle trajectories kept"
@@ -257,7 +278,8 @@ def run_demo(cfg: Any, demo: DemoConfig, out_dir: PathLike, *, echo: Callable[[s
         state["oracle"] = kept
         rounds = sum(t.num_rounds for t in kept)
         return kept, (f"{len(kept)}/{len(trajectories)} {what} "
-                      f"({rounds} rounds; objectives {list(demo.sft_objectives)})")
+                      f"({rounds} rounds; objectives {list(demo.sft_objectives)}; "
+                      f"{len(drawn) - len(episodes)} episodes sharing a question with the evaluation dropped)")
 
     stages.run("oracle", oracle_stage)
 
@@ -280,12 +302,14 @@ def run_demo(cfg: Any, demo: DemoConfig, out_dir: PathLike, *, echo: Callable[[s
     def model_stage():
         from mempo.builtin import tiny_model
 
-        model = tiny_model(tokenizer, demo.model_size, demo.seed, max_position_embeddings=demo.max_position_embeddings)
+        model = tiny_model(tokenizer, demo.model_size, demo.seed, max_position_embeddings=demo.max_position_embeddings,
+                           tie_word_embeddings=demo.tie_embeddings)
         state["model"] = model
         c = model.config
         params = sum(p.numel() for p in model.parameters())
         return model, (f"Qwen2 '{demo.model_size}': {c.num_hidden_layers} layers x {c.hidden_size}, "
-                       f"{params / 1e6:.2f} M parameters, random init (seed {demo.seed})")
+                       f"{params / 1e6:.2f} M parameters{' (tied embeddings)' if demo.tie_embeddings else ''}, "
+                       f"random init (seed {demo.seed})")
 
     stages.run("model", model_stage)
     model = state["model"]
@@ -305,7 +329,7 @@ def run_demo(cfg: Any, demo: DemoConfig, out_dir: PathLike, *, echo: Callable[[s
                 result = _call(run_sft, cfg, model, tokenizer, state["oracle"], steps=demo.sft_steps,
                                epochs=demo.sft_epochs, lr=demo.sft_lr, batch_tokens=demo.sft_batch_tokens,
                                logger=logger, seed=demo.seed, max_seconds=demo.sft_seconds,
-                               schedule=demo.sft_schedule)
+                               schedule=demo.sft_schedule, prompt_loss_weight=demo.sft_prompt_loss_weight)
             state["sft_result"] = result
             if hasattr(result, "parameters") and result is not model:  # a new model was returned
                 state["model"] = result
@@ -316,10 +340,6 @@ def run_demo(cfg: Any, demo: DemoConfig, out_dir: PathLike, *, echo: Callable[[s
     model = state["model"]
 
     # 6. eval before ----------------------------------------------------------------------------
-    from mempo.eval import eval_episodes, evaluate
-
-    episodes_by_k = eval_episodes(world, cfg)
-
     def eval_stage(which: str):
         def body():
             report = evaluate(state["model"], tokenizer, episodes_by_k, retriever, cfg, label=f"{which} RL", log=echo, show_progress=show_progress)
@@ -342,8 +362,11 @@ def run_demo(cfg: Any, demo: DemoConfig, out_dir: PathLike, *, echo: Callable[[s
     if train is not None:
         def rl_stage():
             steps = cfg.trainer.total_steps
-            episodes = world.episodes(cfg.data.num_objectives, steps * cfg.data.questions_per_step,
-                                      seed=cfg.data.seed)
+            wanted = steps * cfg.data.questions_per_step
+            drawn = world.episodes(cfg.data.num_objectives, 2 * wanted, seed=cfg.data.seed)
+            episodes = [e for e in drawn if not set(e.questions) & state["eval_questions"]][:wanted]
+            if len(episodes) < wanted:  # a tiny world: fall back to the first draws
+                episodes = drawn[:wanted]
             scaffold = demo.rl_scaffold if demo.rl_scaffold is not None else "sft_result" not in state
             result = _call(train, cfg, model=state["model"], tokenizer=tokenizer, episodes=episodes,
                            retriever=retriever, out_dir=str(out / "rl"), scaffold=bool(scaffold))
@@ -387,11 +410,27 @@ def run_demo(cfg: Any, demo: DemoConfig, out_dir: PathLike, *, echo: Callable[[s
     return DemoResult(out, report.path, stages.records, state.get("before"), state.get("after"), skipped)
 
 
-def _load() -> float:
+def _busy_cpus(window: float = 0.5) -> float:
+    """CPUs kept busy by other processes right now: /proc/stat sampled over `window` seconds (the
+    1-minute load average lags: it still counts a run that ended a minute ago). Falls back to the
+    load average where /proc/stat is missing."""
+    def sample() -> tuple[int, int]:
+        with open("/proc/stat") as stat:
+            fields = [int(x) for x in stat.readline().split()[1:]]
+        idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
+        return sum(fields), idle
+
     try:
-        return float(os.getloadavg()[0])
-    except (AttributeError, OSError):
-        return 0.0
+        total0, idle0 = sample()
+        time.sleep(window)
+        total1, idle1 = sample()
+        cpus = os.cpu_count() or 1
+        return cpus * (1.0 - (idle1 - idle0) / max(1, total1 - total0))
+    except (OSError, ValueError, IndexError):
+        try:
+            return float(os.getloadavg()[0])
+        except (AttributeError, OSError):
+            return 0.0
 
 
 def _set_threads(requested: int) -> int:
@@ -404,7 +443,7 @@ def _set_threads(requested: int) -> int:
             cpus = len(os.sched_getaffinity(0))
         except (AttributeError, OSError):
             cpus = os.cpu_count() or 1
-        torch.set_num_threads(max(1, min(torch.get_num_threads(), cpus - int(_load()))))
+        torch.set_num_threads(max(1, min(torch.get_num_threads(), cpus - int(round(_busy_cpus())))))
     return torch.get_num_threads()
 
 

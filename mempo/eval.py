@@ -46,7 +46,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Optional, Sequence, Union
 
 __all__ = ["EvalRow", "EvalReport", "evaluate", "summarize", "round_prompt_tokens", "eval_episodes",
-           "build_world", "load_model_dir", "OracleBackend", "machine_facts", "EVAL_SEED_OFFSET", "SCALAR_NAMES"]
+           "build_world", "synthetic_world", "load_model_dir", "OracleBackend", "machine_facts", "EVAL_SEED_OFFSET", "SCALAR_NAMES"]
 
 #: Evaluation episodes use question seed ``cfg.data.seed + EVAL_SEED_OFFSET + k`` (training uses others).
 EVAL_SEED_OFFSET = 10_000
@@ -267,15 +267,22 @@ class OracleBackend:
 # ------------------------------------------------------------------------------------------------
 # data, model and machine helpers
 # ------------------------------------------------------------------------------------------------
-def build_world(cfg: Any, *, num_documents: Optional[int] = None):
-    """The synthetic world of ``cfg.data`` (``world_seed``, ``world_entities``) and a BM25 retriever over it."""
-    from mempo.env.retriever import BM25Retriever
+def synthetic_world(cfg: Any):
+    """The synthetic world `cfg.data` describes (``world_seed``, ``world_entities`` or
+    ``world_documents``, ``article_fillers``): the one world train, eval and the demo share."""
     from mempo.env.world import World
 
-    if num_documents is not None:
-        world = World.generate(cfg.data.world_seed, num_documents=num_documents)
-    else:
-        world = World.generate(cfg.data.world_seed, cfg.data.world_entities)
+    data = cfg.data
+    fillers = tuple(data.article_fillers) if data.article_fillers is not None else None
+    return World.generate(data.world_seed, data.world_entities, num_documents=data.world_documents,
+                          article_fillers=fillers)
+
+
+def build_world(cfg: Any):
+    """`synthetic_world(cfg)` and a BM25 retriever over it."""
+    from mempo.env.retriever import BM25Retriever
+
+    world = synthetic_world(cfg)
     retriever = BM25Retriever.build(world.documents())
     return world, retriever
 

@@ -81,3 +81,15 @@ def test_scaffold_makes_well_formed_trajectories(world, tok):
                 assert t.finish_reason == "answer" and len(t.rounds) == 3 and t.outcome["format_ok"]
                 assert len(t.scored_rounds()) == 2
                 assert t.final_answer in (answer_text(t.golds), "unknown")
+
+
+def test_tied_embeddings_and_shape_overrides(tok, tmp_path):
+    model = tiny_model(tok, "tiny", seed=2, tie_word_embeddings=True, num_hidden_layers=1)
+    assert model.config.num_hidden_layers == 1 and model.config.tie_word_embeddings
+    assert model.get_output_embeddings().weight.data_ptr() == model.get_input_embeddings().weight.data_ptr()
+    untied = tiny_model(tok, "tiny", seed=2)
+    assert sum(p.numel() for p in untied.parameters()) > sum(p.numel() for p in model.parameters())
+    save_builtin(tmp_path / "t", model, tok)
+    loaded, _ = load_builtin(tmp_path / "t")
+    ids = torch.tensor([tok.encode("hello <mem> world", add_special_tokens=False)])
+    assert torch.allclose(model(ids).logits, loaded(ids).logits)

@@ -13,7 +13,7 @@ REPO = Path(__file__).resolve().parents[1]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 SMOKE = [
-    "demo.world_documents=120", "demo.vocab_size=400", "demo.tokenizer_documents=60", "demo.model_size=tiny",
+    "data.world_documents=120", "demo.vocab_size=400", "demo.tokenizer_documents=60", "demo.model_size=tiny",
     "demo.max_position_embeddings=2048", "demo.sft_objectives=[1]", "demo.sft_episodes=2", "demo.sft_steps=1",
     "demo.sft_batch_tokens=2048", "demo.torch_threads=1",
     "trainer.total_steps=1", "data.questions_per_step=1", "rollout.group_size=2", "rollout.max_turns=2",

@@ -128,3 +128,20 @@ def test_eval_command(tmp_path):
     assert [(r.objectives, r.policy, r.episodes) for r in report.rows] == [(1, "memory", 1)]
     assert (out / "eval.md").is_file()
     assert main(["eval", "--model", str(tmp_path / "missing"), "--out", str(out)]) == 2
+
+
+def test_synthetic_world_follows_the_data_section():
+    """train, eval and the demo build the world through `synthetic_world`: the data section's size
+    and filler options reach it (a demo config's world is rebuilt exactly by `mempo eval`)."""
+    from mempo.eval import synthetic_world
+    from mempo.train.config import load_config
+
+    cfg = load_config(None, ["data.world_documents=120", "data.article_fillers=[0,1]", "data.world_seed=3"])
+    world = synthetic_world(cfg)
+    assert world.num_documents == 120
+    assert world.manifest()["params"]["article_fillers"] == [0, 1]
+    again = synthetic_world(load_config(None, ["data.world_documents=120", "data.article_fillers=[0,1]",
+                                               "data.world_seed=3"]))
+    assert [d.text for d in again.documents()] == [d.text for d in world.documents()]
+    default = synthetic_world(load_config(None, ["data.world_entities=30"]))
+    assert len(default.entities) == 30 and "article_fillers" not in default.manifest()["params"]

@@ -185,3 +185,21 @@ def test_trajectories_round_trip_through_jsonl(tmp_path, world, tools):
         assert restored.response_text == original.response_text
         assert dataclasses.asdict(restored)["rounds"] == dataclasses.asdict(original)["rounds"]
         assert restored.score["score"] == original.score["score"] == 1.0
+
+
+@pytest.mark.parametrize("k", (1, 2))
+def test_short_think_style(world, tools, k):
+    from mempo.env.oracle import OracleAgent
+
+    episodes = world.episodes(k, 3, seed=40 + k)
+    full = run_oracle_episodes(episodes, tools, policy="memory")
+    for episode, reference in zip(episodes, full):
+        trajectory = run_oracle(episode, tools, policy="memory", agent=OracleAgent(think="short"))
+        check_trajectory(trajectory)
+        assert [(r.action, r.argument) for r in trajectory.rounds] == [(r.action, r.argument) for r in reference.rounds]
+        for short, long in zip(trajectory.rounds, reference.rounds):
+            assert parse_round(short.assistant).mem == parse_round(long.assistant).mem
+            think = parse_round(short.assistant).think.strip()
+            assert "\n" not in think and len(think) <= len(parse_round(long.assistant).think.strip())
+    with pytest.raises(ValueError):
+        OracleAgent(think="long")

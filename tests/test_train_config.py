@@ -10,7 +10,7 @@ from mempo.train.config import (ActorConfig, ConfigError, EvalConfig, MempoConfi
 
 def test_defaults_match_the_brief():
     cfg = MempoConfig()
-    assert cfg.rollout.group_size == 16 and cfg.rollout.max_turns == 8 and cfg.rollout.eval_max_turns == 64
+    assert cfg.rollout.group_size == 16 and cfg.rollout.max_turns == 8
     assert cfg.scoring.threshold == 0.5 and cfg.algorithm.epsilon == 1e-6 and cfg.algorithm.norm_adv_by_std
     assert cfg.algorithm.skip_zero_variance_groups and cfg.algorithm.memory_weight == 1.0
     a = cfg.actor

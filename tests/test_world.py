@@ -174,3 +174,24 @@ def test_import_is_light():
             "if m in sys.modules]; "
             "assert not heavy, heavy")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_article_fillers_option():
+    default = World.generate(seed=5, num_entities=30)
+    explicit = World.generate(seed=5, num_entities=30, article_fillers=(2, 5))
+    assert as_tuples(default.documents()) == as_tuples(explicit.documents())  # the default is (2, 5)
+    assert "article_fillers" not in default.manifest()["params"]  # default manifests are unchanged
+    short = World.generate(seed=5, num_entities=30, article_fillers=(0, 0))
+    assert short.manifest()["params"]["article_fillers"] == [0, 0]
+    long_docs, short_docs = ({d.id: d for d in w.documents()} for w in (default, short))
+    assert long_docs.keys() == short_docs.keys()
+    for doc_id, doc in short_docs.items():
+        if doc_id.split("-")[0] in ("chronicle", "news"):
+            assert doc == long_docs[doc_id]  # only the entity articles change
+        else:
+            assert len(doc.text) < len(long_docs[doc_id].text)
+    for q in short.questions(10, hops=(1, 2), seed=1):  # every fact is still stated once
+        for hop in q.metadata["support"]:
+            assert hop["sentence"] in short_docs[hop["doc_id"]].text
+    with pytest.raises(ValueError):
+        World.generate(seed=5, num_entities=30, article_fillers=(3, 1))

@@ -240,13 +240,22 @@ class OracleAgent:
     Args:
         max_turns: the turn budget it plans for (it answers at round ``max_turns`` at the latest).
         max_search_attempts: failed searches for one fact before answering ``unknown`` for it.
+        think: ``"full"`` (default: the think block explains every observation and the next
+            action in sentences) or ``"short"`` (one terse line naming the next step, e.g.
+            ``"Q1: river of Krigrar. Search."``; shorter cold-start targets for small models, the
+            memory and the actions are the same).
     """
 
-    def __init__(self, max_turns: int = DEFAULT_MAX_TURNS, max_search_attempts: int = 3):
+    THINK_STYLES = ("full", "short")
+
+    def __init__(self, max_turns: int = DEFAULT_MAX_TURNS, max_search_attempts: int = 3, *, think: str = "full"):
         if max_turns < 1 or max_search_attempts < 1:
             raise ValueError("max_turns and max_search_attempts must be >= 1")
+        if think not in self.THINK_STYLES:
+            raise ValueError(f"think must be one of {self.THINK_STYLES}, got {think!r}")
         self.max_turns = max_turns
         self.max_search_attempts = max_search_attempts
+        self.think = think
 
     def respond(self, messages: Sequence[Mapping[str, str]]) -> str:
         """The next assistant round for a prompt of chat messages (system, user question, ...)."""
@@ -287,8 +296,18 @@ class OracleAgent:
                 action, argument = "search", _query(hop)
                 notes.append(f"Q{focus.number} needs the {hop.label} of {hop.subject}, so I search for it.")
         mem_lines = [f"Step {step}."] + [o.memory_text(o is focus) for o in objectives]
+        if self.think == "short":
+            notes = [self._short_think(focus, action)]
         return ("<mem>\n" + "\n".join(mem_lines) + "\n</mem>\n<think>\n" + " ".join(notes)
                 + f"\n</think>\n<{action}> {argument} </{action}>")
+
+    @staticmethod
+    def _short_think(focus: Optional["ObjectiveState"], action: str) -> str:
+        if action == "answer":
+            return "All resolved. Answer." if focus is None else "Out of turns. Answer."
+        hop = focus.next_hop()
+        verb = "Open page." if action == "access" else "Search."
+        return f"Q{focus.number}: {hop.label} of {hop.subject}. {verb}"
 
     def _observe(self, objectives: list[ObjectiveState], action: str, tool_text: str) -> list[str]:
         """Update the states with a tool result; returns sentences for the think block."""

@@ -378,7 +378,8 @@ class World:
     def generate(cls, seed: int = 0, num_entities: Optional[int] = 25, *,
                  num_documents: Optional[int] = None, distractor_ratio: float = 1.0,
                  chronicle_fraction: float = 0.15, min_chronicle_pages: int = 3,
-                 page_chars: int = DEFAULT_PAGE_CHARS) -> "World":
+                 page_chars: int = DEFAULT_PAGE_CHARS,
+                 article_fillers: Optional[tuple[int, int]] = None) -> "World":
         """Generate a world deterministically from ``seed``.
 
         Args:
@@ -393,9 +394,17 @@ class World:
                 chronicle (at least one when > 0).
             min_chronicle_pages: the fewest pages a chronicle has (>= 2).
             page_chars: the access page size the chronicles are laid out for.
+            article_fillers: ``(least, most)`` filler sentences per entity article (None: the
+                default ``(2, 5)``; the world is then byte-identical to one generated without the
+                option). Fewer fillers make shorter articles (short search results for small
+                models, e.g. the CPU demo); facts, questions and other documents are unchanged.
         """
         if distractor_ratio < 0 or not 0 <= chronicle_fraction <= 1:
             raise ValueError("need distractor_ratio >= 0 and 0 <= chronicle_fraction <= 1")
+        if article_fillers is not None:
+            article_fillers = (int(article_fillers[0]), int(article_fillers[1]))
+            if not 0 <= article_fillers[0] <= article_fillers[1]:
+                raise ValueError(f"article_fillers must be (least, most) with 0 <= least <= most, got {article_fillers}")
         if min_chronicle_pages < 2 or page_chars < 2 * _SEARCH_RESULT_CHARS:
             raise ValueError(f"need min_chronicle_pages >= 2 and page_chars >= {2 * _SEARCH_RESULT_CHARS}")
         if num_documents is not None:
@@ -478,6 +487,8 @@ class World:
         params = {"num_entities": num_entities, "num_documents": num_documents,
                   "distractor_ratio": distractor_ratio, "chronicle_fraction": chronicle_fraction,
                   "min_chronicle_pages": min_chronicle_pages, "page_chars": page_chars}
+        if article_fillers is not None:  # only when given: default worlds keep their manifest
+            params["article_fillers"] = list(article_fillers)
         return cls(seed=seed, entities=entities, facts=facts, chronicle_facts=chronicle_facts,
                    chronicle_pages=chronicle_pages, num_distractors=num_distractors, page_chars=page_chars,
                    params=params)
@@ -580,7 +591,8 @@ class World:
             offices = reverse["headquarters"].get(entity.index, [])[:2]
             extra += [f"{ents[u].name} has its campus in {name}." for u in campuses]
             extra += [f"{ents[c].name} keeps offices in {name}." for c in offices]
-        sentences = facts + extra + [self._filler(rng) for _ in range(rng.randint(2, 5))]
+        least, most = self.params.get("article_fillers") or (2, 5)
+        sentences = facts + extra + [self._filler(rng) for _ in range(rng.randint(least, most))]
         rng.shuffle(sentences)
         return Document(entity.doc_id, name, intro + " " + " ".join(sentences))
 

@@ -148,7 +148,11 @@ class DataConfig:
     evaluation from ``eval_files``, documents from ``env.corpus_path``). num_objectives:
     sub-questions per training episode (MEM1 composition; the paper trains on 2).
     questions_per_step: questions per training step (B; each is rolled out `rollout.group_size`
-    times). world_*: the synthetic world's size and seed.
+    times). world_seed / world_entities: the synthetic world's seed and size in entities;
+    world_documents: when set, the world has exactly this many documents instead (entities follow);
+    article_fillers: ``[least, most]`` filler sentences per entity article (None: the world's
+    default, 2 to 5; fewer give shorter search results). Every command that builds the world
+    (`mempo train`, `eval`, `demo`) reads these, so they agree on it.
     """
 
     source: Literal["synthetic", "files"] = "synthetic"
@@ -160,10 +164,17 @@ class DataConfig:
     seed: int = 0
     world_seed: int = 0
     world_entities: int = 200
+    world_documents: Optional[int] = None
+    article_fillers: Optional[list[int]] = None
 
     def __post_init__(self):
         _check_types(self)
         _positive(self, "num_objectives", "questions_per_step", "world_entities")
+        _require(self.world_documents is None or self.world_documents > 0, "world_documents",
+                 f"must be a positive number of documents or null, got {self.world_documents}")
+        fillers = self.article_fillers
+        _require(fillers is None or (len(fillers) == 2 and 0 <= fillers[0] <= fillers[1]), "article_fillers",
+                 f"must be [least, most] with 0 <= least <= most, or null; got {fillers}")
         _require(self.source != "files" or bool(self.train_files), "train_files",
                  "must list at least one QA file when source is 'files'")
 
@@ -192,8 +203,8 @@ class EnvConfig:
 class RolloutSection:
     """Training rollouts (ALGORITHM.md sections 1-2).
 
-    group_size: samples per question (G). max_turns / eval_max_turns: round limits for training and
-    evaluation rollouts. max_new_tokens_per_round: generation limit of one round;
+    group_size: samples per question (G). max_turns: round limit of training rollouts (evaluation
+    has its own, ``eval.max_turns``). max_new_tokens_per_round: generation limit of one round;
     max_response_tokens: limit of the whole response (None: no limit). context_policy: ``"full"``
     (growing context, the reference's training rollouts) or ``"memory"`` (AgentMemory context).
     backend: ``"hf"`` (transformers generate) or ``"sglang"`` (an SGLang server at `sglang_url`).
@@ -203,7 +214,6 @@ class RolloutSection:
 
     group_size: int = 16
     max_turns: int = 8
-    eval_max_turns: int = 64
     max_new_tokens_per_round: int = 1024
     max_response_tokens: Optional[int] = 4096
     temperature: float = 1.0
@@ -217,7 +227,7 @@ class RolloutSection:
     def __post_init__(self):
         _check_types(self)
         _finite(self)
-        _positive(self, "group_size", "max_turns", "eval_max_turns", "max_new_tokens_per_round",
+        _positive(self, "group_size", "max_turns", "max_new_tokens_per_round",
                   "max_response_tokens", "temperature")
         _non_negative(self, "top_k")
         _require(0.0 < self.top_p <= 1.0, "top_p", f"must be in (0, 1], got {self.top_p!r}")

@@ -152,7 +152,7 @@ def run_sft(cfg: Any, model: Any, tokenizer: Any, trajectories: Sequence[Any], *
             seed: int = 0, max_seconds: Optional[float] = None, schedule: str = "constant",
             warmup: float = 0.05, checkpoint_root: Union[str, Path, None] = None, save_every: int = 0,
             keep_last: Optional[int] = None, resume_from: Union[str, Path, None] = None,
-            max_steps: Optional[int] = None) -> dict[str, Any]:
+            max_steps: Optional[int] = None, prompt_loss_weight: float = 0.0) -> dict[str, Any]:
     """Fine-tune `model` in place on the assistant tokens of `trajectories` (module conventions).
 
     cfg: a `MempoConfig` (its ``actor`` optimiser settings; None: AdamW defaults). steps / epochs:
@@ -161,7 +161,10 @@ def run_sft(cfg: Any, model: Any, tokenizer: Any, trajectories: Sequence[Any], *
     schedule / warmup: the learning-rate schedule (module conventions). checkpoint_root /
     save_every / keep_last: checkpoints (None: none; keep_last None keeps all); resume_from: a
     checkpoint to continue from (module conventions). max_steps: stop after this many steps in
-    this call (an interruption, for tests; the schedule is unchanged). Returns {"losses": [...] (this call's),
+    this call (an interruption, for tests; the schedule is unchanged). prompt_loss_weight: when > 0,
+    the loss adds this weight times the mean next-token cross-entropy over the prompt tokens (the
+    question, the previous round, the tool results): language modelling of the context, which
+    teaches a small model from scratch to copy names (default 0: assistant tokens only). Returns {"losses": [...] (this call's),
     "first_loss", "last_loss", "steps" (total), "tokens" (total), "examples", "epochs",
     "seconds" (total), "resumed_from" (the step, or None), "checkpoint" (the last one written, or None)}.
     """
@@ -261,9 +264,15 @@ def run_sft(cfg: Any, model: Any, tokenizer: Any, trajectories: Sequence[Any], *
                 hidden = decoder(input_ids=ids, attention_mask=attention, use_cache=False).last_hidden_state
                 logits = head(hidden[:, :-1][target_mask]).float()
             else:
-                logits = model(input_ids=ids, attention_mask=attention, use_cache=False).logits[:, :-1].float()
-                logits = logits[target_mask]
+                every = model(input_ids=ids, attention_mask=attention, use_cache=False).logits[:, :-1]
+                logits = every[target_mask].float()
             loss = torch.nn.functional.cross_entropy(logits, targets[target_mask])
+            if prompt_loss_weight:
+                context = attention[:, 1:].bool() & ~target_mask
+                if bool(context.any()):
+                    context_logits = (head(hidden[:, :-1][context]) if selective else every[context]).float()
+                    loss = loss + float(prompt_loss_weight) * torch.nn.functional.cross_entropy(
+                        context_logits, targets[context])
             for group in optimizer.param_groups:
                 group["lr"] = lr_now()
             optimizer.zero_grad(set_to_none=True)

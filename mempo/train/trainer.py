@@ -220,9 +220,9 @@ def build_run(cfg: MempoConfig, *, model=None, tokenizer=None, episodes=None, re
     world = None
     evaluating = cfg.trainer.eval_every > 0
     if cfg.data.source == "synthetic" and (episodes is None or retriever is None or tokenizer is None or evaluating):
-        from mempo.env.world import World
+        from mempo.eval import synthetic_world
 
-        world = World.generate(seed=cfg.data.world_seed, num_entities=cfg.data.world_entities)
+        world = synthetic_world(cfg)
     if tokenizer is None:
         tokenizer = _build_tokenizer(cfg, out, world)
     if model is None:
