@@ -1,4 +1,5 @@
 """mempo.train.sft: per-turn sequences with the rollout's chat format, assistant-only loss, loss goes down."""
+import copy
 import json
 
 import pytest
@@ -172,3 +173,20 @@ def test_cli_sft_resume(tmp_path):
     assert latest_checkpoint(out / "sft" / "checkpoints").name == "step_00000003"
     assert [r["step"] for r in read_metrics(out / "sft" / "metrics.jsonl")] == [1, 2, 3]
     assert (out / "model" / "config.json").is_file()
+
+
+def test_prompt_loss_weight(setup):
+    """run_sft's prompt_loss_weight: language modelling of the prompt tokens on top of the assistant loss."""
+    tok, trajectories = setup
+    cfg = config_from_dict({})
+    base = tiny_model(tok, seed=0)
+    plain = run_sft(cfg, copy.deepcopy(base), tok, trajectories, steps=2, lr=1e-3, batch_tokens=8192, seed=0)
+    zero = run_sft(cfg, copy.deepcopy(base), tok, trajectories, steps=2, lr=1e-3, batch_tokens=8192, seed=0,
+                   prompt_loss_weight=0.0)
+    assert plain["losses"] == zero["losses"]  # the default: assistant tokens only
+    weighted = run_sft(cfg, copy.deepcopy(base), tok, trajectories, steps=2, lr=1e-3, batch_tokens=8192, seed=0,
+                       prompt_loss_weight=0.5)
+    assert weighted["first_loss"] > plain["first_loss"]  # a random model: the prompt term adds ~0.5 * log(V)
+    full = run_sft(cfg, _FullLogits(copy.deepcopy(base)), tok, trajectories, steps=2, lr=1e-3, batch_tokens=8192,
+                   seed=0, prompt_loss_weight=0.5)
+    assert weighted["losses"] == pytest.approx(full["losses"], rel=1e-4)  # selective logits == full logits
