@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import importlib
 import inspect
 import json
 import os
@@ -203,6 +204,17 @@ class _Stages:
         (self.out_dir / "stages.json").write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
 
 
+def _stage_function(stage: str, module: str, name: str, stages: "_Stages", skipped: list[str]) -> Optional[Callable]:
+    """`module.name`, or None after recording why the stage is skipped (the module is missing from
+    this installation)."""
+    try:
+        return getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError) as error:
+        skipped.append(f"{stage}: `from {module} import {name}` failed ({error})")
+        stages.skip(stage, f"{module}.{name} is not available ({error})")
+        return None
+
+
 def _call(fn: Callable, *args: Any, **optional: Any) -> Any:
     """Call `fn` with `args` and those of `optional` that its signature accepts."""
     try:
@@ -256,11 +268,10 @@ def run_demo(cfg: Any, demo: DemoConfig, out_dir: PathLike, *, echo: Callable[[s
     # 2. oracle trajectories --------------------------------------------------------------------
     def oracle_stage():
         from mempo.env.oracle import OracleAgent, run_oracle
-        from mempo.env.tools import make_tools
+        from mempo.eval import config_tools
         from mempo.train.logging import progress
 
-        tools = make_tools(retriever, options={"search": {"topk": cfg.env.topk, "doc_chars": cfg.env.doc_chars},
-                                               "access": {"page_chars": cfg.env.page_chars}})
+        tools = config_tools(retriever, cfg)
         drawn = [e for k in demo.sft_objectives
                  for e in world.episodes(int(k), demo.sft_episodes, seed=cfg.data.seed + 20_000 + int(k))]
         # Held out: another seed draws other episodes, but a question can come up again (the world
@@ -315,12 +326,7 @@ def run_demo(cfg: Any, demo: DemoConfig, out_dir: PathLike, *, echo: Callable[[s
     model = state["model"]
 
     # 5. SFT ------------------------------------------------------------------------------------
-    try:
-        from mempo.train.sft import run_sft
-    except ImportError as error:
-        run_sft = None
-        skipped.append(f"sft: `from mempo.train.sft import run_sft` failed ({error})")
-        stages.skip("sft", f"mempo.train.sft.run_sft is not available ({error})")
+    run_sft = _stage_function("sft", "mempo.train.sft", "run_sft", stages, skipped)
     if run_sft is not None:
         def sft_stage():
             from mempo.train.logging import MetricsLogger
@@ -353,12 +359,7 @@ def run_demo(cfg: Any, demo: DemoConfig, out_dir: PathLike, *, echo: Callable[[s
     stages.run("eval-before", eval_stage("before"))
 
     # 7. RL -------------------------------------------------------------------------------------
-    try:
-        from mempo.train.trainer import train
-    except ImportError as error:
-        train = None
-        skipped.append(f"rl: `from mempo.train.trainer import train` failed ({error})")
-        stages.skip("rl", f"mempo.train.trainer.train is not available ({error})")
+    train = _stage_function("rl", "mempo.train.trainer", "train", stages, skipped)
     if train is not None:
         def rl_stage():
             steps = cfg.trainer.total_steps

@@ -46,7 +46,8 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Optional, Sequence, Union
 
 __all__ = ["EvalRow", "EvalReport", "evaluate", "summarize", "round_prompt_tokens", "eval_episodes",
-           "build_world", "synthetic_world", "load_model_dir", "OracleBackend", "machine_facts", "EVAL_SEED_OFFSET", "SCALAR_NAMES"]
+           "build_world", "synthetic_world", "config_tools", "load_model_dir", "OracleBackend", "machine_facts",
+           "EVAL_SEED_OFFSET", "SCALAR_NAMES"]
 
 #: Evaluation episodes use question seed ``cfg.data.seed + EVAL_SEED_OFFSET + k`` (training uses others).
 EVAL_SEED_OFFSET = 10_000
@@ -278,6 +279,15 @@ def synthetic_world(cfg: Any):
                           article_fillers=fillers)
 
 
+def config_tools(retriever: Any, cfg: Any) -> dict:
+    """The `search` / `access` tools over `retriever` with the ``env`` section's limits (``topk``,
+    ``doc_chars``, ``page_chars``): the tools train, eval and the demo's oracle all use."""
+    from mempo.env.tools import make_tools
+
+    return make_tools(retriever, options={"search": {"topk": cfg.env.topk, "doc_chars": cfg.env.doc_chars},
+                                          "access": {"page_chars": cfg.env.page_chars}})
+
+
 def build_world(cfg: Any):
     """`synthetic_world(cfg)` and a BM25 retriever over it."""
     from mempo.env.retriever import BM25Retriever
@@ -373,7 +383,6 @@ def evaluate(model: Any, tokenizer: Any, episodes_by_k: Mapping[int, Sequence[An
         log: a line printer (default: stderr).
         keep_trajectories: keep the trajectories on the report (``report.trajectories``).
     """
-    from mempo.env.tools import make_tools
     from mempo.rollout.backends import make_backend
     from mempo.rollout.loop import RolloutConfig, RolloutEngine
     from mempo.train.logging import progress
@@ -387,8 +396,7 @@ def evaluate(model: Any, tokenizer: Any, episodes_by_k: Mapping[int, Sequence[An
     config = getattr(model, "config", None)
     if config is not None and getattr(config, "max_position_embeddings", None):
         max_context = int(config.max_position_embeddings)
-    tools = make_tools(retriever, options={"search": {"topk": cfg.env.topk, "doc_chars": cfg.env.doc_chars},
-                                           "access": {"page_chars": cfg.env.page_chars}})
+    tools = config_tools(retriever, cfg)
     was_training = getattr(model, "training", False)
     if model is not None and hasattr(model, "eval"):
         model.eval()

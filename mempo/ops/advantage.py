@@ -201,8 +201,9 @@ def group_zscore(values: torch.Tensor, group: torch.Tensor, num_groups: int, *, 
 # Span scatter fused with the row broadcast
 # --------------------------------------------------------------------------------------------
 def _span_pieces(start: torch.Tensor, end: torch.Tensor, offsets: torch.Tensor,
-                 length: int) -> list[tuple[int, torch.Tensor, torch.Tensor]]:
-    """Cut every span into power-of-two pieces: [(width, flat first position, span id)] per width.
+                 length: int) -> list[tuple[int, torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """Cut every span into power-of-two pieces: [(width, flat first position, span id, trajectory
+    row)] per width, each tensor int64 [pieces of that width].
 
     A span of length n = sum of 2^k over the set bits of n becomes one piece per set bit, the wider
     pieces first. Pieces of one width never overlap (spans are disjoint), so each width class can be
@@ -212,13 +213,15 @@ def _span_pieces(start: torch.Tensor, end: torch.Tensor, offsets: torch.Tensor,
     lengths = end - start
     if lengths.numel() == 0:
         return []
-    first = _rows_of_csr(offsets, lengths.numel()) * length + start
+    span_row = _rows_of_csr(offsets, lengths.numel())
+    first = span_row * length + start
     pieces = []
     for bit in range(int(lengths.max()).bit_length()):
         span_id = ((lengths >> bit) & 1).nonzero().squeeze(1)
         if span_id.numel():
             higher_bits = (lengths.index_select(0, span_id) >> (bit + 1)) << (bit + 1)
-            pieces.append((1 << bit, first.index_select(0, span_id) + higher_bits, span_id))
+            pieces.append((1 << bit, first.index_select(0, span_id) + higher_bits, span_id,
+                           span_row.index_select(0, span_id)))
     return pieces
 
 
@@ -232,17 +235,15 @@ def _span_scatter_torch(row_value: torch.Tensor, span_value: torch.Tensor, start
     flat = out.view(-1)
     # 2. Gather the mask under every span piece ([pieces, width] rows of an unfolded view).
     pieces = []
-    for width, piece_first, span_id in _span_pieces(start, end, offsets, length):
+    for width, piece_first, span_id, piece_row in _span_pieces(start, end, offsets, length):
         windows = flat.unfold(0, width, 1)
-        pieces.append((windows, piece_first, span_id, windows.index_select(0, piece_first)))
+        pieces.append((windows, piece_first, span_id, piece_row, windows.index_select(0, piece_first)))
     # 3. Outcome value times the mask everywhere.
     out.mul_(row_value[:, None])
     # 4. Span tokens: mask * outcome + mask * span value (the same two roundings as a separate
     #    memory advantage added on top), written once per token: pieces are disjoint.
-    span_row = _rows_of_csr(offsets, span_value.numel()) if pieces else None
-    for windows, piece_first, span_id, piece_mask in pieces:
-        outcome = row_value.index_select(0, span_row.index_select(0, span_id))
-        value = piece_mask * outcome[:, None]
+    for windows, piece_first, span_id, piece_row, piece_mask in pieces:
+        value = piece_mask * row_value.index_select(0, piece_row)[:, None]
         value += piece_mask * span_value.index_select(0, span_id)[:, None]
         windows.index_put_((piece_first,), value)
     return out

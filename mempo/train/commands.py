@@ -61,11 +61,16 @@ def _train_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in the run dir")
 
 
-def _train(args: argparse.Namespace) -> int:
+def _run_config(args: argparse.Namespace):
+    """The config of a `train` / `sft` run: `--resume` and `--out` as overrides (None: bad config, logged)."""
     extra = ["trainer.resume=auto"] if args.resume else []
     if args.out:
         extra.append(f"trainer.out_dir={args.out}")
-    cfg = _load(args, extra)
+    return _load(args, extra)
+
+
+def _train(args: argparse.Namespace) -> int:
+    cfg = _run_config(args)
     if cfg is None:
         return 2
     _threads(args)
@@ -102,10 +107,7 @@ def _sft_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _sft(args: argparse.Namespace) -> int:
-    extra = ["trainer.resume=auto"] if args.resume else []
-    if args.out:
-        extra.append(f"trainer.out_dir={args.out}")
-    cfg = _load(args, extra)
+    cfg = _run_config(args)
     if cfg is None:
         return 2
     if (args.steps is not None and args.steps < 1) or (args.epochs is not None and args.epochs <= 0) \

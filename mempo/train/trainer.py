@@ -8,7 +8,8 @@ Conventions
   (`mempo.builtin.train_tokenizer`, saved to ``<out>/tokenizer`` and reloaded on resume). Model:
   given, else `build_causal_lm` (builtin-tiny: seeded with ``trainer.seed``). Episodes: given, else
   ``data.source == "synthetic"``: ``world.episodes(data.num_objectives, pool, data.seed)`` of the
-  synthetic world (``data.world_seed``, ``data.world_entities``); ``"files"``: the QA records of
+  synthetic world (`mempo.eval.synthetic_world`: ``data.world_seed``, ``world_entities`` or
+  ``world_documents``, ``article_fillers``); ``"files"``: the QA records of
   ``data.train_files`` composed into k-objective episodes (`mempo.env.data.compose_episodes`, k =
   ``data.num_objectives``, seed ``data.seed``). Retriever: given, else `HTTPRetriever` when
   ``env.retriever == "http"``, else BM25 over ``env.corpus_path`` when set, else over the synthetic
@@ -205,7 +206,7 @@ def build_run(cfg: MempoConfig, *, model=None, tokenizer=None, episodes=None, re
     """Assemble tokenizer, model, episodes, retriever, actors, backend and the step context."""
     import torch
 
-    from mempo.env.tools import make_tools
+    from mempo.eval import config_tools
     from mempo.rollout.backends.hf import HFBackend
     from mempo.train.actor import Actor, build_causal_lm, init_distributed
     from mempo.train.step import StepContext
@@ -244,8 +245,7 @@ def build_run(cfg: MempoConfig, *, model=None, tokenizer=None, episodes=None, re
 
             retriever = BM25Retriever.build(list(world.documents()))
     eval_sets = _eval_episode_sets(cfg, world) if evaluating else {}
-    tools = make_tools(retriever, options={"search": {"topk": cfg.env.topk, "doc_chars": cfg.env.doc_chars},
-                                           "access": {"page_chars": cfg.env.page_chars}})
+    tools = config_tools(retriever, cfg)
     use_scaffold = _is_builtin(cfg) if scaffold is None else bool(scaffold)
     ref_actor = None
     if cfg.actor.kl_coef > 0:
