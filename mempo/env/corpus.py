@@ -22,6 +22,7 @@ import os
 from dataclasses import dataclass
 from typing import Iterable, Iterator, Union
 
+from mempo.errors import MempoError
 from mempo.jsonl import iter_jsonl_records, write_jsonl
 
 __all__ = ["Document", "CorpusError", "load_corpus", "iter_corpus", "write_corpus", "document_from_json",
@@ -42,7 +43,7 @@ class Document:
         return {"id": self.id, "title": self.title, "text": self.text}
 
 
-class CorpusError(ValueError):
+class CorpusError(MempoError, ValueError):
     """A corpus file (or a document record) that does not follow the format above."""
 
 

@@ -55,6 +55,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Optional, Sequence, Union
 
+from mempo.errors import MempoError
 from mempo.jsonl import iter_jsonl_records, write_jsonl
 
 __all__ = [
@@ -94,11 +95,11 @@ EPISODE_INSTRUCTIONS = (
 _NUMBERED_RE = re.compile(r"^(\d+)\. (.+)$")
 
 
-class DataError(ValueError):
+class DataError(MempoError, ValueError):
     """A QA or episode record (or file) that does not follow the format in the module docstring."""
 
 
-class MissingDependencyError(ImportError):
+class MissingDependencyError(MempoError, ImportError):
     """An optional package needed for a file format is not installed (the message names it)."""
 
 

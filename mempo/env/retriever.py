@@ -62,6 +62,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Optional, Sequence, Union
 
 from mempo.env.corpus import CorpusError, Document, corpus_fingerprint, iter_corpus
+from mempo.errors import MempoError
 from mempo.registry import Registry
 
 __all__ = [
@@ -102,7 +103,7 @@ class Page:
     text: str
 
 
-class RetrieverError(Exception):
+class RetrieverError(MempoError):
     """Base class of every retrieval failure (bad request, unknown document, server unavailable)."""
 
 

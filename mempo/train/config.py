@@ -39,6 +39,8 @@ from typing import Any, Literal, Mapping, Optional, Sequence, Union
 
 import yaml
 
+from mempo.errors import MempoError
+
 __all__ = [
     "ConfigError", "ModelConfig", "DataConfig", "EnvConfig", "RolloutSection", "ScoringConfig",
     "AlgorithmConfig", "ActorConfig", "TrainerConfig", "EvalConfig", "MempoConfig",
@@ -53,7 +55,7 @@ _TRUE_WORDS = ("true", "yes", "on", "1")
 _FALSE_WORDS = ("false", "no", "off", "0")
 
 
-class ConfigError(ValueError):
+class ConfigError(MempoError, ValueError):
     """A bad configuration value or key. ``field``: full dotted path; ``reason``: what is allowed."""
 
     def __init__(self, field_path: str, reason: str):
