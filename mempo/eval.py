@@ -1,19 +1,34 @@
-"""Multi-objective evaluation (`mempo eval`): EM, F1 and the token economy per (objectives, policy).
+"""Multi-objective evaluation (`mempo eval`): EM, F1 and the token economy per (dataset, objectives, policy).
 
 Conventions
 -----------
-* What is evaluated. ``episodes_by_k`` maps a number of objectives k to its episodes
-  (`mempo.env.data.Episode`, e.g. from `eval_episodes`); every episode is run once (G = 1) under
-  each context policy of ``cfg.eval.policies`` (``"memory"``: the paper's inference context,
-  ``"full"``: the growing history) with `mempo.rollout.loop.RolloutEngine`, at most
-  ``cfg.eval.max_turns`` rounds (64 by default), ``cfg.rollout.max_new_tokens_per_round`` ids per
-  round, temperature ``cfg.eval.temperature`` (0: greedy). The backend context is limited to the
-  model's ``max_position_embeddings`` (a round that would not fit ends the episode with
-  ``"token_budget"``).
-* Quality, per (k, policy), means over episodes: ``em`` / ``f1`` (the mean per-objective EM / token
-  F1 of `mempo.reward.compute_score`, whatever the format), ``score`` (the outcome reward: EM only
-  when the format is valid), ``format_rate`` (share of episodes with a valid format),
-  ``answer_rate`` (share ending with ``<answer>``), ``mean_turns`` (rounds per episode).
+* What is evaluated. ``episodes_by_k`` maps a cell key to its episodes (`mempo.env.data.Episode`,
+  or anything `mempo.rollout.loop.as_task` takes): either a number of objectives k (dataset ``""``:
+  the synthetic world's `eval_episodes`, the trainer's periodic evaluation) or a pair
+  ``(dataset, k)`` (`qa_eval_episodes`: QA files). Cells run in the order datasets first appear,
+  k ascending. Every episode is run once (G = 1) under each context policy of
+  ``cfg.eval.policies`` (``"memory"``: the paper's inference context, ``"full"``: the growing
+  history) with `mempo.rollout.loop.RolloutEngine`, at most ``cfg.eval.max_turns`` rounds (64 by
+  default), ``cfg.rollout.max_new_tokens_per_round`` ids per round, temperature
+  ``cfg.eval.temperature`` (0: greedy). The backend context is limited to the model's
+  ``max_position_embeddings`` (a round that would not fit ends the episode with ``"token_budget"``).
+  Generation sees only the prompt ids (system + question) and the tool results: the golds go to
+  scoring (``compute_score``) and to the written records, nowhere else.
+* QA files (`qa_eval_episodes`, ``data.source: files``): the records of ``data.eval_files``
+  (`mempo.env.data.load_qa_datasets`: Search-R1 jsonl / parquet) are grouped by dataset (the
+  record's ``data_source``, else the file's stem); per dataset and k of ``cfg.eval.objectives``,
+  ``cfg.eval.episodes`` episodes are composed as MEM1 does (`mempo.env.data.compose_episodes`: k
+  distinct questions of that dataset per episode, drawn independently, seed
+  ``cfg.data.seed + EVAL_SEED_OFFSET + k``; ids ``<dataset>-k<k>-s<seed>-<i>``). The retriever
+  (`eval_retriever`) is the same as the trainer's: the ``env.retriever: http`` server
+  (`mempo.env.client.HTTPRetriever`; a Search-R1 retrieval server works as is), else BM25 over
+  ``env.corpus_path``, else (synthetic data only) BM25 over the world's documents; an HTTP
+  retriever is probed with one search before any episode runs.
+* Quality, per cell, means over episodes: ``em`` / ``f1`` (the mean per-objective EM / token F1 of
+  `mempo.reward.compute_score`, whatever the format), ``score`` (the outcome reward: EM only when
+  the format is valid), ``format_rate`` (share of episodes with a valid format), ``answer_rate``
+  (share ending with ``<answer>``), ``mean_turns`` (rounds per episode). An episode is *correct*
+  when its score is 1 (valid format, every objective exact), else *failed*.
 * Token economy, counted with the model's tokenizer on the real ids: a round's prompt is the exact
   context it was generated from (`Trajectory.round_context_ids`: ``Round.prompt_ids`` under the
   memory policy, ``prompt_ids + response_ids[:start]`` under the full policy; the forced ``<mem>``
@@ -21,14 +36,26 @@ Conventions
   ``peak_prompt_tokens``: the largest single round prompt over all episodes;
   ``mean_prompt_tokens_per_turn``: all round prompts / all rounds; ``generated_tokens_per_episode``:
   mean model-generated ids (mask 1) per episode.
-* Output. `EvalReport` holds one `EvalRow` per (k, policy) plus ``metadata`` (model, tokenizer,
-  settings, machine, wall time); ``write(out_dir, name)`` writes ``<name>.json`` (`EvalReport.load`
-  reads it back) and ``<name>.md`` (a markdown table), and, if asked, the trajectories as jsonl.
-  ``scalars()`` flattens the rows into metrics ``eval/<name>@k<k>_<policy>`` (the trainer's
-  periodic evaluation logs them).
+* Episode records (`EpisodeRecord`, `render_episode`): one episode as readable text: the system
+  and user messages, per round the assistant text (forced ``<mem>`` + what the model wrote,
+  decoded), its action, the tool result (decoded ``<information>`` text) and, under the memory
+  policy, the decoded prompt the round was generated from (the full policy's is the episode prompt
+  plus the earlier rounds and tool results); then the final answer, the per-objective predictions,
+  the golds and the scores, and the trajectory's ids (``Trajectory.to_dict``). ``evaluate(...,
+  trajectories_path=P)`` writes every episode's record to the jsonl file P as its cell finishes
+  (atomically: a temporary file renamed at the end). For every (dataset, k) the report keeps one
+  correct and one failed episode (the first of each, policies in order) as ``examples``.
+* Output. `EvalReport` holds one `EvalRow` per cell plus ``metadata`` (model, tokenizer, settings,
+  machine, wall time, datasets); ``write(out_dir, name)`` writes ``<name>.json`` (`EvalReport.load`
+  reads it back; each row keeps its ``dataset``) and ``<name>.md``: per dataset, one table per k
+  (a row per policy) followed by its correct and its failed episode rendered as text (tool results
+  and long texts shortened), or a line saying there is none. ``scalars()`` flattens the rows into
+  metrics ``eval/<name>@k<k>_<policy>`` (dataset ``""``) or ``eval/<dataset>/<name>@k<k>_<policy>``
+  (the trainer's periodic evaluation logs them).
 * `OracleBackend` plays the rule-based oracle agent (`mempo.env.oracle.OracleAgent`) as a
   generation backend (it decodes the ChatML prompt back into messages): the upper bound of a
-  policy on the synthetic world, and the reference for the tests.
+  policy on the synthetic world, and the reference for the tests (it cannot answer QA-file
+  questions: it reads the synthetic world's question forms).
 
 Heavy imports (torch, transformers) happen inside the functions that need them.
 """
@@ -43,11 +70,12 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any, Callable, Mapping, Optional, Sequence, Union
+from typing import Any, Callable, Mapping, NamedTuple, Optional, Sequence, Union
 
-__all__ = ["EvalRow", "EvalReport", "evaluate", "summarize", "round_prompt_tokens", "eval_episodes",
-           "build_world", "synthetic_world", "config_tools", "load_model_dir", "OracleBackend", "machine_facts",
-           "EVAL_SEED_OFFSET", "SCALAR_NAMES"]
+__all__ = ["EvalRow", "EvalReport", "RoundRecord", "EpisodeRecord", "Examples", "evaluate", "summarize",
+           "round_prompt_tokens", "render_episode", "eval_episodes", "qa_eval_episodes", "QAEvalSets",
+           "eval_retriever", "build_world", "synthetic_world", "config_tools", "load_model_dir", "OracleBackend",
+           "machine_facts", "EVAL_SEED_OFFSET", "SCALAR_NAMES"]
 
 #: Evaluation episodes use question seed ``cfg.data.seed + EVAL_SEED_OFFSET + k`` (training uses others).
 EVAL_SEED_OFFSET = 10_000
@@ -59,13 +87,18 @@ SCALAR_NAMES = {"em": "em", "f1": "f1", "score": "score", "format_rate": "format
                 "mean_turns": "turns", "prompt_tokens_per_episode": "prompt_tokens",
                 "peak_prompt_tokens": "peak_prompt_tokens", "generated_tokens_per_episode": "generated_tokens"}
 
+#: How the markdown report shortens what it shows of an example episode (characters).
+TOOL_RESULT_CHARS = 300
+TEXT_CHARS = 1500
+
 
 # ------------------------------------------------------------------------------------------------
 # rows and reports
 # ------------------------------------------------------------------------------------------------
 @dataclass
 class EvalRow:
-    """The metrics of one (objectives, policy) cell (module conventions for every field)."""
+    """The metrics of one (dataset, objectives, policy) cell (module conventions for every field);
+    ``dataset`` is ``""`` for episodes given by k alone (the synthetic world)."""
 
     objectives: int
     policy: str
@@ -82,6 +115,7 @@ class EvalRow:
     generated_tokens_per_episode: float
     seconds: float = 0.0
     finish_reasons: dict[str, int] = field(default_factory=dict)
+    dataset: str = ""
 
     @classmethod
     def from_dict(cls, obj: Mapping[str, Any]) -> "EvalRow":
@@ -99,25 +133,131 @@ _TABLE_COLUMNS = (
 
 
 @dataclass
+class RoundRecord:
+    """One round of an `EpisodeRecord` as text (module conventions). ``prompt_tokens``: the ids of
+    the context it was generated from; ``prompt``: that context decoded (memory policy only)."""
+
+    index: int
+    assistant: str
+    action: Optional[str]
+    action_argument: Optional[str]
+    stop_reason: str
+    tool_result: Optional[str]
+    tool_ok: Optional[bool]
+    prompt_tokens: int
+    prompt: Optional[str] = None
+
+    @classmethod
+    def from_dict(cls, obj: Mapping[str, Any]) -> "RoundRecord":
+        return cls(**{f.name: obj.get(f.name) for f in fields(cls)})
+
+
+@dataclass
+class EpisodeRecord:
+    """One evaluated episode, readable (module conventions). ``golds[i]``: the aliases of
+    objective i; ``predictions[i]``: the agent's answer to it (None: none given); ``trajectory``:
+    `Trajectory.to_dict` (the ids), or None."""
+
+    dataset: str
+    objectives: int
+    policy: str
+    episode_id: str
+    questions: list[str]
+    golds: list[list[str]]
+    system: str
+    user: str
+    rounds: list[RoundRecord]
+    finish_reason: str
+    final_answer: Optional[str]
+    predictions: list[Optional[str]]
+    em: float
+    f1: float
+    score: float
+    format_ok: bool
+    failed_rules: list[str] = field(default_factory=list)
+    source_ids: list[str] = field(default_factory=list)
+    trajectory: Optional[dict[str, Any]] = field(default=None, repr=False)
+
+    @property
+    def correct(self) -> bool:
+        """Score 1: a valid format and every objective answered exactly."""
+        return _correct(self.score, self.format_ok)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON types (one line of the trajectories file)."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, obj: Mapping[str, Any]) -> "EpisodeRecord":
+        values = {f.name: obj.get(f.name) for f in fields(cls) if f.name in obj}
+        values["rounds"] = [RoundRecord.from_dict(r) for r in obj.get("rounds", [])]
+        return cls(**values)
+
+    def render(self, tool_chars: int = TOOL_RESULT_CHARS, text_chars: int = TEXT_CHARS) -> str:
+        """The episode as plain text: messages, each round's assistant text and tool result (cut to
+        ``tool_chars``; other texts to ``text_chars``), answers against golds, scores."""
+        lines = [f"[system] {_shorten(self.system, text_chars)}", f"[user] {_shorten(self.user, text_chars)}"]
+        for r in self.rounds:
+            lines.append(f"[assistant, turn {r.index + 1}] {_shorten(r.assistant, text_chars)}")
+            if r.tool_result is not None:
+                lines.append(f"[{r.action or 'tool'} result{'' if r.tool_ok is not False else ', failed'}] "
+                             f"{_shorten(r.tool_result, tool_chars)}")
+        lines.append(f"[end] {self.finish_reason} after {len(self.rounds)} turn(s); final answer: "
+                     f"{self.final_answer!r}")
+        for i, (prediction, golds) in enumerate(zip(self.predictions, self.golds), 1):
+            lines.append(f"  {i}. predicted {prediction!r}; gold {' | '.join(golds)}")
+        rules = f" (failed rules: {', '.join(self.failed_rules)})" if self.failed_rules else ""
+        lines.append(f"[score] EM {self.em:.2f}, F1 {self.f1:.2f}, score {self.score:.2f}, "
+                     f"format {'ok' if self.format_ok else 'invalid'}{rules}")
+        return "\n".join(lines)
+
+
+def _correct(score: float, format_ok: bool) -> bool:
+    return bool(format_ok) and score >= 1.0
+
+
+def _shorten(text: str, limit: int) -> str:
+    text = text.strip()
+    if len(text) <= limit:
+        return text
+    return text[:limit] + f" [... {len(text) - limit} more characters]"
+
+
+class Examples(NamedTuple):
+    """One correct and one failed episode of a (dataset, k) table (None: there is none)."""
+
+    correct: Optional[EpisodeRecord]
+    failed: Optional[EpisodeRecord]
+
+
+@dataclass
 class EvalReport:
-    """Rows per (objectives, policy) and metadata; `write` / `load` (module conventions)."""
+    """Rows per (dataset, objectives, policy), metadata and example episodes; `write` / `load`
+    (module conventions). ``trajectories``: ``{(dataset, k, policy): [Trajectory]}`` when
+    `evaluate` was asked to keep them; ``examples``: ``{(dataset, k): Examples}`` (not in the JSON)."""
 
     rows: list[EvalRow]
     metadata: dict[str, Any] = field(default_factory=dict)
-    trajectories: dict[tuple[int, str], list[Any]] = field(default_factory=dict, repr=False, compare=False)
+    trajectories: dict[tuple[str, int, str], list[Any]] = field(default_factory=dict, repr=False, compare=False)
+    examples: dict[tuple[str, int], Examples] = field(default_factory=dict, repr=False, compare=False)
 
-    def row(self, objectives: int, policy: str = "memory") -> Optional[EvalRow]:
-        """The row of (objectives, policy), or None."""
-        return next((r for r in self.rows if r.objectives == objectives and r.policy == policy), None)
+    def row(self, objectives: int, policy: str = "memory", dataset: str = "") -> Optional[EvalRow]:
+        """The row of (dataset, objectives, policy), or None."""
+        return next((r for r in self.rows
+                     if r.objectives == objectives and r.policy == policy and r.dataset == dataset), None)
+
+    def datasets(self) -> list[str]:
+        """The datasets of the rows, in row order."""
+        return list(dict.fromkeys(r.dataset for r in self.rows))
 
     def to_dict(self) -> dict[str, Any]:
         return {"rows": [asdict(r) for r in self.rows], "metadata": self.metadata}
 
     def scalars(self, prefix: str = "eval/") -> dict[str, float]:
-        """Every row's numbers as flat metrics ``<prefix><name>@k<objectives>_<policy>`` (names:
-        `SCALAR_NAMES`), e.g. ``eval/em@k2_memory``, for a metrics logger."""
-        return {f"{prefix}{name}@k{row.objectives}_{row.policy}": float(getattr(row, field_name))
-                for row in self.rows for field_name, name in SCALAR_NAMES.items()}
+        """Every row's numbers as flat metrics ``<prefix>[<dataset>/]<name>@k<objectives>_<policy>``
+        (names: `SCALAR_NAMES`), e.g. ``eval/em@k2_memory`` or ``eval/nq/em@k2_memory``."""
+        return {f"{prefix}{row.dataset + '/' if row.dataset else ''}{name}@k{row.objectives}_{row.policy}":
+                float(getattr(row, field_name)) for row in self.rows for field_name, name in SCALAR_NAMES.items()}
 
     @classmethod
     def from_dict(cls, obj: Mapping[str, Any]) -> "EvalReport":
@@ -128,38 +268,63 @@ class EvalReport:
         """Read a report written by `write` (the ``.json`` file)."""
         return cls.from_dict(json.loads(Path(path).read_text(encoding="utf-8")))
 
-    def markdown(self, title: Optional[str] = None) -> str:
-        """The rows as a markdown table (with a title line and the main settings)."""
+    def markdown(self, title: Optional[str] = None, *, examples: bool = True) -> str:
+        """The rows as markdown: a title line, the main settings, then per dataset one table per k
+        (a row per policy), each followed by its example episodes when ``examples``."""
         lines = [f"## {title}", ""] if title else []
         meta = self.metadata
         settings = [f"{k}={meta[k]}" for k in ("model", "max_turns", "max_new_tokens", "temperature") if k in meta]
         if settings:
             lines += ["Settings: " + ", ".join(settings) + ".", ""]
-        lines.append("| " + " | ".join(c[0] for c in _TABLE_COLUMNS) + " |")
-        lines.append("|" + "|".join("---" for _ in _TABLE_COLUMNS) + "|")
-        for row in self.rows:
-            cells = []
-            for _, name, fmt in _TABLE_COLUMNS:
-                value = getattr(row, name)
-                cells.append(fmt.format(value) if value is not None else "-")
-            lines.append("| " + " | ".join(cells) + " |")
-        return "\n".join(lines) + "\n"
+        infos = meta.get("datasets") or {}
+        for dataset in self.datasets():
+            level = "###"
+            if dataset:
+                info = infos.get(dataset) or {}
+                where = f" ({info['questions']} questions from {', '.join(info['files'])})" if info else ""
+                lines += [f"### Dataset `{dataset}`{where}", ""]
+                level = "####"
+            for k in dict.fromkeys(r.objectives for r in self.rows if r.dataset == dataset):
+                rows = [r for r in self.rows if r.dataset == dataset and r.objectives == k]
+                lines += [f"{level} {dataset + ', ' if dataset else ''}k = {k}", ""]
+                lines += _table(rows) + [""]
+                if examples and (dataset, k) in self.examples:
+                    lines += _examples_markdown(self.examples[(dataset, k)])
+        return "\n".join(lines).rstrip() + "\n"
 
-    def write(self, out_dir: PathLike, name: str = "eval", *, title: Optional[str] = None,
-              trajectories: bool = False) -> dict[str, Path]:
-        """Write ``<name>.json`` and ``<name>.md`` (and ``<name>_trajectories.jsonl`` when asked)."""
+    def write(self, out_dir: PathLike, name: str = "eval", *, title: Optional[str] = None) -> dict[str, Path]:
+        """Write ``<name>.json`` and ``<name>.md`` (the trajectories are written by `evaluate`)."""
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
         paths = {"json": out / f"{name}.json", "markdown": out / f"{name}.md"}
         paths["json"].write_text(json.dumps(self.to_dict(), indent=2, default=_json_default) + "\n", encoding="utf-8")
         paths["markdown"].write_text(self.markdown(title or f"Evaluation: {name}"), encoding="utf-8")
-        if trajectories and self.trajectories:
-            from mempo.rollout.trajectory import write_trajectories_jsonl
-
-            paths["trajectories"] = out / f"{name}_trajectories.jsonl"
-            write_trajectories_jsonl(paths["trajectories"], [t for key in sorted(self.trajectories)
-                                                             for t in self.trajectories[key]])
         return paths
+
+
+def _table(rows: Sequence[EvalRow]) -> list[str]:
+    lines = ["| " + " | ".join(c[0] for c in _TABLE_COLUMNS) + " |",
+             "|" + "|".join("---" for _ in _TABLE_COLUMNS) + "|"]
+    for row in rows:
+        cells = []
+        for _, name, fmt in _TABLE_COLUMNS:
+            value = getattr(row, name)
+            cells.append(fmt.format(value) if value is not None else "-")
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def _examples_markdown(examples: Examples) -> list[str]:
+    lines = []
+    for kind, record in (("correct", examples.correct), ("failed", examples.failed)):
+        if record is None:
+            lines += [f"No {kind} episode in this table.", ""]
+            continue
+        text = record.render()
+        fence = "`" * max(3, 1 + max((len(run) for run in re.findall(r"`+", text)), default=0))
+        lines += [f"A {kind} episode: `{record.episode_id}` ({record.policy} context, {len(record.rounds)} turns, "
+                  f"EM {record.em:.2f}, F1 {record.f1:.2f}):", "", f"{fence}text", text, fence, ""]
+    return lines
 
 
 def _json_default(value: Any) -> Any:
@@ -188,8 +353,9 @@ def _mean(values: Sequence[float]) -> float:
     return float(sum(values) / len(values)) if values else 0.0
 
 
-def summarize(trajectories: Sequence[Any], objectives: int, policy: str, seconds: float = 0.0) -> EvalRow:
-    """One `EvalRow` from the trajectories of one (objectives, policy) cell."""
+def summarize(trajectories: Sequence[Any], objectives: int, policy: str, seconds: float = 0.0,
+              dataset: str = "") -> EvalRow:
+    """One `EvalRow` from the trajectories of one (dataset, objectives, policy) cell."""
     per_episode_tokens, all_rounds = [], []
     for t in trajectories:
         counts = round_prompt_tokens(t)
@@ -211,8 +377,56 @@ def summarize(trajectories: Sequence[Any], objectives: int, policy: str, seconds
         peak_prompt_tokens=int(max(all_rounds, default=0)),
         mean_prompt_tokens_per_turn=_mean(all_rounds),
         generated_tokens_per_episode=_mean([sum(t.response_mask) for t in trajectories]),
-        seconds=float(seconds), finish_reasons=reasons,
+        seconds=float(seconds), finish_reasons=reasons, dataset=dataset,
     )
+
+
+def render_episode(trajectory: Any, task: Any, tokenizer: Any, *, dataset: str = "", system_prompt: str = "",
+                   with_ids: bool = True) -> EpisodeRecord:
+    """The `EpisodeRecord` of one trajectory (module conventions).
+
+    Args:
+        trajectory: a scored `mempo.rollout.trajectory.Trajectory`.
+        task: what it was sampled from (an `Episode`, or anything `as_task` takes): its prompt and,
+            when it has them, its ``questions`` and ``source_ids``.
+        tokenizer: the tokenizer the ids are decoded with (special tokens kept).
+        system_prompt: the system message the rollout used.
+        with_ids: keep the trajectory's ids (``Trajectory.to_dict``) in ``trajectory``.
+    """
+    from mempo.env.data import DataError, parse_episode_prompt
+    from mempo.reward import objectives_from_golds
+    from mempo.rollout.chat import decode_ids
+    from mempo.rollout.loop import as_task
+
+    item = as_task(task)
+    questions = list(getattr(task, "questions", None) or [])
+    if not questions:
+        try:
+            questions = parse_episode_prompt(item.prompt)
+        except DataError:  # a bare question prompt
+            questions = [item.prompt]
+    golds = objectives_from_golds(trajectory.golds) if trajectory.golds is not None else []
+    outcome = trajectory.outcome or {}
+    predictions = [o.get("prediction") for o in outcome.get("per_objective", [])] or [None] * len(golds)
+    counts = round_prompt_tokens(trajectory)
+    rounds = []
+    for r, count in zip(trajectory.rounds, counts):
+        info = r.information
+        rounds.append(RoundRecord(
+            index=r.index, assistant=decode_ids(tokenizer, trajectory.response_ids[r.start:r.end]), action=r.action,
+            action_argument=r.action_argument, stop_reason=r.stop_reason,
+            tool_result=decode_ids(tokenizer, trajectory.response_ids[info[0]:info[1]]) if info is not None else None,
+            tool_ok=r.tool_ok, prompt_tokens=count,
+            prompt=decode_ids(tokenizer, r.prompt_ids) if r.prompt_ids is not None else None))
+    return EpisodeRecord(
+        dataset=dataset, objectives=len(golds) or len(questions), policy=trajectory.policy,
+        episode_id=str(trajectory.episode_id or item.id), questions=questions, golds=golds, system=system_prompt,
+        user=item.prompt, rounds=rounds, finish_reason=trajectory.finish_reason,
+        final_answer=trajectory.final_answer, predictions=predictions, em=float(outcome.get("em", 0.0)),
+        f1=float(outcome.get("f1", 0.0)), score=float(outcome.get("score", 0.0)),
+        format_ok=bool(outcome.get("format_ok", False)), failed_rules=list(outcome.get("failed_rules", ())),
+        source_ids=[str(s) for s in getattr(task, "source_ids", None) or []],
+        trajectory=trajectory.to_dict() if with_ids else None)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -306,6 +520,78 @@ def eval_episodes(world: Any, cfg: Any, num_episodes: Optional[int] = None,
     return {int(k): world.episodes(int(k), n, seed=cfg.data.seed + EVAL_SEED_OFFSET + int(k)) for k in ks}
 
 
+class QAEvalSets(NamedTuple):
+    """`qa_eval_episodes`'s result: ``episodes``: ``{(dataset, k): episodes}``; ``datasets``:
+    ``{dataset: {"questions": pool size, "files": [paths]}}`` (first-seen order)."""
+
+    episodes: dict[tuple[str, int], list[Any]]
+    datasets: dict[str, dict[str, Any]]
+
+
+def qa_eval_episodes(cfg: Any, num_episodes: Optional[int] = None,
+                     objectives: Optional[Sequence[int]] = None) -> QAEvalSets:
+    """Episodes per (dataset, k) from the QA files ``cfg.data.eval_files`` (module conventions):
+    ``num_episodes`` (default ``cfg.eval.episodes``) per k of ``objectives`` (default
+    ``cfg.eval.objectives``). Raises `ConfigError` when no file is listed or a dataset holds fewer
+    than k questions, `DataError` for a missing, malformed or empty file."""
+    from mempo.env.data import DataError, compose_episodes, load_qa_datasets
+    from mempo.train.config import ConfigError
+
+    files = list(cfg.data.eval_files)
+    if not files:
+        raise ConfigError("data.eval_files", "must list at least one QA file (Search-R1 jsonl or parquet) to "
+                                             "evaluate on (mempo eval --data files --files FILE ...)")
+    try:
+        datasets = load_qa_datasets(files)
+    except DataError as error:
+        raise DataError(f"data.eval_files: {error}") from None
+    n = int(num_episodes if num_episodes is not None else cfg.eval.episodes)
+    ks = [int(k) for k in (objectives if objectives is not None else cfg.eval.objectives)]
+    episodes: dict[tuple[str, int], list[Any]] = {}
+    for name, dataset in datasets.items():
+        for k in ks:
+            if len(dataset.records) < k:
+                raise ConfigError("eval.objectives", f"k={k} needs at least {k} questions per dataset; dataset "
+                                                     f"{name!r} ({', '.join(dataset.files)}) has {len(dataset.records)}")
+            episodes[(name, k)] = compose_episodes(dataset.records, k, n, cfg.data.seed + EVAL_SEED_OFFSET + k,
+                                                   id_prefix=name)
+    infos = {name: {"questions": len(d.records), "files": list(d.files)} for name, d in datasets.items()}
+    return QAEvalSets(episodes, infos)
+
+
+def eval_retriever(cfg: Any, world: Any = None, *, log: Optional[Callable[[str], None]] = None):
+    """The retriever an evaluation (and the trainer) uses (module conventions): an `HTTPRetriever`
+    for ``env.retriever: http`` (probed with one search; a `RetrieverError` naming the URL if it
+    does not answer), else BM25 over ``env.corpus_path``, else over ``world``'s documents.
+    Raises `ConfigError` naming ``env.corpus_path`` when BM25 has neither."""
+    from mempo.env.retriever import BM25Retriever, RetrieverError, load_or_build_bm25
+    from mempo.train.config import ConfigError
+
+    env = cfg.env
+    if env.retriever == "http":
+        from mempo.env.client import HTTPRetriever
+
+        try:
+            retriever = HTTPRetriever(env.retriever_url)
+        except ValueError as error:
+            raise ConfigError("env.retriever_url", str(error)) from None
+        try:
+            retriever.search(["probe"], 1)
+        except RetrieverError as error:
+            raise RetrieverError(f"env.retriever_url {env.retriever_url}: the retriever does not answer a "
+                                 f"search ({error})") from None
+        return retriever
+    if env.corpus_path:
+        if not Path(env.corpus_path).is_file():
+            raise ConfigError("env.corpus_path", f"{env.corpus_path}: corpus file not found")
+        return load_or_build_bm25(env.corpus_path, None, page_chars=env.page_chars, log=log)
+    if world is None:
+        raise ConfigError("env.corpus_path", "must name a corpus jsonl ({id, title, text} per line) when "
+                                             "env.retriever is 'bm25' and the data are QA files (mempo eval "
+                                             "--corpus FILE), or use env.retriever=http with env.retriever_url")
+    return BM25Retriever.build(list(world.documents()))
+
+
 def load_model_dir(path: PathLike, dtype: str = "float32"):
     """(model, tokenizer) from a directory holding a saved HF causal LM and its tokenizer."""
     import torch
@@ -363,16 +649,50 @@ def _model_facts(model: Any, tokenizer: Any) -> dict[str, Any]:
 # ------------------------------------------------------------------------------------------------
 # evaluate
 # ------------------------------------------------------------------------------------------------
-def evaluate(model: Any, tokenizer: Any, episodes_by_k: Mapping[int, Sequence[Any]], retriever: Any, cfg: Any, *,
+def _cells(episodes_by_k: Mapping[Any, Sequence[Any]]) -> list[tuple[str, int, list[Any]]]:
+    """(dataset, k, episodes) per key (``k`` or ``(dataset, k)``): datasets in first-seen order, k ascending."""
+    cells = []
+    for key, episodes in episodes_by_k.items():
+        dataset, k = key if isinstance(key, tuple) else ("", key)
+        cells.append((str(dataset), int(k), list(episodes)))
+    order = {name: i for i, name in enumerate(dict.fromkeys(c[0] for c in cells))}
+    return sorted(cells, key=lambda c: (order[c[0]], c[1]))
+
+
+class _RecordWriter:
+    """Episode records appended to ``<path>.tmp`` as cells finish, renamed to ``path`` by `close`
+    (a failed evaluation leaves no partial file behind)."""
+
+    def __init__(self, path: PathLike):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.tmp = self.path.with_name(self.path.name + ".tmp")
+        self.handle = open(self.tmp, "w", encoding="utf-8")
+        self.count = 0
+
+    def write(self, record: EpisodeRecord) -> None:
+        self.handle.write(json.dumps(record.to_dict(), ensure_ascii=False, default=_json_default) + "\n")
+        self.count += 1
+
+    def close(self, ok: bool) -> None:
+        self.handle.close()
+        if ok:
+            os.replace(self.tmp, self.path)
+        elif self.tmp.exists():
+            self.tmp.unlink()
+
+
+def evaluate(model: Any, tokenizer: Any, episodes_by_k: Mapping[Any, Sequence[Any]], retriever: Any, cfg: Any, *,
              backend: Any = None, policies: Optional[Sequence[str]] = None, max_new_tokens: Optional[int] = None,
              chunk_size: int = 16, label: str = "", log: Optional[Callable[[str], None]] = None,
-             show_progress: bool = True, keep_trajectories: bool = False) -> EvalReport:
-    """Run every episode under every policy and summarise per (k, policy) (module conventions).
+             show_progress: bool = True, keep_trajectories: bool = False,
+             trajectories_path: Optional[PathLike] = None) -> EvalReport:
+    """Run every episode under every policy and summarise per (dataset, k, policy) (module conventions).
 
     Args:
         model: a causal LM (used through `make_backend("hf")` unless ``backend`` is given).
-        tokenizer: the model's tokenizer (prompts and token counts).
-        episodes_by_k: ``{objectives: episodes}``.
+        tokenizer: the model's tokenizer (prompts, token counts, decoded episode records).
+        episodes_by_k: ``{k: episodes}`` or ``{(dataset, k): episodes}``.
         retriever: what the search / access tools query.
         cfg: a `mempo.train.config.MempoConfig` (``eval``, ``rollout``, ``env`` sections).
         backend: a generation backend to use instead of the model (e.g. `OracleBackend`).
@@ -382,6 +702,7 @@ def evaluate(model: Any, tokenizer: Any, episodes_by_k: Mapping[int, Sequence[An
         label: a name stored in the metadata (e.g. "before RL").
         log: a line printer (default: stderr).
         keep_trajectories: keep the trajectories on the report (``report.trajectories``).
+        trajectories_path: write every episode's `EpisodeRecord` there (jsonl, atomic).
     """
     from mempo.rollout.backends import make_backend
     from mempo.rollout.loop import RolloutConfig, RolloutEngine
@@ -390,6 +711,7 @@ def evaluate(model: Any, tokenizer: Any, episodes_by_k: Mapping[int, Sequence[An
     log = log or (lambda line: print(line, file=sys.stderr, flush=True))
     policies = list(policies or cfg.eval.policies)
     max_new = int(max_new_tokens or cfg.rollout.max_new_tokens_per_round)
+    cells = _cells(episodes_by_k)
     if backend is None:
         backend = make_backend("hf", model=model, tokenizer=tokenizer)
     max_context = None
@@ -400,11 +722,14 @@ def evaluate(model: Any, tokenizer: Any, episodes_by_k: Mapping[int, Sequence[An
     was_training = getattr(model, "training", False)
     if model is not None and hasattr(model, "eval"):
         model.eval()
-    rows, kept = [], {}
+    rows, kept, examples = [], {}, {}
+    writer = _RecordWriter(trajectories_path) if trajectories_path is not None else None
     started = time.perf_counter()
+    ok = False
     try:
-        for k in sorted(episodes_by_k):
-            episodes = list(episodes_by_k[k])
+        for dataset, k, episodes in cells:
+            correct = failed = None
+            name = " ".join(part for part in (label, dataset) if part)
             for policy in policies:
                 rollout_cfg = RolloutConfig.evaluation(
                     policy=policy, max_turns=cfg.eval.max_turns, max_new_tokens=max_new,
@@ -413,30 +738,52 @@ def evaluate(model: Any, tokenizer: Any, episodes_by_k: Mapping[int, Sequence[An
                 engine = RolloutEngine(backend, tokenizer, tools, config=rollout_cfg)
                 cell_start = time.perf_counter()
                 trajectories = []
-                with progress(f"eval{' ' + label if label else ''} k={k} {policy}", total=len(episodes),
+                with progress(f"eval{' ' + name if name else ''} k={k} {policy}", total=len(episodes),
                               enabled=show_progress) as bar:
                     for i in range(0, len(episodes), max(1, chunk_size)):
                         chunk = episodes[i:i + max(1, chunk_size)]
                         trajectories.extend(engine.run(chunk))
                         bar.advance(len(chunk))
-                row = summarize(trajectories, k, policy, time.perf_counter() - cell_start)
+                row = summarize(trajectories, k, policy, time.perf_counter() - cell_start, dataset=dataset)
                 rows.append(row)
                 if keep_trajectories:
-                    kept[(int(k), policy)] = trajectories
-                log(f"eval{' ' + label if label else ''}: k={k} {policy}: EM {row.em:.3f} F1 {row.f1:.3f} "
+                    kept[(dataset, k, policy)] = trajectories
+                for episode, trajectory in zip(episodes, trajectories):
+                    is_correct = _correct(trajectory.score, bool((trajectory.outcome or {}).get("format_ok")))
+                    wanted = (correct is None and is_correct) or (failed is None and not is_correct)
+                    if writer is None and not wanted:
+                        continue
+                    record = render_episode(trajectory, episode, tokenizer, dataset=dataset,
+                                            system_prompt=rollout_cfg.system_prompt, with_ids=writer is not None)
+                    if writer is not None:
+                        writer.write(record)
+                    if wanted:
+                        record.trajectory = None  # the example shows text; the file has the ids
+                        if is_correct:
+                            correct = record
+                        else:
+                            failed = record
+                log(f"eval{' ' + name if name else ''}: k={k} {policy}: EM {row.em:.3f} F1 {row.f1:.3f} "
                     f"format {row.format_rate:.2f} turns {row.mean_turns:.1f} prompt tok/episode "
                     f"{row.prompt_tokens_per_episode:.0f} peak {row.peak_prompt_tokens} ({row.seconds:.1f}s)")
+            examples[(dataset, k)] = Examples(correct, failed)
+        ok = True
     finally:
+        if writer is not None:
+            writer.close(ok)
         if was_training and hasattr(model, "train"):
             model.train()
     metadata = {
         "label": label, "max_turns": cfg.eval.max_turns, "max_new_tokens": max_new,
-        "temperature": cfg.eval.temperature, "policies": policies, "objectives": sorted(int(k) for k in episodes_by_k),
+        "temperature": cfg.eval.temperature, "policies": policies,
+        "objectives": sorted({k for _, k, _ in cells}),
         "max_context_tokens": max_context, "backend": getattr(backend, "name", type(backend).__name__),
         "seconds": time.perf_counter() - started, "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
         "machine": machine_facts(), **_model_facts(model, tokenizer),
     }
-    return EvalReport(rows, metadata, kept)
+    if writer is not None:
+        metadata["trajectories"] = {"path": str(writer.path), "episodes": writer.count}
+    return EvalReport(rows, metadata, kept, examples)
 
 
 def finite_report(report: EvalReport) -> bool:

@@ -1,12 +1,24 @@
 """The ``mempo eval`` and ``mempo demo`` commands (registered with `mempo.cli.register_command`).
 
-    mempo eval --config CONFIG.yaml --model MODEL_DIR --out OUT_DIR [section.field=value ...]
+    mempo eval --model MODEL_DIR --out OUT_DIR [--config CONFIG.yaml] [section.field=value ...]
+               [--data synthetic|files] [--files QA_FILE ...] [--corpus CORPUS.jsonl | --retriever-url URL]
+               [--name NAME] [--episodes N] [--no-trajectories] [--no-progress]
     mempo demo [--config configs/demo.yaml] [--out demo_out] [section.field=value ...]
 
 ``eval``: the model directory holds a saved HF causal LM and its tokenizer (``save_pretrained``;
-e.g. ``demo_out/model_rl``); the world is generated from ``cfg.data`` (``world_seed``,
-``world_entities``) and the episodes from ``cfg.eval`` (`mempo.eval.eval_episodes`). Writes
-``OUT_DIR/<name>.json`` and ``OUT_DIR/<name>.md`` (``--name``, default ``eval``).
+e.g. ``demo_out/model_rl``). The data are the config's: ``data.source: synthetic`` (the world of
+``cfg.data``, episodes from ``cfg.eval``: `mempo.eval.eval_episodes`) or ``files`` (the QA files
+``data.eval_files``, one table per dataset and k: `mempo.eval.qa_eval_episodes`), the retriever
+the config's ``env`` section (`mempo.eval.eval_retriever`). The flags are shorthands applied over
+the config file and the overrides: ``--data`` sets ``data.source``; ``--files`` sets
+``data.eval_files`` (and ``data.source: files`` unless ``--data`` says otherwise, which is an
+error); ``--corpus`` sets ``env.retriever: bm25`` and ``env.corpus_path``; ``--retriever-url``
+sets ``env.retriever: http`` and ``env.retriever_url`` (a Search-R1 retrieval server works as is).
+Overrides go before the flags (``--files`` takes every word after it). Writes
+``OUT_DIR/<name>.json``, ``OUT_DIR/<name>.md`` (tables and example episodes) and, unless
+``--no-trajectories``, ``OUT_DIR/<name>_trajectories.jsonl`` (one `mempo.eval.EpisodeRecord` per
+episode and policy). A user error (a missing or empty file, a bad field, k above a dataset's size,
+no corpus for BM25, an unreachable retriever) is one line ``mempo eval: ...`` and exit code 2.
 ``demo``: see `mempo.demo`. Heavy imports happen inside the run functions.
 """
 from __future__ import annotations
@@ -22,40 +34,111 @@ __all__: list[str] = []
 def _eval_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", default=None, help="training/eval YAML (MempoConfig); default: all defaults")
     parser.add_argument("--model", required=True, help="directory with a saved HF causal LM and its tokenizer")
-    parser.add_argument("--out", required=True, help="output directory for <name>.json and <name>.md")
+    parser.add_argument("--out", required=True, help="output directory for <name>.json, <name>.md and "
+                                                     "<name>_trajectories.jsonl")
     parser.add_argument("--name", default="eval", help="output file stem (default eval)")
-    parser.add_argument("--episodes", type=int, default=None, help="episodes per number of objectives "
-                                                                   "(default: eval.episodes)")
-    parser.add_argument("--trajectories", action="store_true", help="also write the trajectories as jsonl")
+    parser.add_argument("--data", choices=["synthetic", "files"], default=None,
+                        help="what to evaluate on: the synthetic world or QA files (sets data.source)")
+    parser.add_argument("--files", nargs="+", default=None, metavar="QA_FILE",
+                        help="Search-R1 style QA files, .jsonl or .parquet (sets data.eval_files)")
+    parser.add_argument("--corpus", default=None, help="jsonl corpus searched with in-process BM25 "
+                                                       "(sets env.retriever=bm25, env.corpus_path)")
+    parser.add_argument("--retriever-url", default=None, help="a retrieval server, e.g. http://127.0.0.1:8000 "
+                                                              "(sets env.retriever=http, env.retriever_url)")
+    parser.add_argument("--episodes", type=int, default=None, help="episodes per dataset and number of "
+                                                                   "objectives (default: eval.episodes)")
+    parser.add_argument("--no-trajectories", action="store_true", help="do not write <name>_trajectories.jsonl")
     parser.add_argument("--no-progress", action="store_true", help="no progress display")
     parser.add_argument("overrides", nargs="*", help="dotted config overrides, e.g. eval.objectives=[2,4]")
 
 
-def _eval(args: argparse.Namespace) -> int:
-    import os
+def _eval_config(args: argparse.Namespace):
+    """The config file + overrides, then the shorthand flags (module docstring)."""
+    from mempo.train.config import ConfigError, config_from_dict, config_to_dict, load_config
 
-    from mempo.eval import build_world, eval_episodes, evaluate, load_model_dir
-    from mempo.train.config import ConfigError, load_config
+    for path in args.files or []:
+        if "=" in path and "." in path.split("=", 1)[0] and not path.endswith((".jsonl", ".json", ".parquet")):
+            raise ConfigError("data.eval_files", f"--files {path!r} looks like a config override; put the "
+                                                 "overrides before the options")
+    if args.corpus is not None and args.retriever_url is not None:
+        raise ConfigError("env.retriever", "give --corpus (BM25) or --retriever-url (HTTP), not both")
+    if args.files is not None and args.data == "synthetic":
+        raise ConfigError("data.source", "--files lists QA files but --data is 'synthetic'")
+    cfg = load_config(args.config, args.overrides)
+    raw = config_to_dict(cfg)
+    if args.data is not None:
+        raw["data"]["source"] = args.data
+    if args.files is not None:
+        raw["data"]["source"] = "files"
+        raw["data"]["eval_files"] = list(args.files)
+    if args.corpus is not None:
+        raw["env"]["retriever"], raw["env"]["corpus_path"] = "bm25", args.corpus
+    if args.retriever_url is not None:
+        raw["env"]["retriever"], raw["env"]["retriever_url"] = "http", args.retriever_url
+    return config_from_dict(raw)
+
+
+def _eval(args: argparse.Namespace) -> int:
+    from mempo.errors import MempoError
 
     try:
-        cfg = load_config(args.config, args.overrides)
-    except (ConfigError, OSError) as error:
+        return _run_eval(args)
+    except MempoError as error:
         print(f"mempo eval: {error}", file=sys.stderr)
         return 2
+    except OSError as error:  # e.g. an unreadable --config file
+        print(f"mempo eval: {error}", file=sys.stderr)
+        return 2
+
+
+def _run_eval(args: argparse.Namespace) -> int:
+    import os
+
+    from mempo.eval import (eval_episodes, eval_retriever, evaluate, load_model_dir, qa_eval_episodes,
+                            synthetic_world)
+
+    cfg = _eval_config(args)
     if not os.path.isdir(args.model):
         print(f"mempo eval: --model {args.model!r} is not a directory", file=sys.stderr)
         return 2
     if args.episodes is not None and args.episodes < 1:
         print("mempo eval: --episodes must be >= 1", file=sys.stderr)
         return 2
-    model, tokenizer = load_model_dir(args.model, cfg.model.dtype)
-    world, retriever = build_world(cfg)
-    episodes = eval_episodes(world, cfg, args.episodes)
-    report = evaluate(model, tokenizer, episodes, retriever, cfg, label=args.name,
-                      show_progress=not args.no_progress, keep_trajectories=args.trajectories)
-    report.metadata["model_dir"] = os.path.abspath(args.model)
-    paths = report.write(args.out, args.name, trajectories=args.trajectories)
-    print(report.markdown(f"Evaluation of {args.model}"))
+    log = (lambda line: print(f"mempo eval: {line}", file=sys.stderr, flush=True))
+    # data and retriever first: their errors come before the (slow) model load
+    if cfg.data.source == "files":
+        sets = qa_eval_episodes(cfg, args.episodes)
+        episodes, datasets = sets.episodes, sets.datasets
+        retriever = eval_retriever(cfg, None, log=log)
+    else:
+        world = synthetic_world(cfg)
+        episodes, datasets = eval_episodes(world, cfg, args.episodes), {}
+        retriever = eval_retriever(cfg, world, log=log)
+    try:
+        model, tokenizer = load_model_dir(args.model, cfg.model.dtype)
+    except (OSError, ValueError) as error:
+        reason = " ".join(str(error).split())  # transformers' messages span lines
+        print(f"mempo eval: --model {args.model}: cannot load a causal LM and its tokenizer "
+              f"({reason[:300]}{'...' if len(reason) > 300 else ''})", file=sys.stderr)
+        return 2
+    trajectories = None if args.no_trajectories else os.path.join(args.out, f"{args.name}_trajectories.jsonl")
+    try:
+        report = evaluate(model, tokenizer, episodes, retriever, cfg, label=args.name,
+                          show_progress=not args.no_progress, trajectories_path=trajectories)
+    finally:
+        close = getattr(retriever, "close", None)
+        if close is not None:
+            close()
+    if cfg.env.retriever == "http":
+        source = cfg.env.retriever_url
+    else:
+        source = cfg.env.corpus_path or "the synthetic world's documents"
+    report.metadata.update(model_dir=os.path.abspath(args.model), data=cfg.data.source, datasets=datasets,
+                           retriever=f"{cfg.env.retriever} over {source}")
+    paths = report.write(args.out, args.name, title=f"Evaluation of {args.model}")
+    if trajectories is not None:
+        paths["trajectories"] = report.metadata["trajectories"]["path"]
+    print(report.markdown(f"Evaluation of {args.model}", examples=False))
     print(f"wrote {', '.join(str(p) for p in paths.values())}")
     return 0
 
@@ -72,7 +155,8 @@ def _demo(args: argparse.Namespace) -> int:
     return run_command(args)
 
 
-register_command("eval", "evaluate a saved model on k-objective episodes (EM, F1, prompt tokens; memory vs full "
-                         "context)", _eval_arguments, _eval)
+register_command("eval", "evaluate a saved model on k-objective episodes of the synthetic world or of QA files "
+                         "(EM, F1, prompt tokens per dataset and k; memory vs full context; trajectories)",
+                 _eval_arguments, _eval)
 register_command("demo", "the CPU demo: world, tokenizer, tiny Qwen2, SFT, MemPO RL, before/after evaluation, "
                          "report", _demo_arguments, _demo)

@@ -188,3 +188,37 @@ def test_episode_jsonl_round_trip_and_errors(tmp_path):
         load_episodes_jsonl(tmp_path / "bad.jsonl")
     with pytest.raises(DataError):
         Episode.from_json({"id": "x", "questions": "a", "golds": [["a"]], "prompt": "p"})
+
+
+# ---------------------------------------------------------------------------------------------
+# datasets
+# ---------------------------------------------------------------------------------------------
+
+
+def test_ids_are_unique_per_data_source_and_records_group_into_datasets(tmp_path):
+    from mempo.env.data import load_qa_datasets
+
+    merged = write_lines(tmp_path / "test.jsonl", [
+        json.dumps({"id": "test_0", "question": "q1", "golden_answers": ["a"], "data_source": "nq"}),
+        json.dumps({"id": "test_0", "question": "q2", "golden_answers": ["b"], "data_source": "hotpotqa"}),
+        json.dumps({"id": "test_1", "question": "q3", "golden_answers": ["c"], "data_source": "nq"}),
+    ])
+    plain = write_lines(tmp_path / "bamboogle.jsonl", [json.dumps({"question": "q4", "answer": "d"})])
+    datasets = load_qa_datasets([merged, plain])
+    assert list(datasets) == ["nq", "hotpotqa", "bamboogle"]
+    assert [r.question for r in datasets["nq"].records] == ["q1", "q3"]
+    assert datasets["bamboogle"].files == [str(plain)] and datasets["nq"].files == [str(merged)]
+    again = write_lines(tmp_path / "dup.jsonl", [
+        json.dumps({"id": "test_0", "question": "q1", "golden_answers": ["a"], "data_source": "nq"}),
+        json.dumps({"id": "test_0", "question": "q2", "golden_answers": ["b"], "data_source": "nq"}),
+    ])
+    with pytest.raises(DataError, match=r"dup\.jsonl:2: duplicate id 'test_0' in data_source 'nq' "
+                                        r"\(first seen on line 1\)"):
+        load_qa_datasets([again])
+    empty = write_lines(tmp_path / "empty.jsonl", [""])
+    with pytest.raises(DataError, match=r"empty\.jsonl: no QA records"):
+        load_qa_datasets([empty])
+    with pytest.raises(DataError, match=r"absent\.parquet: QA file not found"):
+        load_qa_datasets([tmp_path / "absent.parquet"])
+    with pytest.raises(DataError, match="no QA files given"):
+        load_qa_datasets([])

@@ -44,12 +44,12 @@ def test_oracle_backend_em_is_one_and_tokens_match_a_hand_count(world):
         assert row.answer_rate == 1.0 and row.episodes == 2
     tools = make_tools(retriever, options={"search": {"topk": 3, "doc_chars": 600}})
     for k, eps in episodes.items():
-        for episode, traj in zip(eps, report.trajectories[(k, "memory")]):
+        for episode, traj in zip(eps, report.trajectories[("", k, "memory")]):
             # hand count: the ChatML text of the messages the oracle saw, encoded by the tokenizer
             oracle = run_oracle(episode, tools, policy="memory")
             expected = [len(tok.encode(_chatml(r.messages), add_special_tokens=False)) for r in oracle.rounds]
             assert round_prompt_tokens(traj) == expected
-        for traj in report.trajectories[(k, "full")]:
+        for traj in report.trajectories[("", k, "full")]:
             # full context: the prompt plus everything before the round (rounds and tool segments)
             expected, seen = [], len(traj.prompt_ids)
             for r in traj.rounds:
@@ -57,7 +57,7 @@ def test_oracle_backend_em_is_one_and_tokens_match_a_hand_count(world):
                 seen += r.tool_end - r.start
             assert round_prompt_tokens(traj) == expected
         for policy in ("memory", "full"):
-            trajs = report.trajectories[(k, policy)]
+            trajs = report.trajectories[("", k, policy)]
             row = report.row(k, policy)
             sums = [sum(round_prompt_tokens(t)) for t in trajs]
             assert row.prompt_tokens_per_episode == pytest.approx(sum(sums) / len(sums))

@@ -15,6 +15,13 @@ Conventions
     ``"<file stem>:<row>"`` (parquet, 0-based row);
   - every other field is kept, untouched, in ``QARecord.metadata`` (``data_source``, ``split`` ...).
 
+  Ids are unique per (``data_source``, id) within a file (Search-R1's merged ``test.parquet``
+  repeats FlashRAG's ``test_0``, ... in each of its data sources).
+
+* Datasets (`load_qa_datasets`): a record belongs to the dataset named by its ``data_source``
+  (Search-R1: ``nq``, ``hotpotqa``, ``2wikimultihopqa``, ``musique``, ``bamboogle`` ...), else to
+  the one named by its file's stem; evaluation composes and reports each dataset apart.
+
 * jsonl files hold one JSON object per non-blank line (UTF-8). Any bad line raises `DataError`
   naming the file and its 1-based line number (parquet: the 0-based row). Parquet needs pyarrow;
   without it `load_qa_parquet` raises `MissingDependencyError` naming the package.
@@ -71,6 +78,9 @@ __all__ = [
     "load_qa_jsonl",
     "load_qa_parquet",
     "load_qa",
+    "dataset_name",
+    "QADataset",
+    "load_qa_datasets",
     "write_qa_jsonl",
     "make_episode_prompt",
     "parse_episode_prompt",
@@ -246,11 +256,31 @@ def qa_record_from_json(obj: Any, default_id: Optional[str] = None) -> QARecord:
     return QARecord(record_id, question, golds, metadata)
 
 
+def _record_key(record: QARecord) -> tuple[Any, str]:
+    """What must be unique within one QA file: (``data_source``, id). Search-R1's merged
+    ``test.parquet`` repeats FlashRAG ids (``test_0`` ...) across its data sources."""
+    return record.metadata.get("data_source"), record.id
+
+
+def _duplicate(record: QARecord, where: str) -> str:
+    source = record.metadata.get("data_source")
+    within = f" in data_source {source!r}" if source is not None else ""
+    return f"duplicate id {record.id!r}{within} (first seen {where})"
+
+
 def iter_qa_jsonl(path: PathLike) -> Iterator[QARecord]:
     """Stream the QA records of a jsonl file, checking every line; errors name file and line."""
     stem = Path(path).stem
-    return iter_jsonl_records(path, lambda obj, lineno: qa_record_from_json(obj, default_id=f"{stem}:{lineno}"),
-                              DataError, unique_ids=True)
+    first_line_of: dict[tuple[Any, str], int] = {}
+
+    def parse(obj: Any, lineno: int) -> QARecord:
+        record = qa_record_from_json(obj, default_id=f"{stem}:{lineno}")
+        first = first_line_of.setdefault(_record_key(record), lineno)
+        if first != lineno:
+            raise DataError(_duplicate(record, f"on line {first}"))
+        return record
+
+    return iter_jsonl_records(path, parse, DataError)
 
 
 def load_qa_jsonl(path: PathLike) -> list[QARecord]:
@@ -283,9 +313,9 @@ def load_qa_parquet(path: PathLike) -> list[QARecord]:
             record = qa_record_from_json(row, default_id=f"{path.stem}:{row_index}")
         except DataError as exc:
             raise DataError(f"{path}: row {row_index}: {exc}") from None
-        first = seen.setdefault(record.id, row_index)
+        first = seen.setdefault(_record_key(record), row_index)
         if first != row_index:
-            raise DataError(f"{path}: row {row_index}: duplicate id {record.id!r} (first seen in row {first})")
+            raise DataError(f"{path}: row {row_index}: {_duplicate(record, f'in row {first}')}")
         records.append(record)
     return records
 
@@ -298,6 +328,47 @@ def load_qa(path: PathLike) -> list[QARecord]:
     if suffix in (".jsonl", ".json", ".ndjson"):
         return load_qa_jsonl(path)
     raise DataError(f"{path}: unknown QA file type {suffix!r} (expected .jsonl or .parquet)")
+
+
+def dataset_name(record: QARecord, default: str) -> str:
+    """The dataset a record belongs to: its ``data_source`` (a non-blank string) or ``default``."""
+    source = record.metadata.get("data_source")
+    return source.strip() if isinstance(source, str) and source.strip() else default
+
+
+@dataclass
+class QADataset:
+    """The records of one dataset (`load_qa_datasets`) and the files they came from."""
+
+    name: str
+    records: list[QARecord]
+    files: list[str]
+
+
+def load_qa_datasets(paths: Sequence[PathLike]) -> dict[str, QADataset]:
+    """The records of QA files grouped by dataset (`dataset_name`, default: the file's stem).
+
+    Datasets are in first-seen order, records in file order; one file may hold several datasets
+    (Search-R1's merged ``test.parquet``) and several files one. Raises `DataError` when no file is
+    given, for a missing or malformed file (naming it) and for a file without records.
+    """
+    if not paths:
+        raise DataError("no QA files given")
+    groups: dict[str, QADataset] = {}
+    for path in paths:
+        path = Path(path)
+        if not path.is_file():
+            raise DataError(f"{path}: QA file not found")
+        records = load_qa(path)
+        if not records:
+            raise DataError(f"{path}: no QA records (the file is empty)")
+        for record in records:
+            name = dataset_name(record, path.stem)
+            group = groups.setdefault(name, QADataset(name, [], []))
+            group.records.append(record)
+            if str(path) not in group.files:
+                group.files.append(str(path))
+    return groups
 
 
 def write_qa_jsonl(path: PathLike, records: Iterable[QARecord]) -> int:

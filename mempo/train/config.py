@@ -147,7 +147,8 @@ class DataConfig:
 
     source: ``"synthetic"`` (the generated world of `mempo.env.world`) or ``"files"`` (QA jsonl /
     parquet files, `mempo.env.data.load_qa`; questions from ``train_files``, the trainer's periodic
-    evaluation from ``eval_files``, documents from ``env.corpus_path``). num_objectives:
+    evaluation and `mempo eval` from ``eval_files``, documents from ``env.corpus_path`` or the
+    ``env.retriever: http`` server; `mempo eval` reports each dataset of ``eval_files`` apart). num_objectives:
     sub-questions per training episode (MEM1 composition; the paper trains on 2).
     questions_per_step: questions per training step (B; each is rolled out `rollout.group_size`
     times). world_seed / world_entities: the synthetic world's seed and size in entities;
@@ -177,8 +178,8 @@ class DataConfig:
         fillers = self.article_fillers
         _require(fillers is None or (len(fillers) == 2 and 0 <= fillers[0] <= fillers[1]), "article_fillers",
                  f"must be [least, most] with 0 <= least <= most, or null; got {fillers}")
-        _require(self.source != "files" or bool(self.train_files), "train_files",
-                 "must list at least one QA file when source is 'files'")
+        # which files a source 'files' run needs is the command's to say: `mempo train` train_files
+        # (`mempo.train.trainer`), `mempo eval` eval_files only (`mempo.eval.qa_eval_episodes`)
 
 
 @dataclass
