@@ -41,6 +41,8 @@ import os
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Optional, Sequence, Union
 
+from mempo.atomic import atomic_directory
+
 __all__ = ["SIZES", "SPECIAL_TOKENS", "CHATML_TEMPLATE", "MARKER_FILE", "train_tokenizer", "default_corpus_texts",
            "tiny_model", "save_builtin", "load_builtin", "is_builtin_dir", "ProtocolScaffold",
            "ScaffoldedHFBackend", "answer_text"]
@@ -132,12 +134,14 @@ def tiny_model(tokenizer: Any, size: str = "tiny", seed: int = 0, *, max_positio
 
 
 def save_builtin(directory: Union[str, os.PathLike], model: Any, tokenizer: Any, **info: Any) -> Path:
-    """``save_pretrained`` of model and tokenizer into `directory` plus the builtin marker file."""
+    """``save_pretrained`` of model and tokenizer into `directory` plus the builtin marker file,
+    atomically (`mempo.atomic.atomic_directory`: a crash leaves the previous directory or none)."""
     path = Path(directory)
-    path.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    (path / MARKER_FILE).write_text(json.dumps({"builtin": True, **info}, sort_keys=True) + "\n", encoding="utf-8")
+    with atomic_directory(path) as staging:
+        model.save_pretrained(staging)
+        tokenizer.save_pretrained(staging)
+        (staging / MARKER_FILE).write_text(json.dumps({"builtin": True, **info}, sort_keys=True) + "\n",
+                                           encoding="utf-8")
     return path
 
 

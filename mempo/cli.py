@@ -6,7 +6,9 @@ code``). Adding a command is one small function pair and one `register_command(.
 imports belong inside the run function, so ``mempo --help`` stays fast.
 
 Exit codes: 0 success, 1 runtime failure (e.g. the port is taken), 2 usage or input error (argparse
-errors, a missing or malformed corpus), 130 interrupted.
+errors, and every `mempo.errors.MempoError` a command raises: a bad config value, a missing or
+malformed file, a damaged checkpoint, an unreachable retriever; printed as one line
+``mempo <command>: <message>``, never a traceback), 130 interrupted.
 
 Commands:
   serve-retriever   serve a BM25 index over a jsonl corpus on the Search-R1 HTTP API (`mempo.env.server`)
@@ -17,6 +19,8 @@ import argparse
 import sys
 from dataclasses import dataclass
 from typing import Callable, Optional, Sequence
+
+from mempo.errors import MempoError
 
 __all__ = ["main", "register_command", "build_parser", "Command"]
 
@@ -60,8 +64,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return _COMMANDS[args.command].run(args)
+    except MempoError as error:  # a user-fixable error: one line, no traceback
+        print(f"mempo {args.command}: {_one_line(str(error)) or type(error).__name__}", file=sys.stderr, flush=True)
+        return 2
     except KeyboardInterrupt:
         return 130
+
+
+def _one_line(message: str) -> str:
+    """`message` with its white space (newlines included) collapsed to single spaces."""
+    return " ".join(message.split())
 
 
 def _log(message: str) -> None:

@@ -23,6 +23,12 @@ Stages (each prints what it did and how long it took; timings go to ``stages.jso
 8. eval-after the same evaluation -> ``eval_after.json`` / ``.md``;
 9. report     ``report.md`` + PNG plots (`mempo.report.write_report`).
 
+Re-running into the same ``--out``: the demo owns its output directory. It first removes its own
+stage directories there (``rl/``: the RL run with its checkpoints, ``sft/``: the SFT metrics) and
+then rewrites every file it writes (``model_sft/`` and ``model_rl/`` are replaced atomically), so
+a second run starts fresh instead of being refused as a used run directory (``trainer.resume``
+stays "never"). Nothing else in ``--out`` is touched.
+
 Configuration: a YAML file with the `mempo.train.config.MempoConfig` sections plus a ``demo``
 section (`DemoConfig`); the built-in defaults (`DEFAULT_CONFIG`) equal the repository's
 ``configs/demo.yaml``. Overrides are dotted (``eval.episodes=4``, ``trainer.total_steps=2``).
@@ -39,13 +45,13 @@ import importlib
 import inspect
 import json
 import os
+import shutil
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Optional, Sequence, Union
 
-import yaml
 
 __all__ = ["DemoConfig", "DEFAULT_CONFIG", "load_demo_config", "run_demo", "DemoResult"]
 
@@ -126,15 +132,9 @@ def _split_overrides(overrides: Sequence[str]) -> tuple[list[str], list[str]]:
 
 def load_demo_config(path: Optional[PathLike] = None, overrides: Sequence[str] = ()):
     """(MempoConfig, DemoConfig) from a YAML file (None: `DEFAULT_CONFIG`) plus dotted overrides."""
-    from mempo.train.config import ConfigError, coerce_value, config_from_dict
+    from mempo.train.config import ConfigError, coerce_value, config_from_dict, read_yaml_mapping
 
-    if path is None:
-        data = copy.deepcopy(DEFAULT_CONFIG)
-    else:
-        data = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
-        if not isinstance(data, Mapping):
-            raise ConfigError("", f"{path}: the top level must be a mapping of sections")
-        data = dict(data)
+    data = copy.deepcopy(DEFAULT_CONFIG) if path is None else read_yaml_mapping(path)
     demo_data = dict(data.pop("demo", None) or {})
     demo_overrides, rest = _split_overrides(overrides)
     for item in demo_overrides:
@@ -238,8 +238,11 @@ def run_demo(cfg: Any, demo: DemoConfig, out_dir: PathLike, *, echo: Callable[[s
     """Run every stage (module docstring) into `out_dir`; returns a `DemoResult`."""
     from mempo.train.config import dump_config
 
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    from mempo.train.trainer import prepare_out_dir
+
+    out = prepare_out_dir(out_dir, "--out")
+    for stage_dir in ("rl", "sft"):  # the demo's own stage directories (module docstring: re-running)
+        shutil.rmtree(out / stage_dir, ignore_errors=True)
     cfg = dataclasses.replace(cfg, trainer=dataclasses.replace(cfg.trainer, out_dir=str(out / "rl")))
     dump_config(cfg, out / "config.yaml")
     (out / "demo_config.json").write_text(json.dumps(dataclasses.asdict(demo), indent=2) + "\n", encoding="utf-8")

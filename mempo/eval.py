@@ -593,12 +593,17 @@ def eval_retriever(cfg: Any, world: Any = None, *, log: Optional[Callable[[str],
 
 
 def load_model_dir(path: PathLike, dtype: str = "float32"):
-    """(model, tokenizer) from a directory holding a saved HF causal LM and its tokenizer."""
+    """(model, tokenizer) from a directory holding a saved HF causal LM and its tokenizer; a
+    ConfigError naming ``--model`` when it holds none (`mempo.train.actor.load_pretrained`)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(str(path))
-    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=getattr(torch, dtype))
+    from mempo.train.actor import load_pretrained
+
+    source = str(path)
+    model = load_pretrained(lambda s: AutoModelForCausalLM.from_pretrained(s, dtype=getattr(torch, dtype)), source,
+                            "--model", "model")
+    tokenizer = load_pretrained(AutoTokenizer.from_pretrained, source, "--model", "tokenizer")
     model.eval()
     return model, tokenizer
 

@@ -18,8 +18,8 @@ import torch
 
 from mempo.train import checkpoint as ckpt
 from mempo.train import logging as mlog
-from mempo.train.checkpoint import (latest_checkpoint, list_checkpoints, load_checkpoint, prune_checkpoints,
-                                    save_checkpoint)
+from mempo.train.checkpoint import (CheckpointError, latest_checkpoint, list_checkpoints, load_checkpoint,
+                                    prune_checkpoints, save_checkpoint)
 from mempo.train.logging import MetricsLogger, StageTimer, progress, read_metrics
 
 
@@ -117,47 +117,57 @@ def test_crash_while_writing_files_keeps_previous_checkpoint(tmp_path, monkeypat
 
 
 KILL_SCRIPT = textwrap.dedent("""
-    import os, signal, sys, torch
+    import sys, torch
     from mempo.train import checkpoint as ckpt
-    root, point = sys.argv[1], sys.argv[2]
+    root = sys.argv[1]
+    torch.manual_seed(0)
     model = torch.nn.Linear(64, 64)
-    ckpt.save_checkpoint(root, 1, model)
-    if point == "rename":
-        real = os.replace
-        def die(src, dst):
-            if os.path.basename(dst).startswith("step_"):
-                os.kill(os.getpid(), signal.SIGKILL)
-            return real(src, dst)
-        ckpt.os.replace = die
-    elif point == "model":
-        real_save = torch.save
-        def die(obj, handle, *a, **k):
-            handle.write(b"partial")
-            handle.flush()
-            os.kill(os.getpid(), signal.SIGKILL)
-        ckpt.torch.save = die
-    elif point == "pointer":
-        real = os.replace
-        def die(src, dst):
-            if os.path.basename(dst) == "latest":
-                os.kill(os.getpid(), signal.SIGKILL)
-            return real(src, dst)
-        ckpt.os.replace = die
-    ckpt.save_checkpoint(root, 2, torch.nn.Linear(64, 64))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    model(torch.randn(2, 64)).sum().backward()
+    optimizer.step()
+    ckpt.save_checkpoint(root, 1, model, optimizer, data_state={"step": 1})
+    torch.save(model.state_dict(), root + "/expected.pt")
+    with torch.no_grad():
+        model.weight.add_(1.0)
+    ckpt.save_checkpoint(root, 2, model, optimizer, data_state={"step": 2})  # killed by MEMPO_FAULT_INJECT
+    print("not killed")
 """)
+CHECKPOINT_PHASES = ["model", "optimizer", "rng", "state", "manifest", "rename", "latest"]
 
 
-@pytest.mark.parametrize("point", ["model", "rename", "pointer"])
-def test_sigkill_mid_save_never_exposes_a_partial_checkpoint(tmp_path, point):
-    result = subprocess.run([sys.executable, "-c", KILL_SCRIPT, str(tmp_path), point], capture_output=True,
-                            timeout=120)
-    assert result.returncode == -signal.SIGKILL, result.stderr.decode()
-    latest = latest_checkpoint(tmp_path)
-    if point == "pointer":  # renamed into place, pointer not updated: the pointer's (older) one wins
-        assert (tmp_path / "step_00000002" / "COMPLETE").is_file()
-    assert latest.name == "step_00000001"
-    model = torch.nn.Linear(64, 64)
-    assert load_checkpoint(tmp_path, model).step == 1
+def test_sigkill_at_every_save_phase_resumes_the_previous_checkpoint(tmp_path):
+    """MEMPO_FAULT_INJECT=<phase>@2 kills the second save at each phase (torn files where a file is
+    being written); the killed save is never chosen, the previous one loads exactly, and the next
+    save of that step cleans up and succeeds."""
+    procs = {}
+    for phase in CHECKPOINT_PHASES:
+        root = tmp_path / phase
+        root.mkdir()
+        env = dict(os.environ, MEMPO_FAULT_INJECT=f"{phase}@2", OMP_NUM_THREADS="1")
+        procs[phase] = subprocess.Popen([sys.executable, "-c", KILL_SCRIPT, str(root)], env=env, cwd=tmp_path,
+                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    for phase, proc in procs.items():
+        out, err = proc.communicate(timeout=180)
+        assert proc.returncode == -signal.SIGKILL, (phase, err.decode()[-2000:])
+        root = tmp_path / phase
+        notes = []
+        chosen = ckpt.resume_checkpoint("auto", root, log=notes.append)
+        assert chosen.name == "step_00000001", phase
+        if phase == "latest":  # renamed into place, the pointer still names step 1: step 2 is skipped, said so
+            assert (root / "step_00000002" / "COMPLETE").is_file()
+            assert len(notes) == 1 and "step_00000002" in notes[0] and "newer than" in notes[0]
+        else:
+            assert not (root / "step_00000002").exists() and notes == []
+        model = torch.nn.Linear(64, 64)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+        state = load_checkpoint(chosen, model, optimizer)
+        assert state.step == 1 and state.data_state == {"step": 1}
+        expected = torch.load(root / "expected.pt")
+        assert all(torch.equal(model.state_dict()[k], v) for k, v in expected.items()), phase
+        save_checkpoint(root, 2, model, optimizer)
+        assert latest_checkpoint(root).name == "step_00000002"
+        assert not [p.name for p in root.iterdir() if p.name.startswith(".tmp")], phase
+        ckpt.verify_checkpoint(root / "step_00000002")
 
 
 def test_latest_ignores_incomplete_and_temp_dirs_and_bad_pointer(tmp_path):
@@ -168,7 +178,7 @@ def test_latest_ignores_incomplete_and_temp_dirs_and_bad_pointer(tmp_path):
     (tmp_path / "latest").write_text("step_00000042\n")  # names a missing dir
     assert latest_checkpoint(tmp_path).name == "step_00000003"
     assert latest_checkpoint(tmp_path / "nothing") is None
-    with pytest.raises(FileNotFoundError):
+    with pytest.raises(CheckpointError, match="nothing: no such checkpoint directory"):
         load_checkpoint(tmp_path / "nothing")
 
 
@@ -207,7 +217,7 @@ def test_resume_modes_and_checkpoint_step(tmp_path):
     assert ckpt.resume_checkpoint("auto", root).name == "step_00000006"
     assert ckpt.resume_checkpoint(" never ", root) is None
     assert ckpt.resume_checkpoint(str(root / "step_00000003"), tmp_path / "elsewhere").name == "step_00000003"
-    with pytest.raises(FileNotFoundError):
+    with pytest.raises(CheckpointError, match="missing: no such checkpoint directory"):
         ckpt.resume_checkpoint(str(tmp_path / "missing"), root)
     assert ckpt.checkpoint_step(root) == 6 and ckpt.checkpoint_step(root / "step_00000003") == 3
 
@@ -301,3 +311,183 @@ def test_progress_plain_fallback(capsys):
     with progress("quiet", total=2, enabled=False) as bar:
         bar.advance(2)
     assert capsys.readouterr().err == ""
+
+
+# ------------------------------------------------------------------------------------------------
+# integrity: the manifest, damaged files, fallback, old checkpoints
+# ------------------------------------------------------------------------------------------------
+CHECKPOINT_FILES = ["model.pt", "optimizer.pt", "state.json", "rng/rank_00000.pt", "COMPLETE"]
+DAMAGES = ["truncate", "empty", "flip", "delete"]
+
+
+def _damage(file, how):
+    data = file.read_bytes()
+    if how == "truncate":
+        file.write_bytes(data[:len(data) // 2])
+    elif how == "empty":
+        file.write_bytes(b"")
+    elif how == "flip":  # 64 bytes in the middle, as the issue's probe did
+        middle = max(0, len(data) // 2 - 32)
+        file.write_bytes(data[:middle] + bytes(b ^ 0xFF for b in data[middle:middle + 64]) + data[middle + 64:])
+    else:
+        file.unlink()
+
+
+def _two_checkpoints(root):
+    model, optimizer = trained(0)
+    save_checkpoint(root, 1, model, optimizer, data_state={"step": 1})
+    first = {k: v.clone() for k, v in model.state_dict().items()}
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.5)
+    save_checkpoint(root, 2, model, optimizer, data_state={"step": 2})
+    return first
+
+
+def test_manifest_records_every_file(tmp_path):
+    path = save_checkpoint(tmp_path, 3, *trained(0))
+    manifest = json.loads((path / "COMPLETE").read_text())
+    assert manifest["format"] == 2 and manifest["step"] == 3
+    assert sorted(manifest["files"]) == ["model.pt", "optimizer.pt", "rng/rank_00000.pt", "state.json"]
+    import hashlib
+
+    for name, record in manifest["files"].items():
+        data = (path / name).read_bytes()
+        assert record == {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    assert ckpt.verify_checkpoint(path) == manifest
+
+
+@pytest.mark.parametrize("how", DAMAGES)
+@pytest.mark.parametrize("name", CHECKPOINT_FILES)
+def test_damaged_latest_falls_back_to_the_previous_one_exactly(tmp_path, name, how):
+    first = _two_checkpoints(tmp_path)
+    damaged = tmp_path / "step_00000002" / name
+    _damage(damaged, how)
+    notes = []
+    chosen = ckpt.resume_checkpoint("auto", tmp_path, log=notes.append)
+    assert chosen.name == "step_00000001"
+    assert len(notes) == 1 and notes[0].startswith("skipping checkpoint step_00000002")
+    if name != "COMPLETE":  # the note names the damaged file
+        assert str(damaged) in notes[0]
+    model, optimizer = make_model(5), None
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    state = load_checkpoint(chosen, model, optimizer)
+    assert state.step == 1 and all(torch.equal(model.state_dict()[k], v) for k, v in first.items())
+    # the damaged checkpoint asked for by path is refused, naming the file (no silent fallback)
+    with pytest.raises(CheckpointError) as error:
+        load_checkpoint(tmp_path / "step_00000002", make_model(5))
+    assert str(tmp_path / "step_00000002") in str(error.value) and "\n" not in str(error.value)
+    if name != "COMPLETE":
+        assert str(damaged) in str(error.value)
+
+
+def test_no_intact_checkpoint_is_one_error_listing_each(tmp_path):
+    _two_checkpoints(tmp_path)
+    _damage(tmp_path / "step_00000002" / "model.pt", "flip")
+    _damage(tmp_path / "step_00000001" / "state.json", "delete")
+    notes = []
+    with pytest.raises(CheckpointError) as error:
+        ckpt.resume_checkpoint("auto", tmp_path, log=notes.append)
+    message = str(error.value)
+    assert message.startswith(f"no intact checkpoint under {tmp_path}")
+    assert "step_00000002/model.pt: damaged" in message and "step_00000001/state.json: missing" in message
+    assert notes == []  # one error, not warnings followed by an error
+    assert ckpt.has_checkpoints(tmp_path) and not ckpt.has_checkpoints(tmp_path / "fresh")
+
+
+def test_a_bad_pointer_falls_back_to_the_newest_by_step(tmp_path):
+    _two_checkpoints(tmp_path)
+    (tmp_path / "latest").write_bytes(b"\xff\xfe garbage")
+    notes = []
+    assert ckpt.resume_checkpoint("auto", tmp_path, log=notes.append).name == "step_00000002"
+    assert len(notes) == 1 and "latest: does not name a checkpoint" in notes[0]
+
+
+def test_a_checkpoint_of_another_model_names_the_file(tmp_path):
+    save_checkpoint(tmp_path, 1, make_model())
+    with pytest.raises(CheckpointError, match=r"step_00000001/model.pt: does not fit this model"):
+        load_checkpoint(tmp_path, torch.nn.Linear(6, 3))
+
+
+def test_format_1_checkpoints_load_with_a_warning(tmp_path):
+    """Checkpoints written before manifests (COMPLETE without digests) still resume, saying that
+    their files cannot be verified; their load errors still name the file."""
+    model, optimizer = trained(0)
+    path = save_checkpoint(tmp_path, 4, model, optimizer)
+    (path / "COMPLETE").write_text(json.dumps({"step": 4, "world_size": 1, "time": 0.0}))
+    notes = []
+    assert ckpt.resume_checkpoint("auto", tmp_path, log=notes.append) == path
+    assert len(notes) == 1 and "cannot be verified" in notes[0]
+    fresh = make_model(3)
+    with pytest.warns(RuntimeWarning, match="cannot be verified"):
+        assert load_checkpoint(path, fresh).step == 4
+    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), fresh.state_dict().values()))
+    _damage(path / "model.pt", "truncate")
+    with pytest.warns(RuntimeWarning), pytest.raises(CheckpointError, match=r"step_00000004/model.pt: cannot be loaded"):
+        load_checkpoint(path, make_model(3))
+
+
+# ------------------------------------------------------------------------------------------------
+# RNG: the current CUDA device only
+# ------------------------------------------------------------------------------------------------
+class _FakeCuda:
+    """Stands in for torch.cuda on a CPU machine: `visible` devices, `current` the current one;
+    records which RNG functions were called."""
+
+    def __init__(self, visible, current):
+        self.visible, self.current, self.calls = visible, current, []
+        self.states = {i: torch.full((16,), i, dtype=torch.uint8) for i in range(visible)}
+
+    def install(self, monkeypatch):
+        cuda = torch.cuda
+        monkeypatch.setattr(cuda, "is_available", lambda: True)
+        monkeypatch.setattr(cuda, "current_device", lambda: self.current)
+        monkeypatch.setattr(cuda, "device_count", lambda: self.visible)
+        monkeypatch.setattr(cuda, "get_rng_state", self.get)
+        monkeypatch.setattr(cuda, "set_rng_state", self.set)
+        monkeypatch.setattr(cuda, "get_rng_state_all", lambda: self.calls.append("get_all"))
+        monkeypatch.setattr(cuda, "set_rng_state_all", lambda states: self.calls.append("set_all"))
+
+    def get(self, device="cuda"):
+        self.calls.append(("get", device))
+        return self.states[self.current].clone()
+
+    def set(self, state, device="cuda"):
+        self.calls.append(("set", device))
+        self.states[self.current] = state.clone()
+
+
+def test_rng_state_touches_only_the_current_cuda_device(monkeypatch):
+    saved = _FakeCuda(visible=8, current=3)
+    saved.install(monkeypatch)
+    state = ckpt.capture_rng_state()
+    assert state["cuda_device"] == 3 and torch.equal(state["cuda"], saved.states[3])
+    assert saved.calls == [("get", "cuda")]
+    resumed = _FakeCuda(visible=1, current=0)  # a resume on another GPU count
+    resumed.install(monkeypatch)
+    ckpt.restore_rng_state(state)
+    assert resumed.calls == [("set", "cuda")] and torch.equal(resumed.states[0], saved.states[3])
+
+
+def test_format_1_rng_lists_restore_the_current_devices_entry(monkeypatch):
+    fake = _FakeCuda(visible=2, current=1)
+    fake.install(monkeypatch)
+    state = ckpt.capture_rng_state()
+    state["cuda"] = [torch.full((16,), 10 + i, dtype=torch.uint8) for i in range(4)]  # saved on 4 GPUs
+    ckpt.restore_rng_state(state)
+    assert torch.equal(fake.states[1], torch.full((16,), 11, dtype=torch.uint8)) and "set_all" not in fake.calls
+    small = _FakeCuda(visible=8, current=6)
+    small.install(monkeypatch)
+    with pytest.warns(RuntimeWarning, match="none for the current device 6"):
+        ckpt.restore_rng_state(state)
+    assert torch.equal(small.states[6], torch.full((16,), 6, dtype=torch.uint8))
+
+
+@pytest.mark.gpu
+def test_rng_round_trip_on_the_current_gpu():
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    state = ckpt.capture_rng_state()
+    expected = torch.rand(4, device="cuda")
+    ckpt.restore_rng_state(state)
+    assert torch.equal(torch.rand(4, device="cuda"), expected)

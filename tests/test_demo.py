@@ -41,7 +41,13 @@ def test_smoke_demo(tmp_path):
     from mempo.cli import main
 
     out = tmp_path / "demo_out"
+    # Re-running the demo into the same --out works: the RL checkpoints of an earlier run there are
+    # its own stage directory (cleared first), not a used run directory to refuse.
+    earlier = out / "rl" / "checkpoints" / "step_00000007"
+    earlier.mkdir(parents=True)
+    (out / "rl" / "checkpoints" / "latest").write_text("step_00000007\n")
     assert main(["demo", "--out", str(out), "--no-progress", *SMOKE]) == 0
+    assert not earlier.exists()
     text = (out / "report.md").read_text()
     for stage in ("world", "oracle", "tokenizer", "model", "sft", "eval-before", "rl", "eval-after", "report"):
         assert f"| {stage} |" in text

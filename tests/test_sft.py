@@ -159,15 +159,17 @@ def test_cli_sft_resume(tmp_path):
     out = tmp_path / "run"
     env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
 
-    def sft(*extra):
+    def sft(*extra, code=0):
         cmd = [sys.executable, "-m", "mempo.cli", "sft", "--config", str(config), "--out", str(out), "--threads", "1",
                "--episodes", "2", "--batch-tokens", "2048", "trainer.save_every=1", "trainer.tensorboard=false",
                "trainer.resume=never", *extra]
         done = subprocess.run(cmd, env=env, cwd=tmp_path, timeout=240, capture_output=True, text=True)
-        assert done.returncode == 0, done.stderr[-2000:]
+        assert done.returncode == code, done.stderr[-2000:]
         return done.stderr
 
     assert "(resumed from None)" in sft("--steps", "2")
+    refused = sft("--steps", "3", code=2).strip().splitlines()  # a used run directory without --resume
+    assert len(refused) == 1 and refused[0].startswith("mempo sft: trainer.resume:") and "--resume" in refused[0]
     resumed = sft("--steps", "3", "--resume")  # --resume wins over the trainer.resume=never above
     assert "sft: 3 steps" in resumed and "(resumed from 2)" in resumed
     assert latest_checkpoint(out / "sft" / "checkpoints").name == "step_00000003"
@@ -190,3 +192,19 @@ def test_prompt_loss_weight(setup):
     full = run_sft(cfg, _FullLogits(copy.deepcopy(base)), tok, trajectories, steps=2, lr=1e-3, batch_tokens=8192,
                    seed=0, prompt_loss_weight=0.5)
     assert weighted["losses"] == pytest.approx(full["losses"], rel=1e-4)  # selective logits == full logits
+
+
+@pytest.mark.parametrize("content, message", [
+    ('{"messages": []}\n\n{"messages": [\n', r"bad.jsonl:3: not valid JSON"),  # the file's line, not JSON's
+    ("", r"bad.jsonl: no records"),
+    ('{"messages": [{"role": "user", "content": "q"}]}\n', r"bad.jsonl: no assistant turns"),
+    ('{"messages": []}\n{"messages": "hello"}\n', r"bad.jsonl:2: messages: expected a list"),
+    ('[1, 2]\n', r"bad.jsonl:1: expected an oracle trajectory"),
+])
+def test_bad_sft_files_name_the_file_and_line(tmp_path, content, message):
+    from mempo.errors import MempoError
+
+    path = tmp_path / "bad.jsonl"
+    path.write_text(content)
+    with pytest.raises(MempoError, match=message):
+        load_sft_records(path)

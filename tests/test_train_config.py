@@ -110,3 +110,38 @@ def test_importing_config_is_light():
             "print('torch' in sys.modules, 'transformers' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.split() == ["False", "False"]
+
+
+def test_a_duplicated_key_is_an_error_naming_it_and_both_lines(tmp_path):
+    path = tmp_path / "dup.yaml"
+    path.write_text("actor:\n  lr: 1.0e-5\ntrainer:\n  total_steps: 3\nactor:\n  kl_coef: 0.0\n")
+    with pytest.raises(ConfigError, match=r"dup.yaml: key 'actor' appears twice in one mapping \(lines 1 and 5\)"):
+        load_config(path)
+    path.write_text("actor:\n  lr: 1.0e-5\n  kl_coef: 0.1\n  lr: 2.0e-5\n")  # nested too
+    with pytest.raises(ConfigError, match=r"key 'lr' appears twice in one mapping \(lines 2 and 4\)"):
+        load_config(path)
+    from mempo.train.config import read_yaml_mapping
+
+    path.write_text("x: &b {lr: 1.0e-5, kl_coef: 0.1}\ny:\n  <<: *b\n  lr: 3.0e-5\n")
+    assert read_yaml_mapping(path)["y"] == {"lr": 3.0e-5, "kl_coef": 0.1}  # a merged key may be overridden
+
+
+def test_unreadable_config_files_are_one_line_config_errors(tmp_path):
+    latin = tmp_path / "latin.yaml"
+    latin.write_bytes(b"actor:\n  lr: 1.0e-5\n# caf\xe9\n")
+    with pytest.raises(ConfigError, match=r"latin.yaml:3: not valid UTF-8"):
+        load_config(latin)
+    with pytest.raises(ConfigError, match=r"nope.yaml: config file not found"):
+        load_config(tmp_path / "nope.yaml")
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("actor:\n  lr: [1,\n")
+    with pytest.raises(ConfigError, match=r"broken.yaml: not valid YAML: .* at line \d+") as error:
+        load_config(broken)
+    assert "\n" not in str(error.value)
+
+
+def test_resume_defaults_to_never_and_determinism_to_auto():
+    assert MempoConfig().trainer.resume == "never" and MempoConfig().trainer.deterministic is None
+    assert config_from_dict({}, ["trainer.deterministic=false"]).trainer.deterministic is False
+    with pytest.raises(ConfigError, match="data.world_entities: must be >= 20"):
+        config_from_dict({}, ["data.world_entities=8"])

@@ -64,6 +64,72 @@ def test_step_advantages_on_mem_spans(tmp_path, policy):
     else:
         assert len(batch.row_traj) == len(traj)
     assert m["actor/num_tokens"] > 0 and math.isfinite(m["actor/loss"])
+    assert m["rollout/tool_calls"] > 0 and m["rollout/tool_errors"] == 0
+
+
+def _dead_url():
+    import socket
+
+    with socket.socket() as sock:  # a port nothing listens on once this socket is closed
+        sock.bind(("127.0.0.1", 0))
+        return f"http://127.0.0.1:{sock.getsockname()[1]}"
+
+
+def test_failed_tool_calls_are_counted_and_determinism_follows_the_config(tmp_path):
+    """A retriever that dies after the start: every search fails; the step says so in its metrics.
+    trainer.deterministic=false switches deterministic algorithms off (on by default on CPU)."""
+    from mempo.env.client import HTTPRetriever
+    from mempo.train.step import train_step
+    from mempo.train.trainer import build_run, step_episodes
+
+    torch.set_num_threads(1)
+    try:
+        run = build_run(_cfg(tmp_path, "trainer.deterministic=false", "env.doc_chars=100"),
+                        retriever=HTTPRetriever(_dead_url(), retries=0, timeout=2))
+        assert not torch.are_deterministic_algorithms_enabled()
+        m = train_step(run.ctx, step_episodes(run.episodes, 1, 2, seed=0), 1).metrics
+        assert m["rollout/tool_calls"] > 0 and m["rollout/tool_errors"] == m["rollout/tool_calls"]
+    finally:
+        torch.use_deterministic_algorithms(True, warn_only=True)
+
+
+def test_configure_determinism(monkeypatch):
+    from mempo.train.trainer import configure_determinism
+
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+    try:
+        assert configure_determinism(None, cuda=False) and torch.are_deterministic_algorithms_enabled()
+        assert torch.is_deterministic_algorithms_warn_only_enabled()
+        assert torch.utils.deterministic.fill_uninitialized_memory
+        assert not configure_determinism(False, cuda=False) and not torch.are_deterministic_algorithms_enabled()
+        assert not configure_determinism(None, cuda=True) and "CUBLAS_WORKSPACE_CONFIG" not in os.environ
+        assert configure_determinism(True, cuda=True) and torch.are_deterministic_algorithms_enabled()
+        assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"  # cuBLAS is deterministic only with it
+        assert not torch.utils.deterministic.fill_uninitialized_memory  # no NaN-filling memset of every tensor
+        monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":16:8")  # the user's own choice stays
+        configure_determinism(True, cuda=True)
+        assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":16:8"
+    finally:
+        configure_determinism(None, cuda=False)
+
+
+@pytest.mark.gpu
+def test_deterministic_cuda_matmul_warns_nothing():
+    import warnings
+
+    from mempo.train.trainer import configure_determinism
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    try:
+        configure_determinism(True)
+        a = torch.randn(256, 256, device="cuda")
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            first, second = a @ a, a @ a
+        assert torch.equal(first, second)
+    finally:
+        configure_determinism(None)
 
 
 def test_train_writes_metrics_and_checkpoints(tmp_path):

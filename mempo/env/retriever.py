@@ -362,6 +362,9 @@ class _MappedDocuments:
             ids = json.load(handle)
         if len(ids) + 1 != len(self._offsets):
             raise CorpusError(f"{ids_path}: {len(ids)} ids but {len(self._offsets) - 1} offsets (index corrupted)")
+        if int(self._offsets[-1]) != os.path.getsize(jsonl_path):
+            raise CorpusError(f"{jsonl_path}: {os.path.getsize(jsonl_path)} bytes, the offsets end at "
+                              f"{int(self._offsets[-1])} (index corrupted)")
         self._row_of = {doc_id: row for row, doc_id in enumerate(ids)}
         self._file = open(jsonl_path, "rb")
         self._map = mmap.mmap(self._file.fileno(), 0, access=mmap.ACCESS_READ)
@@ -536,7 +539,12 @@ class BM25Retriever(_LocalRetriever):
         path = Path(index_dir) / INDEX_MANIFEST
         if not path.is_file():
             return None
-        manifest = json.loads(path.read_text(encoding="utf-8"))
+        try:
+            manifest = json.loads(path.read_bytes().decode("utf-8"))
+        except (OSError, UnicodeDecodeError, ValueError) as error:
+            raise CorpusError(f"{path}: damaged index manifest ({type(error).__name__}); rebuild the index") from None
+        if not isinstance(manifest, dict):
+            raise CorpusError(f"{path}: damaged index manifest (not a JSON object); rebuild the index")
         if manifest.get("format") != BM25_FORMAT:
             raise CorpusError(f"{path}: not a mempo BM25 index (format {manifest.get('format')!r})")
         if manifest.get("format_version") != BM25_FORMAT_VERSION:
@@ -557,14 +565,24 @@ class BM25Retriever(_LocalRetriever):
         manifest = cls.read_manifest(index_dir)
         if manifest is None:
             raise CorpusError(f"{index_dir}: no saved index ({INDEX_MANIFEST} missing)")
-        bm25 = bm25s.BM25.load(str(index_dir / "bm25s"), mmap=mmap_arrays, show_progress=False)
-        store = _MappedDocuments(index_dir / "documents.jsonl", index_dir / "documents.offsets.npy",
-                                 index_dir / "ids.json")
-        if len(store) != manifest["num_docs"] or bm25.scores["num_docs"] != manifest["num_docs"]:
-            store.close()
-            raise CorpusError(f"{index_dir}: document count does not match the manifest (index corrupted)")
-        return cls(bm25, store, Tokenizer.from_json(manifest["tokenizer"]), page_chars=page_chars,
-                   source=manifest.get("corpus"))
+        store = None
+        try:
+            bm25 = bm25s.BM25.load(str(index_dir / "bm25s"), mmap=mmap_arrays, show_progress=False)
+            store = _MappedDocuments(index_dir / "documents.jsonl", index_dir / "documents.offsets.npy",
+                                     index_dir / "ids.json")
+            if len(store) != manifest["num_docs"] or bm25.scores["num_docs"] != manifest["num_docs"]:
+                raise CorpusError(f"{index_dir}: document count does not match the manifest (index corrupted)")
+            tokenizer = Tokenizer.from_json(manifest["tokenizer"])
+        except Exception as error:  # bm25s / numpy / json errors name no index; say which and how to fix it
+            if store is not None:
+                store.close()
+            if isinstance(error, CorpusError):
+                raise
+            where = getattr(error, "filename", None) or index_dir
+            detail = " ".join(str(error).split())[:200]
+            raise CorpusError(f"{where}: damaged BM25 index in {index_dir} ({type(error).__name__}: {detail}); "
+                              f"rebuild it (serve-retriever --rebuild)") from None
+        return cls(bm25, store, tokenizer, page_chars=page_chars, source=manifest.get("corpus"))
 
     def search(self, queries: Sequence[str], topk: int = DEFAULT_TOPK) -> list[list[Hit]]:
         queries = check_queries(queries)
@@ -617,6 +635,8 @@ def load_or_build_bm25(corpus: Optional[PathLike] = None, index_dir: Optional[Pa
     say = log or (lambda message: None)
     if corpus is not None and documents is not None:
         raise ValueError("give either corpus (a path) or documents, not both")
+    if corpus is not None and not os.path.isfile(corpus):
+        raise CorpusError(f"{corpus}: corpus file not found")
     if index_dir is not None and not rebuild:
         manifest = BM25Retriever.read_manifest(index_dir)
         if manifest is not None:

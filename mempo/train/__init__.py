@@ -6,7 +6,8 @@ Losses (`mempo.train.losses`): `policy_loss`, `kl_penalty`, `agg_loss`, `entropy
 `zero_variance_group_mask`, `filter_zero_variance_tokens`.
 Actor (`mempo.train.actor`): `Actor` (FSDP2 when distributed), `init_distributed`,
 `build_causal_lm`.
-Checkpoints (`mempo.train.checkpoint`): `save_checkpoint`, `load_checkpoint`, `latest_checkpoint`.
+Checkpoints (`mempo.train.checkpoint`): `save_checkpoint`, `load_checkpoint`, `latest_checkpoint`,
+`verify_checkpoint`, `resume_checkpoint`, `CheckpointError`.
 Logging (`mempo.train.logging`): `MetricsLogger`, `StageTimer`, `progress`.
 
 Names load on first use, so ``import mempo.train`` and ``import mempo.train.config`` stay light
@@ -28,7 +29,8 @@ _EXPORTS = {
     "shutdown_distributed": "actor", "build_causal_lm": "actor", "token_log_probs": "actor",
     "save_checkpoint": "checkpoint", "load_checkpoint": "checkpoint", "latest_checkpoint": "checkpoint",
     "list_checkpoints": "checkpoint", "prune_checkpoints": "checkpoint", "capture_rng_state": "checkpoint",
-    "restore_rng_state": "checkpoint", "CheckpointState": "checkpoint",
+    "restore_rng_state": "checkpoint", "CheckpointState": "checkpoint", "CheckpointError": "checkpoint",
+    "verify_checkpoint": "checkpoint", "resume_checkpoint": "checkpoint",
     "MetricsLogger": "logging", "StageTimer": "logging", "progress": "logging", "read_metrics": "logging",
 }
 

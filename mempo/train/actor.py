@@ -61,17 +61,18 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass
-from typing import Any, Mapping, NamedTuple, Optional
+from pathlib import Path
+from typing import Any, Callable, Mapping, NamedTuple, Optional
 
 import torch
 import torch.distributed as dist
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from mempo.train.config import ActorConfig, ModelConfig
+from mempo.train.config import ActorConfig, ConfigError, ModelConfig
 from mempo.train.losses import agg_loss, kl_penalty, policy_loss
 
-__all__ = ["Actor", "DistInfo", "LogProbs", "PackedRows", "init_distributed", "shutdown_distributed",
+__all__ = ["load_pretrained", "Actor", "DistInfo", "LogProbs", "PackedRows", "init_distributed", "shutdown_distributed",
            "build_causal_lm", "token_log_probs", "pack_rows", "resolve_packing", "plan_micro_batches"]
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -135,6 +136,33 @@ def _all_reduce(tensor: torch.Tensor, op=None) -> torch.Tensor:
 # ------------------------------------------------------------------------------------------------
 # model construction
 # ------------------------------------------------------------------------------------------------
+_PRETRAINED_FILES = {"model": ("config.json",),
+                     "tokenizer": ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")}
+
+
+def load_pretrained(load: Callable[[str], Any], source: str, field: str, kind: str) -> Any:
+    """``load(source)`` (a transformers ``from_pretrained``) with one-line errors: a ConfigError
+    naming `field` when `source` is a local path that is missing, a file, or a directory without a
+    saved `kind` ("model": config.json; "tokenizer": tokenizer.json, tokenizer_config.json, ...),
+    and when loading fails (a hub id that cannot be fetched, damaged files). A source is local when
+    it exists, or starts with ".", "/" or "~", or has more than one "/" (a hub id is ``name`` or
+    ``org/name``)."""
+    needed = _PRETRAINED_FILES[kind]
+    path = Path(source).expanduser()
+    if path.exists():
+        if not path.is_dir():
+            raise ConfigError(field, f"{source} is a file, not a directory with a saved {kind}")
+        if not any((path / name).is_file() for name in needed):
+            raise ConfigError(field, f"{source} holds no saved {kind} (none of {', '.join(needed)})")
+    elif source.startswith((".", "/", "~")) or source.count("/") > 1:
+        raise ConfigError(field, f"{source}: no such directory")
+    try:
+        return load(str(path) if path.exists() else source)
+    except Exception as error:  # whatever transformers raises for a file it cannot use; the message names it
+        detail = " ".join(str(error).split())[:300]
+        raise ConfigError(field, f"cannot load the {kind} {source!r} ({type(error).__name__}: {detail})") from None
+
+
 def build_causal_lm(model_config: ModelConfig, vocab_size: Optional[int] = None) -> nn.Module:
     """A transformers causal LM from `ModelConfig`: ``from_pretrained(path)``, or for
     ``path == "builtin-tiny"`` a randomly initialised Qwen2 of the configured sizes (uses the torch
@@ -143,8 +171,9 @@ def build_causal_lm(model_config: ModelConfig, vocab_size: Optional[int] = None)
 
     dtype = _DTYPES[model_config.dtype]
     if model_config.path != "builtin-tiny":
-        return transformers.AutoModelForCausalLM.from_pretrained(
-            model_config.path, dtype=dtype, attn_implementation=model_config.attn_implementation)
+        return load_pretrained(lambda source: transformers.AutoModelForCausalLM.from_pretrained(
+            source, dtype=dtype, attn_implementation=model_config.attn_implementation), model_config.path,
+            "model.path", "model")
     vocab = model_config.vocab_size or vocab_size
     if vocab is None:
         raise ValueError("builtin-tiny needs a vocabulary size: set model.vocab_size or pass the tokenizer's")

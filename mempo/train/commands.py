@@ -4,24 +4,31 @@
                 [key=value ...]
     mempo train --config CFG [--out DIR] [--resume] [--threads N] [key=value ...]
 
-Overrides are dotted config keys (``actor.lr=1e-5``). A bad config value prints the ConfigError
-message and exits with code 2. `sft` without ``--trajectories`` runs the oracle on synthetic-world
-episodes (``data.*``) and trains on its trajectories; it saves the tuned model and tokenizer to
+Overrides are dotted config keys (``actor.lr=1e-5``). Every user-fixable error (a bad config value
+or file, a bad option, a used run directory, a damaged checkpoint, a missing model or corpus) is a
+`mempo.errors.MempoError`: `mempo.cli.main` prints it as one line and exits with code 2. `sft`
+without ``--trajectories`` runs the oracle on synthetic-world episodes (``data.*``) and trains on its trajectories; it saves the tuned model and tokenizer to
 ``<out>/model`` (a built-in model with the builtin marker), usable as ``model.path``. Its
 checkpoints (`mempo.train.sft.run_sft`) go to ``<out>/sft/checkpoints`` every ``trainer.save_every``
 SFT steps and at the end (``trainer.keep_last`` kept), its metrics to ``<out>/sft/metrics.jsonl``.
-``--resume`` sets ``trainer.resume=auto`` (continue from the latest checkpoint in the run
-directory, ``<out>/sft/checkpoints`` for sft); without it the config's ``trainer.resume`` applies.
+``--resume`` sets ``trainer.resume=auto`` (continue from the newest intact checkpoint in the run
+directory, ``<out>/sft/checkpoints`` for sft; a new run when there is none) unless the config names a
+checkpoint path there; without it the config's ``trainer.resume`` applies, "never" by default: a
+run directory that already holds checkpoints is then refused (`mempo.train.trainer.refuse_used_run_dir`).
+The final model directories (``<out>/model``) are written atomically (`mempo.atomic.atomic_directory`).
 ``--steps`` / ``--epochs`` bound the whole SFT run, so a resumed run stops where an uninterrupted
 one would.
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from pathlib import Path
 
+from mempo.atomic import atomic_directory
 from mempo.cli import register_command
+from mempo.train.config import ConfigError, load_config
 
 
 def _log(message: str) -> None:
@@ -35,21 +42,10 @@ def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="dotted config overrides")
 
 
-def _load(args: argparse.Namespace, extra: list[str]):
-    from mempo.train.config import ConfigError, load_config
-
-    try:
-        return load_config(args.config, list(args.overrides) + extra)
-    except ConfigError as error:
-        _log(f"bad config: {error}")
-        return None
-    except OSError as error:
-        _log(f"cannot read the config: {error}")
-        return None
-
-
 def _threads(args: argparse.Namespace) -> None:
-    if args.threads:
+    if args.threads is not None:
+        if args.threads < 1:
+            raise ConfigError("--threads", f"must be a number of threads >= 1, got {args.threads}")
         import torch
 
         torch.set_num_threads(args.threads)
@@ -62,26 +58,27 @@ def _train_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _run_config(args: argparse.Namespace):
-    """The config of a `train` / `sft` run: `--resume` and `--out` as overrides (None: bad config, logged)."""
-    extra = ["trainer.resume=auto"] if args.resume else []
-    if args.out:
-        extra.append(f"trainer.out_dir={args.out}")
-    return _load(args, extra)
+    """The config of a `train` / `sft` run: `--out` as an override; `--resume` turns
+    ``trainer.resume`` "never" into "auto" (a checkpoint path given in the config stays)."""
+    _threads(args)
+    extra = [f"trainer.out_dir={args.out}"] if args.out else []
+    cfg = load_config(args.config, list(args.overrides) + extra)
+    if args.resume and cfg.trainer.resume.strip() == "never":
+        cfg = dataclasses.replace(cfg, trainer=dataclasses.replace(cfg.trainer, resume="auto"))
+    return cfg
 
 
 def _train(args: argparse.Namespace) -> int:
     cfg = _run_config(args)
-    if cfg is None:
-        return 2
-    _threads(args)
     from mempo.train.trainer import train
 
     result = train(cfg)
     final = Path(result.out_dir) / "model"
     if result.model is not None and _is_rank_zero():
         # The final policy as a plain HF directory, for `mempo eval --model` and further training.
-        result.model.save_pretrained(final)
-        result.tokenizer.save_pretrained(final)
+        with atomic_directory(final, phase="final-model") as staging:
+            result.model.save_pretrained(staging)
+            result.tokenizer.save_pretrained(staging)
     _log(f"trained to step {result.last_step} (resumed from {result.resumed_from}); run dir {result.out_dir}; "
          f"final model in {final}")
     return 0
@@ -108,37 +105,21 @@ def _sft_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _sft(args: argparse.Namespace) -> int:
     cfg = _run_config(args)
-    if cfg is None:
-        return 2
     if (args.steps is not None and args.steps < 1) or (args.epochs is not None and args.epochs <= 0) \
             or args.lr <= 0 or args.batch_tokens < 1:
-        _log("--steps, --epochs, --lr and --batch-tokens must be positive")
-        return 2
-    _threads(args)
-    from pathlib import Path
-
+        raise ConfigError("", "--steps, --epochs, --lr and --batch-tokens must be positive")
     from mempo.builtin import save_builtin
     from mempo.train.checkpoint import checkpoint_step, resume_checkpoint
     from mempo.train.logging import MetricsLogger
     from mempo.train.sft import load_sft_records, run_sft
-    from mempo.train.trainer import build_run
+    from mempo.train.trainer import build_run, prepare_out_dir, refuse_used_run_dir
 
-    out = Path(cfg.trainer.out_dir)
+    out = prepare_out_dir(cfg.trainer.out_dir)
     checkpoints = out / "sft" / "checkpoints"
-    try:
-        resume_from = resume_checkpoint(cfg.trainer.resume, checkpoints)
-    except FileNotFoundError as error:
-        _log(f"trainer.resume: {error}")
-        return 2
-    if args.trajectories:
-        try:
-            records = load_sft_records(args.trajectories)
-        except (OSError, ValueError) as error:
-            _log(f"cannot read {args.trajectories}: {error}")
-            return 2
-    else:
-        records = None
+    refuse_used_run_dir(cfg.trainer.resume, checkpoints, command="sft")
+    records = load_sft_records(args.trajectories) if args.trajectories else None
     run = build_run(cfg, out_dir=out)
+    resume_from = resume_checkpoint(cfg.trainer.resume, checkpoints, log=_log)
     if records is None:
         from mempo.env.oracle import run_oracle_episodes
 

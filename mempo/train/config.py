@@ -11,7 +11,8 @@ Conventions
   `mempo.rollout.loop.RolloutConfig` is the agent loop's own (narrower) record, which the trainer
   fills from this section (`mempo.train.step.loop_config`: ``context_policy`` -> ``policy``,
   ``max_new_tokens_per_round`` -> ``max_new_tokens``).
-* Loading. `load_config(path, overrides)` reads the YAML mapping (``yaml.safe_load``), applies the
+* Loading. `load_config(path, overrides)` reads the YAML mapping (`read_yaml_mapping`: a safe
+  loader that refuses a key given twice in one mapping, naming it and both lines), applies the
   overrides (``"actor.lr=1e-5"``, ``"eval.objectives=[2,4,8]"``), converts every value to its field's
   type and validates the result. `config_from_dict` does the same for an in-memory mapping.
 * Types. Conversion follows the field's annotation: ``bool`` (true/false, yes/no, on/off, 1/0),
@@ -39,12 +40,13 @@ from typing import Any, Literal, Mapping, Optional, Sequence, Union
 
 import yaml
 
+from mempo.atomic import replace_file_atomically
 from mempo.errors import MempoError
 
 __all__ = [
     "ConfigError", "ModelConfig", "DataConfig", "EnvConfig", "RolloutSection", "ScoringConfig",
     "AlgorithmConfig", "ActorConfig", "TrainerConfig", "EvalConfig", "MempoConfig",
-    "load_config", "config_from_dict", "config_to_dict", "dump_config", "apply_overrides",
+    "load_config", "read_yaml_mapping", "config_from_dict", "config_to_dict", "dump_config", "apply_overrides",
     "LOSS_AGG_MODES", "KL_ESTIMATORS",
 ]
 
@@ -172,7 +174,9 @@ class DataConfig:
 
     def __post_init__(self):
         _check_types(self)
-        _positive(self, "num_objectives", "questions_per_step", "world_entities")
+        _positive(self, "num_objectives", "questions_per_step")
+        _require(self.world_entities >= 20, "world_entities",
+                 f"must be >= 20 (the synthetic world's smallest size), got {self.world_entities}")
         _require(self.world_documents is None or self.world_documents > 0, "world_documents",
                  f"must be a positive number of documents or null, got {self.world_documents}")
         fillers = self.article_fillers
@@ -352,9 +356,15 @@ class TrainerConfig:
     """The run. total_steps: training steps; save_every / eval_every / log_every: in steps (0: never,
     except a final checkpoint); eval_every runs the ``eval`` section's evaluation after every
     eval_every-th step and logs it as ``eval/...`` metrics; keep_last: checkpoints kept (None:
-    all). out_dir: checkpoints, metrics.jsonl, TensorBoard runs. resume: "auto" (latest checkpoint
-    in out_dir if any), "never", or a checkpoint directory (`mempo sft` uses save_every, keep_last
-    and resume for its own checkpoints too). seed: python / numpy / torch seed (rank added per process)."""
+    all). out_dir: checkpoints, metrics.jsonl, TensorBoard runs. resume: "never" (default: a new
+    run; an out_dir that already holds checkpoints is refused, so an old run is never continued
+    under a new config by accident), "auto" (``--resume``: the newest intact checkpoint in out_dir,
+    a new run when there is none), or a checkpoint directory (that checkpoint, verified) (`mempo
+    sft` uses save_every, keep_last and resume for its own checkpoints too). seed: python / numpy /
+    torch seed (rank added per process). deterministic: deterministic torch algorithms
+    (`mempo.train.trainer.configure_determinism`); None (default): on for CPU runs, off when CUDA is
+    used (deterministic CUDA kernels cost speed); true on CUDA also sets
+    ``CUBLAS_WORKSPACE_CONFIG=:4096:8`` before CUDA starts."""
 
     total_steps: int = 100
     save_every: int = 50
@@ -363,7 +373,8 @@ class TrainerConfig:
     keep_last: Optional[int] = 3
     out_dir: str = "runs/mempo"
     seed: int = 0
-    resume: str = "auto"
+    resume: str = "never"
+    deterministic: Optional[bool] = None
     tensorboard: bool = True
     wandb: bool = False
     wandb_project: Optional[str] = None
@@ -595,19 +606,78 @@ def config_from_dict(data: Optional[Mapping[str, Any]] = None, overrides: Sequen
     return _build_section(MempoConfig, raw, "")
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """`yaml.SafeLoader` that refuses a mapping with the same key twice (PyYAML keeps the last one
+    silently, so a duplicated section would drop the first). Keys brought in by a merge (``<<``)
+    may be overridden, as YAML intends."""
+
+    def construct_mapping(self, node, deep=False):
+        if isinstance(node, yaml.MappingNode):
+            seen: dict[Any, int] = {}
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    continue
+                key = self.construct_object(key_node, deep=True)
+                try:
+                    first = seen.setdefault(key, key_node.start_mark.line + 1)
+                except TypeError:  # an unhashable key: SafeLoader reports it below
+                    continue
+                if first != key_node.start_mark.line + 1:
+                    raise _DuplicateKey(key, first, key_node.start_mark.line + 1)
+        return super().construct_mapping(node, deep=deep)
+
+
+class _DuplicateKey(Exception):
+    def __init__(self, key: Any, first: int, again: int):
+        super().__init__(key, first, again)
+        self.key, self.first, self.again = key, first, again
+
+
+def _yaml_error_text(error: yaml.YAMLError) -> str:
+    """A YAML error as one line: the problem and its line/column (PyYAML's own text spans lines)."""
+    mark = getattr(error, "problem_mark", None)
+    problem = getattr(error, "problem", None) or str(error)
+    where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+    context = getattr(error, "context", None)
+    return " ".join(f"{problem}{where}{f' ({context})' if context else ''}".split())
+
+
+def read_yaml_mapping(path: Union[str, Path]) -> dict[str, Any]:
+    """The top-level mapping of a YAML file (empty file: {}); ConfigError naming the file for a
+    missing or unreadable file, bytes that are not UTF-8, invalid YAML, a duplicated key (with
+    both lines) or a top level that is not a mapping."""
+    path = Path(path)
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        raise ConfigError("", f"{path}: config file not found") from None
+    except IsADirectoryError:
+        raise ConfigError("", f"{path}: is a directory, not a YAML config file") from None
+    except OSError as error:
+        raise ConfigError("", f"{path}: cannot read the config ({error.strerror or error})") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as error:
+        line = raw[:error.start].count(b"\n") + 1
+        raise ConfigError("", f"{path}:{line}: not valid UTF-8 (byte {error.start}: {error.reason})") from None
+    try:
+        data = yaml.load(text, Loader=_UniqueKeyLoader)
+    except _DuplicateKey as dup:
+        raise ConfigError("", f"{path}: key {dup.key!r} appears twice in one mapping (lines {dup.first} "
+                                        f"and {dup.again}); YAML would keep only the last") from None
+    except yaml.YAMLError as error:
+        raise ConfigError("", f"{path}: not valid YAML: {_yaml_error_text(error)}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, Mapping):
+        raise ConfigError("", f"{path}: the top level must be a mapping of sections, got {type(data).__name__}")
+    return dict(data)
+
+
 def load_config(path: Union[str, Path, None] = None, overrides: Sequence[str] = ()) -> MempoConfig:
-    """Load a YAML file (None: all defaults), apply dotted overrides, convert and validate."""
-    data: Any = {}
-    if path is not None:
-        text = Path(path).read_text(encoding="utf-8")
-        try:
-            data = yaml.safe_load(text)
-        except yaml.YAMLError as error:
-            raise ConfigError("", f"{path}: not valid YAML: {error}") from None
-        if data is None:
-            data = {}
-        if not isinstance(data, Mapping):
-            raise ConfigError("", f"{path}: the top level must be a mapping of sections, got {type(data).__name__}")
+    """Load a YAML file (None: all defaults; `read_yaml_mapping`), apply dotted overrides, convert
+    and validate."""
+    data: Any = read_yaml_mapping(path) if path is not None else {}
     return config_from_dict(data, overrides)
 
 
@@ -617,8 +687,9 @@ def config_to_dict(cfg: MempoConfig) -> dict[str, Any]:
 
 
 def dump_config(cfg: MempoConfig, path: Union[str, Path, None] = None) -> str:
-    """The config as YAML text (sections in declaration order); also written to `path` if given."""
+    """The config as YAML text (sections in declaration order); also written to `path` if given
+    (atomically: `mempo.atomic.replace_file_atomically`)."""
     text = yaml.safe_dump(config_to_dict(cfg), sort_keys=False, default_flow_style=False)
     if path is not None:
-        Path(path).write_text(text, encoding="utf-8")
+        replace_file_atomically(path, text, phase="config")
     return text

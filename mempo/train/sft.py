@@ -33,18 +33,20 @@ Conventions
   not this call, so an interrupted run resumed with the same arguments ends where an
   uninterrupted one does, with the same parameters (exactly so unless a ``"cosine"`` schedule
   follows ``max_seconds``, i.e. wall time). A checkpoint of other data (another seed or number of training sequences)
-  is refused with a ValueError.
+  is refused with a DataError.
 * Logits are computed only where the loss needs them (the assistant ids) when the model exposes
   a decoder (``model.model``) and an output head (``get_output_embeddings``): the vocabulary
   projection of every prompt position would cost as much as a layer of a small model.
 """
 from __future__ import annotations
 
-import json
 import math
 import random
 from pathlib import Path
 from typing import Any, Iterable, NamedTuple, Optional, Sequence, Union
+
+from mempo.env.data import DataError
+from mempo.jsonl import iter_jsonl_records
 
 __all__ = ["SFTExample", "examples_from_trajectories", "load_sft_records", "run_sft"]
 
@@ -92,17 +94,38 @@ def examples_from_trajectories(records: Iterable[Any], tokenizer: Any, *, chat_t
     return examples
 
 
+def _check_messages(messages: Any, where: str) -> None:
+    if not isinstance(messages, list) or not all(
+            isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content", ""), str)
+            for m in messages):
+        raise DataError(f"{where}: expected a list of {{'role': str, 'content': str}} messages")
+
+
+def _check_record(obj: Any, number: int) -> Any:
+    if isinstance(obj, dict) and "rounds" in obj and "episode_id" in obj:
+        rounds = obj["rounds"]
+        if not isinstance(rounds, list):
+            raise DataError("'rounds' must be a list")
+        for i, round_ in enumerate(rounds):
+            if not isinstance(round_, dict) or not isinstance(round_.get("assistant"), str):
+                raise DataError(f"rounds[{i}]: expected an object with 'messages' and an 'assistant' string")
+            _check_messages(round_.get("messages"), f"rounds[{i}].messages")
+        return obj
+    if isinstance(obj, dict) and "messages" in obj:
+        _check_messages(obj["messages"], "messages")
+        return obj
+    raise DataError("expected an oracle trajectory (episode_id, rounds) or a {'messages': [...]} object")
+
+
 def load_sft_records(path: Union[str, Path]) -> list[Any]:
-    """Records of a jsonl file: oracle trajectories or ``{"messages": [...]}`` chats."""
-    records = []
-    with open(path, encoding="utf-8") as handle:
-        for number, line in enumerate(handle, 1):
-            if not line.strip():
-                continue
-            obj = json.loads(line)
-            if not isinstance(obj, dict) or not ("messages" in obj or "rounds" in obj):
-                raise ValueError(f"{path}:{number}: expected an oracle trajectory or a {{'messages': [...]}} object")
-            records.append(obj)
+    """Records of a jsonl file: oracle trajectories or ``{"messages": [...]}`` chats (read with
+    `mempo.jsonl.iter_jsonl_records`). DataError naming the file (and the line) for a missing file,
+    bad UTF-8 or JSON, a record of neither shape, and a file without any assistant turn."""
+    records = list(iter_jsonl_records(path, _check_record, DataError, missing="SFT file not found"))
+    if not records:
+        raise DataError(f"{path}: no records (an empty file)")
+    if not any(True for record in records for _ in _turns(record)):
+        raise DataError(f"{path}: no assistant turns to train on (no message with role 'assistant')")
     return records
 
 
@@ -136,12 +159,12 @@ def _epoch_batches(examples: Sequence[SFTExample], batch_tokens: int, seed: int,
 
 
 def _resume_position(state: Any, seed: int, num_examples: int) -> dict[str, Any]:
-    """The data_state of an SFT checkpoint, checked against this run's data (ValueError otherwise)."""
+    """The data_state of an SFT checkpoint, checked against this run's data (DataError otherwise)."""
     data, extra = state.data_state, state.extra or {}
     if not isinstance(data, dict) or data.get("kind") != "sft":
-        raise ValueError(f"{state.path} is not an SFT checkpoint (its data_state is {data!r})")
+        raise DataError(f"{state.path} is not an SFT checkpoint (its data_state is {data!r})")
     if extra.get("seed") != seed or extra.get("examples") != num_examples:
-        raise ValueError(f"{state.path} was saved with seed {extra.get('seed')} and {extra.get('examples')} training "
+        raise DataError(f"{state.path} was saved with seed {extra.get('seed')} and {extra.get('examples')} training "
                          f"sequences; this run has seed {seed} and {num_examples}: resume with the same data, "
                          f"tokenizer and seed")
     return data
@@ -181,7 +204,7 @@ def run_sft(cfg: Any, model: Any, tokenizer: Any, trajectories: Sequence[Any], *
 
     examples = examples_from_trajectories(trajectories, tokenizer)
     if not examples:
-        raise ValueError("no assistant turns to train on")
+        raise DataError("no assistant turns to train on (the SFT records hold no non-empty assistant message)")
     actor_cfg = getattr(cfg, "actor", None)
     optimizer = torch.optim.AdamW(
         [p for p in model.parameters() if p.requires_grad], lr=lr,

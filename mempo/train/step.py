@@ -27,6 +27,9 @@ Conventions
     so each round carries its own memory advantage on its ``<mem>`` span and the outcome elsewhere.
   Rows are right-padded (pad id, attention 0); all ``[N, L]`` tensors are token-aligned as `Actor`
   expects.
+* Tool calls: ``rollout/tool_calls`` and ``rollout/tool_errors`` are this rank's counts for the
+  step (a failed call, e.g. an unreachable retriever, is an ``<information>Error: ...`` result
+  the policy sees; `mempo.env.tools`).
 * Old log-probs are the current policy's (computed before the update, eval mode), so the first PPO
   epoch's ratio is 1; reference log-probs come from the frozen reference actor (skipped when
   ``actor.kl_coef == 0``).
@@ -117,8 +120,9 @@ def loop_config(cfg: MempoConfig, step: int):
 # ------------------------------------------------------------------------------------------------
 # stages
 # ------------------------------------------------------------------------------------------------
-def rollout(ctx: StepContext, episodes: Sequence[Any], step: int) -> list:
-    """G trajectories of every episode (`RolloutEngine`), grouped by episode."""
+def rollout(ctx: StepContext, episodes: Sequence[Any], step: int) -> tuple[list, Any]:
+    """G trajectories of every episode (`RolloutEngine`), grouped by episode, and the engine's
+    `mempo.rollout.loop.RolloutStats` (tool calls and failed tool calls among them)."""
     from mempo.rollout.loop import RolloutEngine
 
     if ctx.scaffold is not None:
@@ -127,7 +131,7 @@ def rollout(ctx: StepContext, episodes: Sequence[Any], step: int) -> list:
         ctx.scaffold.set_answers({str(e.id): answer_text(e.golds) for e in episodes})
     engine = RolloutEngine(ctx.backend, ctx.tokenizer, ctx.tools, config=loop_config(ctx.cfg, step))
     trajectories = engine.run(list(episodes))
-    return trajectories
+    return trajectories, engine.stats
 
 
 def rewards(trajectories: Sequence[Any]) -> dict[str, float]:
@@ -272,9 +276,10 @@ def train_step(ctx: StepContext, episodes: Sequence[Any], step: int, timer: Opti
     began = time.perf_counter()
     metrics: dict[str, float] = {}
     with timer("rollout"):
-        trajectories = rollout(ctx, episodes, step)
+        trajectories, stats = rollout(ctx, episodes, step)
     with timer("rewards"):
         metrics.update(rewards(trajectories))
+        metrics.update({"rollout/tool_calls": float(stats.tool_calls), "rollout/tool_errors": float(stats.tool_errors)})
     with timer("memory_rewards"):
         metrics.update(memory_rewards(ctx, trajectories))
     with timer("advantages"):

@@ -5,7 +5,8 @@ Conventions
 -----------
 * Building (`build_run`): tokenizer: given, else ``model.tokenizer``, else the model directory's,
   else for ``model.path == "builtin-tiny"`` a byte-level BPE trained on the synthetic world
-  (`mempo.builtin.train_tokenizer`, saved to ``<out>/tokenizer`` and reloaded on resume). Model:
+  (`mempo.builtin.train_tokenizer`, saved atomically to ``<out>/tokenizer`` and reloaded on
+  resume; an unreadable saved one is retrained, with a warning: training it is deterministic). Model:
   given, else `build_causal_lm` (builtin-tiny: seeded with ``trainer.seed``). Episodes: given, else
   ``data.source == "synthetic"``: ``world.episodes(data.num_objectives, pool, data.seed)`` of the
   synthetic world (`mempo.eval.synthetic_world`: ``data.world_seed``, ``world_entities`` or
@@ -14,8 +15,12 @@ Conventions
   ``data.num_objectives``, seed ``data.seed``). Retriever: given, else `HTTPRetriever` when
   ``env.retriever == "http"``, else BM25 over ``env.corpus_path`` when set, else over the synthetic
   world's documents (``data.source == "files"`` without a corpus is a ConfigError naming
-  ``env.corpus_path``). The builtin-tiny tokenizer is trained on the world's or the corpus's
-  documents. The reference policy is a frozen copy of the initial model (skipped when
+  ``env.corpus_path``; a missing corpus file is a CorpusError naming it). An HTTP retriever must
+  answer its health check (``/health``) before anything is built: a RetrieverUnavailableError
+  naming ``env.retriever_url`` and the URL otherwise. The builtin-tiny tokenizer is trained on the
+  world's or the corpus's documents. A ``model.path`` / ``model.tokenizer`` that is not a saved
+  model is a ConfigError naming the field (`mempo.train.actor.load_pretrained`); a ``--out`` that
+  is a file too (`prepare_out_dir`). The reference policy is a frozen copy of the initial model (skipped when
   ``actor.kl_coef == 0``).
 * Scaffold: a built-in model (``builtin-tiny`` or a directory written by `mempo.builtin.save_builtin`)
   generates through `mempo.builtin.ScaffoldedHFBackend` (protocol forced, content sampled);
@@ -24,11 +29,16 @@ Conventions
   epochs over the episode pool, each epoch shuffled with ``random.Random(data.seed, epoch)`` when
   ``data.shuffle``; a pure function of s, so the data position is exactly the step
   (``data_state = {"step", "position"}``). Distributed: rank k takes every world_size-th question.
-* Checkpoints (`mempo.train.checkpoint`, atomic) every ``trainer.save_every`` steps and at the end:
-  model, optimiser, RNG states, data state; under ``<out>/checkpoints``. Resume: ``trainer.resume``
-  "auto" (latest complete checkpoint, if any), "never", or a checkpoint path; the metrics file is
-  cut back to the resumed step (`MetricsLogger(resume_step=...)`), so a resumed run's metrics.jsonl
-  equals an uninterrupted run's (timing values aside).
+* Checkpoints (`mempo.train.checkpoint`, atomic, with a manifest of digests) every
+  ``trainer.save_every`` steps and at the end: model, optimiser, RNG states, data state; under
+  ``<out>/checkpoints``. Resume: ``trainer.resume`` "never" (the default: a run directory that
+  already holds checkpoints is refused with a ConfigError offering ``--resume`` or a new
+  ``--out``, before anything is written), "auto" (``--resume``: the newest intact checkpoint,
+  skipping damaged ones with a line naming the file; a new run when there is none), or a checkpoint
+  path. Resuming under a config that differs from the saved ``config.yaml`` says which fields
+  differ. The metrics file is cut back to the resumed step (`MetricsLogger(resume_step=...)`), so a
+  resumed run's metrics.jsonl equals an uninterrupted run's (timing values aside).
+  ``config.yaml`` and the tokenizer are written atomically (`mempo.atomic`).
 * Periodic evaluation (``trainer.eval_every`` > 0): after every eval_every-th step (and before that
   step's checkpoint), `periodic_eval` runs `mempo.eval.evaluate` with the ``eval`` section
   (objectives, policies, episodes, max_turns, temperature) on the current policy's own generation
@@ -40,22 +50,31 @@ Conventions
   ``eval/<name>@k<k>_<policy>`` (`mempo.eval.EvalReport.scalars`, e.g. ``eval/em@k2_memory``) plus
   ``time/eval``. Rank 0 evaluates (on the unsharded rollout copy when distributed). Generation
   reseeds torch per request, so evaluating does not change the training run's numbers.
-* Determinism: ``torch.use_deterministic_algorithms(True, warn_only=True)``; seeds from
+* Determinism (`configure_determinism`, ``trainer.deterministic``): deterministic torch algorithms
+  (``warn_only``: an op without a deterministic kernel warns, naming itself), on by default for CPU
+  runs and off by default on CUDA; switched on for CUDA, ``CUBLAS_WORKSPACE_CONFIG=:4096:8`` is set
+  before CUDA starts (cuBLAS is otherwise not deterministic) and new tensors are not NaN-filled
+  (``torch.utils.deterministic.fill_uninitialized_memory = False``: a memset of every new CUDA
+  tensor costs bandwidth, and mempo's kernels write every output element). Seeds from
   ``trainer.seed`` (+ rank); the rollout of step s is seeded by (rollout.seed, s) only.
 """
 from __future__ import annotations
 
 import copy
+import os
 import random
 import sys
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from mempo.train.config import ConfigError, MempoConfig, dump_config
+from mempo.atomic import atomic_directory
+from mempo.train.config import ConfigError, MempoConfig, config_to_dict, dump_config, read_yaml_mapping
 
-__all__ = ["TrainResult", "Run", "build_run", "train", "periodic_eval", "step_episodes", "seed_everything"]
+__all__ = ["TrainResult", "Run", "build_run", "train", "periodic_eval", "step_episodes", "seed_everything",
+           "configure_determinism", "prepare_out_dir", "refuse_used_run_dir"]
 
 
 @dataclass
@@ -90,14 +109,59 @@ class Run:
 
 
 def seed_everything(seed: int) -> None:
-    """Seed python, numpy and torch; deterministic torch algorithms (warn only)."""
+    """Seed python, numpy and torch (determinism is `configure_determinism`'s)."""
     import numpy as np
     import torch
 
     random.seed(seed)
     np.random.seed(seed % (2 ** 32))
     torch.manual_seed(seed)
-    torch.use_deterministic_algorithms(True, warn_only=True)
+
+
+def configure_determinism(enabled: Optional[bool] = None, *, cuda: Optional[bool] = None) -> bool:
+    """Deterministic torch algorithms per ``trainer.deterministic`` (module conventions); returns
+    whether they are on. enabled None: on unless CUDA is used. cuda: whether the run uses CUDA
+    (None: ``torch.cuda.is_available()``). Call it before CUDA starts (`build_run` does, first)."""
+    import torch
+
+    cuda = torch.cuda.is_available() if cuda is None else bool(cuda)
+    on = (not cuda) if enabled is None else bool(enabled)
+    if on and cuda and "CUBLAS_WORKSPACE_CONFIG" not in os.environ:
+        if torch.cuda.is_initialized():
+            warnings.warn("trainer.deterministic: CUDA started before CUBLAS_WORKSPACE_CONFIG was set; cuBLAS "
+                          "may stay non-deterministic (set CUBLAS_WORKSPACE_CONFIG=:4096:8 in the environment)",
+                          RuntimeWarning, stacklevel=2)
+        os.environ["CUBLAS_WORKSPACE_CONFIG"] = ":4096:8"
+    torch.use_deterministic_algorithms(on, warn_only=True)
+    torch.utils.deterministic.fill_uninitialized_memory = not cuda
+    return on
+
+
+def prepare_out_dir(path: Any, field_name: str = "trainer.out_dir") -> Path:
+    """Create the run directory `path` (ConfigError naming `field_name` when it is a file or cannot
+    be created)."""
+    out = Path(path)
+    if out.exists() and not out.is_dir():
+        raise ConfigError(field_name, f"{out} exists and is not a directory; give a directory for the run")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise ConfigError(field_name, f"cannot create {out}: {error.strerror or error}") from None
+    return out
+
+
+def refuse_used_run_dir(resume: str, checkpoints: Path, command: str = "train") -> None:
+    """Refuse a run before anything is built or written: a ConfigError when ``trainer.resume`` is
+    "never" and `checkpoints` already holds checkpoints (module conventions), a CheckpointError
+    when it names a path that does not exist."""
+    from mempo.train.checkpoint import CheckpointError, has_checkpoints
+
+    mode = resume.strip()
+    if mode == "never" and has_checkpoints(checkpoints):
+        raise ConfigError("trainer.resume", f"{checkpoints} already holds checkpoints of an earlier run; continue it "
+                                            f"with `mempo {command} --resume` (trainer.resume=auto) or give a new --out")
+    if mode not in ("never", "auto") and not Path(mode).exists():
+        raise CheckpointError(f"trainer.resume: {mode}: no such checkpoint directory")
 
 
 def step_episodes(episodes: Sequence[Any], step: int, batch_size: int, *, shuffle: bool = True, seed: int = 0,
@@ -127,13 +191,18 @@ def _is_builtin(cfg: MempoConfig) -> bool:
 def _build_tokenizer(cfg: MempoConfig, out_dir: Path, world: Any):
     from transformers import AutoTokenizer
 
+    from mempo.train.actor import load_pretrained
+
     if cfg.model.tokenizer:
-        return AutoTokenizer.from_pretrained(cfg.model.tokenizer)
+        return load_pretrained(AutoTokenizer.from_pretrained, cfg.model.tokenizer, "model.tokenizer", "tokenizer")
     if cfg.model.path != "builtin-tiny":
-        return AutoTokenizer.from_pretrained(cfg.model.path)
+        return load_pretrained(AutoTokenizer.from_pretrained, cfg.model.path, "model.path", "tokenizer")
     saved = out_dir / "tokenizer"
     if (saved / "tokenizer.json").is_file():
-        return AutoTokenizer.from_pretrained(saved)
+        try:
+            return AutoTokenizer.from_pretrained(saved)
+        except Exception as error:  # a damaged save (e.g. torn by an old mempo writing it in place)
+            _log(f"{saved}: unreadable saved tokenizer ({type(error).__name__}); training it again")
     from mempo.builtin import default_corpus_texts, train_tokenizer
 
     texts = default_corpus_texts(world)
@@ -145,7 +214,8 @@ def _build_tokenizer(cfg: MempoConfig, out_dir: Path, world: Any):
         texts += [f"{doc.title}\n{doc.text}" for doc in islice(iter_corpus(cfg.env.corpus_path), 2000)]
     tokenizer = train_tokenizer(texts, vocab_size=1024)
     if _rank() == 0:
-        tokenizer.save_pretrained(saved)
+        with atomic_directory(saved, phase="tokenizer") as staging:
+            tokenizer.save_pretrained(staging)
     return tokenizer
 
 
@@ -214,9 +284,15 @@ def build_run(cfg: MempoConfig, *, model=None, tokenizer=None, episodes=None, re
     if retriever is None and cfg.data.source == "files" and cfg.env.retriever == "bm25" and not cfg.env.corpus_path:
         raise ConfigError("env.corpus_path", "must name a corpus jsonl (mempo.env.corpus) when data.source is "
                                              "'files' and env.retriever is 'bm25'")
+    configure_determinism(cfg.trainer.deterministic)
+    if retriever is None and cfg.env.corpus_path and not Path(cfg.env.corpus_path).is_file():
+        from mempo.env.corpus import CorpusError
+
+        raise CorpusError(f"env.corpus_path: {cfg.env.corpus_path}: corpus file not found")
+    if retriever is None and cfg.env.retriever == "http":  # fail before anything is built or written
+        retriever = _healthy_http_retriever(cfg.env.retriever_url)
     info = init_distributed()
-    out = Path(out_dir or cfg.trainer.out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    out = prepare_out_dir(out_dir or cfg.trainer.out_dir)
     seed_everything(cfg.trainer.seed + info.rank)
     world = None
     evaluating = cfg.trainer.eval_every > 0
@@ -232,11 +308,7 @@ def build_run(cfg: MempoConfig, *, model=None, tokenizer=None, episodes=None, re
     if episodes is None:
         episodes = _episode_pool(cfg, world)
     if retriever is None:
-        if cfg.env.retriever == "http":
-            from mempo.env.client import HTTPRetriever
-
-            retriever = HTTPRetriever(cfg.env.retriever_url)
-        elif cfg.env.corpus_path:
+        if cfg.env.corpus_path:
             from mempo.env.retriever import load_or_build_bm25
 
             retriever = load_or_build_bm25(cfg.env.corpus_path, None)
@@ -268,6 +340,24 @@ def build_run(cfg: MempoConfig, *, model=None, tokenizer=None, episodes=None, re
     return Run(cfg, out, tokenizer, model, list(episodes), retriever, ctx, info.rank, info.world_size, eval_sets)
 
 
+def _healthy_http_retriever(url: str):
+    """An `HTTPRetriever` at `url` that answered its ``/health`` (RetrieverUnavailableError naming
+    ``env.retriever_url`` and the URL otherwise)."""
+    from mempo.env.client import HTTPRetriever
+    from mempo.env.retriever import RetrieverUnavailableError
+
+    try:
+        retriever = HTTPRetriever(url)
+    except ValueError as error:
+        raise ConfigError("env.retriever_url", str(error)) from None
+    try:
+        retriever.health()
+    except RetrieverUnavailableError as error:
+        raise RetrieverUnavailableError(f"env.retriever_url: the retriever failed its health check before "
+                                        f"training: {error}") from None
+    return retriever
+
+
 def periodic_eval(run: Run, step: int) -> dict[str, float]:
     """The ``eval`` section's evaluation of the current policy after step `step` (module
     conventions): ``eval/<name>@k<k>_<policy>`` metrics and ``time/eval``."""
@@ -288,15 +378,21 @@ def train(cfg: MempoConfig, *, model=None, tokenizer=None, episodes=None, retrie
     from mempo.train.logging import MetricsLogger, StageTimer, progress
     from mempo.train.step import train_step
 
+    t = cfg.trainer
+    refuse_used_run_dir(t.resume, Path(out_dir or t.out_dir) / "checkpoints")  # before anything is written
     run = build_run(cfg, model=model, tokenizer=tokenizer, episodes=episodes, retriever=retriever, out_dir=out_dir,
                     scaffold=scaffold)
-    t = cfg.trainer
     ckpt_root = run.out_dir / "checkpoints"
     start, resumed = 0, None
-    path = resume_checkpoint(t.resume, ckpt_root)
+    path = resume_checkpoint(t.resume, ckpt_root, log=_log)  # collective; rank 0 verifies and says what it skips
     if path is not None:
-        state = load_checkpoint(path, run.ctx.actor.module, run.ctx.actor.optimizer)
+        state = load_checkpoint(path, run.ctx.actor.module, run.ctx.actor.optimizer, verify=False)
         start = resumed = int(state.step)
+        if run.rank == 0:
+            _log(f"resuming from {path} (step {start})")
+            _report_config_changes(cfg, run.out_dir / "config.yaml")
+    elif t.resume.strip() == "auto" and run.rank == 0:
+        _log(f"no checkpoint in {ckpt_root}: starting a new run")
     if run.rank == 0:
         dump_config(cfg, run.out_dir / "config.yaml")
     result = TrainResult(run.out_dir, start, resumed_from=resumed, model=run.model, tokenizer=run.tokenizer)
@@ -312,6 +408,9 @@ def train(cfg: MempoConfig, *, model=None, tokenizer=None, episodes=None, retrie
             batch = step_episodes(run.episodes, step, B, shuffle=cfg.data.shuffle, seed=cfg.data.seed,
                                   rank=run.rank, world_size=run.world_size)
             metrics = train_step(run.ctx, batch, step, timer).metrics
+            if metrics["rollout/tool_errors"] and metrics["rollout/tool_errors"] == metrics["rollout/tool_calls"]:
+                _log(f"step {step}: all {int(metrics['rollout/tool_calls'])} tool calls failed "
+                     f"(rollout/tool_errors; is the retriever up?)")
             evaluated = bool(t.eval_every) and step % t.eval_every == 0 and run.rank == 0
             if evaluated:
                 metrics.update(periodic_eval(run, step))
@@ -326,6 +425,33 @@ def train(cfg: MempoConfig, *, model=None, tokenizer=None, episodes=None, retrie
                     keep_last=t.keep_last)
             bar.advance(1)
     return result
+
+
+def _report_config_changes(cfg: MempoConfig, saved: Path) -> None:
+    """Say which fields of `cfg` differ from the run's saved config.yaml (a resumed run)."""
+    if not saved.is_file():
+        return
+    try:
+        before = _flat(read_yaml_mapping(saved))
+    except ConfigError as error:
+        _log(f"cannot compare with the saved config: {error}")
+        return
+    now = _flat(config_to_dict(cfg))
+    changed = [f"{key} ({before.get(key)!r} -> {value!r})" for key, value in now.items()
+               if key not in ("trainer.resume", "trainer.out_dir") and before.get(key) != value]
+    if changed:
+        _log(f"resuming under a config that differs from {saved} in: {', '.join(changed)}")
+
+
+def _flat(tree: dict, prefix: str = "") -> dict[str, Any]:
+    """{"section.field": value} of a nested config mapping."""
+    out: dict[str, Any] = {}
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            out.update(_flat(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
 
 
 def _log(message: str) -> None:
