@@ -4,7 +4,8 @@
     mempo demo [--config configs/demo.yaml] [--out demo_out] [section.field=value ...]
 
 ``eval``: the model directory holds a saved HF causal LM and its tokenizer (``save_pretrained``;
-e.g. ``demo_out/model_rl``); the world is generated from ``cfg.data`` (``world_seed``,
+e.g. ``demo_out/model_rl``); it generates through the backend ``rollout.backend`` names
+(`mempo.rollout.backends.factory.build_backend`: HF, or SGLang loading the directory); the world is generated from ``cfg.data`` (``world_seed``,
 ``world_entities``) and the episodes from ``cfg.eval`` (`mempo.eval.eval_episodes`). Writes
 ``OUT_DIR/<name>.json`` and ``OUT_DIR/<name>.md`` (``--name``, default ``eval``).
 ``demo``: see `mempo.demo`. Heavy imports happen inside the run functions.
@@ -48,10 +49,18 @@ def _eval(args: argparse.Namespace) -> int:
     if args.episodes is not None and args.episodes < 1:
         print("mempo eval: --episodes must be >= 1", file=sys.stderr)
         return 2
+    from mempo.errors import MempoError
+    from mempo.rollout.backends.factory import build_backend
+
     model, tokenizer = load_model_dir(args.model, cfg.model.dtype)
+    try:  # rollout.backend chooses the generator, as in training
+        backend = build_backend(cfg, model, tokenizer, model_path=args.model)
+    except MempoError as error:
+        print(f"mempo eval: {error}", file=sys.stderr)
+        return 2
     world, retriever = build_world(cfg)
     episodes = eval_episodes(world, cfg, args.episodes)
-    report = evaluate(model, tokenizer, episodes, retriever, cfg, label=args.name,
+    report = evaluate(model, tokenizer, episodes, retriever, cfg, backend=backend, label=args.name,
                       show_progress=not args.no_progress, keep_trajectories=args.trajectories)
     report.metadata["model_dir"] = os.path.abspath(args.model)
     paths = report.write(args.out, args.name, trajectories=args.trajectories)
