@@ -1,4 +1,4 @@
-"""Built-in tiny tokenizer and models (no download), and the protocol scaffold for random models.
+"""Built-in tiny tokenizer and models (no download), and an answer-blind protocol scaffold.
 
 * `train_tokenizer(texts, vocab_size)`: a byte-level BPE trained with Hugging Face `tokenizers` on
   `texts`, wrapped as a `transformers.PreTrainedTokenizerFast`. Special tokens: ``<|endoftext|>``
@@ -14,44 +14,42 @@
       tiny:  hidden 64,  2 layers, 4 heads (2 KV), MLP 128
       small: hidden 256, 4 layers, 8 heads (4 KV), MLP 512
 
-* `save_builtin(dir, model, tokenizer)` / `load_builtin(dir)`: ``save_pretrained`` of both, plus a
-  marker file ``mempo_builtin.json`` (so `ModelConfig.path` can point at the directory, and the
-  trainer knows the model is a built-in one that needs the scaffold).
-* `ProtocolScaffold` + `ScaffoldedHFBackend`: a random (or barely trained) model does not follow
-  the turn protocol, so every rollout would end after one malformed round. The scaffold is a
-  transformers logits processor that shapes each round into
+  Save one with ``save_pretrained`` (`mempo.train.export.save_model_dir`): a plain HF directory,
+  usable as ``model.path``; nothing about it marks it as built-in.
+* `ProtocolScaffold`: a transformers logits processor for random (or barely trained) models, which
+  do not follow the turn protocol and whose every rollout would end after one malformed round. It
+  is an explicit opt-in (``rollout.protocol_scaffold: true``, default off; HF backend only) for
+  tests and tiny demos; real models follow the protocol themselves. Each round is shaped into
 
       <mem>[free x mem_tokens]</mem>\\n<think>\\n[free x think_tokens]\\n</think>\\n
         rounds < turns-1:  <search>[free x query_tokens]</search>
-        last round:        <answer>{choice: the gold answer | "unknown"}</answer>
+        last round:        <answer>{answer}</answer>
 
   "free" tokens are sampled from the model (tokens whose bytes contain ``<`` or ``>`` and the
   special tokens are banned, and a mem's first token must hold a non-space byte, so every ``<mem>``
-  is well formed and non-blank); tags are forced; the answer is a *choice* the model makes: at each
-  answer position only the next tokens of the candidates still consistent with what was generated
-  are allowed, so P(correct answer) is the model's own (learnable) probability. Outcome rewards thus
-  vary inside a group, and memory rewards come from the model's own free memory text. Every token
-  (forced or free) is a real generated token, scored by the actor like any other.
-  The scaffold is for demos and tests only; real models follow the protocol themselves.
+  is well formed and non-blank); tags are forced. The answer is answer-blind: it is a choice among
+  `context_candidates` of the round's own prompt (the text the agent has read in this trajectory:
+  its ``<information>`` results), one to ``max_parts`` of them joined by ``"; "``; at each answer
+  position only the next tokens of the candidates still consistent with what was generated (or the
+  separator / the closing tag where a candidate is complete) are allowed, so which string the model
+  answers is its own (learnable) probability. With no candidate in the context the answer is
+  ``query_tokens`` free tokens. The scaffold is never told the episodes or their gold answers: its
+  only input is each request's prompt ids (``begin(requests)``, called by `HFBackend` before each
+  ``generate`` chunk). Every token (forced or free) is a real generated token, scored by the actor
+  like any other.
 """
 from __future__ import annotations
 
-import json
-import os
-from pathlib import Path
-from typing import Any, Iterable, Mapping, Optional, Sequence, Union
+import re
+from typing import Any, Iterable, Optional, Sequence
 
-from mempo.atomic import atomic_directory
-
-__all__ = ["SIZES", "SPECIAL_TOKENS", "CHATML_TEMPLATE", "MARKER_FILE", "train_tokenizer", "default_corpus_texts",
-           "tiny_model", "save_builtin", "load_builtin", "is_builtin_dir", "ProtocolScaffold",
-           "ScaffoldedHFBackend", "answer_text"]
+__all__ = ["SIZES", "SPECIAL_TOKENS", "CHATML_TEMPLATE", "train_tokenizer", "default_corpus_texts", "tiny_model",
+           "context_candidates", "ProtocolScaffold"]
 
 PAD_TOKEN = "<|endoftext|>"
 IM_START = "<|im_start|>"
 IM_END = "<|im_end|>"
 SPECIAL_TOKENS = (PAD_TOKEN, IM_START, IM_END)
-MARKER_FILE = "mempo_builtin.json"
 CHATML_TEMPLATE = (
     "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
     "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
@@ -133,66 +131,79 @@ def tiny_model(tokenizer: Any, size: str = "tiny", seed: int = 0, *, max_positio
     return model
 
 
-def save_builtin(directory: Union[str, os.PathLike], model: Any, tokenizer: Any, **info: Any) -> Path:
-    """``save_pretrained`` of model and tokenizer into `directory` plus the builtin marker file,
-    atomically (`mempo.atomic.atomic_directory`: a crash leaves the previous directory or none)."""
-    path = Path(directory)
-    with atomic_directory(path) as staging:
-        model.save_pretrained(staging)
-        tokenizer.save_pretrained(staging)
-        (staging / MARKER_FILE).write_text(json.dumps({"builtin": True, **info}, sort_keys=True) + "\n",
-                                           encoding="utf-8")
-    return path
-
-
-def is_builtin_dir(path: Union[str, os.PathLike, None]) -> bool:
-    """True when `path` is a directory written by `save_builtin`."""
-    return path is not None and (Path(path) / MARKER_FILE).is_file()
-
-
-def load_builtin(directory: Union[str, os.PathLike]):
-    """(model, tokenizer) saved by `save_builtin` (float32, eval mode)."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    model = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32)
-    model.eval()
-    return model, AutoTokenizer.from_pretrained(directory)
 
 
 # ------------------------------------------------------------------------------------------------
-# protocol scaffold
+# protocol scaffold (answer-blind)
 # ------------------------------------------------------------------------------------------------
-def answer_text(golds: Any) -> str:
-    """The answer string of `golds` (first alias of every objective, joined by "; ")."""
-    from mempo.reward import objectives_from_golds
+_INFORMATION_BLOCK = re.compile(r"<information>(.*?)</information>", re.S)
+_WORD = re.compile(r"[\w'-]+")
+_WORD_GAP = re.compile(r"\s+")
 
-    return "; ".join(aliases[0] for aliases in objectives_from_golds(golds))
+
+def context_candidates(text: str, *, max_words: int = 4, limit: int = 32) -> list[str]:
+    """The answer strings `ProtocolScaffold` lets the model choose from, given a round's prompt text.
+
+    Only text inside ``<information>...</information>`` blocks counts (the tool results the agent
+    read in this trajectory's context), in order. In each block, the words (maximal runs of
+    letters, digits, ``'`` and ``-``) are grouped into maximal runs of consecutive words that start
+    with an upper-case letter or a digit and are separated by white space only (any other character
+    ends a run); runs of at most `max_words` words are candidates ("Cousko Stozofal", "1798",
+    "Doc 1"). Duplicates are dropped (first appearance kept); at most `limit` are returned.
+    A pure function of `text`: nothing else (no episode, no gold answer) goes in.
+    """
+    found: list[str] = []
+    seen: set[str] = set()
+    for block in _INFORMATION_BLOCK.findall(text):
+        run: list[str] = []
+        last_end = None
+        for match in list(_WORD.finditer(block)) + [None]:
+            word = match.group(0) if match is not None else ""
+            joined = (match is not None and last_end is not None
+                      and _WORD_GAP.fullmatch(block[last_end:match.start()]) is not None)
+            capital = bool(word) and (word[0].isupper() or word[0].isdigit())
+            if run and not (capital and joined):
+                if len(run) <= max_words:
+                    candidate = " ".join(run)
+                    if candidate not in seen:
+                        seen.add(candidate)
+                        found.append(candidate)
+                        if len(found) >= limit:
+                            return found
+                run = []
+            if capital:
+                run.append(word)
+            last_end = match.end() if match is not None else None
+    return found
 
 
 class ProtocolScaffold:
-    """A logits processor shaping each round into a well-formed protocol turn (module docstring).
+    """A logits processor shaping each round into a well-formed protocol turn, answer-blind (module
+    docstring).
 
     Args:
         tokenizer: the policy's tokenizer.
         turns: rounds per trajectory (searches in rounds 1..turns-1, the answer in round `turns`).
         mem_tokens / think_tokens / query_tokens: free tokens of each segment.
-        wrong_answer: the alternative to the gold answer in the last round's choice.
-    Call `set_answers({task_id: answer})` before a rollout; `begin(requests)` is called by
-    `ScaffoldedHFBackend` before each ``generate`` chunk (rows in request order).
+        max_parts: most candidates one answer may join with "; " (multi-objective episodes).
+        max_words / max_candidates: `context_candidates` settings.
+    `begin(requests)` is called by `HFBackend` before each ``generate`` chunk (rows in request
+    order); it reads only each request's round index and prompt ids. The per-chunk state
+    (``rows``) is replaced at every call, so it never holds another request's candidates.
     """
 
     def __init__(self, tokenizer: Any, turns: int = 3, *, mem_tokens: int = 8, think_tokens: int = 4,
-                 query_tokens: int = 3, wrong_answer: str = "unknown"):
+                 query_tokens: int = 3, max_parts: int = 4, max_words: int = 4, max_candidates: int = 32):
         import torch
 
         from mempo.rollout.backends.stopping import TokenBytes
 
         if turns < 1:
             raise ValueError("turns must be >= 1")
+        if max_parts < 1:
+            raise ValueError("max_parts must be >= 1")
         self.tokenizer = tokenizer
         self.turns = turns
-        self.enc = lambda s: tokenizer.encode(s, add_special_tokens=False)  # noqa: E731
         pieces = TokenBytes.of(tokenizer).pieces
         vocab = max(len(tokenizer), len(pieces))
         special = set(getattr(tokenizer, "all_special_ids", []) or [])
@@ -202,47 +213,97 @@ class ProtocolScaffold:
         blank = [i for i in range(len(pieces)) if pieces[i] and not pieces[i].strip()]
         self.banned_first = torch.tensor(sorted(set(banned) | set(blank)), dtype=torch.long)
         self.sizes = (mem_tokens, think_tokens, query_tokens)
-        self.wrong_answer = wrong_answer
-        self.answers: dict[str, str] = {}
+        self.max_parts = max_parts
+        self.max_words = max_words
+        self.max_candidates = max_candidates
         self.rows: list[Optional[list]] = []
         self.width: Optional[int] = None
-        self._plans: dict[tuple[int, str], list] = {}
+        self._fixed_plans: dict[int, list] = {}
 
-    def set_answers(self, answers: Mapping[str, str]) -> None:
-        """Gold answer text per task id (the request key's uid, before any "#k" suffix)."""
-        self.answers = dict(answers)
+    def _encode(self, text: str) -> list[int]:
+        return list(self.tokenizer.encode(text, add_special_tokens=False))
 
-    def plan(self, round_index: int, answer: Optional[str]) -> list:
-        """The segment plan of one round: ("free", n, first_banned), ("force", ids), ("choice", [ids])."""
-        key = (min(round_index, self.turns - 1), answer or "")
-        if key in self._plans:
-            return self._plans[key]
+    def candidates(self, prompt_ids: Sequence[int]) -> list[str]:
+        """`context_candidates` of the prompt's text (decoded with special tokens kept)."""
+        from mempo.rollout.chat import decode_ids
+
+        return context_candidates(decode_ids(self.tokenizer, prompt_ids), max_words=self.max_words,
+                                  limit=self.max_candidates)
+
+    def plan(self, round_index: int, prompt_ids: Sequence[int] = ()) -> list:
+        """The segment plan of one round: ("free", n, first_banned), ("force", ids) and, in the
+        last round, ("answer", [candidate ids], separator ids, closing ids, max_parts)."""
+        last = min(round_index, self.turns - 1) == self.turns - 1
+        if not last and round_index in self._fixed_plans:
+            return self._fixed_plans[round_index]
         mem, think, query = self.sizes
-        segments: list = [("free", mem, True), ("force", self.enc("</mem>\n<think>\n")), ("free", think, False)]
-        if key[0] < self.turns - 1:
-            segments += [("force", self.enc("\n</think>\n<search>")), ("free", query, True),
-                         ("force", self.enc("</search>"))]
+        segments: list = [("free", mem, True), ("force", self._encode("</mem>\n<think>\n")), ("free", think, False)]
+        if not last:
+            segments += [("force", self._encode("\n</think>\n<search>")), ("free", query, True),
+                         ("force", self._encode("</search>"))]
+            self._fixed_plans[round_index] = segments
+            return segments
+        segments.append(("force", self._encode("\n</think>\n<answer>")))
+        options = [ids for ids in (self._encode(c) for c in self.candidates(prompt_ids)) if ids]
+        if options:
+            segments.append(("answer", options, self._encode("; "), self._encode("</answer>"), self.max_parts))
         else:
-            candidates = [self.enc(self.wrong_answer)]
-            if answer and self.enc(answer) != candidates[0]:
-                candidates.insert(0, self.enc(answer))
-            segments += [("force", self.enc("\n</think>\n<answer>")), ("choice", candidates),
-                         ("force", self.enc("</answer>"))]
-        self._plans[key] = segments
+            segments += [("free", query, True), ("force", self._encode("</answer>"))]
         return segments
 
     def begin(self, requests: Sequence[Any]) -> None:
+        """The plans of one ``generate`` chunk's rows, from each request's round and prompt ids."""
         self.rows, self.width = [], None
         for request in requests:
             key = request.key
             if key is None:
                 self.rows.append(None)
                 continue
-            task_id = str(key.uid).split("#", 1)[0]
-            self.rows.append(self.plan(key.round_index, self.answers.get(task_id)))
+            context = request.prompt_ids[:len(request.prompt_ids) - request.prefix_len]
+            self.rows.append(self.plan(key.round_index, context))
 
     @staticmethod
-    def _constraint(plan: list, generated: list[int]):
+    def _answer_allowed(segment: tuple, generated: list[int]) -> Optional[list[int]]:
+        """Allowed next ids of an answer segment after `generated` (its ids so far); None once the
+        closing tag is complete. States: ("c", candidate, k, part), ("s", k, part), ("e", k)."""
+        _, options, sep, close, max_parts = segment
+
+        def closure(states):
+            out, todo = set(), list(states)
+            while todo:
+                state = todo.pop()
+                if state in out:
+                    continue
+                out.add(state)
+                if state[0] == "c" and state[2] == len(options[state[1]]):
+                    if state[3] < max_parts:
+                        todo.append(("s", 0, state[3]))
+                    todo.append(("e", 0))
+                elif state[0] == "s" and state[1] == len(sep):
+                    todo.extend(("c", i, 0, state[2] + 1) for i in range(len(options)))
+            return out
+
+        def expected(state):
+            if state[0] == "c":
+                ids = options[state[1]]
+                return ids[state[2]] if state[2] < len(ids) else None
+            ids = sep if state[0] == "s" else close
+            return ids[state[1]] if state[1] < len(ids) else None
+
+        states = closure(("c", i, 0, 1) for i in range(len(options)))
+        for token in generated:
+            advanced = []
+            for state in states:
+                if expected(state) == token:
+                    advanced.append(state[:-2] + (state[-2] + 1, state[-1]) if state[0] != "e"
+                                    else ("e", state[1] + 1))
+            states = closure(advanced)
+            if any(s[0] == "e" and s[1] == len(close) for s in states) or not states:
+                return None
+        return sorted({t for t in (expected(s) for s in states) if t is not None})
+
+    @classmethod
+    def _constraint(cls, plan: list, generated: list[int]):
         """("free", first_banned) | ("allow", [ids]) | None (plan done) for the next token."""
         pos, n = 0, len(generated)
         for segment in plan:
@@ -256,13 +317,8 @@ class ProtocolScaffold:
                 if k < len(segment[1]):
                     return ("allow", [segment[1][k]])
                 pos += len(segment[1])
-            else:  # choice
-                k = n - pos
-                done = [c for c in segment[1] if len(c) <= k and generated[pos:pos + len(c)] == c]
-                if done:
-                    pos += len(done[0])
-                    continue
-                allowed = sorted({c[k] for c in segment[1] if len(c) > k and generated[pos:pos + k] == c[:k]})
+            else:  # answer: the last segment
+                allowed = cls._answer_allowed(segment, generated[pos:])
                 return ("allow", allowed) if allowed else None
         return None
 
@@ -287,28 +343,3 @@ class ProtocolScaffold:
                 scores[row] = float("-inf")
                 scores[row, constraint[1]] = keep
         return scores
-
-
-def _scaffolded_backend_class():
-    from mempo.rollout.backends.hf import HFBackend
-
-    class ScaffoldedHFBackend(HFBackend):
-        """`HFBackend` whose generation is shaped by a `ProtocolScaffold` (module docstring)."""
-
-        def __init__(self, model: Any, tokenizer: Any, scaffold: ProtocolScaffold, **kwargs: Any):
-            super().__init__(model, tokenizer, logits_processors=[scaffold], **kwargs)
-            self.scaffold = scaffold
-
-        def _generate_chunk(self, requests, sampling):
-            self.scaffold.begin(requests)
-            return super()._generate_chunk(requests, sampling)
-
-    return ScaffoldedHFBackend
-
-
-def __getattr__(name: str):
-    if name == "ScaffoldedHFBackend":
-        cls = _scaffolded_backend_class()
-        globals()[name] = cls
-        return cls
-    raise AttributeError(f"module 'mempo.builtin' has no attribute {name!r}")

@@ -79,8 +79,6 @@ class DemoConfig:
     sft_prompt_loss_weight: `run_sft`'s ``prompt_loss_weight``: the loss also models the prompt
     tokens (question, previous round, search results) with this weight (0: assistant tokens only);
     a model from scratch learns to copy names from its context much sooner.
-    rl_scaffold: generate RL rollouts through `mempo.builtin.ScaffoldedHFBackend` (None: only when
-    no SFT ran, i.e. when the random model cannot follow the protocol by itself).
     torch_threads: torch intra-op threads (0: automatic: the CPUs other processes leave idle, from
     /proc/stat sampled over half a second, at least 1; small models on a busy machine run much
     slower with oversubscribed threads).
@@ -102,7 +100,6 @@ class DemoConfig:
     sft_schedule: str = "cosine"
     sft_prompt_loss_weight: float = 1.0
     sft_batch_tokens: int = 2048
-    rl_scaffold: Optional[bool] = None
     torch_threads: int = 0
     seed: int = 0
 
@@ -371,15 +368,14 @@ def run_demo(cfg: Any, demo: DemoConfig, out_dir: PathLike, *, echo: Callable[[s
             episodes = [e for e in drawn if not set(e.questions) & state["eval_questions"]][:wanted]
             if len(episodes) < wanted:  # a tiny world: fall back to the first draws
                 episodes = drawn[:wanted]
-            scaffold = demo.rl_scaffold if demo.rl_scaffold is not None else "sft_result" not in state
             result = _call(train, cfg, model=state["model"], tokenizer=tokenizer, episodes=episodes,
-                           retriever=retriever, out_dir=str(out / "rl"), scaffold=bool(scaffold))
+                           retriever=retriever, out_dir=str(out / "rl"))
             state["rl_result"] = result
             trained = getattr(result, "model", None)
             if trained is not None and hasattr(trained, "parameters"):
                 state["model"] = trained
             _save_model(out / "model_rl", state["model"], tokenizer)
-            rollouts = "scaffolded" if scaffold else "the model's own"
+            rollouts = "answer-blind protocol scaffold" if cfg.rollout.protocol_scaffold else "the model's own"
             return result, f"{steps} MemPO steps ({_describe(result)}, {rollouts} rollouts); metrics in {out / 'rl'}"
 
         stages.run("rl", rl_stage)
@@ -470,9 +466,10 @@ def _describe(result: Any) -> str:
 
 
 def _save_model(path: Path, model: Any, tokenizer: Any) -> None:
-    from mempo.builtin import save_builtin
+    """A plain HF directory (`mempo.train.export.save_model_dir`) with the demo as its provenance."""
+    from mempo.train.export import save_model_dir
 
-    save_builtin(path, model, tokenizer)
+    save_model_dir(path, model, tokenizer, provenance={"written_by": "mempo demo", "stage": path.name})
 
 
 # ------------------------------------------------------------------------------------------------

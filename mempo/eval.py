@@ -739,7 +739,8 @@ def evaluate(model: Any, tokenizer: Any, episodes_by_k: Mapping[Any, Sequence[An
                 rollout_cfg = RolloutConfig.evaluation(
                     policy=policy, max_turns=cfg.eval.max_turns, max_new_tokens=max_new,
                     temperature=cfg.eval.temperature, top_p=cfg.rollout.top_p, top_k=cfg.rollout.top_k,
-                    seed=cfg.rollout.seed, max_context_tokens=max_context, tool_workers=4)
+                    seed=cfg.rollout.seed, max_context_tokens=max_context, tool_workers=4,
+                    chat_template=cfg.rollout.chat_template)
                 engine = RolloutEngine(backend, tokenizer, tools, config=rollout_cfg)
                 cell_start = time.perf_counter()
                 trajectories = []

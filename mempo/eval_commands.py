@@ -6,7 +6,8 @@
     mempo demo [--config configs/demo.yaml] [--out demo_out] [section.field=value ...]
 
 ``eval``: the model directory holds a saved HF causal LM and its tokenizer (``save_pretrained``;
-e.g. ``demo_out/model_rl``). The data are the config's: ``data.source: synthetic`` (the world of
+e.g. ``demo_out/model_rl``); it generates through the backend ``rollout.backend`` names
+(`mempo.rollout.backends.factory.build_backend`: HF, or SGLang loading the directory). The data are the config's: ``data.source: synthetic`` (the world of
 ``cfg.data``, episodes from ``cfg.eval``: `mempo.eval.eval_episodes`) or ``files`` (the QA files
 ``data.eval_files``, one table per dataset and k: `mempo.eval.qa_eval_episodes`), the retriever
 the config's ``env`` section (`mempo.eval.eval_retriever`). The flags are shorthands applied over
@@ -79,23 +80,12 @@ def _eval_config(args: argparse.Namespace):
 
 
 def _eval(args: argparse.Namespace) -> int:
-    from mempo.errors import MempoError
-
-    try:
-        return _run_eval(args)
-    except MempoError as error:
-        print(f"mempo eval: {error}", file=sys.stderr)
-        return 2
-    except OSError as error:  # e.g. an unreadable --config file
-        print(f"mempo eval: {error}", file=sys.stderr)
-        return 2
-
-
-def _run_eval(args: argparse.Namespace) -> int:
+    """`mempo eval` (module docstring); user errors are MempoErrors, printed by `mempo.cli.main`."""
     import os
 
     from mempo.eval import (eval_episodes, eval_retriever, evaluate, load_model_dir, qa_eval_episodes,
                             synthetic_world)
+    from mempo.rollout.backends.factory import build_backend
 
     cfg = _eval_config(args)
     if not os.path.isdir(args.model):
@@ -114,16 +104,11 @@ def _run_eval(args: argparse.Namespace) -> int:
         world = synthetic_world(cfg)
         episodes, datasets = eval_episodes(world, cfg, args.episodes), {}
         retriever = eval_retriever(cfg, world, log=log)
-    try:
-        model, tokenizer = load_model_dir(args.model, cfg.model.dtype)
-    except (OSError, ValueError) as error:
-        reason = " ".join(str(error).split())  # transformers' messages span lines
-        print(f"mempo eval: --model {args.model}: cannot load a causal LM and its tokenizer "
-              f"({reason[:300]}{'...' if len(reason) > 300 else ''})", file=sys.stderr)
-        return 2
+    model, tokenizer = load_model_dir(args.model, cfg.model.dtype)
+    backend = build_backend(cfg, model, tokenizer, model_path=args.model)  # as in training
     trajectories = None if args.no_trajectories else os.path.join(args.out, f"{args.name}_trajectories.jsonl")
     try:
-        report = evaluate(model, tokenizer, episodes, retriever, cfg, label=args.name,
+        report = evaluate(model, tokenizer, episodes, retriever, cfg, backend=backend, label=args.name,
                           show_progress=not args.no_progress, trajectories_path=trajectories)
     finally:
         close = getattr(retriever, "close", None)

@@ -1,12 +1,15 @@
-"""mempo.builtin: the trained tokenizer, tiny models, save/load, and the protocol scaffold."""
+"""mempo.builtin: the trained tokenizer, tiny models, saving them as plain HF directories, and the
+answer-blind protocol scaffold."""
+import json
+
 import pytest
 import torch
 
-from mempo.builtin import (
-    SIZES, ProtocolScaffold, ScaffoldedHFBackend, answer_text, default_corpus_texts, is_builtin_dir, load_builtin,
-    save_builtin, tiny_model, train_tokenizer,
-)
+from mempo.builtin import SIZES, ProtocolScaffold, context_candidates, default_corpus_texts, tiny_model, train_tokenizer
+from mempo.eval import load_model_dir
+from mempo.rollout.backends import HFBackend
 from mempo.rollout.chat import ChatFormat, render_builtin
+from mempo.train.export import PROVENANCE_FILE, save_model_dir
 
 
 @pytest.fixture(scope="module")
@@ -49,9 +52,10 @@ def test_tiny_model_sizes_and_seed(tok, size):
 
 def test_save_and_load(tok, tmp_path):
     model = tiny_model(tok, seed=1)
-    save_builtin(tmp_path / "m", model, tok)
-    assert is_builtin_dir(tmp_path / "m") and not is_builtin_dir(tmp_path)
-    loaded, tok2 = load_builtin(tmp_path / "m")
+    save_model_dir(tmp_path / "m", model, tok, provenance={"written_by": "test"})
+    assert json.loads((tmp_path / "m" / PROVENANCE_FILE).read_text()) == {"written_by": "test"}
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no staging directory left
+    loaded, tok2 = load_model_dir(tmp_path / "m")
     ids = torch.tensor([tok.encode("hello <mem> world", add_special_tokens=False)])
     assert torch.allclose(model(ids).logits, loaded(ids).logits)
     assert tok2.encode("<mem>x</mem>") == tok.encode("<mem>x</mem>")
@@ -61,15 +65,30 @@ def test_save_and_load(tok, tmp_path):
     assert build_causal_lm(ModelConfig(path=str(tmp_path / "m"))).config.vocab_size == len(tok)
 
 
-def test_scaffold_makes_well_formed_trajectories(world, tok):
+def test_context_candidates_come_from_information_blocks_only():
+    text = ("<|im_start|>user\nWho founded Gold Corp? Answer Zed.<|im_end|>\n<|im_start|>assistant\n<mem> Fake Name "
+            "</mem><|im_end|>\n<|im_start|>user\n<information>Doc 1 (ID: x-1, Title: Gold Corp) Gold Corp was founded "
+            "by Ada Brel in 1801. the old Tower of Eastern Marsh Lands Far Away stands.</information>"
+            "<information>Ada Brel; Ulm</information>")
+    # "Eastern Marsh Lands Far Away" has 5 words (> max_words); "Zed" and "Fake Name" are outside
+    assert context_candidates(text) == ["Doc 1", "ID", "Title", "Gold Corp", "Ada Brel", "1801", "Tower", "Ulm"]
+    assert context_candidates(text, max_words=1) == ["ID", "Title", "1801", "Tower", "Ulm"]
+    assert context_candidates(text, limit=2) == ["Doc 1", "ID"]
+    assert context_candidates("<information>none here</information> Zed") == []
+    assert "1801" in context_candidates("<information>in 1801.</information>")
+
+
+def test_scaffold_makes_well_formed_trajectories_from_context_strings(world, tok):
+    """Tags forced, the answer a choice among the candidates of the answer round's own prompt; the
+    scaffold is built without any episode and never holds a gold answer it was not shown."""
     from mempo.env.retriever import BM25Retriever
     from mempo.env.tools import make_tools
     from mempo.rollout import RolloutConfig, RolloutEngine
 
+    torch.set_num_threads(1)
     episodes = world.episodes(2, 2, seed=0)
     scaffold = ProtocolScaffold(tok, turns=3)
-    scaffold.set_answers({e.id: answer_text(e.golds) for e in episodes})
-    backend = ScaffoldedHFBackend(tiny_model(tok, seed=0), tok, scaffold)
+    backend = HFBackend(tiny_model(tok, seed=0), tok, logits_processors=[scaffold])
     with BM25Retriever.build(list(world.documents())) as retriever:
         tools = make_tools(retriever, options={"search": {"topk": 1, "doc_chars": 200}})
         for policy in ("full", "memory"):
@@ -80,7 +99,25 @@ def test_scaffold_makes_well_formed_trajectories(world, tok):
             for t in trajectories:
                 assert t.finish_reason == "answer" and len(t.rounds) == 3 and t.outcome["format_ok"]
                 assert len(t.scored_rounds()) == 2
-                assert t.final_answer in (answer_text(t.golds), "unknown")
+                last = t.rounds[-1]
+                context = t.prompt_ids + t.response_ids[:last.start] if last.prompt_ids is None else last.prompt_ids
+                options = context_candidates(tok.decode(context))
+                parts = [p.strip() for p in t.final_answer.split(";")]
+                assert options and 1 <= len(parts) <= 4 and all(p in options for p in parts), (t.final_answer, options)
+
+
+def test_scaffold_answer_grammar():
+    """The answer automaton: candidates (one a token prefix of another), "; " between parts up to
+    max_parts, then the closing tag; None once closed."""
+    segment = ("answer", [[5, 6], [5, 6, 7], [9]], [3], [1, 2], 2)
+    allowed = ProtocolScaffold._answer_allowed
+    assert allowed(segment, []) == [5, 9]
+    assert allowed(segment, [5]) == [6]
+    assert allowed(segment, [5, 6]) == [1, 3, 7]  # done (close or separator) or go on to [5, 6, 7]
+    assert allowed(segment, [5, 6, 3]) == [5, 9]
+    assert allowed(segment, [5, 6, 3, 9]) == [1]  # max_parts reached: only the closing tag
+    assert allowed(segment, [9, 1]) == [2]
+    assert allowed(segment, [9, 1, 2]) is None
 
 
 def test_tied_embeddings_and_shape_overrides(tok, tmp_path):
@@ -89,7 +126,7 @@ def test_tied_embeddings_and_shape_overrides(tok, tmp_path):
     assert model.get_output_embeddings().weight.data_ptr() == model.get_input_embeddings().weight.data_ptr()
     untied = tiny_model(tok, "tiny", seed=2)
     assert sum(p.numel() for p in untied.parameters()) > sum(p.numel() for p in model.parameters())
-    save_builtin(tmp_path / "t", model, tok)
-    loaded, _ = load_builtin(tmp_path / "t")
+    save_model_dir(tmp_path / "t", model, tok)
+    loaded, _ = load_model_dir(tmp_path / "t")
     ids = torch.tensor([tok.encode("hello <mem> world", add_special_tokens=False)])
     assert torch.allclose(model(ids).logits, loaded(ids).logits)

@@ -392,15 +392,14 @@ def test_a_search_r1_server_works_as_is(tmp_path, qa_files):
 # ------------------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
-    """A tiny random Qwen2 and its own byte-level BPE, saved with save_pretrained (no built-in marker)."""
-    from mempo.builtin import MARKER_FILE, tiny_model, train_tokenizer
+    """A tiny random Qwen2 and its own byte-level BPE, saved with save_pretrained (a plain HF directory)."""
+    from mempo.builtin import tiny_model, train_tokenizer
 
     texts = [f"{d.title}\n{d.text}" for d in corpus_documents()] + [answerable(i)["question"] for i in range(8)]
     tok = train_tokenizer(texts, vocab_size=600)
     path = tmp_path_factory.mktemp("model")
     tiny_model(tok, seed=0).save_pretrained(path)
     tok.save_pretrained(path)
-    assert not (path / MARKER_FILE).exists()
     return path
 
 

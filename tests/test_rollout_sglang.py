@@ -3,7 +3,10 @@
 A tiny random Qwen2 (2 layers, 256 wide, head dim 64) is saved to a temporary directory and served
 with ``skip_tokenizer_init=True``; token ids go in and come out. Weight sync is checked with weights
 under which the model greedily repeats its last input token (the same premise is checked on CPU
-with HFBackend in test_rollout_hf.py::test_sync_weights).
+with HFBackend in test_rollout_hf.py::test_sync_weights). The engine the trainer builds from the
+config (`mempo.rollout.backends.factory`) is checked too: memory released after a rollout, weights
+loaded back through the update session. The same logic runs on CPU against a stand-in engine in
+tests/test_sglang_cpu.py.
 """
 import pytest
 
@@ -72,3 +75,36 @@ def test_rollout_loop_on_sglang(served, bm25):
     for t in trajectories:
         t.validate()
         assert t.rounds and all(r.end - r.start <= 32 + r.prefix_len for r in t.rounds)
+
+
+# ------------------------------------------------------------------------------------------------
+# the colocated engine the trainer builds (mempo.rollout.backends.factory): memory released after a
+# rollout, weights loaded back through the update session (begin / update_weights_from_tensor in
+# buckets / end), every (ok, message) checked
+# ------------------------------------------------------------------------------------------------
+def test_factory_engine_releases_memory_and_syncs_through_the_session(tmp_path):
+    from mempo.rollout.backends.factory import build_backend
+    from mempo.rollout.backends.sglang import SGLangError
+    from mempo.train.config import load_config
+
+    tok = chat_tokenizer()
+    model = tiny_qwen2(len(tok), seed=1, hidden=256)
+    model.save_pretrained(tmp_path / "m")
+    tok.save_pretrained(tmp_path / "m")
+    cfg = load_config(None, ["rollout.backend=sglang", "rollout.sglang_mem_fraction=0.1", "model.dtype=bfloat16"])
+    backend = build_backend(cfg, model, tok, model_path=str(tmp_path / "m"))
+    try:
+        assert isinstance(backend, SGLangBackend) and backend.release_memory_enabled
+        backend.bucket_bytes = 1 << 20  # several buckets in one session
+        prompt = enc(tok, "<mem>m</mem><think>t</think><search>q</search>")
+        request = [GenerationRequest(prompt, 6, 0)]
+        backend.release_memory()
+        assert backend.released == {"kv_cache", "weights"}
+        with pytest.raises(SGLangError, match="released and not loaded again"):
+            backend.generate(request, SamplingParams(temperature=0))
+        backend.sync_weights(identity_weights(model))  # resume weights, session, resume kv cache
+        assert not backend.released and not backend.weights_stale
+        (output,) = backend.generate(request, SamplingParams(temperature=0))
+        assert output.token_ids == [prompt[-1]] * 6  # the synced weights, not the released garbage
+    finally:
+        backend.close()

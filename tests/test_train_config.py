@@ -70,7 +70,9 @@ def test_empty_yaml_is_all_defaults(tmp_path):
     ("actor=1", "actor", "is a section"),
     ("actor.lr.x=1", "actor.lr", "is a field"),
     ("actor.lr", "actor.lr", "section.field=value"),
-    ("rollout.backend=sglang", "rollout.sglang_url", "must be set"),
+    ("rollout.sglang_url=http://127.0.0.1:30000", "rollout.sglang_url", "only used with backend 'sglang'"),
+    ("rollout.sglang_mem_fraction=1.5", "rollout.sglang_mem_fraction", "must be in (0, 1)"),
+    ("rollout.chat_template= ", "rollout.chat_template", "'auto', 'builtin' or the path"),
 ])
 def test_errors_name_the_field_and_what_is_allowed(override, field, allowed):
     with pytest.raises(ConfigError) as info:
@@ -78,6 +80,23 @@ def test_errors_name_the_field_and_what_is_allowed(override, field, allowed):
     assert info.value.field == field
     assert str(info.value).startswith(field + ":")
     assert allowed in str(info.value)
+
+
+@pytest.mark.parametrize("overrides, field, allowed", [
+    (["rollout.backend=sglang", "rollout.sglang_url=127.0.0.1:30000"], "rollout.sglang_url", "http(s) URL"),
+    (["rollout.backend=sglang", "rollout.protocol_scaffold=true"], "rollout.protocol_scaffold", "needs backend 'hf'"),
+])
+def test_cross_field_errors_name_the_field(overrides, field, allowed):
+    with pytest.raises(ConfigError) as info:
+        load_config(None, overrides)
+    assert info.value.field == field and allowed in str(info.value)
+
+
+def test_sglang_backend_without_url_is_a_valid_config():
+    """sglang_url null means the in-process engine (whether sglang is installed is checked when the
+    backend is built: mempo.rollout.backends.factory)."""
+    cfg = load_config(None, ["rollout.backend=sglang"])
+    assert cfg.rollout.backend == "sglang" and cfg.rollout.sglang_url is None
 
 
 def test_errors_from_yaml_name_nested_fields(tmp_path):

@@ -1,9 +1,10 @@
 """mempo.train.step / trainer / CLI: an end-to-end tiny run, advantages on <mem> spans, checkpoints,
 and an exact resume after SIGKILL.
 
-The rollouts use the built-in tiny Qwen2 with `mempo.builtin.ProtocolScaffold` (an HF logits
-processor that forces the protocol tags and lets the model sample the memory, reasoning, query and
-the choice between the gold answer and "unknown")."""
+The rollouts use the built-in tiny Qwen2 with `mempo.builtin.ProtocolScaffold`, which configs/tiny.yaml
+opts into (``rollout.protocol_scaffold``): an HF logits processor that forces the protocol tags and
+lets the model sample the memory, reasoning, query and its answer, a choice among strings of its
+own search results (it is never told the gold answer: tests/test_no_gold.py)."""
 import json
 import math
 import os

@@ -5,7 +5,8 @@
 * `mempo.rollout.chat`: `ChatFormat` (messages -> prompt ids with the tokenizer's chat template or a
   built-in ChatML one; the forced `<mem>` prefix; tool segments).
 * `mempo.rollout.backends`: the backend interface and registry; `HFBackend` (transformers),
-  `SGLangBackend` (SGLang offline engine), `ScriptedBackend` (replays ids); stop detection.
+  `SGLangBackend` (SGLang offline engine), `SGLangServerBackend` (an SGLang server over HTTP),
+  `ScriptedBackend` (replays ids); stop detection; `factory.build_backend` (from the config).
 * `mempo.rollout.loop`: `RolloutConfig`, `RolloutEngine`, `rollout` (G samples per question,
   full or memory context policy, concurrent tools).
 * `mempo.rollout.requests`: `scoring_requests`, `attach_memory_rewards`, `advantage_inputs`.
@@ -26,8 +27,8 @@ _EXPORTS = {
     "GenerationBackend": "backends", "GenerationRequest": "backends", "GenerationOutput": "backends",
     "SamplingParams": "backends", "RequestKey": "backends", "make_backend": "backends",
     "register_backend": "backends", "available_backends": "backends", "HFBackend": "backends",
-    "SGLangBackend": "backends", "ScriptedBackend": "backends", "round_script": "backends",
-    "cut_round": "backends", "ActionStopScanner": "backends",
+    "SGLangBackend": "backends", "SGLangServerBackend": "backends", "ScriptedBackend": "backends",
+    "round_script": "backends", "cut_round": "backends", "ActionStopScanner": "backends",
     "RolloutConfig": "loop", "RolloutEngine": "loop", "RolloutTask": "loop", "RolloutStats": "loop",
     "rollout": "loop", "TRAINING_MAX_TURNS": "loop", "EVALUATION_MAX_TURNS": "loop",
     "scoring_requests": "requests", "attach_memory_rewards": "requests", "advantage_inputs": "requests",

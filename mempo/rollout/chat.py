@@ -6,18 +6,25 @@ Conventions
   added special tokens (no BOS is inserted; special tokens written in the text, such as
   ``<|im_start|>``, are matched as added tokens) and decoded with special tokens kept and no
   clean-up, so ``decode`` shows exactly what the ids are.
-* Template: when the tokenizer has a chat template (transformers ``chat_template``) the prompt is
-  ``tokenizer.apply_chat_template(messages, tokenize=True, add_generation_prompt=True)``. Otherwise
-  (or with ``template="builtin"``) the built-in Qwen-style (ChatML) template renders::
+* Template (``template``, the config's ``rollout.chat_template``): ``"auto"``: the tokenizer's own
+  chat template (transformers ``chat_template``; a tokenizer without one renders ChatML as
+  ``"builtin"`` does); ``"builtin"``: the built-in Qwen-style (ChatML) rendering::
 
       <|im_start|>{role}\\n{content}<|im_end|>\\n      (for every message, in order)
       <|im_start|>assistant\\n                         (the generation prompt)
 
-  and the text is encoded. With a tokenizer that lacks ``<|im_start|>``/``<|im_end|>`` as tokens
-  they are encoded as plain text (harmless for tests, wrong for a real model: give its template).
-  A template that rewrites assistant contents breaks the protocol (Qwen3's drops everything up to
-  ``</think>`` from earlier assistant turns, so a memory-context prompt would lose that turn's
-  ``<mem>``): use ``template="builtin"`` with such models.
+  encoded as text; any other value: the path of a Jinja template file, rendered by the
+  tokenizer's ``apply_chat_template(..., chat_template=<the file's text>)``. With a tokenizer that
+  lacks ``<|im_start|>``/``<|im_end|>`` as tokens the ChatML markers are encoded as plain text
+  (harmless for tests, wrong for a real model: give its template).
+* A template must render assistant turns verbatim: the protocol keeps every turn's ``<mem>`` and
+  the memory context is built from the last turn's text. Qwen3's template, for one, drops
+  everything before ``</think>`` of earlier assistant turns. A tokenizer or file template is
+  therefore checked when the `ChatFormat` is built (`check_template`): a probe conversation
+  (system, question, an assistant turn ``<mem>…</mem><think>…</think><search>…</search>``, a
+  tool result) is rendered with the generation prompt, and the assistant text and the tool text
+  must both appear in it unchanged, in that order; otherwise `ChatTemplateError` (a MempoError
+  naming ``rollout.chat_template``) says so and suggests ``builtin``.
 * Forced prefix: every assistant turn starts with ``forced_prefix`` (``"<mem>"``), encoded on its
   own (``prefix_ids``). The agent loop appends these ids to the prompt before generating and records
   them as the first ids of the round, in the *response* (mask 1 by default: the model is trained to
@@ -37,17 +44,46 @@ Conventions
 """
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, NamedTuple, Optional, Sequence
 
+from mempo.errors import MempoError
 from mempo.memory import MEM_PREFIX
 
-__all__ = ["ChatFormat", "ToolSegment", "render_builtin", "encode_text", "decode_ids", "default_stop_token_ids",
-           "IM_START", "IM_END"]
+__all__ = ["ChatFormat", "ChatTemplateError", "ToolSegment", "render_builtin", "encode_text", "decode_ids",
+           "default_stop_token_ids", "check_template", "PROBE_ASSISTANT", "IM_START", "IM_END"]
 
 IM_START = "<|im_start|>"
 IM_END = "<|im_end|>"
 _SENTINEL_ASSISTANT = "MEMPO0SENTINEL0ASSISTANT"
 _SENTINEL_TOOL = "MEMPO0SENTINEL0TOOL"
+#: The assistant turn of the probe conversation `check_template` renders.
+PROBE_ASSISTANT = ("<mem> Q1: probe memory MEMPO0PROBE0MEM </mem>\n<think>\nprobe reasoning MEMPO0PROBE0THINK\n"
+                   "</think>\n<search> probe query </search>")
+_PROBE_TOOL = "<information>probe result MEMPO0PROBE0TOOL</information>"
+
+
+class ChatTemplateError(MempoError, ValueError):
+    """A chat template that cannot carry the protocol, or a template file that cannot be read."""
+
+
+def check_template(render) -> None:
+    """Raise `ChatTemplateError` unless ``render(messages, add_generation_prompt=True)`` keeps the
+    probe's assistant turn and tool result verbatim and in order (module conventions)."""
+    messages = [{"role": "system", "content": "probe system"}, {"role": "user", "content": "probe question?"},
+                {"role": "assistant", "content": PROBE_ASSISTANT}, {"role": "user", "content": _PROBE_TOOL}]
+    text = render(messages, add_generation_prompt=True)
+    at = text.find(PROBE_ASSISTANT)
+    if at < 0:
+        got = text[text.find("MEMPO0PROBE0") - 60:][:240] if "MEMPO0PROBE0" in text else text[-240:]
+        raise ChatTemplateError(
+            "rollout.chat_template: the chat template does not render an assistant turn verbatim (a probe "
+            "turn '<mem>...</mem><think>...</think><search>...</search>' followed by a user turn came out as "
+            f"{got!r}; templates such as Qwen3's drop text before '</think>' of earlier turns, which loses "
+            "their <mem>); set rollout.chat_template=builtin (ChatML) or give a template file")
+    if text.find(_PROBE_TOOL, at + len(PROBE_ASSISTANT)) < 0:
+        raise ChatTemplateError("rollout.chat_template: the chat template does not render a user turn after an "
+                                "assistant turn verbatim; set rollout.chat_template=builtin or give a template file")
 
 
 def _is_transformers_tokenizer(tokenizer: Any) -> bool:
@@ -115,21 +151,36 @@ class ChatFormat:
     Args:
         tokenizer: transformers tokenizer or ``tokenizers.Tokenizer``.
         forced_prefix: the text every assistant turn starts with (``"<mem>"``; ``""`` for none).
-        template: ``"auto"`` (the tokenizer's chat template when it has one, else built-in),
-            ``"tokenizer"`` (require it) or ``"builtin"``.
+        template: ``"auto"``, ``"builtin"`` or the path of a Jinja template file (module
+            conventions); a tokenizer or file template is checked with `check_template`.
     """
 
     def __init__(self, tokenizer: Any, *, forced_prefix: str = MEM_PREFIX, template: str = "auto") -> None:
-        if template not in ("auto", "tokenizer", "builtin"):
-            raise ValueError(f"template must be 'auto', 'tokenizer' or 'builtin', got {template!r}")
         has_template = bool(getattr(tokenizer, "chat_template", None)) and hasattr(tokenizer, "apply_chat_template")
-        if template == "tokenizer" and not has_template:
-            raise ValueError("the tokenizer has no chat template")
         self.tokenizer = tokenizer
-        self.uses_tokenizer_template = has_template and template != "builtin"
+        self.template = template
+        self.template_text: Optional[str] = None
+        if template not in ("auto", "builtin"):
+            path = Path(template).expanduser()
+            if not path.is_file():
+                raise ChatTemplateError(f"rollout.chat_template: {template!r} is neither 'auto', 'builtin' nor a "
+                                        "template file that exists")
+            if not hasattr(tokenizer, "apply_chat_template"):
+                raise ChatTemplateError("rollout.chat_template: a template file needs a transformers tokenizer "
+                                        "(apply_chat_template)")
+            try:
+                self.template_text = path.read_text(encoding="utf-8")
+            except (OSError, UnicodeDecodeError) as error:
+                raise ChatTemplateError(f"rollout.chat_template: cannot read {template}: {error}") from None
+        self.uses_tokenizer_template = self.template_text is not None or (has_template and template == "auto")
+        if self.uses_tokenizer_template:
+            check_template(self.render)
         self.forced_prefix = forced_prefix or ""
         self.prefix_ids: list[int] = encode_text(tokenizer, self.forced_prefix)
         self._glue: Optional[tuple[list[int], list[int]]] = None
+
+    def _template_kwargs(self) -> dict[str, Any]:
+        return {"chat_template": self.template_text} if self.template_text is not None else {}
 
     def encode(self, text: str) -> list[int]:
         return encode_text(self.tokenizer, text)
@@ -141,7 +192,8 @@ class ChatFormat:
         """The prompt text of ``messages`` (the forced prefix not included)."""
         if self.uses_tokenizer_template:
             return self.tokenizer.apply_chat_template(list(messages), tokenize=False,
-                                                      add_generation_prompt=add_generation_prompt)
+                                                      add_generation_prompt=add_generation_prompt,
+                                                      **self._template_kwargs())
         return render_builtin(messages, add_generation_prompt)
 
     def prompt_ids(self, messages: Sequence[dict]) -> list[int]:
@@ -150,7 +202,7 @@ class ChatFormat:
         Returns a list of ints [P]."""
         if self.uses_tokenizer_template:
             result = self.tokenizer.apply_chat_template(list(messages), tokenize=True, add_generation_prompt=True,
-                                                        return_dict=False)
+                                                        return_dict=False, **self._template_kwargs())
             if hasattr(result, "keys") and "input_ids" in result:
                 result = result["input_ids"]
             if result and isinstance(result[0], (list, tuple)):

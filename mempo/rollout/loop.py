@@ -76,7 +76,7 @@ class RolloutConfig:
     forced_prefix / train_forced_prefix: the forced ``<mem>`` and whether it has mask 1.
     stop_token_ids: ids ending a round (``None``: the tokenizer's EOS, ``<|im_end|>``, ``<|endoftext|>``).
     tool_workers: threads for tool calls. score_mode / format_kwargs: passed to ``compute_score``.
-    chat_template: "auto", "tokenizer" or "builtin" (:class:`ChatFormat`).
+    chat_template: "auto", "builtin" or a Jinja template file (:class:`ChatFormat`).
     """
 
     policy: str = "full"

@@ -5,10 +5,14 @@
     mempo train --config CFG [--out DIR] [--resume] [--threads N] [key=value ...]
 
 Overrides are dotted config keys (``actor.lr=1e-5``). Every user-fixable error (a bad config value
-or file, a bad option, a used run directory, a damaged checkpoint, a missing model or corpus) is a
-`mempo.errors.MempoError`: `mempo.cli.main` prints it as one line and exits with code 2. `sft`
-without ``--trajectories`` runs the oracle on synthetic-world episodes (``data.*``) and trains on its trajectories; it saves the tuned model and tokenizer to
-``<out>/model`` (a built-in model with the builtin marker), usable as ``model.path``. Its
+or file, a bad option, a used run directory, a damaged checkpoint, a missing model or corpus, a chat
+template that drops text, SGLang not installed) is a `mempo.errors.MempoError`: `mempo.cli.main`
+prints it as one line and exits with code 2. `sft` without ``--trajectories`` runs the oracle on
+synthetic-world episodes (``data.*``) and trains on its trajectories; it saves the tuned model and
+tokenizer to ``<out>/model``, a plain HF directory (`mempo.train.export`; ``mempo_provenance.json``
+records what wrote it, and nothing reads it back), usable as ``model.path``. ``train`` writes the
+final policy the same way to ``<out>/model``, whole also under torchrun (`export_model` gathers the
+FSDP2 shards). Its
 checkpoints (`mempo.train.sft.run_sft`) go to ``<out>/sft/checkpoints`` every ``trainer.save_every``
 SFT steps and at the end (``trainer.keep_last`` kept), its metrics to ``<out>/sft/metrics.jsonl``.
 ``--resume`` sets ``trainer.resume=auto`` (continue from the newest intact checkpoint in the run
@@ -26,7 +30,6 @@ import dataclasses
 import sys
 from pathlib import Path
 
-from mempo.atomic import atomic_directory
 from mempo.cli import register_command
 from mempo.train.config import ConfigError, load_config
 
@@ -70,24 +73,18 @@ def _run_config(args: argparse.Namespace):
 
 def _train(args: argparse.Namespace) -> int:
     cfg = _run_config(args)
+    from mempo.train.export import export_model
     from mempo.train.trainer import train
 
     result = train(cfg)
     final = Path(result.out_dir) / "model"
-    if result.model is not None and _is_rank_zero():
-        # The final policy as a plain HF directory, for `mempo eval --model` and further training.
-        with atomic_directory(final, phase="final-model") as staging:
-            result.model.save_pretrained(staging)
-            result.tokenizer.save_pretrained(staging)
+    # The final policy as a plain HF directory (full weights whatever the rank count), for `mempo eval
+    # --model` and further training.
+    export_model(result.model, result.tokenizer, final, phase="final-model",
+                 provenance={"written_by": "mempo train", "base_model": cfg.model.path, "steps": result.last_step})
     _log(f"trained to step {result.last_step} (resumed from {result.resumed_from}); run dir {result.out_dir}; "
          f"final model in {final}")
     return 0
-
-
-def _is_rank_zero() -> bool:
-    import torch.distributed as dist
-
-    return not (dist.is_available() and dist.is_initialized()) or dist.get_rank() == 0
 
 
 # ------------------------------------------------------------------------------------------------
@@ -108,8 +105,8 @@ def _sft(args: argparse.Namespace) -> int:
     if (args.steps is not None and args.steps < 1) or (args.epochs is not None and args.epochs <= 0) \
             or args.lr <= 0 or args.batch_tokens < 1:
         raise ConfigError("", "--steps, --epochs, --lr and --batch-tokens must be positive")
-    from mempo.builtin import save_builtin
     from mempo.train.checkpoint import checkpoint_step, resume_checkpoint
+    from mempo.train.export import save_model_dir
     from mempo.train.logging import MetricsLogger
     from mempo.train.sft import load_sft_records, run_sft
     from mempo.train.trainer import build_run, prepare_out_dir, refuse_used_run_dir
@@ -127,11 +124,13 @@ def _sft(args: argparse.Namespace) -> int:
                                       policy=cfg.rollout.context_policy, max_turns=cfg.rollout.max_turns)
     resume_step = checkpoint_step(resume_from) if resume_from is not None else None
     with MetricsLogger(out / "sft", tensorboard=cfg.trainer.tensorboard, resume_step=resume_step) as logger:
-        metrics = run_sft(cfg, run.model, run.tokenizer, records, steps=args.steps, epochs=args.epochs, lr=args.lr,
-                          batch_tokens=args.batch_tokens, logger=logger, seed=cfg.trainer.seed,
+        metrics = run_sft(cfg, run.model, run.tokenizer, records, steps=args.steps, epochs=args.epochs,
+                          lr=args.lr, batch_tokens=args.batch_tokens, logger=logger, seed=cfg.trainer.seed,
                           checkpoint_root=checkpoints, save_every=cfg.trainer.save_every,
                           keep_last=cfg.trainer.keep_last, resume_from=resume_from)
-    save_builtin(out / "model", run.model, run.tokenizer, sft_steps=metrics["steps"])
+    save_model_dir(out / "model", run.model, run.tokenizer,
+                   provenance={"written_by": "mempo sft", "base_model": cfg.model.path, "sft_steps": metrics["steps"],
+                               "trajectories": args.trajectories or f"oracle on {args.episodes} episodes"})
     losses = (f"loss {metrics['first_loss']:.4f} -> {metrics['last_loss']:.4f}" if metrics["losses"]
               else "no step left to train")
     _log(f"sft: {metrics['steps']} steps on {metrics['examples']} turns (resumed from {metrics['resumed_from']}), "

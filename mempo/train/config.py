@@ -208,15 +208,29 @@ class EnvConfig:
 
 @dataclass
 class RolloutSection:
-    """Training rollouts (ALGORITHM.md sections 1-2).
+    """Rollouts (ALGORITHM.md sections 1-2): generation settings of training, and the backend and
+    chat template that training, SFT example building, evaluation and the demo all use.
 
     group_size: samples per question (G). max_turns: round limit of training rollouts (evaluation
     has its own, ``eval.max_turns``). max_new_tokens_per_round: generation limit of one round;
     max_response_tokens: limit of the whole response (None: no limit). context_policy: ``"full"``
     (growing context, the reference's training rollouts) or ``"memory"`` (AgentMemory context).
-    backend: ``"hf"`` (transformers generate) or ``"sglang"`` (an SGLang server at `sglang_url`).
     temperature / top_p / top_k: sampling (top_k 0 = off); the same temperature divides the
-    logits when the actor computes log-probs.
+    logits when the actor computes log-probs. seed: the rollout sampling seed.
+
+    backend (`mempo.rollout.backends.factory.build_backend`): ``"hf"`` (transformers generate,
+    CPU or GPU) or ``"sglang"``: with sglang_url null an ``sglang.Engine`` in this process,
+    colocated with the trainer (GPU; its memory, a sglang_mem_fraction share of the GPU, is
+    released around the trainer's stages); with sglang_url an SGLang server at that URL (started
+    with ``--skip-tokenizer-init``; weights reach it as checkpoints under ``<out>/sglang_weights``).
+
+    chat_template (`mempo.rollout.chat.ChatFormat`): ``"auto"`` (the tokenizer's own template,
+    refused when it rewrites assistant turns; ChatML when the tokenizer has none), ``"builtin"``
+    (ChatML) or the path of a Jinja template file.
+
+    protocol_scaffold: generate training rollouts through `mempo.builtin.ProtocolScaffold` (tags
+    forced, the answer a choice among strings of the agent's own context; for random models in tests
+    and tiny demos; HF backend only).
     """
 
     group_size: int = 16
@@ -229,6 +243,9 @@ class RolloutSection:
     context_policy: Literal["full", "memory"] = "full"
     backend: Literal["hf", "sglang"] = "hf"
     sglang_url: Optional[str] = None
+    sglang_mem_fraction: float = 0.5
+    chat_template: str = "auto"
+    protocol_scaffold: bool = False
     seed: int = 0
 
     def __post_init__(self):
@@ -238,8 +255,16 @@ class RolloutSection:
                   "max_response_tokens", "temperature")
         _non_negative(self, "top_k")
         _require(0.0 < self.top_p <= 1.0, "top_p", f"must be in (0, 1], got {self.top_p!r}")
-        _require(self.backend != "sglang" or bool(self.sglang_url), "sglang_url",
-                 "must be set (e.g. 'http://127.0.0.1:30000') when backend is 'sglang'")
+        _require(0.0 < self.sglang_mem_fraction < 1.0, "sglang_mem_fraction",
+                 f"must be in (0, 1), got {self.sglang_mem_fraction!r}")
+        _require(self.sglang_url is None or self.sglang_url.startswith(("http://", "https://")), "sglang_url",
+                 f"must be an http(s) URL such as 'http://127.0.0.1:30000', or null; got {self.sglang_url!r}")
+        _require(self.sglang_url is None or self.backend == "sglang", "sglang_url",
+                 "is only used with backend 'sglang'")
+        _require(self.chat_template.strip() != "", "chat_template",
+                 "must be 'auto', 'builtin' or the path of a Jinja template file")
+        _require(not (self.protocol_scaffold and self.backend != "hf"), "protocol_scaffold",
+                 "needs backend 'hf' (the scaffold is a transformers logits processor)")
 
 
 @dataclass

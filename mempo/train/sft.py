@@ -6,7 +6,8 @@ Conventions
   or chat records ``{"messages": [{"role", "content"}, ...]}`` (a user's jsonl): every assistant
   message is a target, generated from the messages before it.
 * One training sequence per assistant turn, built exactly as the rollout builds a round
-  (`mempo.rollout.chat.ChatFormat`): ``prompt_ids(messages)`` (chat rendering with the generation
+  (`mempo.rollout.chat.ChatFormat` with ``cfg.rollout.chat_template``, the template the rollouts
+  and the evaluation use): ``prompt_ids(messages)`` (chat rendering with the generation
   prompt, no forced prefix) + the forced prefix ids (``<mem>``, encoded alone) + the ids of the rest
   of the assistant text (the text after its leading ``<mem>``; a turn not starting with ``<mem>``
   is encoded whole after the prefix-less prompt). No end-of-turn token is appended: rollout rounds
@@ -178,7 +179,8 @@ def run_sft(cfg: Any, model: Any, tokenizer: Any, trajectories: Sequence[Any], *
             max_steps: Optional[int] = None, prompt_loss_weight: float = 0.0) -> dict[str, Any]:
     """Fine-tune `model` in place on the assistant tokens of `trajectories` (module conventions).
 
-    cfg: a `MempoConfig` (its ``actor`` optimiser settings; None: AdamW defaults). steps / epochs:
+    cfg: a `MempoConfig` (its ``actor`` optimiser settings and ``rollout.chat_template``; None: AdamW
+    defaults and the "auto" template). steps / epochs:
     stop after that many optimiser steps / passes (default: one epoch). logger: a `MetricsLogger`
     (``sft/loss`` per step). max_seconds: stop after that much wall time (None: no limit).
     schedule / warmup: the learning-rate schedule (module conventions). checkpoint_root /
@@ -202,7 +204,9 @@ def run_sft(cfg: Any, model: Any, tokenizer: Any, trajectories: Sequence[Any], *
     if save_every < 0:
         raise ValueError(f"save_every must be >= 0, got {save_every}")
 
-    examples = examples_from_trajectories(trajectories, tokenizer)
+    rollout_cfg = getattr(cfg, "rollout", None)
+    template = rollout_cfg.chat_template if rollout_cfg is not None else "auto"
+    examples = examples_from_trajectories(trajectories, tokenizer, chat_template=template)
     if not examples:
         raise DataError("no assistant turns to train on (the SFT records hold no non-empty assistant message)")
     actor_cfg = getattr(cfg, "actor", None)

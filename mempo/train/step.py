@@ -11,6 +11,9 @@ Conventions
 * Rollout seeding: every step builds its `RolloutEngine` with loop seed
   ``rollout.seed * 1_000_003 + step`` (the engine mixes in its call counter, always 0 here), so the
   samples of step s depend only on (weights, episodes, seed, s): a resumed run re-samples exactly.
+* Generation memory: right after the rollout (inside its timer) a colocated engine may free its GPU
+  memory for the trainer's stages (`release_generation_memory`); `sync_weights` loads the new
+  weights back into it at the end of the step.
 * Distributed: each rank rolls out its own questions (``episodes`` is this rank's share); GRPO groups
   never straddle ranks, so advantages are rank-local and exact. Reported means are over this rank.
 * Token advantages come from `mempo.ops.mempo_advantage` in *response* coordinates ``[B, Lr]``
@@ -46,8 +49,8 @@ from mempo.train.config import MempoConfig
 from mempo.train.logging import StageTimer
 
 __all__ = ["StepContext", "StepResult", "TrainBatch", "loop_config", "rollout", "rewards", "memory_rewards",
-           "advantages", "build_batch", "old_and_ref_log_probs", "update", "sync_weights", "train_step",
-           "STAGES"]
+           "advantages", "build_batch", "old_and_ref_log_probs", "update", "sync_weights",
+           "release_generation_memory", "train_step", "STAGES"]
 
 STAGES = ("rollout", "rewards", "memory_rewards", "advantages", "old_and_ref_log_probs", "update", "sync_weights")
 
@@ -55,10 +58,12 @@ STAGES = ("rollout", "rewards", "memory_rewards", "advantages", "old_and_ref_log
 @dataclass
 class StepContext:
     """What a step needs. actor: the trained `Actor`; ref_actor: frozen reference (None when
-    kl_coef is 0); backend: the generation backend (shares or syncs the actor's weights); tools:
-    the agent's tools; scaffold: a `mempo.builtin.ProtocolScaffold` to tell the episodes' answers
-    to (None: real models); rollout_model: the module the backend generates with (for scoring
-    too; default the actor's module)."""
+    kl_coef is 0); backend: the generation backend (`mempo.rollout.backends.factory.build_backend`;
+    shares or syncs the actor's weights); tools: the agent's tools; rollout_model: an unsharded copy
+    of the policy under torch.distributed (teacher scoring and HF generation run on it, synced
+    every step; None: the actor's own module). Nothing here holds the episodes' gold answers: they
+    reach only the reward (`compute_score`, after a trajectory ends) and the memory reward's
+    teacher scoring, never a generation request."""
 
     cfg: MempoConfig
     actor: Any
@@ -66,7 +71,6 @@ class StepContext:
     backend: Any
     tokenizer: Any
     tools: Mapping[str, Callable]
-    scaffold: Optional[Any] = None
     rollout_model: Optional[Any] = None
     distributed: bool = False
 
@@ -114,7 +118,8 @@ def loop_config(cfg: MempoConfig, step: int):
     return RolloutConfig(policy=r.context_policy, group_size=r.group_size, max_turns=r.max_turns,
                          max_new_tokens=r.max_new_tokens_per_round, max_response_tokens=r.max_response_tokens,
                          temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
-                         seed=(r.seed * 1_000_003 + int(step)) % (2 ** 31 - 1), tool_workers=4)
+                         seed=(r.seed * 1_000_003 + int(step)) % (2 ** 31 - 1), tool_workers=4,
+                         chat_template=r.chat_template)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -125,10 +130,6 @@ def rollout(ctx: StepContext, episodes: Sequence[Any], step: int) -> tuple[list,
     `mempo.rollout.loop.RolloutStats` (tool calls and failed tool calls among them)."""
     from mempo.rollout.loop import RolloutEngine
 
-    if ctx.scaffold is not None:
-        from mempo.builtin import answer_text
-
-        ctx.scaffold.set_answers({str(e.id): answer_text(e.golds) for e in episodes})
     engine = RolloutEngine(ctx.backend, ctx.tokenizer, ctx.tools, config=loop_config(ctx.cfg, step))
     trajectories = engine.run(list(episodes))
     return trajectories, engine.stats
@@ -257,15 +258,32 @@ def update(ctx: StepContext, batch: TrainBatch, old: torch.Tensor, ref: Optional
 
 
 def sync_weights(ctx: StepContext) -> None:
-    """Make the backend generate with the updated weights: nothing to copy when it shares the
-    actor's module; a separate rollout model (distributed runs) gets the full state dict."""
-    if ctx.rollout_model is None or ctx.rollout_model is ctx.actor.module:
+    """Make generation use the updated weights: nothing to copy when the backend generates with the
+    actor's own module (one process, HF); otherwise the full state dict is gathered (every rank,
+    under torch.distributed), copied into the unsharded `rollout_model` when there is one, and
+    handed to the backend (an HF backend on that copy skips tensors it already holds; SGLang loads
+    them through its update session)."""
+    backend_model = getattr(ctx.backend, "model", None)
+    if ctx.rollout_model is None and backend_model is ctx.actor.module:
         ctx.backend.sync_weights(None)
         return
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
+    from mempo.rollout.backends.hf import load_weights_into
+
     full = get_model_state_dict(ctx.actor.module, options=StateDictOptions(full_state_dict=True))
-    ctx.backend.sync_weights({k: (v.full_tensor() if hasattr(v, "full_tensor") else v) for k, v in full.items()})
+    full = {k: (v.full_tensor() if hasattr(v, "full_tensor") else v) for k, v in full.items()}
+    if ctx.rollout_model is not None and ctx.rollout_model is not backend_model:
+        load_weights_into(ctx.rollout_model, full)
+    ctx.backend.sync_weights(full)
+
+
+def release_generation_memory(ctx: StepContext) -> None:
+    """Let a colocated engine free its GPU memory while the trainer's stages run (SGLang in-process:
+    `SGLangBackend.release_memory`); a no-op for backends without the hook."""
+    release = getattr(ctx.backend, "release_memory", None)
+    if callable(release):
+        release()
 
 
 # ------------------------------------------------------------------------------------------------
@@ -277,6 +295,7 @@ def train_step(ctx: StepContext, episodes: Sequence[Any], step: int, timer: Opti
     metrics: dict[str, float] = {}
     with timer("rollout"):
         trajectories, stats = rollout(ctx, episodes, step)
+        release_generation_memory(ctx)
     with timer("rewards"):
         metrics.update(rewards(trajectories))
         metrics.update({"rollout/tool_calls": float(stats.tool_calls), "rollout/tool_errors": float(stats.tool_errors)})

@@ -22,9 +22,11 @@ Conventions
   model is a ConfigError naming the field (`mempo.train.actor.load_pretrained`); a ``--out`` that
   is a file too (`prepare_out_dir`). The reference policy is a frozen copy of the initial model (skipped when
   ``actor.kl_coef == 0``).
-* Scaffold: a built-in model (``builtin-tiny`` or a directory written by `mempo.builtin.save_builtin`)
-  generates through `mempo.builtin.ScaffoldedHFBackend` (protocol forced, content sampled);
-  ``scaffold=False/True`` overrides.
+* Backend: `mempo.rollout.backends.factory.build_backend` from ``rollout.backend`` /
+  ``rollout.sglang_url`` (SGLang loads ``model.path``; a server's weight versions go to
+  ``<out>/sglang_weights``). Only the config chooses: a model directory is used the same way
+  whoever wrote it. ``rollout.protocol_scaffold`` (default off) adds the answer-blind
+  `mempo.builtin.ProtocolScaffold` to the HF backend of training rollouts (tests, tiny demos).
 * Data order: step s (1-based) takes questions ``[(s-1)*B, s*B)`` of an endless stream made of
   epochs over the episode pool, each epoch shuffled with ``random.Random(data.seed, epoch)`` when
   ``data.shuffle``; a pure function of s, so the data position is exactly the step
@@ -42,8 +44,7 @@ Conventions
 * Periodic evaluation (``trainer.eval_every`` > 0): after every eval_every-th step (and before that
   step's checkpoint), `periodic_eval` runs `mempo.eval.evaluate` with the ``eval`` section
   (objectives, policies, episodes, max_turns, temperature) on the current policy's own generation
-  (no protocol scaffold, even for built-in models: the scaffold is told the gold answers) and the
-  run's retriever. Its episodes are drawn once by `build_run`: synthetic source:
+  (the configured backend, never the protocol scaffold) and the run's retriever. Its episodes are drawn once by `build_run`: synthetic source:
   `mempo.eval.eval_episodes` (question seeds apart from training's); files source: the QA records
   of ``data.eval_files`` composed per k with seed ``data.seed + EVAL_SEED_OFFSET + k``. The numbers
   join that step's metrics row (logged even off the ``log_every`` grid) as
@@ -94,7 +95,8 @@ class TrainResult:
 @dataclass
 class Run:
     """Everything `build_run` assembled. eval_episodes: ``{k: episodes}`` of the periodic evaluation
-    (empty when ``trainer.eval_every`` is 0)."""
+    (empty when ``trainer.eval_every`` is 0); eval_backend: the backend it generates with (the
+    training backend without logits processors)."""
 
     cfg: MempoConfig
     out_dir: Path
@@ -106,6 +108,7 @@ class Run:
     rank: int = 0
     world_size: int = 1
     eval_episodes: dict = field(default_factory=dict)
+    eval_backend: Any = None
 
 
 def seed_everything(seed: int) -> None:
@@ -180,12 +183,6 @@ def step_episodes(episodes: Sequence[Any], step: int, batch_size: int, *, shuffl
             orders[epoch] = order
         out.append(episodes[orders[epoch][offset]])
     return out[rank::world_size]
-
-
-def _is_builtin(cfg: MempoConfig) -> bool:
-    from mempo.builtin import is_builtin_dir
-
-    return cfg.model.path == "builtin-tiny" or is_builtin_dir(cfg.model.path)
 
 
 def _build_tokenizer(cfg: MempoConfig, out_dir: Path, world: Any):
@@ -271,13 +268,12 @@ def _eval_episode_sets(cfg: MempoConfig, world: Any) -> dict[int, list]:
     return sets
 
 
-def build_run(cfg: MempoConfig, *, model=None, tokenizer=None, episodes=None, retriever=None, out_dir=None,
-              scaffold: Optional[bool] = None) -> Run:
+def build_run(cfg: MempoConfig, *, model=None, tokenizer=None, episodes=None, retriever=None, out_dir=None) -> Run:
     """Assemble tokenizer, model, episodes, retriever, actors, backend and the step context."""
     import torch
 
     from mempo.eval import config_tools
-    from mempo.rollout.backends.hf import HFBackend
+    from mempo.rollout.backends.factory import build_backend
     from mempo.train.actor import Actor, build_causal_lm, init_distributed
     from mempo.train.step import StepContext
 
@@ -318,26 +314,27 @@ def build_run(cfg: MempoConfig, *, model=None, tokenizer=None, episodes=None, re
             retriever = BM25Retriever.build(list(world.documents()))
     eval_sets = _eval_episode_sets(cfg, world) if evaluating else {}
     tools = config_tools(retriever, cfg)
-    use_scaffold = _is_builtin(cfg) if scaffold is None else bool(scaffold)
     ref_actor = None
     if cfg.actor.kl_coef > 0:
         ref_actor = Actor(copy.deepcopy(model), cfg.actor, trainable=False)
+    # an unsharded copy under torchrun: HF generation and teacher scoring run per rank on it
     rollout_model = copy.deepcopy(model) if info.distributed else None
     actor = Actor(model, cfg.actor)
     gen_model = rollout_model if rollout_model is not None else actor.module
     if rollout_model is not None:
         rollout_model.to(actor.device)
-    scaffold_obj = None
-    if use_scaffold:
-        from mempo.builtin import ProtocolScaffold, ScaffoldedHFBackend
+    processors = []
+    if cfg.rollout.protocol_scaffold:
+        from mempo.builtin import ProtocolScaffold
 
-        scaffold_obj = ProtocolScaffold(tokenizer, turns=min(cfg.rollout.max_turns, 3))
-        backend = ScaffoldedHFBackend(gen_model, tokenizer, scaffold_obj)
-    else:
-        backend = HFBackend(gen_model, tokenizer)
+        processors.append(ProtocolScaffold(tokenizer, turns=min(cfg.rollout.max_turns, 3)))
+    backend_options = dict(model_path=cfg.model.path, weights_dir=out / "sglang_weights")
+    backend = build_backend(cfg, gen_model, tokenizer, logits_processors=processors, **backend_options)
+    eval_backend = backend if not processors else build_backend(cfg, gen_model, tokenizer, **backend_options)
     ctx = StepContext(cfg=cfg, actor=actor, ref_actor=ref_actor, backend=backend, tokenizer=tokenizer, tools=tools,
-                      scaffold=scaffold_obj, rollout_model=rollout_model, distributed=info.distributed)
-    return Run(cfg, out, tokenizer, model, list(episodes), retriever, ctx, info.rank, info.world_size, eval_sets)
+                      rollout_model=rollout_model, distributed=info.distributed)
+    return Run(cfg, out, tokenizer, model, list(episodes), retriever, ctx, info.rank, info.world_size, eval_sets,
+               eval_backend)
 
 
 def _healthy_http_retriever(url: str):
@@ -365,12 +362,12 @@ def periodic_eval(run: Run, step: int) -> dict[str, float]:
 
     began = time.perf_counter()
     report = evaluate(run.ctx.scoring_model, run.tokenizer, run.eval_episodes, run.retriever, run.cfg,
-                      label=f"step {step}", log=_log, show_progress=False)
+                      backend=run.eval_backend, label=f"step {step}", log=_log, show_progress=False)
     return {**report.scalars("eval/"), "time/eval": time.perf_counter() - began}
 
 
 def train(cfg: MempoConfig, *, model=None, tokenizer=None, episodes=None, retriever=None, out_dir=None,
-          scaffold: Optional[bool] = None, max_steps: Optional[int] = None) -> TrainResult:
+          max_steps: Optional[int] = None) -> TrainResult:
     """Train for ``trainer.total_steps`` steps (module conventions); returns a TrainResult.
 
     max_steps: stop after this many steps in this call (tests; the schedule is unchanged)."""
@@ -380,8 +377,7 @@ def train(cfg: MempoConfig, *, model=None, tokenizer=None, episodes=None, retrie
 
     t = cfg.trainer
     refuse_used_run_dir(t.resume, Path(out_dir or t.out_dir) / "checkpoints")  # before anything is written
-    run = build_run(cfg, model=model, tokenizer=tokenizer, episodes=episodes, retriever=retriever, out_dir=out_dir,
-                    scaffold=scaffold)
+    run = build_run(cfg, model=model, tokenizer=tokenizer, episodes=episodes, retriever=retriever, out_dir=out_dir)
     ckpt_root = run.out_dir / "checkpoints"
     start, resumed = 0, None
     path = resume_checkpoint(t.resume, ckpt_root, log=_log)  # collective; rank 0 verifies and says what it skips

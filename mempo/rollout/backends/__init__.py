@@ -1,11 +1,14 @@
 """Generation backends behind one interface (:mod:`mempo.rollout.backends.base`).
 
 * ``"hf"`` — :class:`HFBackend`: transformers ``generate`` (CPU and GPU), the default.
-* ``"sglang"`` — :class:`SGLangBackend`: SGLang's offline engine, token ids in/out (GPU machines).
+* ``"sglang"`` — :class:`SGLangBackend`: SGLang's offline engine, token ids in/out (GPU machines);
+  :class:`SGLangServerBackend`: an SGLang server over HTTP.
 * ``"scripted"`` — :class:`ScriptedBackend`: replays given token sequences (tests, demos).
 
-``make_backend(name, ...)`` builds one by name. Importing this package imports neither transformers
-nor sglang; each backend imports its library when it is built or first used.
+``make_backend(name, ...)`` builds one by name; the trainer and ``mempo eval`` build theirs from
+the config with :func:`mempo.rollout.backends.factory.build_backend`. Importing this package
+imports neither transformers nor sglang; each backend imports its library when it is built or
+first used.
 """
 from mempo.rollout.backends.base import (
     BACKENDS, GenerationBackend, GenerationOutput, GenerationRequest, RequestKey, SamplingParams,
@@ -13,7 +16,7 @@ from mempo.rollout.backends.base import (
 )
 from mempo.rollout.backends.hf import HFBackend
 from mempo.rollout.backends.scripted import ScriptedBackend, round_script
-from mempo.rollout.backends.sglang import SGLangBackend
+from mempo.rollout.backends.sglang import SGLangBackend, SGLangServerBackend
 from mempo.rollout.backends.stopping import (
     STOP_ACTION, STOP_EOS, STOP_LENGTH, ActionStopScanner, RoundCut, TokenBytes, action_closing_token_ids, cut_round,
 )
@@ -21,6 +24,6 @@ from mempo.rollout.backends.stopping import (
 __all__ = [
     "BACKENDS", "GenerationBackend", "GenerationOutput", "GenerationRequest", "RequestKey", "SamplingParams",
     "available_backends", "make_backend", "named_tensors", "register_backend", "HFBackend", "SGLangBackend",
-    "ScriptedBackend", "round_script", "STOP_ACTION", "STOP_EOS", "STOP_LENGTH", "ActionStopScanner", "RoundCut",
+    "SGLangServerBackend", "ScriptedBackend", "round_script", "STOP_ACTION", "STOP_EOS", "STOP_LENGTH", "ActionStopScanner", "RoundCut",
     "TokenBytes", "action_closing_token_ids", "cut_round",
 ]

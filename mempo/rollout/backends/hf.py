@@ -19,10 +19,12 @@ Conventions
 * The model runs in eval mode during ``generate`` (its previous mode is restored afterwards), so a
   model object shared with the trainer samples without dropout.
 * ``logits_processors``: extra transformers ``LogitsProcessor`` s applied at every step (tests use a
-  scripted processor to force token sequences).
+  scripted processor to force token sequences). A processor with a ``begin(requests)`` method is
+  given each ``generate`` chunk's requests first (rows in the order of the batch), e.g.
+  `mempo.builtin.ProtocolScaffold`; the requests carry prompt ids and round keys only.
 * ``sync_weights(weights)``: copies trainer tensors into the model in place (names of
-  ``model.state_dict()``); tensors that already are the model's own storage are skipped, and
-  ``None`` is a no-op (the trainer shares the model object).
+  ``model.state_dict()``, `load_weights_into`); tensors that already are the model's own storage
+  are skipped, and ``None`` is a no-op (the trainer shares the model object).
 """
 from __future__ import annotations
 
@@ -33,7 +35,7 @@ from mempo.rollout.backends.base import (
 )
 from mempo.rollout.backends.stopping import STOP_ACTION, STOP_EOS, STOP_LENGTH, ActionStopScanner, TokenBytes
 
-__all__ = ["HFBackend"]
+__all__ = ["HFBackend", "load_weights_into"]
 
 _STOP_CLASS = None
 
@@ -175,6 +177,10 @@ class HFBackend:
                            top_k=int(sampling.top_k) if sampling.top_k > 0 else 0)
         config = GenerationConfig(**options)
         criteria = _round_stop_class()(requests, self.token_bytes, width, model_eos)
+        for processor in self.logits_processors:
+            begin = getattr(processor, "begin", None)
+            if callable(begin):
+                begin(requests)
         with torch.inference_mode():
             sequences = self.model.generate(
                 input_ids=input_ids.to(device), attention_mask=attention_mask.to(device), generation_config=config,
@@ -194,22 +200,28 @@ class HFBackend:
 
     def sync_weights(self, weights: Union[None, Mapping[str, Any], Iterable[tuple[str, Any]]] = None) -> None:
         """Copy trainer weights into the model in place (module conventions)."""
-        if weights is None:
-            return
-        import torch
-
-        own = self.model.state_dict(keep_vars=True)
-        with torch.no_grad():
-            for name, tensor in named_tensors(weights):
-                target = own.get(name)
-                if target is None:
-                    raise KeyError(f"sync_weights: the model has no tensor named {name!r}")
-                if tuple(target.shape) != tuple(tensor.shape):
-                    raise ValueError(f"sync_weights: {name} has shape {tuple(tensor.shape)}, the model's is "
-                                     f"{tuple(target.shape)}")
-                if target.data_ptr() == tensor.data_ptr() and target.device == tensor.device:
-                    continue  # the trainer's tensor is this model's own storage
-                target.copy_(tensor.to(device=target.device, dtype=target.dtype))
+        if weights is not None:
+            load_weights_into(self.model, weights)
 
     def close(self) -> None:
         """Nothing to release (the model belongs to the caller)."""
+
+
+def load_weights_into(model: Any, weights: Union[Mapping[str, Any], Iterable[tuple[str, Any]]]) -> None:
+    """Copy ``{name: tensor}`` (or ``[(name, tensor)]``, names of ``model.state_dict()``) into
+    `model`'s own tensors in place, converting device and dtype; a tensor that already is the
+    model's storage is skipped. KeyError for an unknown name, ValueError for a shape mismatch."""
+    import torch
+
+    own = model.state_dict(keep_vars=True)
+    with torch.no_grad():
+        for name, tensor in named_tensors(weights):
+            target = own.get(name)
+            if target is None:
+                raise KeyError(f"sync_weights: the model has no tensor named {name!r}")
+            if tuple(target.shape) != tuple(tensor.shape):
+                raise ValueError(f"sync_weights: {name} has shape {tuple(tensor.shape)}, the model's is "
+                                 f"{tuple(target.shape)}")
+            if target.data_ptr() == tensor.data_ptr() and target.device == tensor.device:
+                continue  # the trainer's tensor is this model's own storage
+            target.copy_(tensor.to(device=target.device, dtype=target.dtype))

@@ -1,10 +1,36 @@
-"""`SGLangBackend`: SGLang's offline engine (``sglang.Engine``) with token ids in and out (GPU).
+"""SGLang generation: the offline engine in-process (`SGLangBackend`) or a server over HTTP
+(`SGLangServerBackend`), token ids in and out (GPU machines).
+
+What this code follows (read in SGLang's source, 0.5.x line, ``sgl-project/sglang``):
+
+* ``python/sglang/srt/entrypoints/engine.py`` (``Engine``): ``generate(input_ids=[[...]],
+  sampling_params=[{...}])`` returns one dict per request with ``output_ids`` and ``meta_info``
+  (``finish_reason``: ``{"type": "stop" | "length" | "abort", "matched": id}``) when the engine
+  runs with ``skip_tokenizer_init=True``; ``update_weights_from_tensor(named_tensors,
+  load_format=None, flush_cache=True)`` and ``begin_weight_update()`` / ``end_weight_update()``
+  return ``(success, message)`` (``tokenizer_communicator_mixin.py``: ``Tuple[bool, str]``);
+  ``release_memory_occupation(tags)`` / ``resume_memory_occupation(tags)`` free and re-allocate
+  the engine's GPU memory (``tags``: ``"weights"``, ``"kv_cache"``; it needs
+  ``enable_memory_saver=True``).
+* ``python/sglang/srt/managers/scheduler_components/weight_updater.py``
+  (``SchedulerWeightUpdaterManager``): ``update_weights_from_tensor`` outside a session answers
+  ``success=False, "update_weights_from_tensor must run between begin_weight_update() and
+  end_weight_update()"``; ``begin_weight_update`` refuses a second open session, ``end`` one that
+  is not open; ``update_weights_from_disk`` is not session-gated; ``release_memory_occupation``
+  asserts the engine is idle; weights released are not kept (``resume`` re-allocates them, so the
+  trainer's weights must be loaded again before generating).
+* ``python/sglang/srt/entrypoints/http_server.py``: ``POST /generate`` takes a
+  ``GenerateReqInput`` as JSON (``input_ids``, ``sampling_params``); ``GET /get_model_info``;
+  ``POST /update_weights_from_disk`` ``{"model_path": dir}`` answers ``{"success", "message",
+  "num_paused_requests"}`` (HTTP 400 on failure).
 
 Conventions
 -----------
-* The engine runs with ``skip_tokenizer_init=True``: requests are ``input_ids`` and results are
-  read from ``output["output_ids"]``; text never crosses the boundary (token-in/token-out). sglang is
-  imported when the backend is built, never at ``import mempo.rollout``.
+* Token-in/token-out: requests are ``input_ids``, results are read from ``output_ids``; text
+  never crosses the boundary. The engine runs with ``skip_tokenizer_init=True``; a server must be
+  started with ``--skip-tokenizer-init`` (a reply without ``output_ids`` is an error saying so).
+  sglang is imported when an engine is started, never at ``import mempo.rollout``; the server
+  backend needs no sglang package at all (stdlib HTTP).
 * Without a tokenizer SGLang cannot stop on strings, so a round stops on token ids: the request's
   stop ids plus every id whose bytes hold a whole closing action marker
   (:func:`~mempo.rollout.backends.stopping.action_closing_token_ids`; exact when the markers are
@@ -12,55 +38,178 @@ Conventions
   (at most ``max_new_tokens``) and the agent loop cuts the output after the token that closed the
   action (:func:`~mempo.rollout.backends.stopping.cut_round`). If the engine trimmed a matched stop
   id from ``output_ids`` it is put back (``meta_info.finish_reason.matched``).
-* Sampling maps to SGLang's sampling parameters: ``temperature``, ``top_p``, ``top_k`` (-1 = off),
-  ``max_new_tokens``, ``stop_token_ids``; ``seed`` is sent as ``sampling_seed`` only with
-  ``seed_requests=True`` (SGLang versions with deterministic sampling; each request gets
-  ``seed + position``).
-* ``sync_weights(weights)`` calls ``Engine.update_weights_from_tensor(named_tensors, flush_cache=True)``
-  (the radix cache is flushed: cached prefixes were computed with the old weights). ``None`` is a
-  no-op.
+* Sampling maps to SGLang's sampling parameters (`sampling_params`): ``temperature``, ``top_p``,
+  ``top_k`` (-1 = off), ``max_new_tokens``, ``stop_token_ids``, ``skip_special_tokens=False``,
+  ``no_stop_trim=True``; ``seed`` is sent as ``sampling_seed`` only with ``seed_requests=True``
+  (each request gets ``seed + position``).
+* Every status SGLang returns is checked (`check_status`): ``(False, message)``, ``{"success":
+  False, "message": ...}`` or an HTTP error raises `SGLangError` with SGLang's message.
+* In-process weight sync (`SGLangBackend.sync_weights`): if the engine's memory was released,
+  ``resume_memory_occupation(["weights"])``; then, where the engine has the session API
+  (``begin_weight_update``), ``begin_weight_update()``, ``update_weights_from_tensor`` in buckets
+  of at most ``bucket_bytes`` (the radix cache flushed with the last one: cached prefixes were
+  computed with the old weights), ``end_weight_update()`` (also after a failed bucket, so no
+  session is left open; the first failure is the one raised); then
+  ``resume_memory_occupation(["kv_cache"])``. An engine without the session API gets the buckets
+  alone. ``None`` is a no-op.
+* Memory (`SGLangBackend.release_memory`): the trainer calls it after each rollout, before its
+  own GPU stages; with ``release_memory=True`` and an engine that offers
+  ``release_memory_occupation`` it frees the KV cache and the weights. Generating while the
+  weights are released and not yet re-loaded raises `SGLangError` (they would be garbage).
+* Server weight sync (`SGLangServerBackend.sync_weights`): ``save_weights(weights, dir)`` writes
+  the weights as an HF checkpoint into a fresh ``<weights_dir>/v<n>`` directory, then ``POST
+  /update_weights_from_disk``; the previous version's directory is removed once the server has
+  loaded the new one. Under torch.distributed only rank 0 writes and posts; every rank then waits
+  at a barrier, so no rank generates with the old weights. The directory must be readable by the
+  server (same machine or shared file system). Memory is the server's own business (no release).
 """
 from __future__ import annotations
 
-from typing import Any, Iterable, Mapping, Optional, Sequence, Union
+import json
+import shutil
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any, Callable, Iterable, Mapping, Optional, Sequence, Union
 
 from mempo.rollout.backends.base import (
     GenerationOutput, GenerationRequest, SamplingParams, named_tensors, register_backend,
 )
 from mempo.rollout.backends.stopping import STOP_LENGTH, TokenBytes, action_closing_token_ids
 
-__all__ = ["SGLangBackend"]
+__all__ = ["SGLangBackend", "SGLangServerBackend", "SGLangError", "check_status", "sampling_params",
+           "outputs_from_results", "weight_buckets", "DEFAULT_BUCKET_BYTES", "HTTP_TIMEOUT_S"]
+
+#: Largest bucket of one ``update_weights_from_tensor`` call (bytes).
+DEFAULT_BUCKET_BYTES = 512 * 2 ** 20
+#: Seconds an HTTP call to an SGLang server may take (a whole generation batch is one call).
+HTTP_TIMEOUT_S = 3600.0
+
+Weights = Union[Mapping[str, Any], Iterable[tuple[str, Any]]]
+
+
+class SGLangError(RuntimeError):
+    """SGLang refused or failed a request; the message carries SGLang's own."""
+
+
+def check_status(result: Any, what: str) -> str:
+    """The message of a successful SGLang status; raise `SGLangError` on a failure.
+
+    Accepts ``(success, message)`` (the engine's methods), a mapping with ``success`` (HTTP
+    replies) or an object with ``success`` / ``message`` attributes (SGLang's output records).
+    Anything else is an unexpected reply and raises too."""
+    if isinstance(result, (tuple, list)) and len(result) >= 1 and isinstance(result[0], bool):
+        ok, message = result[0], (str(result[1]) if len(result) > 1 else "")
+    elif isinstance(result, Mapping) and isinstance(result.get("success"), bool):
+        ok, message = result["success"], str(result.get("message", ""))
+    elif isinstance(getattr(result, "success", None), bool):
+        ok, message = result.success, str(getattr(result, "message", ""))
+    else:
+        raise SGLangError(f"SGLang {what}: unexpected reply {result!r} (expected (success, message))")
+    if not ok:
+        raise SGLangError(f"SGLang {what} failed: {message}")
+    return message
+
+
+def sampling_params(request: GenerationRequest, sampling: SamplingParams, position: int, *,
+                    action_stop_ids: Sequence[int] = (), seed_requests: bool = False) -> dict[str, Any]:
+    """SGLang's ``sampling_params`` for one request (module conventions)."""
+    params: dict[str, Any] = {
+        "max_new_tokens": int(request.max_new_tokens),
+        "temperature": float(sampling.temperature),
+        "top_p": float(sampling.top_p),
+        "top_k": int(sampling.top_k) if sampling.top_k > 0 else -1,
+        "stop_token_ids": sorted(set(request.stop_token_ids) | set(action_stop_ids)),
+        "skip_special_tokens": False,
+        "no_stop_trim": True,
+    }
+    if seed_requests and sampling.seed is not None:
+        params["sampling_seed"] = int(sampling.seed) + position
+    return params
+
+
+def outputs_from_results(requests: Sequence[GenerationRequest], results: Any) -> list[GenerationOutput]:
+    """`GenerationOutput` s from SGLang's per-request result dicts (module conventions)."""
+    if isinstance(results, Mapping):
+        results = [results]
+    results = list(results)
+    if len(results) != len(requests):
+        raise SGLangError(f"SGLang returned {len(results)} results for {len(requests)} requests")
+    outputs = []
+    for request, result in zip(requests, results):
+        if not isinstance(result, Mapping) or "output_ids" not in result:
+            keys = sorted(result) if isinstance(result, Mapping) else type(result).__name__
+            raise SGLangError(f"SGLang returned no 'output_ids' (got {keys}): run the engine/server with "
+                              "skip_tokenizer_init (server: --skip-tokenizer-init), token ids in and out")
+        ids = [int(t) for t in result["output_ids"]]
+        finish = (result.get("meta_info") or {}).get("finish_reason") or {}
+        kind = finish.get("type") if isinstance(finish, Mapping) else str(finish)
+        matched = finish.get("matched") if isinstance(finish, Mapping) else None
+        if isinstance(matched, int) and (not ids or ids[-1] != matched) and len(ids) < request.max_new_tokens:
+            ids.append(matched)
+        # SGLang's own reason ("stop", "length", "abort"); the loop's cut decides what the round is
+        outputs.append(GenerationOutput(ids, str(kind or STOP_LENGTH), {"meta_info": result.get("meta_info")}))
+    return outputs
+
+
+def weight_buckets(weights: Weights, bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> list[list[tuple[str, Any]]]:
+    """``[(name, tensor)]`` cut into consecutive buckets of at most `bucket_bytes` (a larger tensor
+    is a bucket of its own); names in the given order."""
+    buckets: list[list[tuple[str, Any]]] = []
+    current: list[tuple[str, Any]] = []
+    size = 0
+    for name, tensor in named_tensors(weights):
+        nbytes = int(tensor.numel()) * int(tensor.element_size())
+        if current and size + nbytes > bucket_bytes:
+            buckets.append(current)
+            current, size = [], 0
+        current.append((name, tensor))
+        size += nbytes
+    if current:
+        buckets.append(current)
+    return buckets
 
 
 @register_backend("sglang")
 class SGLangBackend:
-    """SGLang offline engine behind the backend interface (module conventions).
+    """SGLang's offline engine in this process (module conventions).
 
     Args:
         model_path: the model directory or hub id for ``sglang.Engine`` (ignored when ``engine`` is
             given).
         tokenizer: the tokenizer (or ``token_table``): its token bytes give the action-closing ids.
-        engine: an existing ``sglang.Engine`` started with ``skip_tokenizer_init=True``.
+        engine: an existing engine object (``sglang.Engine`` started with
+            ``skip_tokenizer_init=True``, or an object with the same methods).
         engine_kwargs: extra ``sglang.Engine`` arguments (``mem_fraction_static``, ``dtype``, ...).
         seed_requests: send ``sampling_seed`` per request.
+        release_memory: free the engine's GPU memory in `release_memory` (needs an engine started
+            with ``enable_memory_saver=True``).
+        bucket_bytes: largest ``update_weights_from_tensor`` bucket.
     """
 
     name = "sglang"
 
     def __init__(self, model_path: Optional[str] = None, tokenizer: Any = None, *, token_table: Any = None,
                  engine: Any = None, engine_kwargs: Optional[dict[str, Any]] = None,
-                 seed_requests: bool = False) -> None:
+                 seed_requests: bool = False, release_memory: bool = False,
+                 bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> None:
         if tokenizer is None and token_table is None:
             raise ValueError("SGLangBackend needs the tokenizer (or its token_table) to stop rounds")
+        if bucket_bytes < 1:
+            raise ValueError("bucket_bytes must be >= 1")
         self.token_bytes = TokenBytes.of(token_table if token_table is not None else tokenizer)
         self.action_stop_ids = tuple(action_closing_token_ids(self.token_bytes))
         self.seed_requests = seed_requests
+        self.release_memory_enabled = release_memory
+        self.bucket_bytes = bucket_bytes
+        self.released: set[str] = set()  # memory tags released and not yet resumed
+        self.weights_stale = False  # weights released since the last load: generating would be wrong
         self._owns_engine = engine is None
         if engine is None:
             if model_path is None:
                 raise ValueError("give model_path (or an existing engine)")
             try:
-                import sglang
+                import sglang  # heavy optional dependency (GPU installs only)
             except ImportError as err:
                 raise ImportError("SGLangBackend needs the 'sglang' package (a GPU install: "
                                   "pip install 'sglang[all]'); it is not installed") from err
@@ -72,51 +221,179 @@ class SGLangBackend:
         self.engine = engine
 
     def _sampling_params(self, request: GenerationRequest, sampling: SamplingParams, position: int) -> dict:
-        params: dict[str, Any] = {
-            "max_new_tokens": int(request.max_new_tokens),
-            "temperature": float(sampling.temperature),
-            "top_p": float(sampling.top_p),
-            "top_k": int(sampling.top_k) if sampling.top_k > 0 else -1,
-            "stop_token_ids": sorted(set(request.stop_token_ids) | set(self.action_stop_ids)),
-            "skip_special_tokens": False,
-            "no_stop_trim": True,
-        }
-        if self.seed_requests and sampling.seed is not None:
-            params["sampling_seed"] = int(sampling.seed) + position
-        return params
+        return sampling_params(request, sampling, position, action_stop_ids=self.action_stop_ids,
+                               seed_requests=self.seed_requests)
 
     def generate(self, requests: Sequence[GenerationRequest], sampling: SamplingParams) -> list[GenerationOutput]:
         """One ``Engine.generate`` call for the whole batch (SGLang schedules it continuously)."""
         if not requests:
             return []
+        if self.weights_stale:
+            raise SGLangError("the engine's weights were released and not loaded again: call sync_weights "
+                              "with the trainer's weights before generating")
+        if self.released:
+            self._resume(sorted(self.released))
         results = self.engine.generate(
             input_ids=[list(r.prompt_ids) for r in requests],
             sampling_params=[self._sampling_params(r, sampling, i) for i, r in enumerate(requests)],
         )
-        if isinstance(results, dict):
-            results = [results]
-        outputs = []
-        for request, result in zip(requests, results):
-            ids = [int(t) for t in result["output_ids"]]
-            finish = (result.get("meta_info") or {}).get("finish_reason") or {}
-            kind = finish.get("type") if isinstance(finish, dict) else str(finish)
-            matched = finish.get("matched") if isinstance(finish, dict) else None
-            if isinstance(matched, int) and (not ids or ids[-1] != matched) and len(ids) < request.max_new_tokens:
-                ids.append(matched)
-            # SGLang's own reason ("stop", "length", "abort"); the loop's cut decides what the round is
-            outputs.append(GenerationOutput(ids, str(kind or STOP_LENGTH), {"meta_info": result.get("meta_info")}))
-        return outputs
+        return outputs_from_results(requests, results)
 
-    def sync_weights(self, weights: Union[None, Mapping[str, Any], Iterable[tuple[str, Any]]] = None) -> None:
-        """``Engine.update_weights_from_tensor`` with the trainer's tensors (module conventions)."""
+    def release_memory(self) -> None:
+        """Free the engine's KV cache and weights while the trainer uses the GPU (module conventions)."""
+        release = getattr(self.engine, "release_memory_occupation", None)
+        if not self.release_memory_enabled or not callable(release):
+            return
+        tags = [t for t in ("kv_cache", "weights") if t not in self.released]
+        if not tags:
+            return
+        release(tags=tags)
+        self.released.update(tags)
+        if "weights" in tags:
+            self.weights_stale = True
+
+    def _resume(self, tags: Sequence[str]) -> None:
+        tags = [t for t in tags if t in self.released]
+        if tags:
+            self.engine.resume_memory_occupation(tags=list(tags))
+            self.released.difference_update(tags)
+
+    def sync_weights(self, weights: Optional[Weights] = None) -> None:
+        """Load the trainer's weights through the engine's update session (module conventions)."""
         if weights is None:
             return
-        result = self.engine.update_weights_from_tensor(named_tensors=named_tensors(weights), flush_cache=True)
-        if isinstance(result, tuple) and result and result[0] is False:
-            raise RuntimeError(f"SGLang rejected the weight update: {result[1] if len(result) > 1 else result}")
+        buckets = weight_buckets(weights, self.bucket_bytes)
+        self._resume(["weights"])
+        begin = getattr(self.engine, "begin_weight_update", None)
+        session = callable(begin)
+        if session:
+            check_status(begin(), "begin_weight_update")
+        failure: Optional[BaseException] = None
+        try:
+            for i, bucket in enumerate(buckets):
+                check_status(self.engine.update_weights_from_tensor(named_tensors=bucket,
+                                                                    flush_cache=i == len(buckets) - 1),
+                             f"update_weights_from_tensor (bucket {i + 1} of {len(buckets)})")
+        except BaseException as error:  # close the session, then raise the first failure
+            failure = error
+        if session:
+            try:
+                check_status(self.engine.end_weight_update(), "end_weight_update")
+            except SGLangError:
+                if failure is None:
+                    raise
+        if failure is not None:
+            raise failure
+        self.weights_stale = False
+        self._resume(["kv_cache"])
 
     def close(self) -> None:
         """Shut the engine down (only one this backend started)."""
         if self._owns_engine and self.engine is not None:
             self.engine.shutdown()
             self.engine = None
+
+
+class SGLangServerBackend:
+    """An SGLang server over HTTP (module conventions).
+
+    Args:
+        url: the server's base URL (``http://127.0.0.1:30000``).
+        tokenizer: the tokenizer (or ``token_table``): its token bytes give the action-closing ids.
+        save_weights: ``(weights, directory) -> None`` writing an HF checkpoint the server can load
+            (needed for `sync_weights`).
+        weights_dir: where the weight versions are written (needed for `sync_weights`).
+        model_dir: when given, the server is told to load this checkpoint at once
+            (``/update_weights_from_disk``), so it serves exactly the model being trained/evaluated.
+        seed_requests: send ``sampling_seed`` per request.
+        timeout: seconds per HTTP call.
+    The constructor checks that a server answers ``GET /get_model_info`` (`SGLangError` otherwise).
+    """
+
+    name = "sglang-server"
+
+    def __init__(self, url: str, tokenizer: Any = None, *, token_table: Any = None,
+                 save_weights: Optional[Callable[[Weights, Path], None]] = None,
+                 weights_dir: Union[str, Path, None] = None, model_dir: Union[str, Path, None] = None,
+                 seed_requests: bool = False, timeout: float = HTTP_TIMEOUT_S) -> None:
+        if tokenizer is None and token_table is None:
+            raise ValueError("SGLangServerBackend needs the tokenizer (or its token_table) to stop rounds")
+        self.url = url.rstrip("/")
+        self.token_bytes = TokenBytes.of(token_table if token_table is not None else tokenizer)
+        self.action_stop_ids = tuple(action_closing_token_ids(self.token_bytes))
+        self.save_weights = save_weights
+        self.weights_dir = Path(weights_dir) if weights_dir is not None else None
+        self.seed_requests = seed_requests
+        self.timeout = float(timeout)
+        self.version = 0
+        self._loaded: Optional[Path] = None
+        self.model_info = self._call("GET", "/get_model_info", None, timeout=min(self.timeout, 30.0))
+        if model_dir is not None:
+            self.load_from_disk(model_dir)
+
+    # -- HTTP --------------------------------------------------------------------------------------
+    def _call(self, method: str, path: str, payload: Any, *, timeout: Optional[float] = None) -> Any:
+        data = json.dumps(payload).encode("utf-8") if payload is not None else None
+        request = urllib.request.Request(self.url + path, data=data, method=method,
+                                         headers={"Content-Type": "application/json"} if data else {})
+        try:
+            with urllib.request.urlopen(request, timeout=timeout or self.timeout) as response:
+                body = response.read()
+        except urllib.error.HTTPError as error:
+            body = error.read()
+            try:
+                reply = json.loads(body)
+            except ValueError:
+                reply = None
+            if isinstance(reply, Mapping) and "success" in reply:
+                return reply  # a status reply with success False: check_status raises with its message
+            detail = reply.get("error", reply) if isinstance(reply, Mapping) else body[:500].decode("utf-8", "replace")
+            raise SGLangError(f"SGLang server {self.url}{path}: HTTP {error.code}: {detail}") from None
+        except (urllib.error.URLError, OSError) as error:
+            raise SGLangError(f"no SGLang server answers at {self.url} ({method} {path}: {error})") from None
+        try:
+            return json.loads(body)
+        except ValueError:
+            raise SGLangError(f"SGLang server {self.url}{path}: not JSON: {body[:200]!r}") from None
+
+    # -- backend interface ---------------------------------------------------------------------------
+    def generate(self, requests: Sequence[GenerationRequest], sampling: SamplingParams) -> list[GenerationOutput]:
+        """One ``POST /generate`` for the whole batch."""
+        if not requests:
+            return []
+        payload = {
+            "input_ids": [[int(t) for t in r.prompt_ids] for r in requests],
+            "sampling_params": [sampling_params(r, sampling, i, action_stop_ids=self.action_stop_ids,
+                                                seed_requests=self.seed_requests) for i, r in enumerate(requests)],
+        }
+        return outputs_from_results(requests, self._call("POST", "/generate", payload))
+
+    def load_from_disk(self, model_dir: Union[str, Path]) -> str:
+        """``POST /update_weights_from_disk`` with `model_dir` (checked); returns SGLang's message."""
+        reply = self._call("POST", "/update_weights_from_disk", {"model_path": str(Path(model_dir).resolve())})
+        return check_status(reply, f"update_weights_from_disk({model_dir})")
+
+    def sync_weights(self, weights: Optional[Weights] = None) -> None:
+        """Write the weights as a new checkpoint version and have the server load it (module conventions)."""
+        if weights is None:
+            return
+        import torch.distributed as dist
+
+        distributed = dist.is_available() and dist.is_initialized()
+        if not distributed or dist.get_rank() == 0:
+            if self.save_weights is None or self.weights_dir is None:
+                raise ValueError("SGLangServerBackend.sync_weights needs save_weights and weights_dir")
+            self.version += 1
+            target = self.weights_dir / f"v{self.version:06d}"
+            if target.exists():
+                shutil.rmtree(target)
+            self.save_weights(weights, target)
+            self.load_from_disk(target)
+            previous, self._loaded = self._loaded, target
+            if previous is not None and previous != target:
+                shutil.rmtree(previous, ignore_errors=True)
+        if distributed:
+            dist.barrier()
+
+    def close(self) -> None:
+        """Nothing to shut down (the server is not ours)."""

@@ -1,0 +1,78 @@
+"""The one place a generation backend is built from the configuration (training and `mempo eval`).
+
+``rollout.backend`` chooses, and nothing else does:
+
+* ``"hf"``: `HFBackend` over the given model object (the trainer's, or an unsharded copy under
+  torchrun), with the given logits processors (the opt-in `mempo.builtin.ProtocolScaffold`).
+* ``"sglang"`` with ``rollout.sglang_url`` null: `SGLangBackend`, an ``sglang.Engine`` in this
+  process, colocated with the trainer on this rank's GPU (``base_gpu_id`` = LOCAL_RANK), loading
+  `model_path` (``model.dtype``, ``mem_fraction_static = rollout.sglang_mem_fraction``,
+  ``enable_memory_saver=True`` so its memory is released around the trainer's stages,
+  ``random_seed = rollout.seed``). The sglang package must be installed: otherwise a ConfigError
+  naming ``rollout.backend`` at once.
+* ``"sglang"`` with ``rollout.sglang_url`` set: `SGLangServerBackend` (HTTP); a ConfigError naming
+  ``rollout.sglang_url`` when no server answers there. When `model_path` is a local directory the
+  server is told to load it first, so it serves exactly the model in question; weight versions are
+  written under `weights_dir` as HF checkpoints (`mempo.train.export.save_model_dir`).
+
+Logits processors need HF generation: asking for them with SGLang is a ConfigError naming
+``rollout.protocol_scaffold`` (the config also refuses that pair).
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+from pathlib import Path
+from typing import Any, Sequence, Union
+
+from mempo.rollout.backends.base import GenerationBackend
+from mempo.rollout.backends.hf import HFBackend
+from mempo.rollout.backends.sglang import SGLangBackend, SGLangError, SGLangServerBackend
+from mempo.train.config import ConfigError
+
+__all__ = ["build_backend", "sglang_installed"]
+
+
+def sglang_installed() -> bool:
+    """True when the sglang package can be imported here (it is not imported)."""
+    return importlib.util.find_spec("sglang") is not None
+
+
+def build_backend(cfg: Any, model: Any, tokenizer: Any, *, model_path: Union[str, os.PathLike, None] = None,
+                  logits_processors: Sequence[Any] = (), weights_dir: Union[str, os.PathLike, None] = None
+                  ) -> GenerationBackend:
+    """The backend ``cfg.rollout`` asks for (module docstring).
+
+    model: the HF model the ``"hf"`` backend generates with (and the server backend saves weight
+    versions through). model_path: the checkpoint SGLang loads (a directory or hub id; None or
+    ``"builtin-tiny"``: there is none). weights_dir: where a server backend writes weight versions.
+    """
+    r = cfg.rollout
+    if r.backend == "hf":
+        return HFBackend(model, tokenizer, logits_processors=logits_processors)
+    if logits_processors:
+        raise ConfigError("rollout.protocol_scaffold", "needs rollout.backend 'hf' (logits processors run inside "
+                                                       "transformers generate)")
+    path = None if model_path in (None, "builtin-tiny") else str(model_path)
+    if r.sglang_url:
+        from mempo.train.export import save_model_dir
+
+        def save_weights(weights, directory: Path) -> None:
+            save_model_dir(directory, model, tokenizer, state_dict=dict(weights))
+
+        local = path if path is not None and Path(path).is_dir() else None
+        try:
+            return SGLangServerBackend(r.sglang_url, tokenizer, save_weights=save_weights,
+                                       weights_dir=weights_dir, model_dir=local)
+        except SGLangError as error:
+            raise ConfigError("rollout.sglang_url", str(error)) from None
+    if not sglang_installed():
+        raise ConfigError("rollout.backend", "'sglang' needs the sglang package (a GPU install: pip install "
+                                             "'mempo[gpu]'), which is not installed here; use 'hf', or an "
+                                             "SGLang server via rollout.sglang_url")
+    if path is None:
+        raise ConfigError("model.path", "the in-process SGLang engine loads a model directory or hub id; "
+                                        f"got {model_path!r} (save the model with save_pretrained first)")
+    kwargs = dict(dtype=cfg.model.dtype, mem_fraction_static=r.sglang_mem_fraction, enable_memory_saver=True,
+                  base_gpu_id=int(os.environ.get("LOCAL_RANK", "0")), random_seed=int(r.seed))
+    return SGLangBackend(path, tokenizer, engine_kwargs=kwargs, release_memory=True)

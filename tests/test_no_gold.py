@@ -1,0 +1,105 @@
+"""No rollout is ever told a gold answer: a tiny training run (with the opt-in protocol scaffold, the
+one logits processor the package has), an evaluation and a tiny demo run, with generation
+instrumented (tests/_gold_trace.py): no request's prompt holds a gold string outside the tool
+results and the model's own turns, and no logits processor's state holds a gold string or its
+token ids unless the agent read it in that same generate call.
+
+The first test checks the checker itself on the pattern the old scaffold had (a processor told
+the golds: ``set_answers``), so the clean results below cannot come from a checker that sees nothing.
+"""
+from pathlib import Path
+
+import pytest
+import torch
+
+from _gold_trace import install, processor_state, summary, violations
+from mempo.train.config import load_config
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = ROOT / "configs" / "tiny.yaml"
+FAST = ["data.questions_per_step=2", "rollout.group_size=2", "trainer.tensorboard=false", "trainer.progress=false",
+        "trainer.resume=never", "trainer.save_every=0", "trainer.total_steps=1", "rollout.max_new_tokens_per_round=48"]
+
+
+@pytest.fixture
+def trace():
+    records: list[dict] = []
+    uninstall = install(records.append)
+    yield records
+    uninstall()
+
+
+@pytest.fixture(scope="module")
+def tok():
+    from mempo.builtin import default_corpus_texts, train_tokenizer
+    from mempo.env.world import World
+
+    return train_tokenizer(default_corpus_texts(World.generate(seed=0, num_entities=25)), vocab_size=768)
+
+
+def _chat(tok, system, user, tool=None):
+    text = f"<|im_start|>system\n{system}<|im_end|>\n<|im_start|>user\n{user}<|im_end|>\n"
+    if tool is not None:
+        text += (f"<|im_start|>assistant\n<mem> m </mem><think>t</think><search>q</search><|im_end|>\n"
+                 f"<|im_start|>user\n{tool}<|im_end|>\n")
+    return tok.encode(text + "<|im_start|>assistant\n<mem>", add_special_tokens=False)
+
+
+def test_the_checker_catches_a_gold_told_to_a_processor_or_a_prompt(tok):
+    class GoldTellingProcessor:  # what the old scaffold held after set_answers({task_id: gold})
+        def __init__(self):
+            self.answers = {"ep-0": "Wehel"}
+            self.plans = {(2, "Wehel"): [("choice", [tok.encode("Wehel", add_special_tokens=False), [5]])]}
+
+    strings, int_lists = processor_state([GoldTellingProcessor()])
+    task = {"kind": "task", "question": "In which city is the university?", "golds": ["Wehel"]}
+    call = {"kind": "generate", "prompts": [_chat(tok, "s", "In which city is the university?")],
+            "strings": strings, "int_lists": int_lists}
+    found = violations([task, call], tok)
+    assert any("strings" in v for v in found) and any("token ids" in v for v in found)
+    only_ids = dict(call, strings=[])
+    assert any("token ids" in v for v in violations([task, only_ids], tok))
+    # the same state is fine once the agent has read the gold in a tool result of that call
+    read = dict(call, prompts=[_chat(tok, "s", "In which city is the university?", "<information>Wehel</information>")])
+    assert violations([task, read], tok) == []
+    # a hint in the system prompt is caught whatever the processors hold
+    hinted = {"kind": "generate", "prompts": [_chat(tok, "the answer is wehel", "In which city?")],
+              "strings": [], "int_lists": []}
+    assert any("prompt outside" in v for v in violations([task, hinted], tok))
+
+
+def test_train_eval_and_demo_never_show_a_gold(tmp_path, trace):
+    from mempo.eval import build_world, eval_episodes, evaluate
+    from mempo.train.trainer import train
+
+    torch.set_num_threads(1)
+    # 1. training, through the protocol scaffold (tags forced, answer chosen among context strings)
+    cfg = load_config(TINY, FAST + [f"trainer.out_dir={tmp_path / 'rl'}"])
+    assert cfg.rollout.protocol_scaffold
+    result = train(cfg)
+    counts = summary(trace)
+    assert counts["tasks"] == 2 and counts["generate_calls"] >= 2 and counts["processor_int_lists"] > 0, counts
+    assert violations(trace, result.tokenizer) == []
+    trace.clear()
+
+    # 2. evaluation of the trained policy (both context policies)
+    eval_cfg = load_config(TINY, ["eval.objectives=[2]", "eval.episodes=2", "eval.max_turns=3",
+                                  "eval.policies=[memory,full]", "rollout.max_new_tokens_per_round=48"])
+    world, retriever = build_world(eval_cfg)
+    evaluate(result.model, result.tokenizer, eval_episodes(world, eval_cfg), retriever, eval_cfg, show_progress=False)
+    assert summary(trace)["tasks"] == 4 and summary(trace)["generate_calls"] > 0
+    assert violations(trace, result.tokenizer) == []
+    trace.clear()
+
+    # 3. a tiny demo: SFT, evaluation before and after, RL
+    from test_demo import SMOKE
+    from transformers import AutoTokenizer
+
+    from mempo.demo import load_demo_config, run_demo
+
+    demo_cfg, demo = load_demo_config(None, SMOKE)
+    out = tmp_path / "demo"
+    run_demo(demo_cfg, demo, out, echo=lambda line: None, show_progress=False)
+    counts = summary(trace)
+    assert counts["tasks"] > 0 and counts["generate_calls"] > 0, counts
+    assert violations(trace, AutoTokenizer.from_pretrained(out / "model_sft")) == []

@@ -1,0 +1,162 @@
+"""The path a user takes with their own model, end to end on CPU, through the command line:
+
+    a Qwen2 saved with save_pretrained (random small weights, its own BPE tokenizer with a ChatML
+    chat template; nothing marks it as built-in)
+    -> mempo sft --trajectories oracle.jsonl            (a subprocess)
+    -> torchrun --nproc_per_node 2 -m mempo.cli train   (gloo, FSDP2; QA files over a corpus)
+
+and checks that every model directory loads as a plain HF model, the final one whole (the FSDP2
+shards gathered) and trained (it differs from the SFT model), the metrics are finite, and no gold
+string reached generation in any process (tests/_gold_trace_site puts the instrumentation of
+tests/_gold_trace.py into every Python process of the run). Each stage is one `_cli` call on the
+files made by `_user_files`; an evaluation stage on ``qa_eval.jsonl`` is one more such call.
+"""
+import json
+import math
+import os
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from _gold_trace import read_records, summary, violations
+
+TESTS = Path(__file__).resolve().parent
+CONFIG = """\
+data:
+  source: files
+  num_objectives: 1
+  questions_per_step: 2
+  seed: 0
+env:
+  topk: 1
+  doc_chars: 200
+rollout:
+  group_size: 2
+  max_turns: 2
+  max_new_tokens_per_round: 24
+  max_response_tokens: 256
+  context_policy: memory
+  chat_template: auto
+actor:
+  lr: 1.0e-3
+  micro_batch_tokens: 4096
+algorithm:
+  skip_zero_variance_groups: false   # a random model earns reward 0: update anyway, so the export differs
+trainer:
+  total_steps: 2
+  save_every: 0
+  tensorboard: false
+  progress: false
+  resume: never
+eval:
+  objectives: [1, 2]
+  episodes: 2
+  max_turns: 3
+  policies: [memory]
+"""
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _user_files(root: Path) -> dict[str, Path]:
+    """What a user brings: a corpus, QA files, oracle trajectories for SFT, a config and an HF model."""
+    from mempo.builtin import default_corpus_texts, tiny_model, train_tokenizer
+    from mempo.env.oracle import run_oracle, write_trajectories_jsonl
+    from mempo.env.retriever import BM25Retriever
+    from mempo.env.tools import make_tools
+    from mempo.env.world import World
+
+    world = World.generate(seed=0, num_entities=25)
+    files = {name: root / name for name in ("corpus.jsonl", "qa_train.jsonl", "qa_eval.jsonl", "oracle.jsonl",
+                                            "config.yaml", "base_model")}
+    files["corpus.jsonl"].write_text("".join(json.dumps({"id": d.id, "title": d.title, "text": d.text}) + "\n"
+                                             for d in world.documents()))
+    for name, seed in (("qa_train.jsonl", 1), ("qa_eval.jsonl", 2)):
+        episodes = world.episodes(1, 6, seed=seed)
+        files[name].write_text("".join(json.dumps({"id": e.id, "question": e.questions[0],
+                                                   "golden_answers": list(e.golds[0])}) + "\n" for e in episodes))
+    with BM25Retriever.build(list(world.documents())) as retriever:
+        tools = make_tools(retriever, options={"search": {"topk": 1, "doc_chars": 200}})
+        oracle = [run_oracle(e, tools, policy="memory") for e in world.episodes(1, 4, seed=3)]
+    write_trajectories_jsonl(files["oracle.jsonl"], oracle)
+    files["config.yaml"].write_text(CONFIG)
+    texts = default_corpus_texts(world) + [t.prompt for t in oracle] + [t.response_text for t in oracle]
+    tokenizer = train_tokenizer(texts, vocab_size=600)
+    assert tokenizer.chat_template  # ChatML, the tokenizer's own
+    model = tiny_model(tokenizer, "tiny", seed=0)
+    model.save_pretrained(files["base_model"])
+    tokenizer.save_pretrained(files["base_model"])
+    return files
+
+
+def _cli(args: list[str], cwd: Path, trace: str, *, nproc: int = 1, timeout: int = 150) -> str:
+    """Run one `mempo` command (under torchrun when nproc > 1) with the gold trace installed."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo",
+               MASTER_ADDR="127.0.0.1", MEMPO_TEST_GOLD_TRACE=trace,
+               PYTHONPATH=os.pathsep.join([str(TESTS / "_gold_trace_site"), os.environ.get("PYTHONPATH", "")]))
+    launcher = [sys.executable, "-m", "mempo.cli"] if nproc == 1 else [
+        sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", "--nnodes=1",
+        "--master_addr=127.0.0.1", f"--master_port={_free_port()}", "-m", "mempo.cli"]
+    proc = subprocess.Popen(launcher + args, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, start_new_session=True)
+    try:
+        output, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        pytest.fail(f"mempo {args[0]} timed out")
+    assert proc.returncode == 0, output[-4000:]
+    return output
+
+
+def _parameters(path: Path) -> dict[str, torch.Tensor]:
+    from transformers import AutoModelForCausalLM
+
+    return {k: v.detach() for k, v in AutoModelForCausalLM.from_pretrained(path).state_dict().items()}
+
+
+def test_hf_model_through_sft_and_two_process_training(tmp_path):
+    from transformers import AutoTokenizer
+
+    from mempo.train.logging import read_metrics
+
+    files = _user_files(tmp_path)
+    trace = str(tmp_path / "trace" / "gold")
+    Path(trace).parent.mkdir()
+    data = ["data.train_files=[qa_train.jsonl]", "data.eval_files=[qa_eval.jsonl]", "env.corpus_path=corpus.jsonl"]
+
+    out = _cli(["sft", "--config", "config.yaml", "--out", "sft", "--trajectories", "oracle.jsonl", "--steps", "4",
+                "--threads", "1", "model.path=base_model", *data], tmp_path, trace)
+    assert "sft: 4 steps" in out
+    sft_model = tmp_path / "sft" / "model"
+    assert {p.name for p in sft_model.iterdir()} >= {"config.json", "model.safetensors", "tokenizer.json",
+                                                     "mempo_provenance.json"}
+    assert not (sft_model / "mempo_builtin.json").exists()  # nothing switches behaviour on how it was made
+
+    _cli(["train", "--config", "config.yaml", "--out", "rl", "--threads", "1", f"model.path={sft_model}", *data],
+         tmp_path, trace, nproc=2)
+    final = tmp_path / "rl" / "model"
+    trained, started = _parameters(final), _parameters(sft_model)
+    assert trained.keys() == started.keys()
+    assert all(trained[k].shape == started[k].shape for k in trained)  # whole tensors, not rank 0's shards
+    assert any(not torch.equal(trained[k], started[k]) for k in trained)
+    assert AutoTokenizer.from_pretrained(final).get_vocab() == AutoTokenizer.from_pretrained(sft_model).get_vocab()
+    rows = read_metrics(tmp_path / "rl" / "metrics.jsonl")
+    assert [r["step"] for r in rows] == [1, 2]
+    assert all(isinstance(v, (int, float)) and math.isfinite(v) for r in rows for v in r.values()), rows
+
+    records = read_records(trace)
+    counts = summary(records)
+    assert counts["tasks"] >= 4 and counts["generate_calls"] >= 4, counts  # both ranks, both steps
+    generating = [p for p in Path(trace).parent.iterdir() if '"kind": "generate"' in p.read_text()]
+    assert len(generating) == 2  # one trace file per training rank
+    assert violations(records, AutoTokenizer.from_pretrained(sft_model)) == []
