@@ -29,6 +29,7 @@ from mempo.env.retriever import (
     RetrieverUnavailableError,
 )
 from mempo.env.server import RetrieverServer, create_app, is_loopback
+from mempo.env.tools import SearchTool
 
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -337,6 +338,178 @@ def test_client_keeps_one_connection_per_thread(server):
     assert seen[0] is not first
     client.close()
     assert client._local.conn is None
+
+
+class _Trickler:
+    """A raw socket server that answers every request slowly: with `headers_first` it sends a whole
+    status line and headers (Content-Length 10000) and then one body byte every `interval` s;
+    otherwise it trickles the status line itself. Stops (and drops every connection) on `stop`."""
+
+    def __init__(self, headers_first: bool, interval: float = 0.4):
+        self.headers_first, self.interval = headers_first, interval
+        self.stopped = threading.Event()
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.listener.getsockname()[1]}"
+        self.connections = 0
+        self.threads = [threading.Thread(target=self._accept, daemon=True)]
+        self.threads[0].start()
+
+    def _accept(self):
+        self.listener.settimeout(0.05)
+        while not self.stopped.is_set():
+            try:
+                conn, _ = self.listener.accept()
+            except (socket.timeout, OSError):
+                continue
+            self.connections += 1
+            thread = threading.Thread(target=self._serve, args=(conn,), daemon=True)
+            self.threads.append(thread)
+            thread.start()
+
+    def _serve(self, conn):
+        with conn:
+            conn.settimeout(5)
+            try:
+                conn.recv(65536)  # the request (small, one segment on loopback)
+                head = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 10000\r\n\r\n"
+                if self.headers_first:
+                    conn.sendall(head)
+                    head = b" " * 10000
+                for i in range(len(head)):
+                    if self.stopped.wait(self.interval):
+                        return
+                    conn.sendall(head[i:i + 1])
+            except OSError:  # the client gave up and closed the connection
+                return
+
+    def stop(self):
+        self.stopped.set()
+        for thread in self.threads:
+            thread.join(5)
+        self.listener.close()
+
+
+@pytest.mark.parametrize("headers_first", [True, False], ids=["trickled-body", "trickled-status-line"])
+def test_call_deadline_bounds_a_trickling_server(headers_first):
+    """A per-read timeout restarts with every byte; the wall-clock limits do not (issue 10, case 4)."""
+    trickler = _Trickler(headers_first)
+    outcome = {}
+
+    def call(client, key):
+        started = time.monotonic()
+        try:
+            client.search(["river"])
+            outcome[key] = ("returned", time.monotonic() - started)
+        except Exception as exc:  # noqa: BLE001 - recorded and checked below
+            outcome[key] = (exc, time.monotonic() - started)
+
+    try:
+        client = HTTPRetriever(trickler.url, timeout=1, retries=1, backoff=0.25)
+        assert client.deadline == pytest.approx(2.25)  # 2 attempts of 1 s + one 0.25 s sleep
+        capped = HTTPRetriever(trickler.url, timeout=1, retries=10, deadline=1.5)
+        threads = [threading.Thread(target=call, args=(client, "default"), daemon=True),
+                   threading.Thread(target=call, args=(capped, "capped"), daemon=True)]
+        for thread in threads:
+            thread.start()
+        margin = 3.0  # generous: a bound, not a benchmark (the machine is shared)
+        for thread in threads:
+            thread.join(client.deadline + margin)
+        hung = [key for key in ("default", "capped") if key not in outcome]
+        assert not hung, f"calls still blocked after {client.deadline + margin} s: {hung}"
+        for key, limit in (("default", client.deadline), ("capped", capped.deadline)):
+            exc, elapsed = outcome[key]
+            assert isinstance(exc, RetrieverUnavailableError), (key, exc)
+            assert f"{trickler.url}/retrieve" in str(exc) and "no answer within" in str(exc), str(exc)
+            assert elapsed < limit + margin, (key, elapsed)
+        assert "after 2 attempt(s)" in str(outcome["default"][0])
+        assert "deadline 1.5 s" in str(outcome["capped"][0])
+        # The search tool turns it into a failed call the trainer can count.
+        result = SearchTool(HTTPRetriever(trickler.url, timeout=0.5, retries=0))("river")
+        assert not result.ok and trickler.url in result.metadata["error"]
+    finally:
+        trickler.stop()
+
+
+def test_watchdog_leaves_fast_calls_and_keep_alive_alone(server):
+    client = HTTPRetriever(server.url, timeout=0.3, retries=0)
+    for _ in range(20):  # much longer in total than one timeout: only each attempt is bounded
+        client.search(["river"])
+        time.sleep(0.02)
+    first = client._local.conn.sock
+    client.search(["stone"])
+    assert client._local.conn.sock is first
+    client.close()
+
+
+def test_check_health(server, corpus):
+    assert HTTPRetriever(server.url).check_health()["num_docs"] == len(corpus)
+    url = f"http://127.0.0.1:{closed_port()}"
+    with pytest.raises(RetrieverUnavailableError, match="failed its health check.*cannot connect") as info:
+        HTTPRetriever(url, timeout=0.5, retries=1, backoff=0.01).check_health()
+    assert url in str(info.value)
+    with stand_in(200, b"<html>hi</html>") as (_, garbage_url):
+        with pytest.raises(RetrieverUnavailableError, match="failed its health check.*non-JSON"):
+            HTTPRetriever(garbage_url, retries=0).check_health()
+    with stand_in(500, b"boom") as (_, failing_url):
+        with pytest.raises(RetrieverUnavailableError, match=f"{failing_url} failed its health check.*HTTP 500"):
+            HTTPRetriever(failing_url, retries=1, backoff=0.01).check_health()
+    with stand_in(200, b'{"status": "ok", "num_docs": 0}') as (_, empty_url):
+        with pytest.raises(RetrieverUnavailableError, match="serves no documents"):
+            HTTPRetriever(empty_url, retries=0).check_health()
+
+
+class _SearchR1(http.server.BaseHTTPRequestHandler):
+    """Search-R1's retrieval_server.py as the client sees it: /retrieve only, 404 elsewhere."""
+
+    def do_GET(self):
+        self.send_error(404)
+
+    def do_POST(self):
+        self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        body = json.dumps({"result": [[{"document": {"id": "0", "contents": '"A"\nB'}, "score": 1.0}]]}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+def test_check_health_accepts_a_search_r1_server_without_health():
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _SearchR1)
+    thread = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    thread.start()
+    try:
+        assert HTTPRetriever(f"http://127.0.0.1:{httpd.server_address[1]}", retries=0).check_health() is None
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+        thread.join(5)
+
+
+def test_in_process_retriever_health_check_is_a_no_op(bm25):
+    assert bm25.check_health() is None
+
+
+@pytest.mark.parametrize("keyword, value, fragment", [
+    ("timeout", float("nan"), "timeout must be a finite number of seconds > 0"),
+    ("timeout", float("inf"), "timeout must be a finite number"),
+    ("timeout", -1, "timeout must be"),
+    ("timeout", 0, "timeout must be"),
+    ("timeout", "5", "timeout must be"),
+    ("timeout", True, "timeout must be"),
+    ("deadline", float("nan"), "deadline must be a finite number of seconds > 0 or None"),
+    ("deadline", 0, "deadline must be"),
+    ("backoff", float("inf"), "backoff must be a finite number of seconds >= 0"),
+    ("max_backoff", -0.5, "max_backoff must be"),
+    ("retries", -1, "retries must be an integer >= 0"),
+    ("retries", 1.5, "retries must be an integer"),
+])
+def test_client_rejects_bad_time_limits(keyword, value, fragment):
+    with pytest.raises(ValueError, match=fragment):
+        HTTPRetriever("http://127.0.0.1:1", **{keyword: value})
 
 
 def test_client_rejects_bad_configuration():
