@@ -5,6 +5,7 @@ Servers started here: `RetrieverServer` threads (module fixture and a few small 
 5xx, slow, Search-R1). Every one is stopped before its test ends; all bind 127.0.0.1.
 """
 import contextlib
+import dataclasses
 import http.client
 import http.server
 import json
@@ -74,7 +75,8 @@ def test_health(server, corpus):
     assert status == 200
     health = HTTPRetriever(server.url).health()
     assert health == {"status": "ok", "retriever": "bm25", "num_docs": len(corpus), "default_topk": 5,
-                      "topk_max": 50, "max_queries": 8, "max_query_chars": 100, "page_chars": 25_000}
+                      "topk_max": 50, "max_queries": 8, "max_query_chars": 100, "page_chars": 25_000,
+                      "max_doc_chars": 25_000, "max_response_chars": 10_000_000}
     assert server.url.startswith("http://127.0.0.1:")
 
 
@@ -158,9 +160,56 @@ def test_body_limit_and_unknown_routes(bm25):
         assert status == 404 and body["error"] == "not_found"
 
 
+@pytest.fixture(scope="module")
+def big_doc_retriever():
+    """Ten documents sharing the word "bigword", each 2 MB of text (a title of 300 characters)."""
+    from mempo.env.corpus import Document
+    from mempo.env.retriever import BM25Retriever
+
+    docs = [Document(f"big-{i}", f"Big {i} " + "t" * 294, "bigword " + "x" * 2_000_000) for i in range(10)]
+    docs.append(Document("small", "Small", "bigword small"))
+    retriever = BM25Retriever.build(docs)
+    yield retriever
+    retriever.close()
+
+
+def test_response_bounds_per_document_and_per_response(big_doc_retriever):
+    """Issue 10, case 6: one big document and many queries no longer make an unbounded answer."""
+    with RetrieverServer(big_doc_retriever, max_doc_chars=1000, max_response_chars=20_000) as small:
+        # per document: title and text each cut to max_doc_chars, "contents" built from the cut parts
+        status, body = post(small.url, "/retrieve", json.dumps({"queries": ["bigword"], "topk": 3}).encode())
+        assert status == 200
+        for document in body["result"][0]:
+            if document["id"].startswith("big-"):
+                assert len(document["title"]) == 300 and document["contents"].startswith(document["title"] + "\n")
+                assert len(document["contents"]) == 300 + 1 + 1000
+        # per response: 10 queries at top-3 would hold ~ 30 x 1600 characters > 20,000: a clear 413
+        status, body = post(small.url, "/retrieve", json.dumps({"queries": ["bigword"] * 8, "topk": 3}).encode())
+        assert status == 413 and body["error"] == "response_too_large", body
+        assert "over the limit of 20000 (max_response_chars)" in body["detail"] and "fewer queries" in body["detail"]
+        # /access pages are bounded the same way (page_chars is already capped by max_page_chars)
+        status, body = post(small.url, "/access", b'{"doc_id": "big-0", "page_chars": 50000}')
+        assert status == 413 and body["error"] == "response_too_large" and "smaller page_chars" in body["detail"]
+        status, body = post(small.url, "/access", b'{"doc_id": "big-0", "page_chars": 5000}')
+        assert status == 200 and len(body["text"]) == 5000 and len(body["title"]) == 300
+        # the client does not retry a 413 and says what the server said
+        client = HTTPRetriever(small.url, retries=3, backoff=0.01)
+        with pytest.raises(InvalidRequestError, match="max_response_chars.*HTTP 413"):
+            client.search(["bigword"] * 8, 3)
+        hits = client.search(["bigword"], 3)[0]
+        assert [len(h.text) for h in hits if h.doc_id.startswith("big-")] == [1000] * 2
+    with RetrieverServer(big_doc_retriever) as default:  # defaults: 25,000 per document
+        status, body = post(default.url, "/retrieve", json.dumps({"queries": ["bigword"] * 10, "topk": 1}).encode())
+        assert status == 200 and len(body["result"]) == 10
+        assert all(len(r[0]["contents"]) <= 2 * 25_000 + 1 for r in body["result"])
+
+
 def test_app_rejects_bad_limits(bm25):
     with pytest.raises(ValueError):
         create_app(bm25, default_topk=10, topk_max=5)
+    for name in ("max_doc_chars", "max_response_chars", "max_queries"):
+        with pytest.raises(ValueError, match=f"{name} must be an integer >= 1"):
+            create_app(bm25, **{name: 0})
     assert is_loopback("127.0.0.1") and is_loopback("::1") and is_loopback("localhost")
     assert not is_loopback("0.0.0.0") and not is_loopback("10.1.2.3")
 
@@ -172,7 +221,10 @@ def test_app_rejects_bad_limits(bm25):
 def test_http_retriever_matches_in_process(server, bm25, corpus):
     client = HTTPRetriever(server.url, timeout=5, retries=0)
     queries = ["zebulon5", "river stone market", "Long start", "nomatchatall"]
-    assert client.search(queries, 7) == bm25.search(queries, 7)
+    # the same hits; the server cuts each text to max_doc_chars (25,000) and /access reads the rest
+    cut = [[dataclasses.replace(h, text=h.text[:25_000]) for h in hits] for hits in bm25.search(queries, 7)]
+    assert client.search(queries, 7) == cut
+    assert any(len(h.text) > 25_000 for hits in bm25.search(queries, 7) for h in hits)
     assert client.access("long-2", 2) == bm25.access("long-2", 2)
     assert client.access("needle-1", 0, page_chars=7) == bm25.access("needle-1", 0, page_chars=7)
     assert client.num_docs == len(corpus) and client.page_chars == 25_000
@@ -551,7 +603,8 @@ def _stop_cli(proc: subprocess.Popen) -> tuple[int, str]:
 def test_cli_serve_retriever_subprocess(tmp_path, corpus):
     corpus_path, index_dir = tmp_path / "corpus.jsonl", tmp_path / "index"
     write_corpus(corpus_path, corpus)
-    args = ["--corpus", str(corpus_path), "--index-dir", str(index_dir), "--port", "0", "--topk-max", "20"]
+    args = ["--corpus", str(corpus_path), "--index-dir", str(index_dir), "--port", "0", "--topk-max", "20",
+            "--max-doc-chars", "7000", "--max-response-chars", "900000"]
     for run in ("build", "load"):
         proc, line = _start_cli(args)
         try:
@@ -559,7 +612,8 @@ def test_cli_serve_retriever_subprocess(tmp_path, corpus):
             fields = dict(part.split("=", 1) for part in line.split()[2:])
             assert fields["docs"] == str(len(corpus)) and fields["retriever"] == "bm25"
             client = HTTPRetriever(fields["url"], timeout=5, retries=0)
-            assert client.health()["topk_max"] == 20
+            health = client.health()
+            assert (health["topk_max"], health["max_doc_chars"], health["max_response_chars"]) == (20, 7000, 900_000)
             assert client.search(["zebulon9"], 2)[0][0].doc_id == "needle-9"
             assert client.access("long-1", 2).num_pages == 3
         finally:
@@ -573,6 +627,9 @@ def test_cli_usage_errors(tmp_path, capsys):
     assert cli_main(["serve-retriever"]) == 2
     assert cli_main(["serve-retriever", "--corpus", str(tmp_path / "absent.jsonl")]) == 2
     assert cli_main(["serve-retriever", "--corpus", "x", "--topk-default", "9", "--topk-max", "5"]) == 2
+    assert cli_main(["serve-retriever", "--corpus", "x", "--max-doc-chars", "0"]) == 2
+    assert cli_main(["serve-retriever", "--corpus", "x", "--max-response-chars", "-1"]) == 2
+    assert "--max-response-chars must be >= 1" in capsys.readouterr().err
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"id": "a", "text": "x"}\n{"id": "a", "text": "y"}\n')
     assert cli_main(["serve-retriever", "--corpus", str(bad)]) == 2
