@@ -6,8 +6,8 @@ Numeric conventions (shared by the torch path, the Triton kernels and the loop r
   ints or strings (verl's `uid` object array), or a list of hashables. Only equality matters.
 * Statistics (group mean, unbiased std, normalised value) are computed in fp64 from the inputs as
   given (fp16 / bf16 / fp32 / fp64 / int), of each group's values divided by the group's largest
-  magnitude (exactly the same z-scores, but no sum or square can overflow: fp32 sums of [3e38, 3e38]
-  did, fp64 squares of 1e300 would); outputs are fp32.
+  magnitude (the same z-scores up to fp64 rounding, but no sum or square can overflow: fp32 sums
+  of [3e38, 3e38] did, fp64 squares of 1e300 would); outputs are fp32.
 * Outcome (verl `compute_grpo_outcome_advantage`): per group, mean and *unbiased* (Bessel, N-1)
   std of the scores; `A = (s - mean) / (std + epsilon)`, or `s - mean` when
   `norm_adv_by_std=False` (Dr.GRPO). A group of one uses mean 0 and std 1, so its advantage is
