@@ -375,6 +375,8 @@ def test_length_mismatches_name_the_argument_that_disagrees():
         group_zscore(torch.zeros(3), torch.tensor([0, 1, 2]), 2)
     with pytest.raises(ValueError, match="num_rows must be an integer >= 0"):
         adv_ops.csr_offsets_from_rows([0, 1], -1)
+    with pytest.raises(ValueError, match="num_items must be an integer >= 0"):
+        group_ids(["a"], 1.0)
     with pytest.raises(ValueError, match=r"index\[1\] is NaN"):
         grpo_outcome_advantage(torch.zeros(3), np.array([1.0, np.nan, 1.0]), torch.ones(3, 2))
 

@@ -99,6 +99,8 @@ def group_ids(index: Any, num_items: int, device: torch.device | str = "cpu") ->
     index: length-`num_items` int tensor, numpy array (ints, strings or objects), or list of
     hashables. Returns (int64 tensor [num_items] on `device`, G).
     """
+    if isinstance(num_items, bool) or not isinstance(num_items, Integral) or num_items < 0:
+        raise ValueError(f"num_items must be an integer >= 0, got {num_items!r}")
     if isinstance(index, torch.Tensor):
         if index.dim() != 1 or index.numel() != num_items:
             raise ValueError(f"index must have shape ({num_items},), got {tuple(index.shape)}")
