@@ -21,6 +21,8 @@ Numeric conventions (shared with the torch path and the loop reference):
 * Out-of-range vocabulary lanes of the last tile are -inf; a running max of -inf is replaced by 0
   before it is subtracted, and the final lse is kept finite, so -inf - -inf never occurs (not even
   in a discarded `tl.where` branch). A target logit of -inf gives token_logp = -inf (never NaN).
+  A NaN or +inf logit makes the row's sum d NaN, and that NaN is kept (the d = 0 guard tests
+  d == 0, not d > 0), so the op can reject the row instead of returning a wrong finite value.
 * Rows with answer_mask 0 exit early; their token_logp is written as 0.0 and their target is never
   read (it may be -100).
 * keep = mask and (token_logp > log_threshold) (strict), or keep = mask without threshold.
@@ -80,7 +82,7 @@ def _row_logp_kernel(
     target = tl.load(targets_ptr + row).to(tl.int64)
     z_t = tl.load(base + target).to(tl.float32) * inv_temp
     m_safe = tl.where(m == float("-inf"), 0.0, m)
-    logp = (z_t - m_safe) - tl.log(tl.where(d > 0.0, d, 1.0))
+    logp = (z_t - m_safe) - tl.log(tl.where(d == 0.0, 1.0, d))  # a NaN d (NaN / +inf logit) stays NaN
     tl.store(out_ptr + row, logp)
 
 
@@ -209,7 +211,7 @@ def _combine_kernel(
     m_safe = tl.where(m == float("-inf"), 0.0, m)
     d = tl.sum(pd * tl.exp(pm - m_safe[:, None]), axis=1)
     # d = 0 only for masked rows and rows whose logits are all -inf (then z_t = -inf as well).
-    log_d = tl.log(tl.where(d > 0.0, d, 1.0))
+    log_d = tl.log(tl.where(d == 0.0, 1.0, d))  # NaN (a NaN / +inf logit) stays NaN: the op reports it
 
     # 2. Exactly one split holds the target logit; the others report -inf.
     #    log p = (z_t - mx) - log d (max subtracted first, as in the row kernel); a -inf target

@@ -86,7 +86,10 @@ def _log(message: str) -> None:
 
 def _serve_retriever_arguments(parser: argparse.ArgumentParser) -> None:
     from mempo.env.retriever import DEFAULT_PAGE_CHARS, DEFAULT_TOPK, MAX_QUERY_CHARS
-    from mempo.env.server import DEFAULT_HOST, DEFAULT_MAX_QUERIES, DEFAULT_PORT, DEFAULT_TOPK_MAX
+    from mempo.env.server import (
+        DEFAULT_HOST, DEFAULT_MAX_DOC_CHARS, DEFAULT_MAX_QUERIES, DEFAULT_MAX_RESPONSE_CHARS, DEFAULT_PORT,
+        DEFAULT_TOPK_MAX,
+    )
 
     parser.add_argument("--corpus", help="jsonl corpus ({id, title, text} per line); optional when "
                                          "--index-dir already holds an index")
@@ -107,6 +110,12 @@ def _serve_retriever_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"longest query in characters (default {MAX_QUERY_CHARS})")
     parser.add_argument("--page-chars", type=int, default=DEFAULT_PAGE_CHARS,
                         help=f"default /access page size in characters (default {DEFAULT_PAGE_CHARS})")
+    parser.add_argument("--max-doc-chars", type=int, default=DEFAULT_MAX_DOC_CHARS,
+                        help="/retrieve cuts each document's title and text to this many characters (default "
+                             f"{DEFAULT_MAX_DOC_CHARS}; keep it >= the search tool's doc_chars)")
+    parser.add_argument("--max-response-chars", type=int, default=DEFAULT_MAX_RESPONSE_CHARS,
+                        help="a /retrieve or /access answer carrying more document characters than this is "
+                             f"refused with HTTP 413 (default {DEFAULT_MAX_RESPONSE_CHARS})")
     parser.add_argument("--log-level", default="warning", choices=["critical", "error", "warning", "info", "debug"],
                         help="uvicorn log level (default warning)")
 
@@ -127,8 +136,10 @@ def _serve_retriever(args: argparse.Namespace) -> int:
     if not 1 <= args.topk_default <= args.topk_max:
         _log(f"need 1 <= --topk-default ({args.topk_default}) <= --topk-max ({args.topk_max})")
         return 2
-    if min(args.max_queries, args.max_query_chars, args.page_chars) < 1:
-        _log("--max-queries, --max-query-chars and --page-chars must be >= 1")
+    if min(args.max_queries, args.max_query_chars, args.page_chars, args.max_doc_chars,
+           args.max_response_chars) < 1:
+        _log("--max-queries, --max-query-chars, --page-chars, --max-doc-chars and --max-response-chars "
+             "must be >= 1")
         return 2
     started = time.perf_counter()
     try:
@@ -145,7 +156,8 @@ def _serve_retriever(args: argparse.Namespace) -> int:
     try:
         serve(retriever, args.host, args.port, on_ready=ready, log_level=args.log_level,
               default_topk=args.topk_default, topk_max=args.topk_max, max_queries=args.max_queries,
-              max_query_chars=args.max_query_chars)
+              max_query_chars=args.max_query_chars, max_doc_chars=args.max_doc_chars,
+              max_response_chars=args.max_response_chars)
     except OSError as exc:
         _log(f"cannot serve on {args.host}:{args.port}: {exc}")
         return 1

@@ -42,22 +42,24 @@ def write_jsonl(path: PathLike, objects: Iterable[Any]) -> int:
 
 def iter_jsonl(path: PathLike, error: type[Exception] = ValueError, *,
                missing: str = "file not found") -> Iterator[tuple[int, Any]]:
-    """(line number, decoded JSON value) for every non-blank line of `path`."""
+    """(line number, decoded JSON value) for every non-blank line of `path`.
+
+    Lines end at b"\\n" (as `wc -l` and editors count them) and are decoded one at a time, so an
+    invalid UTF-8 byte is reported on its own line (a text-mode reader decodes ahead in blocks and
+    would blame an earlier line).
+    """
     path = Path(path)
     try:
-        handle = open(path, "r", encoding="utf-8")
+        handle = open(path, "rb")
     except FileNotFoundError:
         raise error(f"{path}: {missing}") from None
     with handle:
-        lineno = 0
-        while True:
+        for lineno, raw in enumerate(handle, 1):
             try:
-                line = handle.readline()
+                line = raw.decode("utf-8")
             except UnicodeDecodeError as exc:
-                raise error(f"{path}:{lineno + 1}: not valid UTF-8 ({exc.reason})") from None
-            if not line:
-                return
-            lineno += 1
+                raise error(f"{path}:{lineno}: not valid UTF-8 ({exc.reason} at byte {exc.start + 1} of the line)") \
+                    from None
             if not line.strip():
                 continue
             try:

@@ -33,6 +33,8 @@ Conventions
   above, with one merge: a round that starts directly with an action while the previous round got
   no ``<information>`` is the same model turn (two actions in one turn), so it is checked as part
   of the previous round.
+* Every function here runs in time linear in the text's length, whatever the markers (a degenerate
+  policy output of a megabyte of repeated tags included; tests/test_protocol.py bounds the work).
 """
 from __future__ import annotations
 
@@ -302,12 +304,17 @@ class _Structure(NamedTuple):
 
 
 def _structure(text: str) -> _Structure:
-    """Stack parse of the markers (the nesting view; ``<information>`` content stays opaque)."""
+    """Stack parse of the markers (the nesting view; ``<information>`` content stays opaque).
+
+    Linear time: a closing marker for a tag with no open block is stray at once (a count per tag,
+    not a stack search), and the downward search for an open one only passes entries it removes.
+    """
     unclosed: list[tuple[str, int]] = []
     stray: list[tuple[str, int]] = []
     nested: list[tuple[str, str, int]] = []
     outside: list[tuple[int, str]] = []
     stack: list[tuple[str, int, list[str]]] = []  # (tag, offset, tags opened directly inside)
+    open_count = dict.fromkeys(TAGS, 0)  # blocks of each tag on the stack
     last_end = 0
 
     def note_outside(begin: int, end: int) -> None:
@@ -326,13 +333,19 @@ def _structure(text: str) -> _Structure:
             if stack:
                 stack[-1][2].append(name)
             stack.append((name, match.start(), []))
+            open_count[name] += 1
             continue
-        depth = next((d for d in range(len(stack) - 1, -1, -1) if stack[d][0] == name), None)
-        if depth is None:
+        if not open_count[name]:
             stray.append((name, match.start()))
             continue
-        unclosed.extend((tag, offset) for tag, offset, _ in stack[depth + 1:])
+        depth = len(stack) - 1
+        while stack[depth][0] != name:
+            depth -= 1
+        for tag, offset, _ in stack[depth + 1:]:
+            unclosed.append((tag, offset))
+            open_count[tag] -= 1
         tag, offset, inner = stack[depth]
+        open_count[tag] -= 1
         if inner:
             nested.append((tag, inner[0], offset))
         del stack[depth:]
@@ -348,12 +361,16 @@ def _turns(rounds: list[Round]) -> list[list[Block]]:
     """Rounds merged into model turns: a round opening with an action joins the previous round
     when that round got no ``<information>`` (both actions were written in one turn)."""
     turns: list[list[Block]] = []
+    answered = False  # the last turn holds an <information> block (tracked: a turn can be long)
     for round_ in rounds:
         starts_with_action = bool(round_.blocks) and round_.blocks[0].tag in ACTION_TAGS
-        if turns and starts_with_action and not any(b.tag == INFORMATION for b in turns[-1]):
+        has_information = any(b.tag == INFORMATION for b in round_.blocks)
+        if turns and starts_with_action and not answered:
             turns[-1].extend(round_.blocks)
+            answered = has_information
         else:
             turns.append(list(round_.blocks))
+            answered = has_information
     return turns
 
 

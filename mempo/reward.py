@@ -7,11 +7,15 @@ Conventions
   words) by a space, collapse white space. Comparisons are on normalised strings; F1 is on their
   white-space tokens.
 * Gold answers are *aliases*: a prediction is right when it matches any alias (EM) and its F1 is
-  the best over the aliases. A bare string is one alias.
+  the best over the aliases. A bare string is one alias. A number (int, float, numpy scalar; not
+  bool) is an alias too, compared as its string form (``5`` and ``5.0`` -> ``"5"``, ``2.5`` -> ``"2.5"``), so
+  numeric golds read from JSON work; any other non-string, non-sequence gold (None, a bool, a dict)
+  is a ``ValueError`` naming it.
 * Empty cases (F1 and EM agree): a prediction of ``None`` (no answer) scores EM False, F1 0. When
   the prediction and an alias both normalise to no tokens (``"The"`` vs ``"a"``) EM is True and F1
-  is 1; when only one of them is empty F1 is 0. An empty alias list scores EM False, F1 0. This is
-  plain SQuAD token F1, without HotpotQA's special case for yes/no answers.
+  is 1; when only one of them is empty F1 is 0. An empty alias list scores EM False, F1 0, and so
+  :func:`compute_score` with no gold at all (``golds=[]``) scores 0 (one objective with no aliases).
+  This is plain SQuAD token F1, without HotpotQA's special case for yes/no answers.
 * Multi-objective episodes (the MEM1 protocol): an episode asks k sub-questions and the agent
   answers all of them in one ``<answer>``, separated by ``";"``. :func:`split_answer` gives the
   sub-answers by position; sub-answer i is scored against the aliases of objective i; a missing
@@ -30,6 +34,7 @@ from __future__ import annotations
 import re
 import string
 from collections import Counter
+from numbers import Real
 from typing import Any, Iterable, Mapping, Optional, Sequence, Union
 
 from mempo.protocol import extract_solution, validate_format
@@ -60,10 +65,38 @@ def normalize_answer(s: str) -> str:
     return " ".join(no_articles.split())
 
 
+def _is_scalar_alias(gold: Any) -> bool:
+    """A string or a real number (numpy scalars included; numpy's bool is no Real, Python's is excluded)."""
+    return isinstance(gold, str) or (isinstance(gold, Real) and not isinstance(gold, bool))
+
+
+def _alias_text(gold: Any) -> str:
+    """An alias as text: a string as it is, a number as its string form (a whole float without ".0")."""
+    if not _is_scalar_alias(gold):
+        raise ValueError(f"a gold alias must be a string or a number, got {type(gold).__name__} {gold!r}")
+    if isinstance(gold, str):
+        return str(gold)
+    value = gold.item() if hasattr(gold, "item") else gold  # numpy scalars: their Python value
+    if isinstance(value, float) and value.is_integer() and abs(value) < 2 ** 53:
+        value = int(value)
+    return str(value)
+
+
+def _sequence(golds: Any) -> list:
+    if isinstance(golds, Mapping):
+        raise ValueError(f"golds must be an alias (a string or a number) or a sequence of aliases, got a "
+                         f"{type(golds).__name__}")
+    try:
+        return list(golds)
+    except TypeError:
+        raise ValueError(f"golds must be an alias (a string or a number) or a sequence of aliases, got "
+                         f"{type(golds).__name__} {golds!r}") from None
+
+
 def _aliases(golds: Aliases) -> list[str]:
-    if isinstance(golds, str):
-        return [golds]
-    return [str(gold) for gold in golds]
+    if _is_scalar_alias(golds):
+        return [_alias_text(golds)]
+    return [_alias_text(gold) for gold in _sequence(golds)]
 
 
 def em_check(prediction: Optional[str], golds: Aliases) -> bool:
@@ -125,24 +158,25 @@ def split_answer(text: Optional[str], num_objectives: int) -> list[Optional[str]
 def objectives_from_golds(golds: Any) -> list[list[str]]:
     """The gold aliases of each objective.
 
-    Accepted forms: a string (one objective, one alias); a sequence of strings (one objective,
-    those aliases); a sequence of sequences of strings (objective i = the aliases of element i).
-    So ``["Paris", "Rome"]`` is one objective with two aliases and ``[["Paris"], ["Rome"]]`` two
-    objectives. Any non-string iterable counts as a sequence (tuples, numpy arrays as read from
-    parquet). Mixing strings and sequences at the top level (ambiguous), or passing no gold at
-    all, raises ``ValueError``.
+    Accepted forms: an alias (one objective, one alias); a sequence of aliases (one objective,
+    those aliases); a sequence of sequences of aliases (objective i = the aliases of element i).
+    An alias is a string or a number (its string form: ``[5, 6]`` is one objective with aliases
+    "5" and "6"). So ``["Paris", "Rome"]`` is one objective with two aliases and
+    ``[["Paris"], ["Rome"]]`` two objectives. Any non-string iterable counts as a sequence (tuples,
+    numpy arrays as read from parquet). Mixing aliases and sequences at the top level
+    (ambiguous), passing no gold at all, or a gold that is neither raises ``ValueError``.
     """
-    if isinstance(golds, str):
-        return [[golds]]
-    items = list(golds)
+    if _is_scalar_alias(golds):
+        return [[_alias_text(golds)]]
+    items = _sequence(golds)
     if not items:
         raise ValueError("golds is empty: give at least one alias")
-    kinds = {isinstance(item, str) for item in items}
+    kinds = {_is_scalar_alias(item) for item in items}
     if kinds == {True}:
-        return [[str(item) for item in items]]
+        return [[_alias_text(item) for item in items]]
     if kinds == {False}:
         return [_aliases(item) for item in items]
-    raise ValueError("golds mixes alias strings and per-objective alias lists")
+    raise ValueError("golds mixes aliases (strings or numbers) and per-objective alias lists")
 
 
 def _aggregate(values: Sequence[float], mode: str) -> float:
@@ -160,7 +194,7 @@ def compute_score(response_text: str, golds: Any, *, mode: str = "mean",
     Args:
         response_text: the response only (rounds and information blocks), never the prompt.
         golds: aliases of one objective, or per-objective alias lists
-            (:func:`objectives_from_golds`).
+            (:func:`objectives_from_golds`); no gold at all (an empty sequence) scores 0.
         mode: ``"mean"`` (default), ``"all"`` or ``"sum"``: how per-objective EM becomes the score.
         format_kwargs: keyword arguments for :func:`mempo.protocol.validate_format`.
 
@@ -174,7 +208,10 @@ def compute_score(response_text: str, golds: Any, *, mode: str = "mean",
     """
     if mode not in SCORE_MODES:
         raise ValueError(f"mode must be one of {SCORE_MODES}, got {mode!r}")
-    objectives = objectives_from_golds(golds)
+    if not _is_scalar_alias(golds):
+        golds = _sequence(golds)  # once: golds may be a one-shot iterator
+    no_gold = isinstance(golds, list) and not golds
+    objectives = [[]] if no_gold else objectives_from_golds(golds)  # no aliases: EM 0, F1 0
     report = validate_format(response_text, **dict(format_kwargs or {}))
     answer = extract_solution(response_text)
     sub_answers = split_answer(answer, len(objectives))

@@ -178,8 +178,10 @@ def test_bad_inputs_raise_clear_errors():
     overlapping = torch.tensor([[0, 5], [4, 8]])
     with pytest.raises(ValueError, match="overlap in trajectory 0"):
         mempo_advantage(scores, index, mask, torch.zeros(2), torch.tensor([0, 2, 2, 2, 2, 2, 2]), overlapping)
-    with pytest.raises(ValueError, match="mem_offsets must start at 0"):
+    with pytest.raises(ValueError, match=r"mem_offsets ends at 1, but mem_rewards and mem_spans hold 2"):
         mempo_advantage(scores, index, mask, torch.zeros(2), torch.tensor([0, 1, 1, 1, 1, 1, 1]), overlapping)
+    with pytest.raises(ValueError, match="mem_offsets must start at 0"):
+        mempo_advantage(scores, index, mask, torch.zeros(2), torch.tensor([1, 2, 2, 2, 2, 2, 2]), overlapping)
     with pytest.raises(ValueError, match="backend must be one of"):
         mempo_advantage(scores, index, mask, backend="cuda")
 
@@ -258,3 +260,175 @@ def test_huge_page_outputs_hold_the_same_values(monkeypatch, huge):
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
     small = _alloc.empty_output((3, 5))
     assert small.shape == (3, 5) and small.dtype == torch.float32
+
+
+# --------------------------------------------------------------------------------------------
+# Hostile scalars and values (issue 10, case 7): validated by name, finite results otherwise
+# --------------------------------------------------------------------------------------------
+def _small_batch():
+    index = ["a", "a", "b", "b", "c"]
+    mask = torch.ones(5, 6, dtype=torch.long)
+    offsets = torch.tensor([0, 1, 2, 3, 4, 4])
+    spans = torch.tensor([[0, 2], [1, 3], [0, 2], [2, 5]])
+    return index, mask, offsets, spans
+
+
+_UNSET = object()
+
+
+def _every_op(epsilon=1e-6, memory_weight=_UNSET, norm_adv_by_std=True, backend="torch", scores=None, rewards=None,
+              mask=None):
+    """Each public advantage op called on a small batch with these arguments (memory_weight given:
+    only the op that takes it; scores given: only the ops that take scores)."""
+    index, default_mask, offsets, spans = _small_batch()
+    given_scores = scores is not None
+    scores = torch.tensor([1.0, 0.0, 1.0, 1.0, 0.0]) if scores is None else scores
+    rewards = torch.tensor([0.1, 0.3, 0.2, 0.2]) if rewards is None else rewards
+    mask = default_mask if mask is None else mask
+    weight = 1.0 if memory_weight is _UNSET else memory_weight
+    yield lambda: mempo_advantage(scores, index, mask, rewards, offsets, spans, epsilon=epsilon,
+                                  memory_weight=weight, norm_adv_by_std=norm_adv_by_std, backend=backend)
+    if memory_weight is _UNSET:
+        yield lambda: grpo_outcome_advantage(scores, index, mask, epsilon, norm_adv_by_std, backend=backend)
+        yield lambda: group_zscore(scores, torch.tensor([0, 0, 1, 1, 2]), 3, epsilon=epsilon,
+                                   norm_by_std=norm_adv_by_std, backend=backend)
+        if not given_scores:
+            yield lambda: memory_advantage(rewards, offsets, spans, index, mask, epsilon, norm_adv_by_std,
+                                           backend=backend)
+
+
+@pytest.mark.parametrize("epsilon", [0.0, -1e-6, float("nan"), float("inf"), float("-inf"), 1e-45, 1e39, "1e-6",
+                                     True, None])
+def test_bad_epsilon_is_rejected_by_name(epsilon):
+    for op in _every_op(epsilon=epsilon):
+        with pytest.raises(ValueError, match=r"epsilon must be a finite number in \[1.1754944e-38, 3.4028235e\+38\]"):
+            op()
+
+
+@pytest.mark.parametrize("memory_weight", [float("nan"), float("inf"), -0.5, True, "1"])
+def test_bad_memory_weight_is_rejected_by_name(memory_weight):
+    for op in _every_op(memory_weight=memory_weight):
+        with pytest.raises(ValueError, match="memory_weight must be a finite number >= 0"):
+            op()
+
+
+@pytest.mark.parametrize("flag", ["yes", 1, None])
+def test_norm_flag_must_be_a_bool(flag):
+    for op in _every_op(norm_adv_by_std=flag):
+        with pytest.raises(ValueError, match="norm_(adv_)?by_std must be a bool"):
+            op()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_numpy_scalars_are_accepted(backend, device):
+    for op in _every_op(epsilon=np.float32(1e-6), memory_weight=np.float64(0.5), norm_adv_by_std=np.bool_(True),
+                        backend=backend):
+        out = op()
+        out = out[0] if isinstance(out, tuple) else out
+        assert torch.isfinite(out).all()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_smallest_epsilon_on_equal_groups_is_zero_not_nan(backend, device):
+    """epsilon=0 gave NaN on an all-equal group; the smallest accepted epsilon gives 0."""
+    index, mask, offsets, spans = _small_batch()
+    equal = torch.full((5,), 0.3)
+    got, _ = mempo_advantage(equal.to(device), index, mask.to(device), torch.full((4,), 0.7), offsets, spans,
+                             epsilon=float(torch.finfo(torch.float32).tiny), backend=backend)
+    assert torch.isfinite(got).all()
+    assert (got.cpu()[:4] == 0).all()  # groups a and b: equal scores and equal memory rewards
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
+def test_non_finite_scores_rewards_and_float_masks_are_rejected(bad):
+    scores = torch.tensor([1.0, 0.0, bad, 1.0, 0.0])
+    for op in _every_op(scores=scores):
+        with pytest.raises(ValueError, match=r"(scores|values)\[2\] is not finite"):
+            op()
+    index, mask, offsets, spans = _small_batch()
+    with pytest.raises(ValueError, match=r"mem_rewards\[1\] is not finite"):
+        mempo_advantage(torch.zeros(5), index, mask, torch.tensor([0.0, bad, 0.0, 0.0]), offsets, spans)
+    for dtype in (torch.float32, torch.float64, torch.float16, torch.bfloat16):
+        float_mask = mask.to(dtype)
+        float_mask[3, 4] = bad
+        for op in _every_op(mask=float_mask):
+            if "group_zscore" in op.__code__.co_names:
+                continue  # it takes no mask
+            with pytest.raises(ValueError, match=r"response_mask\[3, 4\] = .* is not a mask weight"):
+                op()
+    huge = mask.double()
+    huge[0, 0] = 1e30
+    with pytest.raises(ValueError, match=r"response_mask\[0, 0\] = 1e\+30 is not a mask weight"):
+        grpo_outcome_advantage(torch.zeros(5), index, huge)
+
+
+def test_length_mismatches_name_the_argument_that_disagrees():
+    """A wrong number of memory rewards blamed mem_spans (issue 10, case 11)."""
+    index, mask, offsets, spans = _small_batch()
+    with pytest.raises(ValueError, match="mem_rewards has 3 entries, but mem_offsets and mem_spans describe 4"):
+        memory_advantage(torch.zeros(3), offsets, spans, index, mask)
+    with pytest.raises(ValueError, match="mem_spans has 3 rows, but mem_rewards and mem_offsets describe 4"):
+        memory_advantage(torch.zeros(4), offsets, spans[:3], index, mask)
+    with pytest.raises(ValueError, match="disagree on the number of scored rounds"):
+        mempo_advantage(torch.zeros(5), index, mask, torch.zeros(2), offsets, spans[:3])
+    with pytest.raises(ValueError, match=r"group ids must lie in \[0, num_groups = 2\)"):
+        group_zscore(torch.zeros(3), torch.tensor([0, 1, 2]), 2)
+    with pytest.raises(ValueError, match="num_rows must be an integer >= 0"):
+        adv_ops.csr_offsets_from_rows([0, 1], -1)
+    with pytest.raises(ValueError, match="num_items must be an integer >= 0"):
+        group_ids(["a"], 1.0)
+    with pytest.raises(ValueError, match=r"index\[1\] is NaN"):
+        grpo_outcome_advantage(torch.zeros(3), np.array([1.0, np.nan, 1.0]), torch.ones(3, 2))
+
+
+F32_MAX = float(torch.finfo(torch.float32).max)
+
+# Values near the top of each accepted dtype (fp16's and bf16's own maxima; int64 near 2^63).
+EXTREME_SCORES = {
+    torch.float32: [[3e38, 3e38, 3e38], [3e38, -3e38, -3e38], [F32_MAX, -F32_MAX, F32_MAX], [3e38, 0.0, 1e-45]],
+    torch.float64: [[1e300, 1e300, -1e300], [1e308, -1e308, 5.0], [1e-300, 2e-300, 1e-300]],
+    torch.float16: [[65504.0, 65504.0, -65504.0], [65504.0, -65504.0, 6e-8]],
+    torch.bfloat16: [[3.3e38, 3.3e38, -3.3e38], [3.3e38, -3.3e38, 0.0]],
+    torch.int64: [[2 ** 62, -2 ** 62, 2 ** 62], [9 * 10 ** 18, 9 * 10 ** 18, 9 * 10 ** 18]],
+    torch.int32: [[2 ** 31 - 1, -2 ** 31, 0]],
+}
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype", list(EXTREME_SCORES))
+@pytest.mark.parametrize("norm", [True, False])
+def test_scores_near_the_dtype_limit_give_finite_advantages(backend, device, dtype, norm):
+    """[3e38, 3e38] gave NaN (fp32 sums overflow); now fp64 statistics and saturation at VALUE_LIMIT
+    give finite values equal to the loop reference, on the torch path, the Triton path and the loop."""
+    for rows in EXTREME_SCORES[dtype]:
+        scores = torch.tensor(rows + rows[:1] + [rows[-1]], dtype=dtype)  # a group of 3, a group of 2
+        index = ["g", "g", "g", "h", "h"]
+        rewards = torch.tensor(rows + rows[:1], dtype=dtype)  # 4 rounds, pooled per group
+        offsets = torch.tensor([0, 1, 2, 3, 4, 4])
+        spans = torch.tensor([[0, 2], [1, 3], [0, 2], [2, 5]])
+        mask = torch.ones(5, 6, dtype=torch.bool)
+        for weight in (1.0, 1e30):
+            got, _ = mempo_advantage(scores.to(device), index, mask.to(device), rewards.to(device), offsets, spans,
+                                     memory_weight=weight, norm_adv_by_std=norm, backend=backend)
+            want = reference(scores.double(), index, mask, rewards.double(), offsets, spans, memory_weight=weight,
+                             norm_adv_by_std=norm)
+            assert torch.isfinite(got).all() and torch.isfinite(want).all(), (rows, weight)
+            torch.testing.assert_close(got.cpu().double(), want, rtol=1e-5, atol=1e-5)
+            assert got.abs().max() <= 2 * adv_ops.VALUE_LIMIT
+        zs = group_zscore(scores.to(device), torch.tensor([0, 0, 0, 1, 1], device=device), 2, norm_by_std=norm,
+                          backend=backend)
+        want = group_zscore_reference(scores.double().tolist(), [0, 0, 0, 1, 1], norm_by_std=norm)
+        torch.testing.assert_close(zs.cpu().double(), torch.tensor(want, dtype=torch.float64), rtol=1e-5, atol=1e-5)
+        if dtype == torch.float32 and rows[:2] == [3e38, 3e38]:
+            assert (zs.cpu()[:3] == 0).all()  # the issue's case: equal scores at the limit -> exactly 0
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_large_mask_weights_stay_finite(backend, device):
+    """The saturation bound holds for the largest accepted mask entries (int64's range, float <= 2^63)."""
+    index, _, offsets, spans = _small_batch()
+    scores = torch.tensor([3e38, -3e38, 1.0, 2.0, 5.0])
+    for mask in (torch.full((5, 6), 2 ** 62, dtype=torch.long), torch.full((5, 6), 2.0 ** 63, dtype=torch.float64)):
+        got, _ = mempo_advantage(scores.to(device), index, mask.to(device), torch.tensor([1e38, -1e38, 0.0, 1.0]),
+                                 offsets, spans, memory_weight=1e30, norm_adv_by_std=False, backend=backend)
+        assert torch.isfinite(got).all()

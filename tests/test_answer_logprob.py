@@ -691,3 +691,126 @@ def test_hidden_triton_qwen_vocab_multi_h_chunks(device):
     kern.hidden_logp(h, w, b, t, mask.to(device).view(torch.uint8), out, 1.0, interpret=not HAS_CUDA,
                      block_m=16, block_v=2048, block_h=16, num_splits=3)
     assert (out.cpu().double() - ref.token_logp).abs().max().item() < 2e-5
+
+
+# ------------------------------------------------------------------------------------------------
+# hostile scalars and values (issue 10, cases 7 and 11)
+# ------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_numpy_scalars_are_accepted(backend, device):
+    """An np.float32 threshold was rejected; numpy scalars now work like Python numbers."""
+    import numpy as np
+
+    dev = device if backend == "triton" else torch.device("cpu")
+    logits, targets, mask = make_logits_case(12, 30, seed=3)
+    hidden, weight, bias, h_targets, h_mask = make_hidden_case(12, 30, 8, seed=4)
+    want = answer_logprob(*on(dev, logits, targets, mask), threshold=0.5, temperature=0.75, empty_value=-1.0,
+                          backend=backend)
+    got = answer_logprob(*on(dev, logits, targets, mask), threshold=np.float32(0.5), temperature=np.float64(0.75),
+                         empty_value=np.float32(-1.0), backend=backend)
+    for a, b in zip(got, want):
+        assert torch.equal(a, b)
+    want = answer_logprob_from_hidden(*on(dev, hidden, weight, h_targets, h_mask), bias=bias.to(dev),
+                                      threshold=0.25, vocab_chunk=7, backend=backend)
+    got = answer_logprob_from_hidden(*on(dev, hidden, weight, h_targets, h_mask), bias=bias.to(dev),
+                                     threshold=np.float16(0.25), vocab_chunk=np.int64(7), backend=backend)
+    for a, b in zip(got, want):
+        assert torch.equal(a, b)
+    assert answer_logprob(logits, targets, mask, threshold=1).num_kept.sum() == 0  # an int threshold: 1.0
+
+
+@pytest.mark.parametrize("name, value, fragment", [
+    ("threshold", float("inf"), r"threshold must be a number in \(0, 1\] or None"),
+    ("threshold", float("nan"), "threshold must be a number"),
+    ("threshold", 0, "threshold must be a number"),
+    ("temperature", 1e-40, r"temperature must be a finite number >= 2.94e-39"),
+    ("temperature", True, "temperature must be a finite number"),
+    ("temperature", "1.0", "temperature must be a finite number"),
+    ("empty_value", float("nan"), "empty_value must be a finite number"),
+    ("empty_value", float("inf"), "empty_value must be a finite number"),
+    ("empty_value", "0", "empty_value must be a finite number"),
+    ("empty_value", None, "empty_value must be a finite number"),
+])
+def test_bad_scalars_are_rejected_by_name(name, value, fragment):
+    logits, targets, mask = make_logits_case(6, 10)
+    with pytest.raises(ValueError, match=fragment):
+        answer_logprob(logits, targets, mask, **{name: value})
+    hidden, weight, bias, h_targets, h_mask = make_hidden_case(6, 10, 4)
+    with pytest.raises(ValueError, match=fragment):
+        answer_logprob_from_hidden(hidden, weight, h_targets, h_mask, **{name: value})
+
+
+@pytest.mark.parametrize("vocab_chunk", [0, -3, 1.5, True, "8"])
+def test_bad_vocab_chunk(vocab_chunk):
+    hidden, weight, bias, targets, mask = make_hidden_case(6, 10, 4)
+    with pytest.raises(ValueError, match="vocab_chunk must be a positive int"):
+        answer_logprob_from_hidden(hidden, weight, targets, mask, vocab_chunk=vocab_chunk)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_nan_or_inf_logits_are_rejected_naming_the_row(backend, device, bad, dtype):
+    dev = device if backend == "triton" else torch.device("cpu")
+    logits, targets, mask = make_logits_case(4 * 5, 12, seed=5, p_mask=1.0)
+    logits = logits.to(dtype)
+    logits[13, 4] = bad
+    with pytest.raises(ValueError, match=r"row 13 is NaN: the logits hold NaN or \+inf there"):
+        answer_logprob(*on(dev, logits, targets, mask, torch.tensor([0, 7, 20])), backend=backend)
+    with pytest.raises(ValueError, match=r"row 13 \(n=2, t=3\) is NaN"):
+        answer_logprob(*on(dev, logits.view(4, 5, 12), targets.view(4, 5), mask.view(4, 5)), backend=backend)
+    # On a masked row the same values are never read: the result is the reference's.
+    mask[13] = False
+    targets[13] = -100
+    out = answer_logprob(*on(dev, logits, targets, mask), backend=backend)
+    ref = answer_logprob_reference(logits.float(), targets, mask)
+    assert_matches(out, ref, mask, 0.5, atol=2e-5, rtol=2e-6)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_hidden_path_nan_or_overflow_is_rejected_naming_the_row(backend, device):
+    dev = device if backend == "triton" else torch.device("cpu")
+    hidden, weight, bias, targets, mask = make_hidden_case(9, 40, 16, seed=6, p_mask=1.0)
+    for row, value in ((2, float("nan")), (6, 3e38)):  # 3e38 x weight sums overflow fp32: +-inf logits
+        bad = hidden.clone()
+        bad[row] = value
+        with pytest.raises(ValueError, match=f"row {row} is NaN: the logits hidden @ weight.T"):
+            answer_logprob_from_hidden(*on(dev, bad, weight, targets, mask), bias=bias.to(dev), backend=backend)
+
+
+F32_MAX = float(torch.finfo(torch.float32).max)
+
+
+def _extreme_logits(dtype):
+    """Rows of finite logits near the top of `dtype` (fp16: 65504; bf16 and fp32: about 3e38)."""
+    top = float(torch.finfo(dtype).max) * 0.99
+    logits = torch.zeros(6, 8, dtype=torch.float64)
+    logits[0] = torch.tensor([top, -top, 0, 1, 2, 3, 4, 5])
+    logits[1] = top  # huge and equal
+    logits[2] = -top
+    logits[3] = torch.linspace(-top, top, 8, dtype=torch.float64)
+    logits[4, 2] = top
+    logits[5] = torch.tensor([top, top, -top, -top, 0, 0, 1, -1])
+    return logits.to(dtype)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_extreme_finite_logits_match_the_reference(backend, device, dtype):
+    """Finite inputs near the float limit give no NaN: the reference's values, with log-probs below
+    -3.4e38 (not representable in fp32) reported as -inf, and so P = 0 where they are kept."""
+    dev = device if backend == "triton" else torch.device("cpu")
+    logits = _extreme_logits(dtype)
+    for targets in (torch.tensor([0, 3, 5, 0, 2, 2]), torch.tensor([1, 7, 0, 7, 3, 4])):
+        mask = torch.ones(6, dtype=torch.bool)
+        cu = torch.tensor([0, 1, 3, 6])
+        for threshold in (None, 0.5):
+            out = answer_logprob(*on(dev, logits, targets, mask, cu), threshold=threshold, backend=backend)
+            ref = answer_logprob_reference(logits, targets, mask, cu, threshold=threshold)
+            assert_no_nan(out)
+            lp, rlp = out.token_logp.cpu().double(), ref.token_logp
+            representable = rlp >= -F32_MAX
+            assert bool((lp[~representable] == float("-inf")).all())
+            torch.testing.assert_close(lp[representable], rlp[representable], rtol=2e-6, atol=2e-5)
+            assert torch.equal(out.keep.cpu(), ref.keep) and torch.equal(out.num_kept.cpu(), ref.num_kept)
+            torch.testing.assert_close(out.p.cpu().double(), ref.p, rtol=1e-5, atol=2e-5)

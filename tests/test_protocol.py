@@ -1,6 +1,11 @@
 """Turn protocol on text (`mempo.protocol`): rounds, access arguments, format rules, answer."""
+import random
+import sys
+import time
+
 import pytest
 
+from mempo import protocol, reward
 from mempo.protocol import (
     FORMAT_RULES,
     Round,
@@ -11,6 +16,8 @@ from mempo.protocol import (
     split_rounds,
     validate_format,
 )
+from mempo.reward import compute_score
+from mempo.tags import marker_strings
 
 R1_SEARCH = "<mem></mem>\n<think>need the film</think>\n<search>2010 best picture</search>"
 INFO_1 = "\n<information>The Hurt Locker won Best Picture.</information>\n"
@@ -229,3 +236,136 @@ def test_extract_solution():
     assert extract_solution("<answer> </answer>") == ""
     retrieved_only = "<search>q</search><information><answer>from a document</answer></information>"
     assert extract_solution(retrieved_only) is None
+
+
+# ---------------------------------------------------------------------------------------------
+# Linear time on degenerate output (issue 10, case 5)
+# ---------------------------------------------------------------------------------------------
+
+
+def _degenerate(size: int) -> dict[str, str]:
+    """Texts of about `size` characters of repeated markers: every shape that was quadratic or could be."""
+    rng = random.Random(0)
+    markers = marker_strings()
+    return {
+        "answers": "<answer>" * (size // 8),  # one merged turn of many actions
+        "rounds": "<search>q</search>" * (size // 18),  # many rounds, none answered
+        "stray": "<mem>" * (size // 12) + "</think>" * (size // 12),  # stray closes under a deep stack
+        "nested": "<mem><think>" * (size // 24) + "</mem>" * (size // 24),
+        "unclosed": "<think>" * (size // 14) + "</think>" * (size // 16),
+        "information": "<search>q</search><information>" + "<mem>" * (size // 5),
+        "mixed": "".join(rng.choice(markers) + rng.choice(["", "x", " ", "\n"]) for _ in range(size // 10)),
+    }
+
+
+def _parse_everything(text: str) -> None:
+    compute_score(text, ["x"])  # validate_format (split_rounds, the stack parse) and extract_solution
+
+
+def _line_events(text: str) -> int:
+    """Python lines executed inside mempo.protocol and mempo.reward while parsing `text` (exact)."""
+    watched = {protocol.__file__, reward.__file__}
+    count = 0
+
+    def tracer(frame, event, arg):
+        nonlocal count
+        if frame.f_code.co_filename not in watched:
+            return None
+        if event == "line":
+            count += 1
+        return tracer
+
+    sys.settrace(tracer)
+    try:
+        _parse_everything(text)
+    finally:
+        sys.settrace(None)
+    return count
+
+
+def test_parsing_work_grows_linearly_with_repeated_tags():
+    """A bound on work, not a timed test: 16x the text may cost at most 24x the executed lines
+    (linear work predicts 16x; the old parser did 100x-250x on these shapes)."""
+    small, large = _degenerate(4_000), _degenerate(64_000)
+    for name in small:
+        ratio = _line_events(large[name]) / _line_events(small[name])
+        assert ratio < 24, f"{name}: {ratio:.0f}x the work for 16x the text"
+
+
+def test_a_megabyte_of_repeated_tags_scales_linearly():
+    """1 MB against 64 KB of every degenerate shape together, in CPU time of this process (best of
+    a few runs): at most 40x for 16x the text (linear predicts 16x; the old parser took minutes)."""
+    def text(size):
+        return "".join(_degenerate(size // 7).values())
+
+    def cpu_seconds(sample, repeats):
+        best = float("inf")
+        for _ in range(repeats):
+            started = time.process_time()
+            _parse_everything(sample)
+            best = min(best, time.process_time() - started)
+        return best
+
+    small, large = text(64_000), text(1_000_000)
+    assert len(large) > 900_000
+    ratio = cpu_seconds(large, 1) / cpu_seconds(small, 5)
+    assert ratio < 40, f"{ratio:.0f}x the CPU time for 16x the text"
+
+
+def _structure_by_stack_search(text):
+    """The parser's nesting view as first written (a stack search per closing marker): the spec."""
+    unclosed, stray, nested, outside, stack, last_end = [], [], [], [], [], 0
+
+    def note_outside(begin, end):
+        if text[begin:end].strip():
+            outside.append((begin, text[begin:end]))
+
+    for match in protocol._MARKER_RE.finditer(text):
+        closing, name = match.group(1) == "/", match.group(2)
+        if stack and stack[-1][0] == "information" and not (closing and name == "information"):
+            continue
+        if not stack:
+            note_outside(last_end, match.start())
+        last_end = match.end()
+        if not closing:
+            if stack:
+                stack[-1][2].append(name)
+            stack.append((name, match.start(), []))
+            continue
+        depth = next((d for d in range(len(stack) - 1, -1, -1) if stack[d][0] == name), None)
+        if depth is None:
+            stray.append((name, match.start()))
+            continue
+        unclosed.extend((tag, offset) for tag, offset, _ in stack[depth + 1:])
+        tag, offset, inner = stack[depth]
+        if inner:
+            nested.append((tag, inner[0], offset))
+        del stack[depth:]
+    if stack:
+        unclosed.extend((tag, offset) for tag, offset, _ in stack)
+    else:
+        note_outside(last_end, len(text))
+    unclosed.sort(key=lambda item: item[1])
+    return unclosed, stray, nested, outside
+
+
+def _turns_by_rescan(rounds):
+    """Model turns as first written (rescanning the last turn for <information>): the spec."""
+    turns = []
+    for round_ in rounds:
+        starts_with_action = bool(round_.blocks) and round_.blocks[0].tag in ("search", "access", "answer")
+        if turns and starts_with_action and not any(b.tag == "information" for b in turns[-1]):
+            turns[-1].extend(round_.blocks)
+        else:
+            turns.append(list(round_.blocks))
+    return turns
+
+
+def test_linear_parser_matches_the_first_parser_on_random_markers():
+    rng = random.Random(1)
+    markers = marker_strings()
+    for _ in range(3000):
+        text = "".join(rng.choice(markers) + rng.choice(["", "", "x", " "]) for _ in range(rng.randint(0, 30)))
+        assert tuple(protocol._structure(text)) == _structure_by_stack_search(text), text
+        rounds = split_rounds(text)
+        assert protocol._turns(rounds) == _turns_by_rescan(rounds), text

@@ -57,6 +57,25 @@ def test_corpus_errors_name_file_and_line(tmp_path, lines, message):
     assert str(info.value).startswith(str(path)) and message in str(info.value)
 
 
+@pytest.mark.parametrize("bad_line", [150, 1, 400])
+def test_non_utf8_corpus_error_names_the_right_line(tmp_path, bad_line):
+    """The reader decodes each line alone: a text-mode reader decodes 8 KB ahead and blamed line 130
+    for a bad byte on line 151 (issue 10, case 11). Lines end at b"\\n" only; CRLF files count alike."""
+    good = [json.dumps({"id": f"d{i}", "text": "x" * 100}).encode() for i in range(400)]
+    good[bad_line - 1] = b'{"id": "bad", "text": "caf\xe9"}'
+    for newline in (b"\n", b"\r\n"):
+        path = tmp_path / "latin1.jsonl"
+        path.write_bytes(newline.join(good) + newline)
+        with pytest.raises(CorpusError) as info:
+            load_corpus(path)
+        assert f"{path}:{bad_line}: not valid UTF-8" in str(info.value), str(info.value)
+        assert "at byte 27 of the line" in str(info.value)
+    # A bare \r (JSON white space) is no line end: universal newlines split this line in two.
+    path.write_bytes(b'{"id": "a",\r "text": "x"}\n{"id": "b", "text": "y"}\n{not json\n')
+    with pytest.raises(CorpusError, match=":3: not valid JSON"):
+        load_corpus(path)
+
+
 def test_corpus_missing_file_and_bad_write(tmp_path):
     with pytest.raises(CorpusError, match="not found"):
         load_corpus(tmp_path / "absent.jsonl")

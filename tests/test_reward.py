@@ -134,3 +134,39 @@ def test_multi_objective_missing_sub_answer_scores_zero_for_its_objective():
     assert [o["em"] for o in result["per_objective"]] == [1.0, 0.0]
     assert [o["f1"] for o in result["per_objective"]] == [1.0, 0.0]
     assert result["score"] == 0.5 and result["f1"] == 0.5
+
+
+def test_no_gold_scores_zero_as_documented():
+    """Issue 10, case 11: compute_score(text, []) raised although an empty alias list scores 0."""
+    result = compute_score(respond("Paris"), [])
+    assert result["score"] == 0.0 and result["em"] == 0.0 and result["f1"] == 0.0 and result["format_ok"]
+    assert result["num_objectives"] == 1 and result["per_objective"][0]["golds"] == []
+    assert compute_score(respond("Paris"), iter(["Paris"]))["score"] == 1.0  # a one-shot iterator is read once
+    with pytest.raises(ValueError):
+        objectives_from_golds([])  # callers that need an alias (answer templates) still get an error
+
+
+def test_numeric_golds_are_aliases_in_their_string_form():
+    """Issue 10, case 11: golds [5, 6] gave "'int' object is not iterable"."""
+    assert objectives_from_golds([5, 6]) == [["5", "6"]]
+    assert objectives_from_golds(5) == [["5"]]
+    assert objectives_from_golds([[5], ["six", 6.0]]) == [["5"], ["six", "6"]]
+    assert objectives_from_golds(np.array([5, 6])) == [["5", "6"]]
+    assert objectives_from_golds([np.float32(2.5), np.int64(7), 1e15, 1e20]) == [["2.5", "7", "1000000000000000", "1e+20"]]
+    assert compute_score(respond("5"), [5, 6])["score"] == 1.0
+    assert compute_score(respond("6"), 6)["score"] == 1.0
+    assert compute_score(respond("5; 6"), [[5], [6]])["score"] == 1.0
+    assert em_check("5", 5) and f1_score("2.5", [2.5]) == 1.0
+
+
+@pytest.mark.parametrize("golds, fragment", [
+    (None, "got NoneType None"),
+    ([None], "got NoneType None"),
+    ([True], "got bool True"),
+    (True, "got bool True"),
+    ({"answer": "Paris"}, "got a dict"),
+    ([["Paris"], [None]], "got NoneType"),
+])
+def test_golds_of_no_usable_type_are_rejected_by_name(golds, fragment):
+    with pytest.raises(ValueError, match=fragment):
+        compute_score(respond("Paris"), golds)

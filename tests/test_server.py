@@ -5,6 +5,7 @@ Servers started here: `RetrieverServer` threads (module fixture and a few small 
 5xx, slow, Search-R1). Every one is stopped before its test ends; all bind 127.0.0.1.
 """
 import contextlib
+import dataclasses
 import http.client
 import http.server
 import json
@@ -29,6 +30,7 @@ from mempo.env.retriever import (
     RetrieverUnavailableError,
 )
 from mempo.env.server import RetrieverServer, create_app, is_loopback
+from mempo.env.tools import SearchTool
 
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -73,7 +75,8 @@ def test_health(server, corpus):
     assert status == 200
     health = HTTPRetriever(server.url).health()
     assert health == {"status": "ok", "retriever": "bm25", "num_docs": len(corpus), "default_topk": 5,
-                      "topk_max": 50, "max_queries": 8, "max_query_chars": 100, "page_chars": 25_000}
+                      "topk_max": 50, "max_queries": 8, "max_query_chars": 100, "page_chars": 25_000,
+                      "max_doc_chars": 25_000, "max_response_chars": 10_000_000}
     assert server.url.startswith("http://127.0.0.1:")
 
 
@@ -157,9 +160,56 @@ def test_body_limit_and_unknown_routes(bm25):
         assert status == 404 and body["error"] == "not_found"
 
 
+@pytest.fixture(scope="module")
+def big_doc_retriever():
+    """Ten documents sharing the word "bigword", each 2 MB of text (a title of 300 characters)."""
+    from mempo.env.corpus import Document
+    from mempo.env.retriever import BM25Retriever
+
+    docs = [Document(f"big-{i}", f"Big {i} " + "t" * 294, "bigword " + "x" * 2_000_000) for i in range(10)]
+    docs.append(Document("small", "Small", "bigword small"))
+    retriever = BM25Retriever.build(docs)
+    yield retriever
+    retriever.close()
+
+
+def test_response_bounds_per_document_and_per_response(big_doc_retriever):
+    """Issue 10, case 6: one big document and many queries no longer make an unbounded answer."""
+    with RetrieverServer(big_doc_retriever, max_doc_chars=1000, max_response_chars=20_000) as small:
+        # per document: title and text each cut to max_doc_chars, "contents" built from the cut parts
+        status, body = post(small.url, "/retrieve", json.dumps({"queries": ["bigword"], "topk": 3}).encode())
+        assert status == 200
+        for document in body["result"][0]:
+            if document["id"].startswith("big-"):
+                assert len(document["title"]) == 300 and document["contents"].startswith(document["title"] + "\n")
+                assert len(document["contents"]) == 300 + 1 + 1000
+        # per response: 10 queries at top-3 would hold ~ 30 x 1600 characters > 20,000: a clear 413
+        status, body = post(small.url, "/retrieve", json.dumps({"queries": ["bigword"] * 8, "topk": 3}).encode())
+        assert status == 413 and body["error"] == "response_too_large", body
+        assert "over the limit of 20000 (max_response_chars)" in body["detail"] and "fewer queries" in body["detail"]
+        # /access pages are bounded the same way (page_chars is already capped by max_page_chars)
+        status, body = post(small.url, "/access", b'{"doc_id": "big-0", "page_chars": 50000}')
+        assert status == 413 and body["error"] == "response_too_large" and "smaller page_chars" in body["detail"]
+        status, body = post(small.url, "/access", b'{"doc_id": "big-0", "page_chars": 5000}')
+        assert status == 200 and len(body["text"]) == 5000 and len(body["title"]) == 300
+        # the client does not retry a 413 and says what the server said
+        client = HTTPRetriever(small.url, retries=3, backoff=0.01)
+        with pytest.raises(InvalidRequestError, match="max_response_chars.*HTTP 413"):
+            client.search(["bigword"] * 8, 3)
+        hits = client.search(["bigword"], 3)[0]
+        assert [len(h.text) for h in hits if h.doc_id.startswith("big-")] == [1000] * 2
+    with RetrieverServer(big_doc_retriever) as default:  # defaults: 25,000 per document
+        status, body = post(default.url, "/retrieve", json.dumps({"queries": ["bigword"] * 10, "topk": 1}).encode())
+        assert status == 200 and len(body["result"]) == 10
+        assert all(len(r[0]["contents"]) <= 2 * 25_000 + 1 for r in body["result"])
+
+
 def test_app_rejects_bad_limits(bm25):
     with pytest.raises(ValueError):
         create_app(bm25, default_topk=10, topk_max=5)
+    for name in ("max_doc_chars", "max_response_chars", "max_queries"):
+        with pytest.raises(ValueError, match=f"{name} must be an integer >= 1"):
+            create_app(bm25, **{name: 0})
     assert is_loopback("127.0.0.1") and is_loopback("::1") and is_loopback("localhost")
     assert not is_loopback("0.0.0.0") and not is_loopback("10.1.2.3")
 
@@ -171,7 +221,10 @@ def test_app_rejects_bad_limits(bm25):
 def test_http_retriever_matches_in_process(server, bm25, corpus):
     client = HTTPRetriever(server.url, timeout=5, retries=0)
     queries = ["zebulon5", "river stone market", "Long start", "nomatchatall"]
-    assert client.search(queries, 7) == bm25.search(queries, 7)
+    # the same hits; the server cuts each text to max_doc_chars (25,000) and /access reads the rest
+    cut = [[dataclasses.replace(h, text=h.text[:25_000]) for h in hits] for hits in bm25.search(queries, 7)]
+    assert client.search(queries, 7) == cut
+    assert any(len(h.text) > 25_000 for hits in bm25.search(queries, 7) for h in hits)
     assert client.access("long-2", 2) == bm25.access("long-2", 2)
     assert client.access("needle-1", 0, page_chars=7) == bm25.access("needle-1", 0, page_chars=7)
     assert client.num_docs == len(corpus) and client.page_chars == 25_000
@@ -339,6 +392,178 @@ def test_client_keeps_one_connection_per_thread(server):
     assert client._local.conn is None
 
 
+class _Trickler:
+    """A raw socket server that answers every request slowly: with `headers_first` it sends a whole
+    status line and headers (Content-Length 10000) and then one body byte every `interval` s;
+    otherwise it trickles the status line itself. Stops (and drops every connection) on `stop`."""
+
+    def __init__(self, headers_first: bool, interval: float = 0.4):
+        self.headers_first, self.interval = headers_first, interval
+        self.stopped = threading.Event()
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.listener.getsockname()[1]}"
+        self.connections = 0
+        self.threads = [threading.Thread(target=self._accept, daemon=True)]
+        self.threads[0].start()
+
+    def _accept(self):
+        self.listener.settimeout(0.05)
+        while not self.stopped.is_set():
+            try:
+                conn, _ = self.listener.accept()
+            except (socket.timeout, OSError):
+                continue
+            self.connections += 1
+            thread = threading.Thread(target=self._serve, args=(conn,), daemon=True)
+            self.threads.append(thread)
+            thread.start()
+
+    def _serve(self, conn):
+        with conn:
+            conn.settimeout(5)
+            try:
+                conn.recv(65536)  # the request (small, one segment on loopback)
+                head = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 10000\r\n\r\n"
+                if self.headers_first:
+                    conn.sendall(head)
+                    head = b" " * 10000
+                for i in range(len(head)):
+                    if self.stopped.wait(self.interval):
+                        return
+                    conn.sendall(head[i:i + 1])
+            except OSError:  # the client gave up and closed the connection
+                return
+
+    def stop(self):
+        self.stopped.set()
+        for thread in self.threads:
+            thread.join(5)
+        self.listener.close()
+
+
+@pytest.mark.parametrize("headers_first", [True, False], ids=["trickled-body", "trickled-status-line"])
+def test_call_deadline_bounds_a_trickling_server(headers_first):
+    """A per-read timeout restarts with every byte; the wall-clock limits do not (issue 10, case 4)."""
+    trickler = _Trickler(headers_first)
+    outcome = {}
+
+    def call(client, key):
+        started = time.monotonic()
+        try:
+            client.search(["river"])
+            outcome[key] = ("returned", time.monotonic() - started)
+        except Exception as exc:  # noqa: BLE001 - recorded and checked below
+            outcome[key] = (exc, time.monotonic() - started)
+
+    try:
+        client = HTTPRetriever(trickler.url, timeout=1, retries=1, backoff=0.25)
+        assert client.deadline == pytest.approx(2.25)  # 2 attempts of 1 s + one 0.25 s sleep
+        capped = HTTPRetriever(trickler.url, timeout=1, retries=10, deadline=1.5)
+        threads = [threading.Thread(target=call, args=(client, "default"), daemon=True),
+                   threading.Thread(target=call, args=(capped, "capped"), daemon=True)]
+        for thread in threads:
+            thread.start()
+        margin = 3.0  # generous: a bound, not a benchmark (the machine is shared)
+        for thread in threads:
+            thread.join(client.deadline + margin)
+        hung = [key for key in ("default", "capped") if key not in outcome]
+        assert not hung, f"calls still blocked after {client.deadline + margin} s: {hung}"
+        for key, limit in (("default", client.deadline), ("capped", capped.deadline)):
+            exc, elapsed = outcome[key]
+            assert isinstance(exc, RetrieverUnavailableError), (key, exc)
+            assert f"{trickler.url}/retrieve" in str(exc) and "no answer within" in str(exc), str(exc)
+            assert elapsed < limit + margin, (key, elapsed)
+        assert "after 2 attempt(s)" in str(outcome["default"][0])
+        assert "deadline 1.5 s" in str(outcome["capped"][0])
+        # The search tool turns it into a failed call the trainer can count.
+        result = SearchTool(HTTPRetriever(trickler.url, timeout=0.5, retries=0))("river")
+        assert not result.ok and trickler.url in result.metadata["error"]
+    finally:
+        trickler.stop()
+
+
+def test_watchdog_leaves_fast_calls_and_keep_alive_alone(server):
+    client = HTTPRetriever(server.url, timeout=0.3, retries=0)
+    for _ in range(20):  # much longer in total than one timeout: only each attempt is bounded
+        client.search(["river"])
+        time.sleep(0.02)
+    first = client._local.conn.sock
+    client.search(["stone"])
+    assert client._local.conn.sock is first
+    client.close()
+
+
+def test_check_health(server, corpus):
+    assert HTTPRetriever(server.url).check_health()["num_docs"] == len(corpus)
+    url = f"http://127.0.0.1:{closed_port()}"
+    with pytest.raises(RetrieverUnavailableError, match="failed its health check.*cannot connect") as info:
+        HTTPRetriever(url, timeout=0.5, retries=1, backoff=0.01).check_health()
+    assert url in str(info.value)
+    with stand_in(200, b"<html>hi</html>") as (_, garbage_url):
+        with pytest.raises(RetrieverUnavailableError, match="failed its health check.*non-JSON"):
+            HTTPRetriever(garbage_url, retries=0).check_health()
+    with stand_in(500, b"boom") as (_, failing_url):
+        with pytest.raises(RetrieverUnavailableError, match=f"{failing_url} failed its health check.*HTTP 500"):
+            HTTPRetriever(failing_url, retries=1, backoff=0.01).check_health()
+    with stand_in(200, b'{"status": "ok", "num_docs": 0}') as (_, empty_url):
+        with pytest.raises(RetrieverUnavailableError, match="serves no documents"):
+            HTTPRetriever(empty_url, retries=0).check_health()
+
+
+class _SearchR1(http.server.BaseHTTPRequestHandler):
+    """Search-R1's retrieval_server.py as the client sees it: /retrieve only, 404 elsewhere."""
+
+    def do_GET(self):
+        self.send_error(404)
+
+    def do_POST(self):
+        self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        body = json.dumps({"result": [[{"document": {"id": "0", "contents": '"A"\nB'}, "score": 1.0}]]}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+def test_check_health_accepts_a_search_r1_server_without_health():
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _SearchR1)
+    thread = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    thread.start()
+    try:
+        assert HTTPRetriever(f"http://127.0.0.1:{httpd.server_address[1]}", retries=0).check_health() is None
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+        thread.join(5)
+
+
+def test_in_process_retriever_health_check_is_a_no_op(bm25):
+    assert bm25.check_health() is None
+
+
+@pytest.mark.parametrize("keyword, value, fragment", [
+    ("timeout", float("nan"), "timeout must be a finite number of seconds > 0"),
+    ("timeout", float("inf"), "timeout must be a finite number"),
+    ("timeout", -1, "timeout must be"),
+    ("timeout", 0, "timeout must be"),
+    ("timeout", "5", "timeout must be"),
+    ("timeout", True, "timeout must be"),
+    ("deadline", float("nan"), "deadline must be a finite number of seconds > 0 or None"),
+    ("deadline", 0, "deadline must be"),
+    ("backoff", float("inf"), "backoff must be a finite number of seconds >= 0"),
+    ("max_backoff", -0.5, "max_backoff must be"),
+    ("retries", -1, "retries must be an integer >= 0"),
+    ("retries", 1.5, "retries must be an integer"),
+])
+def test_client_rejects_bad_time_limits(keyword, value, fragment):
+    with pytest.raises(ValueError, match=fragment):
+        HTTPRetriever("http://127.0.0.1:1", **{keyword: value})
+
+
 def test_client_rejects_bad_configuration():
     for bad in ["127.0.0.1:8000", "ftp://x", ""]:
         with pytest.raises(ValueError):
@@ -378,7 +603,8 @@ def _stop_cli(proc: subprocess.Popen) -> tuple[int, str]:
 def test_cli_serve_retriever_subprocess(tmp_path, corpus):
     corpus_path, index_dir = tmp_path / "corpus.jsonl", tmp_path / "index"
     write_corpus(corpus_path, corpus)
-    args = ["--corpus", str(corpus_path), "--index-dir", str(index_dir), "--port", "0", "--topk-max", "20"]
+    args = ["--corpus", str(corpus_path), "--index-dir", str(index_dir), "--port", "0", "--topk-max", "20",
+            "--max-doc-chars", "7000", "--max-response-chars", "900000"]
     for run in ("build", "load"):
         proc, line = _start_cli(args)
         try:
@@ -386,7 +612,8 @@ def test_cli_serve_retriever_subprocess(tmp_path, corpus):
             fields = dict(part.split("=", 1) for part in line.split()[2:])
             assert fields["docs"] == str(len(corpus)) and fields["retriever"] == "bm25"
             client = HTTPRetriever(fields["url"], timeout=5, retries=0)
-            assert client.health()["topk_max"] == 20
+            health = client.health()
+            assert (health["topk_max"], health["max_doc_chars"], health["max_response_chars"]) == (20, 7000, 900_000)
             assert client.search(["zebulon9"], 2)[0][0].doc_id == "needle-9"
             assert client.access("long-1", 2).num_pages == 3
         finally:
@@ -400,6 +627,9 @@ def test_cli_usage_errors(tmp_path, capsys):
     assert cli_main(["serve-retriever"]) == 2
     assert cli_main(["serve-retriever", "--corpus", str(tmp_path / "absent.jsonl")]) == 2
     assert cli_main(["serve-retriever", "--corpus", "x", "--topk-default", "9", "--topk-max", "5"]) == 2
+    assert cli_main(["serve-retriever", "--corpus", "x", "--max-doc-chars", "0"]) == 2
+    assert cli_main(["serve-retriever", "--corpus", "x", "--max-response-chars", "-1"]) == 2
+    assert "--max-response-chars must be >= 1" in capsys.readouterr().err
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"id": "a", "text": "x"}\n{"id": "a", "text": "y"}\n')
     assert cli_main(["serve-retriever", "--corpus", str(bad)]) == 2

@@ -11,12 +11,23 @@ connection per request would cost more than a BM25 search); a keep-alive connect
 closed while idle is reopened once without counting as an attempt. Proxy settings from the
 environment (http_proxy, ...) are ignored: a retriever lives on this machine or the cluster network.
 
+Time limits (wall clock, `time.monotonic`):
+- One attempt (connect, send, status line, headers and the whole body) lasts at most `timeout`
+  seconds: a watchdog thread (one per process) shuts the attempt's socket down when its time is up,
+  so a server that trickles bytes cannot hold a call (a per-read socket timeout alone would restart
+  with every byte). Each socket operation also has `timeout` as its own limit. Not covered: the
+  host-name lookup (`getaddrinfo`; use an IP address or localhost) and, for https, the TLS
+  handshake is bounded per read only.
+- One call (every attempt and every backoff sleep) lasts at most `deadline` seconds (default: the
+  worst case ``(retries + 1) * timeout + sum of the sleeps``); an attempt gets ``min(timeout, time
+  left)`` and no retry starts once the deadline has passed or would pass during its backoff sleep.
+  A call thus returns or raises within about `deadline` seconds, whatever the server does.
+
 Failure policy (every error is a `RetrieverError` whose message names the URL):
-- Each attempt waits at most `timeout` seconds (connect and each read).
 - Connection errors (refused, reset, closed early), timeouts and 5xx answers are retried up to
   `retries` more times, sleeping ``backoff * 2**i`` seconds (capped at `max_backoff`) before retry
-  i; when all attempts fail: `RetrieverUnavailableError` with the last cause. Worst case
-  ``(retries + 1) * timeout + sum of the sleeps`` seconds.
+  i, within the call's deadline; when all attempts fail or the deadline passes:
+  `RetrieverUnavailableError` with the last cause.
 - A 4xx answer is never retried: it becomes the error class the server names (``"error"`` field:
   invalid_request -> `InvalidRequestError`, document_not_found -> `DocumentNotFoundError`,
   page_out_of_range -> `PageOutOfRangeError`; without that field, by status for /access: 404 ->
@@ -25,18 +36,22 @@ Failure policy (every error is a `RetrieverError` whose message names the URL):
 - A 2xx answer that is not JSON or not the expected shape (or a 1xx/3xx answer) is garbage:
   `RetrieverUnavailableError`, not retried (the server answered; asking again gives the same).
 """
+import heapq
 import http.client
 import json
+import math
+import os
 import socket
 import threading
 import time
 import urllib.parse
+from numbers import Real
 from typing import Any, Optional, Sequence
 
 from mempo.env.retriever import (
     DEFAULT_PAGE_CHARS, DEFAULT_TOPK, DocumentNotFoundError, Hit, InvalidRequestError, Page, PageOutOfRangeError,
-    Retriever, RetrieverUnavailableError, check_doc_id, check_page, check_page_chars, check_queries, check_topk,
-    register_retriever,
+    Retriever, RetrieverError, RetrieverUnavailableError, check_doc_id, check_page, check_page_chars, check_queries,
+    check_topk, register_retriever,
 )
 
 __all__ = ["HTTPRetriever"]
@@ -51,6 +66,90 @@ _ERROR_BY_STATUS = {404: DocumentNotFoundError, 416: PageOutOfRangeError}
 
 class _Garbage(Exception):
     """The server answered 2xx with something that is not the expected JSON shape."""
+
+
+class _Watchdog:
+    """One daemon thread that cuts HTTP attempts off at their wall-clock deadline.
+
+    `arm(sock, at)` registers a connected socket; once `time.monotonic()` passes `at`, the thread
+    shuts it down (both directions), which makes a read or write blocked on it in another thread
+    return at once. `disarm(token)` unregisters it and says whether it fired. The shutdown runs under
+    the lock that `disarm` takes, and callers disarm before they close a socket, so a shutdown never
+    reaches a closed socket's reused file descriptor.
+    """
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._heap: list[tuple[float, int]] = []  # (deadline, token); entries of disarmed tokens are skipped
+        self._armed: dict[int, tuple[float, socket.socket]] = {}
+        self._fired: set[int] = set()
+        self._next_token = 0
+        self._thread: Optional[threading.Thread] = None
+
+    def _reset_after_fork(self) -> None:  # the thread does not survive fork(); a child starts its own
+        self.__init__()
+
+    def arm(self, sock: socket.socket, at: float) -> int:
+        with self._cond:
+            token = self._next_token
+            self._next_token += 1
+            self._armed[token] = (at, sock)
+            heapq.heappush(self._heap, (at, token))
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="mempo-http-deadline", daemon=True)
+                self._thread.start()
+            elif self._heap[0][1] == token:
+                self._cond.notify()
+            return token
+
+    def disarm(self, token: int) -> bool:
+        with self._cond:
+            self._armed.pop(token, None)
+            if len(self._heap) > 64 + 4 * len(self._armed):  # drop stale entries now and then
+                self._heap = [(at, t) for t, (at, _) in self._armed.items()]
+                heapq.heapify(self._heap)
+            if token in self._fired:
+                self._fired.discard(token)
+                return True
+            return False
+
+    def _run(self) -> None:
+        with self._cond:
+            while True:
+                while self._heap and self._heap[0][1] not in self._armed:
+                    heapq.heappop(self._heap)
+                if not self._heap:
+                    self._cond.wait()
+                    continue
+                at, token = self._heap[0]
+                wait = at - time.monotonic()
+                if wait > 0:
+                    self._cond.wait(wait)
+                    continue
+                heapq.heappop(self._heap)
+                _, sock = self._armed.pop(token)
+                self._fired.add(token)
+                try:
+                    sock.shutdown(socket.SHUT_RDWR)
+                except OSError:  # already closed by the peer
+                    pass
+
+
+_WATCHDOG = _Watchdog()
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_WATCHDOG._reset_after_fork)
+
+
+def _check_seconds(name: str, value: Any, *, positive: bool, allow_none: bool = False) -> Optional[float]:
+    """`value` as a float: a finite real number, > 0 (`positive`) or >= 0; else ValueError naming `name`."""
+    if value is None and allow_none:
+        return None
+    bound = "> 0" if positive else ">= 0"
+    if isinstance(value, bool) or not isinstance(value, Real) or not math.isfinite(float(value)) \
+            or (float(value) <= 0 if positive else float(value) < 0):
+        raise ValueError(f"{name} must be a finite number of seconds {bound}"
+                         f"{' or None' if allow_none else ''}, got {value!r}")
+    return float(value)
 
 
 def _split_contents(document: dict) -> tuple[str, str]:
@@ -76,27 +175,35 @@ class HTTPRetriever(Retriever):
     """A remote retriever speaking the Search-R1 `/retrieve` API plus `/access` and `/health`.
 
     Thread-safe (one keep-alive connection per thread). `num_docs` and `page_chars` come from
-    `/health`, fetched on first use.
+    `/health`, fetched on first use. Time limits (module docstring): `timeout` seconds per attempt,
+    `deadline` seconds per call (None: ``(retries + 1) * timeout`` plus the backoff sleeps).
     """
 
     name = "http"
 
     def __init__(self, base_url: str = "http://127.0.0.1:8000", *, timeout: float = 30.0, retries: int = 3,
-                 backoff: float = 0.25, max_backoff: float = 8.0):
-        parsed = urllib.parse.urlsplit(base_url)
-        if parsed.scheme not in ("http", "https") or not parsed.netloc:
+                 backoff: float = 0.25, max_backoff: float = 8.0, deadline: Optional[float] = None):
+        parsed = urllib.parse.urlsplit(base_url) if isinstance(base_url, str) else None
+        if parsed is None or parsed.scheme not in ("http", "https") or not parsed.netloc:
             raise ValueError(f"base_url must be an http(s) URL like http://127.0.0.1:8000, got {base_url!r}")
-        if timeout <= 0 or retries < 0 or backoff < 0 or max_backoff < 0:
-            raise ValueError("timeout must be > 0; retries, backoff and max_backoff must be >= 0")
+        timeout = _check_seconds("timeout", timeout, positive=True)
+        backoff = _check_seconds("backoff", backoff, positive=False)
+        max_backoff = _check_seconds("max_backoff", max_backoff, positive=False)
+        deadline = _check_seconds("deadline", deadline, positive=True, allow_none=True)
+        if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
+            raise ValueError(f"retries must be an integer >= 0, got {retries!r}")
         self.base_url = base_url.rstrip("/")
-        self.timeout, self.retries, self.backoff, self.max_backoff = float(timeout), int(retries), backoff, max_backoff
+        self.timeout, self.retries, self.backoff, self.max_backoff = timeout, retries, backoff, max_backoff
+        sleeps = sum(min(backoff * 2 ** i, max_backoff) for i in range(retries))
+        self.deadline = (retries + 1) * timeout + sleeps if deadline is None else deadline
         self._health: Optional[dict] = None
         self._scheme, self._host, self._port = parsed.scheme, parsed.hostname, parsed.port
         self._path_prefix = parsed.path.rstrip("/")
         self._local = threading.local()  # one keep-alive connection per thread
 
     def __repr__(self) -> str:
-        return f"HTTPRetriever({self.base_url!r}, timeout={self.timeout}, retries={self.retries})"
+        return (f"HTTPRetriever({self.base_url!r}, timeout={self.timeout:g}, retries={self.retries}, "
+                f"deadline={self.deadline:g})")
 
     def close(self) -> None:
         """Close the calling thread's keep-alive connection (others close with their threads)."""
@@ -118,33 +225,52 @@ class HTTPRetriever(Retriever):
             self._local.conn = None
 
     def _request(self, method: str, path: str, payload: Optional[dict] = None) -> Any:
-        """One JSON request with the retry policy of the module docstring; returns the decoded body."""
+        """One JSON request with the retry policy and time limits of the module docstring; returns
+        the decoded body."""
         url = self.base_url + path
         data = None if payload is None else json.dumps(payload).encode("utf-8")
         headers = {"Accept": "application/json"}
         if data is not None:
             headers["Content-Type"] = "application/json"
+        started = time.monotonic()
+        call_deadline = started + self.deadline
         attempts = self.retries + 1
         last_cause = "no attempt made"
         attempt = 0
         while attempt < attempts:
             if attempt:
-                time.sleep(min(self.backoff * 2 ** (attempt - 1), self.max_backoff))
+                pause = min(self.backoff * 2 ** (attempt - 1), self.max_backoff)
+                if time.monotonic() + pause >= call_deadline:
+                    break
+                time.sleep(pause)
+            budget = min(self.timeout, call_deadline - time.monotonic())
+            if budget <= 0:
+                break
+            attempt_end = time.monotonic() + budget
             conn = self._connection()
             reused = conn.sock is not None
+            token = None
+            fired = False
             try:
-                conn.request(method, self._path_prefix + path, body=data, headers=headers)
-                response = conn.getresponse()
-                body = response.read()
-                if response.will_close:
-                    self._drop_connection()
-            except (TimeoutError, socket.timeout):
-                self._drop_connection()
-                last_cause = f"no answer within {self.timeout:g} s"
-                attempt += 1
-                continue
+                try:
+                    if conn.sock is None:
+                        conn.timeout = budget  # bounds the connect
+                        conn.connect()
+                    conn.sock.settimeout(budget)
+                    token = _WATCHDOG.arm(conn.sock, attempt_end)
+                    conn.request(method, self._path_prefix + path, body=data, headers=headers)
+                    response = conn.getresponse()
+                    body = response.read()
+                finally:
+                    if token is not None:
+                        fired = _WATCHDOG.disarm(token)  # before any close: see _Watchdog
             except (http.client.HTTPException, OSError) as exc:
                 self._drop_connection()
+                if fired or isinstance(exc, (TimeoutError, socket.timeout)):
+                    last_cause = f"no answer within {self.timeout:g} s" if budget >= self.timeout else (
+                        f"no answer within {budget:.2g} s (the rest of the {self.deadline:g} s deadline)")
+                    attempt += 1
+                    continue
                 if reused:  # the server closed an idle keep-alive connection: redo on a fresh one, uncounted
                     continue
                 if isinstance(exc, ConnectionRefusedError) or not isinstance(
@@ -154,6 +280,8 @@ class HTTPRetriever(Retriever):
                     last_cause = f"connection failed ({type(exc).__name__}: {exc})"
                 attempt += 1
                 continue
+            if fired or response.will_close:  # a fired watchdog shut the socket down, answer complete or not
+                self._drop_connection()
             status = response.status
             if status >= 500:
                 last_cause = f"HTTP {status}: {self._error_detail(body, response.reason)[1][:200]}"
@@ -175,7 +303,8 @@ class HTTPRetriever(Retriever):
                 snippet = body[:80].decode("utf-8", "replace")
                 raise RetrieverUnavailableError(f"retriever at {url} answered non-JSON: {snippet!r}") from None
         raise RetrieverUnavailableError(
-            f"retriever at {url} unavailable after {attempts} attempt(s): {last_cause}")
+            f"retriever at {url} unavailable after {attempt} attempt(s) in {time.monotonic() - started:.1f} s "
+            f"(deadline {self.deadline:g} s): {last_cause}")
 
     @staticmethod
     def _error_detail(raw: bytes, reason: str) -> tuple[Optional[str], str, Optional[int]]:
@@ -207,6 +336,30 @@ class HTTPRetriever(Retriever):
             raise self._garbage("/health", "expected an object with an integer 'num_docs'")
         self._health = body
         return body
+
+    def check_health(self) -> Optional[dict]:
+        """Fail fast when the server cannot serve: call it once before work that needs the retriever.
+
+        Asks `/health` (with the client's retries and deadline) and returns its answer. A server
+        without `/health` (HTTP 404: an original Search-R1 ``retrieval_server.py``) passes when one
+        probe search answers in the expected shape; then the result is None. Raises
+        `RetrieverUnavailableError` naming the URL when the server is down, slow, answers garbage
+        or an error, or serves no documents.
+        """
+        try:
+            try:
+                health = self.health()
+            except InvalidRequestError as exc:
+                if "HTTP 404" not in str(exc):
+                    raise
+                self.search(["health check"], 1)  # Search-R1: no /health, but /retrieve must answer
+                return None
+        except RetrieverError as exc:
+            raise RetrieverUnavailableError(f"retriever at {self.base_url} failed its health check: {exc}") from None
+        if health["num_docs"] < 1:
+            raise RetrieverUnavailableError(
+                f"retriever at {self.base_url} failed its health check: it serves no documents")
+        return health
 
     def wait_until_ready(self, timeout: float = 60.0, interval: float = 0.05) -> dict:
         """Poll `/health` until it answers (or `timeout` seconds pass: `RetrieverUnavailableError`)."""

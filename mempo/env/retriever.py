@@ -9,6 +9,8 @@ Interface (`Retriever`):
   pages of `page_chars` characters (default: the retriever's `page_chars`, 25,000). A document
   always has at least one page (an empty text is one empty page).
 - ``num_docs``: the corpus size.
+- ``check_health()``: raise `RetrieverUnavailableError` if the retriever cannot serve now (a no-op
+  in process; `HTTPRetriever` asks its server's ``/health``).
 
 Error policy: every failure is a `RetrieverError`. Bad arguments (empty query list, blank query,
 non-string query, topk < 1, negative or non-integer page) raise `InvalidRequestError`; an unknown
@@ -226,6 +228,14 @@ class Retriever(abc.ABC):
     @abc.abstractmethod
     def access(self, doc_id: str, page: int = 0, page_chars: Optional[int] = None) -> Page:
         """Page `page` (0-based) of document `doc_id`, pages of `page_chars` (default self.page_chars)."""
+
+    def check_health(self) -> Optional[dict]:
+        """Raise `RetrieverUnavailableError` (naming where) if the retriever cannot serve now.
+
+        Call once before work that needs it (training, evaluation). An in-process retriever is
+        always ready (None); `HTTPRetriever` asks its server (`/health`) and returns the answer.
+        """
+        return None
 
     def close(self) -> None:
         """Release files or connections held by the retriever (no-op by default)."""

@@ -10,9 +10,12 @@ Endpoints (JSON in, JSON out; `create_app` builds the FastAPI app):
                             "score": 12.3}, ...],      # query 1, best first, at most topk hits
                            [...]]}                     # query 2
               with return_scores false each entry is the bare document {"id", "title", "contents"}.
-    "contents" is the title, a newline, then the document's whole text (Search-R1's wiki-18
+    "contents" is the title, a newline, then the document's text (Search-R1's wiki-18
     convention, so Search-R1 clients that split the first line off as the title work unchanged);
     "title" is an extra field for clients that want it without parsing.
+    Per document, the title and the text are each cut to their first `max_doc_chars` characters
+    (default 25,000: the search tool shows 5,000, an `/access` page holds 25,000; keep it at least
+    the search tool's ``doc_chars`` so its "truncated" flags stay right); `/access` reads the rest.
 
 ``POST /access``::
 
@@ -20,7 +23,7 @@ Endpoints (JSON in, JSON out; `create_app` builds the FastAPI app):
     response: {"doc_id": "d7", "title": "T", "page": 0, "num_pages": 3, "text": "<at most page_chars chars>"}
 
 ``GET /health``: 200 ``{"status": "ok", "retriever": "bm25", "num_docs": N, "default_topk", "topk_max",
-"max_queries", "max_query_chars", "page_chars"}``. The app exists only once the index is loaded, so
+"max_queries", "max_query_chars", "page_chars", "max_doc_chars", "max_response_chars"}``. The app exists only once the index is loaded, so
 a 200 here means ready; `serve` prints a readiness line as soon as the socket accepts requests.
 
 Errors are JSON ``{"detail": "<message>", "error": "<kind>"}``, never a 500 for a bad request:
@@ -30,8 +33,14 @@ Errors are JSON ``{"detail": "<message>", "error": "<kind>"}``, never a 500 for 
   topk < 1 or > topk_max, page < 0, page_chars < 1 or > max_page_chars;
 - 404 document_not_found (404 not_found for an unknown route), 416 page_out_of_range (the body also
   carries "num_pages"), 413 request_too_large (body over max_body_bytes);
+- 413 response_too_large: the answer would carry more than `max_response_chars` characters of
+  document titles and texts (default 10,000,000; counted after the per-document cut, titles twice in
+  /retrieve as they are sent twice); the message says how many and suggests fewer queries, a
+  smaller topk, or a smaller page. Nothing is sent but the error, so one response stays bounded by
+  about max_response_chars characters whatever the corpus holds;
 - 503 retriever_unavailable: a backing retriever failed.
-Limits are set per app (`create_app` keywords, `mempo serve-retriever` flags).
+Limits are set per app (`create_app` keywords, `mempo serve-retriever` flags: --max-doc-chars,
+--max-response-chars, ...).
 
 Binding: 127.0.0.1 by default; `serve` warns on stderr when asked for a non-loopback address.
 Port 0 picks a free port (the readiness line and `RetrieverServer.url` say which).
@@ -51,7 +60,8 @@ from mempo.env.retriever import (
 )
 
 __all__ = ["create_app", "RetrieverServer", "serve", "is_loopback", "DEFAULT_HOST", "DEFAULT_PORT",
-           "DEFAULT_TOPK_MAX", "DEFAULT_MAX_QUERIES", "DEFAULT_MAX_PAGE_CHARS", "DEFAULT_MAX_BODY_BYTES"]
+           "DEFAULT_TOPK_MAX", "DEFAULT_MAX_QUERIES", "DEFAULT_MAX_PAGE_CHARS", "DEFAULT_MAX_BODY_BYTES",
+           "DEFAULT_MAX_DOC_CHARS", "DEFAULT_MAX_RESPONSE_CHARS"]
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8000
@@ -59,6 +69,12 @@ DEFAULT_TOPK_MAX = 100
 DEFAULT_MAX_QUERIES = 256
 DEFAULT_MAX_PAGE_CHARS = 1_000_000
 DEFAULT_MAX_BODY_BYTES = 4 << 20
+DEFAULT_MAX_DOC_CHARS = 25_000
+DEFAULT_MAX_RESPONSE_CHARS = 10_000_000
+
+
+class _ResponseTooLarge(Exception):
+    """The answer would carry more document characters than the app's max_response_chars."""
 
 
 def _error_body(kind: str, message: str, **extra) -> bytes:
@@ -133,8 +149,9 @@ def _validation_message(errors) -> str:
 
 def create_app(retriever: Retriever, *, default_topk: int = DEFAULT_TOPK, topk_max: int = DEFAULT_TOPK_MAX,
                max_queries: int = DEFAULT_MAX_QUERIES, max_query_chars: int = MAX_QUERY_CHARS,
-               max_page_chars: int = DEFAULT_MAX_PAGE_CHARS, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES):
-    """A FastAPI app serving `retriever` (endpoints, shapes and errors: see the module docstring)."""
+               max_page_chars: int = DEFAULT_MAX_PAGE_CHARS, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+               max_doc_chars: int = DEFAULT_MAX_DOC_CHARS, max_response_chars: int = DEFAULT_MAX_RESPONSE_CHARS):
+    """A FastAPI app serving `retriever` (endpoints, shapes, limits and errors: see the module docstring)."""
     from typing import Optional as Opt
 
     from fastapi import FastAPI, Request
@@ -145,8 +162,12 @@ def create_app(retriever: Retriever, *, default_topk: int = DEFAULT_TOPK, topk_m
 
     if not 1 <= default_topk <= topk_max:
         raise ValueError(f"need 1 <= default_topk ({default_topk}) <= topk_max ({topk_max})")
-    if max_queries < 1 or max_query_chars < 1 or max_page_chars < 1 or max_body_bytes < 1:
-        raise ValueError("max_queries, max_query_chars, max_page_chars and max_body_bytes must be >= 1")
+    limits = {"max_queries": max_queries, "max_query_chars": max_query_chars, "max_page_chars": max_page_chars,
+              "max_body_bytes": max_body_bytes, "max_doc_chars": max_doc_chars,
+              "max_response_chars": max_response_chars}
+    for name, value in limits.items():
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
 
     class RetrieveRequest(BaseModel):
         model_config = ConfigDict(strict=True, extra="forbid")
@@ -198,25 +219,40 @@ def create_app(retriever: Retriever, *, default_topk: int = DEFAULT_TOPK, topk_m
     async def _unavailable(request: Request, exc: RetrieverError):
         return error_response(503, "retriever_unavailable", str(exc))
 
+    @app.exception_handler(_ResponseTooLarge)
+    async def _too_large(request: Request, exc: _ResponseTooLarge):
+        return error_response(413, "response_too_large", str(exc))
+
+    def check_response_size(chars: int, advice: str) -> None:
+        if chars > max_response_chars:
+            raise _ResponseTooLarge(f"the answer would hold {chars} characters of documents, over the limit of "
+                                    f"{max_response_chars} (max_response_chars); {advice}")
+
     @app.get("/health")
     def health():
         return json_response({
             "status": "ok", "retriever": retriever.name, "num_docs": retriever.num_docs,
             "default_topk": default_topk, "topk_max": topk_max, "max_queries": max_queries,
             "max_query_chars": max_query_chars, "page_chars": retriever.page_chars,
+            "max_doc_chars": max_doc_chars, "max_response_chars": max_response_chars,
         })
 
     @app.post("/retrieve")
     def retrieve(request: RetrieveRequest):
         queries = check_queries(request.queries, max_queries=max_queries, max_query_chars=max_query_chars)
         topk = default_topk if request.topk is None else check_topk(request.topk, topk_max=topk_max)
-        result = []
+        result, chars = [], 0
         for hits in retriever.search(queries, topk):
-            documents = [{"id": h.doc_id, "title": h.title, "contents": h.title + "\n" + h.text} for h in hits]
+            documents = []
+            for hit in hits:
+                title, text = hit.title[:max_doc_chars], hit.text[:max_doc_chars]
+                chars += 2 * len(title) + len(text)  # the title is sent twice: "title" and "contents"
+                documents.append({"id": hit.doc_id, "title": title, "contents": title + "\n" + text})
             if request.return_scores:
                 result.append([{"document": d, "score": h.score} for d, h in zip(documents, hits)])
             else:
                 result.append(documents)
+        check_response_size(chars, "ask for fewer queries per request or a smaller topk")
         return json_response({"result": result})
 
     @app.post("/access")
@@ -224,7 +260,9 @@ def create_app(retriever: Retriever, *, default_topk: int = DEFAULT_TOPK, topk_m
         page_chars = retriever.page_chars if request.page_chars is None else request.page_chars
         check_page_chars(page_chars, limit=max(max_page_chars, retriever.page_chars))
         page = retriever.access(check_doc_id(request.doc_id), check_page(request.page), page_chars)
-        return json_response({"doc_id": page.doc_id, "title": page.title, "page": page.page,
+        title = page.title[:max_doc_chars]
+        check_response_size(len(title) + len(page.text), "ask for a smaller page_chars")
+        return json_response({"doc_id": page.doc_id, "title": title, "page": page.page,
                               "num_pages": page.num_pages, "text": page.text})
 
     return app

@@ -4,7 +4,10 @@ Numeric conventions (shared by the torch path, the Triton kernels and the loop r
 
 * Groups. `index` gives the group of each trajectory (B entries): an int tensor, a numpy array of
   ints or strings (verl's `uid` object array), or a list of hashables. Only equality matters.
-* Statistics are accumulated in fp32 whatever the input dtype; outputs are fp32.
+* Statistics (group mean, unbiased std, normalised value) are computed in fp64 from the inputs as
+  given (fp16 / bf16 / fp32 / fp64 / int), of each group's values divided by the group's largest
+  magnitude (the same z-scores up to fp64 rounding, but no sum or square can overflow: fp32 sums
+  of [3e38, 3e38] did, fp64 squares of 1e300 would); outputs are fp32.
 * Outcome (verl `compute_grpo_outcome_advantage`): per group, mean and *unbiased* (Bessel, N-1)
   std of the scores; `A = (s - mean) / (std + epsilon)`, or `s - mean` when
   `norm_adv_by_std=False` (Dr.GRPO). A group of one uses mean 0 and std 1, so its advantage is
@@ -21,12 +24,23 @@ Numeric conventions (shared by the torch path, the Triton kernels and the loop r
   overlap inside one trajectory (ValueError otherwise); empty spans contribute nothing.
 * Final advantage: `A = A_out + memory_weight * A_mem` per token; `returns` is the same tensor (as
   verl's GRPO returns it).
-* Never NaN: degenerate groups give finite values (zeros), non-finite inputs raise ValueError.
+* Never NaN, finite for every finite input: degenerate groups give finite values (zeros). Values
+  are saturated at +-`VALUE_LIMIT` (1e18) before the per-token sum: a z-score never comes near it
+  (|z| <= sqrt(n - 1)); only raw scores beyond 1e18 with `norm_adv_by_std=False`, or such a
+  `memory_weight`, reach it. With mask entries of at most 2^63 in magnitude (any integer mask;
+  float masks are checked) every token value is then below 2e37 in fp32.
+* Validation (ValueError naming the argument and the allowed range): `epsilon` a finite number in
+  [1.2e-38, 3.4e38] (a positive normal fp32, so that it is nonzero in the kernels too);
+  `memory_weight` a finite number >= 0; `norm_adv_by_std` a bool; scores and memory rewards finite
+  (one check each, of B / R values); a float `response_mask` finite with |entry| <= 2^63 (one
+  min/max pass over it; bool and integer masks need none); NaN labels in a float `index` array.
 * Device policy: see `mempo.ops._dispatch` (CUDA -> Triton kernels, CPU -> vectorised torch).
   Both paths are deterministic (no atomics on the Triton side; sequential index_add on CPU).
 """
 from __future__ import annotations
 
+import math
+from numbers import Integral, Real
 from typing import Any, Optional, Sequence
 
 import numpy as np
@@ -36,6 +50,7 @@ from mempo.ops._alloc import empty_output
 from mempo.ops._dispatch import resolve_backend
 
 __all__ = [
+    "VALUE_LIMIT",
     "csr_offsets_from_rows",
     "group_ids",
     "group_zscore",
@@ -45,15 +60,47 @@ __all__ = [
 ]
 
 
+VALUE_LIMIT = 1e18  # advantage values saturate here (module conventions)
+_MASK_LIMIT = 2.0 ** 63  # largest |response_mask| entry: int64's range
+_EPS_RANGE = (float(torch.finfo(torch.float32).tiny), float(torch.finfo(torch.float32).max))
+
+
 # --------------------------------------------------------------------------------------------
 # Inputs
 # --------------------------------------------------------------------------------------------
+def _is_real(value: Any) -> bool:
+    """A real number: Python or numpy ints and floats; never a bool (numpy's bool is no Real)."""
+    return isinstance(value, Real) and not isinstance(value, bool)
+
+
+def _check_epsilon(epsilon: Any) -> float:
+    low, high = _EPS_RANGE
+    if not _is_real(epsilon) or not low <= float(epsilon) <= high:  # NaN fails the comparison too
+        raise ValueError(f"epsilon must be a finite number in [{low:.8g}, {high:.8g}] (a positive normal "
+                         f"float32), got {epsilon!r}")
+    return float(epsilon)
+
+
+def _check_memory_weight(memory_weight: Any) -> float:
+    if not _is_real(memory_weight) or not (math.isfinite(float(memory_weight)) and float(memory_weight) >= 0):
+        raise ValueError(f"memory_weight must be a finite number >= 0, got {memory_weight!r}")
+    return float(memory_weight)
+
+
+def _check_flag(name: str, value: Any) -> bool:
+    if not isinstance(value, (bool, np.bool_)):
+        raise ValueError(f"{name} must be a bool (True or False), got {value!r}")
+    return bool(value)
+
+
 def group_ids(index: Any, num_items: int, device: torch.device | str = "cpu") -> tuple[torch.Tensor, int]:
     """Map any group labels to dense ids 0..G-1.
 
     index: length-`num_items` int tensor, numpy array (ints, strings or objects), or list of
     hashables. Returns (int64 tensor [num_items] on `device`, G).
     """
+    if isinstance(num_items, bool) or not isinstance(num_items, Integral) or num_items < 0:
+        raise ValueError(f"num_items must be an integer >= 0, got {num_items!r}")
     if isinstance(index, torch.Tensor):
         if index.dim() != 1 or index.numel() != num_items:
             raise ValueError(f"index must have shape ({num_items},), got {tuple(index.shape)}")
@@ -71,22 +118,25 @@ def group_ids(index: Any, num_items: int, device: torch.device | str = "cpu") ->
         return torch.from_numpy(dense).to(device), len(lookup)
     if index.ndim != 1 or index.shape[0] != num_items:
         raise ValueError(f"index must have {num_items} entries (one per trajectory), got shape {index.shape}")
+    if index.dtype.kind in "fc" and np.isnan(index).any():
+        raise ValueError(f"index[{int(np.flatnonzero(np.isnan(index))[0])}] is NaN: group labels must be comparable")
     uniq, inverse = np.unique(index, return_inverse=True)
     return torch.from_numpy(inverse.astype(np.int64).reshape(-1)).to(device), int(uniq.shape[0])
 
 
 def _as_float_vector(x: Any, name: str, n: Optional[int] = None) -> torch.Tensor:
-    t = torch.as_tensor(x)
+    """`x` as a finite fp64 vector (a list of Python floats is read as fp64, not torch's fp32 default)."""
+    t = x if isinstance(x, torch.Tensor) else torch.as_tensor(np.asarray(x))
     if t.dim() != 1:
         raise ValueError(f"{name} must be 1-D, got shape {tuple(t.shape)}")
     if n is not None and t.numel() != n:
         raise ValueError(f"{name} must have {n} entries, got {t.numel()}")
     if not (t.dtype.is_floating_point or t.dtype in (torch.int32, torch.int64, torch.bool)):
         raise ValueError(f"{name} must be a float (or int) tensor, got dtype {t.dtype}")
-    t = t.to(torch.float32)
+    t = t.to(torch.float64)
     if t.numel() and not bool(torch.isfinite(t).all()):
         bad = int((~torch.isfinite(t)).nonzero()[0])
-        raise ValueError(f"{name}[{bad}] is not finite ({t[bad].item()})")
+        raise ValueError(f"{name}[{bad}] is not finite ({t[bad].item()}); {name} must be finite numbers")
     return t
 
 
@@ -95,6 +145,16 @@ def _check_mask(response_mask: torch.Tensor, num_rows: int) -> torch.Tensor:
         raise ValueError("response_mask must be a 2-D tensor (batch, response_length)")
     if response_mask.shape[0] != num_rows:
         raise ValueError(f"response_mask has {response_mask.shape[0]} rows, expected {num_rows} (one per trajectory)")
+    if response_mask.dtype.is_complex:
+        raise ValueError(f"response_mask must be a bool, integer or float tensor, got dtype {response_mask.dtype}")
+    if response_mask.dtype.is_floating_point and response_mask.numel():
+        # One min/max pass (float masks only): NaN fails both comparisons, +-inf and huge weights one.
+        low, high = torch.aminmax(response_mask)
+        if not (float(low) >= -_MASK_LIMIT and float(high) <= _MASK_LIMIT):
+            bad = ~torch.isfinite(response_mask) | (response_mask.abs() > _MASK_LIMIT)
+            b, t = (int(i) for i in bad.nonzero()[0])
+            raise ValueError(f"response_mask[{b}, {t}] = {response_mask[b, t].item()} is not a mask weight: "
+                             f"entries must be finite, with |entry| <= 2^63 (0/1 masks are the norm)")
     if response_mask.stride(-1) != 1:
         response_mask = response_mask.contiguous()
     return response_mask
@@ -104,6 +164,26 @@ def _rows_of_csr(offsets: torch.Tensor, num_items: int) -> torch.Tensor:
     """Row id of each of `num_items` CSR items: item i belongs to row b when offsets[b] <= i < offsets[b+1]."""
     items = torch.arange(num_items, device=offsets.device)
     return torch.searchsorted(offsets, items, right=True) - 1
+
+
+def _check_round_counts(num_rewards: int, mem_offsets: Any, mem_spans: Any) -> None:
+    """The three CSR inputs must agree on R; name the one that disagrees with the other two."""
+    offsets, spans = torch.as_tensor(mem_offsets), torch.as_tensor(mem_spans)
+    if offsets.dim() != 1 or offsets.numel() < 1 or spans.dim() not in (1, 2) or (spans.dim() == 1 and spans.numel()):
+        return  # malformed shapes: _check_spans says what is wrong
+    by_offsets, by_spans = int(offsets[-1]), int(spans.shape[0])
+    if by_offsets == by_spans != num_rewards:
+        raise ValueError(f"mem_rewards has {num_rewards} entries, but mem_offsets and mem_spans describe "
+                         f"{by_offsets} scored rounds: give one memory reward per scored round")
+    if num_rewards == by_offsets != by_spans:
+        raise ValueError(f"mem_spans has {by_spans} rows, but mem_rewards and mem_offsets describe {num_rewards} "
+                         "scored rounds: give one (start, end) span per scored round")
+    if num_rewards == by_spans != by_offsets:
+        raise ValueError(f"mem_offsets ends at {by_offsets}, but mem_rewards and mem_spans hold {num_rewards} "
+                         "scored rounds: mem_offsets[-1] must equal len(mem_rewards)")
+    if len({num_rewards, by_offsets, by_spans}) == 3:
+        raise ValueError(f"mem_rewards ({num_rewards} entries), mem_offsets (ending at {by_offsets}) and mem_spans "
+                         f"({by_spans} rows) disagree on the number of scored rounds")
 
 
 def _check_spans(mem_offsets: Any, mem_spans: Any, num_rows: int, num_rounds: int, length: int,
@@ -152,49 +232,74 @@ def _check_spans(mem_offsets: Any, mem_spans: Any, num_rows: int, num_rounds: in
 # --------------------------------------------------------------------------------------------
 def _group_zscore_torch(values: torch.Tensor, group: torch.Tensor, num_groups: int, epsilon: float,
                         norm_by_std: bool, singleton_zero: bool) -> torch.Tensor:
-    # 1. Per-group count, sum and mean (fp32; index_add_ is sequential, hence deterministic, on CPU).
-    #    Gathers use index_select: plain advanced indexing is far slower on multi-threaded CPU.
+    zeros = torch.zeros(num_groups, dtype=torch.float64, device=values.device)
+    # 1. Per-group scale a = the largest |value| (1 for an all-zero group): the statistics are taken of
+    #    y = x / a, in [-1, 1], so no sum or square overflows, not even for fp64 values near 1e308.
+    scale = zeros.scatter_reduce(0, group, values.abs(), reduce="amax", include_self=True)
+    scale = torch.where(scale > 0, scale, torch.ones_like(scale))
+    item_scale = scale.index_select(0, group)  # index_select: plain advanced indexing is slow on CPU
+    y = values / item_scale
+    # 2. Per-group count, mean and unbiased std of y (index_add_ is sequential, hence deterministic,
+    #    on CPU; two passes, as in the kernel).
     count = torch.bincount(group, minlength=num_groups)
-    total = torch.zeros(num_groups, dtype=torch.float32, device=values.device).index_add_(0, group, values)
-    mean = total / count.clamp(min=1)
-    # 2. Unbiased variance from centred values (two passes, as in the kernel).
-    centred = values - mean.index_select(0, group)
-    sq = torch.zeros(num_groups, dtype=torch.float32, device=values.device).index_add_(0, group, centred * centred)
-    std = torch.sqrt(sq / (count - 1).clamp(min=1))
-    # 3. Groups of one: mean 0 / std 1 (verl) or zero (memory pools).
-    single_group = count == 1
-    std = torch.where(single_group, torch.ones_like(std), std)
-    single = single_group.index_select(0, group)
-    centred = torch.where(single, values, centred)
-    out = centred / (std.index_select(0, group) + epsilon) if norm_by_std else centred
+    mean = zeros.index_add(0, group, y) / count.clamp(min=1)
+    centred = y - mean.index_select(0, group)
+    std = torch.sqrt(zeros.index_add(0, group, centred * centred) / (count - 1).clamp(min=1))
+    # 3. (x - mean) / (std + eps) = (y - mean_y) / (std_y + eps / a); a zero denominator (eps / a
+    #    underflowed) only comes with std_y = 0, i.e. every centred value 0: the result is 0.
+    if norm_by_std:
+        denom = std + epsilon / scale
+        out = centred / torch.where(denom > 0, denom, torch.ones_like(denom)).index_select(0, group)
+    else:
+        out = centred * item_scale
+    # 4. Groups of one: verl's mean 0 / std 1, i.e. x / (1 + eps) (x when only centring); memory pools 0.
+    single = (count == 1).index_select(0, group)
     if singleton_zero:
         out = torch.where(single, torch.zeros_like(out), out)
-    return out
+    else:
+        out = torch.where(single, values / (1.0 + epsilon) if norm_by_std else values, out)
+    return out.clamp_(-VALUE_LIMIT, VALUE_LIMIT).to(torch.float32)
 
 
 def group_zscore(values: torch.Tensor, group: torch.Tensor, num_groups: int, *, epsilon: float = 1e-6,
                  norm_by_std: bool = True, singleton: str = "passthrough", backend: str = "auto") -> torch.Tensor:
     """Normalise `values` within groups (see the module conventions).
 
-    values: [n] float (any dtype); group: [n] int64 dense group ids in [0, num_groups).
+    values: [n] float or int (any dtype, finite); group: [n] int dense group ids in [0, num_groups).
     singleton: "passthrough" (a group of one keeps its value, mean 0 / std 1) or "zero".
-    Returns [n] fp32 on values' device.
+    Statistics in fp64; returns [n] fp32 on values' device, saturated at +-VALUE_LIMIT.
     """
     if singleton not in ("passthrough", "zero"):
         raise ValueError(f"singleton must be 'passthrough' or 'zero', got {singleton!r}")
-    values = values.to(torch.float32).contiguous()
+    epsilon, norm_by_std = _check_epsilon(epsilon), _check_flag("norm_by_std", norm_by_std)
+    if isinstance(num_groups, bool) or not isinstance(num_groups, Integral) or num_groups < 0:
+        raise ValueError(f"num_groups must be an integer >= 0, got {num_groups!r}")
+    values = _as_float_vector(values, "values").contiguous()
+    if not isinstance(group, torch.Tensor) or group.dtype.is_floating_point or group.dtype.is_complex \
+            or group.dtype == torch.bool or tuple(group.shape) != tuple(values.shape):
+        raise ValueError(f"group must be an integer tensor of shape {tuple(values.shape)} (one id per value)")
     group = group.to(device=values.device, dtype=torch.int64).contiguous()
+    if values.numel() and (int(group.min()) < 0 or int(group.max()) >= num_groups):
+        raise ValueError(f"group ids must lie in [0, num_groups = {num_groups}), got ids in "
+                         f"[{int(group.min())}, {int(group.max())}]")
+    return _group_zscore(values, group, num_groups, epsilon, norm_by_std, singleton == "zero", backend)
+
+
+def _group_zscore(values: torch.Tensor, group: torch.Tensor, num_groups: int, epsilon: float, norm_by_std: bool,
+                  singleton_zero: bool, backend: str) -> torch.Tensor:
+    """`group_zscore` on checked inputs: values fp64 [n], group int64 dense ids [n] on values' device."""
     if values.numel() == 0:
-        return values.clone()
+        return values.to(torch.float32)
     if resolve_backend(backend, values) == "torch":
-        return _group_zscore_torch(values, group, num_groups, epsilon, norm_by_std, singleton == "zero")
+        return _group_zscore_torch(values, group, num_groups, epsilon, norm_by_std, singleton_zero)
     from mempo.kernels import group_zscore as kernel
 
     perm = torch.argsort(group, stable=True)
     group_offsets = torch.zeros(num_groups + 1, dtype=torch.int64, device=values.device)
     group_offsets[1:] = torch.cumsum(torch.bincount(group, minlength=num_groups), 0)
-    out = torch.empty_like(values)
-    return kernel.group_zscore(values, perm, group_offsets, out, epsilon, norm_by_std, singleton == "zero")
+    out = torch.empty(values.shape, dtype=torch.float32, device=values.device)
+    return kernel.group_zscore(values, perm, group_offsets, out, epsilon, norm_by_std, singleton_zero,
+                               value_limit=VALUE_LIMIT)
 
 
 # --------------------------------------------------------------------------------------------
@@ -264,8 +369,7 @@ def _span_scatter(row_value, span_value, start, end, offsets, mask, backend: str
 def _outcome_rows(scores, index, num_rows, device, epsilon, norm_adv_by_std, backend) -> tuple[torch.Tensor, torch.Tensor, int]:
     scores = _as_float_vector(scores, "scores", num_rows).to(device)
     group, num_groups = group_ids(index, num_rows, device)
-    adv = group_zscore(scores, group, num_groups, epsilon=epsilon, norm_by_std=norm_adv_by_std,
-                       singleton="passthrough", backend=backend)
+    adv = _group_zscore(scores, group, num_groups, epsilon, norm_adv_by_std, False, backend)
     return adv, group, num_groups
 
 
@@ -273,10 +377,10 @@ def _memory_values(mem_rewards, mem_offsets, mem_spans, group, num_groups, lengt
                    norm_adv_by_std, backend):
     num_rows = group.numel()
     rewards = _as_float_vector(mem_rewards, "mem_rewards").to(device)
+    _check_round_counts(rewards.numel(), mem_offsets, mem_spans)
     offsets, start, end = _check_spans(mem_offsets, mem_spans, num_rows, rewards.numel(), length, device)
     round_group = group.index_select(0, _rows_of_csr(offsets, rewards.numel()))
-    normed = group_zscore(rewards, round_group, num_groups, epsilon=epsilon, norm_by_std=norm_adv_by_std,
-                          singleton="zero", backend=backend)
+    normed = _group_zscore(rewards, round_group, num_groups, epsilon, norm_adv_by_std, True, backend)
     return normed, start, end, offsets
 
 
@@ -288,6 +392,7 @@ def grpo_outcome_advantage(scores: torch.Tensor, index: Any, response_mask: torc
     scores: [B] float (one outcome score per trajectory); index: B group labels;
     response_mask: [B, L] (bool / int / float). Returns advantages [B, L] fp32 on the mask's device.
     """
+    epsilon, norm_adv_by_std = _check_epsilon(epsilon), _check_flag("norm_adv_by_std", norm_adv_by_std)
     mask = _check_mask(response_mask, len(scores))
     adv, _, _ = _outcome_rows(scores, index, mask.shape[0], mask.device, epsilon, norm_adv_by_std, backend)
     empty = torch.zeros(0, dtype=torch.float32, device=mask.device)
@@ -306,6 +411,7 @@ def memory_advantage(mem_rewards: torch.Tensor, mem_offsets: torch.Tensor, mem_s
     response-token coordinates; index: B group labels; response_mask: [B, L].
     Returns [B, L] fp32, zero outside spans.
     """
+    epsilon, norm_adv_by_std = _check_epsilon(epsilon), _check_flag("norm_adv_by_std", norm_adv_by_std)
     mask = _check_mask(response_mask, len(mem_offsets) - 1)
     group, num_groups = group_ids(index, mask.shape[0], mask.device)
     normed, start, end, offsets = _memory_values(mem_rewards, mem_offsets, mem_spans, group, num_groups,
@@ -330,13 +436,16 @@ def mempo_advantage(scores: torch.Tensor, index: Any, response_mask: torch.Tenso
     given = [x is not None for x in (mem_rewards, mem_offsets, mem_spans)]
     if any(given) and not all(given):
         raise ValueError("mem_rewards, mem_offsets and mem_spans must be given together (or none of them)")
+    epsilon, norm_adv_by_std = _check_epsilon(epsilon), _check_flag("norm_adv_by_std", norm_adv_by_std)
+    memory_weight = _check_memory_weight(memory_weight)
     mask = _check_mask(response_mask, len(scores))
     adv, group, num_groups = _outcome_rows(scores, index, mask.shape[0], mask.device, epsilon, norm_adv_by_std,
                                            backend)
     if all(given):
         normed, start, end, offsets = _memory_values(mem_rewards, mem_offsets, mem_spans, group, num_groups,
                                                      mask.shape[1], mask.device, epsilon, norm_adv_by_std, backend)
-        span_value = normed * float(memory_weight)
+        # fp64 product, saturated like every value (a huge weight must not overflow fp32)
+        span_value = (normed.double() * memory_weight).clamp_(-VALUE_LIMIT, VALUE_LIMIT).to(torch.float32)
     else:
         span_value = torch.zeros(0, dtype=torch.float32, device=mask.device)
         start = end = span_value.long()
@@ -347,6 +456,8 @@ def mempo_advantage(scores: torch.Tensor, index: Any, response_mask: torch.Tenso
 
 def csr_offsets_from_rows(round_rows: Sequence[int] | torch.Tensor, num_rows: int) -> torch.Tensor:
     """CSR offsets [num_rows+1] for scored rounds listed by trajectory row (rows must be sorted)."""
+    if isinstance(num_rows, bool) or not isinstance(num_rows, Integral) or num_rows < 0:
+        raise ValueError(f"num_rows must be an integer >= 0, got {num_rows!r}")
     rows = torch.as_tensor(round_rows, dtype=torch.int64)
     if rows.numel() and (bool((rows[1:] < rows[:-1]).any()) or int(rows.min()) < 0 or int(rows.max()) >= num_rows):
         raise ValueError(f"round_rows must be sorted trajectory rows in [0, {num_rows})")

@@ -21,11 +21,20 @@ Numeric conventions (identical on every backend):
   their targets are never read (they may be anything, e.g. -100). A target outside [0, V) on a
   masked-in row is a ValueError naming the row.
 * -inf logits are allowed (e.g. banned tokens); a -inf target logit gives token_logp = -inf (kept
-  only when threshold=None, in which case P = 0). +inf / NaN logits are not supported.
+  only when threshold=None, in which case P = 0). A NaN or +inf logit on a masked-in row (also
+  one made by hidden @ weight.T overflowing fp32, or by logits / temperature doing so) makes its
+  log-prob NaN on every backend: the op raises ValueError naming the row instead (a check of the
+  M log-probs, not of the logits). Masked rows are never read, so anything there is harmless.
+  Finite logits never give NaN; a log-prob below -3.4e38 (logits spanning more than the fp32
+  range) is -inf.
+* Scalars (ValueError naming the argument and the range): threshold a number in (0, 1] or None;
+  temperature a finite number >= 2.9e-39 (so that 1 / temperature is a finite fp32); empty_value a
+  finite number; vocab_chunk an integer >= 1. numpy scalars (np.float32(0.5)) are accepted.
 * Device policy (`mempo.ops._dispatch`): backend="auto" runs the Triton kernels when every tensor is
   on CUDA and the vectorised torch path otherwise; "triton" / "torch" force one. No autograd: the
   scoring pass is forward-only and runs under `torch.no_grad()`.
-* Validation (cu_seqlens, target range) costs one device-to-host synchronisation per call.
+* Validation costs two device-to-host synchronisations per call: cu_seqlens and the target range
+  before the kernels, the NaN check of the log-probs after them.
 
 This module imports torch only; the Triton kernels (`mempo.kernels.answer_logprob`) are imported on
 the first Triton call.
@@ -33,6 +42,7 @@ the first Triton call.
 from __future__ import annotations
 
 import math
+from numbers import Integral, Real
 from typing import NamedTuple, Optional
 
 import torch
@@ -64,19 +74,35 @@ class AnswerLogProb(NamedTuple):
 # ------------------------------------------------------------------------------------------------
 # validation
 # ------------------------------------------------------------------------------------------------
+_MIN_TEMPERATURE = 1.0 / float(torch.finfo(torch.float32).max)  # 1 / temperature must be a finite fp32
+
+
+def _is_real(value) -> bool:
+    """A real number: Python or numpy ints and floats (np.float32 included); never a bool."""
+    return isinstance(value, Real) and not isinstance(value, bool)
+
+
 def _check_scalars(threshold, temperature, empty_value):
-    if threshold is not None:
-        if isinstance(threshold, bool) or not isinstance(threshold, (int, float)):
-            raise ValueError(f"threshold must be a float in (0, 1] or None, got {threshold!r}")
-        if not (0.0 < float(threshold) <= 1.0):
-            raise ValueError(f"threshold must be in (0, 1] or None, got {threshold!r}")
-    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) \
-            or not math.isfinite(float(temperature)) or float(temperature) <= 0.0:
-        raise ValueError(f"temperature must be a finite float > 0, got {temperature!r}")
-    if isinstance(empty_value, bool) or not isinstance(empty_value, (int, float)):
-        raise ValueError(f"empty_value must be a float, got {empty_value!r}")
+    if threshold is not None and (not _is_real(threshold) or not 0.0 < float(threshold) <= 1.0):
+        raise ValueError(f"threshold must be a number in (0, 1] or None, got {threshold!r}")
+    if not _is_real(temperature) or not _MIN_TEMPERATURE <= float(temperature) < math.inf:
+        raise ValueError(f"temperature must be a finite number >= {_MIN_TEMPERATURE:.3g} (1 / temperature a finite "
+                         f"float32), got {temperature!r}")
+    if not _is_real(empty_value) or not math.isfinite(float(empty_value)):
+        raise ValueError(f"empty_value must be a finite number, got {empty_value!r}")
     log_threshold = None if threshold is None else math.log(float(threshold))
     return log_threshold, 1.0 / float(temperature), float(empty_value)
+
+
+def _check_token_logp(token_logp, row_shape, source):
+    """NaN log-probs come only from NaN / +inf logits on a masked-in row (or logits / temperature
+    overflowing fp32): a ValueError naming the first such row, never a NaN result."""
+    nan = torch.isnan(token_logp)
+    if bool(nan.any()):
+        i = int(nan.nonzero()[0, 0])
+        where = f"row {i}" if len(row_shape) == 1 else f"row {i} (n={i // row_shape[1]}, t={i % row_shape[1]})"
+        raise ValueError(f"the log-probability of masked-in {where} is NaN: {source} hold NaN or +inf there, or "
+                         "overflow fp32 once divided by the temperature")
 
 
 def _flatten_rows(name, x, targets, answer_mask, cu_seqlens):
@@ -154,9 +180,10 @@ def _logp_from_parts(z_t, m, d):
 
     The max is subtracted first: for logits ~1e4, m + log d would round to fp32's grid at 1e4.
     A row whose logits are all -inf (m = -inf, d = 0) has z_t = -inf: with m -> 0 and d -> 1 the
-    result is -inf, never -inf - -inf = NaN."""
+    result is -inf, never -inf - -inf = NaN. A NaN d (from a NaN or +inf logit) is kept, and the
+    op then rejects the row (`_check_token_logp`)."""
     m_safe = torch.where(torch.isneginf(m), torch.zeros_like(m), m)
-    d_safe = torch.where(d > 0, d, torch.ones_like(d))
+    d_safe = torch.where(d == 0, torch.ones_like(d), d)  # NaN (a NaN / +inf logit) stays NaN: reported
     return (z_t - m_safe) - torch.log(d_safe)
 
 
@@ -327,6 +354,7 @@ def answer_logprob(
 
     if use == "torch":
         token_logp = _torch_token_logp(logits2d, tgt, mask, inv_temp)
+        _check_token_logp(token_logp, row_shape, "the logits")
         keep, p, mean_logp, num_kept = _torch_segments(
             token_logp, mask, cu, seq_len, C, log_threshold, empty_value)
     else:
@@ -336,6 +364,7 @@ def answer_logprob(
         tgt_c = tgt.contiguous()
         token_logp = torch.empty(M, dtype=torch.float32, device=logits2d.device)
         kern.row_logp(logits2d, tgt_c, mask_u8, token_logp, inv_temp)
+        _check_token_logp(token_logp, row_shape, "the logits")
         keep, p, mean_logp, num_kept = _triton_segments(
             token_logp, mask_u8, cu, seq_len, C, log_threshold, empty_value)
     return AnswerLogProb(token_logp.view(row_shape), keep.view(row_shape), p, mean_logp, num_kept)
@@ -393,7 +422,7 @@ def answer_logprob_from_hidden(
             raise ValueError(f"bias is on {bias.device} but hidden is on {hidden.device}")
         if bias.dtype not in _FLOAT_DTYPES:
             raise ValueError(f"bias must be fp32, bf16 or fp16, got {bias.dtype}")
-    if isinstance(vocab_chunk, bool) or not isinstance(vocab_chunk, int) or vocab_chunk < 1:
+    if isinstance(vocab_chunk, bool) or not isinstance(vocab_chunk, Integral) or vocab_chunk < 1:
         raise ValueError(f"vocab_chunk must be a positive int, got {vocab_chunk!r}")
     M = hidden2d.shape[0]
     _check_targets(tgt, mask, V, row_shape)
@@ -402,7 +431,8 @@ def answer_logprob_from_hidden(
     use = resolve_backend(backend, *tensors)
 
     if use == "torch":
-        token_logp = _torch_hidden_token_logp(hidden2d, weight, bias, tgt, mask, inv_temp, vocab_chunk)
+        token_logp = _torch_hidden_token_logp(hidden2d, weight, bias, tgt, mask, inv_temp, int(vocab_chunk))
+        _check_token_logp(token_logp, row_shape, "the logits hidden @ weight.T + bias")
         keep, p, mean_logp, num_kept = _torch_segments(
             token_logp, mask, cu, seq_len, C, log_threshold, empty_value)
     else:
@@ -412,6 +442,7 @@ def answer_logprob_from_hidden(
         token_logp = torch.empty(M, dtype=torch.float32, device=hidden2d.device)
         kern.hidden_logp(hidden2d, weight, bias.contiguous() if bias is not None else None,
                          tgt.contiguous(), mask_u8, token_logp, inv_temp, interpret=interpreting())
+        _check_token_logp(token_logp, row_shape, "the logits hidden @ weight.T + bias")
         keep, p, mean_logp, num_kept = _triton_segments(
             token_logp, mask_u8, cu, seq_len, C, log_threshold, empty_value)
     return AnswerLogProb(token_logp.view(row_shape), keep.view(row_shape), p, mean_logp, num_kept)

@@ -1,13 +1,20 @@
 """Plain-loop references for the advantage ops (tests and benchmarks only; never on a hot path).
 
 They follow `mempo.ops.advantage` conventions literally, one Python float at a time (float64), so
-they read as the specification: see that module's docstring for the conventions.
+they read as the specification: see that module's docstring for the conventions (saturation at
++-VALUE_LIMIT included). They do not validate their inputs.
 """
 from __future__ import annotations
 
 import math
 from collections import defaultdict
 from typing import Hashable, Sequence
+
+VALUE_LIMIT = 1e18  # = mempo.ops.advantage.VALUE_LIMIT (not imported: the reference stands alone)
+
+
+def _saturate(value: float) -> float:
+    return max(-VALUE_LIMIT, min(VALUE_LIMIT, value))
 
 
 def group_zscore_reference(
@@ -27,17 +34,25 @@ def group_zscore_reference(
         members[g].append(i)
     out = [0.0] * len(values)
     for rows in members.values():
-        if len(rows) == 1:
-            if singleton == "zero":
-                continue
-            mean, std = 0.0, 1.0
-        else:
-            xs = [float(values[i]) for i in rows]
-            mean = sum(xs) / len(xs)
-            std = math.sqrt(sum((x - mean) ** 2 for x in xs) / (len(xs) - 1))
-        for i in rows:
-            centered = float(values[i]) - mean
-            out[i] = centered / (std + epsilon) if norm_by_std else centered
+        if len(rows) == 1:  # mean 0 and std 1: x / (1 + eps), or x when only centring; or 0
+            x = float(values[rows[0]])
+            if singleton != "zero":
+                out[rows[0]] = _saturate(x / (1.0 + epsilon) if norm_by_std else x)
+            continue
+        # Statistics of y = x / a, a = the group's largest |x| (no square of 1e300 overflows):
+        # (x - mean) / (std + eps) = (y - mean_y) / (std_y + eps / a).
+        a = max(abs(float(values[i])) for i in rows) or 1.0
+        ys = [float(values[i]) / a for i in rows]
+        mean = sum(ys) / len(ys)
+        std = math.sqrt(sum((y - mean) ** 2 for y in ys) / (len(ys) - 1))
+        denom = std + epsilon / a
+        for i, y in zip(rows, ys):
+            centered = y - mean
+            if norm_by_std:
+                value = centered / denom if denom > 0 else 0.0  # denom 0 only when every centred value is 0
+            else:
+                value = centered * a
+            out[i] = _saturate(value)
     return out
 
 
@@ -80,9 +95,11 @@ def mempo_advantage_reference(scores, index, response_mask, mem_rewards=None, me
     out = grpo_outcome_advantage_reference(scores, index, response_mask, epsilon, norm_adv_by_std)
     if mem_rewards is None:
         return out
-    mem = memory_advantage_reference(mem_rewards, mem_offsets, mem_spans, index, response_mask, epsilon,
-                                     norm_adv_by_std)
-    return [[o + memory_weight * m for o, m in zip(orow, mrow)] for orow, mrow in zip(out, mem)]
+    # memory_weight x (memory value): saturated per span value (the mask factor is <= 1 for 0/1 masks)
+    mem_values = memory_advantage_reference(mem_rewards, mem_offsets, mem_spans, index,
+                                            [[1.0] * len(row) for row in response_mask], epsilon, norm_adv_by_std)
+    return [[o + _saturate(memory_weight * v) * float(m) for o, v, m in zip(orow, vrow, mrow)]
+            for orow, vrow, mrow in zip(out, mem_values, response_mask)]
 
 
 def random_memory_batch(seed, num_groups, group_size, length, max_rounds=4, singleton_groups=0, binary_scores=True,
