@@ -481,7 +481,7 @@ def test_eval_command_errors_name_the_file_or_field(tmp_path, qa_files, capsys):
         (["--files", str(small), *corpus, "--retriever-url", "http://127.0.0.1:1"], "not both"),
         (["--data", "synthetic", "--files", str(small)], "data.source: --files lists QA files"),
         (["--files", str(small), "eval.episodes=2", *corpus], "looks like a config override"),
-        (["--files", str(small), *corpus], f"--model {model}: cannot load a causal LM and its tokenizer"),
+        (["--files", str(small), *corpus], f"--model: {model} holds no saved model"),
     ]
     for args, message in cases:
         overrides = [] if args[0].startswith("eval.") else ["eval.objectives=[1]"]
