@@ -561,8 +561,8 @@ def qa_eval_episodes(cfg: Any, num_episodes: Optional[int] = None,
 
 def eval_retriever(cfg: Any, world: Any = None, *, log: Optional[Callable[[str], None]] = None):
     """The retriever an evaluation (and the trainer) uses (module conventions): an `HTTPRetriever`
-    for ``env.retriever: http`` (probed with one search; a `RetrieverError` naming the URL if it
-    does not answer), else BM25 over ``env.corpus_path``, else over ``world``'s documents.
+    for ``env.retriever: http`` (`HTTPRetriever.check_health`; a `RetrieverError` naming the URL if
+    it does not answer), else BM25 over ``env.corpus_path``, else over ``world``'s documents.
     Raises `ConfigError` naming ``env.corpus_path`` when BM25 has neither."""
     from mempo.env.retriever import BM25Retriever, RetrieverError, load_or_build_bm25
     from mempo.train.config import ConfigError
@@ -576,7 +576,7 @@ def eval_retriever(cfg: Any, world: Any = None, *, log: Optional[Callable[[str],
         except ValueError as error:
             raise ConfigError("env.retriever_url", str(error)) from None
         try:
-            retriever.search(["probe"], 1)
+            retriever.check_health()
         except RetrieverError as error:
             raise RetrieverError(f"env.retriever_url {env.retriever_url}: the retriever does not answer a "
                                  f"search ({error})") from None

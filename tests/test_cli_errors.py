@@ -63,8 +63,7 @@ def _cases(tmp: Path) -> dict[str, tuple[list[str], str]]:
                                "trainer.resume: /nonexistent: no such checkpoint directory"),
         "used_run_dir": (train(tmp / "used_run"), "already holds checkpoints"),
         "dead_retriever": (train(tmp / "r5", "env.retriever=http", f"env.retriever_url={url}"),
-                           f"env.retriever_url: the retriever failed its health check before training: "
-                           f"retriever at {url}/health"),
+                           f"env.retriever_url: retriever at {url} failed its health check"),
         "latin1_yaml": (["train", "--config", str(tmp / "latin1.yaml"), "--out", str(tmp / "r6")],
                         "latin1.yaml:3: not valid UTF-8"),
         "duplicate_yaml_key": (["train", "--config", str(tmp / "dup.yaml"), "--out", str(tmp / "r7")],

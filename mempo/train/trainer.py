@@ -338,8 +338,8 @@ def build_run(cfg: MempoConfig, *, model=None, tokenizer=None, episodes=None, re
 
 
 def _healthy_http_retriever(url: str):
-    """An `HTTPRetriever` at `url` that answered its ``/health`` (RetrieverUnavailableError naming
-    ``env.retriever_url`` and the URL otherwise)."""
+    """An `HTTPRetriever` at `url` that passed `HTTPRetriever.check_health` (RetrieverUnavailableError
+    naming ``env.retriever_url`` and the URL otherwise)."""
     from mempo.env.client import HTTPRetriever
     from mempo.env.retriever import RetrieverUnavailableError
 
@@ -348,10 +348,9 @@ def _healthy_http_retriever(url: str):
     except ValueError as error:
         raise ConfigError("env.retriever_url", str(error)) from None
     try:
-        retriever.health()
+        retriever.check_health()
     except RetrieverUnavailableError as error:
-        raise RetrieverUnavailableError(f"env.retriever_url: the retriever failed its health check before "
-                                        f"training: {error}") from None
+        raise RetrieverUnavailableError(f"env.retriever_url: {error} (checked before training)") from None
     return retriever
 
 
