@@ -2,14 +2,16 @@
 
 `tools/aot_kernels.py` records the launches the public ops make over a sweep of their inputs (the
 launchers choose block sizes, warps, stages and flags themselves), specialises each with Triton's
-own binder for a CUDA sm_90 target, compiles the distinct variants with `triton.compile` and reads
-registers and spills from ptxas -v. It runs in a subprocess because this test process runs the
-kernels through the interpreter (TRITON_INTERPRET=1), where they are not JIT functions. Cold, it
-takes about 35 s on two idle cores (about 20 s once Triton's cache holds the kernels); its report
-is printed (pytest -s, or -rA) and kept as aot_sm90.json under pytest's temporary directory.
+own binder for a CUDA sm_90 target, compiles the distinct variants with `triton.compile`, and reads
+registers, stack and local memory from each cubin (cuobjdump) and spills from ptxas -v. It runs in
+a subprocess because this test process runs the kernels through the interpreter
+(TRITON_INTERPRET=1), where they are not JIT functions. Measured on the 2-core dev machine under a
+load average of about 8: 70 s with an empty Triton cache, 8 s once the cache holds the kernels. The
+report is printed (pytest -s or -rA).
 
-Bound on spills: none. Every variant compiles without spill stores or loads (ptxas -v), so a
-change that makes one spill fails here and must say why it is worth it.
+Bound on spills: none. Every variant compiles without spill stores or loads and with no stack or
+local memory, so a change that makes one spill fails here and must say why it is worth it (the
+combine kernel spilled at 512 vocabulary splits until it merged 32 splits per step).
 """
 import json
 import os
@@ -52,9 +54,11 @@ def test_every_launchable_variant_compiles_for_sm90(aot_report):
 def test_no_variant_spills_registers(aot_report):
     _, report = aot_report
     assert report is not None
-    spilling = [v for v in report["variants"] if v["spill_stores"] or v["spill_loads"]]
+    spilling = [v for v in report["variants"]
+                if v["spill_stores"] or v["spill_loads"] or v["stack_bytes"] or v["local_bytes"]]
     assert not spilling, "\n".join(f"{v['kernel']} {v['constexprs']} warps={v['num_warps']}: regs={v['registers']} "
-                                   f"spill stores={v['spill_stores']} loads={v['spill_loads']}" for v in spilling)
+                                   f"spill stores={v['spill_stores']} loads={v['spill_loads']} "
+                                   f"stack={v['stack_bytes']} local={v['local_bytes']}" for v in spilling)
 
 
 def test_the_sweep_reaches_every_kernel_and_its_block_size_choices(aot_report):

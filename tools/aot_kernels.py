@@ -12,14 +12,16 @@ selection code (block sizes, warps, stages, vocabulary splits for `--sms` multip
 and the recorder keeps the arguments of each launch. Triton's own binder then specialises each
 launch for the target exactly as `JITFunction.run` would on a GPU (argument types, constexprs,
 divisibility of pointers and integers), distinct specialisations are compiled once each with
-`triton.compile`, and ptxas -v (Triton's bundled ptxas, Triton's flags) reports registers and
-spills. A new block size or flag in a launcher is covered by the sweep as long as some input in it
-selects that choice.
+`triton.compile` (in parallel processes), registers, stack and local memory are read from each
+cubin (Triton's bundled cuobjdump), and spill stores / loads from the ptxas -v log Triton writes
+while compiling. A new block size or flag in a launcher is covered as long as some input of the
+sweep selects it; tests/test_kernels_aot.py asserts that each known choice is reached.
 
-Needs Triton >= 3.4 with its NVIDIA backend (bundled ptxas); no CUDA driver and no GPU: the target
-is given, not queried. Must run without TRITON_INTERPRET (the kernels must be JIT functions). Uses
-Triton internals (`create_function_from_signature`, `JITFunction._pack_args`) that are stable
-across 3.4-3.9; a Triton without them fails here with the missing name.
+Needs Triton with its NVIDIA backend (bundled ptxas and cuobjdump); no CUDA driver and no GPU: the
+target is given, not queried. Must run without TRITON_INTERPRET (the kernels must be JIT
+functions). Uses Triton internals (`create_function_from_signature`, `JITFunction._pack_args`),
+read in Triton 3.6 and 3.9; a Triton without them fails here with the missing name. On a GPU
+machine the same run fills Triton's cache for the kernels the ops will JIT-compile.
 
 Exit status: 0 when every variant compiled; 1 when any failed (each failure is printed).
 """
@@ -228,6 +230,7 @@ class Variant:
     spill_stores: Optional[int] = None
     spill_loads: Optional[int] = None
     stack_bytes: Optional[int] = None
+    local_bytes: Optional[int] = None
     shared_bytes: Optional[int] = None
     mma: Optional[str] = None  # "wgmma", "mma.sync" or "none"
     seconds: Optional[float] = None
@@ -261,40 +264,40 @@ def specialise(launches: list[Launch], target: GPUTarget) -> list[Variant]:
 
 
 # ------------------------------------------------------------------------------------------------
-# 3. compile, and read registers / spills from ptxas -v
+# 3. compile; registers and spills from the cubin and from ptxas -v
 # ------------------------------------------------------------------------------------------------
-_PTXAS_USED = re.compile(r"Used (\d+) registers")
 _PTXAS_SPILL = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
+_RES_USAGE = re.compile(r"REG:(\d+) STACK:(\d+) SHARED:(\d+) LOCAL:(\d+)")
 
 
-def _ptxas(arch: int) -> str:
-    from triton.backends.nvidia import compiler as nvidia
-    try:
-        return nvidia.get_ptxas(arch).path
-    except TypeError:  # older Triton: get_ptxas() takes no arch
-        return nvidia.get_ptxas().path
+def _nvidia_tool(name: str) -> str:
+    path = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", name)
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"Triton's bundled {name} is missing: {path}")
+    return path
 
 
-def _ptxas_report(ptx: str, opts, arch: int) -> str:
-    """ptxas -v on `ptx` with triton's make_cubin flags (for a kernel served from triton's cache)."""
-    from triton.backends.nvidia.compiler import sm_arch_from_capability
-
+def resource_usage(cubin: bytes) -> tuple[int, int, int]:
+    """(registers, stack bytes, local bytes) of the one kernel in `cubin` (Triton's bundled cuobjdump)."""
     with tempfile.TemporaryDirectory() as tmp:
-        src = os.path.join(tmp, "kernel.ptx")
-        with open(src, "w") as f:
-            f.write(ptx)
-        fmad = [] if opts.enable_fp_fusion else ["--fmad=false"]
-        cmd = [_ptxas(arch), "-lineinfo", *fmad, "-v", "--regAllocOptLevel=2",
-               f"--gpu-name={sm_arch_from_capability(arch)}", src, "-o", os.path.join(tmp, "kernel.o")]
-        done = subprocess.run(cmd, capture_output=True, text=True)
-    if done.returncode != 0:
-        raise RuntimeError(f"ptxas -v failed ({done.returncode}): {done.stderr[:2000]}")
-    return done.stderr
+        path = os.path.join(tmp, "kernel.cubin")
+        with open(path, "wb") as f:
+            f.write(cubin)
+        done = subprocess.run([_nvidia_tool("cuobjdump"), "--dump-resource-usage", path], capture_output=True,
+                              text=True)
+    found = _RES_USAGE.search(done.stdout)
+    if done.returncode != 0 or not found:
+        raise RuntimeError(f"cuobjdump --dump-resource-usage failed ({done.returncode}): "
+                           f"{done.stdout[-500:]}{done.stderr[-500:]}")
+    regs, stack, _, local = map(int, found.groups())
+    return regs, stack, local
 
 
 def compile_variant(variant: Variant, target: GPUTarget) -> Variant:
-    """triton.compile for `target`; registers / spills from the ptxas -v log triton prints
-    (``knobs.nvidia.dump_ptxas_log``), or from ptxas -v run here when triton's cache served it."""
+    """triton.compile for `target`. Registers, stack and local memory from the cubin (cuobjdump);
+    spill stores / loads from the ptxas -v log Triton prints (``knobs.nvidia.dump_ptxas_log``)
+    when it compiled the kernel here (None when Triton's cache served it: then the stack and local
+    bytes, 0 unless something spilled or a local array exists, are the check)."""
     fn, signature, constexprs, attrs, opts = variant._compile_args
     t0 = time.perf_counter()
     log = io.StringIO()
@@ -302,22 +305,17 @@ def compile_variant(variant: Variant, target: GPUTarget) -> Variant:
         with contextlib.redirect_stdout(log):
             compiled = triton.compile(ASTSource(fn, signature, constexprs, attrs), target=target,
                                       options=opts.__dict__)
-        ptx = compiled.asm["ptx"]
-        report = log.getvalue()
-        if not _PTXAS_USED.search(report):
-            report = _ptxas_report(ptx, opts, target.arch)
+        variant.registers, variant.stack_bytes, variant.local_bytes = resource_usage(compiled.asm["cubin"])
     except Exception as error:  # the point of the tool: report every failure, do not stop at the first
         variant.error = f"{type(error).__name__}: {str(error)[:2000]}"
         variant.seconds = time.perf_counter() - t0
         return variant
+    ptx = compiled.asm["ptx"]
     variant.shared_bytes = int(compiled.metadata.shared)
     variant.mma = "wgmma" if "wgmma" in ptx else ("mma.sync" if "mma.sync" in ptx else "none")
-    used, spill = _PTXAS_USED.search(report), _PTXAS_SPILL.search(report)
-    if used and spill:
-        variant.registers = int(used.group(1))
-        variant.stack_bytes, variant.spill_stores, variant.spill_loads = map(int, spill.groups())
-    else:
-        variant.error = f"could not read the ptxas -v report: {report[:500]}"
+    spill = _PTXAS_SPILL.search(log.getvalue())
+    if spill:
+        _, variant.spill_stores, variant.spill_loads = map(int, spill.groups())
     variant.seconds = time.perf_counter() - t0
     return variant
 
@@ -366,8 +364,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     failed = [v for v in variants if v.error]
     for v in sorted(variants, key=lambda v: (v.kernel, -(v.registers or 0))):
         status = "FAIL" if v.error else "OK"
-        print(f"{status} regs={v.registers} spill_st={v.spill_stores} spill_ld={v.spill_loads} "
-              f"smem={v.shared_bytes} mma={v.mma} {v.seconds:.2f}s {_describe(v)}")
+        print(f"{status} regs={v.registers} stack={v.stack_bytes} local={v.local_bytes} spill_st={v.spill_stores} "
+              f"spill_ld={v.spill_loads} smem={v.shared_bytes} mma={v.mma} {v.seconds:.2f}s {_describe(v)}")
         if v.error:
             print("   ", v.error.replace("\n", "\n    "))
     per_kernel: dict[str, list[Variant]] = {}
@@ -375,8 +373,10 @@ def main(argv: Optional[list[str]] = None) -> int:
         per_kernel.setdefault(v.kernel, []).append(v)
     for name, vs in sorted(per_kernel.items()):
         regs = [v.registers for v in vs if v.registers is not None]
-        spills = sum((v.spill_stores or 0) + (v.spill_loads or 0) for v in vs)
-        print(f"KERNEL {name} variants={len(vs)} max_regs={max(regs) if regs else None} spill_bytes={spills}")
+        spilled = sum((v.spill_stores or 0) + (v.spill_loads or 0) + (v.stack_bytes or 0) + (v.local_bytes or 0)
+                      for v in vs)
+        print(f"KERNEL {name} variants={len(vs)} max_regs={max(regs) if regs else None} "
+              f"spill_stack_local_bytes={spilled}")
     print(f"SUMMARY arch=sm_{args.arch} triton={triton.__version__} variants={len(variants)} failed={len(failed)} "
           f"launches_recorded={sum(v.launches for v in variants)} seconds={time.perf_counter() - t0:.1f}")
     if args.json:
