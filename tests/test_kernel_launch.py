@@ -17,7 +17,11 @@ from collections import Counter
 import pytest
 import torch
 
-from mempo.ops import _dispatch, answer_logprob, answer_logprob_from_hidden, group_zscore, mempo_advantage
+from mempo.ops import _dispatch
+# From the submodules: once `mempo.ops.answer_logprob` (the module) is imported, the package attribute
+# of that name is the module, not the function.
+from mempo.ops.advantage import group_zscore, mempo_advantage
+from mempo.ops.answer_logprob import answer_logprob, answer_logprob_from_hidden
 
 HAS_CUDA = torch.cuda.is_available()
 

@@ -338,7 +338,8 @@ def _flips(keep_a, keep_b, ref_logp, mask, tol: float) -> tuple[int, int]:
 def sec_triton_ops(ctx: Ctx) -> None:
     import torch
 
-    from mempo.ops import answer_logprob, answer_logprob_from_hidden
+    # the functions from their submodule: `mempo.ops.answer_logprob` names the module once it is imported
+    from mempo.ops.answer_logprob import answer_logprob, answer_logprob_from_hidden
 
     sz, ceil = ctx.sizes, ctx.ceilings()
     if ctx.gpu and not ceil:
