@@ -231,6 +231,9 @@ def sec_env(ctx: Ctx) -> None:
     except ImportError:
         tf_version = "absent"
     fa_ok, fa_what = flash_attention_2()
+    import mempo
+
+    result("env", "mempo", "INFO", path=Path(mempo.__file__).parent)
     result("env", "versions", "INFO", mode=ctx.mode, python=platform.python_version(), torch=torch.__version__,
            cuda=torch.version.cuda, triton=triton.__version__, transformers=tf_version, flash=fa_what if fa_ok else
            "none", sglang="installed" if _find("sglang") else "absent")

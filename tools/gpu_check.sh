@@ -15,9 +15,10 @@ if compgen -G ".whl/*.whl" >/dev/null; then
   "$PY" -m pip install -q --no-index --no-deps --no-compile --target "$STAGE/wheels" .whl/*.whl \
     && export PYTHONPATH="$STAGE/wheels${PYTHONPATH:+:$PYTHONPATH}"
 fi
-# mempo with its kernels and C++ scanner: an installed (or editable) mempo as it is; otherwise a staged
-# copy of the tree (kernels/ as mempo/kernels, the scanner built with c++ and pybind11), the tree untouched.
-if ! "$PY" -P -c "import mempo.kernels, mempo._scanner" 2>/dev/null; then
+# mempo with its kernels and C++ scanner: an installed (or editable) mempo as it is; otherwise (or with
+# MEMPO_GPU_CHECK_STAGE=1) a staged copy of the tree (kernels/ as mempo/kernels, the scanner built with
+# c++ and pybind11), the tree untouched.
+if [ "${MEMPO_GPU_CHECK_STAGE:-0}" = 1 ] || ! "$PY" -P -c "import mempo.kernels, mempo._scanner" 2>/dev/null; then
   rm -rf "$STAGE/src" && mkdir -p "$STAGE/src"
   cp -r mempo "$STAGE/src/mempo" && cp -r kernels "$STAGE/src/mempo/kernels"
   EXT=$("$PY" -c 'import sysconfig; print(sysconfig.get_config_var("EXT_SUFFIX"))')
