@@ -9,7 +9,7 @@ Three kernels, each with its launcher below it (the functional API, validation a
                           = hidden @ weight.T built with `tl.dot` over H chunks, never stored;
                           online log-sum-exp over the split's tiles -> per-split partials
                           (running max, rescaled sum, target logit).
-  `_combine_kernel`       merges the per-split partials of each row -> token_logp.
+  `_combine_kernel`       merges the per-split partials of each row, 32 splits at a time -> token_logp.
 * `_segment_kernel`       one program per context over CSR offsets (or n*T for padded input):
                           keep, num_kept, mean_logp, P. Deterministic, no atomics.
 
@@ -32,6 +32,13 @@ Numeric conventions (shared with the torch path and the loop reference):
 import torch
 import triton
 import triton.language as tl
+
+from mempo.ops import _dispatch
+
+
+# Splits the combine kernel merges per step: a 64 x 32 tile of each partial fits in registers on
+# sm_90 (64 registers, no spills; 64 x 512 spilled 17 KB: tools/aot_kernels.py).
+COMBINE_MAX_SPLITS = 32
 
 
 # ------------------------------------------------------------------------------------------------
@@ -95,10 +102,12 @@ def row_logp(logits, targets, mask_u8, out, inv_temp: float, block_v: int = None
     if block_v is None:
         block_v = min(4096, triton.next_power_of_2(V))
     num_warps = 8 if block_v >= 2048 else 4
-    _row_logp_kernel[(M,)](
-        logits, logits.stride(0), targets, mask_u8, out, V, float(inv_temp),
-        BLOCK_V=block_v, num_warps=num_warps,
-    )
+    targets = targets.to(torch.int64)  # one kernel variant for every integer dtype ([M]: a negligible copy)
+    with _dispatch.launch_device(logits, targets, mask_u8, out):
+        _row_logp_kernel[(M,)](
+            logits, logits.stride(0), targets, mask_u8, out, V, float(inv_temp),
+            BLOCK_V=block_v, num_warps=num_warps,
+        )
     return out
 
 
@@ -158,9 +167,11 @@ def _hidden_logp_kernel(
         for h0 in range(0, H, BLOCK_H):
             hh = h0 + offs_h
             h_ok = hh < H
-            a = tl.load(hidden_ptr + rows[:, None] * stride_hm + hh[None, :] * stride_hh,
+            # int64 offsets throughout: a transposed view (stride_wh = V) makes hh * stride_wh reach H * V.
+            hh64 = hh.to(tl.int64)
+            a = tl.load(hidden_ptr + rows[:, None] * stride_hm + hh64[None, :] * stride_hh,
                         mask=active[:, None] & h_ok[None, :], other=0.0)
-            b = tl.load(weight_ptr + cols[None, :].to(tl.int64) * stride_wv + hh[:, None] * stride_wh,
+            b = tl.load(weight_ptr + cols[None, :].to(tl.int64) * stride_wv + hh64[:, None] * stride_wh,
                         mask=col_ok[None, :] & h_ok[:, None], other=0.0)
             if DOT_FP32:
                 acc = tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
@@ -195,28 +206,36 @@ def _combine_kernel(
     out_ptr,                             # [M] fp32 token_logp
     M, NUM_SPLITS,
     BLOCK_M: tl.constexpr,
-    BLOCK_S: tl.constexpr,
+    BLOCK_S: tl.constexpr,               # splits merged per step (a loop covers any NUM_SPLITS)
 ):
     rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
     row_ok = rows < M
-    splits = tl.arange(0, BLOCK_S)
-    ok = row_ok[:, None] & (splits[None, :] < NUM_SPLITS)
-    idx = splits[None, :].to(tl.int64) * M + rows[:, None]
+    offs_s = tl.arange(0, BLOCK_S)
 
-    # 1. Merge: mx = max_s m_s (guarded against -inf), d = sum_s d_s * exp(m_s - mx).
-    pm = tl.load(part_m_ptr + idx, mask=ok, other=float("-inf"))
-    pd = tl.load(part_d_ptr + idx, mask=ok, other=0.0)
-    pt = tl.load(part_t_ptr + idx, mask=ok, other=float("-inf"))
-    m = tl.max(pm, axis=1)
+    # 1. Merge BLOCK_S splits at a time, online (a [BLOCK_M, NUM_SPLITS] tile spills at hundreds
+    #    of splits): mx' = max(mx, max_s m_s), d' = d * exp(mx - mx') + sum_s d_s * exp(m_s - mx'),
+    #    with the -inf guard of the row kernel (subtract 0 while every m so far is -inf).
+    m = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    d = tl.zeros([BLOCK_M], tl.float32)
+    z_t = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    for s0 in range(0, NUM_SPLITS, BLOCK_S):
+        splits = s0 + offs_s
+        ok = row_ok[:, None] & (splits[None, :] < NUM_SPLITS)
+        idx = splits[None, :].to(tl.int64) * M + rows[:, None]
+        pm = tl.load(part_m_ptr + idx, mask=ok, other=float("-inf"))
+        pd = tl.load(part_d_ptr + idx, mask=ok, other=0.0)
+        pt = tl.load(part_t_ptr + idx, mask=ok, other=float("-inf"))
+        m_new = tl.maximum(m, tl.max(pm, axis=1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        d = d * tl.exp(m - m_safe) + tl.sum(pd * tl.exp(pm - m_safe[:, None]), axis=1)
+        m = m_new
+        # Exactly one split holds the target logit; the others report -inf.
+        z_t = tl.maximum(z_t, tl.max(pt, axis=1))
+
+    # 2. log p = (z_t - mx) - log d (max subtracted first, as in the row kernel). d = 0 only for
+    #    masked rows and rows whose logits are all -inf (then z_t = -inf as well): -inf, never NaN.
     m_safe = tl.where(m == float("-inf"), 0.0, m)
-    d = tl.sum(pd * tl.exp(pm - m_safe[:, None]), axis=1)
-    # d = 0 only for masked rows and rows whose logits are all -inf (then z_t = -inf as well).
     log_d = tl.log(tl.where(d == 0.0, 1.0, d))  # NaN (a NaN / +inf logit) stays NaN: the op reports it
-
-    # 2. Exactly one split holds the target logit; the others report -inf.
-    #    log p = (z_t - mx) - log d (max subtracted first, as in the row kernel); a -inf target
-    #    logit gives -inf, never -inf - -inf.
-    z_t = tl.max(pt, axis=1)
     logp = (z_t - m_safe) - log_d
 
     # 3. Masked rows report 0.0.
@@ -227,9 +246,11 @@ def _combine_kernel(
 def _default_hidden_config(M, V, H, device, interpret: bool, dot_fp32: bool):
     """(block_m, block_v, block_h, num_splits, num_warps, num_stages) for the fused kernel.
 
-    Fixed configs (no autotune). On sm_90 (checked by compiling ahead of time with ptxas -v): the
-    bf16/fp16 config uses wgmma at 192 registers per thread without spills; the fp32 (IEEE, FMA)
-    config at 182 registers without spills. Larger tiles or 4 warps spill."""
+    Fixed configs (no autotune). On sm_90, compiled ahead of time by tools/aot_kernels.py (Triton
+    3.9, ptxas -v; tests/test_kernels_aot.py fails on any spill): the bf16/fp16 config uses wgmma
+    at 127-128 registers per thread (255 when H is not a multiple of 16), the fp32 (IEEE, FMA) and
+    mixed-dtype config 192-246 registers, none spilling. Larger tiles or 4 warps spilled when
+    these were chosen."""
     if interpret:
         # Few, large tiles: the interpreter pays per operation, not per element.
         block_v = max(16, min(1024, triton.next_power_of_2(V)))
@@ -270,24 +291,30 @@ def hidden_logp(hidden, weight, bias, targets, mask_u8, out, inv_temp: float, *,
     v_per_split = triton.cdiv(triton.cdiv(V, num_splits), block_v) * block_v
     num_splits = triton.cdiv(V, v_per_split)
 
+    # One kernel variant for every integer target dtype and every bias dtype ([M] and [V]: negligible copies).
+    targets = targets.to(torch.int64)
+    bias = bias.to(torch.float32) if bias is not None else None
     part = torch.empty((3, num_splits, M), dtype=torch.float32, device=hidden.device)
     grid = (triton.cdiv(M, block_m), num_splits)
-    _hidden_logp_kernel[grid](
-        hidden, hidden.stride(0), hidden.stride(1),
-        weight, weight.stride(0), weight.stride(1),
-        bias if bias is not None else hidden,
-        targets, mask_u8,
-        part[0], part[1], part[2],
-        M, V, H, float(inv_temp), v_per_split,
-        HAS_BIAS=bias is not None, DOT_FP32=bool(dot_fp32),
-        BLOCK_M=block_m, BLOCK_V=block_v, BLOCK_H=block_h,
-        num_warps=num_warps, num_stages=num_stages,
-    )
+    tensors = (hidden, weight, targets, mask_u8, out) + ((bias,) if bias is not None else ())
+    with _dispatch.launch_device(*tensors):
+        _hidden_logp_kernel[grid](
+            hidden, hidden.stride(0), hidden.stride(1),
+            weight, weight.stride(0), weight.stride(1),
+            bias if bias is not None else hidden,
+            targets, mask_u8,
+            part[0], part[1], part[2],
+            M, V, H, float(inv_temp), v_per_split,
+            HAS_BIAS=bias is not None, DOT_FP32=bool(dot_fp32),
+            BLOCK_M=block_m, BLOCK_V=block_v, BLOCK_H=block_h,
+            num_warps=num_warps, num_stages=num_stages,
+        )
     combine_block_m = 64
-    _combine_kernel[(triton.cdiv(M, combine_block_m),)](
-        part[0], part[1], part[2], mask_u8, out, M, num_splits,
-        BLOCK_M=combine_block_m, BLOCK_S=max(2, triton.next_power_of_2(num_splits)),
-    )
+    with _dispatch.launch_device(part, mask_u8, out):
+        _combine_kernel[(triton.cdiv(M, combine_block_m),)](
+            part[0], part[1], part[2], mask_u8, out, M, num_splits,
+            BLOCK_M=combine_block_m, BLOCK_S=min(COMBINE_MAX_SPLITS, max(2, triton.next_power_of_2(num_splits))),
+        )
     return out
 
 
@@ -358,10 +385,12 @@ def segment_reduce(token_logp, mask_u8, cu_seqlens, keep_u8, p, mean_logp, num_k
         else:
             longest = token_logp.numel() // max(1, num_contexts)
         block_t = max(16, min(1024, triton.next_power_of_2(max(1, longest))))
-    _segment_kernel[(num_contexts,)](
-        token_logp, mask_u8, cu_seqlens if cu_seqlens is not None else token_logp,
-        keep_u8, p, mean_logp, num_kept,
-        int(seq_len), float(log_threshold) if log_threshold is not None else 0.0, float(empty_value),
-        HAS_THRESHOLD=log_threshold is not None, IS_VARLEN=cu_seqlens is not None,
-        BLOCK_T=block_t,
-    )
+    tensors = (token_logp, mask_u8, keep_u8, p, mean_logp, num_kept) + ((cu_seqlens,) if cu_seqlens is not None else ())
+    with _dispatch.launch_device(*tensors):
+        _segment_kernel[(num_contexts,)](
+            token_logp, mask_u8, cu_seqlens if cu_seqlens is not None else token_logp,
+            keep_u8, p, mean_logp, num_kept,
+            int(seq_len), float(log_threshold) if log_threshold is not None else 0.0, float(empty_value),
+            HAS_THRESHOLD=log_threshold is not None, IS_VARLEN=cu_seqlens is not None,
+            BLOCK_T=block_t,
+        )

@@ -11,6 +11,8 @@ with mean 0 / std 1 (verl GRPO) or gives 0 (memory-reward pools); results are sa
 import triton
 import triton.language as tl
 
+from mempo.ops import _dispatch
+
 
 @triton.jit
 def _group_zscore_kernel(
@@ -95,8 +97,9 @@ def group_zscore(values, perm, group_offsets, out, epsilon: float, norm_by_std: 
     num_groups = group_offsets.numel() - 1
     if num_groups <= 0 or values.numel() == 0:
         return out
-    _group_zscore_kernel[(num_groups,)](
-        values, perm, group_offsets, out, float(epsilon), float(value_limit),
-        NORM_BY_STD=bool(norm_by_std), SINGLETON_ZERO=bool(singleton_zero), BLOCK=block,
-    )
+    with _dispatch.launch_device(values, perm, group_offsets, out):
+        _group_zscore_kernel[(num_groups,)](
+            values, perm, group_offsets, out, float(epsilon), float(value_limit),
+            NORM_BY_STD=bool(norm_by_std), SINGLETON_ZERO=bool(singleton_zero), BLOCK=block,
+        )
     return out

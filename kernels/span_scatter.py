@@ -11,6 +11,8 @@ op validates that before launching); the kernel itself would sum overlapping spa
 import triton
 import triton.language as tl
 
+from mempo.ops import _dispatch
+
 
 @triton.jit
 def _span_scatter_kernel(
@@ -26,7 +28,7 @@ def _span_scatter_kernel(
     stride_out,
     BLOCK_L: tl.constexpr,
 ):
-    b = tl.program_id(0)
+    b = tl.program_id(0).to(tl.int64)  # int64: b * stride reaches 2**31 once B * L does
     tile = tl.program_id(1)
     t = tile * BLOCK_L + tl.arange(0, BLOCK_L)
     in_row = t < L
@@ -54,8 +56,9 @@ def span_scatter(row_value, span_value, span_start, span_end, span_offsets, mask
     if num_rows == 0 or length == 0:
         return out
     grid = (num_rows, triton.cdiv(length, block_l))
-    _span_scatter_kernel[grid](
-        row_value, span_value, span_start, span_end, span_offsets, mask, out,
-        length, mask.stride(0), out.stride(0), BLOCK_L=block_l,
-    )
+    with _dispatch.launch_device(row_value, span_value, span_start, span_end, span_offsets, mask, out):
+        _span_scatter_kernel[grid](
+            row_value, span_value, span_start, span_end, span_offsets, mask, out,
+            length, mask.stride(0), out.stride(0), BLOCK_L=block_l,
+        )
     return out

@@ -187,7 +187,13 @@ def test_flash_attention_packed_matches_sdpa_padded_on_cuda(monkeypatch):
     cu_seqlens) against SDPA padded, for log-probs and one update."""
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA device")
-    pytest.importorskip("flash_attn", reason="needs flash-attn (pip install flash-attn)")
+    from transformers.utils import is_flash_attn_2_available
+
+    # Not importorskip("flash_attn"): flash-attn-4 (an sglang dependency) installs a namespace
+    # flash_attn/ holding only flash_attn/cute, which imports but has no flash_attn_varlen_func.
+    if not is_flash_attn_2_available():
+        pytest.skip("needs flash-attn 2 (transformers.utils.is_flash_attn_2_available() is False; "
+                    "pip install --no-build-isolation '.[flash]')")
     import transformers.integrations.flash_attention as hf_flash
 
     calls = []

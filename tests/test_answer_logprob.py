@@ -283,9 +283,10 @@ def test_hidden_torch_vocab_chunks(vocab_chunk):
     assert_matches(out, ref, mask, None, cu)
 
 
-@pytest.mark.parametrize("num_splits,block_v", [(1, 16), (3, 16), (5, 64), (2, 1024)])
+@pytest.mark.parametrize("num_splits,block_v", [(1, 16), (3, 16), (5, 64), (2, 1024), (63, 16)])
 def test_hidden_triton_splits(num_splits, block_v, device):
-    """Several vocabulary splits per row block, partial last tiles, H not a multiple of BLOCK_H."""
+    """Several vocabulary splits per row block (63: the combine kernel merges them in two steps),
+    partial last tiles, H not a multiple of BLOCK_H."""
     from mempo.kernels import answer_logprob as kern
 
     M, V, H = 33, 1000, 40

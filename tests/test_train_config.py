@@ -164,3 +164,19 @@ def test_resume_defaults_to_never_and_determinism_to_auto():
     assert config_from_dict({}, ["trainer.deterministic=false"]).trainer.deterministic is False
     with pytest.raises(ConfigError, match="data.world_entities: must be >= 20"):
         config_from_dict({}, ["data.world_entities=8"])
+
+
+@pytest.mark.parametrize("impl", ["flash_attention_2", "flash_attention_3", "kernels-community/flash-attn"])
+def test_flash_attention_refuses_fp32_weights(impl):
+    """flash-attn has no fp32 kernels and actor.param_dtype covers only the FSDP training forward:
+    fp32 weights with a flash implementation are refused, naming both fields; half precision or
+    SDPA in fp32 are accepted."""
+    with pytest.raises(ConfigError) as info:
+        load_config(None, [f"model.attn_implementation={impl}"])  # model.dtype defaults to float32
+    assert info.value.field == "model.dtype"
+    assert "attn_implementation" in str(info.value) and "bfloat16" in str(info.value)
+    with pytest.raises(ConfigError, match="^model.dtype:"):
+        load_config(None, [f"model.attn_implementation={impl}", "model.dtype=float32", "actor.param_dtype=bfloat16"])
+    for dtype in ("bfloat16", "float16"):
+        assert load_config(None, [f"model.attn_implementation={impl}", f"model.dtype={dtype}"]).model.dtype == dtype
+    assert load_config(None, ["model.attn_implementation=sdpa", "model.dtype=float32"]).model.dtype == "float32"

@@ -69,7 +69,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from mempo.train.config import ActorConfig, ConfigError, ModelConfig
+from mempo.train.config import ActorConfig, ConfigError, ModelConfig, flash_attention_requested
 from mempo.train.losses import agg_loss, kl_penalty, policy_loss
 
 __all__ = ["load_pretrained", "Actor", "DistInfo", "LogProbs", "PackedRows", "init_distributed", "shutdown_distributed",
@@ -240,12 +240,6 @@ def token_log_probs(hidden: torch.Tensor, targets: torch.Tensor, head: nn.Module
 # ------------------------------------------------------------------------------------------------
 # packing
 # ------------------------------------------------------------------------------------------------
-def _uses_flash_attention(attn_implementation: Optional[str]) -> bool:
-    # transformers' own test (utils.generic.is_flash_attention_requested): every flash flavour
-    # ("flash_attention_2", "flash_attention_3", kernels-community flash kernels) takes varlen kwargs
-    return attn_implementation is not None and "flash" in attn_implementation
-
-
 def resolve_packing(packing: str, attn_implementation: Optional[str]) -> bool:
     """Whether micro-batches run packed: `packing` is ``ActorConfig.packing`` ("auto": packed only
     under a flash-attention implementation), `attn_implementation` the model's
@@ -253,7 +247,7 @@ def resolve_packing(packing: str, attn_implementation: Optional[str]) -> bool:
     (ValueError otherwise: other implementations may not honour packed position ids)."""
     if packing not in ("auto", "packed", "padded"):
         raise ValueError(f"packing must be 'auto', 'packed' or 'padded', got {packing!r}")
-    flash = _uses_flash_attention(attn_implementation)
+    flash = flash_attention_requested(attn_implementation)
     if packing == "packed" and not (flash or attn_implementation in ("sdpa", "eager")):
         raise ValueError(f"packing='packed' needs attn_implementation 'sdpa', 'eager' or a flash-attention one; "
                          f"the model uses {attn_implementation!r} (use packing='padded')")
@@ -329,7 +323,7 @@ class _PolicyModule(nn.Module):
             return hidden.flatten(0, 1), index
         rows = pack_rows(input_ids, attention_mask, position_ids)
         implementation = getattr(self.model.config, "_attn_implementation", None)
-        if _uses_flash_attention(implementation):
+        if flash_attention_requested(implementation):
             varlen = rows.varlen_kwargs()
         elif rows.positions_delimit_rows():
             varlen = {}  # transformers derives the block-diagonal mask from the position ids

@@ -47,7 +47,7 @@ __all__ = [
     "ConfigError", "ModelConfig", "DataConfig", "EnvConfig", "RolloutSection", "ScoringConfig",
     "AlgorithmConfig", "ActorConfig", "TrainerConfig", "EvalConfig", "MempoConfig",
     "load_config", "read_yaml_mapping", "config_from_dict", "config_to_dict", "dump_config", "apply_overrides",
-    "LOSS_AGG_MODES", "KL_ESTIMATORS",
+    "LOSS_AGG_MODES", "KL_ESTIMATORS", "flash_attention_requested",
 ]
 
 LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
@@ -106,6 +106,14 @@ def _check_types(obj: Any) -> None:
         setattr(obj, f.name, coerce_value(getattr(obj, f.name), hints[f.name], f.name))
 
 
+def flash_attention_requested(attn_implementation: Optional[str]) -> bool:
+    """Whether `attn_implementation` is a flash-attention one (transformers' own test,
+    ``utils.generic.is_flash_attention_requested``: "flash_attention_2", "flash_attention_3",
+    kernels-community flash kernels all contain "flash"); these take varlen kwargs and need
+    fp16/bf16 activations."""
+    return attn_implementation is not None and "flash" in attn_implementation
+
+
 # ------------------------------------------------------------------------------------------------
 # sections
 # ------------------------------------------------------------------------------------------------
@@ -118,6 +126,12 @@ class ModelConfig:
     id/directory (None: the model's own; for builtin-tiny the trainer supplies one). vocab_size:
     builtin-tiny only (None: the tokenizer's size). dtype: parameter dtype of the loaded model.
     attn_implementation: passed to transformers ("sdpa", "eager", "flash_attention_2").
+
+    A flash-attention implementation (`flash_attention_requested`) needs dtype bfloat16 or
+    float16: flash-attn refuses fp32 ("FlashAttention only support fp16 and bf16"). The pair is
+    refused here rather than cast: a cast would silently change the precision of the weights and of
+    the optimiser's state, and ``actor.param_dtype`` does not cover it (it applies only to the
+    FSDP-sharded training forward, not to a single process, the rollout, evaluation or scoring).
     """
 
     path: str = "builtin-tiny"
@@ -141,6 +155,10 @@ class ModelConfig:
                  f"must be a multiple of num_attention_heads ({self.num_attention_heads}), got {self.hidden_size}")
         _require(self.num_attention_heads % self.num_key_value_heads == 0, "num_key_value_heads",
                  f"must divide num_attention_heads ({self.num_attention_heads}), got {self.num_key_value_heads}")
+        _require(not (flash_attention_requested(self.attn_implementation) and self.dtype == "float32"), "dtype",
+                 f"must be 'bfloat16' or 'float16' with attn_implementation={self.attn_implementation!r} "
+                 "(flash attention has no fp32 kernels); set model.dtype=bfloat16 or use "
+                 "model.attn_implementation=sdpa")
 
 
 @dataclass
