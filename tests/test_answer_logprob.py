@@ -575,6 +575,20 @@ def test_out_of_range_targets(backend, device):
     assert out.token_logp[2].item() == 0.0 and not out.keep[2].item()
 
 
+@pytest.mark.parametrize("dtype", [torch.int8, torch.uint8, torch.int16, torch.int32])
+def test_small_integer_targets_with_a_large_vocabulary(dtype):
+    """The range check compares in int64: V = 300 does not wrap for int8 / uint8 targets."""
+    logits = torch.randn(4, 300)
+    targets = torch.tensor([0, 5, 100, 120], dtype=dtype)
+    mask = torch.ones(4, dtype=torch.bool)
+    out = answer_logprob(logits, targets, mask, threshold=None, backend="torch")
+    expected = torch.log_softmax(logits, -1).gather(1, targets.long()[:, None])[:, 0]
+    torch.testing.assert_close(out.token_logp, expected)
+    if dtype is not torch.uint8:
+        with pytest.raises(ValueError, match="out of range"):
+            answer_logprob(logits, torch.tensor([0, -1, 3, 4], dtype=dtype), mask, backend="torch")
+
+
 def test_shape_and_type_errors():
     logits, targets, mask = make_logits_case(6, 10)
     with pytest.raises(ValueError, match="targets"):

@@ -159,7 +159,9 @@ def _flatten_rows(name, x, targets, answer_mask, cu_seqlens):
 
 
 def _check_targets(targets, mask, V, row_shape):
-    bad = mask & ((targets < 0) | (targets >= V))
+    # compared as int64: a small integer dtype would wrap V (int8 targets with V >= 128)
+    wide = targets.long()
+    bad = mask & ((wide < 0) | (wide >= V))
     if bool(bad.any()):
         i = int(bad.nonzero()[0, 0])
         where = f"row {i}" if len(row_shape) == 1 else \

@@ -211,8 +211,8 @@ class SGLangBackend:
             try:
                 import sglang  # heavy optional dependency (GPU installs only)
             except ImportError as err:
-                raise ImportError("SGLangBackend needs the 'sglang' package (a GPU install: "
-                                  "pip install 'sglang[all]'); it is not installed") from err
+                raise ImportError("SGLangBackend needs the 'sglang' package, in an environment of its own on a GPU "
+                                  "machine (pip install '.[sglang]', README \"GPU\"); it is not installed") from err
             kwargs = dict(engine_kwargs or {})
             if kwargs.get("skip_tokenizer_init") is False:
                 raise ValueError("SGLangBackend runs the engine with skip_tokenizer_init=True (token ids in/out)")
