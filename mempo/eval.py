@@ -514,10 +514,20 @@ def build_world(cfg: Any):
 def eval_episodes(world: Any, cfg: Any, num_episodes: Optional[int] = None,
                   objectives: Optional[Sequence[int]] = None) -> dict[int, list[Any]]:
     """``{k: episodes}`` for every k of ``cfg.eval.objectives`` (``cfg.eval.episodes`` each), drawn
-    with question seed ``cfg.data.seed + EVAL_SEED_OFFSET + k``."""
+    with question seed ``cfg.data.seed + EVAL_SEED_OFFSET + k``. A world too small for that many
+    episodes is a ConfigError naming ``eval.episodes`` (and the world's size fields)."""
+    from mempo.train.config import ConfigError
+
     n = int(num_episodes if num_episodes is not None else cfg.eval.episodes)
     ks = list(objectives if objectives is not None else cfg.eval.objectives)
-    return {int(k): world.episodes(int(k), n, seed=cfg.data.seed + EVAL_SEED_OFFSET + int(k)) for k in ks}
+    sets = {}
+    for k in ks:
+        try:
+            sets[int(k)] = world.episodes(int(k), n, seed=cfg.data.seed + EVAL_SEED_OFFSET + int(k))
+        except ValueError as error:
+            raise ConfigError("eval.episodes", f"{n} episodes of {k} objectives: {error} (data.world_entities / "
+                                               "data.world_documents set the world's size)") from None
+    return sets
 
 
 class QAEvalSets(NamedTuple):

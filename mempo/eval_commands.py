@@ -85,9 +85,10 @@ def _eval(args: argparse.Namespace) -> int:
 
     from mempo.eval import (eval_episodes, eval_retriever, evaluate, load_model_dir, qa_eval_episodes,
                             synthetic_world)
-    from mempo.rollout.backends.factory import build_backend
+    from mempo.rollout.backends.factory import build_backend, check_backend_config
 
     cfg = _eval_config(args)
+    check_backend_config(cfg)  # a backend that cannot work here fails before any slow work
     if not os.path.isdir(args.model):
         print(f"mempo eval: --model {args.model!r} is not a directory", file=sys.stderr)
         return 2

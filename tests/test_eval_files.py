@@ -410,7 +410,7 @@ def test_eval_command_on_files_writes_tables_trajectories_and_report(tmp_path, q
                "eval.policies=[memory,full]", "rollout.max_new_tokens_per_round=12", "env.doc_chars=200",
                "--data", "files", "--files", str(qa_files[0]), str(qa_files[1]),
                "--corpus", str(tmp_path / "corpus.jsonl")]
-    done = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
+    done = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=300)  # the installed package
     assert done.returncode == 0, done.stderr
     report = EvalReport.load(out / "eval.json")
     assert [(r.dataset, r.objectives, r.policy, r.episodes) for r in report.rows] == [

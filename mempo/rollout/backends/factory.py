@@ -30,12 +30,27 @@ from mempo.rollout.backends.hf import HFBackend
 from mempo.rollout.backends.sglang import SGLangBackend, SGLangError, SGLangServerBackend
 from mempo.train.config import ConfigError
 
-__all__ = ["build_backend", "sglang_installed"]
+__all__ = ["build_backend", "check_backend_config", "sglang_installed"]
 
 
 def sglang_installed() -> bool:
     """True when the sglang package can be imported here (it is not imported)."""
     return importlib.util.find_spec("sglang") is not None
+
+
+def check_backend_config(cfg: Any, *, logits_processors: Sequence[Any] = ()) -> None:
+    """The checks of `build_backend` that need no model (module docstring), so a command can run them
+    before its slow work: ConfigError naming ``rollout.protocol_scaffold`` or ``rollout.backend``."""
+    r = cfg.rollout
+    if r.backend == "hf":
+        return
+    if logits_processors:
+        raise ConfigError("rollout.protocol_scaffold", "needs rollout.backend 'hf' (logits processors run inside "
+                                                       "transformers generate)")
+    if not r.sglang_url and not sglang_installed():
+        raise ConfigError("rollout.backend", "'sglang' needs the sglang package (its own environment on a GPU "
+                                             "machine: pip install '.[sglang]', README \"GPU\"), which is not "
+                                             "installed here; use 'hf', or an SGLang server via rollout.sglang_url")
 
 
 def build_backend(cfg: Any, model: Any, tokenizer: Any, *, model_path: Union[str, os.PathLike, None] = None,
@@ -48,11 +63,9 @@ def build_backend(cfg: Any, model: Any, tokenizer: Any, *, model_path: Union[str
     ``"builtin-tiny"``: there is none). weights_dir: where a server backend writes weight versions.
     """
     r = cfg.rollout
+    check_backend_config(cfg, logits_processors=logits_processors)
     if r.backend == "hf":
         return HFBackend(model, tokenizer, logits_processors=logits_processors)
-    if logits_processors:
-        raise ConfigError("rollout.protocol_scaffold", "needs rollout.backend 'hf' (logits processors run inside "
-                                                       "transformers generate)")
     path = None if model_path in (None, "builtin-tiny") else str(model_path)
     if r.sglang_url:
         from mempo.train.export import save_model_dir
@@ -66,10 +79,6 @@ def build_backend(cfg: Any, model: Any, tokenizer: Any, *, model_path: Union[str
                                        weights_dir=weights_dir, model_dir=local)
         except SGLangError as error:
             raise ConfigError("rollout.sglang_url", str(error)) from None
-    if not sglang_installed():
-        raise ConfigError("rollout.backend", "'sglang' needs the sglang package (a GPU install: pip install "
-                                             "'mempo[gpu]'), which is not installed here; use 'hf', or an "
-                                             "SGLang server via rollout.sglang_url")
     if path is None:
         raise ConfigError("model.path", "the in-process SGLang engine loads a model directory or hub id; "
                                         f"got {model_path!r} (save the model with save_pretrained first)")
