@@ -12,7 +12,7 @@ Queries: 4,000 deterministic queries, each an entity name plus two words of a ra
 Measured:
 - index build (tokenise + bm25s index, in memory) and save; extra_info: index bytes on disk (bm25s
   arrays, documents), corpus jsonl bytes.
-- the server as a separate process (`python -m mempo.cli serve-retriever --index-dir ... --port 0`,
+- the server as a separate process (`python -m mempo.apps.cli serve-retriever --index-dir ... --port 0`,
   so client and server do not share a GIL), loading the saved index (memory-mapped): its startup
   time and resident memory, then queries/s at top-5 from one client (one query per request), one
   client sending batches of 16 queries per request (Search-R1 style), and 16 concurrent clients
@@ -97,7 +97,7 @@ def index_dir(corpus, tmp_path_factory):
 @pytest.fixture(scope="module")
 def server(index_dir):
     """`mempo serve-retriever` in its own process, loading the saved index; yields (url, info, pid)."""
-    proc = subprocess.Popen([sys.executable, "-m", "mempo.cli", "serve-retriever", "--index-dir", str(index_dir),
+    proc = subprocess.Popen([sys.executable, "-m", "mempo.apps.cli", "serve-retriever", "--index-dir", str(index_dir),
                              "--port", "0", "--topk-max", "100"], cwd=REPO_ROOT, stdout=subprocess.PIPE,
                             stderr=subprocess.DEVNULL, text=True, env=dict(os.environ, PYTHONUNBUFFERED="1"))
     try:

@@ -40,7 +40,7 @@ from mempo.env.oracle import run_oracle
 from mempo.env.retriever import BM25Retriever
 from mempo.env.tools import make_tools
 from mempo.env.world import World
-from mempo.protocol import parse_round
+from mempo.protocol.grammar import parse_round
 
 OBJECTIVES = (2, 4, 6, 8, 10)
 NUM_EPISODES = int(os.environ.get("MEMPO_BENCH_TOKEN_EPISODES", "20"))

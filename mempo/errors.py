@@ -2,7 +2,7 @@
 
 `MempoError`: bad input, a bad configuration value, a missing or damaged file, an unreachable
 service. Its message is one line that names what was wrong (the file, the field, the URL) and what
-would be accepted. The command line (`mempo.cli.main`) prints it as ``mempo <command>: <message>``
+would be accepted. The command line (`mempo.apps.cli.main`) prints it as ``mempo <command>: <message>``
 and exits with code 2; library callers catch it like any exception. Errors that are bugs (an
 invariant broken inside mempo) are not MempoErrors and keep their traceback.
 

@@ -25,7 +25,7 @@ Conventions
   ``env.corpus_path``, else (synthetic data only) BM25 over the world's documents; an HTTP
   retriever is probed with one search before any episode runs.
 * Quality, per cell, means over episodes: ``em`` / ``f1`` (the mean per-objective EM / token F1 of
-  `mempo.reward.compute_score`, whatever the format), ``score`` (the outcome reward: EM only when
+  `mempo.protocol.reward.compute_score`, whatever the format), ``score`` (the outcome reward: EM only when
   the format is valid), ``format_rate`` (share of episodes with a valid format), ``answer_rate``
   (share ending with ``<answer>``), ``mean_turns`` (rounds per episode). An episode is *correct*
   when its score is 1 (valid format, every objective exact), else *failed*.
@@ -394,7 +394,7 @@ def render_episode(trajectory: Any, task: Any, tokenizer: Any, *, dataset: str =
         with_ids: keep the trajectory's ids (``Trajectory.to_dict``) in ``trajectory``.
     """
     from mempo.env.data import DataError, parse_episode_prompt
-    from mempo.reward import objectives_from_golds
+    from mempo.protocol.reward import objectives_from_golds
     from mempo.rollout.chat import decode_ids
     from mempo.rollout.loop import as_task
 
@@ -516,7 +516,7 @@ def eval_episodes(world: Any, cfg: Any, num_episodes: Optional[int] = None,
     """``{k: episodes}`` for every k of ``cfg.eval.objectives`` (``cfg.eval.episodes`` each), drawn
     with question seed ``cfg.data.seed + EVAL_SEED_OFFSET + k``. A world too small for that many
     episodes is a ConfigError naming ``eval.episodes`` (and the world's size fields)."""
-    from mempo.train.config import ConfigError
+    from mempo.config import ConfigError
 
     n = int(num_episodes if num_episodes is not None else cfg.eval.episodes)
     ks = list(objectives if objectives is not None else cfg.eval.objectives)
@@ -545,7 +545,7 @@ def qa_eval_episodes(cfg: Any, num_episodes: Optional[int] = None,
     ``cfg.eval.objectives``). Raises `ConfigError` when no file is listed or a dataset holds fewer
     than k questions, `DataError` for a missing, malformed or empty file."""
     from mempo.env.data import DataError, compose_episodes, load_qa_datasets
-    from mempo.train.config import ConfigError
+    from mempo.config import ConfigError
 
     files = list(cfg.data.eval_files)
     if not files:
@@ -575,7 +575,7 @@ def eval_retriever(cfg: Any, world: Any = None, *, log: Optional[Callable[[str],
     it does not answer), else BM25 over ``env.corpus_path``, else over ``world``'s documents.
     Raises `ConfigError` naming ``env.corpus_path`` when BM25 has neither."""
     from mempo.env.retriever import BM25Retriever, RetrieverError, load_or_build_bm25
-    from mempo.train.config import ConfigError
+    from mempo.config import ConfigError
 
     env = cfg.env
     if env.retriever == "http":
@@ -709,7 +709,7 @@ def evaluate(model: Any, tokenizer: Any, episodes_by_k: Mapping[Any, Sequence[An
         tokenizer: the model's tokenizer (prompts, token counts, decoded episode records).
         episodes_by_k: ``{k: episodes}`` or ``{(dataset, k): episodes}``.
         retriever: what the search / access tools query.
-        cfg: a `mempo.train.config.MempoConfig` (``eval``, ``rollout``, ``env`` sections).
+        cfg: a `mempo.config.MempoConfig` (``eval``, ``rollout``, ``env`` sections).
         backend: a generation backend to use instead of the model (e.g. `OracleBackend`).
         policies: overrides ``cfg.eval.policies``.
         max_new_tokens: overrides ``cfg.rollout.max_new_tokens_per_round``.

@@ -2,7 +2,7 @@
 
 ``torchrun --nproc_per_node=2 tests/_dist_export_worker.py OUT_DIR`` trains the tiny model of
 `_dist_worker` for two steps, every rank on its own rows (FSDP2 on gloo), exports it with
-`mempo.train.export.export_model` to ``OUT_DIR/model`` (what ``mempo train`` does at the end), and
+`mempo.model.export.export_model` to ``OUT_DIR/model`` (what ``mempo train`` does at the end), and
 then every rank loads the directory back and compares, parameter by parameter, the shard it holds
 with the same shard of the loaded full tensor (`distribute_tensor` with the parameter's own
 placements): a check of the written weights that does not go through the gather being tested.
@@ -20,7 +20,7 @@ import torch.distributed as dist
 
 from _dist_worker import ROWS, _local, _step, actor_config, make_batch, make_model
 from mempo.train.actor import Actor, init_distributed, shutdown_distributed
-from mempo.train.export import export_model
+from mempo.model.export import export_model
 
 
 def _shard_like(full: torch.Tensor, parameter) -> torch.Tensor:

@@ -16,7 +16,7 @@ import torch
 
 from mempo.train.actor import Actor, init_distributed, shutdown_distributed
 from mempo.train.checkpoint import load_checkpoint, save_checkpoint
-from mempo.train.config import ActorConfig
+from mempo.config import ActorConfig
 
 VOCAB, ROWS, LENGTH = 128, 6, 14
 

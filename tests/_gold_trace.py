@@ -127,7 +127,7 @@ def install(sink: Callable[[dict], None]) -> Callable[[], None]:
 def _gold_strings(golds: Any) -> list[str]:
     if golds is None:
         return []
-    from mempo.reward import objectives_from_golds
+    from mempo.protocol.reward import objectives_from_golds
 
     return [alias for aliases in objectives_from_golds(golds) for alias in aliases]
 

@@ -17,7 +17,7 @@ from _dist_worker import make_batch, make_model, run  # noqa: E402
 
 from mempo.train.actor import Actor, plan_micro_batches  # noqa: E402
 from mempo.train.checkpoint import load_checkpoint  # noqa: E402
-from mempo.train.config import ActorConfig  # noqa: E402
+from mempo.config import ActorConfig  # noqa: E402
 from mempo.train.losses import entropy_from_logits  # noqa: E402
 
 WORKER = Path(__file__).with_name("_dist_worker.py")

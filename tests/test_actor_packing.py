@@ -6,7 +6,7 @@ import torch
 pytest.importorskip("transformers")
 
 from mempo.train.actor import Actor, pack_rows, plan_micro_batches, resolve_packing  # noqa: E402
-from mempo.train.config import ActorConfig, ConfigError  # noqa: E402
+from mempo.config import ActorConfig, ConfigError  # noqa: E402
 
 VOCAB, LENGTH = 128, 20
 # (first, last) real-token column of each row: full, length 1 (right padded), left padded, right

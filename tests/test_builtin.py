@@ -1,15 +1,15 @@
-"""mempo.builtin: the trained tokenizer, tiny models, saving them as plain HF directories, and the
+"""mempo.model.builtin: the trained tokenizer, tiny models, saving them as plain HF directories, and the
 answer-blind protocol scaffold."""
 import json
 
 import pytest
 import torch
 
-from mempo.builtin import SIZES, ProtocolScaffold, context_candidates, default_corpus_texts, tiny_model, train_tokenizer
+from mempo.model.builtin import SIZES, ProtocolScaffold, context_candidates, default_corpus_texts, tiny_model, train_tokenizer
 from mempo.eval import load_model_dir
 from mempo.rollout.backends import HFBackend
 from mempo.rollout.chat import ChatFormat, render_builtin
-from mempo.train.export import PROVENANCE_FILE, save_model_dir
+from mempo.model.export import PROVENANCE_FILE, save_model_dir
 
 
 @pytest.fixture(scope="module")
@@ -60,7 +60,7 @@ def test_save_and_load(tok, tmp_path):
     assert torch.allclose(model(ids).logits, loaded(ids).logits)
     assert tok2.encode("<mem>x</mem>") == tok.encode("<mem>x</mem>")
     from mempo.train.actor import build_causal_lm
-    from mempo.train.config import ModelConfig
+    from mempo.config import ModelConfig
 
     assert build_causal_lm(ModelConfig(path=str(tmp_path / "m"))).config.vocab_size == len(tok)
 

@@ -10,7 +10,7 @@ import copy
 import pytest
 
 from mempo.rollout.chat import PROBE_ASSISTANT, ChatFormat, ChatTemplateError, render_builtin
-from mempo.train.config import load_config
+from mempo.config import load_config
 from test_rollout_fixtures import chat_tokenizer
 
 QWEN3_LIKE = (

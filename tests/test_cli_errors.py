@@ -1,5 +1,5 @@
 """Every error a user can cause ends in one line naming the problem and exit code 2, never a
-traceback (`mempo.cli.main` prints each `mempo.errors.MempoError` as ``mempo <command>: <message>``).
+traceback (`mempo.apps.cli.main` prints each `mempo.errors.MempoError` as ``mempo <command>: <message>``).
 
 Each case runs the installed ``mempo`` command line as a subprocess outside the source tree; the
 cases are independent, so they run a few at a time (one fixture) and each test checks its own.
@@ -96,7 +96,7 @@ def outcomes(tmp_path_factory):
 
     def run(name):
         argv, _ = cases[name]
-        done = subprocess.run([sys.executable, "-m", "mempo.cli", *argv], env=env, cwd=tmp, timeout=300,
+        done = subprocess.run([sys.executable, "-m", "mempo.apps.cli", *argv], env=env, cwd=tmp, timeout=300,
                               capture_output=True, text=True)
         return name, done
 

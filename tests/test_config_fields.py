@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from mempo.train.config import MempoConfig
+from mempo.config import MempoConfig
 
 PACKAGE = Path(__file__).resolve().parents[1] / "mempo"
 CONFIG_MODULE = PACKAGE / "train" / "config.py"

@@ -8,7 +8,7 @@ from mempo.env.data import (
     load_episodes_jsonl, load_qa, load_qa_jsonl, load_qa_parquet, make_episode_prompt, parse_episode_prompt,
     qa_record_from_json, write_episodes_jsonl, write_qa_jsonl,
 )
-from mempo.reward import compute_score
+from mempo.protocol.reward import compute_score
 
 try:
     import pyarrow  # noqa: F401

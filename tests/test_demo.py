@@ -1,4 +1,4 @@
-"""mempo.demo: the configuration file equals the built-in one; a drastically reduced demo completes."""
+"""mempo.apps.demo: the configuration file equals the built-in one; a drastically reduced demo completes."""
 from pathlib import Path
 
 import pytest
@@ -7,7 +7,7 @@ import yaml
 pytest.importorskip("transformers")
 pytest.importorskip("matplotlib")
 
-from mempo.demo import DEFAULT_CONFIG, load_demo_config
+from mempo.apps.demo import DEFAULT_CONFIG, load_demo_config
 
 REPO = Path(__file__).resolve().parents[1]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -29,7 +29,7 @@ def test_config_file_equals_builtin_defaults():
 
 
 def test_unknown_demo_key_is_an_error():
-    from mempo.train.config import ConfigError
+    from mempo.config import ConfigError
 
     with pytest.raises(ConfigError, match="demo.nope"):
         load_demo_config(None, ["demo.nope=1"])
@@ -38,7 +38,7 @@ def test_unknown_demo_key_is_an_error():
 def test_smoke_demo(tmp_path):
     pytest.importorskip("mempo.train.trainer", reason="the RL trainer (mempo.train.trainer) is not installed")
     pytest.importorskip("mempo.train.sft", reason="the SFT module (mempo.train.sft) is not installed")
-    from mempo.cli import main
+    from mempo.apps.cli import main
 
     out = tmp_path / "demo_out"
     # Re-running the demo into the same --out works: the RL checkpoints of an earlier run there are

@@ -8,7 +8,7 @@ pytest.importorskip("transformers")
 
 from mempo.eval import (EvalReport, OracleBackend, build_world, eval_episodes, evaluate, round_prompt_tokens,
                         summarize)
-from mempo.train.config import config_from_dict
+from mempo.config import config_from_dict
 from test_rollout_fixtures import chat_tokenizer, tiny_qwen2
 
 
@@ -68,7 +68,7 @@ def test_oracle_backend_em_is_one_and_tokens_match_a_hand_count(world):
 
 
 def test_one_round_answer_counts_exactly_the_first_prompt(world):
-    from mempo.memory import DEFAULT_SYSTEM_PROMPT
+    from mempo.protocol.memory import DEFAULT_SYSTEM_PROMPT
     from mempo.rollout.backends import ScriptedBackend, round_script
 
     _, retriever = world
@@ -113,7 +113,7 @@ def test_summarize_empty_is_finite():
 
 
 def test_eval_command(tmp_path):
-    from mempo.cli import main
+    from mempo.apps.cli import main
 
     tok = chat_tokenizer()
     model = tiny_qwen2(len(tok))
@@ -134,7 +134,7 @@ def test_synthetic_world_follows_the_data_section():
     """train, eval and the demo build the world through `synthetic_world`: the data section's size
     and filler options reach it (a demo config's world is rebuilt exactly by `mempo eval`)."""
     from mempo.eval import synthetic_world
-    from mempo.train.config import load_config
+    from mempo.config import load_config
 
     cfg = load_config(None, ["data.world_documents=120", "data.article_fillers=[0,1]", "data.world_seed=3"])
     world = synthetic_world(cfg)

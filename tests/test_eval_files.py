@@ -26,10 +26,10 @@ from mempo.env.data import load_qa_datasets, parse_episode_prompt
 from mempo.env.retriever import BM25Retriever
 from mempo.eval import (EpisodeRecord, EvalReport, OracleBackend, eval_retriever, evaluate, qa_eval_episodes,
                         render_episode)
-from mempo.protocol import parse_round
+from mempo.protocol.grammar import parse_round
 from mempo.rollout.backends.base import GenerationRequest
 from mempo.rollout.trajectory import Trajectory
-from mempo.train.config import ConfigError, config_from_dict
+from mempo.config import ConfigError, config_from_dict
 from test_rollout_fixtures import chat_tokenizer
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -393,7 +393,7 @@ def test_a_search_r1_server_works_as_is(tmp_path, qa_files):
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
     """A tiny random Qwen2 and its own byte-level BPE, saved with save_pretrained (a plain HF directory)."""
-    from mempo.builtin import tiny_model, train_tokenizer
+    from mempo.model.builtin import tiny_model, train_tokenizer
 
     texts = [f"{d.title}\n{d.text}" for d in corpus_documents()] + [answerable(i)["question"] for i in range(8)]
     tok = train_tokenizer(texts, vocab_size=600)
@@ -405,7 +405,7 @@ def model_dir(tmp_path_factory):
 
 def test_eval_command_on_files_writes_tables_trajectories_and_report(tmp_path, qa_files, model_dir):
     out = tmp_path / "out"
-    command = [sys.executable, "-m", "mempo.cli", "eval", "--model", str(model_dir), "--out", str(out),
+    command = [sys.executable, "-m", "mempo.apps.cli", "eval", "--model", str(model_dir), "--out", str(out),
                "--no-progress", "eval.objectives=[1,2]", "eval.episodes=2", "eval.max_turns=3",
                "eval.policies=[memory,full]", "rollout.max_new_tokens_per_round=12", "env.doc_chars=200",
                "--data", "files", "--files", str(qa_files[0]), str(qa_files[1]),
@@ -454,7 +454,7 @@ def test_a_random_hf_model_is_told_no_gold(tmp_path, qa_files, model_dir):
 
 
 def _run(args, capsys):
-    from mempo.cli import main
+    from mempo.apps.cli import main
 
     code = main(["eval", *args])
     return code, capsys.readouterr().err

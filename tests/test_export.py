@@ -1,4 +1,4 @@
-"""mempo.train.export: the final model directory is whole, also when written under torchrun.
+"""mempo.model.export: the final model directory is whole, also when written under torchrun.
 
 Under torchrun the actor is FSDP2-sharded; `export_model` gathers the full weights and rank 0
 writes them. The 2-process run (gloo) is compared with one process on all rows (the same update,
@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from _dist_export_worker import run
-from mempo.train.export import PROVENANCE_FILE, export_model, full_state_dict, save_model_dir
+from mempo.model.export import PROVENANCE_FILE, export_model, full_state_dict, save_model_dir
 
 WORKER = Path(__file__).with_name("_dist_export_worker.py")
 
@@ -60,7 +60,7 @@ def test_two_process_export_holds_the_full_trained_weights(tmp_path):
 
 
 def test_export_keeps_tied_weights_tied_and_replaces_a_directory(tmp_path):
-    from mempo.builtin import default_corpus_texts, tiny_model, train_tokenizer
+    from mempo.model.builtin import default_corpus_texts, tiny_model, train_tokenizer
     from mempo.eval import load_model_dir
 
     tok = train_tokenizer(default_corpus_texts(), 300)

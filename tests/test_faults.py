@@ -3,7 +3,7 @@
 the final model), and damage to each checkpoint file; every `--resume` afterwards is exact (the
 metrics and the weights equal an uninterrupted run's) or refused with a reason naming the file.
 
-The kills use the test-only hook `mempo.atomic.fault_point` (``MEMPO_FAULT_INJECT=<phase>[@<n>]``).
+The kills use the test-only hook `mempo.utils.atomic.fault_point` (``MEMPO_FAULT_INJECT=<phase>[@<n>]``).
 Each run is a child process forked from the test after the heavy imports (torch, transformers,
 mempo), so the many runs cost their training only; a killed child dies of a real SIGKILL.
 """
@@ -17,11 +17,11 @@ from pathlib import Path
 import pytest
 import torch
 
-import mempo.cli
-from mempo.atomic import FAULT_ENV
+import mempo.apps.cli
+from mempo.utils.atomic import FAULT_ENV
 
 # Imported before forking, so the children start warm.
-import mempo.builtin  # noqa: E402,F401
+import mempo.model.builtin  # noqa: E402,F401
 import mempo.eval  # noqa: E402,F401
 import mempo.train.actor  # noqa: E402,F401
 import mempo.train.step  # noqa: E402,F401
@@ -56,7 +56,7 @@ def _run(out: Path, *extra: str, fault: str = None):
                 os.environ[FAULT_ENV] = fault
             else:
                 os.environ.pop(FAULT_ENV, None)
-            code = mempo.cli.main(argv)
+            code = mempo.apps.cli.main(argv)
         except BaseException:
             traceback.print_exc()
         finally:

@@ -1,13 +1,13 @@
-"""AgentMemory and the two context policies (`mempo.memory`), with the seed's 4-round example."""
+"""AgentMemory and the two context policies (`mempo.protocol.memory`), with the seed's 4-round example."""
 import pytest
 
-from mempo.memory import (
+from mempo.protocol.memory import (
     DEFAULT_SYSTEM_PROMPT,
     AgentMemory,
     Record,
     ShortTextPolicy,
 )
-from mempo.protocol import find_blocks, validate_format
+from mempo.protocol.grammar import find_blocks, validate_format
 
 SILENT_CUT = ShortTextPolicy(cut_notice=None)  # the reference's plain 100-character cut
 

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from _gold_trace import install, processor_state, summary, violations
-from mempo.train.config import load_config
+from mempo.config import load_config
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "configs" / "tiny.yaml"
@@ -31,7 +31,7 @@ def trace():
 
 @pytest.fixture(scope="module")
 def tok():
-    from mempo.builtin import default_corpus_texts, train_tokenizer
+    from mempo.model.builtin import default_corpus_texts, train_tokenizer
     from mempo.env.world import World
 
     return train_tokenizer(default_corpus_texts(World.generate(seed=0, num_entities=25)), vocab_size=768)
@@ -95,7 +95,7 @@ def test_train_eval_and_demo_never_show_a_gold(tmp_path, trace):
     from test_demo import SMOKE
     from transformers import AutoTokenizer
 
-    from mempo.demo import load_demo_config, run_demo
+    from mempo.apps.demo import load_demo_config, run_demo
 
     demo_cfg, demo = load_demo_config(None, SMOKE)
     out = tmp_path / "demo"

@@ -18,8 +18,8 @@ from mempo.env.retriever import BM25Retriever
 from mempo.env.server import RetrieverServer
 from mempo.env.tools import make_tools
 from mempo.env.world import World
-from mempo.memory import ShortTextPolicy
-from mempo.protocol import parse_round, validate_format
+from mempo.protocol.memory import ShortTextPolicy
+from mempo.protocol.grammar import parse_round, validate_format
 
 POLICIES = ("memory", "full")
 

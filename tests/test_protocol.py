@@ -1,12 +1,12 @@
-"""Turn protocol on text (`mempo.protocol`): rounds, access arguments, format rules, answer."""
+"""Turn protocol on text (`mempo.protocol.grammar`): rounds, access arguments, format rules, answer."""
 import random
 import sys
 import time
 
 import pytest
 
-from mempo import protocol, reward
-from mempo.protocol import (
+from mempo.protocol import grammar as protocol, reward
+from mempo.protocol.grammar import (
     FORMAT_RULES,
     Round,
     extract_solution,
@@ -16,8 +16,8 @@ from mempo.protocol import (
     split_rounds,
     validate_format,
 )
-from mempo.reward import compute_score
-from mempo.tags import marker_strings
+from mempo.protocol.reward import compute_score
+from mempo.protocol.tags import marker_strings
 
 R1_SEARCH = "<mem></mem>\n<think>need the film</think>\n<search>2010 best picture</search>"
 INFO_1 = "\n<information>The Hurt Locker won Best Picture.</information>\n"
@@ -263,7 +263,7 @@ def _parse_everything(text: str) -> None:
 
 
 def _line_events(text: str) -> int:
-    """Python lines executed inside mempo.protocol and mempo.reward while parsing `text` (exact)."""
+    """Python lines executed inside mempo.protocol.grammar and mempo.protocol.reward while parsing `text` (exact)."""
     watched = {protocol.__file__, reward.__file__}
     count = 0
 

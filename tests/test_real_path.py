@@ -3,7 +3,7 @@
     a Qwen2 saved with save_pretrained (random small weights, its own BPE tokenizer with a ChatML
     chat template; nothing marks it as built-in)
     -> mempo sft --trajectories oracle.jsonl            (a subprocess)
-    -> torchrun --nproc_per_node 2 -m mempo.cli train   (gloo, FSDP2; QA files over a corpus)
+    -> torchrun --nproc_per_node 2 -m mempo.apps.cli train   (gloo, FSDP2; QA files over a corpus)
 
 and checks that every model directory loads as a plain HF model, the final one whole (the FSDP2
 shards gathered) and trained (it differs from the SFT model), the metrics are finite, and no gold
@@ -69,7 +69,7 @@ def _free_port() -> int:
 
 def _user_files(root: Path) -> dict[str, Path]:
     """What a user brings: a corpus, QA files, oracle trajectories for SFT, a config and an HF model."""
-    from mempo.builtin import default_corpus_texts, tiny_model, train_tokenizer
+    from mempo.model.builtin import default_corpus_texts, tiny_model, train_tokenizer
     from mempo.env.oracle import run_oracle, write_trajectories_jsonl
     from mempo.env.retriever import BM25Retriever
     from mempo.env.tools import make_tools
@@ -103,9 +103,9 @@ def _cli(args: list[str], cwd: Path, trace: str, *, nproc: int = 1, timeout: int
     env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo",
                MASTER_ADDR="127.0.0.1", MEMPO_TEST_GOLD_TRACE=trace,
                PYTHONPATH=os.pathsep.join([str(TESTS / "_gold_trace_site"), os.environ.get("PYTHONPATH", "")]))
-    launcher = [sys.executable, "-m", "mempo.cli"] if nproc == 1 else [
+    launcher = [sys.executable, "-m", "mempo.apps.cli"] if nproc == 1 else [
         sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", "--nnodes=1",
-        "--master_addr=127.0.0.1", f"--master_port={_free_port()}", "-m", "mempo.cli"]
+        "--master_addr=127.0.0.1", f"--master_port={_free_port()}", "-m", "mempo.apps.cli"]
     proc = subprocess.Popen(launcher + args, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, start_new_session=True)
     try:

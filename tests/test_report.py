@@ -1,4 +1,4 @@
-"""mempo.report: synthetic metrics.jsonl + eval JSONs -> report.md with the right numbers and valid PNGs."""
+"""mempo.apps.report: synthetic metrics.jsonl + eval JSONs -> report.md with the right numbers and valid PNGs."""
 import json
 
 import pytest
@@ -6,7 +6,7 @@ import pytest
 pytest.importorskip("matplotlib")
 
 from mempo.eval import EvalReport, EvalRow
-from mempo.report import find_metric, write_report
+from mempo.apps.report import find_metric, write_report
 from mempo.train.logging import MetricsLogger
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

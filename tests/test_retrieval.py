@@ -250,8 +250,8 @@ def test_registry(corpus):
 
 
 def test_import_mempo_env_stays_light():
-    code = ("import sys, mempo.env, mempo.cli\n"
-            "mempo.cli.build_parser()\n"
+    code = ("import sys, mempo.env, mempo.apps.cli\n"
+            "mempo.apps.cli.build_parser()\n"
             "heavy = [m for m in ('fastapi', 'uvicorn', 'starlette', 'pydantic', 'bm25s', 'numpy', 'transformers', "
             "'sentence_transformers', 'faiss', 'torch') if m in sys.modules]\n"
             "print(','.join(heavy))\n")

@@ -1,8 +1,8 @@
-"""Outcome scoring (`mempo.reward`): normalisation, EM, F1, multi-objective episodes."""
+"""Outcome scoring (`mempo.protocol.reward`): normalisation, EM, F1, multi-objective episodes."""
 import numpy as np
 import pytest
 
-from mempo.reward import (
+from mempo.protocol.reward import (
     compute_score,
     em_check,
     f1_score,

@@ -13,8 +13,8 @@ import pytest
 from mempo.env.client import HTTPRetriever
 from mempo.env.server import RetrieverServer
 from mempo.env.tools import make_tools
-from mempo.memory import AgentMemory
-from mempo.reward import compute_score
+from mempo.protocol.memory import AgentMemory
+from mempo.protocol.reward import compute_score
 from mempo.rollout import (
     ChatFormat, RolloutConfig, RolloutEngine, ScriptedBackend, Trajectory, read_trajectories_jsonl, round_script,
     write_trajectories_jsonl,

@@ -5,7 +5,7 @@ sequences with independent recomputations."""
 import pytest
 import torch
 
-from mempo.memory import AgentMemory
+from mempo.protocol.memory import AgentMemory
 from mempo.rollout import (
     HFBackend, RolloutConfig, RolloutEngine, ScriptedBackend, round_script, round_training_inputs,
 )

@@ -85,7 +85,7 @@ def test_rollout_loop_on_sglang(served, bm25):
 def test_factory_engine_releases_memory_and_syncs_through_the_session(tmp_path):
     from mempo.rollout.backends.factory import build_backend
     from mempo.rollout.backends.sglang import SGLangError
-    from mempo.train.config import load_config
+    from mempo.config import load_config
 
     tok = chat_tokenizer()
     model = tiny_qwen2(len(tok), seed=1, hidden=256)

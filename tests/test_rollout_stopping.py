@@ -1,12 +1,12 @@
 """Round stop detection on token bytes: the action-closing marker under the span grammar, split over
-tokens, merged with following characters, inside other blocks; checked against mempo.protocol."""
+tokens, merged with following characters, inside other blocks; checked against mempo.protocol.grammar."""
 import random
 
 import pytest
 
-from mempo.protocol import find_blocks
+from mempo.protocol.grammar import find_blocks
 from mempo.rollout.backends import ActionStopScanner, TokenBytes, action_closing_token_ids, cut_round
-from mempo.tags import ACTION_TAGS
+from mempo.protocol.tags import ACTION_TAGS
 from _tokenizers import byte_level_tokenizer, random_text, special_tag_tokenizer, whole_text_tokenizer
 
 

@@ -1,7 +1,7 @@
 """The retrieval server (real uvicorn on a free loopback port) and the HTTP client's failure modes.
 
 Servers started here: `RetrieverServer` threads (module fixture and a few small ones), one
-`python -m mempo.cli serve-retriever` subprocess, and stdlib `http.server` stand-ins (garbage,
+`python -m mempo.apps.cli serve-retriever` subprocess, and stdlib `http.server` stand-ins (garbage,
 5xx, slow, Search-R1). Every one is stopped before its test ends; all bind 127.0.0.1.
 """
 import contextlib
@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from mempo.cli import main as cli_main
+from mempo.apps.cli import main as cli_main
 from mempo.env.client import HTTPRetriever
 from mempo.env.corpus import write_corpus
 from mempo.env.retriever import (
@@ -578,7 +578,7 @@ def test_client_rejects_bad_configuration():
 
 def _start_cli(args: list[str]) -> tuple[subprocess.Popen, str]:
     env = dict(os.environ, PYTHONUNBUFFERED="1")
-    proc = subprocess.Popen([sys.executable, "-m", "mempo.cli", "serve-retriever", *args], cwd=tempfile.gettempdir(),
+    proc = subprocess.Popen([sys.executable, "-m", "mempo.apps.cli", "serve-retriever", *args], cwd=tempfile.gettempdir(),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     lines: "queue.Queue[str]" = queue.Queue()
     threading.Thread(target=lambda: [lines.put(line) for line in proc.stdout], daemon=True).start()

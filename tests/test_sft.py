@@ -5,9 +5,9 @@ import json
 import pytest
 import torch
 
-from mempo.builtin import default_corpus_texts, tiny_model, train_tokenizer
+from mempo.model.builtin import default_corpus_texts, tiny_model, train_tokenizer
 from mempo.rollout.chat import ChatFormat
-from mempo.train.config import config_from_dict
+from mempo.config import config_from_dict
 from mempo.train.sft import examples_from_trajectories, load_sft_records, run_sft
 
 
@@ -160,7 +160,7 @@ def test_cli_sft_resume(tmp_path):
     env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
 
     def sft(*extra, code=0):
-        cmd = [sys.executable, "-m", "mempo.cli", "sft", "--config", str(config), "--out", str(out), "--threads", "1",
+        cmd = [sys.executable, "-m", "mempo.apps.cli", "sft", "--config", str(config), "--out", str(out), "--threads", "1",
                "--episodes", "2", "--batch-tokens", "2048", "trainer.save_every=1", "trainer.tensorboard=false",
                "trainer.resume=never", *extra]
         done = subprocess.run(cmd, env=env, cwd=tmp_path, timeout=240, capture_output=True, text=True)

@@ -18,7 +18,7 @@ from mempo.rollout.backends.factory import build_backend, sglang_installed
 from mempo.rollout.backends.sglang import (
     SGLangBackend, SGLangError, SGLangServerBackend, check_status, weight_buckets,
 )
-from mempo.train.config import ConfigError, load_config
+from mempo.config import ConfigError, load_config
 from test_rollout_fixtures import chat_tokenizer, tiny_qwen2
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -177,7 +177,7 @@ def test_a_training_step_on_the_in_process_engine(tmp_path, tok):
 
 
 def test_server_backend_over_http(tmp_path, tok, model):
-    from mempo.train.export import save_model_dir
+    from mempo.model.export import save_model_dir
 
     save_model_dir(tmp_path / "base", model, tok)
     with StandInServer(copy.deepcopy(model), tok) as server:
@@ -212,7 +212,7 @@ def test_server_backend_over_http(tmp_path, tok, model):
 
 
 def test_factory_follows_the_config(tmp_path, tok, model):
-    from mempo.builtin import ProtocolScaffold
+    from mempo.model.builtin import ProtocolScaffold
 
     hf = build_backend(load_config(None, []), model, tok)
     assert isinstance(hf, HFBackend) and hf.model is model and hf.logits_processors == []
@@ -258,8 +258,8 @@ def test_train_step_through_an_sglang_server(tmp_path):
 @pytest.mark.skipif(sglang_installed(), reason="sglang is installed here: the in-process engine can be built")
 @pytest.mark.parametrize("command", ["train", "eval"])
 def test_cli_refuses_sglang_when_it_is_not_installed(tmp_path, capsys, command, tok, model):
-    from mempo.cli import main
-    from mempo.train.export import save_model_dir
+    from mempo.apps.cli import main
+    from mempo.model.export import save_model_dir
 
     torch.set_num_threads(1)
     save_model_dir(tmp_path / "m", model, tok)

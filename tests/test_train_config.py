@@ -1,10 +1,10 @@
-"""mempo.train.config: YAML round trip, dotted overrides with type conversion, errors naming fields."""
+"""mempo.config: YAML round trip, dotted overrides with type conversion, errors naming fields."""
 import subprocess
 import sys
 
 import pytest
 
-from mempo.train.config import (ActorConfig, ConfigError, EvalConfig, MempoConfig, config_from_dict, dump_config,
+from mempo.config import (ActorConfig, ConfigError, EvalConfig, MempoConfig, config_from_dict, dump_config,
                                 load_config)
 
 
@@ -125,7 +125,7 @@ def test_sections_validate_on_construction():
 
 
 def test_importing_config_is_light():
-    code = ("import sys, mempo.train.config, mempo.train; "
+    code = ("import sys, mempo.config, mempo.train; "
             "print('torch' in sys.modules, 'transformers' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.split() == ["False", "False"]
@@ -139,7 +139,7 @@ def test_a_duplicated_key_is_an_error_naming_it_and_both_lines(tmp_path):
     path.write_text("actor:\n  lr: 1.0e-5\n  kl_coef: 0.1\n  lr: 2.0e-5\n")  # nested too
     with pytest.raises(ConfigError, match=r"key 'lr' appears twice in one mapping \(lines 2 and 4\)"):
         load_config(path)
-    from mempo.train.config import read_yaml_mapping
+    from mempo.config import read_yaml_mapping
 
     path.write_text("x: &b {lr: 1.0e-5, kl_coef: 0.1}\ny:\n  <<: *b\n  lr: 3.0e-5\n")
     assert read_yaml_mapping(path)["y"] == {"lr": 3.0e-5, "kl_coef": 0.1}  # a merged key may be overridden

@@ -1,7 +1,7 @@
 """mempo.train.step / trainer / CLI: an end-to-end tiny run, advantages on <mem> spans, checkpoints,
 and an exact resume after SIGKILL.
 
-The rollouts use the built-in tiny Qwen2 with `mempo.builtin.ProtocolScaffold`, which configs/tiny.yaml
+The rollouts use the built-in tiny Qwen2 with `mempo.model.builtin.ProtocolScaffold`, which configs/tiny.yaml
 opts into (``rollout.protocol_scaffold``): an HF logits processor that forces the protocol tags and
 lets the model sample the memory, reasoning, query and its answer, a choice among strings of its
 own search results (it is never told the gold answer: tests/test_no_gold.py)."""
@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from mempo.train.config import load_config
+from mempo.config import load_config
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "configs" / "tiny.yaml"
@@ -150,7 +150,7 @@ def test_train_writes_metrics_and_checkpoints(tmp_path):
 
 def _cli(out, *extra):
     env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
-    return [sys.executable, "-m", "mempo.cli", "train", "--config", str(CONFIG), "--out", str(out), "--threads", "1",
+    return [sys.executable, "-m", "mempo.apps.cli", "train", "--config", str(CONFIG), "--out", str(out), "--threads", "1",
             *FAST, "trainer.total_steps=3", "trainer.save_every=1", *extra], env
 
 
@@ -322,7 +322,7 @@ def test_cli_train_on_files_with_periodic_eval(tmp_path):
 
 
 def test_files_source_config_errors_name_the_field(tmp_path):
-    from mempo.train.config import ConfigError
+    from mempo.config import ConfigError
     from mempo.train.trainer import build_run
 
     data, files = _files_run_dir(tmp_path)

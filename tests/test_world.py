@@ -14,7 +14,7 @@ from mempo.env.data import load_episodes_jsonl, load_qa_jsonl, parse_episode_pro
 from mempo.env.world import (
     RELATIONS, World, fact_pattern, gold_aliases, parse_question, pointer_pattern,
 )
-from mempo.reward import compute_score, normalize_answer
+from mempo.protocol.reward import compute_score, normalize_answer
 
 
 @pytest.fixture(scope="module")

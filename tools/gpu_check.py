@@ -568,7 +568,7 @@ def sec_flash_actor(ctx: Ctx) -> None:
     import torch
 
     from mempo.train.actor import Actor
-    from mempo.train.config import ActorConfig
+    from mempo.config import ActorConfig
 
     fa_ok, fa_what = flash_attention_2()
     if ctx.gpu and fa_ok:
@@ -716,7 +716,7 @@ def train_overrides(flash: bool) -> list[str]:
 
 
 def sec_train(ctx: Ctx) -> None:
-    from mempo.train.config import load_config
+    from mempo.config import load_config
 
     fa_ok, fa_what = flash_attention_2()
     flash = ctx.gpu and fa_ok
@@ -762,7 +762,7 @@ def train_worker(config: str, run_dir: str, overrides: list[str]) -> int:
     run the `mempo train` command itself."""
     import torch.distributed as dist
 
-    from mempo.cli import main as cli_main
+    from mempo.apps.cli import main as cli_main
     from mempo.train.actor import init_distributed
 
     info = init_distributed()

@@ -5,4 +5,4 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 source tools/env.sh "test"
 cd /tmp  # run the installed package, not the source tree
-python -m mempo.quickstart
+python -m mempo.apps.quickstart

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Iterable, Iterator, Union
 
 from mempo.errors import MempoError
-from mempo.jsonl import iter_jsonl_records, write_jsonl
+from mempo.utils.jsonl import iter_jsonl_records, write_jsonl
 
 __all__ = ["Document", "CorpusError", "load_corpus", "iter_corpus", "write_corpus", "document_from_json",
            "corpus_fingerprint"]

@@ -28,7 +28,7 @@ Conventions
 
 * An *episode* (`Episode`) is what one agent trajectory answers: ``questions`` (k >= 1
   sub-questions, the *objectives*), ``golds`` (one alias list per objective, in question order;
-  pass it straight to `mempo.reward.compute_score`) and ``prompt`` (the user message).
+  pass it straight to `mempo.protocol.reward.compute_score`) and ``prompt`` (the user message).
 
 * Multi-objective composition (MEM1): `compose_episodes(pool, num_objectives=k, num_episodes=n,
   seed=s)` draws k distinct records of the pool for each episode with ``random.Random(seed)``, so
@@ -51,7 +51,7 @@ Conventions
   <answer> block, e.g. <answer>your answer</answer>.`` Style ``"joined"`` (MEM1's layout) puts the
   questions on one line joined with ``"; "``: ``Questions: <q1>; <q2>`` (questions that contain
   ``";"`` cannot use it). `parse_episode_prompt` recovers the questions from either layout. The
-  agent's answer is split on ``";"`` by `mempo.reward.split_answer`.
+  agent's answer is split on ``";"`` by `mempo.protocol.reward.split_answer`.
 """
 from __future__ import annotations
 
@@ -63,7 +63,7 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator, Optional, Sequence, Union
 
 from mempo.errors import MempoError
-from mempo.jsonl import iter_jsonl_records, write_jsonl
+from mempo.utils.jsonl import iter_jsonl_records, write_jsonl
 
 __all__ = [
     "DataError",

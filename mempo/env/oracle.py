@@ -38,7 +38,7 @@ Conventions
   retriever, in-process or HTTP) and returns an `OracleTrajectory`: per round the exact
   ``messages`` it was generated from, the assistant text and the tool result; the response text
   (rounds and ``<information>`` blocks, separated by blank lines), and
-  `mempo.reward.compute_score` of it. Trajectories round-trip through jsonl.
+  `mempo.protocol.reward.compute_score` of it. Trajectories round-trip through jsonl.
 """
 from __future__ import annotations
 
@@ -47,14 +47,14 @@ import re
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Iterable, Mapping, Optional, Sequence, Union
 
-from mempo.jsonl import iter_jsonl_records, write_jsonl
+from mempo.utils.jsonl import iter_jsonl_records, write_jsonl
 from mempo.env.data import Episode, parse_episode_prompt
 from mempo.env.world import (
     CHRONICLE_RELATIONS, RELATIONS, QuestionParse, fact_pattern, parse_question, pointer_pattern,
 )
-from mempo.memory import CONTEXT_POLICIES, DEFAULT_SYSTEM_PROMPT, AgentMemory, ShortTextPolicy
-from mempo.protocol import parse_round
-from mempo.reward import compute_score
+from mempo.protocol.memory import CONTEXT_POLICIES, DEFAULT_SYSTEM_PROMPT, AgentMemory, ShortTextPolicy
+from mempo.protocol.grammar import parse_round
+from mempo.protocol.reward import compute_score
 
 __all__ = [
     "DEFAULT_MAX_TURNS",
@@ -470,7 +470,7 @@ def run_oracle(episode: Episode, tools: Union[ToolMap, Any], *, policy: str = "m
         short_text_policy: how tool results are shortened under the memory policy (default:
             `AgentMemory`'s).
         agent: the policy (default ``OracleAgent(max_turns=max_turns)``).
-        score_mode: passed to `mempo.reward.compute_score`.
+        score_mode: passed to `mempo.protocol.reward.compute_score`.
     """
     if policy not in CONTEXT_POLICIES:
         raise ValueError(f"policy must be one of {CONTEXT_POLICIES}, got {policy!r}")

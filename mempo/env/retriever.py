@@ -65,7 +65,7 @@ from typing import Any, Callable, Iterable, Optional, Sequence, Union
 
 from mempo.env.corpus import CorpusError, Document, corpus_fingerprint, iter_corpus
 from mempo.errors import MempoError
-from mempo.registry import Registry
+from mempo.utils.registry import Registry
 
 __all__ = [
     "DEFAULT_TOPK", "DEFAULT_PAGE_CHARS", "MAX_QUERY_CHARS", "Hit", "Page", "Retriever", "RetrieverError",

@@ -33,8 +33,8 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from mempo import protocol
-from mempo.registry import Registry
+from mempo.protocol import grammar as protocol
+from mempo.utils.registry import Registry
 from mempo.env.retriever import (
     DEFAULT_PAGE_CHARS, DEFAULT_TOPK, MAX_QUERY_CHARS, DocumentNotFoundError, InvalidRequestError,
     PageOutOfRangeError, Retriever, RetrieverError,
@@ -148,7 +148,7 @@ class SearchTool:
 
 
 def parse_access_argument(argument: str) -> tuple[str, int]:
-    """``"<doc-id> [page]"`` -> (doc_id, page), split as `mempo.protocol.parse_access_argument` does
+    """``"<doc-id> [page]"`` -> (doc_id, page), split as `mempo.protocol.grammar.parse_access_argument` does
     (the page is a bare or bracketed ASCII integer, default 0); document ids hold no white space.
     Raises `InvalidRequestError` with an agent-readable reason."""
     if not isinstance(argument, str) or not argument.strip():

@@ -7,7 +7,7 @@ Conventions
   is downloaded; only the standard library is used (importing this module is light).
 * Entities have a kind (`ENTITY_KINDS`: person, city, country, river, company, university, book)
   and a generated pronounceable name, unique in the world even after answer normalisation
-  (`mempo.reward.normalize_answer`). Rivers are named ``"<Word> River"`` and mentioned as
+  (`mempo.protocol.reward.normalize_answer`). Rivers are named ``"<Word> River"`` and mentioned as
   ``"the <Word> River"``.
 * Facts are functional relations (`RELATIONS`): each subject has exactly one value (an entity or
   a year / a number). A fact is stated in the corpus by exactly one *fact sentence*
@@ -48,7 +48,7 @@ from typing import Any, Iterator, Optional, Sequence, Union
 
 from mempo.env.corpus import Document, write_corpus
 from mempo.env.data import Episode, QARecord, compose_episodes, write_episodes_jsonl, write_qa_jsonl
-from mempo.reward import normalize_answer
+from mempo.protocol.reward import normalize_answer
 
 __all__ = [
     "ENTITY_KINDS",

@@ -72,7 +72,7 @@ from typing import Any, Iterable, NamedTuple, Optional, Sequence, Union
 import numpy as np
 import torch
 
-from mempo.tags import ACTION_TAGS, TAGS, marker_strings  # re-exported
+from mempo.protocol.tags import ACTION_TAGS, TAGS, marker_strings  # re-exported
 
 __all__ = [
     "ACTION_TAGS", "TAGS", "Span", "SpanBatch", "TokenTable", "find_spans", "marker_strings",

@@ -48,7 +48,7 @@ from pathlib import Path
 from typing import Any, NamedTuple, Optional, Sequence
 
 from mempo.errors import MempoError
-from mempo.memory import MEM_PREFIX
+from mempo.protocol.memory import MEM_PREFIX
 
 __all__ = ["ChatFormat", "ChatTemplateError", "ToolSegment", "render_builtin", "encode_text", "decode_ids",
            "default_stop_token_ids", "check_template", "PROBE_ASSISTANT", "IM_START", "IM_END"]

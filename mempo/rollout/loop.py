@@ -16,7 +16,7 @@ Conventions
   unchanged (token-in/token-out: nothing is decoded and re-encoded); the prefix has mask 1 when
   ``train_forced_prefix`` (default: the model learns to open every turn with ``<mem>`` itself; its
   log-prob under the policy is as computable as any other token's), else 0. The round's text
-  (decoded from those ids) is added to the :class:`~mempo.memory.AgentMemory` with
+  (decoded from those ids) is added to the :class:`~mempo.protocol.memory.AgentMemory` with
   ``add_llm_gen(text, forced_prefix="<mem>")``, which stores the one leading ``<mem>`` as is.
 * Actions: ``<answer>`` ends the trajectory (``"answer"``). ``<search>``/``<access>`` call the tool
   of that name with the block's stripped content; the result (a ``ToolResult``; a tool that raises
@@ -47,9 +47,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Mapping, Optional, Sequence
 
-from mempo.memory import DEFAULT_SYSTEM_PROMPT, MEM_PREFIX, AgentMemory, ShortTextPolicy
-from mempo.protocol import extract_solution, find_blocks
-from mempo.reward import compute_score
+from mempo.protocol.memory import DEFAULT_SYSTEM_PROMPT, MEM_PREFIX, AgentMemory, ShortTextPolicy
+from mempo.protocol.grammar import extract_solution, find_blocks
+from mempo.protocol.reward import compute_score
 from mempo.rollout.backends.base import GenerationBackend, GenerationRequest, RequestKey, SamplingParams
 from mempo.rollout.backends.stopping import STOP_LENGTH, TokenBytes, cut_round
 from mempo.rollout.chat import ChatFormat, default_stop_token_ids

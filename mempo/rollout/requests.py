@@ -43,10 +43,10 @@ def scoring_types() -> tuple[type, type]:
 def default_answer_builder(golds: Any, tokenizer: Any) -> tuple[list[int], list[int]]:
     """``mempo.scoring.build_answer`` (default template) around the first alias of each objective.
 
-    ``golds`` as ``compute_score`` takes them (:func:`mempo.reward.objectives_from_golds`): one
+    ``golds`` as ``compute_score`` takes them (:func:`mempo.protocol.reward.objectives_from_golds`): one
     objective gives its first alias as the answer, k objectives give the list of first aliases
     (joined by "; ", only the aliases' tokens in the mask)."""
-    from mempo.reward import objectives_from_golds
+    from mempo.protocol.reward import objectives_from_golds
     from mempo.scoring import build_answer
 
     firsts = [aliases[0] for aliases in objectives_from_golds(golds)]

@@ -27,7 +27,7 @@ Conventions
 * ``finish_reason`` (:data:`FINISH_REASONS`): ``"answer"``, ``"turn_limit"``, ``"token_budget"``,
   ``"malformed"`` (a round ended without an action; its outcome score is 0 through
   ``compute_score``'s format check).
-* ``outcome`` is :func:`mempo.reward.compute_score`'s dict (after a JSON round trip its tuples are
+* ``outcome`` is :func:`mempo.protocol.reward.compute_score`'s dict (after a JSON round trip its tuples are
   lists); ``memory_rewards`` (``None`` until scoring) has one float per scored round, in round order.
 * Serialisation: :meth:`Trajectory.to_dict` / :meth:`Trajectory.from_dict` (plain JSON types),
   :func:`write_trajectories_jsonl` / :func:`read_trajectories_jsonl`.
@@ -46,7 +46,7 @@ __all__ = ["POLICIES", "FINISH_REASONS", "Round", "Trajectory", "RoundInput", "r
 POLICIES = ("full", "memory")
 FINISH_REASONS = ("answer", "turn_limit", "token_budget", "malformed")
 
-from mempo.jsonl import iter_jsonl_records, write_jsonl
+from mempo.utils.jsonl import iter_jsonl_records, write_jsonl
 
 
 def _pair(value: Any) -> Optional[tuple[int, int]]:

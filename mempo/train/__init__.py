@@ -1,6 +1,6 @@
 """mempo.train: the training infrastructure of MemPO.
 
-Configuration (`mempo.train.config`, standard library + PyYAML only): `MempoConfig` and its
+Configuration (`mempo.config`, standard library + PyYAML only): `MempoConfig` and its
 sections, `load_config`, `dump_config`, `ConfigError`.
 Losses (`mempo.train.losses`): `policy_loss`, `kl_penalty`, `agg_loss`, `entropy_from_logits`,
 `zero_variance_group_mask`, `filter_zero_variance_tokens`.
@@ -10,7 +10,7 @@ Checkpoints (`mempo.train.checkpoint`): `save_checkpoint`, `load_checkpoint`, `l
 `verify_checkpoint`, `resume_checkpoint`, `CheckpointError`.
 Logging (`mempo.train.logging`): `MetricsLogger`, `StageTimer`, `progress`.
 
-Names load on first use, so ``import mempo.train`` and ``import mempo.train.config`` stay light
+Names load on first use, so ``import mempo.train`` and ``import mempo.config`` stay light
 (no torch, no transformers).
 """
 from __future__ import annotations

@@ -69,7 +69,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from mempo.train.config import ActorConfig, ConfigError, ModelConfig, flash_attention_requested
+from mempo.config import ActorConfig, ConfigError, ModelConfig, flash_attention_requested
 from mempo.train.losses import agg_loss, kl_penalty, policy_loss
 
 __all__ = ["load_pretrained", "Actor", "DistInfo", "LogProbs", "PackedRows", "init_distributed", "shutdown_distributed",

@@ -17,7 +17,7 @@ Layout (``root`` is the checkpoint root, e.g. ``<out_dir>/checkpoints``)::
 Atomicity. Everything is written into ``root/.tmp-step_N`` and fsynced (files and the directory);
 the manifest is written last (a temporary file, fsynced, renamed to COMPLETE); then the directory
 is renamed to ``step_N`` with `os.replace` (atomic on POSIX), the root directory is fsynced, and the
-``latest`` pointer is replaced atomically (`mempo.atomic.replace_file_atomically`). A crash at any
+``latest`` pointer is replaced atomically (`mempo.utils.atomic.replace_file_atomically`). A crash at any
 point leaves either the previous state or the new complete checkpoint; temporary directories are
 ignored and removed by the next save.
 
@@ -64,7 +64,7 @@ on each and break a resume on another GPU count). A rank whose RNG file is missi
 changed) keeps its current RNG state (a warning is issued). Format-1 RNG files hold every device's
 state; the current device's entry is restored.
 
-Fault injection for the tests: `mempo.atomic.fault_point` phases ``model``, ``optimizer``, ``rng``,
+Fault injection for the tests: `mempo.utils.atomic.fault_point` phases ``model``, ``optimizer``, ``rng``,
 ``state``, ``manifest``, ``rename``, ``latest`` (``MEMPO_FAULT_INJECT``; unset in real runs).
 
 data_state and extra must be JSON-serialisable (they are stored in state.json). Files are loaded
@@ -87,7 +87,7 @@ from typing import Any, Callable, Optional, Union
 import numpy as np
 import torch
 
-from mempo.atomic import TEMP_PREFIX, fault_point, fsync_dir, replace_file_atomically, write_bytes_durably
+from mempo.utils.atomic import TEMP_PREFIX, fault_point, fsync_dir, replace_file_atomically, write_bytes_durably
 from mempo.errors import MempoError
 
 __all__ = [

@@ -47,7 +47,7 @@ from typing import Any, Optional, Union
 
 import torch
 
-from mempo.train.config import KL_ESTIMATORS, LOSS_AGG_MODES
+from mempo.config import KL_ESTIMATORS, LOSS_AGG_MODES
 
 __all__ = [
     "LOSS_AGG_MODES", "KL_ESTIMATORS", "agg_loss", "masked_mean", "policy_loss", "kl_penalty",

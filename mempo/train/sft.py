@@ -47,7 +47,7 @@ from pathlib import Path
 from typing import Any, Iterable, NamedTuple, Optional, Sequence, Union
 
 from mempo.env.data import DataError
-from mempo.jsonl import iter_jsonl_records
+from mempo.utils.jsonl import iter_jsonl_records
 
 __all__ = ["SFTExample", "examples_from_trajectories", "load_sft_records", "run_sft"]
 
@@ -76,7 +76,7 @@ def _turns(record: Any) -> Iterable[tuple[list[dict], str]]:
 
 def examples_from_trajectories(records: Iterable[Any], tokenizer: Any, *, chat_template: str = "auto") -> list[SFTExample]:
     """One `SFTExample` per assistant turn (module conventions)."""
-    from mempo.memory import MEM_PREFIX
+    from mempo.protocol.memory import MEM_PREFIX
     from mempo.rollout.chat import ChatFormat
 
     chat = ChatFormat(tokenizer, forced_prefix=MEM_PREFIX, template=chat_template)
@@ -120,7 +120,7 @@ def _check_record(obj: Any, number: int) -> Any:
 
 def load_sft_records(path: Union[str, Path]) -> list[Any]:
     """Records of a jsonl file: oracle trajectories or ``{"messages": [...]}`` chats (read with
-    `mempo.jsonl.iter_jsonl_records`). DataError naming the file (and the line) for a missing file,
+    `mempo.utils.jsonl.iter_jsonl_records`). DataError naming the file (and the line) for a missing file,
     bad UTF-8 or JSON, a record of neither shape, and a file without any assistant turn."""
     records = list(iter_jsonl_records(path, _check_record, DataError, missing="SFT file not found"))
     if not records:

@@ -45,7 +45,7 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 
 import torch
 
-from mempo.train.config import MempoConfig
+from mempo.config import MempoConfig
 from mempo.train.logging import StageTimer
 
 __all__ = ["StepContext", "StepResult", "TrainBatch", "loop_config", "rollout", "rewards", "memory_rewards",
@@ -111,7 +111,7 @@ class StepResult:
 
 def loop_config(cfg: MempoConfig, step: int):
     """The agent loop's `mempo.rollout.loop.RolloutConfig` for step `step`, from the training config's
-    ``rollout`` section (`mempo.train.config.RolloutSection`)."""
+    ``rollout`` section (`mempo.config.RolloutSection`)."""
     from mempo.rollout.loop import RolloutConfig
 
     r = cfg.rollout

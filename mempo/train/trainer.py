@@ -5,7 +5,7 @@ Conventions
 -----------
 * Building (`build_run`): tokenizer: given, else ``model.tokenizer``, else the model directory's,
   else for ``model.path == "builtin-tiny"`` a byte-level BPE trained on the synthetic world
-  (`mempo.builtin.train_tokenizer`, saved atomically to ``<out>/tokenizer`` and reloaded on
+  (`mempo.model.builtin.train_tokenizer`, saved atomically to ``<out>/tokenizer`` and reloaded on
   resume; an unreadable saved one is retrained, with a warning: training it is deterministic). Model:
   given, else `build_causal_lm` (builtin-tiny: seeded with ``trainer.seed``). Episodes: given, else
   ``data.source == "synthetic"``: ``world.episodes(data.num_objectives, pool, data.seed)`` of the
@@ -26,7 +26,7 @@ Conventions
   ``rollout.sglang_url`` (SGLang loads ``model.path``; a server's weight versions go to
   ``<out>/sglang_weights``). Only the config chooses: a model directory is used the same way
   whoever wrote it. ``rollout.protocol_scaffold`` (default off) adds the answer-blind
-  `mempo.builtin.ProtocolScaffold` to the HF backend of training rollouts (tests, tiny demos).
+  `mempo.model.builtin.ProtocolScaffold` to the HF backend of training rollouts (tests, tiny demos).
 * Data order: step s (1-based) takes questions ``[(s-1)*B, s*B)`` of an endless stream made of
   epochs over the episode pool, each epoch shuffled with ``random.Random(data.seed, epoch)`` when
   ``data.shuffle``; a pure function of s, so the data position is exactly the step
@@ -40,7 +40,7 @@ Conventions
   path. Resuming under a config that differs from the saved ``config.yaml`` says which fields
   differ. The metrics file is cut back to the resumed step (`MetricsLogger(resume_step=...)`), so a
   resumed run's metrics.jsonl equals an uninterrupted run's (timing values aside).
-  ``config.yaml`` and the tokenizer are written atomically (`mempo.atomic`).
+  ``config.yaml`` and the tokenizer are written atomically (`mempo.utils.atomic`).
 * Periodic evaluation (``trainer.eval_every`` > 0): after every eval_every-th step (and before that
   step's checkpoint), `periodic_eval` runs `mempo.eval.evaluate` with the ``eval`` section
   (objectives, policies, episodes, max_turns, temperature) on the current policy's own generation
@@ -71,8 +71,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from mempo.atomic import atomic_directory
-from mempo.train.config import ConfigError, MempoConfig, config_to_dict, dump_config, read_yaml_mapping
+from mempo.utils.atomic import atomic_directory
+from mempo.config import ConfigError, MempoConfig, config_to_dict, dump_config, read_yaml_mapping
 
 __all__ = ["TrainResult", "Run", "build_run", "train", "periodic_eval", "step_episodes", "seed_everything",
            "configure_determinism", "prepare_out_dir", "refuse_used_run_dir"]
@@ -200,7 +200,7 @@ def _build_tokenizer(cfg: MempoConfig, out_dir: Path, world: Any):
             return AutoTokenizer.from_pretrained(saved)
         except Exception as error:  # a damaged save (e.g. torn by an old mempo writing it in place)
             _log(f"{saved}: unreadable saved tokenizer ({type(error).__name__}); training it again")
-    from mempo.builtin import default_corpus_texts, train_tokenizer
+    from mempo.model.builtin import default_corpus_texts, train_tokenizer
 
     texts = default_corpus_texts(world)
     if world is None and cfg.env.corpus_path:  # files source: learn the corpus's words instead
@@ -325,7 +325,7 @@ def build_run(cfg: MempoConfig, *, model=None, tokenizer=None, episodes=None, re
         rollout_model.to(actor.device)
     processors = []
     if cfg.rollout.protocol_scaffold:
-        from mempo.builtin import ProtocolScaffold
+        from mempo.model.builtin import ProtocolScaffold
 
         processors.append(ProtocolScaffold(tokenizer, turns=min(cfg.rollout.max_turns, 3)))
     backend_options = dict(model_path=cfg.model.path, weights_dir=out / "sglang_weights")

@@ -24,7 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, NamedTuple, Optional, Protocol, Sequence, Union, runtime_checkable
 
-from mempo.registry import Registry
+from mempo.utils.registry import Registry
 
 __all__ = ["SamplingParams", "RequestKey", "GenerationRequest", "GenerationOutput", "GenerationBackend",
            "BACKENDS", "register_backend", "make_backend", "available_backends", "named_tensors"]

@@ -3,7 +3,7 @@
 ``rollout.backend`` chooses, and nothing else does:
 
 * ``"hf"``: `HFBackend` over the given model object (the trainer's, or an unsharded copy under
-  torchrun), with the given logits processors (the opt-in `mempo.builtin.ProtocolScaffold`).
+  torchrun), with the given logits processors (the opt-in `mempo.model.builtin.ProtocolScaffold`).
 * ``"sglang"`` with ``rollout.sglang_url`` null: `SGLangBackend`, an ``sglang.Engine`` in this
   process, colocated with the trainer on this rank's GPU (``base_gpu_id`` = LOCAL_RANK), loading
   `model_path` (``model.dtype``, ``mem_fraction_static = rollout.sglang_mem_fraction``,
@@ -13,7 +13,7 @@
 * ``"sglang"`` with ``rollout.sglang_url`` set: `SGLangServerBackend` (HTTP); a ConfigError naming
   ``rollout.sglang_url`` when no server answers there. When `model_path` is a local directory the
   server is told to load it first, so it serves exactly the model in question; weight versions are
-  written under `weights_dir` as HF checkpoints (`mempo.train.export.save_model_dir`).
+  written under `weights_dir` as HF checkpoints (`mempo.model.export.save_model_dir`).
 
 Logits processors need HF generation: asking for them with SGLang is a ConfigError naming
 ``rollout.protocol_scaffold`` (the config also refuses that pair).
@@ -28,7 +28,7 @@ from typing import Any, Sequence, Union
 from mempo.rollout.backends.base import GenerationBackend
 from mempo.rollout.backends.hf import HFBackend
 from mempo.rollout.backends.sglang import SGLangBackend, SGLangError, SGLangServerBackend
-from mempo.train.config import ConfigError
+from mempo.config import ConfigError
 
 __all__ = ["build_backend", "check_backend_config", "sglang_installed"]
 
@@ -68,7 +68,7 @@ def build_backend(cfg: Any, model: Any, tokenizer: Any, *, model_path: Union[str
         return HFBackend(model, tokenizer, logits_processors=logits_processors)
     path = None if model_path in (None, "builtin-tiny") else str(model_path)
     if r.sglang_url:
-        from mempo.train.export import save_model_dir
+        from mempo.model.export import save_model_dir
 
         def save_weights(weights, directory: Path) -> None:
             save_model_dir(directory, model, tokenizer, state_dict=dict(weights))

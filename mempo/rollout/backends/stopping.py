@@ -5,7 +5,7 @@ Conventions
 * A round is generated after the forced prefix (``<mem>``); it ends at the first token whose bytes
   *complete* a closing action marker (``</search>``, ``</access>``, ``</answer>``) that closes the
   open action block under the span grammar of :mod:`mempo.ops.spans` (the same rules as
-  :mod:`mempo.protocol`): at most one block is open, an opening marker ends the open block, inside
+  :mod:`mempo.protocol.grammar`): at most one block is open, an opening marker ends the open block, inside
   ``<information>`` only ``</information>`` is a marker, stray closing markers are ignored. So
   ``</search>`` inside a ``<think>`` block, or a model-written ``<information>`` block, does not stop
   the round.
@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from typing import Any, Collection, NamedTuple, Optional, Sequence
 
-from mempo.tags import ACTION_TAGS, TAGS
+from mempo.protocol.tags import ACTION_TAGS, TAGS
 
 __all__ = ["ActionStopScanner", "TokenBytes", "RoundCut", "cut_round", "STOP_ACTION", "STOP_EOS",
            "STOP_LENGTH", "action_closing_token_ids"]

@@ -1,4 +1,4 @@
-"""The `mempo` command line: ``mempo <command> [options]`` (also ``python -m mempo.cli``).
+"""The `mempo` command line: ``mempo <command> [options]`` (also ``python -m mempo.apps.cli``).
 
 Commands are registered with `register_command`: a name, a one-line help, a function adding the
 command's arguments to its argparse sub-parser, and a function running it (``run(args) -> exit
@@ -12,8 +12,8 @@ malformed file, a damaged checkpoint, an unreachable retriever; printed as one l
 
 Commands:
   serve-retriever   serve a BM25 index over a jsonl corpus on the Search-R1 HTTP API (`mempo.env.server`)
-  sft, train        SFT cold start and MemPO RL (`mempo.train.commands`)
-  eval, demo        k-objective evaluation and the CPU demo (`mempo.eval_commands`)
+  sft, train        SFT cold start and MemPO RL (`mempo.apps.train_commands`)
+  eval, demo        k-objective evaluation and the CPU demo (`mempo.apps.eval_command`)
 """
 import argparse
 import sys
@@ -169,14 +169,14 @@ def _serve_retriever(args: argparse.Namespace) -> int:
 register_command("serve-retriever", "serve a BM25 index over a jsonl corpus (Search-R1 /retrieve API, "
                                     "plus /access and /health)", _serve_retriever_arguments, _serve_retriever)
 
-import mempo.train.commands  # noqa: E402,F401  (registers `sft` and `train`)
+import mempo.apps.train_commands  # noqa: E402,F401  (registers `sft` and `train`)
 
-import mempo.eval_commands  # noqa: E402,F401  (registers `eval` and `demo`)
+import mempo.apps.eval_command  # noqa: E402,F401  (registers `eval` and `demo`)
 
 
 if __name__ == "__main__":
-    # `python -m mempo.cli` runs this file as `__main__`, a second module object; the commands
-    # register themselves on `mempo.cli`, so run that module's `main`.
-    from mempo.cli import main as _cli_main
+    # `python -m mempo.apps.cli` runs this file as `__main__`, a second module object; the commands
+    # register themselves on `mempo.apps.cli`, so run that module's `main`.
+    from mempo.apps.cli import main as _cli_main
 
     sys.exit(_cli_main())

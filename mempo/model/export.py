@@ -16,7 +16,7 @@ Conventions
 * `export_model(model, tokenizer, directory)`: collective as well: all ranks gather, rank 0 writes
   the directory (``save_pretrained(state_dict=...)``), then all ranks wait at a barrier, so the
   directory is complete when any rank returns. Loading it back gives the trained parameters.
-* The directory is written atomically (`mempo.atomic.atomic_directory`: a temporary sibling,
+* The directory is written atomically (`mempo.utils.atomic.atomic_directory`: a temporary sibling,
   fsync, rename), so an interrupted export never leaves a half-written model where a whole one is
   expected; an existing directory of that name is replaced.
 """
@@ -30,7 +30,7 @@ from typing import Any, Mapping, Optional, Union
 import torch
 import torch.distributed as dist
 
-from mempo.atomic import atomic_directory
+from mempo.utils.atomic import atomic_directory
 
 __all__ = ["PROVENANCE_FILE", "full_state_dict", "save_model_dir", "export_model"]
 
@@ -67,7 +67,7 @@ def save_model_dir(directory: Union[str, os.PathLike], model: Any, tokenizer: An
     """Write a plain HF model directory (this process only; module conventions).
 
     state_dict: the weights to write (default: the model's own); provenance: recorded in
-    `PROVENANCE_FILE` (JSON-serialisable values); phase: the `mempo.atomic.fault_point` reached
+    `PROVENANCE_FILE` (JSON-serialisable values); phase: the `mempo.utils.atomic.fault_point` reached
     before the rename (fault-injection tests)."""
     path = Path(directory)
     with atomic_directory(path, phase=phase) as staging:

@@ -10,9 +10,9 @@ Stages (each prints what it did and how long it took; timings go to ``stages.jso
               paper's cold-start data. SFT and RL episodes are drawn with other question seeds than
               the evaluation's, and any that shares a question with an evaluation episode is
               dropped, so the evaluation questions are never trained on;
-3. tokenizer  a byte-level BPE (`mempo.builtin.train_tokenizer`, ``demo.vocab_size``) trained on the
+3. tokenizer  a byte-level BPE (`mempo.model.builtin.train_tokenizer`, ``demo.vocab_size``) trained on the
               documents and the oracle texts;
-4. model      a randomly initialised Qwen2 (`mempo.builtin.tiny_model`, ``demo.model_size``);
+4. model      a randomly initialised Qwen2 (`mempo.model.builtin.tiny_model`, ``demo.model_size``);
 5. sft        supervised cold start on the oracle trajectories (`mempo.train.sft.run_sft`; with
               ``demo.sft_prompt_loss_weight`` > 0 the prompt tokens are modelled too); the model is
               saved to ``<out>/model_sft``;
@@ -21,7 +21,7 @@ Stages (each prints what it did and how long it took; timings go to ``stages.jso
 7. rl         MemPO RL (`mempo.train.trainer.train`, ``trainer.total_steps`` steps) into
               ``<out>/rl`` (``metrics.jsonl``); the model is saved to ``<out>/model_rl``;
 8. eval-after the same evaluation -> ``eval_after.json`` / ``.md``;
-9. report     ``report.md`` + PNG plots (`mempo.report.write_report`).
+9. report     ``report.md`` + PNG plots (`mempo.apps.report.write_report`).
 
 Re-running into the same ``--out``: the demo owns its output directory. It first removes its own
 stage directories there (``rl/``: the RL run with its checkpoints, ``sft/``: the SFT metrics) and
@@ -29,7 +29,7 @@ then rewrites every file it writes (``model_sft/`` and ``model_rl/`` are replace
 a second run starts fresh instead of being refused as a used run directory (``trainer.resume``
 stays "never"). Nothing else in ``--out`` is touched.
 
-Configuration: a YAML file with the `mempo.train.config.MempoConfig` sections plus a ``demo``
+Configuration: a YAML file with the `mempo.config.MempoConfig` sections plus a ``demo``
 section (`DemoConfig`); the built-in defaults (`DEFAULT_CONFIG`) equal the repository's
 ``configs/demo.yaml``. Overrides are dotted (``eval.episodes=4``, ``trainer.total_steps=2``).
 
@@ -66,7 +66,7 @@ class DemoConfig:
     `mempo eval` / `mempo train` with the demo's saved config rebuild the same one. vocab_size:
     tokenizer size.
     tokenizer_documents: documents the tokenizer is trained on (plus every oracle text).
-    model_size: a `mempo.builtin.SIZES` name. max_position_embeddings: the model's context.
+    model_size: a `mempo.model.builtin.SIZES` name. max_position_embeddings: the model's context.
     tie_embeddings: share the input embedding and the output head (`tiny_model`): the head row of
     a name the SFT targets never contain is then that name's input embedding (trained wherever the
     name is read) rather than a row only ever pushed down, which helps copying names from the context.
@@ -129,7 +129,7 @@ def _split_overrides(overrides: Sequence[str]) -> tuple[list[str], list[str]]:
 
 def load_demo_config(path: Optional[PathLike] = None, overrides: Sequence[str] = ()):
     """(MempoConfig, DemoConfig) from a YAML file (None: `DEFAULT_CONFIG`) plus dotted overrides."""
-    from mempo.train.config import ConfigError, coerce_value, config_from_dict, read_yaml_mapping
+    from mempo.config import ConfigError, coerce_value, config_from_dict, read_yaml_mapping
 
     data = copy.deepcopy(DEFAULT_CONFIG) if path is None else read_yaml_mapping(path)
     demo_data = dict(data.pop("demo", None) or {})
@@ -233,7 +233,7 @@ def _echo(line: str) -> None:
 def run_demo(cfg: Any, demo: DemoConfig, out_dir: PathLike, *, echo: Callable[[str], None] = _echo,
              show_progress: bool = True) -> DemoResult:
     """Run every stage (module docstring) into `out_dir`; returns a `DemoResult`."""
-    from mempo.train.config import dump_config
+    from mempo.config import dump_config
 
     from mempo.train.trainer import prepare_out_dir
 
@@ -296,7 +296,7 @@ def run_demo(cfg: Any, demo: DemoConfig, out_dir: PathLike, *, echo: Callable[[s
 
     # 3. tokenizer ------------------------------------------------------------------------------
     def tokenizer_stage():
-        from mempo.builtin import default_corpus_texts, train_tokenizer
+        from mempo.model.builtin import default_corpus_texts, train_tokenizer
 
         texts = default_corpus_texts(world, limit=demo.tokenizer_documents)
         for t in state["oracle"]:
@@ -311,7 +311,7 @@ def run_demo(cfg: Any, demo: DemoConfig, out_dir: PathLike, *, echo: Callable[[s
 
     # 4. model ----------------------------------------------------------------------------------
     def model_stage():
-        from mempo.builtin import tiny_model
+        from mempo.model.builtin import tiny_model
 
         model = tiny_model(tokenizer, demo.model_size, demo.seed, max_position_embeddings=demo.max_position_embeddings,
                            tie_word_embeddings=demo.tie_embeddings)
@@ -388,7 +388,7 @@ def run_demo(cfg: Any, demo: DemoConfig, out_dir: PathLike, *, echo: Callable[[s
 
     # 9. report ---------------------------------------------------------------------------------
     def make_report():
-        from mempo.report import write_report
+        from mempo.apps.report import write_report
 
         stages.save()
         metrics_path = out / "rl" / "metrics.jsonl"
@@ -466,14 +466,14 @@ def _describe(result: Any) -> str:
 
 
 def _save_model(path: Path, model: Any, tokenizer: Any) -> None:
-    """A plain HF directory (`mempo.train.export.save_model_dir`) with the demo as its provenance."""
-    from mempo.train.export import save_model_dir
+    """A plain HF directory (`mempo.model.export.save_model_dir`) with the demo as its provenance."""
+    from mempo.model.export import save_model_dir
 
     save_model_dir(path, model, tokenizer, provenance={"written_by": "mempo demo", "stage": path.name})
 
 
 # ------------------------------------------------------------------------------------------------
-# CLI glue (registered in mempo.eval_commands)
+# CLI glue (registered in mempo.apps.eval_command)
 # ------------------------------------------------------------------------------------------------
 def add_arguments(parser) -> None:
     parser.add_argument("--config", default=None,
@@ -485,7 +485,7 @@ def add_arguments(parser) -> None:
 
 
 def run_command(args) -> int:
-    from mempo.train.config import ConfigError
+    from mempo.config import ConfigError
 
     try:
         cfg, demo = load_demo_config(args.config, args.overrides)

@@ -14,7 +14,7 @@
       tiny:  hidden 64,  2 layers, 4 heads (2 KV), MLP 128
       small: hidden 256, 4 layers, 8 heads (4 KV), MLP 512
 
-  Save one with ``save_pretrained`` (`mempo.train.export.save_model_dir`): a plain HF directory,
+  Save one with ``save_pretrained`` (`mempo.model.export.save_model_dir`): a plain HF directory,
   usable as ``model.path``; nothing about it marks it as built-in.
 * `ProtocolScaffold`: a transformers logits processor for random (or barely trained) models, which
   do not follow the turn protocol and whose every rollout would end after one malformed round. It

@@ -1,4 +1,4 @@
-"""`python -m mempo.quickstart`: the numeric core of MemPO end to end on a toy batch, on a CPU.
+"""`python -m mempo.apps.quickstart`: the numeric core of MemPO end to end on a toy batch, on a CPU.
 
 1. trains a small byte-level BPE tokenizer (the tags are *not* special tokens) on protocol text;
 2. tokenises a group of agent trajectories round by round (model tokens mask 1, tool tokens 0);

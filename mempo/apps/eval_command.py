@@ -1,4 +1,4 @@
-"""The ``mempo eval`` and ``mempo demo`` commands (registered with `mempo.cli.register_command`).
+"""The ``mempo eval`` and ``mempo demo`` commands (registered with `mempo.apps.cli.register_command`).
 
     mempo eval --model MODEL_DIR --out OUT_DIR [--config CONFIG.yaml] [section.field=value ...]
                [--data synthetic|files] [--files QA_FILE ...] [--corpus CORPUS.jsonl | --retriever-url URL]
@@ -20,14 +20,14 @@ Overrides go before the flags (``--files`` takes every word after it). Writes
 ``--no-trajectories``, ``OUT_DIR/<name>_trajectories.jsonl`` (one `mempo.eval.EpisodeRecord` per
 episode and policy). A user error (a missing or empty file, a bad field, k above a dataset's size,
 no corpus for BM25, an unreachable retriever) is one line ``mempo eval: ...`` and exit code 2.
-``demo``: see `mempo.demo`. Heavy imports happen inside the run functions.
+``demo``: see `mempo.apps.demo`. Heavy imports happen inside the run functions.
 """
 from __future__ import annotations
 
 import argparse
 import sys
 
-from mempo.cli import register_command
+from mempo.apps.cli import register_command
 
 __all__: list[str] = []
 
@@ -55,7 +55,7 @@ def _eval_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _eval_config(args: argparse.Namespace):
     """The config file + overrides, then the shorthand flags (module docstring)."""
-    from mempo.train.config import ConfigError, config_from_dict, config_to_dict, load_config
+    from mempo.config import ConfigError, config_from_dict, config_to_dict, load_config
 
     for path in args.files or []:
         if "=" in path and "." in path.split("=", 1)[0] and not path.endswith((".jsonl", ".json", ".parquet")):
@@ -80,7 +80,7 @@ def _eval_config(args: argparse.Namespace):
 
 
 def _eval(args: argparse.Namespace) -> int:
-    """`mempo eval` (module docstring); user errors are MempoErrors, printed by `mempo.cli.main`."""
+    """`mempo eval` (module docstring); user errors are MempoErrors, printed by `mempo.apps.cli.main`."""
     import os
 
     from mempo.eval import (eval_episodes, eval_retriever, evaluate, load_model_dir, qa_eval_episodes,
@@ -130,13 +130,13 @@ def _eval(args: argparse.Namespace) -> int:
 
 
 def _demo_arguments(parser: argparse.ArgumentParser) -> None:
-    from mempo.demo import add_arguments
+    from mempo.apps.demo import add_arguments
 
     add_arguments(parser)
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from mempo.demo import run_command
+    from mempo.apps.demo import run_command
 
     return run_command(args)
 

@@ -8,7 +8,7 @@ Conventions
   ``eval_before.json`` / ``eval_after.json``
   (`mempo.eval.EvalReport` files: before and after RL), ``stages.json`` (wall times of the run's
   stages: ``{"stages": [{"name", "seconds", "summary"}], "machine": {...}, ...}``, written by
-  `mempo.demo`). Each can also be passed explicitly to `write_report`.
+  `mempo.apps.demo`). Each can also be passed explicitly to `write_report`.
 * Metric names. The trainer's names (``reward/mean``, ``memory/reward``, ``memory/p_mem``, ``kl``,
   ...) are looked up through aliases (`METRIC_ALIASES`): the first alias that is a record key wins;
   failing that, a key ending with ``"/" + alias``. Keys starting with ``time/``

@@ -40,7 +40,7 @@ from typing import Any, Literal, Mapping, Optional, Sequence, Union
 
 import yaml
 
-from mempo.atomic import replace_file_atomically
+from mempo.utils.atomic import replace_file_atomically
 from mempo.errors import MempoError
 
 __all__ = [
@@ -246,7 +246,7 @@ class RolloutSection:
     refused when it rewrites assistant turns; ChatML when the tokenizer has none), ``"builtin"``
     (ChatML) or the path of a Jinja template file.
 
-    protocol_scaffold: generate training rollouts through `mempo.builtin.ProtocolScaffold` (tags
+    protocol_scaffold: generate training rollouts through `mempo.model.builtin.ProtocolScaffold` (tags
     forced, the answer a choice among strings of the agent's own context; for random models in tests
     and tiny demos; HF backend only).
     """
@@ -731,7 +731,7 @@ def config_to_dict(cfg: MempoConfig) -> dict[str, Any]:
 
 def dump_config(cfg: MempoConfig, path: Union[str, Path, None] = None) -> str:
     """The config as YAML text (sections in declaration order); also written to `path` if given
-    (atomically: `mempo.atomic.replace_file_atomically`)."""
+    (atomically: `mempo.utils.atomic.replace_file_atomically`)."""
     text = yaml.safe_dump(config_to_dict(cfg), sort_keys=False, default_flow_style=False)
     if path is not None:
         replace_file_atomically(path, text, phase="config")

@@ -7,7 +7,7 @@ Conventions
   The environment answers ``<search>``/``<access>`` with ``<information>...</information>``
   (tool text, not model text). A *response* is the concatenation of the rounds and information
   blocks, without the prompt.
-* Tag names and the set of actions come from :mod:`mempo.tags` (``TAGS``, ``ACTION_TAGS``).
+* Tag names and the set of actions come from :mod:`mempo.protocol.tags` (``TAGS``, ``ACTION_TAGS``).
 * Blocks and rounds follow the grammar stated in :mod:`mempo.ops.spans` (the C++ token scanner),
   applied to characters instead of bytes; the markers are ASCII, so for the same text both find
   the same blocks with the same round numbers:
@@ -42,7 +42,7 @@ import re
 from dataclasses import dataclass
 from typing import NamedTuple, Optional
 
-from mempo.tags import ACTION_TAGS, TAGS
+from mempo.protocol.tags import ACTION_TAGS, TAGS
 
 __all__ = [
     "FORMAT_RULES",

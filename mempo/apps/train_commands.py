@@ -6,10 +6,10 @@
 
 Overrides are dotted config keys (``actor.lr=1e-5``). Every user-fixable error (a bad config value
 or file, a bad option, a used run directory, a damaged checkpoint, a missing model or corpus, a chat
-template that drops text, SGLang not installed) is a `mempo.errors.MempoError`: `mempo.cli.main`
+template that drops text, SGLang not installed) is a `mempo.errors.MempoError`: `mempo.apps.cli.main`
 prints it as one line and exits with code 2. `sft` without ``--trajectories`` runs the oracle on
 synthetic-world episodes (``data.*``) and trains on its trajectories; it saves the tuned model and
-tokenizer to ``<out>/model``, a plain HF directory (`mempo.train.export`; ``mempo_provenance.json``
+tokenizer to ``<out>/model``, a plain HF directory (`mempo.model.export`; ``mempo_provenance.json``
 records what wrote it, and nothing reads it back), usable as ``model.path``. ``train`` writes the
 final policy the same way to ``<out>/model``, whole also under torchrun (`export_model` gathers the
 FSDP2 shards). Its
@@ -19,7 +19,7 @@ SFT steps and at the end (``trainer.keep_last`` kept), its metrics to ``<out>/sf
 directory, ``<out>/sft/checkpoints`` for sft; a new run when there is none) unless the config names a
 checkpoint path there; without it the config's ``trainer.resume`` applies, "never" by default: a
 run directory that already holds checkpoints is then refused (`mempo.train.trainer.refuse_used_run_dir`).
-The final model directories (``<out>/model``) are written atomically (`mempo.atomic.atomic_directory`).
+The final model directories (``<out>/model``) are written atomically (`mempo.utils.atomic.atomic_directory`).
 ``--steps`` / ``--epochs`` bound the whole SFT run, so a resumed run stops where an uninterrupted
 one would.
 """
@@ -30,8 +30,8 @@ import dataclasses
 import sys
 from pathlib import Path
 
-from mempo.cli import register_command
-from mempo.train.config import ConfigError, load_config
+from mempo.apps.cli import register_command
+from mempo.config import ConfigError, load_config
 
 
 def _log(message: str) -> None:
@@ -73,7 +73,7 @@ def _run_config(args: argparse.Namespace):
 
 def _train(args: argparse.Namespace) -> int:
     cfg = _run_config(args)
-    from mempo.train.export import export_model
+    from mempo.model.export import export_model
     from mempo.train.trainer import train
 
     result = train(cfg)
@@ -106,7 +106,7 @@ def _sft(args: argparse.Namespace) -> int:
             or args.lr <= 0 or args.batch_tokens < 1:
         raise ConfigError("", "--steps, --epochs, --lr and --batch-tokens must be positive")
     from mempo.train.checkpoint import checkpoint_step, resume_checkpoint
-    from mempo.train.export import save_model_dir
+    from mempo.model.export import save_model_dir
     from mempo.train.logging import MetricsLogger
     from mempo.train.sft import load_sft_records, run_sft
     from mempo.train.trainer import build_run, prepare_out_dir, refuse_used_run_dir

@@ -25,9 +25,9 @@ Conventions
   in [0, 1]), 1 only when all are right (``mode="all"``), or their sum (``mode="sum"``, MEM1's
   reward, in [0, k]). With one objective the three modes agree.
 * :func:`compute_score` gates the score on the format: a response that fails
-  :func:`mempo.protocol.validate_format` scores 0. Its ``em``/``f1``/``per_objective`` values are
+  :func:`mempo.protocol.grammar.validate_format` scores 0. Its ``em``/``f1``/``per_objective`` values are
   computed from the extracted answer whatever the format (diagnostics only; they are not gated).
-  The answer is :func:`mempo.protocol.extract_solution` of the response text (never the prompt).
+  The answer is :func:`mempo.protocol.grammar.extract_solution` of the response text (never the prompt).
 """
 from __future__ import annotations
 
@@ -37,7 +37,7 @@ from collections import Counter
 from numbers import Real
 from typing import Any, Iterable, Mapping, Optional, Sequence, Union
 
-from mempo.protocol import extract_solution, validate_format
+from mempo.protocol.grammar import extract_solution, validate_format
 
 __all__ = [
     "SCORE_MODES",
@@ -196,7 +196,7 @@ def compute_score(response_text: str, golds: Any, *, mode: str = "mean",
         golds: aliases of one objective, or per-objective alias lists
             (:func:`objectives_from_golds`); no gold at all (an empty sequence) scores 0.
         mode: ``"mean"`` (default), ``"all"`` or ``"sum"``: how per-objective EM becomes the score.
-        format_kwargs: keyword arguments for :func:`mempo.protocol.validate_format`.
+        format_kwargs: keyword arguments for :func:`mempo.protocol.grammar.validate_format`.
 
     Returns a dict:
         ``score`` (float): the ``mode`` aggregate of the per-objective EM when the format is valid,

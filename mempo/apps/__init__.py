@@ -1,0 +1,1 @@
+"""Applications built on the library: the `mempo` command line, the demo, reports, the quickstart."""

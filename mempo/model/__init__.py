@@ -1,0 +1,1 @@
+"""The policy model: the from-scratch tokenizer and small Qwen2 (`builtin`), model directories (`export`)."""

@@ -1,0 +1,1 @@
+"""Small utilities with no mempo dependencies: atomic writes, jsonl, registries."""
