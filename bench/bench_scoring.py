@@ -28,7 +28,8 @@ import time
 import pytest
 import torch
 
-from mempo.scoring import ScoredRound, ScoringRequest, ScoringStats, score
+from mempo.algo.contexts import ScoredRound, ScoringRequest
+from mempo.scoring import ScoringStats, score
 
 DEVICE_NOTE = "CPU-only dev machine, 2 cores, 24 GiB, Python 3.11, torch 2.13 CPU"
 QUESTIONS = int(os.environ.get("MEMPO_BENCH_QUESTIONS", "1"))

@@ -307,12 +307,11 @@ class ScoringConfig:
 
 @dataclass
 class AlgorithmConfig:
-    """Advantages (ALGORITHM.md section 5, `mempo.ops.advantage`).
+    """Advantages (ALGORITHM.md section 5, `mempo.algo.advantages.token_advantages`).
 
     epsilon: added to the group std. norm_adv_by_std: divide by the std (False: Dr.GRPO centring).
     memory_weight: A = A_out + memory_weight * A_mem. skip_zero_variance_groups: drop the outcome
-    part of groups whose scores are all equal from the policy loss (`mempo.train.losses.
-    zero_variance_group_mask`; memory advantages still apply).
+    part of groups whose scores are all equal from the policy loss (memory advantages still apply).
     """
 
     epsilon: float = 1e-6

@@ -74,7 +74,7 @@ from typing import Any, Callable, Mapping, NamedTuple, Optional, Sequence, Union
 
 __all__ = ["EvalRow", "EvalReport", "RoundRecord", "EpisodeRecord", "Examples", "evaluate", "summarize",
            "round_prompt_tokens", "render_episode", "eval_episodes", "qa_eval_episodes", "QAEvalSets",
-           "eval_retriever", "build_world", "synthetic_world", "config_tools", "load_model_dir", "OracleBackend",
+           "eval_retriever", "build_world", "synthetic_world", "config_tools", "OracleBackend",
            "machine_facts", "EVAL_SEED_OFFSET", "SCALAR_NAMES"]
 
 #: Evaluation episodes use question seed ``cfg.data.seed + EVAL_SEED_OFFSET + k`` (training uses others).
@@ -600,22 +600,6 @@ def eval_retriever(cfg: Any, world: Any = None, *, log: Optional[Callable[[str],
                                              "env.retriever is 'bm25' and the data are QA files (mempo eval "
                                              "--corpus FILE), or use env.retriever=http with env.retriever_url")
     return BM25Retriever.build(list(world.documents()))
-
-
-def load_model_dir(path: PathLike, dtype: str = "float32"):
-    """(model, tokenizer) from a directory holding a saved HF causal LM and its tokenizer; a
-    ConfigError naming ``--model`` when it holds none (`mempo.train.actor.load_pretrained`)."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from mempo.train.actor import load_pretrained
-
-    source = str(path)
-    model = load_pretrained(lambda s: AutoModelForCausalLM.from_pretrained(s, dtype=getattr(torch, dtype)), source,
-                            "--model", "model")
-    tokenizer = load_pretrained(AutoTokenizer.from_pretrained, source, "--model", "tokenizer")
-    model.eval()
-    return model, tokenizer
 
 
 def machine_facts() -> dict[str, Any]:

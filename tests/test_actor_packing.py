@@ -5,7 +5,8 @@ import torch
 
 pytest.importorskip("transformers")
 
-from mempo.train.actor import Actor, pack_rows, plan_micro_batches, resolve_packing  # noqa: E402
+from mempo.model.adapter import pack_rows, resolve_packing  # noqa: E402
+from mempo.train.actor import Actor, plan_micro_batches  # noqa: E402
 from mempo.config import ActorConfig, ConfigError  # noqa: E402
 
 VOCAB, LENGTH = 128, 20

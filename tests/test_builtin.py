@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from mempo.model.builtin import SIZES, ProtocolScaffold, context_candidates, default_corpus_texts, tiny_model, train_tokenizer
-from mempo.eval import load_model_dir
+from mempo.model.loading import load_model_dir
 from mempo.rollout.backends import HFBackend
 from mempo.rollout.chat import ChatFormat, render_builtin
 from mempo.model.export import PROVENANCE_FILE, save_model_dir
@@ -59,7 +59,7 @@ def test_save_and_load(tok, tmp_path):
     ids = torch.tensor([tok.encode("hello <mem> world", add_special_tokens=False)])
     assert torch.allclose(model(ids).logits, loaded(ids).logits)
     assert tok2.encode("<mem>x</mem>") == tok.encode("<mem>x</mem>")
-    from mempo.train.actor import build_causal_lm
+    from mempo.model.loading import build_causal_lm
     from mempo.config import ModelConfig
 
     assert build_causal_lm(ModelConfig(path=str(tmp_path / "m"))).config.vocab_size == len(tok)

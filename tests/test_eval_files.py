@@ -437,7 +437,7 @@ def test_a_random_hf_model_is_told_no_gold(tmp_path, qa_files, model_dir):
     to a gold that retrieval cannot have shown (the unanswerable ones)."""
     import math
 
-    from mempo.eval import load_model_dir
+    from mempo.model.loading import load_model_dir
     from mempo.rollout.backends import make_backend
 
     model, tok = load_model_dir(model_dir)

@@ -61,7 +61,7 @@ def test_two_process_export_holds_the_full_trained_weights(tmp_path):
 
 def test_export_keeps_tied_weights_tied_and_replaces_a_directory(tmp_path):
     from mempo.model.builtin import default_corpus_texts, tiny_model, train_tokenizer
-    from mempo.eval import load_model_dir
+    from mempo.model.loading import load_model_dir
 
     tok = train_tokenizer(default_corpus_texts(), 300)
     model = tiny_model(tok, seed=0, tie_word_embeddings=True)

@@ -1,12 +1,10 @@
 """mempo.train.losses against straightforward loop references (float64)."""
 import math
 
-import numpy as np
 import pytest
 import torch
 
-from mempo.train.losses import (LOSS_AGG_MODES, agg_loss, entropy_from_logits, filter_zero_variance_tokens,
-                                kl_penalty, masked_mean, policy_loss, zero_variance_group_mask)
+from mempo.train.losses import LOSS_AGG_MODES, agg_loss, entropy_from_logits, kl_penalty, masked_mean, policy_loss
 
 
 # ------------------------------------------------------------------------------------------------
@@ -227,29 +225,6 @@ def test_entropy_from_logits_chunked_matches_reference():
         assert got.shape == (3, 5) and torch.allclose(got, expected)
     half = entropy_from_logits(logits.to(torch.bfloat16), chunk_size=4)
     assert half.dtype == torch.float32 and torch.isfinite(half).all()
-
-
-# ------------------------------------------------------------------------------------------------
-# zero-variance groups
-# ------------------------------------------------------------------------------------------------
-def test_zero_variance_group_mask():
-    scores = torch.tensor([1.0, 1.0, 0.0, 1.0, 0.5, 0.5, 0.7])
-    index = np.array(["a", "a", "b", "b", "c", "c", "d"], dtype=object)
-    got = zero_variance_group_mask(scores, index)
-    assert got.dtype == torch.bool
-    assert got.tolist() == [False, False, True, True, False, False, False]  # group of one: False
-    assert zero_variance_group_mask([0.0, 1.0], [0, 0]).tolist() == [True, True]
-
-
-def test_filter_zero_variance_tokens_keeps_memory_spans():
-    response = torch.tensor([[1, 1, 1, 1, 0], [1, 1, 1, 1, 1], [0, 1, 1, 1, 1]], dtype=torch.bool)
-    has_variance = torch.tensor([True, False, False])
-    memory = torch.tensor([[0, 1, 1, 0, 0], [0, 1, 1, 0, 0], [1, 1, 0, 0, 0]], dtype=torch.bool)
-    got = filter_zero_variance_tokens(response, has_variance, memory)
-    assert got.tolist() == [[True, True, True, True, False],
-                            [False, True, True, False, False],
-                            [False, True, False, False, False]]
-    assert filter_zero_variance_tokens(response, has_variance).tolist()[1] == [False] * 5
 
 
 def test_masked_mean_empty():

@@ -344,7 +344,8 @@ def test_import_mempo_rollout_stays_light():
     import subprocess
     import sys
 
-    code = ("import sys, mempo.rollout, mempo.rollout.loop, mempo.rollout.backends, mempo.rollout.requests\n"
+    code = ("import sys, mempo.rollout, mempo.rollout.loop, mempo.rollout.backends, mempo.algo.contexts, "
+            "mempo.algo.memory_reward, mempo.algo.advantages\n"
             "print(','.join(m for m in ('transformers', 'sglang') if m in sys.modules))\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr

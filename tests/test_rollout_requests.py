@@ -1,12 +1,15 @@
-"""Trajectories -> teacher-scoring requests -> memory rewards -> mempo_advantage inputs."""
+"""Trajectories -> teacher-scoring requests (mempo.algo.contexts) -> memory rewards
+(mempo.algo.memory_reward) -> mempo_advantage inputs (mempo.algo.advantages)."""
 import math
 
 import pytest
 import torch
 
+from mempo.algo.advantages import advantage_inputs
+from mempo.algo.contexts import DEFAULT_ANSWER_TEMPLATE, ScoredRound, ScoringRequest, ScoringResult, scoring_requests
+from mempo.algo.memory_reward import attach_memory_rewards, memory_rewards
 from mempo.ops import mempo_advantage
 from mempo.rollout import RolloutConfig, RolloutEngine, ScriptedBackend, round_script
-from mempo.rollout.requests import advantage_inputs, attach_memory_rewards, scoring_requests, scoring_types
 from test_rollout_fixtures import chat_tokenizer, needle_scripts, needle_task
 
 ANSWER_PREFIX = "\n<think>\nI know it.\n</think>\n<answer>\n"
@@ -41,11 +44,7 @@ def batch(bm25):
 def test_scoring_requests_one_per_trajectory(batch):
     tok, trajectories = batch
     requests = scoring_requests(trajectories, tok, answer_builder)
-    request_type, round_type = scoring_types()
-    from mempo.scoring import ScoredRound, ScoringRequest
-
-    assert (request_type, round_type) == (ScoringRequest, ScoredRound)
-    assert len(requests) == len(trajectories) and all(isinstance(r, request_type) for r in requests)
+    assert len(requests) == len(trajectories) and all(isinstance(r, ScoringRequest) for r in requests)
     assert [len(r.rounds) for r in requests] == [2, 2, 2, 1, 0, 0]
     for trajectory, request in zip(trajectories, requests):
         assert request.sequence_ids == trajectory.prompt_ids + trajectory.response_ids
@@ -53,7 +52,7 @@ def test_scoring_requests_one_per_trajectory(batch):
         assert (request.answer_ids, request.answer_mask) == (ids, mask)
         assert tok.decode([t for t, m in zip(ids, mask) if m]) == trajectory.golds[0]
         for scored, r in zip(request.rounds, trajectory.scored_rounds()):
-            assert isinstance(scored, round_type) and r.index >= 1
+            assert isinstance(scored, ScoredRound) and r.index >= 1
             # full_ctx[r]: everything before round r's own output (its forced <mem> included in the round)
             full_ctx = tok.decode(request.sequence_ids[:scored.full_end])
             assert full_ctx.endswith("<|im_start|>assistant\n") and full_ctx.count("<mem>") == r.index
@@ -71,10 +70,11 @@ def test_memory_rewards_reach_the_mem_tokens(batch):
     with pytest.raises(ValueError, match="no memory rewards"):
         advantage_inputs(trajectories)
     with pytest.raises(ValueError, match="scored rounds"):
-        attach_memory_rewards(trajectories, [[0.1]] * len(trajectories))
-    results = [[0.3, -0.1], {"mem_rewards": [0.2, 0.0]}, type("R", (), {"memory_rewards": torch.tensor([0.5, 0.1])})(),
-               [-0.4], [], []]
-    attach_memory_rewards(trajectories, results)
+        attach_memory_rewards(trajectories, [ScoringResult(p_full=[0.0], p_mem=[0.1])] * len(trajectories))
+    with pytest.raises(TypeError, match="ScoringResult"):
+        attach_memory_rewards(trajectories, [[0.3, -0.1]] + [ScoringResult()] * (len(trajectories) - 1))
+    mem = [[0.3, -0.1], [0.2, 0.0], [0.5, 0.1], [-0.4], [], []]  # P(mem_ctx) - 0.0: the rewards themselves
+    attach_memory_rewards(trajectories, [ScoringResult(p_full=[0.0] * len(m), p_mem=m) for m in mem])
     assert trajectories[2].memory_rewards == pytest.approx([0.5, 0.1])
     scores, index, mask, rewards, offsets, spans = advantage_inputs(trajectories, pad_to=1500)
     assert mask.shape == (6, 1500) and list(index) == ["q3"] * 3 + ["q5"] * 3
@@ -97,7 +97,7 @@ def test_memory_rewards_reach_the_mem_tokens(batch):
 
 def test_end_to_end_with_the_scoring_module(batch):
     """rollout -> scoring_requests (default answer template) -> mempo.scoring -> rewards -> advantages."""
-    from mempo.scoring import DEFAULT_ANSWER_TEMPLATE, ScoringResult, score_packed, score_reference
+    from mempo.scoring import score_packed, score_reference
     from test_rollout_fixtures import tiny_qwen2
 
     tok, trajectories = batch
@@ -110,7 +110,7 @@ def test_end_to_end_with_the_scoring_module(batch):
     assert all(isinstance(r, ScoringResult) for r in results)
     packed = score_packed(model, requests, threshold=None)
     for a, b in zip(results, packed):
-        assert a.mem_reward == pytest.approx(b.mem_reward, abs=1e-5)
+        assert memory_rewards(a) == pytest.approx(memory_rewards(b), abs=1e-5)
     for trajectory in trajectories:
         trajectory.memory_rewards = None
     attach_memory_rewards(trajectories, results)
@@ -156,4 +156,4 @@ def test_scoring_methods_agree_on_rollout_trajectories(bm25):
             for a, b in zip(want, got):
                 assert a.p_full == pytest.approx(b.p_full, abs=1e-5)
                 assert a.p_mem == pytest.approx(b.p_mem, abs=1e-5)
-                assert a.mem_reward == pytest.approx(b.mem_reward, abs=1e-5)
+                assert memory_rewards(a) == pytest.approx(memory_rewards(b), abs=1e-5)

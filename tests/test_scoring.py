@@ -19,18 +19,9 @@ import sys
 import pytest
 import torch
 
-from mempo.scoring import (
-    DEFAULT_ANSWER_TEMPLATE,
-    METHODS,
-    ScoredRound,
-    ScoringRequest,
-    ScoringResult,
-    ScoringStats,
-    build_answer,
-    score,
-    score_cached,
-    score_packed,
-)
+from mempo.algo.contexts import DEFAULT_ANSWER_TEMPLATE, ScoredRound, ScoringRequest, ScoringResult, build_answer
+from mempo.algo.memory_reward import memory_rewards
+from mempo.scoring import METHODS, ScoringStats, score, score_cached, score_packed
 
 transformers = pytest.importorskip("transformers")
 tokenizers = pytest.importorskip("tokenizers")
@@ -116,7 +107,6 @@ def ground_truth(model, requests, threshold):
                                    req.answer_mask, threshold)
             res.p_full.append(pf)
             res.p_mem.append(pm)
-            res.mem_reward.append(pm - pf)
             res.num_kept_full.append(kf)
             res.num_kept_mem.append(km)
         out.append(res)
@@ -126,9 +116,9 @@ def ground_truth(model, requests, threshold):
 def assert_same(got, want, tol=TOL):
     assert len(got) == len(want)
     for r, (g, w) in enumerate(zip(got, want)):
-        assert len(g.p_full) == len(w.p_full) == len(g.p_mem) == len(g.mem_reward)
-        for name in ("p_full", "p_mem", "mem_reward"):
-            for k, (a, b) in enumerate(zip(getattr(g, name), getattr(w, name))):
+        assert len(g.p_full) == len(w.p_full) == len(g.p_mem)
+        for name, of in (("p_full", lambda x: x.p_full), ("p_mem", lambda x: x.p_mem), ("mem_reward", memory_rewards)):
+            for k, (a, b) in enumerate(zip(of(g), of(w))):
                 assert isinstance(a, float)
                 assert abs(a - b) <= tol, f"request {r} round {k} {name}: {a} vs {b}"
         assert g.num_kept_full == w.num_kept_full, r
@@ -246,7 +236,7 @@ def test_empty_value_and_no_gold(qwen2):
     req = ScoringRequest(seq, [ScoredRound(10, seq[:5]), ScoredRound(29, [7, 8])], [3, 4, 5], [0, 0, 0])
     for method in METHODS:
         r = score(qwen2, [req], method)[0]
-        assert r.p_full == r.p_mem == [0.0, 0.0] and r.mem_reward == [0.0, 0.0]
+        assert r.p_full == r.p_mem == [0.0, 0.0] and memory_rewards(r) == [0.0, 0.0]
         assert r.num_kept_full == [0, 0]
         r = score(qwen2, [req], method, empty_value=-1.0)[0]
         assert r.p_full == [-1.0, -1.0]

@@ -207,7 +207,7 @@ def test_periodic_eval_logs_eval_metrics_at_its_steps(tmp_path):
     a direct `mempo.eval.evaluate` of the step-2 policy; training itself is unchanged by evaluating;
     eval_every=0 logs no eval/ metrics."""
     from mempo.eval import build_world, eval_episodes, evaluate
-    from mempo.train.actor import build_causal_lm
+    from mempo.model.loading import build_causal_lm
     from mempo.train.checkpoint import checkpoint_dir, load_checkpoint
     from mempo.train.logging import read_metrics
     from mempo.train.trainer import train

@@ -649,7 +649,7 @@ def sec_flash_actor(ctx: Ctx) -> None:
 def _scoring_requests(n: int, length: int, vocab: int, seed: int = 0):
     import random
 
-    from mempo.scoring import ScoredRound, ScoringRequest
+    from mempo.algo.contexts import ScoredRound, ScoringRequest
 
     rnd = random.Random(seed)
     requests = []

@@ -83,8 +83,8 @@ def _eval(args: argparse.Namespace) -> int:
     """`mempo eval` (module docstring); user errors are MempoErrors, printed by `mempo.apps.cli.main`."""
     import os
 
-    from mempo.eval import (eval_episodes, eval_retriever, evaluate, load_model_dir, qa_eval_episodes,
-                            synthetic_world)
+    from mempo.eval import eval_episodes, eval_retriever, evaluate, qa_eval_episodes, synthetic_world
+    from mempo.model.loading import load_model_dir
     from mempo.rollout.backends.factory import build_backend, check_backend_config
 
     cfg = _eval_config(args)

@@ -6,8 +6,9 @@ Use without forking verl:
         algorithm.adv_estimator=mempo +algorithm.mempo.memory_weight=1.0 ...
 
 Importing this module registers `compute_mempo_advantage` under the name "mempo" with verl's
-`register_adv_est`. It imports only verl submodules and `mempo.ops` (it may run while
-`verl/__init__` is still executing).
+`register_adv_est`. The advantages are `mempo.algo.advantages.token_advantages` (every response
+token in the loss: verl applies its own masks). It imports only verl submodules and mempo modules
+that import no verl (it may run while `verl/__init__` is still executing).
 
 What reaches the estimator. verl's `compute_advantage` (ray_trainer.py, v0.6-v0.9) passes a
 registered estimator only `token_level_rewards`, `response_mask`, `config` and `index` (the `uid`
@@ -35,7 +36,7 @@ import torch
 
 from verl.trainer.ppo import core_algos
 
-from mempo.ops.advantage import mempo_advantage
+from mempo.algo.advantages import AdvantageInputs, token_advantages
 
 __all__ = [
     "MEMORY_KEYS",
@@ -115,10 +116,12 @@ def compute_mempo_advantage(token_level_rewards: torch.Tensor, response_mask: to
                           "uid); computing plain GRPO. Use mempo.integrations.verl.compute_advantage to pass "
                           "the batch's mempo_mem_* fields.", RuntimeWarning, stacklevel=2)
             _warned_missing_memory = True
-        return mempo_advantage(scores, index, response_mask, epsilon=eps, norm_adv_by_std=norm)
-    rewards, offsets, spans = unpack_memory_fields(mem_rewards, mem_spans, mem_valid)
-    return mempo_advantage(scores, index, response_mask, rewards, offsets, spans, epsilon=eps,
-                           norm_adv_by_std=norm, memory_weight=memory_weight)
+        result = token_advantages(AdvantageInputs(scores, index, response_mask), epsilon=eps, norm_adv_by_std=norm)
+    else:
+        rewards, offsets, spans = unpack_memory_fields(mem_rewards, mem_spans, mem_valid)
+        result = token_advantages(AdvantageInputs(scores, index, response_mask, rewards, offsets, spans),
+                                  epsilon=eps, norm_adv_by_std=norm, memory_weight=memory_weight)
+    return result.advantages, result.advantages
 
 
 def compute_advantage(data: Any, adv_estimator: Any, gamma: float = 1.0, lam: float = 1.0, num_repeat: int = 1,

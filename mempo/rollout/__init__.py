@@ -9,7 +9,6 @@
   `ScriptedBackend` (replays ids); stop detection; `factory.build_backend` (from the config).
 * `mempo.rollout.loop`: `RolloutConfig`, `RolloutEngine`, `rollout` (G samples per question,
   full or memory context policy, concurrent tools).
-* `mempo.rollout.requests`: `scoring_requests`, `attach_memory_rewards`, `advantage_inputs`.
 
 Importing this package is light: names load on first access, and transformers / sglang only when a
 backend that needs them is built or used.
@@ -31,7 +30,6 @@ _EXPORTS = {
     "round_script": "backends", "cut_round": "backends", "ActionStopScanner": "backends",
     "RolloutConfig": "loop", "RolloutEngine": "loop", "RolloutTask": "loop", "RolloutStats": "loop",
     "rollout": "loop", "TRAINING_MAX_TURNS": "loop", "EVALUATION_MAX_TURNS": "loop",
-    "scoring_requests": "requests", "attach_memory_rewards": "requests", "advantage_inputs": "requests",
 }
 
 __all__, __getattr__, __dir__ = lazy_exports('mempo.rollout', _EXPORTS, globals())

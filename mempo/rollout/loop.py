@@ -33,7 +33,8 @@ Conventions
   by that room, a tool segment cut to fit (kept up to the budget), or no room for one more id
   after the forced prefix, ends the trajectory with ``"token_budget"``.
 * After the loop: one :func:`mempo.ops.spans.find_spans` call over all responses gives each round's
-  ``mem_span`` (the first ``<mem>`` block starting in the round, if closed with non-blank content);
+  ``mem_span`` (:func:`mempo.algo.rounds.round_mem_span`: the first ``<mem>`` block starting in the
+  round, if closed with non-blank content);
   the outcome is ``compute_score`` of the protocol text (the rounds' texts and the tool results'
   texts, in order, without chat glue) against the golds.
 * Output order: questions in input order, the G samples of each in sample order; ``uid`` is the
@@ -47,6 +48,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Mapping, Optional, Sequence
 
+from mempo.algo.rounds import round_mem_span
 from mempo.protocol.memory import DEFAULT_SYSTEM_PROMPT, MEM_PREFIX, AgentMemory, ShortTextPolicy
 from mempo.protocol.grammar import extract_solution, find_blocks
 from mempo.protocol.reward import compute_score
@@ -432,12 +434,7 @@ class RolloutEngine:
         for i, run in enumerate(runs):
             mem_spans = [s for s in batch.spans_of(i) if s.tag == "mem"]
             for round_, text in zip(run.rounds, run.round_texts):
-                span = next((s for s in mem_spans if round_.start <= s.start < round_.end), None)
-                if span is None or not span.closed:
-                    continue
-                block = next((b for b in find_blocks(text) if b.tag == "mem"), None)
-                if block is not None and block.closed and block.content.strip():
-                    round_.mem_span = (int(span.start), min(int(span.end), round_.end))
+                round_.mem_span = round_mem_span(round_.start, round_.end, text, mem_spans)
             protocol_text = "".join(record.text for record in run.memory.records[1:])
             if run.task.golds is not None:
                 outcome = compute_score(protocol_text, run.task.golds, mode=cfg.score_mode,

@@ -18,9 +18,9 @@ Conventions
   (rebuilt from ``AgentMemory.messages("memory")``, without the forced prefix); ``None`` for the
   full policy, whose round-r context is ``prompt_ids + response_ids[:start]``.
 * ``mem_span`` (response coordinates, from the C++ span scanner): the round's first ``<mem>`` block
-  when it is closed and its content is not blank, else ``None``. A round is *scored* (gets a memory
-  reward) when its index is >= 1 (round 2 on) and it has a ``mem_span``; ``mem_ctx[r]`` is
-  ``prompt_ids + response_ids[mem_span]``.
+  when it is closed and its content is not blank, else ``None`` (:mod:`mempo.algo.rounds`). A round
+  is *scored* (gets a memory reward) when its index is >= 1 (round 2 on) and it has a ``mem_span``;
+  its scoring contexts are built by :mod:`mempo.algo.contexts`.
 * ``action`` is the tag of the action block that closed the round (``"search"``, ``"access"``,
   ``"answer"``) or ``None`` (a malformed round); ``action_argument`` its stripped content.
   ``stop_reason``: ``"action"``, ``"eos"`` (a stop token) or ``"length"`` (max tokens).
@@ -40,13 +40,15 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator, NamedTuple, Optional, Union
 
+from mempo.algo.rounds import is_scored
+from mempo.utils.jsonl import iter_jsonl_records, write_jsonl
+
 __all__ = ["POLICIES", "FINISH_REASONS", "Round", "Trajectory", "RoundInput", "round_training_inputs",
            "write_trajectories_jsonl", "read_trajectories_jsonl", "iter_trajectories_jsonl"]
 
 POLICIES = ("full", "memory")
 FINISH_REASONS = ("answer", "turn_limit", "token_budget", "malformed")
 
-from mempo.utils.jsonl import iter_jsonl_records, write_jsonl
 
 
 def _pair(value: Any) -> Optional[tuple[int, int]]:
@@ -81,8 +83,9 @@ class Round:
 
     @property
     def scored(self) -> bool:
-        """True for a round >= 2 (index >= 1) with a well-formed ``<mem>``."""
-        return self.index >= 1 and self.mem_span is not None
+        """Whether the round gets a memory reward (:func:`mempo.algo.rounds.is_scored`: round 2 on,
+        with a well-formed ``<mem>``)."""
+        return is_scored(self.index, self.mem_span)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -157,13 +160,6 @@ class Trajectory:
         if r.prompt_ids is not None:
             return list(r.prompt_ids)
         return self.prompt_ids + self.response_ids[:r.start]
-
-    def mem_context_ids(self, round_: Union[int, Round]) -> list[int]:
-        """``mem_ctx[r]`` = prompt ids + the round's ``<mem>...</mem>`` ids (ValueError without a mem span)."""
-        r = self.rounds[round_] if isinstance(round_, int) else round_
-        if r.mem_span is None:
-            raise ValueError(f"round {r.index} has no well-formed <mem> block")
-        return self.prompt_ids + self.response_ids[r.mem_span[0]:r.mem_span[1]]
 
     def response_text(self, tokenizer: Any) -> str:
         """The protocol text (rounds and ``<information>`` blocks, no chat glue) decoded from the ids.

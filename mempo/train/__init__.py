@@ -2,10 +2,8 @@
 
 Configuration (`mempo.config`, standard library + PyYAML only): `MempoConfig` and its
 sections, `load_config`, `dump_config`, `ConfigError`.
-Losses (`mempo.train.losses`): `policy_loss`, `kl_penalty`, `agg_loss`, `entropy_from_logits`,
-`zero_variance_group_mask`, `filter_zero_variance_tokens`.
-Actor (`mempo.train.actor`): `Actor` (FSDP2 when distributed), `init_distributed`,
-`build_causal_lm`.
+Losses (`mempo.train.losses`): `policy_loss`, `kl_penalty`, `agg_loss`, `entropy_from_logits`.
+Actor (`mempo.train.actor`): `Actor` (FSDP2 when distributed), `init_distributed`.
 Checkpoints (`mempo.train.checkpoint`): `save_checkpoint`, `load_checkpoint`, `latest_checkpoint`,
 `verify_checkpoint`, `resume_checkpoint`, `CheckpointError`.
 Logging (`mempo.train.logging`): `MetricsLogger`, `StageTimer`, `progress`.
@@ -23,10 +21,9 @@ _EXPORTS = {
     "ActorConfig": "config", "TrainerConfig": "config", "EvalConfig": "config", "load_config": "config",
     "config_from_dict": "config", "config_to_dict": "config", "dump_config": "config",
     "policy_loss": "losses", "kl_penalty": "losses", "agg_loss": "losses", "masked_mean": "losses",
-    "entropy_from_logits": "losses", "zero_variance_group_mask": "losses",
-    "filter_zero_variance_tokens": "losses",
+    "entropy_from_logits": "losses",
     "Actor": "actor", "LogProbs": "actor", "DistInfo": "actor", "init_distributed": "actor",
-    "shutdown_distributed": "actor", "build_causal_lm": "actor", "token_log_probs": "actor",
+    "shutdown_distributed": "actor",
     "save_checkpoint": "checkpoint", "load_checkpoint": "checkpoint", "latest_checkpoint": "checkpoint",
     "list_checkpoints": "checkpoint", "prune_checkpoints": "checkpoint", "capture_rng_state": "checkpoint",
     "restore_rng_state": "checkpoint", "CheckpointState": "checkpoint", "CheckpointError": "checkpoint",

@@ -25,20 +25,12 @@ Conventions
   gradient averaging: N ranks give the same update as one process on all rows. Every rank runs the
   same number of forwards (ranks with fewer micro-batches run zero-weighted ones), as FSDP's
   collectives require.
-* Packing (``ActorConfig.packing``): a micro-batch runs either padded (``[rows, T]`` + padding mask)
-  or packed (`pack_rows`: the rows' real tokens as one ``[1, N]`` sequence, each row keeping its own
-  position ids, ``cu_seqlens`` marking the rows, ``attention_mask=None``). Under a flash-attention
-  implementation the packed forward passes ``cu_seq_lens_q/k`` and ``max_length_q/k`` explicitly, so
-  transformers calls ``flash_attn_varlen_func`` (no padding computed at all); under "sdpa" / "eager"
-  transformers builds a dense block-diagonal causal mask ``[1, 1, N, N]`` from the position ids (a
-  row starts wherever the position does not step by +1; `PackedRows.positions_delimit_rows` checks
-  that this finds the actor's rows, else the forward raises ValueError). The log-probs are
-  scattered back to the ``[rows, T]`` layout, so everything after the forward is the same in both
-  modes. "auto" packs only under flash attention: under SDPA/eager the packed attention is dense
-  over all N tokens (N^2 scores behind a mask instead of rows x T^2), which costs more than the
-  padding it saves (tiny Qwen2, 8 rows of 50..600 tokens, one thread of a shared 2-core CPU:
-  log-probs 94 ms padded vs 163 ms packed, an update 318 vs 486 ms); both modes give the same
-  numbers.
+* Packing (``ActorConfig.packing``, `mempo.model.adapter.resolve_packing`): a micro-batch runs
+  padded (``[rows, T]`` + padding mask) or packed (`mempo.model.adapter.pack_rows`: the rows' real
+  tokens as one ``[1, N]`` sequence; flash-attn varlen under flash attention, a block-diagonal mask
+  from the position ids under "sdpa" / "eager"). The log-probs are scattered back to ``[rows, T]``,
+  so everything after the forward is the same in both modes, and both give the same numbers.
+  "auto" packs only under flash attention.
 * Update (`Actor.update`): ``ppo_epochs`` passes; each pass splits the rows into ``ppo_mini_batches``
   contiguous mini-batches, one optimiser step each; each mini-batch runs micro-batches of at most
   ``micro_batch_tokens`` tokens (padded: rows x padded length; packed: real tokens) with gradient
@@ -53,29 +45,28 @@ Conventions
 * Modes: the model is put in train mode for `update` and eval mode for `compute_log_probs`; PPO
   ratios assume dropout 0 (true for Qwen2/Llama configs).
 * Supported models: causal LMs whose output is ``lm_head(decoder(...).last_hidden_state)`` with
-  `get_decoder()` / `get_output_embeddings()` (Qwen2, Qwen3, Llama, Mistral families); models with
-  logit soft-capping or scaling are not supported.
+  `get_decoder()` / `get_output_embeddings()` (Qwen2, Qwen3, Llama, Mistral families), run through
+  `mempo.model.adapter.PolicyLogProbs`; models with logit soft-capping or scaling are not supported.
 """
 from __future__ import annotations
 
 import math
 import os
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, Callable, Mapping, NamedTuple, Optional
+from typing import Any, Mapping, NamedTuple, Optional
 
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.utils.checkpoint import checkpoint
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-from mempo.config import ActorConfig, ConfigError, ModelConfig, flash_attention_requested
+from mempo.config import ActorConfig
+from mempo.model.adapter import DTYPES, PolicyLogProbs, attn_implementation, resolve_packing
+from mempo.train.checkpoint import load_model_state, load_optimizer_state, model_state_dict, optimizer_state_dict
 from mempo.train.losses import agg_loss, kl_penalty, policy_loss
 
-__all__ = ["load_pretrained", "Actor", "DistInfo", "LogProbs", "PackedRows", "init_distributed", "shutdown_distributed",
-           "build_causal_lm", "token_log_probs", "pack_rows", "resolve_packing", "plan_micro_batches"]
-
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+__all__ = ["Actor", "DistInfo", "LogProbs", "init_distributed", "shutdown_distributed", "plan_micro_batches"]
 
 
 # ------------------------------------------------------------------------------------------------
@@ -134,60 +125,7 @@ def _all_reduce(tensor: torch.Tensor, op=None) -> torch.Tensor:
 
 
 # ------------------------------------------------------------------------------------------------
-# model construction
-# ------------------------------------------------------------------------------------------------
-_PRETRAINED_FILES = {"model": ("config.json",),
-                     "tokenizer": ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")}
-
-
-def load_pretrained(load: Callable[[str], Any], source: str, field: str, kind: str) -> Any:
-    """``load(source)`` (a transformers ``from_pretrained``) with one-line errors: a ConfigError
-    naming `field` when `source` is a local path that is missing, a file, or a directory without a
-    saved `kind` ("model": config.json; "tokenizer": tokenizer.json, tokenizer_config.json, ...),
-    and when loading fails (a hub id that cannot be fetched, damaged files). A source is local when
-    it exists, or starts with ".", "/" or "~", or has more than one "/" (a hub id is ``name`` or
-    ``org/name``)."""
-    needed = _PRETRAINED_FILES[kind]
-    path = Path(source).expanduser()
-    if path.exists():
-        if not path.is_dir():
-            raise ConfigError(field, f"{source} is a file, not a directory with a saved {kind}")
-        if not any((path / name).is_file() for name in needed):
-            raise ConfigError(field, f"{source} holds no saved {kind} (none of {', '.join(needed)})")
-    elif source.startswith((".", "/", "~")) or source.count("/") > 1:
-        raise ConfigError(field, f"{source}: no such directory")
-    try:
-        return load(str(path) if path.exists() else source)
-    except Exception as error:  # whatever transformers raises for a file it cannot use; the message names it
-        detail = " ".join(str(error).split())[:300]
-        raise ConfigError(field, f"cannot load the {kind} {source!r} ({type(error).__name__}: {detail})") from None
-
-
-def build_causal_lm(model_config: ModelConfig, vocab_size: Optional[int] = None) -> nn.Module:
-    """A transformers causal LM from `ModelConfig`: ``from_pretrained(path)``, or for
-    ``path == "builtin-tiny"`` a randomly initialised Qwen2 of the configured sizes (uses the torch
-    RNG; vocab from ``model_config.vocab_size`` or `vocab_size`). Imports transformers lazily."""
-    import transformers
-
-    dtype = _DTYPES[model_config.dtype]
-    if model_config.path != "builtin-tiny":
-        return load_pretrained(lambda source: transformers.AutoModelForCausalLM.from_pretrained(
-            source, dtype=dtype, attn_implementation=model_config.attn_implementation), model_config.path,
-            "model.path", "model")
-    vocab = model_config.vocab_size or vocab_size
-    if vocab is None:
-        raise ValueError("builtin-tiny needs a vocabulary size: set model.vocab_size or pass the tokenizer's")
-    qwen_config = transformers.Qwen2Config(
-        vocab_size=vocab, hidden_size=model_config.hidden_size, intermediate_size=model_config.intermediate_size,
-        num_hidden_layers=model_config.num_hidden_layers, num_attention_heads=model_config.num_attention_heads,
-        num_key_value_heads=model_config.num_key_value_heads,
-        max_position_embeddings=model_config.max_position_embeddings, tie_word_embeddings=False)
-    return transformers.AutoModelForCausalLM.from_config(
-        qwen_config, dtype=dtype, attn_implementation=model_config.attn_implementation)
-
-
-# ------------------------------------------------------------------------------------------------
-# chunked log-probs
+# log-probs
 # ------------------------------------------------------------------------------------------------
 class LogProbs(NamedTuple):
     """`compute_log_probs` result: fp32 `[B, L]` log-probs (token-aligned, 0 off the mask) and
@@ -195,170 +133,6 @@ class LogProbs(NamedTuple):
 
     log_probs: torch.Tensor
     entropy: Optional[torch.Tensor]
-
-
-def _score_rows(hidden: torch.Tensor, targets: torch.Tensor, head: nn.Module, inv_temperature: float,
-                with_entropy: bool):
-    logits = head(hidden).float()
-    if inv_temperature != 1.0:
-        logits = logits * inv_temperature
-    log_p = torch.log_softmax(logits, dim=-1)
-    picked = log_p.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
-    if not with_entropy:
-        return (picked,)
-    p = log_p.exp()
-    entropy = -torch.where(p > 0, p * log_p, torch.zeros_like(p)).sum(dim=-1)
-    return picked, entropy
-
-
-def token_log_probs(hidden: torch.Tensor, targets: torch.Tensor, head: nn.Module, temperature: float = 1.0,
-                    chunk_rows: int = 1024, with_entropy: bool = False):
-    """Log-prob of `targets` under ``softmax(head(hidden) / temperature)``, `chunk_rows` rows at a time.
-
-    hidden: `[N, H]` (any float dtype); targets: int64 `[N]`; head: the lm_head module. Returns
-    (log_probs fp32 `[N]`, entropy fp32 `[N]` or None). Under autograd each chunk is checkpointed:
-    only `hidden` is kept and the `[chunk_rows, V]` fp32 logits are recomputed in backward.
-    """
-    if not temperature > 0:
-        raise ValueError(f"temperature must be > 0, got {temperature}")
-    inv_temperature = 1.0 / float(temperature)
-    grad = torch.is_grad_enabled() and (hidden.requires_grad or any(p.requires_grad for p in head.parameters()))
-    log_probs, entropies = [], []
-    for start in range(0, hidden.shape[0], chunk_rows):
-        args = (hidden[start:start + chunk_rows], targets[start:start + chunk_rows], head, inv_temperature,
-                with_entropy)
-        out = checkpoint(_score_rows, *args, use_reentrant=False) if grad else _score_rows(*args)
-        log_probs.append(out[0])
-        if with_entropy:
-            entropies.append(out[1])
-    empty = hidden.new_zeros((0,), dtype=torch.float32)
-    log_prob = torch.cat(log_probs) if log_probs else empty
-    entropy = (torch.cat(entropies) if entropies else empty) if with_entropy else None
-    return log_prob, entropy
-
-
-# ------------------------------------------------------------------------------------------------
-# packing
-# ------------------------------------------------------------------------------------------------
-def resolve_packing(packing: str, attn_implementation: Optional[str]) -> bool:
-    """Whether micro-batches run packed: `packing` is ``ActorConfig.packing`` ("auto": packed only
-    under a flash-attention implementation), `attn_implementation` the model's
-    (``model.config._attn_implementation``). "packed" needs flash attention, "sdpa" or "eager"
-    (ValueError otherwise: other implementations may not honour packed position ids)."""
-    if packing not in ("auto", "packed", "padded"):
-        raise ValueError(f"packing must be 'auto', 'packed' or 'padded', got {packing!r}")
-    flash = flash_attention_requested(attn_implementation)
-    if packing == "packed" and not (flash or attn_implementation in ("sdpa", "eager")):
-        raise ValueError(f"packing='packed' needs attn_implementation 'sdpa', 'eager' or a flash-attention one; "
-                         f"the model uses {attn_implementation!r} (use packing='padded')")
-    return packing == "packed" or (packing == "auto" and flash)
-
-
-class PackedRows(NamedTuple):
-    """The real tokens of a padded batch's rows concatenated into one sequence (`pack_rows`).
-
-    input_ids / position_ids: int64 ``[1, N]``, N the batch's real tokens, row by row in column
-    order. cu_seqlens: int32 ``[rows + 1]``, row r at ``[cu_seqlens[r], cu_seqlens[r + 1])``.
-    max_length: the longest row's token count. index: int64 ``[rows, L]``, each real token's place
-    in the packed sequence, -1 on padding.
-    """
-
-    input_ids: torch.Tensor
-    position_ids: torch.Tensor
-    cu_seqlens: torch.Tensor
-    max_length: int
-    index: torch.Tensor
-
-    def varlen_kwargs(self) -> dict[str, Any]:
-        """The FlashAttentionKwargs that make transformers call ``flash_attn_varlen_func`` on these
-        rows without deriving the boundaries from the position ids."""
-        return {"cu_seq_lens_q": self.cu_seqlens, "cu_seq_lens_k": self.cu_seqlens,
-                "max_length_q": self.max_length, "max_length_k": self.max_length}
-
-    def positions_delimit_rows(self) -> bool:
-        """Whether transformers' packed-sequence detection (a new sequence wherever the position id
-        does not step by +1; `masking_utils.find_packed_sequence_indices`) finds exactly these rows,
-        as the mask it builds for "sdpa" / "eager" needs: each row's position ids count up by 1 and
-        no row continues the previous row's count. True for the default position ids."""
-        positions = self.position_ids[0]
-        breaks = torch.diff(positions) != 1  # breaks[i]: token i + 1 starts a sequence
-        row_start = torch.zeros(positions.shape[0], dtype=torch.bool, device=positions.device)
-        row_start[self.cu_seqlens[:-1].long()] = True
-        return bool(torch.equal(breaks, row_start[1:]))
-
-
-def pack_rows(input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor) -> PackedRows:
-    """Drop the padding of a ``[rows, L]`` batch and concatenate its rows (`PackedRows`).
-
-    input_ids / position_ids: int64 ``[rows, L]``; attention_mask: bool ``[rows, L]`` (True = real
-    token; left, right or any padding), at least one real token per row. Each row keeps its own
-    position ids (the actor's default restarts them at 0 for every row).
-    """
-    lengths = attention_mask.sum(dim=-1)
-    cu_seqlens = torch.zeros(lengths.shape[0] + 1, dtype=torch.int32, device=input_ids.device)
-    cu_seqlens[1:] = lengths.cumsum(0)
-    total = int(cu_seqlens[-1])
-    index = torch.full(attention_mask.shape, -1, dtype=torch.long, device=input_ids.device)
-    index[attention_mask] = torch.arange(total, device=input_ids.device)
-    return PackedRows(input_ids[attention_mask].unsqueeze(0), position_ids[attention_mask].unsqueeze(0), cu_seqlens,
-                      int(lengths.max()), index)
-
-
-class _PolicyModule(nn.Module):
-    """The FSDP root: runs the decoder once (padded or packed) and scores only the masked tokens
-    (module docstring)."""
-
-    def __init__(self, model: nn.Module):
-        super().__init__()
-        self.model = model
-
-    def _decode(self, input_ids, attention_mask, position_ids, packed: bool):
-        """Hidden states of every token as ``[tokens, H]`` and each ``[rows, L]`` token's row in it."""
-        decoder = self.model.get_decoder()
-        if not packed:
-            padding = None if bool(attention_mask.all()) else attention_mask.long()
-            hidden = decoder(input_ids=input_ids, attention_mask=padding, position_ids=position_ids,
-                             use_cache=False).last_hidden_state
-            index = torch.arange(input_ids.numel(), device=input_ids.device).view_as(input_ids)
-            return hidden.flatten(0, 1), index
-        rows = pack_rows(input_ids, attention_mask, position_ids)
-        implementation = getattr(self.model.config, "_attn_implementation", None)
-        if flash_attention_requested(implementation):
-            varlen = rows.varlen_kwargs()
-        elif rows.positions_delimit_rows():
-            varlen = {}  # transformers derives the block-diagonal mask from the position ids
-        else:
-            raise ValueError("packed SDPA/eager attention finds the rows from the position ids, so each row's "
-                             "position ids must count up by 1 without continuing the previous row's; "
-                             "use packing='padded' for these position ids")
-        hidden = decoder(input_ids=rows.input_ids, attention_mask=None, position_ids=rows.position_ids,
-                         use_cache=False, **varlen).last_hidden_state
-        return hidden[0], rows.index
-
-    def forward(self, input_ids, attention_mask, position_ids, loss_mask, temperature: float, chunk_rows: int,
-                with_entropy: bool, packed: bool):
-        """input_ids / position_ids int64, attention_mask / loss_mask bool, all ``[rows, L]``. Returns
-        fp32 ``[rows, L]`` log-probs and entropy (None unless `with_entropy`), 0 off `loss_mask`."""
-        hidden, index = self._decode(input_ids, attention_mask, position_ids, packed)
-        rows, cols = loss_mask.nonzero(as_tuple=True)
-        # a loss token is never its row's first real token, so the token before it in `hidden` is
-        # the previous real token of the same row
-        sources = index[rows, cols] - 1
-        targets = input_ids[rows, cols]
-        padding_only = rows.numel() == 0
-        if padding_only:  # one zero-weighted row keeps lm_head in the graph (FSDP needs every rank's grads)
-            sources, targets = sources.new_zeros(1), targets.new_zeros(1)
-        scored_logp, scored_entropy = token_log_probs(hidden[sources], targets, self.model.get_output_embeddings(),
-                                                      temperature, chunk_rows, with_entropy)
-        log_probs = hidden.new_zeros(input_ids.shape, dtype=torch.float32)
-        entropy = hidden.new_zeros(input_ids.shape, dtype=torch.float32) if with_entropy else None
-        if padding_only:
-            log_probs = log_probs + 0.0 * scored_logp.sum()
-            return log_probs, entropy
-        log_probs = log_probs.index_put((rows, cols), scored_logp)
-        if with_entropy:
-            entropy = entropy.index_put((rows, cols), scored_entropy)
-        return log_probs, entropy
 
 
 # ------------------------------------------------------------------------------------------------
@@ -466,8 +240,8 @@ class Actor:
             _enable_activation_checkpointing(self.module)
         if not trainable:
             self.module.requires_grad_(False)
-        self.policy = _PolicyModule(self.module)
-        self.attn_implementation = getattr(getattr(self.module, "config", None), "_attn_implementation", None)
+        self.policy = PolicyLogProbs(self.module)
+        self.attn_implementation = attn_implementation(self.module)
         self.packed = resolve_packing(self.config.packing, self.attn_implementation)
         self.distributed = _distributed()
         self.rank = dist.get_rank() if self.distributed else 0
@@ -481,13 +255,10 @@ class Actor:
                                                eps=self.config.eps, weight_decay=self.config.weight_decay)
 
     def _shard(self, device_mesh) -> None:
-        from torch.distributed.device_mesh import init_device_mesh
-        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-
         mesh = device_mesh or init_device_mesh(self.device.type, (self.world_size,), mesh_dim_names=("dp",))
         kwargs: dict[str, Any] = {"mesh": mesh}
         if self.config.param_dtype is not None:
-            kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=_DTYPES[self.config.param_dtype],
+            kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=DTYPES[self.config.param_dtype],
                                                        reduce_dtype=torch.float32)
         layer_classes = set(getattr(self.module, "_no_split_modules", None) or ())
         layers = [m for m in self.module.modules() if type(m).__name__ in layer_classes]
@@ -673,8 +444,6 @@ class Actor:
     def state_dict(self) -> dict[str, Any]:
         """{"model": full model state dict, "optimizer": full FQN-keyed optimiser state} on CPU.
         Collective when distributed (rank 0 receives the values, other ranks empty dicts)."""
-        from mempo.train.checkpoint import model_state_dict, optimizer_state_dict
-
         state = {"model": model_state_dict(self.module)}
         if self.optimizer is not None:
             state["optimizer"] = optimizer_state_dict(self.module, self.optimizer)
@@ -682,8 +451,6 @@ class Actor:
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Load `state_dict()` output (collective when distributed; rank 0's values are broadcast)."""
-        from mempo.train.checkpoint import load_model_state, load_optimizer_state
-
         load_model_state(self.module, state.get("model", {}))
         if self.optimizer is not None and "optimizer" in state:
             load_optimizer_state(self.module, self.optimizer, state["optimizer"])

@@ -1,5 +1,6 @@
 """Policy-update losses: PPO-clip with clip-higher and dual-clip, KL estimators, loss aggregation,
-entropy, and the zero-variance group filter (ALGORITHM.md section 6; verl `core_algos` semantics).
+entropy (verl `core_algos` semantics). The token advantages and the loss mask they act on come from
+`mempo.algo.advantages`.
 
 Conventions
 -----------
@@ -38,12 +39,10 @@ Conventions
 * KL estimators (Schulman's k1/k2/k3, log_ratio = log_prob - ref_log_prob): k1 = log_ratio;
   k2 = 0.5 * log_ratio^2; k3 = low_var_kl = exp(-r) - (-r) - 1 with r = log_ratio, where -r is first
   clamped to [-20, 20] and the result to [-10, 10] (verl's clamps).
-
-This module imports torch only (`zero_variance_group_mask` loads `mempo.ops.advantage` on first use).
 """
 from __future__ import annotations
 
-from typing import Any, Optional, Union
+from typing import Optional, Union
 
 import torch
 
@@ -51,7 +50,7 @@ from mempo.config import KL_ESTIMATORS, LOSS_AGG_MODES
 
 __all__ = [
     "LOSS_AGG_MODES", "KL_ESTIMATORS", "agg_loss", "masked_mean", "policy_loss", "kl_penalty",
-    "entropy_from_logits", "zero_variance_group_mask", "filter_zero_variance_tokens",
+    "entropy_from_logits",
 ]
 
 Number = Union[int, float, torch.Tensor]
@@ -228,47 +227,3 @@ def entropy_from_logits(logits: torch.Tensor, chunk_size: int = 1024) -> torch.T
     if not pieces:
         return torch.zeros(logits.shape[:-1], dtype=dtype, device=logits.device)
     return torch.cat(pieces).reshape(logits.shape[:-1])
-
-
-def zero_variance_group_mask(scores: Any, index: Any) -> torch.Tensor:
-    """bool `[B]`: True where the trajectory's group has score variance (at least two distinct scores).
-
-    scores: `[B]` outcome scores (tensor / array / list of floats); index: the group label of each
-    trajectory (int tensor, numpy array of ints or strings such as verl's `uid`, or a list of
-    hashables; see `mempo.ops.advantage.group_ids`). A group whose scores are all equal (exact
-    comparison), including a group of one, gives False: its GRPO outcome advantage is 0 (up to
-    rounding) and carries no relative signal. See `filter_zero_variance_tokens` for what is dropped.
-    """
-    from mempo.ops.advantage import group_ids
-
-    values = torch.as_tensor(scores).detach().reshape(-1).to(torch.float64).cpu()
-    if not torch.isfinite(values).all():
-        raise ValueError("scores must be finite")
-    group, num_groups = group_ids(index, values.numel(), device="cpu")
-    high = torch.full((num_groups,), -torch.inf, dtype=torch.float64).scatter_reduce(0, group, values, "amax")
-    low = torch.full((num_groups,), torch.inf, dtype=torch.float64).scatter_reduce(0, group, values, "amin")
-    has_variance = high > low
-    device = scores.device if isinstance(scores, torch.Tensor) else "cpu"
-    return has_variance[group].to(device)
-
-
-def filter_zero_variance_tokens(response_mask: torch.Tensor, group_has_variance: torch.Tensor,
-                                memory_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """The policy-loss mask `[B, L]` (bool) when zero-variance groups are skipped.
-
-    What is dropped: the *outcome* part of the loss of trajectories in zero-variance groups
-    (`group_has_variance[b]` False), i.e. every response token of such a trajectory that carries only
-    the outcome advantage. Their tokens inside scored `<mem>` spans (`memory_mask`, bool `[B, L]`,
-    True where a memory advantage is written) stay in the mask, so memory advantages still apply.
-    Dropped tokens leave the loss entirely: they no longer count in the token-mean / sequence
-    normalisers, nor in the KL and entropy terms computed over the same mask. Callers should also
-    zero the outcome advantage of those rows (it is 0 up to rounding). memory_mask None: whole rows
-    of zero-variance groups are dropped.
-    """
-    keep = response_mask.bool() & group_has_variance.bool().reshape(-1, 1)
-    if memory_mask is not None:
-        if memory_mask.shape != response_mask.shape:
-            raise ValueError(f"memory_mask must have shape {tuple(response_mask.shape)}, "
-                             f"got {tuple(memory_mask.shape)}")
-        keep = keep | (response_mask.bool() & memory_mask.bool())
-    return keep

@@ -16,11 +16,10 @@ Conventions
   weights back into it at the end of the step.
 * Distributed: each rank rolls out its own questions (``episodes`` is this rank's share); GRPO groups
   never straddle ranks, so advantages are rank-local and exact. Reported means are over this rank.
-* Token advantages come from `mempo.ops.mempo_advantage` in *response* coordinates ``[B, Lr]``
-  (`advantage_inputs`). With ``algorithm.skip_zero_variance_groups`` the outcome part of trajectories
-  in groups whose scores are all equal is dropped (`filter_zero_variance_tokens`: their tokens leave
-  the loss, except the tokens of scored ``<mem>`` spans, which keep their memory advantage; the
-  outcome advantage of those rows is zeroed).
+* The algorithm's stages are `mempo.algo`: scoring contexts (`contexts.scoring_requests`), teacher
+  scoring (`mempo.scoring.score`: P per context), memory rewards (`memory_reward`), token advantages
+  and loss mask in *response* coordinates ``[B, Lr]`` with the zero-variance policy
+  (``algorithm.skip_zero_variance_groups``; `advantages.token_advantages`).
 * Training rows (`build_batch`), by ``rollout.context_policy``:
   - full: one row per trajectory, ``prompt_ids + response_ids``; loss on the response mask; the
     advantage of response token j sits at column ``P + j``.
@@ -44,8 +43,16 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Optional, Sequence
 
 import torch
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
+from mempo.algo.advantages import TokenAdvantages, advantage_inputs, token_advantages
+from mempo.algo.contexts import scoring_requests
+from mempo.algo.memory_reward import attach_memory_rewards
 from mempo.config import MempoConfig
+from mempo.rollout.backends.hf import load_weights_into
+from mempo.rollout.loop import RolloutConfig, RolloutEngine, RolloutStats
+from mempo.rollout.trajectory import Trajectory, round_training_inputs
+from mempo.scoring import score
 from mempo.train.logging import StageTimer
 
 __all__ = ["StepContext", "StepResult", "TrainBatch", "loop_config", "rollout", "rewards", "memory_rewards",
@@ -109,11 +116,9 @@ class StepResult:
     extras: dict[str, Any] = field(default_factory=dict)
 
 
-def loop_config(cfg: MempoConfig, step: int):
+def loop_config(cfg: MempoConfig, step: int) -> RolloutConfig:
     """The agent loop's `mempo.rollout.loop.RolloutConfig` for step `step`, from the training config's
     ``rollout`` section (`mempo.config.RolloutSection`)."""
-    from mempo.rollout.loop import RolloutConfig
-
     r = cfg.rollout
     return RolloutConfig(policy=r.context_policy, group_size=r.group_size, max_turns=r.max_turns,
                          max_new_tokens=r.max_new_tokens_per_round, max_response_tokens=r.max_response_tokens,
@@ -125,17 +130,15 @@ def loop_config(cfg: MempoConfig, step: int):
 # ------------------------------------------------------------------------------------------------
 # stages
 # ------------------------------------------------------------------------------------------------
-def rollout(ctx: StepContext, episodes: Sequence[Any], step: int) -> tuple[list, Any]:
+def rollout(ctx: StepContext, episodes: Sequence[Any], step: int) -> tuple[list[Trajectory], RolloutStats]:
     """G trajectories of every episode (`RolloutEngine`), grouped by episode, and the engine's
     `mempo.rollout.loop.RolloutStats` (tool calls and failed tool calls among them)."""
-    from mempo.rollout.loop import RolloutEngine
-
     engine = RolloutEngine(ctx.backend, ctx.tokenizer, ctx.tools, config=loop_config(ctx.cfg, step))
     trajectories = engine.run(list(episodes))
     return trajectories, engine.stats
 
 
-def rewards(trajectories: Sequence[Any]) -> dict[str, float]:
+def rewards(trajectories: Sequence[Trajectory]) -> dict[str, float]:
     """Outcome metrics (the scores are already in each trajectory's ``outcome``)."""
     n = max(len(trajectories), 1)
     mean = lambda key, default=0.0: sum(float(t.outcome.get(key, default)) for t in trajectories) / n  # noqa: E731
@@ -149,60 +152,39 @@ def rewards(trajectories: Sequence[Any]) -> dict[str, float]:
     }
 
 
-def memory_rewards(ctx: StepContext, trajectories: Sequence[Any]) -> dict[str, float]:
-    """Teacher scoring of every scored round with the current policy; attaches ``memory_rewards``."""
-    from mempo.rollout.requests import attach_memory_rewards, scoring_requests
-    from mempo.scoring import score
-
+def memory_rewards(ctx: StepContext, trajectories: Sequence[Trajectory]) -> dict[str, float]:
+    """Teacher scoring of every scored round with the current policy (P of both contexts); attaches
+    each trajectory's ``memory_rewards`` (P(mem_ctx) - P(full_ctx))."""
     s = ctx.cfg.scoring
     requests = scoring_requests(trajectories, ctx.tokenizer)
     results = score(ctx.scoring_model, requests, method=s.method, threshold=s.threshold, token_budget=s.token_budget)
     attach_memory_rewards(trajectories, results)
     p_mem = [v for r in results for v in r.p_mem]
     p_full = [v for r in results for v in r.p_full]
-    rewards_ = [v for r in results for v in r.mem_reward]
+    rewards_ = [v for t in trajectories for v in t.memory_rewards]
     k = max(len(rewards_), 1)
     return {"memory/reward": sum(rewards_) / k, "memory/p_mem": sum(p_mem) / k, "memory/p_full": sum(p_full) / k,
             "memory/scored_rounds": float(len(rewards_))}
 
 
-def advantages(ctx: StepContext, trajectories: Sequence[Any]) -> tuple[torch.Tensor, torch.Tensor, dict]:
-    """Token advantages and loss mask in response coordinates ``[B, Lr]`` (module conventions)."""
-    from mempo.ops import mempo_advantage
-    from mempo.rollout.requests import advantage_inputs
-    from mempo.train.losses import filter_zero_variance_tokens, zero_variance_group_mask
-
+def advantages(ctx: StepContext, trajectories: Sequence[Trajectory]) -> tuple[TokenAdvantages, dict[str, float]]:
+    """Token advantages and loss mask in response coordinates ``[B, Lr]`` (`token_advantages` with the
+    ``algorithm`` section), and their metrics."""
     a = ctx.cfg.algorithm
-    scores, index, response_mask, mem_rewards_, mem_offsets, mem_spans = advantage_inputs(trajectories)
-    adv, _ = mempo_advantage(scores, index, response_mask, mem_rewards_, mem_offsets, mem_spans,
-                             epsilon=a.epsilon, norm_adv_by_std=a.norm_adv_by_std, memory_weight=a.memory_weight)
-    memory_mask = torch.zeros_like(response_mask, dtype=torch.bool)
-    for row in range(len(trajectories)):
-        for start, end in mem_spans[int(mem_offsets[row]):int(mem_offsets[row + 1])].tolist():
-            memory_mask[row, start:end] = True
-    memory_mask &= response_mask.bool()
-    loss_mask = response_mask.bool()
-    has_variance = zero_variance_group_mask(scores, index)
-    if a.skip_zero_variance_groups:
-        loss_mask = filter_zero_variance_tokens(response_mask, has_variance, memory_mask)
-        if (~has_variance).any():  # zero the (rounding-level) outcome part of those rows
-            outcome_only, _ = mempo_advantage(scores, index, response_mask, epsilon=a.epsilon,
-                                              norm_adv_by_std=a.norm_adv_by_std)
-            drop = (~has_variance).reshape(-1, 1) & response_mask.bool()
-            adv = torch.where(drop, adv - outcome_only, adv)
-    adv = torch.where(loss_mask, adv, torch.zeros_like(adv))
-    on_mem = adv[memory_mask]
+    result = token_advantages(advantage_inputs(trajectories), epsilon=a.epsilon, norm_adv_by_std=a.norm_adv_by_std,
+                              memory_weight=a.memory_weight, skip_zero_variance_groups=a.skip_zero_variance_groups)
+    adv, loss_mask = result.advantages, result.loss_mask
+    on_mem = adv[result.memory_mask]
     metrics = {"adv/mean": float(adv[loss_mask].mean()) if loss_mask.any() else 0.0,
                "adv/abs_mean_mem": float(on_mem.abs().mean()) if on_mem.numel() else 0.0,
-               "adv/groups_with_variance": float(has_variance.float().mean()) if len(trajectories) else 0.0,
+               "adv/groups_with_variance": float(result.has_variance.float().mean()) if len(trajectories) else 0.0,
                "adv/loss_tokens": float(loss_mask.sum())}
-    return adv, loss_mask, metrics
+    return result, metrics
 
 
-def build_batch(ctx: StepContext, trajectories: Sequence[Any], adv: torch.Tensor, loss_mask: torch.Tensor) -> TrainBatch:
+def build_batch(ctx: StepContext, trajectories: Sequence[Trajectory], adv: torch.Tensor,
+                loss_mask: torch.Tensor) -> TrainBatch:
     """Training rows for the configured context policy (module conventions)."""
-    from mempo.rollout.trajectory import round_training_inputs
-
     rows: list[tuple[list[int], list[int], list[float]]] = []
     row_traj, row_round = [], []
     policy = ctx.cfg.rollout.context_policy
@@ -267,10 +249,6 @@ def sync_weights(ctx: StepContext) -> None:
     if ctx.rollout_model is None and backend_model is ctx.actor.module:
         ctx.backend.sync_weights(None)
         return
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
-    from mempo.rollout.backends.hf import load_weights_into
-
     full = get_model_state_dict(ctx.actor.module, options=StateDictOptions(full_state_dict=True))
     full = {k: (v.full_tensor() if hasattr(v, "full_tensor") else v) for k, v in full.items()}
     if ctx.rollout_model is not None and ctx.rollout_model is not backend_model:
@@ -302,9 +280,9 @@ def train_step(ctx: StepContext, episodes: Sequence[Any], step: int, timer: Opti
     with timer("memory_rewards"):
         metrics.update(memory_rewards(ctx, trajectories))
     with timer("advantages"):
-        adv, loss_mask, adv_metrics = advantages(ctx, trajectories)
+        token_adv, adv_metrics = advantages(ctx, trajectories)
         metrics.update(adv_metrics)
-        batch = build_batch(ctx, trajectories, adv, loss_mask)
+        batch = build_batch(ctx, trajectories, token_adv.advantages, token_adv.loss_mask)
     with timer("old_and_ref_log_probs"):
         old, ref = old_and_ref_log_probs(ctx, batch)
     with timer("update"):
@@ -319,4 +297,4 @@ def train_step(ctx: StepContext, episodes: Sequence[Any], step: int, timer: Opti
     metrics["kl"] = metrics.get("actor/kl_loss", 0.0)
     metrics["entropy"] = metrics.get("actor/entropy", 0.0)
     metrics["clip_fraction"] = metrics.get("actor/pg_clipfrac", 0.0)
-    return StepResult(metrics, list(trajectories), adv, loss_mask, batch)
+    return StepResult(metrics, list(trajectories), token_adv.advantages, token_adv.loss_mask, batch)

@@ -188,7 +188,7 @@ def step_episodes(episodes: Sequence[Any], step: int, batch_size: int, *, shuffl
 def _build_tokenizer(cfg: MempoConfig, out_dir: Path, world: Any):
     from transformers import AutoTokenizer
 
-    from mempo.train.actor import load_pretrained
+    from mempo.model.loading import load_pretrained
 
     if cfg.model.tokenizer:
         return load_pretrained(AutoTokenizer.from_pretrained, cfg.model.tokenizer, "model.tokenizer", "tokenizer")
@@ -273,8 +273,9 @@ def build_run(cfg: MempoConfig, *, model=None, tokenizer=None, episodes=None, re
     import torch
 
     from mempo.eval import config_tools
+    from mempo.model.loading import build_causal_lm
     from mempo.rollout.backends.factory import build_backend
-    from mempo.train.actor import Actor, build_causal_lm, init_distributed
+    from mempo.train.actor import Actor, init_distributed
     from mempo.train.step import StepContext
 
     if retriever is None and cfg.data.source == "files" and cfg.env.retriever == "bm25" and not cfg.env.corpus_path:

@@ -1,0 +1,76 @@
+"""Building and loading the policy model: a transformers causal LM from `ModelConfig` or a saved
+model directory, with one-line ConfigErrors that name the setting.
+
+A source is local when it exists, or starts with ".", "/" or "~", or has more than one "/" (a hub
+id is ``name`` or ``org/name``). dtypes are named as in `ModelConfig.dtype` ("float32",
+"bfloat16", "float16").
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable, Optional, Union
+
+import torch
+import transformers
+from torch import nn
+
+from mempo.config import ConfigError, ModelConfig
+from mempo.model.adapter import DTYPES
+
+__all__ = ["build_causal_lm", "load_pretrained", "load_model_dir"]
+
+_PRETRAINED_FILES = {"model": ("config.json",),
+                     "tokenizer": ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")}
+
+
+def load_pretrained(load: Callable[[str], Any], source: str, field: str, kind: str) -> Any:
+    """``load(source)`` (a transformers ``from_pretrained``) with one-line errors: a ConfigError
+    naming `field` when `source` is a local path that is missing, a file, or a directory without a
+    saved `kind` ("model": config.json; "tokenizer": tokenizer.json, tokenizer_config.json, ...),
+    and when loading fails (a hub id that cannot be fetched, damaged files)."""
+    needed = _PRETRAINED_FILES[kind]
+    path = Path(source).expanduser()
+    if path.exists():
+        if not path.is_dir():
+            raise ConfigError(field, f"{source} is a file, not a directory with a saved {kind}")
+        if not any((path / name).is_file() for name in needed):
+            raise ConfigError(field, f"{source} holds no saved {kind} (none of {', '.join(needed)})")
+    elif source.startswith((".", "/", "~")) or source.count("/") > 1:
+        raise ConfigError(field, f"{source}: no such directory")
+    try:
+        return load(str(path) if path.exists() else source)
+    except Exception as error:  # whatever transformers raises for a file it cannot use; the message names it
+        detail = " ".join(str(error).split())[:300]
+        raise ConfigError(field, f"cannot load the {kind} {source!r} ({type(error).__name__}: {detail})") from None
+
+
+def build_causal_lm(model_config: ModelConfig, vocab_size: Optional[int] = None) -> nn.Module:
+    """A transformers causal LM from `ModelConfig`: ``from_pretrained(path)``, or for
+    ``path == "builtin-tiny"`` a randomly initialised Qwen2 of the configured sizes (uses the torch
+    RNG; vocab from ``model_config.vocab_size`` or `vocab_size`)."""
+    dtype = DTYPES[model_config.dtype]
+    if model_config.path != "builtin-tiny":
+        return load_pretrained(lambda source: transformers.AutoModelForCausalLM.from_pretrained(
+            source, dtype=dtype, attn_implementation=model_config.attn_implementation), model_config.path,
+            "model.path", "model")
+    vocab = model_config.vocab_size or vocab_size
+    if vocab is None:
+        raise ValueError("builtin-tiny needs a vocabulary size: set model.vocab_size or pass the tokenizer's")
+    qwen_config = transformers.Qwen2Config(
+        vocab_size=vocab, hidden_size=model_config.hidden_size, intermediate_size=model_config.intermediate_size,
+        num_hidden_layers=model_config.num_hidden_layers, num_attention_heads=model_config.num_attention_heads,
+        num_key_value_heads=model_config.num_key_value_heads,
+        max_position_embeddings=model_config.max_position_embeddings, tie_word_embeddings=False)
+    return transformers.AutoModelForCausalLM.from_config(
+        qwen_config, dtype=dtype, attn_implementation=model_config.attn_implementation)
+
+
+def load_model_dir(path: Union[str, Path], dtype: str = "float32"):
+    """(model in eval mode, tokenizer) from a directory holding a saved HF causal LM and its
+    tokenizer; a ConfigError naming ``--model`` when it holds none (`load_pretrained`)."""
+    source = str(path)
+    model = load_pretrained(lambda s: transformers.AutoModelForCausalLM.from_pretrained(
+        s, dtype=getattr(torch, dtype)), source, "--model", "model")
+    tokenizer = load_pretrained(transformers.AutoTokenizer.from_pretrained, source, "--model", "tokenizer")
+    model.eval()
+    return model, tokenizer
