@@ -112,8 +112,9 @@ def test_rollout_throughput(benchmark, environment, model_name, policy):
     layers, hidden = MODELS[model_name]
     model = tiny_qwen2(len(tok), seed=0, layers=layers, hidden=hidden)
     backend = ShapedHFBackend(model, tok, ProtocolShaper(tok))
-    config = RolloutConfig(policy=policy, group_size=SAMPLES, max_turns=TURNS, max_new_tokens=MAX_NEW_TOKENS,
-                           max_response_tokens=None, temperature=1.0, seed=0)
+    config = RolloutConfig(context_policy=policy, group_size=SAMPLES, max_turns=TURNS,
+                           max_new_tokens_per_round=MAX_NEW_TOKENS, max_response_tokens=None, temperature=1.0, seed=0,
+                           tool_workers=16)
     engine = RolloutEngine(backend, tok, retriever=retriever, config=config)
     tasks = [needle_task(3), needle_task(5)][:QUESTIONS]
 
@@ -146,8 +147,8 @@ def test_loop_overhead_scripted(benchmark, environment, policy):
     encoded = [tok.encode(text, add_special_tokens=False) for text in rounds]
     assert all(len(ids) <= MAX_NEW_TOKENS for ids in encoded)
     backend = ScriptedBackend(lambda request: encoded[request.key.round_index], tok)
-    config = RolloutConfig(policy=policy, group_size=SAMPLES, max_turns=TURNS, max_new_tokens=MAX_NEW_TOKENS,
-                           max_response_tokens=None)
+    config = RolloutConfig(context_policy=policy, group_size=SAMPLES, max_turns=TURNS,
+                           max_new_tokens_per_round=MAX_NEW_TOKENS, max_response_tokens=None, tool_workers=16)
     engine = RolloutEngine(backend, tok, retriever=retriever, config=config)
     tasks = [needle_task(3), needle_task(5)][:QUESTIONS]
     trajectories = benchmark.pedantic(lambda: engine.run(tasks), rounds=10, warmup_rounds=1, iterations=1)

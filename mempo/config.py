@@ -1,16 +1,15 @@
-"""The training configuration: one typed tree of dataclasses, loaded from YAML plus dotted overrides.
+"""The configuration of every command: one typed tree of dataclasses, loaded from YAML plus dotted overrides.
 
 Conventions
 -----------
 * The tree. `MempoConfig` has one section per concern: ``model`` (`ModelConfig`), ``data``
-  (`DataConfig`), ``env`` (`EnvConfig`), ``rollout`` (`RolloutSection`), ``scoring``
+  (`DataConfig`), ``env`` (`EnvConfig`), ``rollout`` (`RolloutConfig`: the agent loop reads it
+  directly; evaluation derives its own from it and the ``eval`` section), ``scoring``
   (`ScoringConfig`), ``algorithm`` (`AlgorithmConfig`), ``actor`` (`ActorConfig`: optimiser and
-  policy loss), ``trainer`` (`TrainerConfig`) and ``eval`` (`EvalConfig`). Every field has a default,
-  so an empty YAML file (or no file) is a valid configuration. These sections describe a training
-  run. The ``rollout`` section's class is `RolloutSection`, not ``RolloutConfig``, because
-  `mempo.rollout.loop.RolloutConfig` is the agent loop's own (narrower) record, which the trainer
-  fills from this section (`mempo.train.step.loop_config`: ``context_policy`` -> ``policy``,
-  ``max_new_tokens_per_round`` -> ``max_new_tokens``).
+  policy loss), ``trainer`` (`TrainerConfig`), ``eval`` (`EvalConfig`), ``sft`` (`SFTConfig`: the
+  cold start of `mempo sft` and the demo) and ``demo`` (`DemoConfig`: `mempo demo`'s tokenizer,
+  model and threads). Every field has a default, so an empty YAML file (or no file) is a valid
+  configuration; every command reads the sections it uses from this one tree.
 * Loading. `load_config(path, overrides)` reads the YAML mapping (`read_yaml_mapping`: a safe
   loader that refuses a key given twice in one mapping, naming it and both lines), applies the
   overrides (``"actor.lr=1e-5"``, ``"eval.objectives=[2,4,8]"``), converts every value to its field's
@@ -27,7 +26,9 @@ Conventions
   invalid section can be built, whichever way it is built.
 * Dumping. `dump_config(cfg, path=None)` writes plain YAML; loading it back gives an equal config.
 
-This module imports only the standard library and PyYAML (no torch, no transformers).
+This module imports only the standard library, PyYAML and the protocol's two constants it uses as
+defaults (`mempo.protocol.memory`: the system prompt and the forced ``<mem>``); no torch, no
+transformers.
 """
 from __future__ import annotations
 
@@ -40,12 +41,13 @@ from typing import Any, Literal, Mapping, Optional, Sequence, Union
 
 import yaml
 
-from mempo.utils.atomic import replace_file_atomically
 from mempo.errors import MempoError
+from mempo.protocol.memory import DEFAULT_SYSTEM_PROMPT, MEM_PREFIX
+from mempo.utils.atomic import replace_file_atomically
 
 __all__ = [
-    "ConfigError", "ModelConfig", "DataConfig", "EnvConfig", "RolloutSection", "ScoringConfig",
-    "AlgorithmConfig", "ActorConfig", "TrainerConfig", "EvalConfig", "MempoConfig",
+    "ConfigError", "ModelConfig", "DataConfig", "EnvConfig", "RolloutConfig", "ScoringConfig",
+    "AlgorithmConfig", "ActorConfig", "TrainerConfig", "EvalConfig", "SFTConfig", "DemoConfig", "MempoConfig",
     "load_config", "read_yaml_mapping", "config_from_dict", "config_to_dict", "dump_config", "apply_overrides",
     "LOSS_AGG_MODES", "KL_ESTIMATORS", "flash_attention_requested",
 ]
@@ -225,16 +227,28 @@ class EnvConfig:
 
 
 @dataclass
-class RolloutSection:
-    """Rollouts (ALGORITHM.md sections 1-2): generation settings of training, and the backend and
-    chat template that training, SFT example building, evaluation and the demo all use.
+class RolloutConfig:
+    """Rollouts (ALGORITHM.md sections 1-2): the agent loop's settings (`mempo.rollout.loop.RolloutEngine`
+    reads this record directly), and the backend and chat template that training, SFT example
+    building, evaluation and the demo all use. Evaluation runs the loop with this section changed by
+    the ``eval`` section (`mempo.eval.eval_rollout_config`: memory / full context per
+    ``eval.policies``, one sample, ``eval.max_turns``, ``eval.temperature``, no response budget).
 
-    group_size: samples per question (G). max_turns: round limit of training rollouts (evaluation
-    has its own, ``eval.max_turns``). max_new_tokens_per_round: generation limit of one round;
-    max_response_tokens: limit of the whole response (None: no limit). context_policy: ``"full"``
-    (growing context, the reference's training rollouts) or ``"memory"`` (AgentMemory context).
+    group_size: samples per question (G). max_turns: round limit of training rollouts.
+    max_new_tokens_per_round: generation limit of one round; max_response_tokens: limit of the
+    whole response (generated + tool ids; None: no limit). context_policy: ``"full"`` (growing
+    context, the reference's training rollouts) or ``"memory"`` (AgentMemory context).
     temperature / top_p / top_k: sampling (top_k 0 = off); the same temperature divides the
-    logits when the actor computes log-probs. seed: the rollout sampling seed.
+    logits when the actor computes log-probs, so a configuration needs it > 0 (0, greedy, only in
+    the derived evaluation record). seed: the rollout sampling seed (training step s samples with
+    `mempo.seeds.training_rollout_seed`).
+
+    system_prompt: the system message of every episode. forced_prefix: the text every round starts
+    with (``<mem>``); train_forced_prefix: whether its ids have loss mask 1 (the model learns to
+    open every turn with ``<mem>`` itself). stop_token_ids: ids that end a round (None: the
+    tokenizer's EOS, ``<|im_end|>``, ``<|endoftext|>``). tool_workers: threads running one step's
+    tool calls. score_mode: how per-objective EM becomes the outcome score
+    (`mempo.protocol.reward.compute_score`: ``"mean"``, ``"all"``, ``"sum"``).
 
     backend (`mempo.rollout.backends.factory.build_backend`): ``"hf"`` (transformers generate,
     CPU or GPU) or ``"sglang"``: with sglang_url null an ``sglang.Engine`` in this process,
@@ -246,9 +260,9 @@ class RolloutSection:
     refused when it rewrites assistant turns; ChatML when the tokenizer has none), ``"builtin"``
     (ChatML) or the path of a Jinja template file.
 
-    protocol_scaffold: generate training rollouts through `mempo.model.builtin.ProtocolScaffold` (tags
-    forced, the answer a choice among strings of the agent's own context; for random models in tests
-    and tiny demos; HF backend only).
+    protocol_scaffold: generate training rollouts through
+    `mempo.rollout.backends.scaffold.ProtocolScaffold` (tags forced, the answer a choice among
+    strings of the agent's own context; for random models in tests and tiny demos; HF backend only).
     """
 
     group_size: int = 16
@@ -265,13 +279,19 @@ class RolloutSection:
     chat_template: str = "auto"
     protocol_scaffold: bool = False
     seed: int = 0
+    system_prompt: str = DEFAULT_SYSTEM_PROMPT
+    forced_prefix: str = MEM_PREFIX
+    train_forced_prefix: bool = True
+    stop_token_ids: Optional[list[int]] = None
+    tool_workers: int = 4
+    score_mode: Literal["mean", "all", "sum"] = "mean"
 
     def __post_init__(self):
         _check_types(self)
         _finite(self)
         _positive(self, "group_size", "max_turns", "max_new_tokens_per_round",
-                  "max_response_tokens", "temperature")
-        _non_negative(self, "top_k")
+                  "max_response_tokens", "tool_workers")
+        _non_negative(self, "top_k", "temperature")  # 0: greedy (evaluation's); training needs > 0
         _require(0.0 < self.top_p <= 1.0, "top_p", f"must be in (0, 1], got {self.top_p!r}")
         _require(0.0 < self.sglang_mem_fraction < 1.0, "sglang_mem_fraction",
                  f"must be in (0, 1), got {self.sglang_mem_fraction!r}")
@@ -283,6 +303,8 @@ class RolloutSection:
                  "must be 'auto', 'builtin' or the path of a Jinja template file")
         _require(not (self.protocol_scaffold and self.backend != "hf"), "protocol_scaffold",
                  "needs backend 'hf' (the scaffold is a transformers logits processor)")
+        for i, token in enumerate(self.stop_token_ids or ()):
+            _require(token >= 0, f"stop_token_ids[{i}]", f"must be a token id >= 0, got {token!r}")
 
 
 @dataclass
@@ -434,7 +456,9 @@ class TrainerConfig:
 class EvalConfig:
     """Multi-objective evaluation (`mempo eval` and the trainer's ``trainer.eval_every``).
     objectives: numbers of sub-questions per episode to evaluate; max_turns: round limit; policies:
-    context policies to evaluate; episodes: per objective count; temperature: 0 is greedy."""
+    context policies to evaluate; episodes: per objective count; temperature: 0 is greedy. The
+    evaluation's rollouts run with the ``rollout`` section changed by these fields
+    (`mempo.eval.eval_rollout_config`: one sample, no response budget)."""
 
     objectives: list[int] = field(default_factory=lambda: [2, 4, 6, 8, 10])
     max_turns: int = 64
@@ -454,18 +478,105 @@ class EvalConfig:
 
 
 @dataclass
+class SFTConfig:
+    """The SFT cold start (`mempo.train.sft.run_sft`): `mempo sft` and the demo's sft stage. The
+    `mempo sft` flags are shorthands for these fields (``--trajectories``, ``--episodes``,
+    ``--steps``, ``--epochs``, ``--lr``, ``--batch-tokens``); its checkpoints follow
+    ``trainer.save_every`` / ``keep_last`` / ``resume``.
+
+    Data. trajectories: a jsonl of oracle trajectories or ``{"messages": [...]}`` chats
+    (`mempo.train.sft.load_sft_records`; `mempo sft` only: the demo makes its own); null: the
+    oracle (`mempo.env.oracle`) makes them, in one of two ways. objectives null (`mempo sft`'s
+    default): the first ``episodes`` training episodes (``data.*``), under
+    ``rollout.context_policy`` and ``rollout.max_turns``, every trajectory kept. objectives a list
+    (the demo's way; synthetic data only): ``episodes`` synthetic-world episodes of each number of
+    objectives, drawn with `mempo.seeds.sft_question_seed`, those sharing a question with an
+    evaluation episode dropped, under the memory context, only correct trajectories (score 1) kept,
+    all of them when none is (`mempo.train.sft.oracle_cold_start`). oracle_think: the oracle's think
+    style (`OracleAgent`: ``"full"`` sentences or ``"short"``, one line).
+
+    Optimisation. steps / epochs: optimiser steps / passes over the data (both null: one epoch);
+    max_seconds: a wall-time bound (null: none). lr: AdamW's learning rate (betas, weight decay and
+    grad clip from the ``actor`` section). batch_tokens: padded tokens per batch. schedule:
+    ``"constant"`` or ``"cosine"`` (linear warm-up over the first ``warmup`` fraction of the run,
+    then cosine decay to lr / 10). prompt_loss_weight: the loss also models the prompt tokens
+    (question, previous round, search results) with this weight (0: assistant tokens only); a model
+    from scratch learns to copy names from its context much sooner.
+    """
+
+    trajectories: Optional[str] = None
+    episodes: int = 16
+    objectives: Optional[list[int]] = None
+    oracle_think: Literal["full", "short"] = "full"
+    steps: Optional[int] = None
+    epochs: Optional[float] = None
+    max_seconds: Optional[float] = None
+    lr: float = 1e-4
+    batch_tokens: int = 4096
+    schedule: Literal["constant", "cosine"] = "constant"
+    warmup: float = 0.05
+    prompt_loss_weight: float = 0.0
+
+    def __post_init__(self):
+        _check_types(self)
+        _finite(self)
+        _positive(self, "episodes", "steps", "epochs", "max_seconds", "lr", "batch_tokens")
+        _non_negative(self, "prompt_loss_weight")
+        _require(0.0 <= self.warmup < 1.0, "warmup", f"must be in [0, 1), got {self.warmup!r}")
+        _require(self.trajectories is None or self.trajectories.strip() != "", "trajectories",
+                 "must be the path of a jsonl file, or null (the oracle makes the data)")
+        if self.objectives is not None:
+            _require(len(self.objectives) > 0, "objectives", "must list at least one number of objectives, or be null")
+            for i, k in enumerate(self.objectives):
+                _require(k >= 1, f"objectives[{i}]", f"must be >= 1, got {k!r}")
+
+
+@dataclass
+class DemoConfig:
+    """`mempo demo`'s own settings (`mempo.apps.demo`); its cold start is the ``sft`` section, its
+    world the ``data`` section's (``world_documents``, ``article_fillers``), so `mempo eval` /
+    `mempo train` with the demo's saved config rebuild the same one.
+
+    vocab_size: the tokenizer's size. tokenizer_documents: documents the tokenizer is trained on
+    (plus every oracle text). model_size: a `mempo.model.builtin.SIZES` name.
+    max_position_embeddings: the model's context. tie_embeddings: share the input embedding and the
+    output head (`tiny_model`): the head row of a name the SFT targets never contain is then that
+    name's input embedding (trained wherever the name is read) rather than a row only ever pushed
+    down, which helps copying names from the context. torch_threads: torch intra-op threads (0:
+    automatic: the CPUs other processes leave idle, from /proc/stat sampled over half a second, at
+    least 1; small models on a busy machine run much slower with oversubscribed threads). seed: the
+    model's initialisation seed and the SFT data order's.
+    """
+
+    vocab_size: int = 4096
+    tokenizer_documents: int = 2000
+    model_size: Literal["tiny", "small"] = "small"
+    max_position_embeddings: int = 4096
+    tie_embeddings: bool = True
+    torch_threads: int = 0
+    seed: int = 0
+
+    def __post_init__(self):
+        _check_types(self)
+        _positive(self, "vocab_size", "tokenizer_documents", "max_position_embeddings")
+        _non_negative(self, "torch_threads")
+
+
+@dataclass
 class MempoConfig:
-    """The whole training configuration (one field per section; see the module docstring)."""
+    """The whole configuration (one field per section; see the module docstring)."""
 
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     env: EnvConfig = field(default_factory=EnvConfig)
-    rollout: RolloutSection = field(default_factory=RolloutSection)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
     scoring: ScoringConfig = field(default_factory=ScoringConfig)
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     actor: ActorConfig = field(default_factory=ActorConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+    sft: SFTConfig = field(default_factory=SFTConfig)
+    demo: DemoConfig = field(default_factory=DemoConfig)
 
     def __post_init__(self):
         hints = typing.get_type_hints(type(self))
@@ -473,6 +584,9 @@ class MempoConfig:
             value = getattr(self, f.name)
             if not isinstance(value, hints[f.name]):
                 setattr(self, f.name, _build_section(hints[f.name], value, f.name))
+        _require(self.rollout.temperature > 0, "rollout.temperature",
+                 f"must be > 0, got {self.rollout.temperature!r} (training samples with it and divides the "
+                 "logits by it; evaluation's is eval.temperature, 0 for greedy)")
         _require(not (self.trainer.eval_every and self.data.source == "files" and not self.data.eval_files),
                  "data.eval_files", "must list at least one QA file when data.source is 'files' and "
                                     "trainer.eval_every > 0 (the periodic evaluation's questions)")

@@ -6,12 +6,14 @@ Conventions
   or anything `mempo.rollout.loop.as_task` takes): either a number of objectives k (dataset ``""``:
   the synthetic world's `eval_episodes`, the trainer's periodic evaluation) or a pair
   ``(dataset, k)`` (`qa_eval_episodes`: QA files). Cells run in the order datasets first appear,
-  k ascending. Every episode is run once (G = 1) under each context policy of
-  ``cfg.eval.policies`` (``"memory"``: the paper's inference context, ``"full"``: the growing
-  history) with `mempo.rollout.loop.RolloutEngine`, at most ``cfg.eval.max_turns`` rounds (64 by
-  default), ``cfg.rollout.max_new_tokens_per_round`` ids per round, temperature
-  ``cfg.eval.temperature`` (0: greedy). The backend context is limited to the model's
-  ``max_position_embeddings`` (a round that would not fit ends the episode with ``"token_budget"``).
+  k ascending. Every episode is run once under each context policy of ``cfg.eval.policies``
+  (``"memory"``: the paper's inference context, ``"full"``: the growing history) with
+  `mempo.rollout.loop.RolloutEngine` and the settings of `eval_rollout_config`: the ``rollout``
+  section with G = 1, that policy, at most ``cfg.eval.max_turns`` rounds (64 by default),
+  temperature ``cfg.eval.temperature`` (0: greedy) and no response budget (the rest, e.g.
+  ``max_new_tokens_per_round``, top-p / top-k, the seed, the chat template and the system prompt,
+  are the section's). The backend context is limited to the model's ``max_position_embeddings``
+  (a round that would not fit ends the episode with ``"token_budget"``).
   Generation sees only the prompt ids (system + question) and the tool results: the golds go to
   scoring (``compute_score``) and to the written records, nowhere else.
 * QA files (`qa_eval_episodes`, ``data.source: files``): the records of ``data.eval_files``
@@ -19,11 +21,11 @@ Conventions
   record's ``data_source``, else the file's stem); per dataset and k of ``cfg.eval.objectives``,
   ``cfg.eval.episodes`` episodes are composed as MEM1 does (`mempo.env.data.compose_episodes`: k
   distinct questions of that dataset per episode, drawn independently, seed
-  ``cfg.data.seed + EVAL_SEED_OFFSET + k``; ids ``<dataset>-k<k>-s<seed>-<i>``). The retriever
-  (`eval_retriever`) is the same as the trainer's: the ``env.retriever: http`` server
-  (`mempo.env.client.HTTPRetriever`; a Search-R1 retrieval server works as is), else BM25 over
-  ``env.corpus_path``, else (synthetic data only) BM25 over the world's documents; an HTTP
-  retriever is probed with one search before any episode runs.
+  `mempo.seeds.eval_question_seed` (``data.seed``, k); ids ``<dataset>-k<k>-s<seed>-<i>``). The
+  retriever is the trainer's (`mempo.env.build.build_retriever`): the ``env.retriever: http``
+  server (a Search-R1 retrieval server works as is), else BM25 over ``env.corpus_path``, else
+  (synthetic data only) BM25 over the world's documents; an HTTP retriever passes its health
+  check before any episode runs.
 * Quality, per cell, means over episodes: ``em`` / ``f1`` (the mean per-objective EM / token F1 of
   `mempo.protocol.reward.compute_score`, whatever the format), ``score`` (the outcome reward: EM only when
   the format is valid), ``format_rate`` (share of episodes with a valid format), ``answer_rate``
@@ -50,21 +52,17 @@ Conventions
   reads it back; each row keeps its ``dataset``) and ``<name>.md``: per dataset, one table per k
   (a row per policy) followed by its correct and its failed episode rendered as text (tool results
   and long texts shortened), or a line saying there is none. ``scalars()`` flattens the rows into
-  metrics ``eval/<name>@k<k>_<policy>`` (dataset ``""``) or ``eval/<dataset>/<name>@k<k>_<policy>``
-  (the trainer's periodic evaluation logs them).
-* `OracleBackend` plays the rule-based oracle agent (`mempo.env.oracle.OracleAgent`) as a
-  generation backend (it decodes the ChatML prompt back into messages): the upper bound of a
-  policy on the synthetic world, and the reference for the tests (it cannot answer QA-file
-  questions: it reads the synthetic world's question forms).
-
-Heavy imports (torch, transformers) happen inside the functions that need them.
+  metrics ``eval/<field>@k<k>_<policy>`` (dataset ``""``) or ``eval/<dataset>/<field>@k<k>_<policy>``,
+  one per `SCALAR_FIELDS` field of `EvalRow` under that field's own name (the trainer's periodic
+  evaluation logs them).
+* The oracle as a policy is a backend like any other (`mempo.rollout.backends.oracle.OracleBackend`).
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
-import platform
 import re
 import sys
 import time
@@ -72,20 +70,26 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Callable, Mapping, NamedTuple, Optional, Sequence, Union
 
+from mempo.config import ConfigError, MempoConfig, RolloutConfig
+from mempo.env.build import build_tools
+from mempo.env.data import DataError, compose_episodes, load_qa_datasets, parse_episode_prompt
+from mempo.protocol.reward import objectives_from_golds
+from mempo.rollout.backends import make_backend
+from mempo.rollout.chat import decode_ids
+from mempo.rollout.loop import RolloutEngine, as_task
+from mempo.seeds import eval_question_seed
+from mempo.train.logging import progress
+from mempo.utils.machine import machine_facts
+
 __all__ = ["EvalRow", "EvalReport", "RoundRecord", "EpisodeRecord", "Examples", "evaluate", "summarize",
            "round_prompt_tokens", "render_episode", "eval_episodes", "qa_eval_episodes", "QAEvalSets",
-           "eval_retriever", "build_world", "synthetic_world", "config_tools", "OracleBackend",
-           "machine_facts", "EVAL_SEED_OFFSET", "SCALAR_NAMES"]
-
-#: Evaluation episodes use question seed ``cfg.data.seed + EVAL_SEED_OFFSET + k`` (training uses others).
-EVAL_SEED_OFFSET = 10_000
+           "eval_rollout_config", "SCALAR_FIELDS"]
 
 PathLike = Union[str, "os.PathLike[str]"]
 
-#: `EvalRow` fields that `EvalReport.scalars` reports, and their metric names (the first five are in [0, 1]).
-SCALAR_NAMES = {"em": "em", "f1": "f1", "score": "score", "format_rate": "format", "answer_rate": "answered",
-                "mean_turns": "turns", "prompt_tokens_per_episode": "prompt_tokens",
-                "peak_prompt_tokens": "peak_prompt_tokens", "generated_tokens_per_episode": "generated_tokens"}
+#: The `EvalRow` fields `EvalReport.scalars` reports, each under its own name (the first five are in [0, 1]).
+SCALAR_FIELDS = ("em", "f1", "score", "format_rate", "answer_rate", "mean_turns", "prompt_tokens_per_episode",
+                 "peak_prompt_tokens", "generated_tokens_per_episode")
 
 #: How the markdown report shortens what it shows of an example episode (characters).
 TOOL_RESULT_CHARS = 300
@@ -254,10 +258,10 @@ class EvalReport:
         return {"rows": [asdict(r) for r in self.rows], "metadata": self.metadata}
 
     def scalars(self, prefix: str = "eval/") -> dict[str, float]:
-        """Every row's numbers as flat metrics ``<prefix>[<dataset>/]<name>@k<objectives>_<policy>``
-        (names: `SCALAR_NAMES`), e.g. ``eval/em@k2_memory`` or ``eval/nq/em@k2_memory``."""
+        """Every row's numbers as flat metrics ``<prefix>[<dataset>/]<field>@k<objectives>_<policy>``
+        (fields: `SCALAR_FIELDS`), e.g. ``eval/em@k2_memory`` or ``eval/nq/format_rate@k2_memory``."""
         return {f"{prefix}{row.dataset + '/' if row.dataset else ''}{name}@k{row.objectives}_{row.policy}":
-                float(getattr(row, field_name)) for row in self.rows for field_name, name in SCALAR_NAMES.items()}
+                float(getattr(row, name)) for row in self.rows for name in SCALAR_FIELDS}
 
     @classmethod
     def from_dict(cls, obj: Mapping[str, Any]) -> "EvalReport":
@@ -393,11 +397,6 @@ def render_episode(trajectory: Any, task: Any, tokenizer: Any, *, dataset: str =
         system_prompt: the system message the rollout used.
         with_ids: keep the trajectory's ids (``Trajectory.to_dict``) in ``trajectory``.
     """
-    from mempo.env.data import DataError, parse_episode_prompt
-    from mempo.protocol.reward import objectives_from_golds
-    from mempo.rollout.chat import decode_ids
-    from mempo.rollout.loop import as_task
-
     item = as_task(task)
     questions = list(getattr(task, "questions", None) or [])
     if not questions:
@@ -430,100 +429,19 @@ def render_episode(trajectory: Any, task: Any, tokenizer: Any, *, dataset: str =
 
 
 # ------------------------------------------------------------------------------------------------
-# the oracle as a backend
+# episode sets, model and settings
 # ------------------------------------------------------------------------------------------------
-_CHATML_MESSAGE = re.compile(r"<\|im_start\|>(\w+)\n(.*?)<\|im_end\|>\n?", re.S)
-
-
-class OracleBackend:
-    """The rule-based oracle (`mempo.env.oracle.OracleAgent`) behind the generation-backend interface.
-
-    It decodes each request's prompt (ChatML: the built-in template or an equal tokenizer template)
-    back into chat messages, asks the oracle for the round, drops the forced prefix the prompt
-    already ends with and returns the rest as ids (up to ``max_new_tokens``).
-    """
-
-    name = "oracle"
-
-    def __init__(self, tokenizer: Any, *, max_turns: int = 64, agent: Any = None, forced_prefix: str = "<mem>"):
-        from mempo.env.oracle import OracleAgent
-
-        self.tokenizer = tokenizer
-        self.agent = agent or OracleAgent(max_turns=max_turns)
-        self.forced_prefix = forced_prefix
-
-    def messages(self, prompt_ids: Sequence[int]) -> list[dict[str, str]]:
-        from mempo.rollout.chat import decode_ids
-
-        text = decode_ids(self.tokenizer, prompt_ids)
-        return [{"role": role, "content": content} for role, content in _CHATML_MESSAGE.findall(text)]
-
-    def generate(self, requests: Sequence[Any], sampling: Any) -> list[Any]:
-        from mempo.rollout.backends.base import GenerationOutput
-        from mempo.rollout.chat import encode_text
-
-        outputs = []
-        for request in requests:
-            context = request.prompt_ids[:len(request.prompt_ids) - request.prefix_len]
-            text = self.agent.respond(self.messages(context))
-            if self.forced_prefix and text.startswith(self.forced_prefix):
-                text = text[len(self.forced_prefix):]
-            ids = encode_text(self.tokenizer, text)[:request.max_new_tokens]
-            outputs.append(GenerationOutput(ids, "action"))
-        return outputs
-
-    def sync_weights(self, weights: Any = None) -> None:
-        """Nothing to copy (the oracle has no weights)."""
-
-    def close(self) -> None:
-        """Nothing to release."""
-
-
-# ------------------------------------------------------------------------------------------------
-# data, model and machine helpers
-# ------------------------------------------------------------------------------------------------
-def synthetic_world(cfg: Any):
-    """The synthetic world `cfg.data` describes (``world_seed``, ``world_entities`` or
-    ``world_documents``, ``article_fillers``): the one world train, eval and the demo share."""
-    from mempo.env.world import World
-
-    data = cfg.data
-    fillers = tuple(data.article_fillers) if data.article_fillers is not None else None
-    return World.generate(data.world_seed, data.world_entities, num_documents=data.world_documents,
-                          article_fillers=fillers)
-
-
-def config_tools(retriever: Any, cfg: Any) -> dict:
-    """The `search` / `access` tools over `retriever` with the ``env`` section's limits (``topk``,
-    ``doc_chars``, ``page_chars``): the tools train, eval and the demo's oracle all use."""
-    from mempo.env.tools import make_tools
-
-    return make_tools(retriever, options={"search": {"topk": cfg.env.topk, "doc_chars": cfg.env.doc_chars},
-                                          "access": {"page_chars": cfg.env.page_chars}})
-
-
-def build_world(cfg: Any):
-    """`synthetic_world(cfg)` and a BM25 retriever over it."""
-    from mempo.env.retriever import BM25Retriever
-
-    world = synthetic_world(cfg)
-    retriever = BM25Retriever.build(world.documents())
-    return world, retriever
-
-
-def eval_episodes(world: Any, cfg: Any, num_episodes: Optional[int] = None,
+def eval_episodes(world: Any, cfg: MempoConfig, num_episodes: Optional[int] = None,
                   objectives: Optional[Sequence[int]] = None) -> dict[int, list[Any]]:
     """``{k: episodes}`` for every k of ``cfg.eval.objectives`` (``cfg.eval.episodes`` each), drawn
-    with question seed ``cfg.data.seed + EVAL_SEED_OFFSET + k``. A world too small for that many
-    episodes is a ConfigError naming ``eval.episodes`` (and the world's size fields)."""
-    from mempo.config import ConfigError
-
+    with question seed `mempo.seeds.eval_question_seed` (``data.seed``, k). A world too small for
+    that many episodes is a ConfigError naming ``eval.episodes`` (and the world's size fields)."""
     n = int(num_episodes if num_episodes is not None else cfg.eval.episodes)
     ks = list(objectives if objectives is not None else cfg.eval.objectives)
     sets = {}
     for k in ks:
         try:
-            sets[int(k)] = world.episodes(int(k), n, seed=cfg.data.seed + EVAL_SEED_OFFSET + int(k))
+            sets[int(k)] = world.episodes(int(k), n, seed=eval_question_seed(cfg.data.seed, k))
         except ValueError as error:
             raise ConfigError("eval.episodes", f"{n} episodes of {k} objectives: {error} (data.world_entities / "
                                                "data.world_documents set the world's size)") from None
@@ -538,15 +456,12 @@ class QAEvalSets(NamedTuple):
     datasets: dict[str, dict[str, Any]]
 
 
-def qa_eval_episodes(cfg: Any, num_episodes: Optional[int] = None,
+def qa_eval_episodes(cfg: MempoConfig, num_episodes: Optional[int] = None,
                      objectives: Optional[Sequence[int]] = None) -> QAEvalSets:
     """Episodes per (dataset, k) from the QA files ``cfg.data.eval_files`` (module conventions):
     ``num_episodes`` (default ``cfg.eval.episodes``) per k of ``objectives`` (default
     ``cfg.eval.objectives``). Raises `ConfigError` when no file is listed or a dataset holds fewer
     than k questions, `DataError` for a missing, malformed or empty file."""
-    from mempo.env.data import DataError, compose_episodes, load_qa_datasets
-    from mempo.config import ConfigError
-
     files = list(cfg.data.eval_files)
     if not files:
         raise ConfigError("data.eval_files", "must list at least one QA file (Search-R1 jsonl or parquet) to "
@@ -563,68 +478,22 @@ def qa_eval_episodes(cfg: Any, num_episodes: Optional[int] = None,
             if len(dataset.records) < k:
                 raise ConfigError("eval.objectives", f"k={k} needs at least {k} questions per dataset; dataset "
                                                      f"{name!r} ({', '.join(dataset.files)}) has {len(dataset.records)}")
-            episodes[(name, k)] = compose_episodes(dataset.records, k, n, cfg.data.seed + EVAL_SEED_OFFSET + k,
+            episodes[(name, k)] = compose_episodes(dataset.records, k, n, eval_question_seed(cfg.data.seed, k),
                                                    id_prefix=name)
     infos = {name: {"questions": len(d.records), "files": list(d.files)} for name, d in datasets.items()}
     return QAEvalSets(episodes, infos)
 
 
-def eval_retriever(cfg: Any, world: Any = None, *, log: Optional[Callable[[str], None]] = None):
-    """The retriever an evaluation (and the trainer) uses (module conventions): an `HTTPRetriever`
-    for ``env.retriever: http`` (`HTTPRetriever.check_health`; a `RetrieverError` naming the URL if
-    it does not answer), else BM25 over ``env.corpus_path``, else over ``world``'s documents.
-    Raises `ConfigError` naming ``env.corpus_path`` when BM25 has neither."""
-    from mempo.env.retriever import BM25Retriever, RetrieverError, load_or_build_bm25
-    from mempo.config import ConfigError
-
-    env = cfg.env
-    if env.retriever == "http":
-        from mempo.env.client import HTTPRetriever
-
-        try:
-            retriever = HTTPRetriever(env.retriever_url)
-        except ValueError as error:
-            raise ConfigError("env.retriever_url", str(error)) from None
-        try:
-            retriever.check_health()
-        except RetrieverError as error:
-            raise RetrieverError(f"env.retriever_url {env.retriever_url}: the retriever does not answer a "
-                                 f"search ({error})") from None
-        return retriever
-    if env.corpus_path:
-        if not Path(env.corpus_path).is_file():
-            raise ConfigError("env.corpus_path", f"{env.corpus_path}: corpus file not found")
-        return load_or_build_bm25(env.corpus_path, None, page_chars=env.page_chars, log=log)
-    if world is None:
-        raise ConfigError("env.corpus_path", "must name a corpus jsonl ({id, title, text} per line) when "
-                                             "env.retriever is 'bm25' and the data are QA files (mempo eval "
-                                             "--corpus FILE), or use env.retriever=http with env.retriever_url")
-    return BM25Retriever.build(list(world.documents()))
+def eval_rollout_config(cfg: MempoConfig, policy: str, max_new_tokens: Optional[int] = None) -> RolloutConfig:
+    """The agent loop's settings of an evaluation under context policy `policy`: the ``rollout``
+    section with one sample, the ``eval`` section's ``max_turns`` and ``temperature`` and no
+    response budget (module conventions). max_new_tokens: overrides ``max_new_tokens_per_round``."""
+    return dataclasses.replace(
+        cfg.rollout, context_policy=policy, group_size=1, max_turns=cfg.eval.max_turns,
+        max_new_tokens_per_round=int(max_new_tokens or cfg.rollout.max_new_tokens_per_round),
+        max_response_tokens=None, temperature=cfg.eval.temperature)
 
 
-def machine_facts() -> dict[str, Any]:
-    """CPU count, torch / transformers / Python versions, platform, CUDA device (if any)."""
-    facts: dict[str, Any] = {"cpu_count": os.cpu_count(), "python": sys.version.split()[0],
-                             "platform": platform.platform()}
-    try:
-        facts["cpu_affinity"] = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        pass
-    try:
-        import torch
-
-        facts["torch"] = torch.__version__
-        facts["torch_threads"] = torch.get_num_threads()
-        facts["cuda"] = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
-    except ImportError:
-        facts["torch"] = None
-    try:
-        import transformers
-
-        facts["transformers"] = transformers.__version__
-    except ImportError:
-        pass
-    return facts
 
 
 def _model_facts(model: Any, tokenizer: Any) -> dict[str, Any]:
@@ -681,7 +550,8 @@ class _RecordWriter:
             self.tmp.unlink()
 
 
-def evaluate(model: Any, tokenizer: Any, episodes_by_k: Mapping[Any, Sequence[Any]], retriever: Any, cfg: Any, *,
+def evaluate(model: Any, tokenizer: Any, episodes_by_k: Mapping[Any, Sequence[Any]], retriever: Any,
+             cfg: MempoConfig, *,
              backend: Any = None, policies: Optional[Sequence[str]] = None, max_new_tokens: Optional[int] = None,
              chunk_size: int = 16, label: str = "", log: Optional[Callable[[str], None]] = None,
              show_progress: bool = True, keep_trajectories: bool = False,
@@ -694,7 +564,8 @@ def evaluate(model: Any, tokenizer: Any, episodes_by_k: Mapping[Any, Sequence[An
         episodes_by_k: ``{k: episodes}`` or ``{(dataset, k): episodes}``.
         retriever: what the search / access tools query.
         cfg: a `mempo.config.MempoConfig` (``eval``, ``rollout``, ``env`` sections).
-        backend: a generation backend to use instead of the model (e.g. `OracleBackend`).
+        backend: a generation backend to use instead of the model (e.g.
+            `mempo.rollout.backends.oracle.OracleBackend`).
         policies: overrides ``cfg.eval.policies``.
         max_new_tokens: overrides ``cfg.rollout.max_new_tokens_per_round``.
         chunk_size: episodes per engine run (progress granularity; all of a chunk are batched).
@@ -703,10 +574,6 @@ def evaluate(model: Any, tokenizer: Any, episodes_by_k: Mapping[Any, Sequence[An
         keep_trajectories: keep the trajectories on the report (``report.trajectories``).
         trajectories_path: write every episode's `EpisodeRecord` there (jsonl, atomic).
     """
-    from mempo.rollout.backends import make_backend
-    from mempo.rollout.loop import RolloutConfig, RolloutEngine
-    from mempo.train.logging import progress
-
     log = log or (lambda line: print(line, file=sys.stderr, flush=True))
     policies = list(policies or cfg.eval.policies)
     max_new = int(max_new_tokens or cfg.rollout.max_new_tokens_per_round)
@@ -717,7 +584,7 @@ def evaluate(model: Any, tokenizer: Any, episodes_by_k: Mapping[Any, Sequence[An
     config = getattr(model, "config", None)
     if config is not None and getattr(config, "max_position_embeddings", None):
         max_context = int(config.max_position_embeddings)
-    tools = config_tools(retriever, cfg)
+    tools = build_tools(cfg, retriever)
     was_training = getattr(model, "training", False)
     if model is not None and hasattr(model, "eval"):
         model.eval()
@@ -730,12 +597,8 @@ def evaluate(model: Any, tokenizer: Any, episodes_by_k: Mapping[Any, Sequence[An
             correct = failed = None
             name = " ".join(part for part in (label, dataset) if part)
             for policy in policies:
-                rollout_cfg = RolloutConfig.evaluation(
-                    policy=policy, max_turns=cfg.eval.max_turns, max_new_tokens=max_new,
-                    temperature=cfg.eval.temperature, top_p=cfg.rollout.top_p, top_k=cfg.rollout.top_k,
-                    seed=cfg.rollout.seed, max_context_tokens=max_context, tool_workers=4,
-                    chat_template=cfg.rollout.chat_template)
-                engine = RolloutEngine(backend, tokenizer, tools, config=rollout_cfg)
+                rollout_cfg = eval_rollout_config(cfg, policy, max_new)
+                engine = RolloutEngine(backend, tokenizer, tools, config=rollout_cfg, max_context_tokens=max_context)
                 cell_start = time.perf_counter()
                 trajectories = []
                 with progress(f"eval{' ' + name if name else ''} k={k} {policy}", total=len(episodes),

@@ -5,8 +5,9 @@ import json
 import pytest
 import torch
 
-from mempo.model.builtin import SIZES, ProtocolScaffold, context_candidates, default_corpus_texts, tiny_model, train_tokenizer
+from mempo.model.builtin import SIZES, default_corpus_texts, tiny_model, train_tokenizer
 from mempo.model.loading import load_model_dir
+from mempo.rollout.backends.scaffold import ProtocolScaffold, context_candidates
 from mempo.rollout.backends import HFBackend
 from mempo.rollout.chat import ChatFormat, render_builtin
 from mempo.model.export import PROVENANCE_FILE, save_model_dir
@@ -93,7 +94,7 @@ def test_scaffold_makes_well_formed_trajectories_from_context_strings(world, tok
         tools = make_tools(retriever, options={"search": {"topk": 1, "doc_chars": 200}})
         for policy in ("full", "memory"):
             engine = RolloutEngine(backend, tok, tools, config=RolloutConfig(
-                policy=policy, group_size=3, max_turns=3, max_new_tokens=96, seed=0))
+                context_policy=policy, group_size=3, max_turns=3, max_new_tokens_per_round=96, seed=0))
             trajectories = engine.run(episodes)
             assert len(trajectories) == 6
             for t in trajectories:

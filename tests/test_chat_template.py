@@ -71,26 +71,26 @@ def test_training_sft_and_eval_read_the_config_choice(tmp_path, qwen3_tok):
     import torch
 
     from mempo.env.oracle import run_oracle
-    from mempo.eval import build_world, config_tools, eval_episodes, evaluate
+    from mempo.env.build import build_tools, build_world
+    from mempo.eval import eval_episodes, eval_rollout_config, evaluate
     from mempo.rollout import RolloutEngine
     from mempo.rollout.backends import HFBackend
     from mempo.train.sft import run_sft
-    from mempo.train.step import loop_config
     from test_rollout_fixtures import tiny_qwen2
 
     torch.set_num_threads(1)
     model = tiny_qwen2(len(qwen3_tok), seed=0)
     base = ["data.world_entities=25", "eval.objectives=[1]", "eval.episodes=1", "eval.max_turns=2",
-            "rollout.max_new_tokens_per_round=8"]
+            "rollout.max_new_tokens_per_round=8", "sft.steps=1"]
     auto, builtin = load_config(None, base), load_config(None, base + ["rollout.chat_template=builtin"])
     world, retriever = build_world(auto)
     episodes = eval_episodes(world, auto)
-    tools = config_tools(retriever, auto)
+    tools = build_tools(auto, retriever)
     trajectory = run_oracle(episodes[1][0], tools, policy="memory")
     for cfg, works in ((auto, False), (builtin, True)):
         steps = [
-            lambda: RolloutEngine(HFBackend(model, qwen3_tok), qwen3_tok, tools, config=loop_config(cfg, 1)),
-            lambda: run_sft(cfg, model, qwen3_tok, [trajectory], steps=1),
+            lambda: RolloutEngine(HFBackend(model, qwen3_tok), qwen3_tok, tools, config=cfg.rollout),
+            lambda: run_sft(cfg, model, qwen3_tok, [trajectory]),
             lambda: evaluate(model, qwen3_tok, episodes, retriever, cfg, show_progress=False),
         ]
         for step in steps:
@@ -99,4 +99,4 @@ def test_training_sft_and_eval_read_the_config_choice(tmp_path, qwen3_tok):
             else:
                 with pytest.raises(ChatTemplateError, match="rollout.chat_template"):
                     step()
-    assert loop_config(builtin, 1).chat_template == "builtin"
+    assert eval_rollout_config(builtin, "memory").chat_template == "builtin"

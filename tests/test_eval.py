@@ -6,8 +6,9 @@ import pytest
 
 pytest.importorskip("transformers")
 
-from mempo.eval import (EvalReport, OracleBackend, build_world, eval_episodes, evaluate, round_prompt_tokens,
-                        summarize)
+from mempo.env.build import build_world
+from mempo.eval import EvalReport, eval_episodes, evaluate, round_prompt_tokens, summarize
+from mempo.rollout.backends.oracle import OracleBackend
 from mempo.config import config_from_dict
 from test_rollout_fixtures import chat_tokenizer, tiny_qwen2
 
@@ -133,8 +134,8 @@ def test_eval_command(tmp_path):
 def test_synthetic_world_follows_the_data_section():
     """train, eval and the demo build the world through `synthetic_world`: the data section's size
     and filler options reach it (a demo config's world is rebuilt exactly by `mempo eval`)."""
-    from mempo.eval import synthetic_world
     from mempo.config import load_config
+    from mempo.env.build import synthetic_world
 
     cfg = load_config(None, ["data.world_documents=120", "data.article_fillers=[0,1]", "data.world_seed=3"])
     world = synthetic_world(cfg)

@@ -1,10 +1,10 @@
 """`mempo eval` on QA files: datasets, MEM1 composition, BM25 / HTTP retrievers, records, report, errors.
 
-The agent here is a rule-based *reader* (`ReaderAgent`, behind `mempo.eval.OracleBackend`'s prompt
-decoding): it searches each question in turn and answers with the title of the first search hit.
-It sees only its prompt (system, question, its memory, tool results), so it answers a question
-right exactly when the corpus holds a document titled with the gold answer that the question's
-words find: "answerable" questions below. The unanswerable ones have golds that appear nowhere in
+The agent here is a rule-based *reader* (`ReaderAgent`, behind
+`mempo.rollout.backends.oracle.OracleBackend`'s prompt decoding): it searches each question in turn
+and answers with the title of the first search hit. It sees only its prompt (system, question, its
+memory, tool results), so it answers a question right exactly when the corpus holds a document
+titled with the gold answer that the question's words find: "answerable" questions below. The unanswerable ones have golds that appear nowhere in
 the corpus or the questions, which also lets the tests check that no gold reaches generation.
 """
 import contextlib
@@ -23,11 +23,12 @@ pytest.importorskip("transformers")
 
 from mempo.env.corpus import Document, write_corpus
 from mempo.env.data import load_qa_datasets, parse_episode_prompt
+from mempo.env.build import build_retriever
 from mempo.env.retriever import BM25Retriever
-from mempo.eval import (EpisodeRecord, EvalReport, OracleBackend, eval_retriever, evaluate, qa_eval_episodes,
-                        render_episode)
+from mempo.eval import EpisodeRecord, EvalReport, evaluate, qa_eval_episodes, render_episode
 from mempo.protocol.grammar import parse_round
 from mempo.rollout.backends.base import GenerationRequest
+from mempo.rollout.backends.oracle import OracleBackend
 from mempo.rollout.trajectory import Trajectory
 from mempo.config import ConfigError, config_from_dict
 from test_rollout_fixtures import chat_tokenizer
@@ -140,7 +141,7 @@ def test_rows_per_dataset_and_k_with_two_data_sources(tmp_path, qa_files):
         assert len(episodes) == 4 and all(len(e.questions) == k == len(set(e.source_ids)) for e in episodes)
         prefix = {"alpha": "a", "beta": "u"}.get(dataset)
         assert all(s.startswith(prefix) for e in episodes for s in e.source_ids) if prefix else True
-    report = evaluate(None, tok, sets.episodes, eval_retriever(cfg), cfg, backend=reader_backend(tok),
+    report = evaluate(None, tok, sets.episodes, build_retriever(cfg), cfg, backend=reader_backend(tok),
                       show_progress=False, log=lambda line: None, keep_trajectories=True)
     assert [(r.dataset, r.objectives, r.policy) for r in report.rows] == [
         (d, k, p) for d in ("alpha", "beta", "mixed") for k in (1, 2) for p in ("memory", "full")]
@@ -167,7 +168,7 @@ def test_examples_and_the_markdown_report(tmp_path, qa_files):
     tok = chat_tokenizer()
     cfg = make_cfg(tmp_path, qa_files)
     sets = qa_eval_episodes(cfg)
-    report = evaluate(None, tok, sets.episodes, eval_retriever(cfg), cfg, backend=reader_backend(tok),
+    report = evaluate(None, tok, sets.episodes, build_retriever(cfg), cfg, backend=reader_backend(tok),
                       show_progress=False, log=lambda line: None)
     report.metadata["datasets"] = sets.datasets
     for (dataset, k), examples in report.examples.items():
@@ -201,7 +202,7 @@ def test_trajectory_records_hold_the_rendered_turns_and_the_ids(tmp_path, qa_fil
     cfg = make_cfg(tmp_path, qa_files[:1], objectives=[2], episodes=3)
     sets = qa_eval_episodes(cfg)
     path = tmp_path / "out" / "eval_trajectories.jsonl"
-    report = evaluate(None, tok, sets.episodes, eval_retriever(cfg), cfg, backend=reader_backend(tok),
+    report = evaluate(None, tok, sets.episodes, build_retriever(cfg), cfg, backend=reader_backend(tok),
                       show_progress=False, log=lambda line: None, trajectories_path=path, keep_trajectories=True)
     lines = path.read_text(encoding="utf-8").splitlines()
     assert len(lines) == 2 * 1 * 2 * 3 == report.metadata["trajectories"]["episodes"]  # datasets x k x policies x n
@@ -250,7 +251,7 @@ def test_a_failed_evaluation_leaves_no_trajectory_file(tmp_path, qa_files):
     cfg = make_cfg(tmp_path, qa_files[:1], objectives=[1], episodes=2)
     path = tmp_path / "out" / "t.jsonl"
     with pytest.raises(RuntimeError, match="backend lost"):
-        evaluate(None, tok, qa_eval_episodes(cfg).episodes, eval_retriever(cfg), cfg,
+        evaluate(None, tok, qa_eval_episodes(cfg).episodes, build_retriever(cfg), cfg,
                  backend=Failing(reader_backend(tok)), show_progress=False, log=lambda line: None,
                  trajectories_path=path)
     assert sorted(p.name for p in path.parent.iterdir()) == []
@@ -263,7 +264,7 @@ def test_no_gold_reaches_generation(tmp_path, qa_files):
     cfg = make_cfg(tmp_path, qa_files)
     sets = qa_eval_episodes(cfg)
     backend = Recording(reader_backend(tok))
-    evaluate(None, tok, sets.episodes, eval_retriever(cfg), cfg, backend=backend, show_progress=False,
+    evaluate(None, tok, sets.episodes, build_retriever(cfg), cfg, backend=backend, show_progress=False,
              log=lambda line: None)
     assert {f.name for f in fields(GenerationRequest)} <= {"key", "prompt_ids", "max_new_tokens", "prefix_len",
                                                            "stop_token_ids"}
@@ -302,7 +303,7 @@ def test_parquet_input_in_search_r1_layout(tmp_path):
     tok = chat_tokenizer()
     cfg = make_cfg(tmp_path, [path], objectives=[1, 2], episodes=3, policies=["memory"])
     sets = qa_eval_episodes(cfg)
-    report = evaluate(None, tok, sets.episodes, eval_retriever(cfg), cfg, backend=reader_backend(tok),
+    report = evaluate(None, tok, sets.episodes, build_retriever(cfg), cfg, backend=reader_backend(tok),
                       show_progress=False, log=lambda line: None)
     assert [(r.dataset, r.objectives, r.em) for r in report.rows] == [
         ("nq", 1, 1.0), ("nq", 2, 1.0), ("bamboogle", 1, 0.0), ("bamboogle", 2, 0.0)]
@@ -320,12 +321,12 @@ def test_http_retriever_gives_the_numbers_of_in_process_bm25(tmp_path, qa_files)
     tok = chat_tokenizer()
     local = make_cfg(tmp_path, qa_files, policies=["memory"])
     sets = qa_eval_episodes(local)
-    expected = evaluate(None, tok, sets.episodes, eval_retriever(local), local, backend=reader_backend(tok),
+    expected = evaluate(None, tok, sets.episodes, build_retriever(local), local, backend=reader_backend(tok),
                         show_progress=False, log=lambda line: None)
     with RetrieverServer(BM25Retriever.build(corpus_documents())) as server:
         remote = make_cfg(tmp_path, qa_files, policies=["memory"], retriever="http", retriever_url=server.url,
                           corpus_path=None)
-        retriever = eval_retriever(remote)
+        retriever = build_retriever(remote)
         assert isinstance(retriever, HTTPRetriever) and retriever.base_url == server.url
         report = evaluate(None, tok, qa_eval_episodes(remote).episodes, retriever, remote,
                           backend=reader_backend(tok), show_progress=False, log=lambda line: None)
@@ -381,7 +382,7 @@ def test_a_search_r1_server_works_as_is(tmp_path, qa_files):
         cfg = make_cfg(tmp_path, qa_files[:1], policies=["memory"], retriever="http", retriever_url=url,
                        corpus_path=None)
         sets = qa_eval_episodes(cfg)
-        report = evaluate(None, tok, sets.episodes, eval_retriever(cfg), cfg, backend=reader_backend(tok),
+        report = evaluate(None, tok, sets.episodes, build_retriever(cfg), cfg, backend=reader_backend(tok),
                           show_progress=False, log=lambda line: None)
     assert [(r.dataset, r.objectives, r.em) for r in report.rows] == [
         ("alpha", 1, 1.0), ("alpha", 2, 1.0), ("beta", 1, 0.0), ("beta", 2, 0.0)]
@@ -444,7 +445,7 @@ def test_a_random_hf_model_is_told_no_gold(tmp_path, qa_files, model_dir):
     cfg = make_cfg(tmp_path, qa_files, objectives=[1, 2], episodes=2, max_turns=3)
     sets = qa_eval_episodes(cfg)
     backend = Recording(make_backend("hf", model=model, tokenizer=tok))
-    report = evaluate(model, tok, sets.episodes, eval_retriever(cfg), cfg, backend=backend, max_new_tokens=12,
+    report = evaluate(model, tok, sets.episodes, build_retriever(cfg), cfg, backend=backend, max_new_tokens=12,
                       show_progress=False, log=lambda line: None)
     assert len(report.rows) == 12 and len(backend.requests) >= 24
     for row in report.rows:
@@ -504,6 +505,7 @@ def test_an_unreachable_retriever_fails_before_any_episode(tmp_path, qa_files, c
     code, err = _run(["--model", str(model), "--out", str(tmp_path / "out"), "eval.objectives=[1]",
                       "--files", str(qa_files[0]),
                       "--retriever-url", f"http://127.0.0.1:{port}"], capsys)
-    assert code == 2 and f"mempo eval: env.retriever_url http://127.0.0.1:{port}: the retriever does not answer" in err
+    assert code == 2 and (f"mempo eval: env.retriever_url: retriever at http://127.0.0.1:{port} failed its health "
+                          "check") in err
     with pytest.raises(ConfigError, match="env.retriever_url"):
-        eval_retriever(make_cfg(tmp_path, qa_files, retriever="http", retriever_url="ftp://x"))
+        build_retriever(make_cfg(tmp_path, qa_files, retriever="http", retriever_url="ftp://x"))

@@ -69,7 +69,8 @@ def test_the_checker_catches_a_gold_told_to_a_processor_or_a_prompt(tok):
 
 
 def test_train_eval_and_demo_never_show_a_gold(tmp_path, trace):
-    from mempo.eval import build_world, eval_episodes, evaluate
+    from mempo.env.build import build_world
+    from mempo.eval import eval_episodes, evaluate
     from mempo.train.trainer import train
 
     torch.set_num_threads(1)
@@ -97,9 +98,9 @@ def test_train_eval_and_demo_never_show_a_gold(tmp_path, trace):
 
     from mempo.apps.demo import load_demo_config, run_demo
 
-    demo_cfg, demo = load_demo_config(None, SMOKE)
+    demo_cfg = load_demo_config(None, SMOKE)
     out = tmp_path / "demo"
-    run_demo(demo_cfg, demo, out, echo=lambda line: None, show_progress=False)
+    run_demo(demo_cfg, out, echo=lambda line: None, show_progress=False)
     counts = summary(trace)
     assert counts["tasks"] > 0 and counts["generate_calls"] > 0, counts
     assert violations(trace, AutoTokenizer.from_pretrained(out / "model_sft")) == []

@@ -6,7 +6,8 @@ import pytest
 pytest.importorskip("matplotlib")
 
 from mempo.eval import EvalReport, EvalRow
-from mempo.apps.report import find_metric, write_report
+from mempo.apps.report import CURVE, StageTimes, load_run, metric_series, write_report
+from mempo.train import metric_names
 from mempo.train.logging import MetricsLogger
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -24,8 +25,9 @@ def run_dir(tmp_path):
         for step in range(1, 6):
             logger.log(step, {"reward/mean": 0.1 * step, "reward/em": 0.05 * step, "reward/f1": 0.07 * step,
                               "reward/format_rate": 1.0, "memory/reward": -0.01 * step, "memory/p_mem": 0.2,
-                              "memory/p_full": 0.2 + 0.01 * step, "kl": 0.001 * step, "entropy": 2.0,
-                              "clip_fraction": 0.0, "train/tokens": 1000 + step, "time/rollout": 2.0,
+                              "memory/p_full": 0.2 + 0.01 * step, "actor/kl_loss": 0.001 * step,
+                              "actor/entropy": 2.0, "actor/pg_clipfrac": 0.0, "train/tokens": 1000 + step,
+                              "time/rollout": 2.0,
                               "time/update": 1.5})
     with MetricsLogger(tmp_path / "sft", tensorboard=False) as logger:
         for step in range(1, 4):
@@ -74,8 +76,13 @@ def test_report_without_inputs_says_so(tmp_path):
     assert result.plots == {} and len(result.missing) == 4
 
 
-def test_find_metric_prefers_outcome_reward():
-    records = [{"step": 1, "memory/reward": 0.5, "reward/mean": 0.25}]
-    assert find_metric(records, "reward") == "reward/mean"
-    assert find_metric(records, "mem_reward") == "memory/reward"
-    assert find_metric([{"step": 1, "rollout/kl": 1.0}], "kl") == "rollout/kl"
+def test_the_report_reads_one_name_per_metric(run_dir):
+    """Each curve metric has one name (`mempo.train.metric_names`); another spelling is not read."""
+    names = {value for key, value in vars(metric_names).items() if key.isupper() and isinstance(value, str)}
+    assert {key for _, key in CURVE} <= names and len({key for _, key in CURVE}) == len(CURVE)
+    records = [{"step": 1, "memory/reward": 0.5, "reward/mean": 0.25, "kl": 1.0, "rollout/kl": 1.0}]
+    assert metric_series(records, metric_names.REWARD) == ([1], [0.25])
+    assert metric_series(records, metric_names.KL) == ([], [])
+    found = load_run(run_dir)
+    assert isinstance(found.stages, StageTimes) and [s.name for s in found.stages.stages] == ["sft", "rl"]
+    assert found.metrics_path == run_dir / "rl" / "metrics.jsonl" and len(found.metrics) == 5

@@ -10,9 +10,11 @@ import threading
 
 import pytest
 
+from mempo.config import MempoConfig
 from mempo.env.client import HTTPRetriever
 from mempo.env.server import RetrieverServer
 from mempo.env.tools import make_tools
+from mempo.eval import eval_rollout_config
 from mempo.protocol.memory import AgentMemory
 from mempo.protocol.reward import compute_score
 from mempo.rollout import (
@@ -29,10 +31,11 @@ def tok():
     return chat_tokenizer()
 
 
-def engine(tok, scripts, retriever=None, tools=None, overgenerate=False, **config):
+def engine(tok, scripts, retriever=None, tools=None, overgenerate=False, max_context_tokens=None, **config):
     backend = ScriptedBackend(round_script(tok, scripts), tok, overgenerate=overgenerate)
-    config.setdefault("max_new_tokens", 128)
-    return RolloutEngine(backend, tok, tools, retriever=retriever, config=RolloutConfig(**config)), backend
+    config.setdefault("max_new_tokens_per_round", 128)
+    return RolloutEngine(backend, tok, tools, retriever=retriever, config=RolloutConfig(**config),
+                         max_context_tokens=max_context_tokens), backend
 
 
 def protocol_messages(trajectory: Trajectory, tok, system="You are a helpful assistant."):
@@ -99,7 +102,7 @@ def test_memory_policy_records_each_round_prompt(tok, bm25):
     scripts = {"q4": ["</mem><think>find it</think><search>zebulon4</search>",
                       "search found needle-4</mem><think>read it</think><access>needle-4</access>",
                       "needle-4 is Needle 4</mem><think>done</think><answer>Needle 4</answer>"]}
-    eng, backend = engine(tok, scripts, retriever=bm25, group_size=2, policy="memory")
+    eng, backend = engine(tok, scripts, retriever=bm25, group_size=2, context_policy="memory")
     trajectories = eng.run([needle_task(4)])
     chat = ChatFormat(tok)
     for t in trajectories:
@@ -235,7 +238,7 @@ def test_malformed_rounds_end_the_trajectory_with_score_zero(tok, bm25):
     no_action = tok.encode("</mem><think>I will just stop</think>", add_special_tokens=False) + [im_end]
     rambling = tok.encode("</mem><think>" + "and then " * 80, add_special_tokens=False)
     eng, _ = engine(tok, {("q1", 0): [no_action], ("q1", 1): [rambling]}, retriever=bm25, group_size=2,
-                    max_new_tokens=64)
+                    max_new_tokens_per_round=64)
     eos_t, long_t = eng.run([needle_task(1)])
     for t in (eos_t, long_t):
         t.validate()
@@ -304,7 +307,7 @@ def test_http_retriever_on_loopback(tok, bm25):
 
 def test_trajectories_round_trip_through_jsonl(tok, bm25, tmp_path):
     eng, _ = engine(tok, {"q3": needle_scripts(3, extra_search=True)}, retriever=bm25, group_size=2,
-                    policy="memory")
+                    context_policy="memory")
     trajectories = eng.run([needle_task(3)])
     trajectories[0].memory_rewards = [0.25, -0.5]
     path = tmp_path / "t.jsonl"
@@ -331,13 +334,17 @@ def test_episode_objects_and_uids(tok, bm25):
     assert (first.score, second.score) == (1.0, 0.0) and first.golds == [["Needle 3"]]
 
 
-def test_config_validation():
+def test_config_validation(tok):
     with pytest.raises(ValueError):
-        RolloutConfig(policy="partial")
+        RolloutConfig(context_policy="partial")
     with pytest.raises(ValueError):
         RolloutConfig(max_turns=0)
-    evaluation = RolloutConfig.evaluation()
-    assert evaluation.policy == "memory" and evaluation.max_turns == 64 and evaluation.max_response_tokens is None
+    with pytest.raises(ValueError, match="max_context_tokens"):
+        RolloutEngine(ScriptedBackend(round_script(tok, {}), tok), tok, {}, max_context_tokens=0)
+    evaluation = eval_rollout_config(MempoConfig(), "memory")
+    assert (evaluation.context_policy, evaluation.group_size, evaluation.max_turns) == ("memory", 1, 64)
+    assert evaluation.max_response_tokens is None and evaluation.temperature == 0.0
+    assert evaluation.max_new_tokens_per_round == MempoConfig().rollout.max_new_tokens_per_round
 
 
 def test_import_mempo_rollout_stays_light():
@@ -350,3 +357,19 @@ def test_import_mempo_rollout_stays_light():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == ""
+
+
+def test_rollout_section_settings_reach_the_loop(tok, bm25):
+    """The loop reads the ``rollout`` section itself: settings only it uses come from overrides."""
+    from mempo.config import load_config
+
+    cfg = load_config(None, ["rollout.system_prompt=Answer briefly.", "rollout.train_forced_prefix=false",
+                             "rollout.group_size=1", "rollout.max_new_tokens_per_round=128", "rollout.tool_workers=1"])
+    backend = ScriptedBackend(round_script(tok, {"q3": needle_scripts(3)}), tok)
+    (t,) = RolloutEngine(backend, tok, retriever=bm25, config=cfg.rollout).run([needle_task(3)])
+    assert "Answer briefly." in tok.decode(t.prompt_ids) and t.score == 1.0
+    prefix = len(ChatFormat(tok).prefix_ids)
+    assert all(t.response_mask[r.start:r.start + prefix] == [0] * prefix for r in t.rounds)
+    (default,) = RolloutEngine(ScriptedBackend(round_script(tok, {"q3": needle_scripts(3)}), tok), tok,
+                               retriever=bm25, config=RolloutConfig(group_size=1)).run([needle_task(3)])
+    assert "Answer briefly." not in tok.decode(default.prompt_ids) and default.response_mask[:prefix] == [1] * prefix

@@ -177,7 +177,7 @@ def test_hf_backend_in_the_loop(tok, model, bm25):
     scripts = [enc(tok, text) for text in needle_scripts(3)]
     forced = RoundScripts(tok, scripts)
     backend = Recording(HFBackend(model, tok, logits_processors=[forced]), [forced])
-    config = RolloutConfig(group_size=3, max_new_tokens=64, temperature=1.0, seed=11)
+    config = RolloutConfig(group_size=3, max_new_tokens_per_round=64, temperature=1.0, seed=11)
     trajectories = RolloutEngine(backend, tok, retriever=bm25, config=config).run([needle_task(3)])
     for t in trajectories:
         t.validate()
@@ -187,7 +187,7 @@ def test_hf_backend_in_the_loop(tok, model, bm25):
         assert t.rounds[1].scored
 
     free = Recording(HFBackend(model, tok))  # the random model alone: it does not follow the protocol
-    config = RolloutConfig(group_size=4, max_new_tokens=24, max_turns=2, seed=1)
+    config = RolloutConfig(group_size=4, max_new_tokens_per_round=24, max_turns=2, seed=1)
     trajectories = RolloutEngine(free, tok, retriever=bm25, config=config).run([needle_task(3), needle_task(4)])
     assert len(trajectories) == 8
     for t in trajectories:
@@ -219,7 +219,7 @@ def scripted_run(tok, bm25, policy):
                       "search found needle-4</mem><think>read it</think><access>needle-4</access>",
                       "needle-4 is Needle 4</mem><think>done</think><answer>Needle 4</answer>"]}
     backend = ScriptedBackend(round_script(tok, scripts), tok)
-    config = RolloutConfig(policy=policy, group_size=1, max_new_tokens=64)
+    config = RolloutConfig(context_policy=policy, group_size=1, max_new_tokens_per_round=64)
     (t,) = RolloutEngine(backend, tok, retriever=bm25, config=config).run([needle_task(4)])
     return t
 

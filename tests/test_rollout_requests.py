@@ -36,7 +36,7 @@ def batch(bm25):
         ("q5", 2): ["round one memory</mem><think>t</think><answer>Needle 5</answer>"],  # round 1: never scored
     }
     backend = ScriptedBackend(round_script(tok, scripts), tok)
-    config = RolloutConfig(group_size=3, max_new_tokens=128)
+    config = RolloutConfig(group_size=3, max_new_tokens_per_round=128)
     trajectories = RolloutEngine(backend, tok, retriever=bm25, config=config).run([needle_task(3), needle_task(5)])
     return tok, trajectories
 
@@ -137,11 +137,11 @@ def test_scoring_methods_agree_on_rollout_trajectories(bm25):
               "golds": [["Needle 3"], ["Needle 5"]]},
              {"id": "t", "prompt": "Which document mentions zebulon4?", "golds": ["Needle 4"]}]
     engine = RolloutEngine(ScriptedBackend(round_script(tok, scripts), tok), tok, retriever=bm25,
-                           config=RolloutConfig(group_size=2, max_new_tokens=128, max_turns=2))
+                           config=RolloutConfig(group_size=2, max_new_tokens_per_round=128, max_turns=2))
     truncated = engine.run(tasks[1:])
     assert {t.finish_reason for t in truncated} == {"turn_limit"}
     engine = RolloutEngine(ScriptedBackend(round_script(tok, scripts), tok), tok, retriever=bm25,
-                           config=RolloutConfig(group_size=2, max_new_tokens=128, max_turns=8))
+                           config=RolloutConfig(group_size=2, max_new_tokens_per_round=128, max_turns=8))
     trajectories = engine.run(tasks[:1]) + truncated
     requests = scoring_requests(trajectories, tok)
     assert [len(r.rounds) for r in requests] == [2, 1, 1, 1]

@@ -69,7 +69,7 @@ def test_sync_weights_and_cutting_an_overgenerated_round(served):
 
 def test_rollout_loop_on_sglang(served, bm25):
     tok, _, backend = served
-    config = RolloutConfig(group_size=4, max_new_tokens=32, max_turns=2, seed=0)
+    config = RolloutConfig(group_size=4, max_new_tokens_per_round=32, max_turns=2, seed=0)
     trajectories = RolloutEngine(backend, tok, retriever=bm25, config=config).run([needle_task(3), needle_task(4)])
     assert len(trajectories) == 8
     for t in trajectories:

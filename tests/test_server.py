@@ -629,7 +629,10 @@ def test_cli_usage_errors(tmp_path, capsys):
     assert cli_main(["serve-retriever", "--corpus", "x", "--topk-default", "9", "--topk-max", "5"]) == 2
     assert cli_main(["serve-retriever", "--corpus", "x", "--max-doc-chars", "0"]) == 2
     assert cli_main(["serve-retriever", "--corpus", "x", "--max-response-chars", "-1"]) == 2
-    assert "--max-response-chars must be >= 1" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "--max-response-chars must be >= 1" in err
+    lines = err.strip().splitlines()  # each user error: one line from mempo.apps.cli.main
+    assert len(lines) == 5 and all(line.startswith("mempo serve-retriever: ") for line in lines), lines
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"id": "a", "text": "x"}\n{"id": "a", "text": "y"}\n')
     assert cli_main(["serve-retriever", "--corpus", str(bad)]) == 2

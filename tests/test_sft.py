@@ -11,6 +11,14 @@ from mempo.config import config_from_dict
 from mempo.train.sft import examples_from_trajectories, load_sft_records, run_sft
 
 
+def _sft(model, tok, trajectories, *, seed=0, save_every=0, keep_last=None, checkpoint_root=None, resume_from=None,
+         max_steps=None, **sft):
+    """`run_sft` with the ``sft`` section's fields `sft` and the trainer's checkpoint settings."""
+    cfg = config_from_dict({"sft": sft, "trainer": {"save_every": save_every, "keep_last": keep_last}})
+    return run_sft(cfg, model, tok, trajectories, seed=seed, checkpoint_root=checkpoint_root,
+                   resume_from=resume_from, max_steps=max_steps)
+
+
 @pytest.fixture(scope="module")
 def setup():
     from mempo.env.oracle import run_oracle_episodes
@@ -55,8 +63,7 @@ def test_loss_decreases(setup):
     tok, trajectories = setup
     torch.manual_seed(0)
     model = tiny_model(tok, seed=0)
-    cfg = config_from_dict({})
-    metrics = run_sft(cfg, model, tok, trajectories, steps=12, lr=3e-3, batch_tokens=8192, seed=0)
+    metrics = _sft(model, tok, trajectories, steps=12, lr=3e-3, batch_tokens=8192, seed=0)
     assert metrics["steps"] == 12 and all(torch.isfinite(torch.tensor(metrics["losses"])))
     assert metrics["last_loss"] < 0.8 * metrics["first_loss"]
 
@@ -68,9 +75,8 @@ def test_selective_logits_equal_full_logits(setup):
     tok, trajectories = setup
     model = tiny_model(tok, seed=0)
     wrapped = _FullLogits(copy.deepcopy(model))
-    cfg = config_from_dict({})
-    a = run_sft(cfg, model, tok, trajectories, steps=3, lr=1e-3, batch_tokens=8192, seed=0)
-    b = run_sft(cfg, wrapped, tok, trajectories, steps=3, lr=1e-3, batch_tokens=8192, seed=0)
+    a = _sft(model, tok, trajectories, steps=3, lr=1e-3, batch_tokens=8192, seed=0)
+    b = _sft(wrapped, tok, trajectories, steps=3, lr=1e-3, batch_tokens=8192, seed=0)
     assert a["losses"] == pytest.approx(b["losses"], rel=1e-4)
 
 
@@ -88,15 +94,14 @@ class _FullLogits(torch.nn.Module):
 def test_cosine_schedule_and_time_bound(setup):
     tok, trajectories = setup
     model = tiny_model(tok, seed=0)
-    cfg = config_from_dict({})
-    metrics = run_sft(cfg, model, tok, trajectories, steps=10, lr=1e-3, batch_tokens=2048, seed=0,
+    metrics = _sft(model, tok, trajectories, steps=10, lr=1e-3, batch_tokens=2048, seed=0,
                       schedule="cosine", warmup=0.2)
     assert metrics["steps"] == 10
-    timed = run_sft(cfg, tiny_model(tok, seed=0), tok, trajectories, steps=10_000, lr=1e-3, batch_tokens=2048,
+    timed = _sft(tiny_model(tok, seed=0), tok, trajectories, steps=10_000, lr=1e-3, batch_tokens=2048,
                     seed=0, max_seconds=0.5, schedule="cosine")
     assert 1 <= timed["steps"] < 10_000 and timed["seconds"] < 30
     with pytest.raises(ValueError):
-        run_sft(cfg, tiny_model(tok, seed=0), tok, trajectories, steps=1, schedule="linear")
+        _sft(tiny_model(tok, seed=0), tok, trajectories, steps=1, schedule="linear")
 
 
 def test_interrupted_run_resumes_to_the_uninterrupted_result(setup, tmp_path):
@@ -109,19 +114,18 @@ def test_interrupted_run_resumes_to_the_uninterrupted_result(setup, tmp_path):
 
     tok, trajectories = setup
     trajectories = trajectories[:1]
-    cfg = config_from_dict({})
     common = dict(steps=7, lr=3e-3, batch_tokens=2048, seed=3, schedule="cosine", warmup=0.2)
     assert len(_epoch_batches(examples_from_trajectories(trajectories, tok), 2048, 3, 0)) == 3
     full_model = tiny_model(tok, seed=0)
-    full = run_sft(cfg, full_model, tok, trajectories, **common)
+    full = _sft(full_model, tok, trajectories, **common)
 
     root = tmp_path / "checkpoints"
-    first = run_sft(cfg, tiny_model(tok, seed=0), tok, trajectories, checkpoint_root=root, save_every=2,
+    first = _sft(tiny_model(tok, seed=0), tok, trajectories, checkpoint_root=root, save_every=2,
                     max_steps=4, **common)
     assert first["steps"] == 4 and [step for step, _ in list_checkpoints(root)] == [2, 4]
     assert first["checkpoint"] == latest_checkpoint(root)
     resumed_model = tiny_model(tok, seed=1)  # other weights: everything must come from the checkpoint
-    second = run_sft(cfg, resumed_model, tok, trajectories, checkpoint_root=root, save_every=2, resume_from=root,
+    second = _sft(resumed_model, tok, trajectories, checkpoint_root=root, save_every=2, resume_from=root,
                      **common)
     assert second["resumed_from"] == 4 and second["steps"] == 7 and len(second["losses"]) == 3
     assert first["losses"] + second["losses"] == pytest.approx(full["losses"], abs=1e-6)
@@ -133,14 +137,13 @@ def test_interrupted_run_resumes_to_the_uninterrupted_result(setup, tmp_path):
 
 def test_resume_refuses_a_checkpoint_of_other_data(setup, tmp_path):
     tok, trajectories = setup
-    cfg = config_from_dict({})
-    run_sft(cfg, tiny_model(tok, seed=0), tok, trajectories, steps=1, batch_tokens=2048, seed=0,
+    _sft(tiny_model(tok, seed=0), tok, trajectories, steps=1, batch_tokens=2048, seed=0,
             checkpoint_root=tmp_path)
     with pytest.raises(ValueError, match="seed 0 and .* seed 1"):
-        run_sft(cfg, tiny_model(tok, seed=0), tok, trajectories, steps=2, batch_tokens=2048, seed=1,
+        _sft(tiny_model(tok, seed=0), tok, trajectories, steps=2, batch_tokens=2048, seed=1,
                 resume_from=tmp_path)
     with pytest.raises(ValueError, match="training sequences"):
-        run_sft(cfg, tiny_model(tok, seed=0), tok, trajectories[:1], steps=2, batch_tokens=2048, seed=0,
+        _sft(tiny_model(tok, seed=0), tok, trajectories[:1], steps=2, batch_tokens=2048, seed=0,
                 resume_from=tmp_path)
 
 
@@ -180,16 +183,15 @@ def test_cli_sft_resume(tmp_path):
 def test_prompt_loss_weight(setup):
     """run_sft's prompt_loss_weight: language modelling of the prompt tokens on top of the assistant loss."""
     tok, trajectories = setup
-    cfg = config_from_dict({})
     base = tiny_model(tok, seed=0)
-    plain = run_sft(cfg, copy.deepcopy(base), tok, trajectories, steps=2, lr=1e-3, batch_tokens=8192, seed=0)
-    zero = run_sft(cfg, copy.deepcopy(base), tok, trajectories, steps=2, lr=1e-3, batch_tokens=8192, seed=0,
+    plain = _sft(copy.deepcopy(base), tok, trajectories, steps=2, lr=1e-3, batch_tokens=8192, seed=0)
+    zero = _sft(copy.deepcopy(base), tok, trajectories, steps=2, lr=1e-3, batch_tokens=8192, seed=0,
                    prompt_loss_weight=0.0)
     assert plain["losses"] == zero["losses"]  # the default: assistant tokens only
-    weighted = run_sft(cfg, copy.deepcopy(base), tok, trajectories, steps=2, lr=1e-3, batch_tokens=8192, seed=0,
+    weighted = _sft(copy.deepcopy(base), tok, trajectories, steps=2, lr=1e-3, batch_tokens=8192, seed=0,
                        prompt_loss_weight=0.5)
     assert weighted["first_loss"] > plain["first_loss"]  # a random model: the prompt term adds ~0.5 * log(V)
-    full = run_sft(cfg, _FullLogits(copy.deepcopy(base)), tok, trajectories, steps=2, lr=1e-3, batch_tokens=8192,
+    full = _sft(_FullLogits(copy.deepcopy(base)), tok, trajectories, steps=2, lr=1e-3, batch_tokens=8192,
                    seed=0, prompt_loss_weight=0.5)
     assert weighted["losses"] == pytest.approx(full["losses"], rel=1e-4)  # selective logits == full logits
 
@@ -208,3 +210,60 @@ def test_bad_sft_files_name_the_file_and_line(tmp_path, content, message):
     path.write_text(content)
     with pytest.raises(MempoError, match=message):
         load_sft_records(path)
+
+
+def test_sft_flags_set_the_sft_section(tmp_path):
+    """`mempo sft` flags are shorthands for ``sft`` fields, applied after the config and the overrides."""
+    from pathlib import Path
+
+    from mempo.apps.cli import build_parser
+    from mempo.apps.train_commands import SFT_FLAGS, _run_config
+    from mempo.config import ConfigError
+
+    tiny = str(Path(__file__).resolve().parents[1] / "configs" / "tiny.yaml")
+    parse = build_parser().parse_args
+    cfg = _run_config(parse(["sft", "--config", tiny, "--out", str(tmp_path), "--steps", "3", "--lr", "0.01",
+                             "--trajectories", "t.jsonl", "sft.lr=0.5", "sft.schedule=cosine"]), SFT_FLAGS)
+    assert (cfg.sft.steps, cfg.sft.lr, cfg.sft.schedule, cfg.sft.trajectories) == (3, 0.01, "cosine", "t.jsonl")
+    assert (cfg.sft.episodes, cfg.sft.batch_tokens, cfg.sft.epochs) == (16, 4096, None)  # the section's defaults
+    assert cfg.trainer.out_dir == str(tmp_path)
+    assert _run_config(parse(["sft", "--config", tiny, "sft.episodes=5"]), SFT_FLAGS).sft.episodes == 5
+    with pytest.raises(ConfigError, match=r"^sft\.steps: must be > 0"):
+        _run_config(parse(["sft", "--config", tiny, "--steps", "0"]), SFT_FLAGS)
+    with pytest.raises(ConfigError, match=r"^sft\.schedule: must be one of"):
+        _run_config(parse(["sft", "--config", tiny, "sft.schedule=linear"]), SFT_FLAGS)
+
+
+def test_sft_oracle_data_by_training_episodes_or_by_objectives(tmp_path):
+    """`mempo sft` without a trajectories file: the first ``sft.episodes`` training episodes (every
+    trajectory kept), or with ``sft.objectives`` the demo's cold start (`oracle_cold_start`: per k,
+    questions held out from the evaluation, correct trajectories only)."""
+    from pathlib import Path
+
+    from mempo.apps.train_commands import _oracle_records
+    from mempo.config import ConfigError, load_config
+    from mempo.env.data import parse_episode_prompt
+    from mempo.eval import eval_episodes
+    from mempo.train.trainer import build_run
+
+    tiny = Path(__file__).resolve().parents[1] / "configs" / "tiny.yaml"
+    base = ["trainer.tensorboard=false", "trainer.progress=false", f"trainer.out_dir={tmp_path}"]
+    cfg = load_config(tiny, base + ["sft.episodes=3"])
+    run = build_run(cfg)
+    records, source = _oracle_records(cfg, run)
+    assert [r.episode_id for r in records] == [e.id for e in run.episodes[:3]] and source == "oracle on 3 episodes"
+    assert all(r.policy == cfg.rollout.context_policy for r in records)
+
+    by_k = load_config(tiny, base + ["sft.episodes=4", "sft.objectives=[1,2]", "sft.oracle_think=short",
+                                     "eval.objectives=[1,2]", "eval.episodes=6"])  # what is held out
+    records, source = _oracle_records(by_k, run)
+    held_out = {q for episodes in eval_episodes(run.world, by_k).values() for e in episodes for q in e.questions}
+    assert records and all(r.score["score"] == 1.0 and r.policy == "memory" for r in records)
+    assert {len(r.golds) for r in records} <= {1, 2} and len(records) <= 8
+    asked = {q for r in records for q in parse_episode_prompt(r.prompt)}
+    assert asked and not asked & held_out
+    assert source == "oracle on 4 episodes of each of [1, 2] objectives"
+
+    run.world = None  # QA-file data: no world to draw from
+    with pytest.raises(ConfigError, match=r"^sft\.objectives: draws synthetic-world episodes"):
+        _oracle_records(by_k, run)

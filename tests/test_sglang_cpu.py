@@ -212,7 +212,7 @@ def test_server_backend_over_http(tmp_path, tok, model):
 
 
 def test_factory_follows_the_config(tmp_path, tok, model):
-    from mempo.model.builtin import ProtocolScaffold
+    from mempo.rollout.backends.scaffold import ProtocolScaffold
 
     hf = build_backend(load_config(None, []), model, tok)
     assert isinstance(hf, HFBackend) and hf.model is model and hf.logits_processors == []

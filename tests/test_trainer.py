@@ -1,8 +1,8 @@
 """mempo.train.step / trainer / CLI: an end-to-end tiny run, advantages on <mem> spans, checkpoints,
 and an exact resume after SIGKILL.
 
-The rollouts use the built-in tiny Qwen2 with `mempo.model.builtin.ProtocolScaffold`, which configs/tiny.yaml
-opts into (``rollout.protocol_scaffold``): an HF logits processor that forces the protocol tags and
+The rollouts use the built-in tiny Qwen2 with `mempo.rollout.backends.scaffold.ProtocolScaffold`, which
+configs/tiny.yaml opts into (``rollout.protocol_scaffold``): an HF logits processor that forces the protocol tags and
 lets the model sample the memory, reasoning, query and its answer, a choice among strings of its
 own search results (it is never told the gold answer: tests/test_no_gold.py)."""
 import json
@@ -145,6 +145,11 @@ def test_train_writes_metrics_and_checkpoints(tmp_path):
     rows = read_metrics(tmp_path / "metrics.jsonl")
     assert [r["step"] for r in rows] == [1, 2]
     assert all(math.isfinite(r["actor/loss"]) for r in rows)
+    # the run report reads exactly the names the step writes (mempo.train.metric_names), none other
+    from mempo.apps.report import CURVE
+
+    assert all(key in row for row in rows for _, key in CURVE)
+    assert not {"kl", "entropy", "clip_fraction"} & set(rows[0])
     assert (tmp_path / "config.yaml").is_file() and (tmp_path / "tokenizer" / "tokenizer.json").is_file()
 
 
@@ -199,14 +204,15 @@ def test_cli_bad_config_exits_2(tmp_path):
 # periodic evaluation (trainer.eval_every)
 # ------------------------------------------------------------------------------------------------
 EVAL = ["eval.objectives=[2]", "eval.episodes=1", "eval.max_turns=2", "eval.policies=[memory,full]"]
-RATES = ("em", "f1", "score", "format", "answered")  # the eval/ metrics that are shares in [0, 1]
+RATES = ("em", "f1", "score", "format_rate", "answer_rate")  # the eval/ metrics that are shares in [0, 1]
 
 
 def test_periodic_eval_logs_eval_metrics_at_its_steps(tmp_path):
     """eval_every=2 over 3 steps: eval/ metrics on step 2 only (logged although log_every=3), equal to
     a direct `mempo.eval.evaluate` of the step-2 policy; training itself is unchanged by evaluating;
     eval_every=0 logs no eval/ metrics."""
-    from mempo.eval import build_world, eval_episodes, evaluate
+    from mempo.env.build import build_world
+    from mempo.eval import eval_episodes, evaluate
     from mempo.model.loading import build_causal_lm
     from mempo.train.checkpoint import checkpoint_dir, load_checkpoint
     from mempo.train.logging import read_metrics
@@ -227,7 +233,7 @@ def test_periodic_eval_logs_eval_metrics_at_its_steps(tmp_path):
         for name in RATES:
             value = logged[f"eval/{name}@k2_{policy}"]
             assert value is not None and math.isfinite(value) and 0.0 <= value <= 1.0, (name, policy, value)
-        assert logged[f"eval/prompt_tokens@k2_{policy}"] > 0 and logged[f"eval/turns@k2_{policy}"] >= 1
+        assert logged[f"eval/prompt_tokens_per_episode@k2_{policy}"] > 0 and logged[f"eval/mean_turns@k2_{policy}"] >= 1
     assert rows[0]["time/eval"] > 0
 
     for a, b in zip(plain.metrics, evaluated.metrics):  # evaluating does not disturb training

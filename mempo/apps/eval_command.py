@@ -1,17 +1,17 @@
-"""The ``mempo eval`` and ``mempo demo`` commands (registered with `mempo.apps.cli.register_command`).
+"""The ``mempo eval`` command: evaluate a saved model (`mempo.eval.evaluate`).
 
     mempo eval --model MODEL_DIR --out OUT_DIR [--config CONFIG.yaml] [section.field=value ...]
                [--data synthetic|files] [--files QA_FILE ...] [--corpus CORPUS.jsonl | --retriever-url URL]
                [--name NAME] [--episodes N] [--no-trajectories] [--no-progress]
-    mempo demo [--config configs/demo.yaml] [--out demo_out] [section.field=value ...]
 
-``eval``: the model directory holds a saved HF causal LM and its tokenizer (``save_pretrained``;
-e.g. ``demo_out/model_rl``); it generates through the backend ``rollout.backend`` names
-(`mempo.rollout.backends.factory.build_backend`: HF, or SGLang loading the directory). The data are the config's: ``data.source: synthetic`` (the world of
-``cfg.data``, episodes from ``cfg.eval``: `mempo.eval.eval_episodes`) or ``files`` (the QA files
-``data.eval_files``, one table per dataset and k: `mempo.eval.qa_eval_episodes`), the retriever
-the config's ``env`` section (`mempo.eval.eval_retriever`). The flags are shorthands applied over
-the config file and the overrides: ``--data`` sets ``data.source``; ``--files`` sets
+The model directory holds a saved HF causal LM and its tokenizer (``save_pretrained``; e.g.
+``demo_out/model_rl``); it generates through the backend ``rollout.backend`` names
+(`mempo.rollout.backends.factory.build_backend`: HF, or SGLang loading the directory). The data are
+the config's: ``data.source: synthetic`` (the world of ``cfg.data``, episodes from ``cfg.eval``:
+`mempo.eval.eval_episodes`) or ``files`` (the QA files ``data.eval_files``, one table per dataset
+and k: `mempo.eval.qa_eval_episodes`), the retriever the config's ``env`` section
+(`mempo.env.build.build_retriever`, as in training). The flags are shorthands applied over the
+config file and the overrides: ``--data`` sets ``data.source``; ``--files`` sets
 ``data.eval_files`` (and ``data.source: files`` unless ``--data`` says otherwise, which is an
 error); ``--corpus`` sets ``env.retriever: bm25`` and ``env.corpus_path``; ``--retriever-url``
 sets ``env.retriever: http`` and ``env.retriever_url`` (a Search-R1 retrieval server works as is).
@@ -19,20 +19,25 @@ Overrides go before the flags (``--files`` takes every word after it). Writes
 ``OUT_DIR/<name>.json``, ``OUT_DIR/<name>.md`` (tables and example episodes) and, unless
 ``--no-trajectories``, ``OUT_DIR/<name>_trajectories.jsonl`` (one `mempo.eval.EpisodeRecord` per
 episode and policy). A user error (a missing or empty file, a bad field, k above a dataset's size,
-no corpus for BM25, an unreachable retriever) is one line ``mempo eval: ...`` and exit code 2.
-``demo``: see `mempo.apps.demo`. Heavy imports happen inside the run functions.
+no corpus for BM25, an unreachable retriever, a bad flag) is a `mempo.errors.MempoError`:
+`mempo.apps.cli.main` prints it as one line ``mempo eval: ...`` and exits with code 2. The
+evaluation library is imported inside `run`, so the parser stays light.
 """
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
-from mempo.apps.cli import register_command
+from mempo.config import ConfigError, MempoConfig, config_from_dict, config_to_dict, load_config
 
-__all__: list[str] = []
+__all__ = ["HELP", "add_arguments", "run"]
+
+HELP = ("evaluate a saved model on k-objective episodes of the synthetic world or of QA files "
+        "(EM, F1, prompt tokens per dataset and k; memory vs full context; trajectories)")
 
 
-def _eval_arguments(parser: argparse.ArgumentParser) -> None:
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", default=None, help="training/eval YAML (MempoConfig); default: all defaults")
     parser.add_argument("--model", required=True, help="directory with a saved HF causal LM and its tokenizer")
     parser.add_argument("--out", required=True, help="output directory for <name>.json, <name>.md and "
@@ -53,10 +58,8 @@ def _eval_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("overrides", nargs="*", help="dotted config overrides, e.g. eval.objectives=[2,4]")
 
 
-def _eval_config(args: argparse.Namespace):
+def _eval_config(args: argparse.Namespace) -> MempoConfig:
     """The config file + overrides, then the shorthand flags (module docstring)."""
-    from mempo.config import ConfigError, config_from_dict, config_to_dict, load_config
-
     for path in args.files or []:
         if "=" in path and "." in path.split("=", 1)[0] and not path.endswith((".jsonl", ".json", ".parquet")):
             raise ConfigError("data.eval_files", f"--files {path!r} looks like a config override; put the "
@@ -79,32 +82,30 @@ def _eval_config(args: argparse.Namespace):
     return config_from_dict(raw)
 
 
-def _eval(args: argparse.Namespace) -> int:
-    """`mempo eval` (module docstring); user errors are MempoErrors, printed by `mempo.apps.cli.main`."""
-    import os
-
-    from mempo.eval import eval_episodes, eval_retriever, evaluate, qa_eval_episodes, synthetic_world
+def run(args: argparse.Namespace) -> int:
+    """`mempo eval` (module docstring)."""
+    # reason: the parser module stays light (`mempo --help` imports no torch)
+    from mempo.env.build import build_retriever, synthetic_world
+    from mempo.eval import eval_episodes, evaluate, qa_eval_episodes
     from mempo.model.loading import load_model_dir
     from mempo.rollout.backends.factory import build_backend, check_backend_config
 
     cfg = _eval_config(args)
     check_backend_config(cfg)  # a backend that cannot work here fails before any slow work
     if not os.path.isdir(args.model):
-        print(f"mempo eval: --model {args.model!r} is not a directory", file=sys.stderr)
-        return 2
+        raise ConfigError("--model", f"{args.model!r} is not a directory")
     if args.episodes is not None and args.episodes < 1:
-        print("mempo eval: --episodes must be >= 1", file=sys.stderr)
-        return 2
+        raise ConfigError("--episodes", f"must be >= 1, got {args.episodes}")
     log = (lambda line: print(f"mempo eval: {line}", file=sys.stderr, flush=True))
     # data and retriever first: their errors come before the (slow) model load
     if cfg.data.source == "files":
         sets = qa_eval_episodes(cfg, args.episodes)
         episodes, datasets = sets.episodes, sets.datasets
-        retriever = eval_retriever(cfg, None, log=log)
+        retriever = build_retriever(cfg, None, log=log)
     else:
         world = synthetic_world(cfg)
         episodes, datasets = eval_episodes(world, cfg, args.episodes), {}
-        retriever = eval_retriever(cfg, world, log=log)
+        retriever = build_retriever(cfg, world, log=log)
     model, tokenizer = load_model_dir(args.model, cfg.model.dtype)
     backend = build_backend(cfg, model, tokenizer, model_path=args.model)  # as in training
     trajectories = None if args.no_trajectories else os.path.join(args.out, f"{args.name}_trajectories.jsonl")
@@ -127,22 +128,3 @@ def _eval(args: argparse.Namespace) -> int:
     print(report.markdown(f"Evaluation of {args.model}", examples=False))
     print(f"wrote {', '.join(str(p) for p in paths.values())}")
     return 0
-
-
-def _demo_arguments(parser: argparse.ArgumentParser) -> None:
-    from mempo.apps.demo import add_arguments
-
-    add_arguments(parser)
-
-
-def _demo(args: argparse.Namespace) -> int:
-    from mempo.apps.demo import run_command
-
-    return run_command(args)
-
-
-register_command("eval", "evaluate a saved model on k-objective episodes of the synthetic world or of QA files "
-                         "(EM, F1, prompt tokens per dataset and k; memory vs full context; trajectories)",
-                 _eval_arguments, _eval)
-register_command("demo", "the CPU demo: world, tokenizer, tiny Qwen2, SFT, MemPO RL, before/after evaluation, "
-                         "report", _demo_arguments, _demo)

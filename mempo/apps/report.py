@@ -6,13 +6,12 @@ Conventions
   ``metrics.jsonl`` (the trainer's `mempo.train.logging.MetricsLogger` records; found in the run
   directory, in ``rl/`` or another sub-directory), ``sft/metrics.jsonl`` (``sft/loss`` per step),
   ``eval_before.json`` / ``eval_after.json``
-  (`mempo.eval.EvalReport` files: before and after RL), ``stages.json`` (wall times of the run's
-  stages: ``{"stages": [{"name", "seconds", "summary"}], "machine": {...}, ...}``, written by
-  `mempo.apps.demo`). Each can also be passed explicitly to `write_report`.
-* Metric names. The trainer's names (``reward/mean``, ``memory/reward``, ``memory/p_mem``, ``kl``,
-  ...) are looked up through aliases (`METRIC_ALIASES`): the first alias that is a record key wins;
-  failing that, a key ending with ``"/" + alias``. Keys starting with ``time/``
-  are stage seconds per step (`mempo.train.logging.StageTimer.metrics`).
+  (`mempo.eval.EvalReport` files: before and after RL), ``stages.json`` (`StageTimes`: wall times
+  of the run's stages, written by `mempo.apps.demo`). Each can also be passed explicitly to
+  `write_report`; `load_run` reads them into a `RunFiles`.
+* Metric names: one per metric, `mempo.train.metric_names` (the names the training step writes);
+  the report reads exactly those keys (`CURVE`). Keys starting with ``time/`` are stage seconds per
+  step (`mempo.train.logging.StageTimer.metrics`).
 * Plots (matplotlib, Agg backend, PNG): ``reward.png`` (reward and the other outcome metrics per
   step), ``memory_reward.png`` (the memory reward, P_mem and P_full per step), ``kl.png`` (KL,
   entropy, clip fraction per step), ``tokens.png`` (prompt tokens per episode by objectives, memory
@@ -29,32 +28,79 @@ import json
 import math
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence, Union
 
-__all__ = ["write_report", "ReportResult", "METRIC_ALIASES", "find_metric", "metric_series", "load_run"]
+from mempo.eval import EvalReport
+from mempo.train import metric_names as names
+from mempo.train.logging import METRICS_FILE, read_metrics
+from mempo.utils.machine import machine_facts
+
+__all__ = ["write_report", "ReportResult", "RunFiles", "StageRecord", "StageTimes", "CURVE", "metric_series",
+           "load_run"]
 
 PathLike = Union[str, "os.PathLike[str]"]
 
-METRIC_ALIASES: dict[str, tuple[str, ...]] = {
-    "reward": ("reward/mean", "reward", "score", "reward_mean", "outcome_reward"),
-    "em": ("reward/em", "em"),
-    "f1": ("reward/f1", "f1"),
-    "format_rate": ("reward/format_rate", "format_rate", "format_ok"),
-    "mem_reward": ("memory/reward", "mem_reward", "memory_reward", "mem_reward_mean"),
-    "p_mem": ("memory/p_mem", "p_mem"),
-    "p_full": ("memory/p_full", "p_full"),
-    "kl": ("kl", "actor/kl_loss", "kl_loss", "actor/ppo_kl"),
-    "entropy": ("entropy", "actor/entropy"),
-    "clip_fraction": ("clip_fraction", "actor/pg_clipfrac", "clipfrac", "pg_clipfrac"),
-    "tokens": ("train/tokens", "tokens", "rollout/generated_tokens", "generated_tokens"),
-    "loss": ("actor/loss", "loss", "pg_loss"),
-    "grad_norm": ("actor/grad_norm", "grad_norm"),
-    "step_seconds": ("time/step", "step_seconds"),
-}
-_CURVE_COLUMNS = ("reward", "em", "f1", "format_rate", "mem_reward", "p_mem", "p_full", "kl", "entropy",
-                  "clip_fraction", "tokens", "loss")
+#: The training curve's metrics: (label, metric name), in table order.
+CURVE: tuple[tuple[str, str], ...] = (
+    ("reward", names.REWARD), ("em", names.EM), ("f1", names.F1), ("format_rate", names.FORMAT_RATE),
+    ("mem_reward", names.MEM_REWARD), ("p_mem", names.P_MEM), ("p_full", names.P_FULL), ("kl", names.KL),
+    ("entropy", names.ENTROPY), ("clip_fraction", names.CLIP_FRACTION), ("tokens", names.TOKENS),
+    ("loss", names.LOSS),
+)
+
+
+@dataclass
+class StageRecord:
+    """One stage of a run: its name, wall seconds and what it did (one line)."""
+
+    name: str
+    seconds: float
+    summary: str
+
+    @classmethod
+    def from_dict(cls, obj: Mapping[str, Any]) -> "StageRecord":
+        return cls(str(obj["name"]), float(obj["seconds"]), str(obj.get("summary", "")))
+
+
+@dataclass
+class StageTimes:
+    """``stages.json``: the stages in order, the total wall seconds and the machine's facts
+    (`mempo.utils.machine.machine_facts`)."""
+
+    stages: list[StageRecord] = field(default_factory=list)
+    total_seconds: float = 0.0
+    machine: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, obj: Mapping[str, Any]) -> "StageTimes":
+        stages = [StageRecord.from_dict(s) for s in obj.get("stages", [])]
+        return cls(stages, float(obj.get("total_seconds", sum(s.seconds for s in stages))),
+                   dict(obj.get("machine", {})))
+
+    @classmethod
+    def load(cls, path: PathLike) -> "StageTimes":
+        return cls.from_dict(json.loads(Path(path).read_text(encoding="utf-8")))
+
+    def write(self, path: PathLike) -> None:
+        Path(path).write_text(json.dumps(self.to_dict(), indent=2) + "\n", encoding="utf-8")
+
+
+@dataclass
+class RunFiles:
+    """What `load_run` found in a run directory (None: not there): the training metrics records and
+    their file, the SFT metrics records, the evaluations before and after RL, the stage times."""
+
+    metrics: Optional[list[dict[str, Any]]] = None
+    metrics_path: Optional[Path] = None
+    sft: Optional[list[dict[str, Any]]] = None
+    before: Optional[EvalReport] = None
+    after: Optional[EvalReport] = None
+    stages: Optional[StageTimes] = None
 
 
 @dataclass
@@ -67,66 +113,42 @@ class ReportResult:
 
 
 # ------------------------------------------------------------------------------------------------
-# metrics lookup
+# inputs
 # ------------------------------------------------------------------------------------------------
 def _numeric(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
-def find_metric(records: Sequence[Mapping[str, Any]], name: str) -> Optional[str]:
-    """The record key holding metric `name` (an alias group of `METRIC_ALIASES`, or a literal key)."""
-    keys: list[str] = []
-    for record in records:
-        for key in record:
-            if key not in keys and key not in ("step", "time"):
-                keys.append(key)
-    aliases = METRIC_ALIASES.get(name, (name,))
-    for alias in aliases:
-        if alias in keys:
-            return alias
-    for alias in aliases:
-        for key in keys:
-            if key.endswith("/" + alias) and not key.startswith("time/"):
-                return key
-    return None
-
-
 def metric_series(records: Sequence[Mapping[str, Any]], name: str) -> tuple[list[int], list[float]]:
-    """(steps, values) of metric `name` over the records where it is a finite number."""
-    key = find_metric(records, name)
-    if key is None:
-        return [], []
+    """(steps, values) of metric `name` (a record key) over the records where it is a finite number."""
     steps, values = [], []
     for record in records:
-        value = record.get(key)
+        value = record.get(name)
         if _numeric(value):
             steps.append(int(record["step"]))
             values.append(float(value))
     return steps, values
 
 
-def load_run(run_dir: PathLike) -> dict[str, Any]:
+def load_run(run_dir: PathLike) -> RunFiles:
     """The inputs found in `run_dir` (module conventions): metrics records, before/after evals, stages."""
-    from mempo.eval import EvalReport
-    from mempo.train.logging import METRICS_FILE, read_metrics
-
     root = Path(run_dir)
-    found: dict[str, Any] = {"metrics": None, "metrics_path": None, "before": None, "after": None, "stages": None}
+    found = RunFiles()
     candidates = [root / METRICS_FILE, root / "rl" / METRICS_FILE] + [
         p for p in sorted(root.glob(f"*/{METRICS_FILE}")) if p.parent.name not in ("rl", "sft")]
     sft_path = root / "sft" / METRICS_FILE
-    found["sft"] = read_metrics(sft_path) if sft_path.is_file() else None
+    found.sft = read_metrics(sft_path) if sft_path.is_file() else None
     for path in candidates:
         if path.is_file():
-            found["metrics"], found["metrics_path"] = read_metrics(path), path
+            found.metrics, found.metrics_path = read_metrics(path), path
             break
     for which in ("before", "after"):
         path = root / f"eval_{which}.json"
         if path.is_file():
-            found[which] = EvalReport.load(path)
+            setattr(found, which, EvalReport.load(path))
     path = root / "stages.json"
     if path.is_file():
-        found["stages"] = json.loads(path.read_text(encoding="utf-8"))
+        found.stages = StageTimes.load(path)
     return found
 
 
@@ -278,8 +300,8 @@ def _curve_section(records: Optional[Sequence[Mapping[str, Any]]], metrics_path:
         return lines + ["No training metrics (metrics.jsonl) were found.", ""]
     lines.append(f"{len(records)} logged steps from `{metrics_path.name if metrics_path else 'metrics.jsonl'}`.")
     lines.append("")
-    columns = [(name, find_metric(records, name)) for name in _CURVE_COLUMNS]
-    columns = [(name, key) for name, key in columns if key is not None]
+    present = {key for record in records for key in record}
+    columns = [(name, key) for name, key in CURVE if key in present]
     if columns:
         chosen = list(records)
         if len(chosen) > 40:  # keep the table readable: 40 evenly spaced steps (first and last included)
@@ -309,55 +331,54 @@ def _curve_section(records: Optional[Sequence[Mapping[str, Any]]], metrics_path:
     return lines
 
 
-def _stages_section(stages: Optional[Mapping[str, Any]]) -> list[str]:
+def _stages_section(stages: Optional[StageTimes]) -> list[str]:
     lines = ["## Wall time per stage", ""]
-    if not stages or not stages.get("stages"):
+    if stages is None or not stages.stages:
         return lines + ["No stage timings (stages.json) were found.", ""]
-    rows = [(s.get("name", "?"), float(s.get("seconds", 0.0)), s.get("summary", "")) for s in stages["stages"]]
-    total = stages.get("total_seconds", sum(r[1] for r in rows))
-    rows.append(("**total**", float(total), ""))
+    rows = [(s.name, s.seconds, s.summary) for s in stages.stages]
+    rows.append(("**total**", float(stages.total_seconds), ""))
     lines += _table(("stage", "seconds", "what it did"), rows) + [""]
     return lines
 
 
 def write_report(run_dir: PathLike, *, out_path: Optional[PathLike] = None,
                  metrics: Optional[Sequence[Mapping[str, Any]]] = None, metrics_path: Optional[PathLike] = None,
-                 before: Any = None, after: Any = None, stages: Optional[Mapping[str, Any]] = None,
-                 machine: Optional[Mapping[str, Any]] = None, title: str = "MemPO run report",
-                 notes: Sequence[str] = ()) -> ReportResult:
+                 before: Union[EvalReport, PathLike, None] = None, after: Union[EvalReport, PathLike, None] = None,
+                 stages: Optional[StageTimes] = None, machine: Optional[Mapping[str, Any]] = None,
+                 title: str = "MemPO run report", notes: Sequence[str] = ()) -> ReportResult:
     """Write ``report.md`` and the PNG plots into `run_dir` (module conventions).
 
     Explicit arguments win over the files found in `run_dir`: `metrics` (records) or
     `metrics_path`; `before` / `after` (`EvalReport` objects or paths to their JSON);
-    `stages` (the stages.json mapping); `machine` (default: the stages' machine facts, else this
-    machine's). `notes`: extra lines for the top of the report (e.g. what was skipped).
+    `stages` (`StageTimes`); `machine` (default: the stages' machine facts, else this machine's).
+    `notes`: extra lines for the top of the report.
     """
-    from mempo.eval import EvalReport, machine_facts
-    from mempo.train.logging import read_metrics
-
     root = Path(run_dir)
     root.mkdir(parents=True, exist_ok=True)
     found = load_run(root)
     if metrics is None and metrics_path is not None:
-        metrics, found["metrics_path"] = read_metrics(metrics_path), Path(metrics_path)
-    records = list(metrics) if metrics is not None else found["metrics"]
-    before = EvalReport.load(before) if isinstance(before, (str, os.PathLike)) else (before or found["before"])
-    after = EvalReport.load(after) if isinstance(after, (str, os.PathLike)) else (after or found["after"])
-    stages = stages if stages is not None else found["stages"]
-    machine = machine or (stages or {}).get("machine") or machine_facts()
+        metrics, found.metrics_path = read_metrics(metrics_path), Path(metrics_path)
+    records = list(metrics) if metrics is not None else found.metrics
+    before = EvalReport.load(before) if isinstance(before, (str, os.PathLike)) else (before or found.before)
+    after = EvalReport.load(after) if isinstance(after, (str, os.PathLike)) else (after or found.after)
+    stages = stages if stages is not None else found.stages
+    machine = machine or (stages.machine if stages is not None else None) or machine_facts()
 
     plots: dict[str, Path] = {}
     missing: list[str] = []
     recs = records or []
-    series = {name: metric_series(recs, name) for name in METRIC_ALIASES}
 
-    def named(*names: str) -> list[tuple[str, list, list]]:
-        return [(f"{n} ({find_metric(recs, n)})", *series[n]) for n in names if series[n][0]]
+    def named(*keys: str) -> list[tuple[str, list, list]]:
+        series = [(label, key, *metric_series(recs, key)) for label, key in CURVE if key in keys]
+        return [(f"{label} ({key})", steps, values) for label, key, steps, values in series if steps]
 
     plan = {
-        "reward": ("Outcome reward per step", [("reward", named("reward")), ("EM / F1 / format", named("em", "f1", "format_rate"))]),
-        "memory_reward": ("Memory reward per step", [("memory reward", named("mem_reward")), ("P(answer | context)", named("p_mem", "p_full"))]),
-        "kl": ("KL to the reference policy", [("KL", named("kl")), ("entropy / clip fraction", named("entropy", "clip_fraction"))]),
+        "reward": ("Outcome reward per step", [("reward", named(names.REWARD)),
+                                               ("EM / F1 / format", named(names.EM, names.F1, names.FORMAT_RATE))]),
+        "memory_reward": ("Memory reward per step", [("memory reward", named(names.MEM_REWARD)),
+                                                     ("P(answer | context)", named(names.P_MEM, names.P_FULL))]),
+        "kl": ("KL to the reference policy", [("KL", named(names.KL)),
+                                              ("entropy / clip fraction", named(names.ENTROPY, names.CLIP_FRACTION))]),
     }
     for name, (plot_title, panels) in plan.items():
         path = root / f"{name}.png"
@@ -365,9 +386,10 @@ def write_report(run_dir: PathLike, *, out_path: Optional[PathLike] = None,
             plots[name] = path
         else:
             missing.append(f"{name}.png (no such metrics logged)")
-    sft_records = found.get("sft") or []
-    sft_steps, sft_losses = metric_series(sft_records, "sft/loss")
-    if sft_steps and _line_plot(root / "sft.png", "SFT cold start", [("loss", [("sft/loss", sft_steps, sft_losses)])]):
+    sft_records = found.sft or []
+    sft_steps, sft_losses = metric_series(sft_records, names.SFT_LOSS)
+    sft_panel = [("loss", [(names.SFT_LOSS, sft_steps, sft_losses)])]
+    if sft_steps and _line_plot(root / "sft.png", "SFT cold start", sft_panel):
         plots["sft"] = root / "sft.png"
     path = root / "tokens.png"
     if _tokens_plot(path, {"before": before, "after": after}):
@@ -384,7 +406,7 @@ def write_report(run_dir: PathLike, *, out_path: Optional[PathLike] = None,
         lines += ["## SFT cold start", "", f"{len(sft_losses)} optimiser steps; loss {sft_losses[0]:.3f} (first) -> "
                   f"{sft_losses[-1]:.3f} (last), mean of the last 10 {sum(sft_losses[-10:]) / len(sft_losses[-10:]):.3f}.", ""]
     lines += _before_after_section(before, after)
-    lines += _curve_section(records, found["metrics_path"])
+    lines += _curve_section(records, found.metrics_path)
     lines += ["## Plots", ""]
     for name, path in plots.items():
         lines += [f"![{name}]({path.name})", ""]

@@ -1,27 +1,33 @@
-"""The ``mempo sft`` and ``mempo train`` commands (registered on import; heavy imports inside the runners).
+"""The ``mempo sft`` and ``mempo train`` commands.
 
-    mempo sft   --config CFG [--trajectories PATH] [--out DIR] [--steps N | --epochs E] [--lr LR] [--resume]
-                [key=value ...]
+    mempo sft   --config CFG [--trajectories PATH] [--episodes N] [--out DIR] [--steps N | --epochs E]
+                [--lr LR] [--batch-tokens N] [--resume] [key=value ...]
     mempo train --config CFG [--out DIR] [--resume] [--threads N] [key=value ...]
 
-Overrides are dotted config keys (``actor.lr=1e-5``). Every user-fixable error (a bad config value
-or file, a bad option, a used run directory, a damaged checkpoint, a missing model or corpus, a chat
-template that drops text, SGLang not installed) is a `mempo.errors.MempoError`: `mempo.apps.cli.main`
-prints it as one line and exits with code 2. `sft` without ``--trajectories`` runs the oracle on
-synthetic-world episodes (``data.*``) and trains on its trajectories; it saves the tuned model and
-tokenizer to ``<out>/model``, a plain HF directory (`mempo.model.export`; ``mempo_provenance.json``
-records what wrote it, and nothing reads it back), usable as ``model.path``. ``train`` writes the
-final policy the same way to ``<out>/model``, whole also under torchrun (`export_model` gathers the
-FSDP2 shards). Its
-checkpoints (`mempo.train.sft.run_sft`) go to ``<out>/sft/checkpoints`` every ``trainer.save_every``
-SFT steps and at the end (``trainer.keep_last`` kept), its metrics to ``<out>/sft/metrics.jsonl``.
-``--resume`` sets ``trainer.resume=auto`` (continue from the newest intact checkpoint in the run
-directory, ``<out>/sft/checkpoints`` for sft; a new run when there is none) unless the config names a
-checkpoint path there; without it the config's ``trainer.resume`` applies, "never" by default: a
-run directory that already holds checkpoints is then refused (`mempo.train.trainer.refuse_used_run_dir`).
-The final model directories (``<out>/model``) are written atomically (`mempo.utils.atomic.atomic_directory`).
-``--steps`` / ``--epochs`` bound the whole SFT run, so a resumed run stops where an uninterrupted
-one would.
+Settings come from the config file and the dotted overrides (``actor.lr=1e-5``,
+``sft.schedule=cosine``). The flags are shorthands applied after them: ``--out`` sets
+``trainer.out_dir``; ``--resume`` turns ``trainer.resume`` "never" into "auto" (continue from the
+newest intact checkpoint in the run directory, ``<out>/sft/checkpoints`` for sft; a new run when
+there is none; a checkpoint path named in the config stays); `sft`'s ``--trajectories``,
+``--episodes``, ``--steps``, ``--epochs``, ``--lr`` and ``--batch-tokens`` set the ``sft`` section's
+fields of those names (`mempo.config.SFTConfig`). Without ``--resume`` the config's
+``trainer.resume`` applies, "never" by default: a run directory that already holds checkpoints is
+then refused (`mempo.train.trainer.refuse_used_run_dir`).
+
+Every user-fixable error (a bad config value or file, a bad option, a used run directory, a damaged
+checkpoint, a missing model or corpus, a chat template that drops text, SGLang not installed) is a
+`mempo.errors.MempoError`: `mempo.apps.cli.main` prints it as one line and exits with code 2.
+
+`sft` trains on ``sft.trajectories``, else on what the oracle makes (`mempo.config.SFTConfig`:
+the first ``sft.episodes`` training episodes, or ``sft.episodes`` per ``sft.objectives``); its
+checkpoints (`mempo.train.sft.run_sft`) go to ``<out>/sft/checkpoints`` every
+``trainer.save_every`` SFT steps and at the end (``trainer.keep_last`` kept), its metrics to
+``<out>/sft/metrics.jsonl``, the tuned model and tokenizer to ``<out>/model``, a plain HF directory
+(`mempo.model.export`; ``mempo_provenance.json`` records what wrote it, and nothing reads it back),
+usable as ``model.path``. ``sft.steps`` / ``sft.epochs`` bound the whole SFT run, so a resumed run
+stops where an uninterrupted one would. ``train`` writes the final policy the same way to
+``<out>/model``, whole also under torchrun (`export_model` gathers the FSDP2 shards). The final model
+directories are written atomically (`mempo.utils.atomic.atomic_directory`).
 """
 from __future__ import annotations
 
@@ -29,9 +35,18 @@ import argparse
 import dataclasses
 import sys
 from pathlib import Path
+from typing import Any, Mapping, Optional
 
-from mempo.apps.cli import register_command
-from mempo.config import ConfigError, load_config
+from mempo.config import ConfigError, MempoConfig, config_from_dict, config_to_dict, load_config
+
+__all__ = ["TRAIN_HELP", "SFT_HELP", "add_train_arguments", "add_sft_arguments", "run_train", "run_sft"]
+
+TRAIN_HELP = "MemPO RL training (rollout, rewards, memory scoring, advantages, update)"
+SFT_HELP = "SFT cold start on agent trajectories (loss on assistant tokens)"
+
+#: `mempo sft` flags that set a field of the ``sft`` section: flag attribute -> field.
+SFT_FLAGS = {"trajectories": "trajectories", "episodes": "episodes", "steps": "steps", "epochs": "epochs",
+             "lr": "lr", "batch_tokens": "batch_tokens"}
 
 
 def _log(message: str) -> None:
@@ -40,7 +55,7 @@ def _log(message: str) -> None:
 
 def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", help="YAML config (default: all defaults)")
-    parser.add_argument("--out", help="run directory (default: trainer.out_dir)")
+    parser.add_argument("--out", help="run directory (sets trainer.out_dir)")
     parser.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="dotted config overrides")
 
@@ -49,30 +64,38 @@ def _threads(args: argparse.Namespace) -> None:
     if args.threads is not None:
         if args.threads < 1:
             raise ConfigError("--threads", f"must be a number of threads >= 1, got {args.threads}")
-        import torch
+        import torch  # reason: the parser module stays light (`mempo --help` imports no torch)
 
         torch.set_num_threads(args.threads)
 
 
-# ------------------------------------------------------------------------------------------------
-def _train_arguments(parser: argparse.ArgumentParser) -> None:
-    _common(parser)
-    parser.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in the run dir")
-
-
-def _run_config(args: argparse.Namespace):
-    """The config of a `train` / `sft` run: `--out` as an override; `--resume` turns
-    ``trainer.resume`` "never" into "auto" (a checkpoint path given in the config stays)."""
+def _run_config(args: argparse.Namespace, sft_flags: Optional[Mapping[str, str]] = None) -> MempoConfig:
+    """The config of a `train` / `sft` run: the file and the overrides, then the shorthand flags
+    (module docstring)."""
     _threads(args)
-    extra = [f"trainer.out_dir={args.out}"] if args.out else []
-    cfg = load_config(args.config, list(args.overrides) + extra)
+    cfg = load_config(args.config, list(args.overrides))
+    raw = config_to_dict(cfg)
+    if args.out:
+        raw["trainer"]["out_dir"] = args.out
+    for flag, name in (sft_flags or {}).items():
+        value = getattr(args, flag)
+        if value is not None:
+            raw["sft"][name] = value
+    cfg = config_from_dict(raw)
     if args.resume and cfg.trainer.resume.strip() == "never":
         cfg = dataclasses.replace(cfg, trainer=dataclasses.replace(cfg.trainer, resume="auto"))
     return cfg
 
 
-def _train(args: argparse.Namespace) -> int:
+# ------------------------------------------------------------------------------------------------
+def add_train_arguments(parser: argparse.ArgumentParser) -> None:
+    _common(parser)
+    parser.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in the run dir")
+
+
+def run_train(args: argparse.Namespace) -> int:
     cfg = _run_config(args)
+    # reason: the parser module stays light (`mempo --help` imports no torch)
     from mempo.model.export import export_model
     from mempo.train.trainer import train
 
@@ -88,56 +111,75 @@ def _train(args: argparse.Namespace) -> int:
 
 
 # ------------------------------------------------------------------------------------------------
-def _sft_arguments(parser: argparse.ArgumentParser) -> None:
+def add_sft_arguments(parser: argparse.ArgumentParser) -> None:
     _common(parser)
     parser.add_argument("--trajectories", help="jsonl of oracle trajectories or {'messages': [...]} chats "
-                                               "(default: run the oracle on synthetic episodes)")
-    parser.add_argument("--episodes", type=int, default=16, help="oracle episodes when no --trajectories (16)")
-    parser.add_argument("--steps", type=int, help="optimiser steps")
-    parser.add_argument("--epochs", type=float, help="passes over the data (default 1 when --steps is absent)")
-    parser.add_argument("--lr", type=float, default=1e-4, help="learning rate (default 1e-4)")
-    parser.add_argument("--batch-tokens", type=int, default=4096, help="padded tokens per batch (default 4096)")
+                                               "(sets sft.trajectories; default: the oracle makes them)")
+    parser.add_argument("--episodes", type=int, help="oracle episodes when no trajectories file (sets sft.episodes, "
+                                                     "default 16)")
+    parser.add_argument("--steps", type=int, help="optimiser steps (sets sft.steps)")
+    parser.add_argument("--epochs", type=float, help="passes over the data (sets sft.epochs; default 1 when no "
+                                                     "steps are given)")
+    parser.add_argument("--lr", type=float, help="learning rate (sets sft.lr, default 1e-4)")
+    parser.add_argument("--batch-tokens", type=int, help="padded tokens per batch (sets sft.batch_tokens, "
+                                                         "default 4096)")
     parser.add_argument("--resume", action="store_true", help="continue from the latest SFT checkpoint in the run dir")
 
 
-def _sft(args: argparse.Namespace) -> int:
-    cfg = _run_config(args)
-    if (args.steps is not None and args.steps < 1) or (args.epochs is not None and args.epochs <= 0) \
-            or args.lr <= 0 or args.batch_tokens < 1:
-        raise ConfigError("", "--steps, --epochs, --lr and --batch-tokens must be positive")
-    from mempo.train.checkpoint import checkpoint_step, resume_checkpoint
+def _oracle_records(cfg: MempoConfig, run: Any) -> tuple[list, str]:
+    """The oracle's SFT records for `run` (`mempo.config.SFTConfig`: by training episodes or by
+    ``sft.objectives``) and a phrase saying what they are."""
+    # reason: the parser module stays light (`mempo --help` imports no torch)
+    from mempo.env.build import build_tools
+    from mempo.env.oracle import OracleAgent, run_oracle
+    from mempo.env.tools import make_tools
+    from mempo.eval import eval_episodes
+    from mempo.train.sft import oracle_cold_start
+
+    s = cfg.sft
+    if s.objectives is None:
+        r = cfg.rollout
+        tools = make_tools(run.retriever)  # the tools' own limits, not env's (as mempo sft always had)
+        records = [run_oracle(episode, tools, policy=r.context_policy, max_turns=r.max_turns,
+                              agent=OracleAgent(max_turns=r.max_turns, think=s.oracle_think))
+                   for episode in run.episodes[:s.episodes]]
+        return records, f"oracle on {s.episodes} episodes"
+    if run.world is None:
+        raise ConfigError("sft.objectives", "draws synthetic-world episodes; it needs data.source 'synthetic' "
+                                            "(or null: the training episodes)")
+    held_out = {q for episodes in eval_episodes(run.world, cfg).values() for e in episodes for q in e.questions}
+    cold = oracle_cold_start(run.world, build_tools(cfg, run.retriever), cfg, held_out)
+    return cold.trajectories, f"oracle on {s.episodes} episodes of each of {list(s.objectives)} objectives"
+
+
+def run_sft(args: argparse.Namespace) -> int:
+    cfg = _run_config(args, SFT_FLAGS)
+    # reason: the parser module stays light (`mempo --help` imports no torch)
     from mempo.model.export import save_model_dir
+    from mempo.train.checkpoint import checkpoint_step, resume_checkpoint
     from mempo.train.logging import MetricsLogger
-    from mempo.train.sft import load_sft_records, run_sft
+    from mempo.train.sft import load_sft_records, run_sft as train_sft
     from mempo.train.trainer import build_run, prepare_out_dir, refuse_used_run_dir
 
+    s = cfg.sft
     out = prepare_out_dir(cfg.trainer.out_dir)
     checkpoints = out / "sft" / "checkpoints"
     refuse_used_run_dir(cfg.trainer.resume, checkpoints, command="sft")
-    records = load_sft_records(args.trajectories) if args.trajectories else None
+    records = load_sft_records(s.trajectories) if s.trajectories else None
     run = build_run(cfg, out_dir=out)
     resume_from = resume_checkpoint(cfg.trainer.resume, checkpoints, log=_log)
+    source = s.trajectories
     if records is None:
-        from mempo.env.oracle import run_oracle_episodes
-
-        records = run_oracle_episodes(run.episodes[:args.episodes], run.retriever,
-                                      policy=cfg.rollout.context_policy, max_turns=cfg.rollout.max_turns)
+        records, source = _oracle_records(cfg, run)
     resume_step = checkpoint_step(resume_from) if resume_from is not None else None
     with MetricsLogger(out / "sft", tensorboard=cfg.trainer.tensorboard, resume_step=resume_step) as logger:
-        metrics = run_sft(cfg, run.model, run.tokenizer, records, steps=args.steps, epochs=args.epochs,
-                          lr=args.lr, batch_tokens=args.batch_tokens, logger=logger, seed=cfg.trainer.seed,
-                          checkpoint_root=checkpoints, save_every=cfg.trainer.save_every,
-                          keep_last=cfg.trainer.keep_last, resume_from=resume_from)
+        metrics = train_sft(cfg, run.model, run.tokenizer, records, seed=cfg.trainer.seed, logger=logger,
+                            checkpoint_root=checkpoints, resume_from=resume_from)
     save_model_dir(out / "model", run.model, run.tokenizer,
                    provenance={"written_by": "mempo sft", "base_model": cfg.model.path, "sft_steps": metrics["steps"],
-                               "trajectories": args.trajectories or f"oracle on {args.episodes} episodes"})
+                               "trajectories": source})
     losses = (f"loss {metrics['first_loss']:.4f} -> {metrics['last_loss']:.4f}" if metrics["losses"]
               else "no step left to train")
     _log(f"sft: {metrics['steps']} steps on {metrics['examples']} turns (resumed from {metrics['resumed_from']}), "
          f"{losses}; model saved to {out / 'model'}")
     return 0
-
-
-register_command("train", "MemPO RL training (rollout, rewards, memory scoring, advantages, update)",
-                 _train_arguments, _train)
-register_command("sft", "SFT cold start on agent trajectories (loss on assistant tokens)", _sft_arguments, _sft)

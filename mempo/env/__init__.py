@@ -11,6 +11,8 @@
   `Episode` composition (import it directly).
 - `mempo.env.world`: the seeded synthetic world (entities, documents, k-objective multi-hop
   questions with golds), tiny to 100,000+ documents (import it directly).
+- `mempo.env.build`: the world, the retriever and the tools from the configuration (one builder
+  each, for every command; import it directly).
 - `mempo.env.oracle`: the oracle agent that solves synthetic episodes by the protocol under both
   context policies: cold-start SFT data and fixtures (import it directly).
 

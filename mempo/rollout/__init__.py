@@ -7,8 +7,8 @@
 * `mempo.rollout.backends`: the backend interface and registry; `HFBackend` (transformers),
   `SGLangBackend` (SGLang offline engine), `SGLangServerBackend` (an SGLang server over HTTP),
   `ScriptedBackend` (replays ids); stop detection; `factory.build_backend` (from the config).
-* `mempo.rollout.loop`: `RolloutConfig`, `RolloutEngine`, `rollout` (G samples per question,
-  full or memory context policy, concurrent tools).
+* `mempo.rollout.loop`: `RolloutEngine`, `rollout` (G samples per question, full or memory context
+  policy, concurrent tools), reading `mempo.config.RolloutConfig` (re-exported here).
 
 Importing this package is light: names load on first access, and transformers / sglang only when a
 backend that needs them is built or used.
@@ -29,7 +29,7 @@ _EXPORTS = {
     "SGLangBackend": "backends", "SGLangServerBackend": "backends", "ScriptedBackend": "backends",
     "round_script": "backends", "cut_round": "backends", "ActionStopScanner": "backends",
     "RolloutConfig": "loop", "RolloutEngine": "loop", "RolloutTask": "loop", "RolloutStats": "loop",
-    "rollout": "loop", "TRAINING_MAX_TURNS": "loop", "EVALUATION_MAX_TURNS": "loop",
+    "rollout": "loop",
 }
 
 __all__, __getattr__, __dir__ = lazy_exports('mempo.rollout', _EXPORTS, globals())

@@ -2,6 +2,9 @@
 
 Conventions
 -----------
+* Settings: the ``rollout`` section of the configuration, `mempo.config.RolloutConfig`, read
+  directly (field names below are its own); runtime values that are not settings (the seed of a
+  training step, the model's context length) are `RolloutEngine` arguments.
 * State machine per trajectory: ``generating -> (tool calling -> generating)* -> done``. One *step*
   sends every trajectory waiting for generation to the backend as one batch (so each step batches
   all active trajectories of all questions); then the tool calls of that step run concurrently in a
@@ -17,7 +20,7 @@ Conventions
   ``train_forced_prefix`` (default: the model learns to open every turn with ``<mem>`` itself; its
   log-prob under the policy is as computable as any other token's), else 0. The round's text
   (decoded from those ids) is added to the :class:`~mempo.protocol.memory.AgentMemory` with
-  ``add_llm_gen(text, forced_prefix="<mem>")``, which stores the one leading ``<mem>`` as is.
+  ``add_llm_gen(text, forced_prefix=forced_prefix)``, which stores the one leading ``<mem>`` as is.
 * Actions: ``<answer>`` ends the trajectory (``"answer"``). ``<search>``/``<access>`` call the tool
   of that name with the block's stripped content; the result (a ``ToolResult``; a tool that raises
   or is missing gives an ``<information>Error: ...</information>`` result, ``tool_ok=False``) is
@@ -25,13 +28,15 @@ Conventions
   (``add_webpage`` for kind ``"webpage"``, else ``add_search_results``). A search/access in the
   last allowed round (``max_turns``) ends the trajectory with ``"turn_limit"`` without calling the
   tool (nothing would read the result).
-* Malformed rounds: a round that stops at a stop id or at ``max_new_tokens`` without closing an
+* Malformed rounds: a round that stops at a stop id or at its token limit without closing an
   action ends the trajectory with ``"malformed"``; ``compute_score``'s format check gives it 0.
 * Token budget: ``response_ids`` never exceeds ``max_response_tokens`` (generated + tool ids, like
-  verl's response length), and a backend context never exceeds ``max_context_tokens`` (prompt +
-  new ids; ``None``: unlimited). A round's limit is ``min(max_new_tokens, room left)``; a round cut
-  by that room, a tool segment cut to fit (kept up to the budget), or no room for one more id
-  after the forced prefix, ends the trajectory with ``"token_budget"``.
+  verl's response length), and a backend context never exceeds the engine's ``max_context_tokens``
+  (prompt + new ids; ``None``: unlimited). A round's limit is ``min(max_new_tokens_per_round, room
+  left)``; a round cut by that room, a tool segment cut to fit (kept up to the budget), or no room
+  for one more id after the forced prefix, ends the trajectory with ``"token_budget"``.
+* Seeds: generation step k of the c-th `RolloutEngine.run` call samples with
+  `mempo.seeds.generation_seed` (engine seed, c, k).
 * After the loop: one :func:`mempo.ops.spans.find_spans` call over all responses gives each round's
   ``mem_span`` (:func:`mempo.algo.rounds.round_mem_span`: the first ``<mem>`` block starting in the
   round, if closed with non-blank content);
@@ -45,82 +50,25 @@ from __future__ import annotations
 import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Optional, Sequence
 
 from mempo.algo.rounds import round_mem_span
-from mempo.protocol.memory import DEFAULT_SYSTEM_PROMPT, MEM_PREFIX, AgentMemory, ShortTextPolicy
+from mempo.config import RolloutConfig
+from mempo.env.tools import ToolResult, information, make_tools
+from mempo.ops.spans import TokenTable, find_spans
 from mempo.protocol.grammar import extract_solution, find_blocks
+from mempo.protocol.memory import AgentMemory, ShortTextPolicy
 from mempo.protocol.reward import compute_score
 from mempo.rollout.backends.base import GenerationBackend, GenerationRequest, RequestKey, SamplingParams
 from mempo.rollout.backends.stopping import STOP_LENGTH, TokenBytes, cut_round
 from mempo.rollout.chat import ChatFormat, default_stop_token_ids
-from mempo.rollout.trajectory import POLICIES, Round, Trajectory
+from mempo.rollout.trajectory import Round, Trajectory
+from mempo.seeds import generation_seed
 
-__all__ = ["TRAINING_MAX_TURNS", "EVALUATION_MAX_TURNS", "RolloutConfig", "RolloutTask", "RolloutStats",
-           "RolloutEngine", "rollout", "as_task"]
+__all__ = ["RolloutConfig", "RolloutTask", "RolloutStats", "RolloutEngine", "rollout", "as_task"]
 
-TRAINING_MAX_TURNS = 8
-EVALUATION_MAX_TURNS = 64
 _TOOL_KINDS = {"search": "search_results", "access": "webpage"}
-
-
-@dataclass(frozen=True)
-class RolloutConfig:
-    """How trajectories are sampled (module conventions).
-
-    policy: "full" (one growing sequence, the reference's training rollouts) or "memory" (each round
-        rebuilt from the memory context, evaluation style). group_size: G samples per question.
-    max_turns: round limit (8 training, 64 evaluation). max_new_tokens: per round.
-    max_response_tokens / max_context_tokens: token budgets (``None``: unlimited).
-    temperature / top_p / top_k / seed: sampling (``seed`` is mixed with the call and step numbers).
-    system_prompt, short_text_policy: the :class:`AgentMemory` settings.
-    forced_prefix / train_forced_prefix: the forced ``<mem>`` and whether it has mask 1.
-    stop_token_ids: ids ending a round (``None``: the tokenizer's EOS, ``<|im_end|>``, ``<|endoftext|>``).
-    tool_workers: threads for tool calls. score_mode / format_kwargs: passed to ``compute_score``.
-    chat_template: "auto", "builtin" or a Jinja template file (:class:`ChatFormat`).
-    """
-
-    policy: str = "full"
-    group_size: int = 16
-    max_turns: int = TRAINING_MAX_TURNS
-    max_new_tokens: int = 1024
-    max_response_tokens: Optional[int] = 4096
-    max_context_tokens: Optional[int] = None
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0
-    seed: int = 0
-    system_prompt: str = DEFAULT_SYSTEM_PROMPT
-    short_text_policy: Optional[ShortTextPolicy] = None
-    forced_prefix: str = MEM_PREFIX
-    train_forced_prefix: bool = True
-    stop_token_ids: Optional[tuple[int, ...]] = None
-    tool_workers: int = 16
-    score_mode: str = "mean"
-    format_kwargs: Optional[Mapping[str, Any]] = None
-    chat_template: str = "auto"
-
-    def __post_init__(self) -> None:
-        if self.policy not in POLICIES:
-            raise ValueError(f"policy must be one of {POLICIES}, got {self.policy!r}")
-        for name in ("group_size", "max_turns", "max_new_tokens", "tool_workers"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        for name in ("max_response_tokens", "max_context_tokens"):
-            value = getattr(self, name)
-            if value is not None and value < 1:
-                raise ValueError(f"{name} must be >= 1 or None, got {value}")
-
-    @classmethod
-    def evaluation(cls, **overrides: Any) -> "RolloutConfig":
-        """Evaluation defaults: memory policy, 64 turns, one sample, no response budget."""
-        base = dict(policy="memory", group_size=1, max_turns=EVALUATION_MAX_TURNS, max_response_tokens=None)
-        base.update(overrides)
-        return cls(**base)
-
-    def replace(self, **changes: Any) -> "RolloutConfig":
-        return replace(self, **changes)
 
 
 @dataclass(frozen=True)
@@ -212,18 +160,36 @@ class RolloutEngine:
         tools: ``{"search": callable, "access": callable}`` taking the action's argument and
             returning a ``ToolResult`` (default: ``make_tools(retriever)``).
         retriever: used when ``tools`` is not given.
-        config: :class:`RolloutConfig`.
+        config: the settings, `mempo.config.RolloutConfig` (the ``rollout`` section; default: its
+            defaults). The loop reads ``context_policy``, ``group_size``, ``max_turns``,
+            ``max_new_tokens_per_round``, ``max_response_tokens``, the sampling fields, ``seed``,
+            ``system_prompt``, ``forced_prefix``, ``train_forced_prefix``, ``stop_token_ids``,
+            ``tool_workers``, ``score_mode`` and ``chat_template``; the backend fields are the
+            backend factory's.
+        seed: this engine's seed (None: ``config.seed``); the k-th generation step of its c-th
+            `run` samples with `mempo.seeds.generation_seed(seed, c, k)` (training passes the
+            step's seed, `mempo.seeds.training_rollout_seed`).
+        max_context_tokens: the most ids a backend context may hold (prompt + new ids; None:
+            unlimited), e.g. the model's ``max_position_embeddings``.
+        short_text_policy / format_kwargs: library hooks for `AgentMemory` and ``compute_score``
+            (None: their defaults, which every command uses).
     """
 
     def __init__(self, backend: GenerationBackend, tokenizer: Any, tools: Optional[Mapping[str, Callable]] = None,
-                 *, retriever: Any = None, config: Optional[RolloutConfig] = None) -> None:
-        self.config = config or RolloutConfig()
+                 *, retriever: Any = None, config: Optional[RolloutConfig] = None, seed: Optional[int] = None,
+                 max_context_tokens: Optional[int] = None, short_text_policy: Optional[ShortTextPolicy] = None,
+                 format_kwargs: Optional[Mapping[str, Any]] = None) -> None:
+        self.config = config if config is not None else RolloutConfig()
+        if max_context_tokens is not None and max_context_tokens < 1:
+            raise ValueError(f"max_context_tokens must be >= 1 or None, got {max_context_tokens}")
         if tools is None:
             if retriever is None:
                 raise ValueError("give the tools, or a retriever to build them from")
-            from mempo.env.tools import make_tools
-
             tools = make_tools(retriever)
+        self.seed = self.config.seed if seed is None else int(seed)
+        self.max_context_tokens = max_context_tokens
+        self.short_text_policy = short_text_policy
+        self.format_kwargs = format_kwargs
         self.backend = backend
         self.tokenizer = tokenizer
         self.tools = dict(tools)
@@ -297,31 +263,31 @@ class RolloutEngine:
             prompt_ids = None
             for sample in range(group):
                 memory = AgentMemory(task.prompt, system_prompt=cfg.system_prompt,
-                                     short_text_policy=cfg.short_text_policy)
+                                     short_text_policy=self.short_text_policy)
                 if prompt_ids is None:
                     prompt_ids = self.chat.prompt_ids(memory.messages("full"))
                 runs.append(_Run(task, uid, sample, memory, list(prompt_ids)))
         return runs
 
     def _step_seed(self, call: int, step: int) -> int:
-        return (self.config.seed * 1_000_003 + call * 10_007 + step) % (2 ** 31 - 1)
+        return generation_seed(self.seed, call, step)
 
     def _next_request(self, run: _Run) -> Optional[GenerationRequest]:
         cfg = self.config
         prefix = self.chat.prefix_ids
-        if cfg.policy == "full":
+        if cfg.context_policy == "full":
             context = run.prompt_ids + run.response_ids
             run.round_prompt = None
         else:
             context = self.chat.prompt_ids(run.memory.messages("memory"))
             run.round_prompt = context
-        limit, limited = cfg.max_new_tokens, False
+        limit, limited = cfg.max_new_tokens_per_round, False
         if cfg.max_response_tokens is not None:
             room = cfg.max_response_tokens - len(run.response_ids) - len(prefix)
             if room < limit:
                 limit, limited = room, True
-        if cfg.max_context_tokens is not None:
-            room = cfg.max_context_tokens - len(context) - len(prefix)
+        if self.max_context_tokens is not None:
+            room = self.max_context_tokens - len(context) - len(prefix)
             if room < limit:
                 limit, limited = room, True
         if limit < 1:
@@ -366,9 +332,7 @@ class RolloutEngine:
             self._finish_run(run, "malformed")
         return None
 
-    def _call_tool(self, action: str, argument: str):
-        from mempo.env.tools import ToolResult, information
-
+    def _call_tool(self, action: str, argument: str) -> ToolResult:
         kind = _TOOL_KINDS.get(action, "search_results")
         tool = self.tools.get(action)
         if tool is None:
@@ -419,15 +383,11 @@ class RolloutEngine:
         table = self.token_bytes.table
         top = max((max(run.response_ids) for run in runs if run.response_ids), default=-1)
         if top >= table.vocab_size:  # a model vocabulary padded beyond the tokenizer's: no bytes
-            from mempo.ops.spans import TokenTable
-
             pieces = list(self.token_bytes.pieces) + [b""] * (top + 1 - table.vocab_size)
             table = TokenTable.from_token_bytes(pieces)
         return table
 
     def _finish(self, runs: list[_Run]) -> list[Trajectory]:
-        from mempo.ops.spans import find_spans
-
         cfg = self.config
         batch = find_spans([run.response_ids for run in runs], self._span_table(runs)) if runs else None
         trajectories = []
@@ -438,12 +398,12 @@ class RolloutEngine:
             protocol_text = "".join(record.text for record in run.memory.records[1:])
             if run.task.golds is not None:
                 outcome = compute_score(protocol_text, run.task.golds, mode=cfg.score_mode,
-                                        format_kwargs=cfg.format_kwargs)
+                                        format_kwargs=self.format_kwargs)
                 answer = outcome["answer"]
             else:
                 outcome, answer = {}, extract_solution(protocol_text)
             trajectory = Trajectory(
-                uid=run.uid, sample_index=run.sample_index, policy=cfg.policy, prompt_ids=run.prompt_ids,
+                uid=run.uid, sample_index=run.sample_index, policy=cfg.context_policy, prompt_ids=run.prompt_ids,
                 response_ids=run.response_ids, response_mask=run.response_mask, rounds=run.rounds,
                 finish_reason=run.finish_reason or "malformed", golds=run.task.golds, final_answer=answer,
                 outcome=outcome, episode_id=run.task.id,
@@ -454,6 +414,7 @@ class RolloutEngine:
 
 def rollout(backend: GenerationBackend, tokenizer: Any, tasks: Sequence[Any], *,
             tools: Optional[Mapping[str, Callable]] = None, retriever: Any = None,
-            config: Optional[RolloutConfig] = None) -> list[Trajectory]:
-    """One-shot :class:`RolloutEngine` run (see it for the arguments)."""
-    return RolloutEngine(backend, tokenizer, tools, retriever=retriever, config=config).run(tasks)
+            config: Optional[RolloutConfig] = None, **engine_options: Any) -> list[Trajectory]:
+    """One-shot :class:`RolloutEngine` run (see it for the arguments; ``engine_options``: its
+    ``seed``, ``max_context_tokens``, ``short_text_policy``, ``format_kwargs``)."""
+    return RolloutEngine(backend, tokenizer, tools, retriever=retriever, config=config, **engine_options).run(tasks)

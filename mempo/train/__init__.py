@@ -17,8 +17,9 @@ from mempo._lazy import lazy_exports
 
 _EXPORTS = {
     "ConfigError": "config", "MempoConfig": "config", "ModelConfig": "config", "DataConfig": "config",
-    "EnvConfig": "config", "RolloutSection": "config", "ScoringConfig": "config", "AlgorithmConfig": "config",
-    "ActorConfig": "config", "TrainerConfig": "config", "EvalConfig": "config", "load_config": "config",
+    "EnvConfig": "config", "RolloutConfig": "config", "ScoringConfig": "config", "AlgorithmConfig": "config",
+    "ActorConfig": "config", "TrainerConfig": "config", "EvalConfig": "config", "SFTConfig": "config",
+    "DemoConfig": "config", "load_config": "config",
     "config_from_dict": "config", "config_to_dict": "config", "dump_config": "config",
     "policy_loss": "losses", "kl_penalty": "losses", "agg_loss": "losses", "masked_mean": "losses",
     "entropy_from_logits": "losses",

@@ -13,6 +13,11 @@ Conventions
   is encoded whole after the prefix-less prompt). No end-of-turn token is appended: rollout rounds
   end at the action's closing tag. ``loss_mask`` is 1 exactly on the assistant ids (prefix
   included, as the rollout trains the forced prefix by default) and 0 on the prompt.
+* Settings: the ``sft`` section (`mempo.config.SFTConfig`: ``steps``, ``epochs``, ``max_seconds``,
+  ``lr``, ``batch_tokens``, ``schedule``, ``warmup``, ``prompt_loss_weight``; below without the
+  prefix), the ``actor`` section's optimiser fields, ``rollout.chat_template``, and
+  ``trainer.save_every`` / ``trainer.keep_last`` for checkpoints. `run_sft`'s other arguments are
+  runtime objects (the model, the data, a logger, where checkpoints go) and the data-order seed.
 * Loop: plain AdamW (``lr``, ``actor.weight_decay``, betas from ``actor``), grad-norm clip
   ``actor.grad_clip``; batches of consecutive sequences (shuffled per epoch) holding
   at most ``batch_tokens`` padded tokens; loss = mean token cross-entropy over the batch's masked
@@ -24,7 +29,7 @@ Conventions
   sorted by length, so a batch pads little; the batches are then shuffled again. Both shuffles of
   epoch e use ``random.Random(f"mempo-sft/{seed}/{e}")``, so an epoch's batches are a pure function
   of (examples, batch_tokens, seed, e) and the data position is just (epoch, batch index).
-* Checkpoints (``checkpoint_root``; `mempo.train.checkpoint`, atomic): every ``save_every`` steps
+* Checkpoints (``checkpoint_root``; `mempo.train.checkpoint`, atomic): every ``trainer.save_every`` steps
   (0: none on the way) and at the end: model, optimiser (its state and the learning rate), the RNG
   states, ``data_state = {"kind": "sft", "step", "epoch", "batch", "tokens", "seconds"}`` (the
   next batch to train, and the totals so far) and ``extra = {"seed", "examples"}``.
@@ -35,21 +40,42 @@ Conventions
   uninterrupted one does, with the same parameters (exactly so unless a ``"cosine"`` schedule
   follows ``max_seconds``, i.e. wall time). A checkpoint of other data (another seed or number of training sequences)
   is refused with a DataError.
-* Logits are computed only where the loss needs them (the assistant ids) when the model exposes
-  a decoder (``model.model``) and an output head (``get_output_embeddings``): the vocabulary
-  projection of every prompt position would cost as much as a layer of a small model.
+* Cold-start data by objectives (`oracle_cold_start`, ``sft.objectives`` set): ``sft.episodes``
+  synthetic-world episodes per number of objectives k, drawn with seed
+  `mempo.seeds.sft_question_seed` (``data.seed``, k); an episode sharing a question with a held-out
+  set (the evaluation's) is dropped (the world has finitely many questions, so another seed can draw
+  one again); the oracle (``sft.oracle_think``) runs each under the memory context with the
+  ``env`` section's tools; only correct trajectories (score 1) are kept, as the paper's cold-start
+  data, all of them when none is (a tiny world can defeat the oracle).
+* Logits are computed only where the loss needs them (`mempo.model.adapter.SelectiveLogits`: the
+  output head on the selected rows of the decoder's hidden states when the model's logits are
+  exactly that): the vocabulary projection of every prompt position would cost as much as a layer
+  of a small model.
 """
 from __future__ import annotations
 
 import math
 import random
+import time
 from pathlib import Path
-from typing import Any, Iterable, NamedTuple, Optional, Sequence, Union
+from typing import Any, Collection, Iterable, Mapping, NamedTuple, Optional, Sequence, Union
 
+import torch
+
+from mempo.config import MempoConfig
 from mempo.env.data import DataError
+from mempo.env.oracle import OracleAgent, OracleTrajectory, run_oracle
+from mempo.model.adapter import SelectiveLogits
+from mempo.protocol.memory import MEM_PREFIX
+from mempo.rollout.chat import ChatFormat
+from mempo.seeds import sft_question_seed
+from mempo.train.checkpoint import load_checkpoint, save_checkpoint
+from mempo.train.logging import progress
+from mempo.train.metric_names import SFT_LOSS
 from mempo.utils.jsonl import iter_jsonl_records
 
-__all__ = ["SFTExample", "examples_from_trajectories", "load_sft_records", "run_sft"]
+__all__ = ["SFTExample", "ColdStart", "examples_from_trajectories", "load_sft_records", "oracle_cold_start",
+           "run_sft"]
 
 
 class SFTExample(NamedTuple):
@@ -76,9 +102,6 @@ def _turns(record: Any) -> Iterable[tuple[list[dict], str]]:
 
 def examples_from_trajectories(records: Iterable[Any], tokenizer: Any, *, chat_template: str = "auto") -> list[SFTExample]:
     """One `SFTExample` per assistant turn (module conventions)."""
-    from mempo.protocol.memory import MEM_PREFIX
-    from mempo.rollout.chat import ChatFormat
-
     chat = ChatFormat(tokenizer, forced_prefix=MEM_PREFIX, template=chat_template)
     examples = []
     for record in records:
@@ -171,60 +194,74 @@ def _resume_position(state: Any, seed: int, num_examples: int) -> dict[str, Any]
     return data
 
 
-def run_sft(cfg: Any, model: Any, tokenizer: Any, trajectories: Sequence[Any], *, steps: Optional[int] = None,
-            epochs: Optional[float] = None, lr: float = 1e-4, batch_tokens: int = 4096, logger: Any = None,
-            seed: int = 0, max_seconds: Optional[float] = None, schedule: str = "constant",
-            warmup: float = 0.05, checkpoint_root: Union[str, Path, None] = None, save_every: int = 0,
-            keep_last: Optional[int] = None, resume_from: Union[str, Path, None] = None,
-            max_steps: Optional[int] = None, prompt_loss_weight: float = 0.0) -> dict[str, Any]:
-    """Fine-tune `model` in place on the assistant tokens of `trajectories` (module conventions).
+class ColdStart(NamedTuple):
+    """`oracle_cold_start`'s result: ``trajectories`` to train on; ``ran``: oracle runs;
+    ``dropped``: drawn episodes sharing a question with the held-out set; ``all_kept``: True when
+    no run was correct and every one was kept."""
 
-    cfg: a `MempoConfig` (its ``actor`` optimiser settings and ``rollout.chat_template``; None: AdamW
-    defaults and the "auto" template). steps / epochs:
-    stop after that many optimiser steps / passes (default: one epoch). logger: a `MetricsLogger`
-    (``sft/loss`` per step). max_seconds: stop after that much wall time (None: no limit).
-    schedule / warmup: the learning-rate schedule (module conventions). checkpoint_root /
-    save_every / keep_last: checkpoints (None: none; keep_last None keeps all); resume_from: a
-    checkpoint to continue from (module conventions). max_steps: stop after this many steps in
-    this call (an interruption, for tests; the schedule is unchanged). prompt_loss_weight: when > 0,
-    the loss adds this weight times the mean next-token cross-entropy over the prompt tokens (the
-    question, the previous round, the tool results): language modelling of the context, which
-    teaches a small model from scratch to copy names (default 0: assistant tokens only). Returns {"losses": [...] (this call's),
-    "first_loss", "last_loss", "steps" (total), "tokens" (total), "examples", "epochs",
-    "seconds" (total), "resumed_from" (the step, or None), "checkpoint" (the last one written, or None)}.
+    trajectories: list[OracleTrajectory]
+    ran: int
+    dropped: int
+    all_kept: bool
+
+
+def oracle_cold_start(world: Any, tools: Mapping[str, Any], cfg: MempoConfig, held_out: Collection[str] = (), *,
+                      show_progress: bool = False) -> ColdStart:
+    """The oracle's cold-start trajectories for ``cfg.sft.objectives`` (module conventions).
+
+    world: the synthetic world (`mempo.env.build.synthetic_world`); tools: the agent's tools over
+    its retriever (`mempo.env.build.build_tools`); held_out: questions no kept episode may ask
+    (the evaluation's)."""
+    sft = cfg.sft
+    if sft.objectives is None:
+        raise ValueError("oracle_cold_start draws episodes per sft.objectives, which is null")
+    held = set(held_out)
+    drawn = [e for k in sft.objectives
+             for e in world.episodes(int(k), sft.episodes, seed=sft_question_seed(cfg.data.seed, k))]
+    episodes = [e for e in drawn if not set(e.questions) & held]
+    trajectories = []
+    with progress("oracle", total=len(episodes), enabled=show_progress) as bar:
+        for episode in episodes:
+            trajectories.append(run_oracle(episode, tools, policy="memory", agent=OracleAgent(think=sft.oracle_think)))
+            bar.advance()
+    kept = [t for t in trajectories if float(t.score.get("score", 0.0)) == 1.0]
+    if kept:
+        return ColdStart(kept, len(trajectories), len(drawn) - len(episodes), False)
+    return ColdStart(trajectories, len(trajectories), len(drawn) - len(episodes), True)
+
+
+def run_sft(cfg: MempoConfig, model: Any, tokenizer: Any, trajectories: Sequence[Any], *, seed: int = 0,
+            logger: Any = None, checkpoint_root: Union[str, Path, None] = None,
+            resume_from: Union[str, Path, None] = None, max_steps: Optional[int] = None) -> dict[str, Any]:
+    """Fine-tune `model` in place on the assistant tokens of `trajectories` with the settings of
+    ``cfg`` (module conventions: the ``sft`` section, the ``actor`` optimiser fields,
+    ``rollout.chat_template``, ``trainer.save_every`` / ``keep_last``).
+
+    seed: the data order's seed. logger: a `MetricsLogger` (``sft/loss`` per step).
+    checkpoint_root: where checkpoints go (None: none); resume_from: a checkpoint to continue from
+    (module conventions). max_steps: stop after this many steps in this call (an interruption, for
+    tests; the schedule is unchanged). Returns {"losses": [...] (this call's), "first_loss",
+    "last_loss", "steps" (total), "tokens" (total), "examples", "epochs", "seconds" (total),
+    "resumed_from" (the step, or None), "checkpoint" (the last one written, or None)}.
     """
-    import time
+    s = cfg.sft
+    steps, epochs, lr, batch_tokens = s.steps, s.epochs, s.lr, s.batch_tokens
+    max_seconds, schedule, warmup, prompt_loss_weight = s.max_seconds, s.schedule, s.warmup, s.prompt_loss_weight
+    save_every, keep_last = cfg.trainer.save_every, cfg.trainer.keep_last
 
-    import torch
-
-    from mempo.train.checkpoint import load_checkpoint, save_checkpoint
-
-    if schedule not in ("constant", "cosine"):
-        raise ValueError(f"schedule must be 'constant' or 'cosine', got {schedule!r}")
-    if save_every < 0:
-        raise ValueError(f"save_every must be >= 0, got {save_every}")
-
-    rollout_cfg = getattr(cfg, "rollout", None)
-    template = rollout_cfg.chat_template if rollout_cfg is not None else "auto"
-    examples = examples_from_trajectories(trajectories, tokenizer, chat_template=template)
+    examples = examples_from_trajectories(trajectories, tokenizer, chat_template=cfg.rollout.chat_template)
     if not examples:
         raise DataError("no assistant turns to train on (the SFT records hold no non-empty assistant message)")
-    actor_cfg = getattr(cfg, "actor", None)
+    actor_cfg = cfg.actor
     optimizer = torch.optim.AdamW(
         [p for p in model.parameters() if p.requires_grad], lr=lr,
-        betas=(actor_cfg.beta1, actor_cfg.beta2) if actor_cfg else (0.9, 0.999),
-        weight_decay=actor_cfg.weight_decay if actor_cfg else 0.0)
-    grad_clip = actor_cfg.grad_clip if actor_cfg else 1.0
+        betas=(actor_cfg.beta1, actor_cfg.beta2), weight_decay=actor_cfg.weight_decay)
+    grad_clip = actor_cfg.grad_clip
     device = next(model.parameters()).device
     pad = getattr(tokenizer, "pad_token_id", None) or 0
     step_limit = steps if steps is not None else math.inf
     max_epochs = epochs if epochs is not None else (math.inf if steps is not None else 1)
-    decoder = getattr(model, "model", None)
-    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-    config = getattr(model, "config", None)
-    selective = (decoder is not None and callable(decoder) and head is not None
-                 and not getattr(config, "final_logit_softcapping", None)
-                 and getattr(config, "logit_scale", None) is None)
+    lm = SelectiveLogits(model)  # logits at the loss positions only (`mempo.model.adapter`)
     if schedule == "cosine" and steps is None and max_seconds is None:
         per_epoch = len(_batches(list(range(len(examples))), examples, batch_tokens))
         total_for_schedule = max(1, int(per_epoch * max_epochs))
@@ -287,19 +324,13 @@ def run_sft(cfg: Any, model: Any, tokenizer: Any, trajectories: Sequence[Any], *
                 mask[r, :n] = torch.tensor(examples[i].loss_mask, dtype=torch.bool)
             ids, attention, mask = ids.to(device), attention.to(device), mask.to(device)
             targets, target_mask = ids[:, 1:], mask[:, 1:]
-            if selective:
-                hidden = decoder(input_ids=ids, attention_mask=attention, use_cache=False).last_hidden_state
-                logits = head(hidden[:, :-1][target_mask]).float()
-            else:
-                every = model(input_ids=ids, attention_mask=attention, use_cache=False).logits[:, :-1]
-                logits = every[target_mask].float()
-            loss = torch.nn.functional.cross_entropy(logits, targets[target_mask])
+            states = lm.states(ids, attention)[:, :-1]
+            loss = torch.nn.functional.cross_entropy(lm.logits(states, target_mask), targets[target_mask])
             if prompt_loss_weight:
                 context = attention[:, 1:].bool() & ~target_mask
                 if bool(context.any()):
-                    context_logits = (head(hidden[:, :-1][context]) if selective else every[context]).float()
                     loss = loss + float(prompt_loss_weight) * torch.nn.functional.cross_entropy(
-                        context_logits, targets[context])
+                        lm.logits(states, context), targets[context])
             for group in optimizer.param_groups:
                 group["lr"] = lr_now()
             optimizer.zero_grad(set_to_none=True)
@@ -312,7 +343,7 @@ def run_sft(cfg: Any, model: Any, tokenizer: Any, trajectories: Sequence[Any], *
             tokens += int(target_mask.sum())
             losses.append(float(loss.detach()))
             if logger is not None:
-                logger.log(step, {"sft/loss": losses[-1], "sft/tokens": int(target_mask.sum()), "sft/epoch": epoch,
+                logger.log(step, {SFT_LOSS: losses[-1], "sft/tokens": int(target_mask.sum()), "sft/epoch": epoch,
                                   "sft/lr": optimizer.param_groups[0]["lr"]})
             if checkpoint_root is not None and save_every and step % save_every == 0:
                 checkpoint, saved_step = save(), step  # batch == len(batches) resumes at the next epoch

@@ -8,9 +8,10 @@ under a `StageTimer` (``time/<stage>`` seconds in the metrics).
 
 Conventions
 -----------
-* Rollout seeding: every step builds its `RolloutEngine` with loop seed
-  ``rollout.seed * 1_000_003 + step`` (the engine mixes in its call counter, always 0 here), so the
-  samples of step s depend only on (weights, episodes, seed, s): a resumed run re-samples exactly.
+* Rollout seeding: every step builds its `RolloutEngine` over the ``rollout`` section with engine
+  seed `mempo.seeds.training_rollout_seed` (rollout.seed, step) (the engine mixes in its call
+  counter, always 0 here), so the samples of step s depend only on (weights, episodes, seed, s): a
+  resumed run re-samples exactly.
 * Generation memory: right after the rollout (inside its timer) a colocated engine may free its GPU
   memory for the trainer's stages (`release_generation_memory`); `sync_weights` loads the new
   weights back into it at the end of the step.
@@ -50,12 +51,14 @@ from mempo.algo.contexts import scoring_requests
 from mempo.algo.memory_reward import attach_memory_rewards
 from mempo.config import MempoConfig
 from mempo.rollout.backends.hf import load_weights_into
-from mempo.rollout.loop import RolloutConfig, RolloutEngine, RolloutStats
+from mempo.rollout.loop import RolloutEngine, RolloutStats
 from mempo.rollout.trajectory import Trajectory, round_training_inputs
 from mempo.scoring import score
+from mempo.seeds import training_rollout_seed
+from mempo.train import metric_names as names
 from mempo.train.logging import StageTimer
 
-__all__ = ["StepContext", "StepResult", "TrainBatch", "loop_config", "rollout", "rewards", "memory_rewards",
+__all__ = ["StepContext", "StepResult", "TrainBatch", "rollout", "rewards", "memory_rewards",
            "advantages", "build_batch", "old_and_ref_log_probs", "update", "sync_weights",
            "release_generation_memory", "train_step", "STAGES"]
 
@@ -116,24 +119,14 @@ class StepResult:
     extras: dict[str, Any] = field(default_factory=dict)
 
 
-def loop_config(cfg: MempoConfig, step: int) -> RolloutConfig:
-    """The agent loop's `mempo.rollout.loop.RolloutConfig` for step `step`, from the training config's
-    ``rollout`` section (`mempo.config.RolloutSection`)."""
-    r = cfg.rollout
-    return RolloutConfig(policy=r.context_policy, group_size=r.group_size, max_turns=r.max_turns,
-                         max_new_tokens=r.max_new_tokens_per_round, max_response_tokens=r.max_response_tokens,
-                         temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
-                         seed=(r.seed * 1_000_003 + int(step)) % (2 ** 31 - 1), tool_workers=4,
-                         chat_template=r.chat_template)
-
-
 # ------------------------------------------------------------------------------------------------
 # stages
 # ------------------------------------------------------------------------------------------------
 def rollout(ctx: StepContext, episodes: Sequence[Any], step: int) -> tuple[list[Trajectory], RolloutStats]:
     """G trajectories of every episode (`RolloutEngine`), grouped by episode, and the engine's
     `mempo.rollout.loop.RolloutStats` (tool calls and failed tool calls among them)."""
-    engine = RolloutEngine(ctx.backend, ctx.tokenizer, ctx.tools, config=loop_config(ctx.cfg, step))
+    engine = RolloutEngine(ctx.backend, ctx.tokenizer, ctx.tools, config=ctx.cfg.rollout,
+                           seed=training_rollout_seed(ctx.cfg.rollout.seed, step))
     trajectories = engine.run(list(episodes))
     return trajectories, engine.stats
 
@@ -143,8 +136,8 @@ def rewards(trajectories: Sequence[Trajectory]) -> dict[str, float]:
     n = max(len(trajectories), 1)
     mean = lambda key, default=0.0: sum(float(t.outcome.get(key, default)) for t in trajectories) / n  # noqa: E731
     return {
-        "reward/mean": mean("score"), "reward/em": mean("em"), "reward/f1": mean("f1"),
-        "reward/format_rate": sum(1.0 for t in trajectories if t.outcome.get("format_ok")) / n,
+        names.REWARD: mean("score"), names.EM: mean("em"), names.F1: mean("f1"),
+        names.FORMAT_RATE: sum(1.0 for t in trajectories if t.outcome.get("format_ok")) / n,
         "rollout/turns": sum(len(t.rounds) for t in trajectories) / n,
         "rollout/response_length": sum(len(t.response_ids) for t in trajectories) / n,
         "rollout/generated_tokens": sum(t.num_generated_tokens for t in trajectories) / n,
@@ -163,7 +156,7 @@ def memory_rewards(ctx: StepContext, trajectories: Sequence[Trajectory]) -> dict
     p_full = [v for r in results for v in r.p_full]
     rewards_ = [v for t in trajectories for v in t.memory_rewards]
     k = max(len(rewards_), 1)
-    return {"memory/reward": sum(rewards_) / k, "memory/p_mem": sum(p_mem) / k, "memory/p_full": sum(p_full) / k,
+    return {names.MEM_REWARD: sum(rewards_) / k, names.P_MEM: sum(p_mem) / k, names.P_FULL: sum(p_full) / k,
             "memory/scored_rounds": float(len(rewards_))}
 
 
@@ -236,7 +229,7 @@ def update(ctx: StepContext, batch: TrainBatch, old: torch.Tensor, ref: Optional
         return {"actor/skipped_empty": 1.0}
     metrics = ctx.actor.update(batch.as_dict(), batch.advantages, old_log_probs=old, ref_log_probs=ref,
                                temperature=ctx.cfg.rollout.temperature)
-    return {f"actor/{k}": float(v) for k, v in metrics.items()}
+    return {f"{names.ACTOR_PREFIX}{k}": float(v) for k, v in metrics.items()}
 
 
 def sync_weights(ctx: StepContext) -> None:
@@ -291,10 +284,7 @@ def train_step(ctx: StepContext, episodes: Sequence[Any], step: int, timer: Opti
         sync_weights(ctx)
     seconds = time.perf_counter() - began
     tokens = float(batch.attention_mask.sum())
-    metrics.update({"train/rows": float(batch.input_ids.shape[0]), "train/tokens": tokens,
-                    "perf/tokens_per_s": tokens / seconds if seconds > 0 else 0.0, "time/step": seconds})
+    metrics.update({"train/rows": float(batch.input_ids.shape[0]), names.TOKENS: tokens,
+                    "perf/tokens_per_s": tokens / seconds if seconds > 0 else 0.0, names.STEP_SECONDS: seconds})
     metrics.update(timer.metrics("time/"))
-    metrics["kl"] = metrics.get("actor/kl_loss", 0.0)
-    metrics["entropy"] = metrics.get("actor/entropy", 0.0)
-    metrics["clip_fraction"] = metrics.get("actor/pg_clipfrac", 0.0)
     return StepResult(metrics, list(trajectories), token_adv.advantages, token_adv.loss_mask, batch)

@@ -3,30 +3,32 @@ resume.
 
 Conventions
 -----------
-* Building (`build_run`): tokenizer: given, else ``model.tokenizer``, else the model directory's,
-  else for ``model.path == "builtin-tiny"`` a byte-level BPE trained on the synthetic world
+* Building (`build_run`, one small setup function per part, in this order). Determinism
+  (`configure_determinism`). World: the synthetic world (`mempo.env.build.synthetic_world`) when
+  ``data.source == "synthetic"`` and something needs it (episodes, retriever, tokenizer or the
+  periodic evaluation not given). Retriever: given, else `mempo.env.build.build_retriever` (the
+  one `mempo eval` uses: an HTTP server that passed its health check, BM25 over
+  ``env.corpus_path``, or BM25 over the world's documents; ``data.source == "files"`` without a
+  corpus or server is a ConfigError naming ``env.corpus_path``), before anything is written.
+  Then the process group, the run directory and the seeds. Tokenizer: given, else
+  ``model.tokenizer``, else the model directory's, else for ``model.path == "builtin-tiny"`` a
+  byte-level BPE trained on the world's (or the corpus's) documents
   (`mempo.model.builtin.train_tokenizer`, saved atomically to ``<out>/tokenizer`` and reloaded on
-  resume; an unreadable saved one is retrained, with a warning: training it is deterministic). Model:
-  given, else `build_causal_lm` (builtin-tiny: seeded with ``trainer.seed``). Episodes: given, else
-  ``data.source == "synthetic"``: ``world.episodes(data.num_objectives, pool, data.seed)`` of the
-  synthetic world (`mempo.eval.synthetic_world`: ``data.world_seed``, ``world_entities`` or
-  ``world_documents``, ``article_fillers``); ``"files"``: the QA records of
-  ``data.train_files`` composed into k-objective episodes (`mempo.env.data.compose_episodes`, k =
-  ``data.num_objectives``, seed ``data.seed``). Retriever: given, else `HTTPRetriever` when
-  ``env.retriever == "http"``, else BM25 over ``env.corpus_path`` when set, else over the synthetic
-  world's documents (``data.source == "files"`` without a corpus is a ConfigError naming
-  ``env.corpus_path``; a missing corpus file is a CorpusError naming it). An HTTP retriever must
-  answer its health check (``/health``) before anything is built: a RetrieverUnavailableError
-  naming ``env.retriever_url`` and the URL otherwise. The builtin-tiny tokenizer is trained on the
-  world's or the corpus's documents. A ``model.path`` / ``model.tokenizer`` that is not a saved
-  model is a ConfigError naming the field (`mempo.train.actor.load_pretrained`); a ``--out`` that
-  is a file too (`prepare_out_dir`). The reference policy is a frozen copy of the initial model (skipped when
-  ``actor.kl_coef == 0``).
+  resume; an unreadable saved one is retrained, with a warning: training it is deterministic).
+  Model: given, else `build_causal_lm` (builtin-tiny: seeded with ``trainer.seed``). Episodes:
+  given, else ``data.source == "synthetic"``: ``world.episodes(data.num_objectives, pool,
+  data.seed)``; ``"files"``: the QA records of ``data.train_files`` composed into k-objective
+  episodes (`mempo.env.data.compose_episodes`, k = ``data.num_objectives``, seed ``data.seed``).
+  A ``model.path`` / ``model.tokenizer`` that is not a saved model is a ConfigError naming the
+  field (`mempo.model.loading.load_pretrained`); a ``--out`` that is a file too
+  (`prepare_out_dir`). Actors: the reference policy is a frozen copy of the initial model (skipped
+  when ``actor.kl_coef == 0``); under torchrun an unsharded copy generates and scores.
 * Backend: `mempo.rollout.backends.factory.build_backend` from ``rollout.backend`` /
   ``rollout.sglang_url`` (SGLang loads ``model.path``; a server's weight versions go to
   ``<out>/sglang_weights``). Only the config chooses: a model directory is used the same way
   whoever wrote it. ``rollout.protocol_scaffold`` (default off) adds the answer-blind
-  `mempo.model.builtin.ProtocolScaffold` to the HF backend of training rollouts (tests, tiny demos).
+  `mempo.rollout.backends.scaffold.ProtocolScaffold` to the HF backend of training rollouts
+  (tests, tiny demos).
 * Data order: step s (1-based) takes questions ``[(s-1)*B, s*B)`` of an endless stream made of
   epochs over the episode pool, each epoch shuffled with ``random.Random(data.seed, epoch)`` when
   ``data.shuffle``; a pure function of s, so the data position is exactly the step
@@ -44,11 +46,12 @@ Conventions
 * Periodic evaluation (``trainer.eval_every`` > 0): after every eval_every-th step (and before that
   step's checkpoint), `periodic_eval` runs `mempo.eval.evaluate` with the ``eval`` section
   (objectives, policies, episodes, max_turns, temperature) on the current policy's own generation
-  (the configured backend, never the protocol scaffold) and the run's retriever. Its episodes are drawn once by `build_run`: synthetic source:
-  `mempo.eval.eval_episodes` (question seeds apart from training's); files source: the QA records
-  of ``data.eval_files`` composed per k with seed ``data.seed + EVAL_SEED_OFFSET + k``. The numbers
+  (the configured backend, never the protocol scaffold) and the run's retriever. Its episodes are
+  drawn once by `build_run`: synthetic source: `mempo.eval.eval_episodes` (question seeds apart
+  from training's); files source: the QA records
+  of ``data.eval_files`` composed per k with seed `mempo.seeds.eval_question_seed`. The numbers
   join that step's metrics row (logged even off the ``log_every`` grid) as
-  ``eval/<name>@k<k>_<policy>`` (`mempo.eval.EvalReport.scalars`, e.g. ``eval/em@k2_memory``) plus
+  ``eval/<field>@k<k>_<policy>`` (`mempo.eval.EvalReport.scalars`, e.g. ``eval/em@k2_memory``) plus
   ``time/eval``. Rank 0 evaluates (on the unsharded rollout copy when distributed). Generation
   reseeds torch per request, so evaluating does not change the training run's numbers.
 * Determinism (`configure_determinism`, ``trainer.deterministic``): deterministic torch algorithms
@@ -57,7 +60,8 @@ Conventions
   before CUDA starts (cuBLAS is otherwise not deterministic) and new tensors are not NaN-filled
   (``torch.utils.deterministic.fill_uninitialized_memory = False``: a memset of every new CUDA
   tensor costs bandwidth, and mempo's kernels write every output element). Seeds from
-  ``trainer.seed`` (+ rank); the rollout of step s is seeded by (rollout.seed, s) only.
+  ``trainer.seed`` (+ rank); the rollout of step s is seeded by (rollout.seed, s) only
+  (`mempo.seeds.training_rollout_seed`).
 """
 from __future__ import annotations
 
@@ -68,11 +72,31 @@ import sys
 import time
 import warnings
 from dataclasses import dataclass, field
+from itertools import islice
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, NamedTuple, Optional, Sequence
 
-from mempo.utils.atomic import atomic_directory
+import numpy as np
+import torch
+import torch.distributed as dist
+from transformers import AutoTokenizer
+
 from mempo.config import ConfigError, MempoConfig, config_to_dict, dump_config, read_yaml_mapping
+from mempo.env.build import build_retriever, build_tools, synthetic_world
+from mempo.env.corpus import iter_corpus
+from mempo.env.data import compose_episodes, load_qa
+from mempo.eval import eval_episodes, evaluate
+from mempo.model.builtin import default_corpus_texts, train_tokenizer
+from mempo.model.loading import build_causal_lm, load_pretrained
+from mempo.rollout.backends.factory import build_backend
+from mempo.rollout.backends.scaffold import ProtocolScaffold
+from mempo.seeds import eval_question_seed
+from mempo.train.actor import Actor, DistInfo, init_distributed
+from mempo.train.checkpoint import (CheckpointError, has_checkpoints, load_checkpoint, resume_checkpoint,
+                                    save_checkpoint)
+from mempo.train.logging import MetricsLogger, StageTimer, progress
+from mempo.train.step import StepContext, train_step
+from mempo.utils.atomic import atomic_directory
 
 __all__ = ["TrainResult", "Run", "build_run", "train", "periodic_eval", "step_episodes", "seed_everything",
            "configure_determinism", "prepare_out_dir", "refuse_used_run_dir"]
@@ -94,9 +118,10 @@ class TrainResult:
 
 @dataclass
 class Run:
-    """Everything `build_run` assembled. eval_episodes: ``{k: episodes}`` of the periodic evaluation
-    (empty when ``trainer.eval_every`` is 0); eval_backend: the backend it generates with (the
-    training backend without logits processors)."""
+    """Everything `build_run` assembled. world: the synthetic world (None for QA-file data, or when
+    nothing needed it); eval_episodes: ``{k: episodes}`` of the periodic evaluation (empty when
+    ``trainer.eval_every`` is 0); eval_backend: the backend it generates with (the training backend
+    without logits processors)."""
 
     cfg: MempoConfig
     out_dir: Path
@@ -104,18 +129,33 @@ class Run:
     model: Any
     episodes: list
     retriever: Any
-    ctx: Any
+    ctx: StepContext
     rank: int = 0
     world_size: int = 1
     eval_episodes: dict = field(default_factory=dict)
     eval_backend: Any = None
+    world: Any = None
+
+
+class _Actors(NamedTuple):
+    """`_setup_actors`'s result: the trained actor, the frozen reference (None when kl_coef is 0),
+    the unsharded rollout copy (None in one process) and the module generation runs on."""
+
+    actor: Actor
+    ref_actor: Optional[Actor]
+    rollout_model: Any
+    generation_model: Any
+
+
+class _Backends(NamedTuple):
+    """`_setup_backends`'s result: the training backend and the periodic evaluation's."""
+
+    train: Any
+    eval: Any
 
 
 def seed_everything(seed: int) -> None:
     """Seed python, numpy and torch (determinism is `configure_determinism`'s)."""
-    import numpy as np
-    import torch
-
     random.seed(seed)
     np.random.seed(seed % (2 ** 32))
     torch.manual_seed(seed)
@@ -125,8 +165,6 @@ def configure_determinism(enabled: Optional[bool] = None, *, cuda: Optional[bool
     """Deterministic torch algorithms per ``trainer.deterministic`` (module conventions); returns
     whether they are on. enabled None: on unless CUDA is used. cuda: whether the run uses CUDA
     (None: ``torch.cuda.is_available()``). Call it before CUDA starts (`build_run` does, first)."""
-    import torch
-
     cuda = torch.cuda.is_available() if cuda is None else bool(cuda)
     on = (not cuda) if enabled is None else bool(enabled)
     if on and cuda and "CUBLAS_WORKSPACE_CONFIG" not in os.environ:
@@ -157,8 +195,6 @@ def refuse_used_run_dir(resume: str, checkpoints: Path, command: str = "train") 
     """Refuse a run before anything is built or written: a ConfigError when ``trainer.resume`` is
     "never" and `checkpoints` already holds checkpoints (module conventions), a CheckpointError
     when it names a path that does not exist."""
-    from mempo.train.checkpoint import CheckpointError, has_checkpoints
-
     mode = resume.strip()
     if mode == "never" and has_checkpoints(checkpoints):
         raise ConfigError("trainer.resume", f"{checkpoints} already holds checkpoints of an earlier run; continue it "
@@ -185,11 +221,14 @@ def step_episodes(episodes: Sequence[Any], step: int, batch_size: int, *, shuffl
     return out[rank::world_size]
 
 
-def _build_tokenizer(cfg: MempoConfig, out_dir: Path, world: Any):
-    from transformers import AutoTokenizer
+# ------------------------------------------------------------------------------------------------
+# setup: one function per part of the run (module conventions: Building)
+# ------------------------------------------------------------------------------------------------
+def _rank() -> int:
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
 
-    from mempo.model.loading import load_pretrained
 
+def _setup_tokenizer(cfg: MempoConfig, out_dir: Path, world: Any):
     if cfg.model.tokenizer:
         return load_pretrained(AutoTokenizer.from_pretrained, cfg.model.tokenizer, "model.tokenizer", "tokenizer")
     if cfg.model.path != "builtin-tiny":
@@ -200,14 +239,8 @@ def _build_tokenizer(cfg: MempoConfig, out_dir: Path, world: Any):
             return AutoTokenizer.from_pretrained(saved)
         except Exception as error:  # a damaged save (e.g. torn by an old mempo writing it in place)
             _log(f"{saved}: unreadable saved tokenizer ({type(error).__name__}); training it again")
-    from mempo.model.builtin import default_corpus_texts, train_tokenizer
-
     texts = default_corpus_texts(world)
     if world is None and cfg.env.corpus_path:  # files source: learn the corpus's words instead
-        from itertools import islice
-
-        from mempo.env.corpus import iter_corpus
-
         texts += [f"{doc.title}\n{doc.text}" for doc in islice(iter_corpus(cfg.env.corpus_path), 2000)]
     tokenizer = train_tokenizer(texts, vocab_size=1024)
     if _rank() == 0:
@@ -216,23 +249,18 @@ def _build_tokenizer(cfg: MempoConfig, out_dir: Path, world: Any):
     return tokenizer
 
 
-def _rank() -> int:
-    import torch.distributed as dist
-
-    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+def _setup_model(cfg: MempoConfig, tokenizer: Any):
+    torch.manual_seed(cfg.trainer.seed)  # the same initial weights on every rank
+    return build_causal_lm(cfg.model, len(tokenizer))
 
 
 def _qa_pool(paths: Sequence[str]) -> list:
-    from mempo.env.data import load_qa
-
     return [record for path in paths for record in load_qa(path)]
 
 
 def _episode_pool(cfg: MempoConfig, world: Any) -> list:
     d = cfg.data
     if d.source == "files":
-        from mempo.env.data import compose_episodes
-
         pool = _qa_pool(d.train_files)
         if len(pool) < d.num_objectives:
             raise ConfigError("data.train_files", f"hold {len(pool)} questions, fewer than "
@@ -251,115 +279,69 @@ def _episode_pool(cfg: MempoConfig, world: Any) -> list:
 
 def _eval_episode_sets(cfg: MempoConfig, world: Any) -> dict[int, list]:
     """``{k: episodes}`` of the periodic evaluation (module conventions)."""
-    from mempo.eval import EVAL_SEED_OFFSET, eval_episodes
-
     if cfg.data.source == "synthetic":
         return eval_episodes(world, cfg)
-    from mempo.env.data import compose_episodes
-
     pool = _qa_pool(cfg.data.eval_files)
     sets = {}
     for k in cfg.eval.objectives:
         if len(pool) < k:
             raise ConfigError("eval.objectives", f"k={k} needs at least {k} questions; data.eval_files "
                                                  f"hold {len(pool)}")
-        sets[int(k)] = compose_episodes(pool, k, cfg.eval.episodes, cfg.data.seed + EVAL_SEED_OFFSET + k,
+        sets[int(k)] = compose_episodes(pool, k, cfg.eval.episodes, eval_question_seed(cfg.data.seed, k),
                                         id_prefix="eval")
     return sets
 
 
-def build_run(cfg: MempoConfig, *, model=None, tokenizer=None, episodes=None, retriever=None, out_dir=None) -> Run:
-    """Assemble tokenizer, model, episodes, retriever, actors, backend and the step context."""
-    import torch
-
-    from mempo.eval import config_tools
-    from mempo.model.loading import build_causal_lm
-    from mempo.rollout.backends.factory import build_backend
-    from mempo.train.actor import Actor, init_distributed
-    from mempo.train.step import StepContext
-
-    if retriever is None and cfg.data.source == "files" and cfg.env.retriever == "bm25" and not cfg.env.corpus_path:
-        raise ConfigError("env.corpus_path", "must name a corpus jsonl (mempo.env.corpus) when data.source is "
-                                             "'files' and env.retriever is 'bm25'")
-    configure_determinism(cfg.trainer.deterministic)
-    if retriever is None and cfg.env.corpus_path and not Path(cfg.env.corpus_path).is_file():
-        from mempo.env.corpus import CorpusError
-
-        raise CorpusError(f"env.corpus_path: {cfg.env.corpus_path}: corpus file not found")
-    if retriever is None and cfg.env.retriever == "http":  # fail before anything is built or written
-        retriever = _healthy_http_retriever(cfg.env.retriever_url)
-    info = init_distributed()
-    out = prepare_out_dir(out_dir or cfg.trainer.out_dir)
-    seed_everything(cfg.trainer.seed + info.rank)
-    world = None
-    evaluating = cfg.trainer.eval_every > 0
-    if cfg.data.source == "synthetic" and (episodes is None or retriever is None or tokenizer is None or evaluating):
-        from mempo.eval import synthetic_world
-
-        world = synthetic_world(cfg)
-    if tokenizer is None:
-        tokenizer = _build_tokenizer(cfg, out, world)
-    if model is None:
-        torch.manual_seed(cfg.trainer.seed)  # the same initial weights on every rank
-        model = build_causal_lm(cfg.model, len(tokenizer))
-    if episodes is None:
-        episodes = _episode_pool(cfg, world)
-    if retriever is None:
-        if cfg.env.corpus_path:
-            from mempo.env.retriever import load_or_build_bm25
-
-            retriever = load_or_build_bm25(cfg.env.corpus_path, None)
-        else:
-            from mempo.env.retriever import BM25Retriever
-
-            retriever = BM25Retriever.build(list(world.documents()))
-    eval_sets = _eval_episode_sets(cfg, world) if evaluating else {}
-    tools = config_tools(retriever, cfg)
-    ref_actor = None
-    if cfg.actor.kl_coef > 0:
-        ref_actor = Actor(copy.deepcopy(model), cfg.actor, trainable=False)
+def _setup_actors(cfg: MempoConfig, model: Any, info: DistInfo) -> _Actors:
+    ref_actor = Actor(copy.deepcopy(model), cfg.actor, trainable=False) if cfg.actor.kl_coef > 0 else None
     # an unsharded copy under torchrun: HF generation and teacher scoring run per rank on it
     rollout_model = copy.deepcopy(model) if info.distributed else None
     actor = Actor(model, cfg.actor)
-    gen_model = rollout_model if rollout_model is not None else actor.module
     if rollout_model is not None:
         rollout_model.to(actor.device)
-    processors = []
-    if cfg.rollout.protocol_scaffold:
-        from mempo.model.builtin import ProtocolScaffold
-
-        processors.append(ProtocolScaffold(tokenizer, turns=min(cfg.rollout.max_turns, 3)))
-    backend_options = dict(model_path=cfg.model.path, weights_dir=out / "sglang_weights")
-    backend = build_backend(cfg, gen_model, tokenizer, logits_processors=processors, **backend_options)
-    eval_backend = backend if not processors else build_backend(cfg, gen_model, tokenizer, **backend_options)
-    ctx = StepContext(cfg=cfg, actor=actor, ref_actor=ref_actor, backend=backend, tokenizer=tokenizer, tools=tools,
-                      rollout_model=rollout_model, distributed=info.distributed)
-    return Run(cfg, out, tokenizer, model, list(episodes), retriever, ctx, info.rank, info.world_size, eval_sets,
-               eval_backend)
+    return _Actors(actor, ref_actor, rollout_model, rollout_model if rollout_model is not None else actor.module)
 
 
-def _healthy_http_retriever(url: str):
-    """An `HTTPRetriever` at `url` that passed `HTTPRetriever.check_health` (RetrieverUnavailableError
-    naming ``env.retriever_url`` and the URL otherwise)."""
-    from mempo.env.client import HTTPRetriever
-    from mempo.env.retriever import RetrieverUnavailableError
+def _setup_backends(cfg: MempoConfig, model: Any, tokenizer: Any, out_dir: Path) -> _Backends:
+    processors = [ProtocolScaffold(tokenizer, turns=min(cfg.rollout.max_turns, 3))] if cfg.rollout.protocol_scaffold \
+        else []
+    options = dict(model_path=cfg.model.path, weights_dir=out_dir / "sglang_weights")
+    backend = build_backend(cfg, model, tokenizer, logits_processors=processors, **options)
+    eval_backend = backend if not processors else build_backend(cfg, model, tokenizer, **options)
+    return _Backends(backend, eval_backend)
 
-    try:
-        retriever = HTTPRetriever(url)
-    except ValueError as error:
-        raise ConfigError("env.retriever_url", str(error)) from None
-    try:
-        retriever.check_health()
-    except RetrieverUnavailableError as error:
-        raise RetrieverUnavailableError(f"env.retriever_url: {error} (checked before training)") from None
-    return retriever
+
+def build_run(cfg: MempoConfig, *, model=None, tokenizer=None, episodes=None, retriever=None, out_dir=None) -> Run:
+    """Assemble world, retriever, tokenizer, model, episodes, actors, backends and the step context
+    (module conventions: Building); given parts are used as they are."""
+    configure_determinism(cfg.trainer.deterministic)
+    evaluating = cfg.trainer.eval_every > 0
+    world = None
+    if cfg.data.source == "synthetic" and (episodes is None or retriever is None or tokenizer is None or evaluating):
+        world = synthetic_world(cfg)
+    if retriever is None:  # fail before anything is built or written
+        retriever = build_retriever(cfg, world)
+    info = init_distributed()
+    out = prepare_out_dir(out_dir or cfg.trainer.out_dir)
+    seed_everything(cfg.trainer.seed + info.rank)
+    if tokenizer is None:
+        tokenizer = _setup_tokenizer(cfg, out, world)
+    if model is None:
+        model = _setup_model(cfg, tokenizer)
+    episodes = list(episodes) if episodes is not None else _episode_pool(cfg, world)
+    eval_sets = _eval_episode_sets(cfg, world) if evaluating else {}
+    actors = _setup_actors(cfg, model, info)
+    backends = _setup_backends(cfg, actors.generation_model, tokenizer, out)
+    ctx = StepContext(cfg=cfg, actor=actors.actor, ref_actor=actors.ref_actor, backend=backends.train,
+                      tokenizer=tokenizer, tools=build_tools(cfg, retriever), rollout_model=actors.rollout_model,
+                      distributed=info.distributed)
+    return Run(cfg, out, tokenizer, model, episodes, retriever, ctx, info.rank, info.world_size, eval_sets,
+               backends.eval, world)
 
 
 def periodic_eval(run: Run, step: int) -> dict[str, float]:
     """The ``eval`` section's evaluation of the current policy after step `step` (module
-    conventions): ``eval/<name>@k<k>_<policy>`` metrics and ``time/eval``."""
-    from mempo.eval import evaluate
-
+    conventions): ``eval/<field>@k<k>_<policy>`` metrics and ``time/eval``."""
     began = time.perf_counter()
     report = evaluate(run.ctx.scoring_model, run.tokenizer, run.eval_episodes, run.retriever, run.cfg,
                       backend=run.eval_backend, label=f"step {step}", log=_log, show_progress=False)
@@ -371,10 +353,6 @@ def train(cfg: MempoConfig, *, model=None, tokenizer=None, episodes=None, retrie
     """Train for ``trainer.total_steps`` steps (module conventions); returns a TrainResult.
 
     max_steps: stop after this many steps in this call (tests; the schedule is unchanged)."""
-    from mempo.train.checkpoint import load_checkpoint, resume_checkpoint, save_checkpoint
-    from mempo.train.logging import MetricsLogger, StageTimer, progress
-    from mempo.train.step import train_step
-
     t = cfg.trainer
     refuse_used_run_dir(t.resume, Path(out_dir or t.out_dir) / "checkpoints")  # before anything is written
     run = build_run(cfg, model=model, tokenizer=tokenizer, episodes=episodes, retriever=retriever, out_dir=out_dir)

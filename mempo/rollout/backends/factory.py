@@ -3,7 +3,8 @@
 ``rollout.backend`` chooses, and nothing else does:
 
 * ``"hf"``: `HFBackend` over the given model object (the trainer's, or an unsharded copy under
-  torchrun), with the given logits processors (the opt-in `mempo.model.builtin.ProtocolScaffold`).
+  torchrun), with the given logits processors (the opt-in
+  `mempo.rollout.backends.scaffold.ProtocolScaffold`).
 * ``"sglang"`` with ``rollout.sglang_url`` null: `SGLangBackend`, an ``sglang.Engine`` in this
   process, colocated with the trainer on this rank's GPU (``base_gpu_id`` = LOCAL_RANK), loading
   `model_path` (``model.dtype``, ``mem_fraction_static = rollout.sglang_mem_fraction``,

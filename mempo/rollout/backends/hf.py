@@ -21,7 +21,7 @@ Conventions
 * ``logits_processors``: extra transformers ``LogitsProcessor`` s applied at every step (tests use a
   scripted processor to force token sequences). A processor with a ``begin(requests)`` method is
   given each ``generate`` chunk's requests first (rows in the order of the batch), e.g.
-  `mempo.model.builtin.ProtocolScaffold`; the requests carry prompt ids and round keys only.
+  `mempo.rollout.backends.scaffold.ProtocolScaffold`; the requests carry prompt ids and round keys only.
 * ``sync_weights(weights)``: copies trainer tensors into the model in place (names of
   ``model.state_dict()``, `load_weights_into`); tensors that already are the model's own storage
   are skipped, and ``None`` is a no-op (the trainer shares the model object).

@@ -1,0 +1,238 @@
+"""The answer-blind protocol scaffold: a generation-time logits processor (HF backend).
+
+`ProtocolScaffold`: a transformers logits processor for random (or barely trained) models, which
+do not follow the turn protocol and whose every rollout would end after one malformed round. It
+is an explicit opt-in (``rollout.protocol_scaffold: true``, default off; HF backend only) for
+tests and tiny demos; real models follow the protocol themselves. Each round is shaped into
+
+    <mem>[free x mem_tokens]</mem>\\n<think>\\n[free x think_tokens]\\n</think>\\n
+      rounds < turns-1:  <search>[free x query_tokens]</search>
+      last round:        <answer>{answer}</answer>
+
+"free" tokens are sampled from the model (tokens whose bytes contain ``<`` or ``>`` and the
+special tokens are banned, and a mem's first token must hold a non-space byte, so every ``<mem>``
+is well formed and non-blank); tags are forced. The answer is answer-blind: it is a choice among
+`context_candidates` of the round's own prompt (the text the agent has read in this trajectory:
+its ``<information>`` results), one to ``max_parts`` of them joined by ``"; "``; at each answer
+position only the next tokens of the candidates still consistent with what was generated (or the
+separator / the closing tag where a candidate is complete) are allowed, so which string the model
+answers is its own (learnable) probability. With no candidate in the context the answer is
+``query_tokens`` free tokens. The scaffold is never told the episodes or their gold answers: its
+only input is each request's prompt ids (``begin(requests)``, called by `HFBackend` before each
+``generate`` chunk). Every token (forced or free) is a real generated token, scored by the actor
+like any other.
+
+`context_candidates` is the scaffold's whole view of a round: a pure function of the round's prompt
+text.
+"""
+from __future__ import annotations
+
+import re
+from typing import Any, Optional, Sequence
+
+import torch
+
+from mempo.rollout.backends.stopping import TokenBytes
+from mempo.rollout.chat import decode_ids
+
+__all__ = ["context_candidates", "ProtocolScaffold"]
+
+_INFORMATION_BLOCK = re.compile(r"<information>(.*?)</information>", re.S)
+_WORD = re.compile(r"[\w'-]+")
+_WORD_GAP = re.compile(r"\s+")
+
+
+def context_candidates(text: str, *, max_words: int = 4, limit: int = 32) -> list[str]:
+    """The answer strings `ProtocolScaffold` lets the model choose from, given a round's prompt text.
+
+    Only text inside ``<information>...</information>`` blocks counts (the tool results the agent
+    read in this trajectory's context), in order. In each block, the words (maximal runs of
+    letters, digits, ``'`` and ``-``) are grouped into maximal runs of consecutive words that start
+    with an upper-case letter or a digit and are separated by white space only (any other character
+    ends a run); runs of at most `max_words` words are candidates ("Cousko Stozofal", "1798",
+    "Doc 1"). Duplicates are dropped (first appearance kept); at most `limit` are returned.
+    A pure function of `text`: nothing else (no episode, no gold answer) goes in.
+    """
+    found: list[str] = []
+    seen: set[str] = set()
+    for block in _INFORMATION_BLOCK.findall(text):
+        run: list[str] = []
+        last_end = None
+        for match in list(_WORD.finditer(block)) + [None]:
+            word = match.group(0) if match is not None else ""
+            joined = (match is not None and last_end is not None
+                      and _WORD_GAP.fullmatch(block[last_end:match.start()]) is not None)
+            capital = bool(word) and (word[0].isupper() or word[0].isdigit())
+            if run and not (capital and joined):
+                if len(run) <= max_words:
+                    candidate = " ".join(run)
+                    if candidate not in seen:
+                        seen.add(candidate)
+                        found.append(candidate)
+                        if len(found) >= limit:
+                            return found
+                run = []
+            if capital:
+                run.append(word)
+            last_end = match.end() if match is not None else None
+    return found
+
+
+class ProtocolScaffold:
+    """A logits processor shaping each round into a well-formed protocol turn, answer-blind (module
+    docstring).
+
+    Args:
+        tokenizer: the policy's tokenizer.
+        turns: rounds per trajectory (searches in rounds 1..turns-1, the answer in round `turns`).
+        mem_tokens / think_tokens / query_tokens: free tokens of each segment.
+        max_parts: most candidates one answer may join with "; " (multi-objective episodes).
+        max_words / max_candidates: `context_candidates` settings.
+    `begin(requests)` is called by `HFBackend` before each ``generate`` chunk (rows in request
+    order); it reads only each request's round index and prompt ids. The per-chunk state
+    (``rows``) is replaced at every call, so it never holds another request's candidates.
+    """
+
+    def __init__(self, tokenizer: Any, turns: int = 3, *, mem_tokens: int = 8, think_tokens: int = 4,
+                 query_tokens: int = 3, max_parts: int = 4, max_words: int = 4, max_candidates: int = 32):
+        if turns < 1:
+            raise ValueError("turns must be >= 1")
+        if max_parts < 1:
+            raise ValueError("max_parts must be >= 1")
+        self.tokenizer = tokenizer
+        self.turns = turns
+        pieces = TokenBytes.of(tokenizer).pieces
+        vocab = max(len(tokenizer), len(pieces))
+        special = set(getattr(tokenizer, "all_special_ids", []) or [])
+        banned = [i for i in range(vocab) if i >= len(pieces) or i in special or not pieces[i]
+                  or b"<" in pieces[i] or b">" in pieces[i]]
+        self.banned = torch.tensor(sorted(set(banned)), dtype=torch.long)
+        blank = [i for i in range(len(pieces)) if pieces[i] and not pieces[i].strip()]
+        self.banned_first = torch.tensor(sorted(set(banned) | set(blank)), dtype=torch.long)
+        self.sizes = (mem_tokens, think_tokens, query_tokens)
+        self.max_parts = max_parts
+        self.max_words = max_words
+        self.max_candidates = max_candidates
+        self.rows: list[Optional[list]] = []
+        self.width: Optional[int] = None
+        self._fixed_plans: dict[int, list] = {}
+
+    def _encode(self, text: str) -> list[int]:
+        return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def candidates(self, prompt_ids: Sequence[int]) -> list[str]:
+        """`context_candidates` of the prompt's text (decoded with special tokens kept)."""
+        return context_candidates(decode_ids(self.tokenizer, prompt_ids), max_words=self.max_words,
+                                  limit=self.max_candidates)
+
+    def plan(self, round_index: int, prompt_ids: Sequence[int] = ()) -> list:
+        """The segment plan of one round: ("free", n, first_banned), ("force", ids) and, in the
+        last round, ("answer", [candidate ids], separator ids, closing ids, max_parts)."""
+        last = min(round_index, self.turns - 1) == self.turns - 1
+        if not last and round_index in self._fixed_plans:
+            return self._fixed_plans[round_index]
+        mem, think, query = self.sizes
+        segments: list = [("free", mem, True), ("force", self._encode("</mem>\n<think>\n")), ("free", think, False)]
+        if not last:
+            segments += [("force", self._encode("\n</think>\n<search>")), ("free", query, True),
+                         ("force", self._encode("</search>"))]
+            self._fixed_plans[round_index] = segments
+            return segments
+        segments.append(("force", self._encode("\n</think>\n<answer>")))
+        options = [ids for ids in (self._encode(c) for c in self.candidates(prompt_ids)) if ids]
+        if options:
+            segments.append(("answer", options, self._encode("; "), self._encode("</answer>"), self.max_parts))
+        else:
+            segments += [("free", query, True), ("force", self._encode("</answer>"))]
+        return segments
+
+    def begin(self, requests: Sequence[Any]) -> None:
+        """The plans of one ``generate`` chunk's rows, from each request's round and prompt ids."""
+        self.rows, self.width = [], None
+        for request in requests:
+            key = request.key
+            if key is None:
+                self.rows.append(None)
+                continue
+            context = request.prompt_ids[:len(request.prompt_ids) - request.prefix_len]
+            self.rows.append(self.plan(key.round_index, context))
+
+    @staticmethod
+    def _answer_allowed(segment: tuple, generated: list[int]) -> Optional[list[int]]:
+        """Allowed next ids of an answer segment after `generated` (its ids so far); None once the
+        closing tag is complete. States: ("c", candidate, k, part), ("s", k, part), ("e", k)."""
+        _, options, sep, close, max_parts = segment
+
+        def closure(states):
+            out, todo = set(), list(states)
+            while todo:
+                state = todo.pop()
+                if state in out:
+                    continue
+                out.add(state)
+                if state[0] == "c" and state[2] == len(options[state[1]]):
+                    if state[3] < max_parts:
+                        todo.append(("s", 0, state[3]))
+                    todo.append(("e", 0))
+                elif state[0] == "s" and state[1] == len(sep):
+                    todo.extend(("c", i, 0, state[2] + 1) for i in range(len(options)))
+            return out
+
+        def expected(state):
+            if state[0] == "c":
+                ids = options[state[1]]
+                return ids[state[2]] if state[2] < len(ids) else None
+            ids = sep if state[0] == "s" else close
+            return ids[state[1]] if state[1] < len(ids) else None
+
+        states = closure(("c", i, 0, 1) for i in range(len(options)))
+        for token in generated:
+            advanced = []
+            for state in states:
+                if expected(state) == token:
+                    advanced.append(state[:-2] + (state[-2] + 1, state[-1]) if state[0] != "e"
+                                    else ("e", state[1] + 1))
+            states = closure(advanced)
+            if any(s[0] == "e" and s[1] == len(close) for s in states) or not states:
+                return None
+        return sorted({t for t in (expected(s) for s in states) if t is not None})
+
+    @classmethod
+    def _constraint(cls, plan: list, generated: list[int]):
+        """("free", first_banned) | ("allow", [ids]) | None (plan done) for the next token."""
+        pos, n = 0, len(generated)
+        for segment in plan:
+            kind = segment[0]
+            if kind == "free":
+                if n - pos < segment[1]:
+                    return ("free", segment[2] and n == pos)
+                pos += segment[1]
+            elif kind == "force":
+                k = n - pos
+                if k < len(segment[1]):
+                    return ("allow", [segment[1][k]])
+                pos += len(segment[1])
+            else:  # answer: the last segment
+                allowed = cls._answer_allowed(segment, generated[pos:])
+                return ("allow", allowed) if allowed else None
+        return None
+
+    def __call__(self, input_ids, scores):
+        if self.width is None:
+            self.width = input_ids.shape[1]
+        new = input_ids[:, self.width:].tolist()
+        for row, plan in enumerate(self.rows):
+            if plan is None or row >= scores.shape[0]:
+                continue
+            constraint = self._constraint(plan, new[row])
+            if constraint is None:
+                continue
+            if constraint[0] == "free":
+                scores[row, self.banned_first if constraint[1] else self.banned] = float("-inf")
+            else:
+                keep = scores[row, constraint[1]].clone()
+                if not bool(torch.isfinite(keep).any()):
+                    keep = torch.zeros_like(keep)
+                scores[row] = float("-inf")
+                scores[row, constraint[1]] = keep
+        return scores
