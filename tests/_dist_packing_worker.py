@@ -13,3 +13,4 @@ _dist_worker.actor_config = lambda: dataclasses.replace(_padded_config(), packin
 if __name__ == "__main__":
     torch.set_num_threads(1)
     _dist_worker.run(sys.argv[1])
+    _dist_worker.shutdown_distributed()  # after run(): its sharded actors are gone

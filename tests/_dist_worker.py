@@ -81,10 +81,10 @@ def run(out_dir) -> dict:
               "loaded_step": state.step}
     if rank == 0:
         (out_dir / "result.json").write_text(json.dumps(result))
-    shutdown_distributed()
     return result
 
 
 if __name__ == "__main__":
     torch.set_num_threads(1)
     run(sys.argv[1])
+    shutdown_distributed()  # after run(): its sharded actors are gone (see shutdown_distributed)

@@ -97,6 +97,7 @@ def run_train(args: argparse.Namespace) -> int:
     cfg = _run_config(args)
     # reason: the parser module stays light (`mempo --help` imports no torch)
     from mempo.model.export import export_model
+    from mempo.train.actor import shutdown_distributed
     from mempo.train.trainer import train
 
     result = train(cfg)
@@ -107,6 +108,8 @@ def run_train(args: argparse.Namespace) -> int:
                  provenance={"written_by": "mempo train", "base_model": cfg.model.path, "steps": result.last_step})
     _log(f"trained to step {result.last_step} (resumed from {result.resumed_from}); run dir {result.out_dir}; "
          f"final model in {final}")
+    del result  # the (sharded) model goes before the process group (shutdown_distributed)
+    shutdown_distributed()
     return 0
 
 
