@@ -9,7 +9,11 @@ and checks that every model directory loads as a plain HF model, the final one w
 shards gathered) and trained (it differs from the SFT model), the metrics are finite, and no gold
 string reached generation in any process (tests/_gold_trace_site puts the instrumentation of
 tests/_gold_trace.py into every Python process of the run). Each stage is one `_cli` call on the
-files made by `_user_files`; an evaluation stage on ``qa_eval.jsonl`` is one more such call.
+files made by `_user_files`; the last one evaluates the trained model:
+
+    -> mempo eval --data files --files qa_eval.jsonl --corpus corpus.jsonl   (BM25 over the corpus)
+
+which must write finite numbers for every k, its trajectories and a rendered report.
 """
 import json
 import math
@@ -127,6 +131,7 @@ def _parameters(path: Path) -> dict[str, torch.Tensor]:
 def test_hf_model_through_sft_and_two_process_training(tmp_path):
     from transformers import AutoTokenizer
 
+    from mempo.eval import EvalReport
     from mempo.train.logging import read_metrics
 
     files = _user_files(tmp_path)
@@ -160,3 +165,19 @@ def test_hf_model_through_sft_and_two_process_training(tmp_path):
     generating = [p for p in Path(trace).parent.iterdir() if '"kind": "generate"' in p.read_text()]
     assert len(generating) == 2  # one trace file per training rank
     assert violations(records, AutoTokenizer.from_pretrained(sft_model)) == []
+
+    out = _cli(["eval", "--config", "config.yaml", "--model", str(final), "--out", "eval", "--no-progress",
+                "--data", "files", "--files", "qa_eval.jsonl", "--corpus", "corpus.jsonl"], tmp_path, trace)
+    rows = EvalReport.load(tmp_path / "eval" / "eval.json").rows
+    assert sorted((r.dataset, r.objectives, r.policy) for r in rows) == [
+        ("qa_eval", 1, "memory"), ("qa_eval", 2, "memory")], rows
+    for row in rows:
+        assert row.episodes == 2
+        assert all(math.isfinite(v) and 0.0 <= v <= 1.0 for v in (row.em, row.f1, row.format_rate)), row
+        assert row.prompt_tokens_per_episode > 0 and math.isfinite(row.mean_turns), row
+    episodes = [json.loads(line) for line in (tmp_path / "eval" / "eval_trajectories.jsonl").read_text().splitlines()]
+    assert len(episodes) == 2 * 2 and all(e["rounds"] for e in episodes)  # k = 1, 2 x 2 episodes
+    assert "qa_eval" in (tmp_path / "eval" / "eval.md").read_text()
+    records = read_records(trace)  # the evaluation's generation requests too
+    assert summary(records)["generate_calls"] > counts["generate_calls"]
+    assert violations(records, AutoTokenizer.from_pretrained(final)) == []
