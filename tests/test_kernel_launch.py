@@ -2,7 +2,7 @@
 
 * Device: Triton launches on the current CUDA device and stream, not the tensors'
   (triton/runtime/jit.py); every launcher in `mempo.kernels` launches under
-  `mempo.ops._dispatch.launch_device`. On CPU (the interpreter) a recording stand-in for the guard
+  `mempo.kernels._launch.launch_device`. On CPU (the interpreter) a recording stand-in for the guard
   checks that every kernel the package defines is launched, and launched only inside the guard for
   its own tensors' device; the GPU tier runs the ops on cuda:1 while cuda:0 is current.
 * int64 offsets: the span-scatter kernel's `b * stride` over a [B, L] mask wraps in int32 once
@@ -17,7 +17,7 @@ from collections import Counter
 import pytest
 import torch
 
-from mempo.ops import _dispatch
+from mempo.kernels import _launch
 # From the submodules: once `mempo.ops.answer_logprob` (the module) is imported, the package attribute
 # of that name is the module, not the function.
 from mempo.ops.advantage import group_zscore, mempo_advantage
@@ -64,9 +64,9 @@ def run_every_op(device):
 
 
 def test_launch_device_is_the_tensors_device():
-    assert isinstance(_dispatch.launch_device(torch.zeros(2)), contextlib.nullcontext)
+    assert isinstance(_launch.launch_device(torch.zeros(2)), contextlib.nullcontext)
     with pytest.raises(ValueError, match="one device"):
-        _dispatch.launch_device(torch.zeros(2), torch.zeros(2, device="meta"))
+        _launch.launch_device(torch.zeros(2), torch.zeros(2, device="meta"))
 
 
 def test_every_kernel_launch_runs_under_the_launch_device_guard(monkeypatch, device):
@@ -99,7 +99,7 @@ def test_every_kernel_launch_runs_under_the_launch_device_guard(monkeypatch, dev
     assert len(kernels) >= 6  # row, hidden, combine, segment, group z-score, span scatter
     for module, name in kernels:
         monkeypatch.setattr(module, name, Recorder(f"{module.__name__}.{name}", getattr(module, name)))
-    monkeypatch.setattr(_dispatch, "launch_device", recording_guard)
+    monkeypatch.setattr(_launch, "launch_device", recording_guard)
     run_every_op(device)
     assert set(launched) == {f"{m.__name__}.{n}" for m, n in kernels}, launched
     assert not guards
