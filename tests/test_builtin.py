@@ -84,7 +84,8 @@ def test_scaffold_makes_well_formed_trajectories_from_context_strings(world, tok
     scaffold is built without any episode and never holds a gold answer it was not shown."""
     from mempo.env.retriever import BM25Retriever
     from mempo.env.tools import make_tools
-    from mempo.rollout import RolloutConfig, RolloutEngine
+    from mempo.config import RolloutConfig
+    from mempo.rollout.loop import RolloutEngine
 
     torch.set_num_threads(1)
     episodes = world.episodes(2, 2, seed=0)

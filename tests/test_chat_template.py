@@ -73,7 +73,7 @@ def test_training_sft_and_eval_read_the_config_choice(tmp_path, qwen3_tok):
     from mempo.env.oracle import run_oracle
     from mempo.env.build import build_tools, build_world
     from mempo.eval import eval_episodes, eval_rollout_config, evaluate
-    from mempo.rollout import RolloutEngine
+    from mempo.rollout.loop import RolloutEngine
     from mempo.rollout.backends import HFBackend
     from mempo.train.sft import run_sft
     from test_rollout_fixtures import tiny_qwen2

@@ -10,18 +10,17 @@ import threading
 
 import pytest
 
-from mempo.config import MempoConfig
+from mempo.config import MempoConfig, RolloutConfig
 from mempo.env.client import HTTPRetriever
 from mempo.env.server import RetrieverServer
 from mempo.env.tools import make_tools
 from mempo.eval import eval_rollout_config
 from mempo.protocol.memory import AgentMemory
 from mempo.protocol.reward import compute_score
-from mempo.rollout import (
-    ChatFormat, RolloutConfig, RolloutEngine, ScriptedBackend, Trajectory, read_trajectories_jsonl, round_script,
-    write_trajectories_jsonl,
-)
-from mempo.rollout.backends import RequestKey, TokenBytes
+from mempo.rollout.backends import RequestKey, ScriptedBackend, TokenBytes, round_script
+from mempo.rollout.chat import ChatFormat
+from mempo.rollout.loop import RolloutEngine
+from mempo.rollout.trajectory import Trajectory, read_trajectories_jsonl, write_trajectories_jsonl
 from mempo.rollout.chat import render_builtin
 from test_rollout_fixtures import chat_tokenizer, needle_scripts, needle_task, raw_tokenizer
 

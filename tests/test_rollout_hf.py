@@ -6,10 +6,12 @@ import pytest
 import torch
 
 from mempo.protocol.memory import AgentMemory
-from mempo.rollout import (
-    HFBackend, RolloutConfig, RolloutEngine, ScriptedBackend, round_script, round_training_inputs,
+from mempo.config import RolloutConfig
+from mempo.rollout.backends import (
+    GenerationRequest, HFBackend, SamplingParams, ScriptedBackend, cut_round, round_script,
 )
-from mempo.rollout.backends import GenerationRequest, SamplingParams, cut_round
+from mempo.rollout.loop import RolloutEngine
+from mempo.rollout.trajectory import round_training_inputs
 from test_rollout import merged_closer
 from test_rollout_fixtures import chat_tokenizer, identity_weights, needle_scripts, needle_task, tiny_qwen2
 

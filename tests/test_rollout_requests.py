@@ -9,7 +9,9 @@ from mempo.algo.advantages import advantage_inputs
 from mempo.algo.contexts import DEFAULT_ANSWER_TEMPLATE, ScoredRound, ScoringRequest, ScoringResult, scoring_requests
 from mempo.algo.memory_reward import attach_memory_rewards, memory_rewards
 from mempo.ops import mempo_advantage
-from mempo.rollout import RolloutConfig, RolloutEngine, ScriptedBackend, round_script
+from mempo.config import RolloutConfig
+from mempo.rollout.backends import ScriptedBackend, round_script
+from mempo.rollout.loop import RolloutEngine
 from test_rollout_fixtures import chat_tokenizer, needle_scripts, needle_task
 
 ANSWER_PREFIX = "\n<think>\nI know it.\n</think>\n<answer>\n"

@@ -18,8 +18,9 @@ if not torch.cuda.is_available():
     pytest.skip("SGLangBackend needs a CUDA device; this machine has none (GPU tier)", allow_module_level=True)
 pytest.importorskip("sglang", reason="SGLangBackend needs the 'sglang' package (GPU install: pip install sglang)")
 
-from mempo.rollout import RolloutConfig, RolloutEngine, SGLangBackend  # noqa: E402
-from mempo.rollout.backends import GenerationRequest, SamplingParams, cut_round  # noqa: E402
+from mempo.config import RolloutConfig  # noqa: E402
+from mempo.rollout.backends import GenerationRequest, SGLangBackend, SamplingParams, cut_round  # noqa: E402
+from mempo.rollout.loop import RolloutEngine  # noqa: E402
 from test_rollout_fixtures import chat_tokenizer, identity_weights, needle_task, tiny_qwen2  # noqa: E402
 
 
