@@ -13,10 +13,11 @@ import threading
 
 import pytest
 
+from mempo.env.build import available_retrievers, make_retriever
 from mempo.env.corpus import CorpusError, Document, corpus_fingerprint, load_corpus, write_corpus
 from mempo.env.retriever import (
     BM25Retriever, DenseRetriever, DocumentNotFoundError, InvalidRequestError, PageOutOfRangeError, Tokenizer,
-    available_retrievers, load_or_build_bm25, make_retriever, s_stem,
+    load_or_build_bm25, s_stem,
 )
 
 # ------------------------------------------------------------------------------------------------
