@@ -9,6 +9,7 @@ from mempo.model.builtin import default_corpus_texts, tiny_model, train_tokenize
 from mempo.rollout.chat import ChatFormat
 from mempo.config import config_from_dict
 from mempo.train.sft import examples_from_trajectories, load_sft_records, run_sft
+from support.paths import REPO
 
 
 def _sft(model, tok, trajectories, *, seed=0, save_every=0, keep_last=None, checkpoint_root=None, resume_from=None,
@@ -153,12 +154,10 @@ def test_cli_sft_resume(tmp_path):
     import os
     import subprocess
     import sys
-    from pathlib import Path
-
     from mempo.train.checkpoint import latest_checkpoint
     from mempo.train.logging import read_metrics
 
-    config = Path(__file__).resolve().parents[1] / "configs" / "tiny.yaml"
+    config = REPO / "configs" / "tiny.yaml"
     out = tmp_path / "run"
     env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
 
@@ -214,13 +213,11 @@ def test_bad_sft_files_name_the_file_and_line(tmp_path, content, message):
 
 def test_sft_flags_set_the_sft_section(tmp_path):
     """`mempo sft` flags are shorthands for ``sft`` fields, applied after the config and the overrides."""
-    from pathlib import Path
-
     from mempo.apps.cli import build_parser
     from mempo.apps.train_commands import SFT_FLAGS, _run_config
     from mempo.config import ConfigError
 
-    tiny = str(Path(__file__).resolve().parents[1] / "configs" / "tiny.yaml")
+    tiny = str(REPO / "configs" / "tiny.yaml")
     parse = build_parser().parse_args
     cfg = _run_config(parse(["sft", "--config", tiny, "--out", str(tmp_path), "--steps", "3", "--lr", "0.01",
                              "--trajectories", "t.jsonl", "sft.lr=0.5", "sft.schedule=cosine"]), SFT_FLAGS)
@@ -238,21 +235,23 @@ def test_sft_oracle_data_by_training_episodes_or_by_objectives(tmp_path):
     """`mempo sft` without a trajectories file: the first ``sft.episodes`` training episodes (every
     trajectory kept), or with ``sft.objectives`` the demo's cold start (`oracle_cold_start`: per k,
     questions held out from the evaluation, correct trajectories only)."""
-    from pathlib import Path
-
     from mempo.apps.train_commands import _oracle_records
     from mempo.config import ConfigError, load_config
     from mempo.env.data import parse_episode_prompt
     from mempo.eval import eval_episodes
     from mempo.train.trainer import build_run
 
-    tiny = Path(__file__).resolve().parents[1] / "configs" / "tiny.yaml"
+    tiny = REPO / "configs" / "tiny.yaml"
     base = ["trainer.tensorboard=false", "trainer.progress=false", f"trainer.out_dir={tmp_path}"]
     cfg = load_config(tiny, base + ["sft.episodes=3"])
     run = build_run(cfg)
     records, source = _oracle_records(cfg, run)
     assert [r.episode_id for r in records] == [e.id for e in run.episodes[:3]] and source == "oracle on 3 episodes"
     assert all(r.policy == cfg.rollout.context_policy for r in records)
+    # the tools are the env section's (`mempo.env.build.build_tools`), as in train and eval
+    records, _ = _oracle_records(load_config(tiny, base + ["sft.episodes=3", "env.topk=2"]), run)
+    searches = [rnd for r in records for rnd in r.rounds if rnd.tool_kind == "search_results" and rnd.tool_ok]
+    assert searches and all(rnd.tool_metadata["topk"] == 2 for rnd in searches)
 
     by_k = load_config(tiny, base + ["sft.episodes=4", "sft.objectives=[1,2]", "sft.oracle_think=short",
                                      "eval.objectives=[1,2]", "eval.episodes=6"])  # what is held out
