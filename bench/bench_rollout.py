@@ -27,8 +27,8 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from _corpus import make_corpus  # noqa: E402
-from test_rollout_fixtures import chat_tokenizer, needle_task, tiny_qwen2  # noqa: E402
+from support.corpus import make_corpus  # noqa: E402
+from support.rollout_fixtures import chat_tokenizer, needle_task, tiny_qwen2  # noqa: E402
 
 from mempo.env.retriever import BM25Retriever  # noqa: E402
 from mempo.config import RolloutConfig  # noqa: E402

@@ -247,7 +247,7 @@ def _default_hidden_config(M, V, H, device, interpret: bool, dot_fp32: bool):
     """(block_m, block_v, block_h, num_splits, num_warps, num_stages) for the fused kernel.
 
     Fixed configs (no autotune). On sm_90, compiled ahead of time by tools/aot_kernels.py (Triton
-    3.9, ptxas -v; tests/test_kernels_aot.py fails on any spill): the bf16/fp16 config uses wgmma
+    3.9, ptxas -v; tests/tools/test_aot_kernels.py fails on any spill): the bf16/fp16 config uses wgmma
     at 127-128 registers per thread (255 when H is not a multiple of 16), the fp32 (IEEE, FMA) and
     mixed-dtype config 192-246 registers, none spilling. Larger tiles or 4 warps spilled when
     these were chosen."""

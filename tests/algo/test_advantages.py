@@ -10,7 +10,7 @@ import torch
 from mempo.algo.advantages import (AdvantageInputs, TokenAdvantages, advantage_inputs, group_has_variance,
                                    token_advantages)
 from mempo.ops import mempo_advantage
-from test_algo_contexts import trajectory
+from support.rollout_fixtures import trajectory
 
 EPS = 1e-6
 Z = 0.5 / (math.sqrt(0.5) + EPS)  # (1 - 0.5) / (std([1, 0]) + eps): an outcome of group "a" (unbiased std)

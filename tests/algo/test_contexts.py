@@ -3,19 +3,7 @@ import pytest
 
 from mempo.algo.contexts import (ScoredRound, ScoringRequest, build_answer, default_answer_builder, mem_ctx_ids,
                                  scored_round, scoring_requests)
-from mempo.rollout.trajectory import Round, Trajectory
-from test_rollout_fixtures import chat_tokenizer
-
-
-def trajectory(golds=("x",), second_mem=(5, 7)):
-    """prompt [1 2 3]; round 1 = response [0, 3) + tool [3, 5); round 2 = response [5, 10)."""
-    rounds = [Round(index=0, start=0, end=3, tool_end=5, full_end=3, mem_span=(0, 2)),
-              Round(index=1, start=5, end=10, tool_end=10, full_end=8, mem_span=second_mem)]
-    t = Trajectory(uid="q", sample_index=0, policy="full", prompt_ids=[1, 2, 3],
-                   response_ids=[10, 11, 12, 13, 14, 15, 16, 17, 18, 19], response_mask=[1, 1, 1, 0, 0, 1, 1, 1, 1, 1],
-                   rounds=rounds, finish_reason="answer", golds=list(golds))
-    t.validate()
-    return t
+from support.rollout_fixtures import chat_tokenizer, trajectory
 
 
 def test_the_two_contexts_of_a_scored_round():

@@ -5,7 +5,7 @@ import pytest
 
 from mempo.algo.contexts import ScoringResult
 from mempo.algo.memory_reward import attach_memory_rewards, memory_rewards
-from test_algo_contexts import trajectory
+from support.rollout_fixtures import trajectory
 
 
 def test_memory_reward_is_p_mem_minus_p_full():

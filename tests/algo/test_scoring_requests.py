@@ -12,7 +12,7 @@ from mempo.ops import mempo_advantage
 from mempo.config import RolloutConfig
 from mempo.rollout.backends import ScriptedBackend, round_script
 from mempo.rollout.loop import RolloutEngine
-from test_rollout_fixtures import chat_tokenizer, needle_scripts, needle_task
+from support.rollout_fixtures import chat_tokenizer, needle_scripts, needle_task
 
 ANSWER_PREFIX = "\n<think>\nI know it.\n</think>\n<answer>\n"
 ANSWER_SUFFIX = "\n</answer>"
@@ -100,7 +100,7 @@ def test_memory_rewards_reach_the_mem_tokens(batch):
 def test_end_to_end_with_the_scoring_module(batch):
     """rollout -> scoring_requests (default answer template) -> mempo.scoring -> rewards -> advantages."""
     from mempo.scoring import score_packed, score_reference
-    from test_rollout_fixtures import tiny_qwen2
+    from support.rollout_fixtures import tiny_qwen2
 
     tok, trajectories = batch
     requests = scoring_requests(trajectories, tok)
@@ -126,7 +126,7 @@ def test_scoring_methods_agree_on_rollout_trajectories(bm25):
     """Real trajectories from the agent loop: multi-objective answers, a trajectory cut at the turn
     limit, a round without memory. Reference, packed and cached scoring agree to 1e-5 (fp32)."""
     from mempo.scoring import score_cached, score_packed, score_reference
-    from test_rollout_fixtures import tiny_qwen2
+    from support.rollout_fixtures import tiny_qwen2
 
     tok = chat_tokenizer()
     two_hops = ["</mem><think>first objective</think><search>zebulon3</search>",

@@ -14,8 +14,9 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-TINY = str(ROOT / "configs" / "tiny.yaml")
+from support.paths import REPO
+
+TINY = str(REPO / "configs" / "tiny.yaml")
 FAST = ["trainer.tensorboard=false", "trainer.progress=false", "data.questions_per_step=1", "rollout.group_size=2"]
 
 

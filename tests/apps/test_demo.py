@@ -1,5 +1,4 @@
 """mempo.apps.demo: the configuration file equals the built-in one; a drastically reduced demo completes."""
-from pathlib import Path
 
 import pytest
 import yaml
@@ -8,18 +7,10 @@ pytest.importorskip("transformers")
 pytest.importorskip("matplotlib")
 
 from mempo.apps.demo import DEFAULT_CONFIG, load_demo_config
+from support.demo_smoke import SMOKE
+from support.paths import REPO
 
-REPO = Path(__file__).resolve().parents[1]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
-
-SMOKE = [
-    "data.world_documents=120", "demo.vocab_size=400", "demo.tokenizer_documents=60", "demo.model_size=tiny",
-    "demo.max_position_embeddings=2048", "sft.objectives=[1]", "sft.episodes=2", "sft.steps=1",
-    "sft.batch_tokens=2048", "demo.torch_threads=1",
-    "trainer.total_steps=1", "data.questions_per_step=1", "rollout.group_size=2", "rollout.max_turns=2",
-    "rollout.max_new_tokens_per_round=16", "rollout.max_response_tokens=512",
-    "eval.objectives=[2,4]", "eval.episodes=2", "eval.max_turns=2",
-]
 
 
 def test_config_file_equals_builtin_defaults():

@@ -7,15 +7,14 @@
 
 and checks that every model directory loads as a plain HF model, the final one whole (the FSDP2
 shards gathered) and trained (it differs from the SFT model), the metrics are finite, and no gold
-string reached generation in any process (tests/_gold_trace_site puts the instrumentation of
-tests/_gold_trace.py into every Python process of the run). Each stage is one `_cli` call on the
+string reached generation in any process (tests/support/gold_trace_site puts the instrumentation of
+tests/support/gold_trace.py into every Python process of the run). Each stage is one `_cli` call on the
 files made by `_user_files`; an evaluation stage on ``qa_eval.jsonl`` is one more such call.
 """
 import json
 import math
 import os
 import signal
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -23,9 +22,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from _gold_trace import read_records, summary, violations
+from support.dist import free_port
+from support.gold_trace import read_records, summary, violations
+from support.paths import SUPPORT, python_path_env
 
-TESTS = Path(__file__).resolve().parent
 CONFIG = """\
 data:
   source: files
@@ -61,12 +61,6 @@ eval:
 """
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _user_files(root: Path) -> dict[str, Path]:
     """What a user brings: a corpus, QA files, oracle trajectories for SFT, a config and an HF model."""
     from mempo.model.builtin import default_corpus_texts, tiny_model, train_tokenizer
@@ -100,12 +94,11 @@ def _user_files(root: Path) -> dict[str, Path]:
 
 def _cli(args: list[str], cwd: Path, trace: str, *, nproc: int = 1, timeout: int = 150) -> str:
     """Run one `mempo` command (under torchrun when nproc > 1) with the gold trace installed."""
-    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo",
-               MASTER_ADDR="127.0.0.1", MEMPO_TEST_GOLD_TRACE=trace,
-               PYTHONPATH=os.pathsep.join([str(TESTS / "_gold_trace_site"), os.environ.get("PYTHONPATH", "")]))
+    env = python_path_env(dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo",
+                               MASTER_ADDR="127.0.0.1", MEMPO_TEST_GOLD_TRACE=trace), SUPPORT / "gold_trace_site")
     launcher = [sys.executable, "-m", "mempo.apps.cli"] if nproc == 1 else [
         sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", "--nnodes=1",
-        "--master_addr=127.0.0.1", f"--master_port={_free_port()}", "-m", "mempo.apps.cli"]
+        "--master_addr=127.0.0.1", f"--master_port={free_port()}", "-m", "mempo.apps.cli"]
     proc = subprocess.Popen(launcher + args, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, start_new_session=True)
     try:

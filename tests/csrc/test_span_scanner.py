@@ -1,19 +1,20 @@
 """The C++ side on its own: configure, build and run ctest (unit tests + fuzz smoke test).
 
-Uses build-ctest/ at the repository root (git-ignored, reused between runs, so a rebuild is
-incremental). Skipped with a reason when cmake or a C++ compiler is missing.
+Builds in build-ctest/ at the repository root (git-ignored, reused between runs, so a rebuild is
+incremental); every path is absolute and the commands run in tmp_path. Skipped with a reason when
+cmake or a C++ compiler is missing.
 """
 import shutil
 import subprocess
-from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+from support.paths import REPO
 
 
-def _run(args, timeout):
-    result = subprocess.run(args, cwd=REPO, capture_output=True, text=True, timeout=timeout)
+
+def _run(args, cwd, timeout):
+    result = subprocess.run(args, cwd=cwd, capture_output=True, text=True, timeout=timeout)
     assert result.returncode == 0, f"{' '.join(args)} failed:\n{result.stdout}\n{result.stderr}"
     return result.stdout
 
@@ -23,9 +24,9 @@ def _run(args, timeout):
     shutil.which("c++") is None and shutil.which("g++") is None and shutil.which("clang++") is None,
     reason="no C++ compiler on PATH",
 )
-def test_ctest_unit_tests_and_fuzz_smoke():
-    build = "build-ctest"
-    _run(["cmake", "-S", ".", "-B", build], timeout=120)
-    _run(["cmake", "--build", build, "-j2"], timeout=300)
-    out = _run(["ctest", "--test-dir", build, "--output-on-failure"], timeout=120)
+def test_ctest_unit_tests_and_fuzz_smoke(tmp_path):
+    build = str(REPO / "build-ctest")
+    _run(["cmake", "-S", str(REPO), "-B", build], tmp_path, timeout=120)
+    _run(["cmake", "--build", build, "-j2"], tmp_path, timeout=300)
+    out = _run(["ctest", "--test-dir", build, "--output-on-failure"], tmp_path, timeout=120)
     assert "100% tests passed" in out

@@ -2,7 +2,7 @@
 and the dense retriever's logic (with a deterministic fake encoder; the sentence-transformers path
 skips when that extra is not installed).
 
-The small generated corpus shared with the server and tool tests lives in tests/_corpus.py.
+The small generated corpus shared with the server and tool tests lives in tests/support/corpus.py.
 """
 import hashlib
 import json

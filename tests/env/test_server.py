@@ -18,7 +18,6 @@ import tempfile
 import sys
 import threading
 import time
-from pathlib import Path
 
 import pytest
 
@@ -33,7 +32,6 @@ from mempo.env.server import RetrieverServer, create_app, is_loopback
 from mempo.env.tools import SearchTool
 
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")

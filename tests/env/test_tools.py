@@ -11,7 +11,7 @@ from mempo.env.server import RetrieverServer
 from mempo.env.tools import (
     AccessTool, SearchTool, ToolResult, available_tools, make_tool, make_tools, parse_access_argument,
 )
-from _corpus import LONG_DOC_CHARS
+from support.corpus import LONG_DOC_CHARS
 
 
 @pytest.fixture(scope="module")

@@ -10,8 +10,6 @@
   interpreter compute exactly that offset.
 """
 import contextlib
-import importlib
-import pkgutil
 from collections import Counter
 
 import pytest
@@ -22,23 +20,9 @@ from mempo.kernels import _launch
 # of that name is the module, not the function.
 from mempo.ops.advantage import group_zscore, mempo_advantage
 from mempo.ops.answer_logprob import answer_logprob, answer_logprob_from_hidden
+from support.triton_kernels import kernel_objects
 
 HAS_CUDA = torch.cuda.is_available()
-
-
-def kernel_objects():
-    """(module, attribute name) of every Triton kernel in the `mempo.kernels` package."""
-    import mempo.kernels
-    from triton.runtime.interpreter import InterpretedFunction
-    from triton.runtime.jit import JITFunction
-
-    found = []
-    for info in pkgutil.iter_modules(mempo.kernels.__path__):
-        module = importlib.import_module(f"mempo.kernels.{info.name}")
-        for name, value in vars(module).items():
-            if isinstance(value, (JITFunction, InterpretedFunction)):
-                found.append((module, name))
-    return found
 
 
 def run_every_op(device):

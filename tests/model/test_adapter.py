@@ -5,7 +5,7 @@ import torch
 
 from mempo.model.adapter import (SelectiveLogits, cache_keyword, check_dense_mask_support, decoder_and_head,
                                  exact_decoder_and_head, head_matches_logits, inference, uses_flash_attention)
-from test_rollout_fixtures import tiny_qwen2
+from support.rollout_fixtures import tiny_qwen2
 
 pytest.importorskip("transformers")
 

@@ -2,50 +2,25 @@
 
 Under torchrun the actor is FSDP2-sharded; `export_model` gathers the full weights and rank 0
 writes them. The 2-process run (gloo) is compared with one process on all rows (the same update,
-tests/test_actor.py): its written weights load back equal to the shards every rank trained, hold
+tests/train/test_actor.py): its written weights load back equal to the shards every rank trained, hold
 as many elements as the model has parameters, and equal the 1-process run's weights.
 """
 import json
-import os
-import signal
-import socket
-import subprocess
-import sys
-from pathlib import Path
 
-import pytest
 import torch
 
-from _dist_export_worker import run
+from support.dist import torchrun
+from support.dist_export_worker import run
+from support.paths import SUPPORT
 from mempo.model.export import PROVENANCE_FILE, export_model, full_state_dict, save_model_dir
 
-WORKER = Path(__file__).with_name("_dist_export_worker.py")
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _torchrun(out_dir: Path, nproc: int = 2, timeout: int = 150) -> None:
-    env = dict(os.environ, GLOO_SOCKET_IFNAME="lo", MASTER_ADDR="127.0.0.1", OMP_NUM_THREADS="1")
-    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", "--nnodes=1",
-           "--master_addr=127.0.0.1", f"--master_port={_free_port()}", str(WORKER), str(out_dir)]
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        output, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.communicate()
-        pytest.fail("the 2-process export run timed out")
-    assert proc.returncode == 0, output.decode(errors="replace")[-4000:]
+WORKER = SUPPORT / "dist_export_worker.py"
 
 
 def test_two_process_export_holds_the_full_trained_weights(tmp_path):
     from transformers import AutoModelForCausalLM
 
-    _torchrun(tmp_path / "two")
+    torchrun(WORKER, tmp_path / "two", what="the 2-process export run")
     two = json.loads((tmp_path / "two" / "result.json").read_text())
     one = run(tmp_path / "one")
     assert two["world"] == 2 and one["world"] == 1

@@ -1,7 +1,7 @@
 """Span scanner (`mempo.ops.spans`): hand-written trajectories, input forms, validation, SpanBatch.
 
 The large randomised comparison with the Python reference is in test_spans_differential.py; the
-C++ unit tests and fuzz smoke test run through ctest in test_spans_native.py.
+C++ unit tests and fuzz smoke test run through ctest in tests/csrc/test_span_scanner.py.
 """
 import random
 import subprocess
@@ -11,19 +11,19 @@ import numpy as np
 import pytest
 import torch
 
-import _tokenizers
+from support import toy_tokenizers
 from mempo.ops.reference.spans import find_spans_reference
 from mempo.ops.spans import TAGS, Span, SpanBatch, TokenTable, find_spans, marker_strings
 
 
 @pytest.fixture(scope="module")
 def byte_tok():
-    return _tokenizers.byte_level_tokenizer()
+    return toy_tokenizers.byte_level_tokenizer()
 
 
 @pytest.fixture(scope="module")
 def special_tok():
-    return _tokenizers.special_tag_tokenizer()
+    return toy_tokenizers.special_tag_tokenizer()
 
 
 # A vocabulary written by hand: ids 0-11 are the markers in marker-code order, then some words.
@@ -145,8 +145,8 @@ def test_fast_path_equals_byte_path_on_special_token_tokenizer(special_tok):
     marker_ids = [special_tok.token_to_id(m) for m in marker_strings()]
     assert list(fast.marker_token_ids) == marker_ids
     rng = random.Random(3)
-    texts = [_tokenizers.random_text(rng) for _ in range(500)]
-    texts += [_tokenizers.well_formed_trajectory(rng, 4) for _ in range(100)]
+    texts = [toy_tokenizers.random_text(rng) for _ in range(500)]
+    texts += [toy_tokenizers.well_formed_trajectory(rng, 4) for _ in range(100)]
     ids = [e.ids for e in special_tok.encode_batch(texts)]
     assert find_spans(ids, fast).to_lists() == find_spans(ids, forced_bytes).to_lists()
 
@@ -233,13 +233,13 @@ def test_tokenizer_without_byte_level_decoder_uses_decode_per_id(byte_tok):
     table = TokenTable.from_tokenizer(plain)
     assert table.source == "decode_per_id"
     rng = random.Random(17)
-    ids = [e.ids for e in plain.encode_batch([_tokenizers.random_text(rng) for _ in range(200)])]
+    ids = [e.ids for e in plain.encode_batch([toy_tokenizers.random_text(rng) for _ in range(200)])]
     assert find_spans(ids, plain).to_lists() == find_spans_reference(ids, plain)
 
 
 def test_table_bytes_equal_the_tokenizer_decode(byte_tok, special_tok):
     rng = random.Random(11)
-    texts = [_tokenizers.random_text(rng) for _ in range(300)]
+    texts = [toy_tokenizers.random_text(rng) for _ in range(300)]
     for tok in (byte_tok, special_tok):
         table = TokenTable.from_tokenizer(tok)
         for encoding, text in zip(tok.encode_batch(texts), texts):
@@ -253,7 +253,7 @@ def test_table_bytes_equal_the_tokenizer_decode(byte_tok, special_tok):
 @pytest.fixture(scope="module")
 def sample_ids(byte_tok):
     rng = random.Random(5)
-    texts = [_tokenizers.random_text(rng) for _ in range(200)] + ["", "<mem>", ""]
+    texts = [toy_tokenizers.random_text(rng) for _ in range(200)] + ["", "<mem>", ""]
     return [e.ids for e in byte_tok.encode_batch(texts)]
 
 

@@ -6,7 +6,7 @@ import random
 import numpy as np
 import pytest
 
-import _tokenizers
+from support import toy_tokenizers
 from mempo import _scanner
 from mempo.ops.reference.spans import blocks_of_text_reference, find_spans_reference
 from mempo.ops.spans import TokenTable, find_spans
@@ -17,13 +17,13 @@ NUM_TEXTS = 10_000
 @pytest.fixture(scope="module")
 def texts():
     rng = random.Random(20260301)
-    return [_tokenizers.random_text(rng) for _ in range(NUM_TEXTS)]
+    return [toy_tokenizers.random_text(rng) for _ in range(NUM_TEXTS)]
 
 
 TOKENIZERS = {
-    "byte_level": _tokenizers.byte_level_tokenizer,
-    "special_tags": _tokenizers.special_tag_tokenizer,
-    "whole_text": _tokenizers.whole_text_tokenizer,
+    "byte_level": toy_tokenizers.byte_level_tokenizer,
+    "special_tags": toy_tokenizers.special_tag_tokenizer,
+    "whole_text": toy_tokenizers.whole_text_tokenizer,
 }
 
 
@@ -83,7 +83,7 @@ def test_block_structure_does_not_depend_on_the_tokenizer(encoded):
 
 
 def test_table_bytes_joined_equal_decode(texts, encoded):
-    tokenizer = _tokenizers.byte_level_tokenizer()
+    tokenizer = toy_tokenizers.byte_level_tokenizer()
     table = TokenTable.from_tokenizer(tokenizer)
     decoded = tokenizer.decode_batch(encoded["byte_level"])
     # The table's bytes, joined, are exactly the tokenizer's own decode (and the original text).
@@ -122,7 +122,7 @@ def test_random_id_sequences(name):
 
 def test_raw_bytes_grammar_matches_reference():
     rng = random.Random(13)
-    alphabet = [m.encode() for m in _tokenizers.MARKERS] + [
+    alphabet = [m.encode() for m in toy_tokenizers.MARKERS] + [
         b"<", b">", b"/", b"mem", b"answer", b"information", b"x", b" ", b"\n", b"\xff", b"<<",
     ]
     for _ in range(5000):

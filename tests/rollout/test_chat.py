@@ -11,7 +11,7 @@ import pytest
 
 from mempo.rollout.chat import PROBE_ASSISTANT, ChatFormat, ChatTemplateError, render_builtin
 from mempo.config import load_config
-from test_rollout_fixtures import chat_tokenizer
+from support.rollout_fixtures import chat_tokenizer
 
 QWEN3_LIKE = (
     "{%- set ns = namespace(last_user=-1) %}"
@@ -76,7 +76,7 @@ def test_training_sft_and_eval_read_the_config_choice(tmp_path, qwen3_tok):
     from mempo.rollout.loop import RolloutEngine
     from mempo.rollout.backends import HFBackend
     from mempo.train.sft import run_sft
-    from test_rollout_fixtures import tiny_qwen2
+    from support.rollout_fixtures import tiny_qwen2
 
     torch.set_num_threads(1)
     model = tiny_qwen2(len(qwen3_tok), seed=0)

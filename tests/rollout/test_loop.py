@@ -4,7 +4,7 @@ retriever, token-in/token-out, serialisation.
 
 The scripted backend replays oracle-like round texts (tokenised with the test tokenizer, or as
 deliberately non-canonical id sequences) so the loop runs deterministically; the retriever is the
-shared BM25 fixture over `tests/_corpus.py` (`needle-i` holds the unique word `zebulon<i>`).
+shared BM25 fixture over `tests/support/corpus.py` (`needle-i` holds the unique word `zebulon<i>`).
 """
 import threading
 
@@ -17,12 +17,12 @@ from mempo.env.tools import make_tools
 from mempo.eval import eval_rollout_config
 from mempo.protocol.memory import AgentMemory
 from mempo.protocol.reward import compute_score
-from mempo.rollout.backends import RequestKey, ScriptedBackend, TokenBytes, round_script
+from mempo.rollout.backends import RequestKey, ScriptedBackend, round_script
 from mempo.rollout.chat import ChatFormat
 from mempo.rollout.loop import RolloutEngine
 from mempo.rollout.trajectory import Trajectory, read_trajectories_jsonl, write_trajectories_jsonl
 from mempo.rollout.chat import render_builtin
-from test_rollout_fixtures import chat_tokenizer, needle_scripts, needle_task, raw_tokenizer
+from support.rollout_fixtures import chat_tokenizer, merged_closer, needle_scripts, needle_task, raw_tokenizer
 
 
 @pytest.fixture(scope="module")
@@ -167,16 +167,6 @@ def test_generated_ids_are_stored_as_generated(tok, bm25):
             assert stored == raw
             # re-tokenising the text would give different ids: a loop that did so fails above
             assert tok.encode(tok.decode(raw), add_special_tokens=False) != raw
-
-
-def merged_closer(tok):
-    """(id, bytes) of a vocabulary token that starts with '>' and continues (e.g. '>\\n'), so that
-    `</search` + it completes the marker with trailing characters in one token."""
-    pieces = TokenBytes.of(tok).pieces
-    for token_id, piece in enumerate(pieces):
-        if piece.startswith(b">") and len(piece) > 1 and b"<" not in piece:
-            return token_id, piece
-    raise AssertionError("no merged '>' token in the test vocabulary")
 
 
 def test_overgenerating_backend_is_cut_after_the_token_closing_the_action(tok, bm25):

@@ -1,8 +1,9 @@
-"""The distributed export, shared by the 1-process and 2-process tests (tests/test_export.py).
+"""The distributed export, shared by the 1-process and 2-process tests (tests/model/test_export.py).
 
-``torchrun --nproc_per_node=2 tests/_dist_export_worker.py OUT_DIR`` trains the tiny model of
-`_dist_worker` for two steps, every rank on its own rows (FSDP2 on gloo), exports it with
-`mempo.model.export.export_model` to ``OUT_DIR/model`` (what ``mempo train`` does at the end), and
+``torchrun --nproc_per_node=2 tests/support/dist_export_worker.py OUT_DIR`` (tests/ on PYTHONPATH)
+trains the tiny model of `support.dist_worker` for two steps, every rank on its own rows (FSDP2 on
+gloo), exports it with `mempo.model.export.export_model` to ``OUT_DIR/model`` (what ``mempo train``
+does at the end), and
 then every rank loads the directory back and compares, parameter by parameter, the shard it holds
 with the same shard of the loaded full tensor (`distribute_tensor` with the parameter's own
 placements): a check of the written weights that does not go through the gather being tested.
@@ -18,8 +19,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from _dist_worker import ROWS, _local, _step, actor_config, make_batch, make_model
-from mempo.train.actor import Actor, init_distributed, shutdown_distributed
+from support.dist_worker import ROWS, _step, setup_rank
+from mempo.train.actor import shutdown_distributed
 from mempo.model.export import export_model
 
 
@@ -36,14 +37,7 @@ def run(out_dir) -> dict:
     from transformers import AutoModelForCausalLM
 
     out_dir = Path(out_dir)
-    info = init_distributed()
-    rank, world = info.rank, info.world_size
-    full_batch, full_advantages = make_batch()
-    batch = {k: _local(v, rank, world) for k, v in full_batch.items()}
-    advantages = _local(full_advantages, rank, world)
-    actor = Actor(make_model(0), actor_config())
-    ref = actor.compute_log_probs(batch["input_ids"], batch["attention_mask"],
-                                  response_mask=batch["response_mask"]).log_probs
+    rank, world, actor, batch, advantages, ref = setup_rank()
     for _ in range(2):
         _step(actor, batch, advantages, ref)
     export_model(actor.module, None, out_dir / "model", provenance={"rows": ROWS})

@@ -1,6 +1,6 @@
 """A data-parallel training run of the tiny model, shared by the 1-process and 2-process actor tests.
 
-``torchrun --nproc_per_node=2 tests/_dist_worker.py OUT_DIR`` runs it on 2 ranks (FSDP2 on gloo);
+``torchrun --nproc_per_node=2 tests/support/dist_worker.py OUT_DIR`` runs it on 2 ranks (FSDP2 on gloo);
 `run(out_dir)` in a plain process runs it on one. Every rank trains on its own rows (rank r: rows
 r, r + W, ...) of the same batch: 2 steps of (old log-probs, ppo_epochs=2 update with KL to the
 initial policy), saves a checkpoint, takes a third step; then a freshly built actor loads the
@@ -11,6 +11,7 @@ loss tokens), so rank 0 also runs a zero-weighted one.
 import json
 import sys
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 
@@ -61,8 +62,20 @@ def _step(actor, batch, advantages, ref):
     return actor.update(batch, advantages, old.log_probs, ref)
 
 
-def run(out_dir) -> dict:
-    out_dir = Path(out_dir)
+class RankRun(NamedTuple):
+    """This rank's part of the run: its rows of the batch, their advantages, the actor on model 0
+    and the reference log-probs."""
+
+    rank: int
+    world: int
+    actor: Actor
+    batch: dict
+    advantages: torch.Tensor
+    ref: torch.Tensor
+
+
+def setup_rank() -> RankRun:
+    """Join the process group (a plain process: world 1) and build this rank's part of the run."""
     info = init_distributed()
     rank, world = info.rank, info.world_size
     full_batch, full_advantages = make_batch()
@@ -71,6 +84,12 @@ def run(out_dir) -> dict:
     actor = Actor(make_model(0), actor_config())
     ref = actor.compute_log_probs(batch["input_ids"], batch["attention_mask"],
                                   response_mask=batch["response_mask"]).log_probs
+    return RankRun(rank, world, actor, batch, advantages, ref)
+
+
+def run(out_dir) -> dict:
+    out_dir = Path(out_dir)
+    rank, world, actor, batch, advantages, ref = setup_rank()
     metrics = [_step(actor, batch, advantages, ref) for _ in range(2)]
     save_checkpoint(out_dir / "ckpt", 2, actor.module, actor.optimizer, data_state={"rows": ROWS})
     third = _step(actor, batch, advantages, ref)

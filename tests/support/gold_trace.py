@@ -21,7 +21,7 @@ of every task run (golds that occur in some task's question are task input and n
   integer sequence, found in a logits processor's state must occur in the text read in the same
   chunk's prompts (their tool results and generated turns).
 
-`write_sink(path)` appends records as JSON lines (for subprocesses: `_gold_trace_site/sitecustomize.py`
+`write_sink(path)` appends records as JSON lines (for subprocesses: `support/gold_trace_site/sitecustomize.py`
 installs it when ``MEMPO_TEST_GOLD_TRACE`` names a path prefix); `read_records(prefix)` reads them.
 """
 from __future__ import annotations

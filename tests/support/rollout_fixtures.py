@@ -1,4 +1,4 @@
-"""Shared helpers for the rollout tests (no tests here): tokenizers, a tiny random Qwen2, scripts.
+"""Shared helpers for the rollout and algo tests: tokenizers, a tiny random Qwen2, scripts.
 
 * `chat_tokenizer()`: the span tests' byte-level BPE (~800 ids, trained on protocol-like text) plus
   `<|im_start|>`/`<|im_end|>` as special tokens, wrapped as a transformers fast tokenizer with a
@@ -7,10 +7,15 @@
 * `tiny_qwen2(vocab_size, seed)`: a random 2-layer, 64-wide Qwen2 causal LM (float32, eval mode).
 * `needle_scripts(...)`: oracle-like round texts over the shared test corpus (`needle-i` documents
   hold the unique word `zebulon<i>`, title "Needle i").
+* `merged_closer(tok)`: a vocabulary token that closes an action marker and continues.
+* `trajectory(...)`: a hand-made two-round `Trajectory` (the algo tests).
 """
 from __future__ import annotations
 
 import functools
+
+from mempo.rollout.backends import TokenBytes
+from mempo.rollout.trajectory import Round, Trajectory
 
 CHATML_TEMPLATE = (
     "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
@@ -22,7 +27,7 @@ CHATML_TEMPLATE = (
 def raw_tokenizer():
     from tokenizers import Tokenizer
 
-    from _tokenizers import byte_level_tokenizer
+    from support.toy_tokenizers import byte_level_tokenizer
 
     tokenizer = Tokenizer.from_str(byte_level_tokenizer().to_str())
     tokenizer.add_special_tokens(["<|im_start|>", "<|im_end|>"])
@@ -88,3 +93,24 @@ def identity_weights(model) -> dict:
         else:
             weights[name] = tensor.detach().clone()
     return weights
+
+
+def merged_closer(tok):
+    """(id, bytes) of a vocabulary token that starts with '>' and continues (e.g. '>\\n'), so that
+    `</search` + it completes the marker with trailing characters in one token."""
+    pieces = TokenBytes.of(tok).pieces
+    for token_id, piece in enumerate(pieces):
+        if piece.startswith(b">") and len(piece) > 1 and b"<" not in piece:
+            return token_id, piece
+    raise AssertionError("no merged '>' token in the test vocabulary")
+
+
+def trajectory(golds=("x",), second_mem=(5, 7)):
+    """prompt [1 2 3]; round 1 = response [0, 3) + tool [3, 5); round 2 = response [5, 10)."""
+    rounds = [Round(index=0, start=0, end=3, tool_end=5, full_end=3, mem_span=(0, 2)),
+              Round(index=1, start=5, end=10, tool_end=10, full_end=8, mem_span=second_mem)]
+    t = Trajectory(uid="q", sample_index=0, policy="full", prompt_ids=[1, 2, 3],
+                   response_ids=[10, 11, 12, 13, 14, 15, 16, 17, 18, 19], response_mask=[1, 1, 1, 0, 0, 1, 1, 1, 1, 1],
+                   rounds=rounds, finish_reason="answer", golds=list(golds))
+    t.validate()
+    return t

@@ -17,11 +17,12 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-TOOL = Path(__file__).resolve().parents[1] / "tools" / "aot_kernels.py"
+from support.paths import REPO
+
+TOOL = REPO / "tools" / "aot_kernels.py"
 
 
 @pytest.fixture(scope="session")
@@ -64,7 +65,7 @@ def test_no_variant_spills_registers(aot_report):
 def test_the_sweep_reaches_every_kernel_and_its_block_size_choices(aot_report):
     """Every kernel of `mempo.kernels` is launched by some op in the sweep, and the choices the
     launchers make (block sizes, flags, the fused config per dtype) each appear."""
-    from test_kernel_launch import kernel_objects
+    from support.triton_kernels import kernel_objects
 
     _, report = aot_report
     assert report is not None

@@ -12,12 +12,12 @@ import os
 import re
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
 
-REPO = Path(__file__).resolve().parents[1]
+from support.paths import REPO
+
 LINE = re.compile(r"^RESULT (\S+?)\.(\S+) (PASS|FAIL|SKIP|INFO)( \S+=\S+)*$")
 
 
@@ -34,7 +34,7 @@ def load_gpu_check():
 def test_plumbing_mode_runs_every_section_and_writes_the_report(tmp_path):
     gpu_check = load_gpu_check()
     env = dict(os.environ, OUT=str(tmp_path), PYTHON=sys.executable, MEMPO_GPU_CHECK_BUDGET="400")
-    done = subprocess.run(["bash", str(REPO / "tools" / "gpu_check.sh")], cwd=REPO, env=env, capture_output=True,
+    done = subprocess.run(["bash", str(REPO / "tools" / "gpu_check.sh")], cwd=tmp_path, env=env, capture_output=True,
                           text=True, timeout=600)
     output = done.stdout + done.stderr
     assert done.returncode == 0, output[-6000:]

@@ -1,26 +1,22 @@
 """mempo.train.actor: chunked log-probs, the micro-batched PPO update, and a 2-process FSDP2 run (gloo)."""
 import copy
 import json
-import os
-import signal
-import socket
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
 pytest.importorskip("transformers")
 
-from _dist_worker import make_batch, make_model, run  # noqa: E402
+from support.dist import torchrun  # noqa: E402
+from support.dist_worker import make_batch, make_model, run  # noqa: E402
+from support.paths import SUPPORT  # noqa: E402
 
 from mempo.train.actor import Actor, plan_micro_batches  # noqa: E402
 from mempo.train.checkpoint import load_checkpoint  # noqa: E402
 from mempo.config import ActorConfig  # noqa: E402
 from mempo.train.losses import entropy_from_logits  # noqa: E402
 
-WORKER = Path(__file__).with_name("_dist_worker.py")
+WORKER = SUPPORT / "dist_worker.py"
 
 
 def direct_log_probs(model, batch, temperature=1.0):
@@ -166,30 +162,10 @@ def test_state_dict_round_trip():
         assert torch.equal(a, b)
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _torchrun(out_dir: Path, nproc: int = 2, timeout: int = 150) -> None:
-    env = dict(os.environ, GLOO_SOCKET_IFNAME="lo", MASTER_ADDR="127.0.0.1", OMP_NUM_THREADS="1")
-    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", "--nnodes=1",
-           "--master_addr=127.0.0.1", f"--master_port={_free_port()}", str(WORKER), str(out_dir)]
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        output, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.communicate()
-        pytest.fail("the 2-process FSDP2 run timed out")
-    assert proc.returncode == 0, output.decode(errors="replace")[-4000:]
-
-
 def test_two_process_fsdp2_matches_single_process(tmp_path):
     """2 ranks (FSDP2, gloo), each on half of the rows, give the losses and parameters of one process
     on all rows; the sharded checkpoint loads into a plain model and resumes exactly."""
-    _torchrun(tmp_path / "two")
+    torchrun(WORKER, tmp_path / "two", what="the 2-process FSDP2 run")
     two = json.loads((tmp_path / "two" / "result.json").read_text())
     one = run(tmp_path / "one")
     assert two["world"] == 2 and one["world"] == 1 and two["loaded_step"] == 2

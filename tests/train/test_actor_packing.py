@@ -8,6 +8,8 @@ pytest.importorskip("transformers")
 from mempo.model.adapter import pack_rows, resolve_packing  # noqa: E402
 from mempo.train.actor import Actor, plan_micro_batches  # noqa: E402
 from mempo.config import ActorConfig, ConfigError  # noqa: E402
+from support.dist import torchrun  # noqa: E402
+from support.paths import SUPPORT  # noqa: E402
 
 VOCAB, LENGTH = 128, 20
 # (first, last) real-token column of each row: full, length 1 (right padded), left padded, right
@@ -224,17 +226,15 @@ def test_flash_attention_packed_matches_sdpa_padded_on_cuda(monkeypatch):
         assert m_flash[key] == pytest.approx(m_sdpa[key], rel=5e-2, abs=1e-2), key
 
 
-def test_two_process_fsdp2_packed_matches_single_process_padded(tmp_path, monkeypatch):
-    """`_dist_worker`'s run on 2 FSDP2 ranks (gloo) with packed micro-batches gives the metrics of
+def test_two_process_fsdp2_packed_matches_single_process_padded(tmp_path):
+    """`support.dist_worker`'s run on 2 FSDP2 ranks (gloo) with packed micro-batches gives the metrics of
     one padded process on all rows (its budget of 24 tokens now counts real tokens, so the ranks
     plan other micro-batches than the padded run)."""
     import json
 
-    import test_actor
-    from _dist_worker import run
+    from support.dist_worker import run
 
-    monkeypatch.setattr(test_actor, "WORKER", test_actor.WORKER.with_name("_dist_packing_worker.py"))
-    test_actor._torchrun(tmp_path / "two")
+    torchrun(SUPPORT / "dist_packing_worker.py", tmp_path / "two", what="the 2-process FSDP2 run")
     two = json.loads((tmp_path / "two" / "result.json").read_text())
     one = run(tmp_path / "one")
     assert two["world"] == 2 and one["world"] == 1

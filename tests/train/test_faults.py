@@ -27,9 +27,9 @@ import mempo.train.actor  # noqa: E402,F401
 import mempo.train.step  # noqa: E402,F401
 import mempo.train.trainer  # noqa: E402,F401
 from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM  # noqa: E402,F401
+from support.paths import REPO  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
-CONFIG = ROOT / "configs" / "tiny.yaml"
+CONFIG = REPO / "configs" / "tiny.yaml"
 # The fewest steps that exercise a fallback: checkpoints at steps 1 and 2, kills in the second save.
 TINY = ["data.questions_per_step=1", "rollout.group_size=2", "rollout.max_turns=2",
         "rollout.max_new_tokens_per_round=24", "data.world_entities=20", "trainer.tensorboard=false",

@@ -19,9 +19,9 @@ import pytest
 import torch
 
 from mempo.config import load_config
+from support.paths import REPO
 
-ROOT = Path(__file__).resolve().parents[1]
-CONFIG = ROOT / "configs" / "tiny.yaml"
+CONFIG = REPO / "configs" / "tiny.yaml"
 FAST = ["data.questions_per_step=2", "rollout.group_size=3", "trainer.tensorboard=false", "trainer.progress=false"]
 
 

@@ -12,8 +12,8 @@ from mempo.rollout.backends import (
 )
 from mempo.rollout.loop import RolloutEngine
 from mempo.rollout.trajectory import round_training_inputs
-from test_rollout import merged_closer
-from test_rollout_fixtures import chat_tokenizer, identity_weights, needle_scripts, needle_task, tiny_qwen2
+from support.rollout_fixtures import merged_closer
+from support.rollout_fixtures import chat_tokenizer, identity_weights, needle_scripts, needle_task, tiny_qwen2
 
 
 @pytest.fixture(scope="module")

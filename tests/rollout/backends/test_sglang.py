@@ -3,10 +3,10 @@
 A tiny random Qwen2 (2 layers, 256 wide, head dim 64) is saved to a temporary directory and served
 with ``skip_tokenizer_init=True``; token ids go in and come out. Weight sync is checked with weights
 under which the model greedily repeats its last input token (the same premise is checked on CPU
-with HFBackend in test_rollout_hf.py::test_sync_weights). The engine the trainer builds from the
+with HFBackend in tests/rollout/backends/test_hf.py::test_sync_weights). The engine the trainer builds from the
 config (`mempo.rollout.backends.factory`) is checked too: memory released after a rollout, weights
 loaded back through the update session. The same logic runs on CPU against a stand-in engine in
-tests/test_sglang_cpu.py.
+tests/rollout/backends/test_sglang_cpu.py.
 """
 import pytest
 
@@ -21,7 +21,7 @@ pytest.importorskip("sglang", reason="SGLangBackend needs the 'sglang' package (
 from mempo.config import RolloutConfig  # noqa: E402
 from mempo.rollout.backends import GenerationRequest, SGLangBackend, SamplingParams, cut_round  # noqa: E402
 from mempo.rollout.loop import RolloutEngine  # noqa: E402
-from test_rollout_fixtures import chat_tokenizer, identity_weights, needle_task, tiny_qwen2  # noqa: E402
+from support.rollout_fixtures import chat_tokenizer, identity_weights, needle_task, tiny_qwen2  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -2,27 +2,26 @@
 memory release around the trainer's stages, the server backend over HTTP, and the config factory.
 
 sglang itself cannot run here (it needs a CUDA GPU and is not installed): these tests run against
-the stand-ins of tests/_sglang_standin.py, which follow the API read in SGLang's source and
-generate with a real tiny Qwen2. The real engine is exercised by tests/test_rollout_sglang.py
+the stand-ins of tests/support/sglang_standin.py, which follow the API read in SGLang's source and
+generate with a real tiny Qwen2. The real engine is exercised by tests/rollout/backends/test_sglang.py
 (``gpu`` tier, skipped here with its reason).
 """
 import copy
-from pathlib import Path
 
 import pytest
 import torch
 
-from _sglang_standin import NO_SESSION, StandInEngine, StandInServer
+from support.sglang_standin import NO_SESSION, StandInEngine, StandInServer
 from mempo.rollout.backends import GenerationRequest, HFBackend, SamplingParams
 from mempo.rollout.backends.factory import build_backend, sglang_installed
 from mempo.rollout.backends.sglang import (
     SGLangBackend, SGLangError, SGLangServerBackend, check_status, weight_buckets,
 )
 from mempo.config import ConfigError, load_config
-from test_rollout_fixtures import chat_tokenizer, tiny_qwen2
+from support.rollout_fixtures import chat_tokenizer, tiny_qwen2
+from support.paths import REPO
 
-ROOT = Path(__file__).resolve().parents[1]
-TINY = ROOT / "configs" / "tiny.yaml"
+TINY = REPO / "configs" / "tiny.yaml"
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,7 @@ import pytest
 from mempo.protocol.grammar import find_blocks
 from mempo.rollout.backends import ActionStopScanner, TokenBytes, action_closing_token_ids, cut_round
 from mempo.protocol.tags import ACTION_TAGS
-from _tokenizers import byte_level_tokenizer, random_text, special_tag_tokenizer, whole_text_tokenizer
+from support.toy_tokenizers import byte_level_tokenizer, random_text, special_tag_tokenizer, whole_text_tokenizer
 
 
 def first_action_close(text: str):
