@@ -1,7 +1,8 @@
-"""Token economy of the memory context policy: prompt tokens per episode, memory vs full context.
+"""Token economy of the memory context policy (`mempo.protocol.memory`): prompt tokens per episode, memory vs
+full context.
 
-Run: .venv/bin/pytest bench/bench_token_economy.py --benchmark-only -s    (about 1 minute on 2 cores)
-     .venv/bin/python bench/bench_token_economy.py                         (same, prints the table)
+Run: .venv/bin/pytest bench/bench_memory.py --benchmark-only -s    (about 1 minute on 2 cores)
+     .venv/bin/python bench/bench_memory.py                         (same, prints the table)
      MEMPO_BENCH_TOKEN_EPISODES=5 ... (quick check)
 
 Setup: a synthetic world (`World.generate(seed=0, num_documents=20_000)`), BM25 over its corpus,

@@ -1,7 +1,7 @@
 """Retrieval benchmarks: BM25 index build, index size on disk, and queries/s at top-5 through the server.
 
-Run: pytest bench/bench_retrieval.py --benchmark-only      (about 2-3 minutes on 2 CPU cores)
-     MEMPO_BENCH_RETRIEVAL_DOCS=5000 pytest bench/bench_retrieval.py --benchmark-only   (quick check)
+Run: pytest bench/bench_retriever.py --benchmark-only      (about 2-3 minutes on 2 CPU cores)
+     MEMPO_BENCH_RETRIEVAL_DOCS=5000 pytest bench/bench_retriever.py --benchmark-only   (quick check)
 
 Corpus: `synthetic_corpus(100_000, seed=0)`: the documents of `mempo.env.world.World.generate(seed=0,
 num_documents=100_000)`: about 50,000 entity articles (people, cities, companies ... with their fact
@@ -87,7 +87,7 @@ def queries(corpus):
 @pytest.fixture(scope="module")
 def index_dir(corpus, tmp_path_factory):
     """The corpus written as jsonl and indexed once into a saved index directory."""
-    root = tmp_path_factory.mktemp("bench_retrieval")
+    root = tmp_path_factory.mktemp("bench_retriever")
     write_corpus(root / "corpus.jsonl", corpus)
     with BM25Retriever.build(corpus) as retriever:
         retriever.save(root / "index")
