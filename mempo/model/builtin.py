@@ -24,6 +24,10 @@ from __future__ import annotations
 
 from typing import Any, Iterable
 
+import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+
 __all__ = ["SIZES", "SPECIAL_TOKENS", "CHATML_TEMPLATE", "train_tokenizer", "default_corpus_texts", "tiny_model"]
 
 PAD_TOKEN = "<|endoftext|>"
@@ -56,9 +60,6 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int = 1024, *, min_frequen
 
     vocab_size: the target size including the 256 byte tokens and the special tokens.
     """
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
     if vocab_size < 256 + len(SPECIAL_TOKENS) + 1:
         raise ValueError(f"vocab_size must be > {256 + len(SPECIAL_TOKENS)}, got {vocab_size}")
     tokenizer = Tokenizer(models.BPE())
@@ -96,9 +97,6 @@ def tiny_model(tokenizer: Any, size: str = "tiny", seed: int = 0, *, max_positio
     tie_word_embeddings: share the input embedding and the output head (fewer parameters; a
     small model copies names from its context more easily). shape: `Qwen2Config` fields that
     override those of the size (e.g. ``num_hidden_layers=2``, ``hidden_size=384``)."""
-    import torch
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
     if size not in SIZES:
         raise ValueError(f"size must be one of {sorted(SIZES)}, got {size!r}")
     config = Qwen2Config(vocab_size=len(tokenizer), max_position_embeddings=max_position_embeddings,

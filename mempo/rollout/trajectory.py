@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator, NamedTuple, Optional, Union
 
 from mempo.algo.rounds import is_scored
+from mempo.rollout.chat import decode_ids
 from mempo.utils.jsonl import iter_jsonl_records, write_jsonl
 
 __all__ = ["POLICIES", "FINISH_REASONS", "Round", "Trajectory", "RoundInput", "round_training_inputs",
@@ -166,8 +167,6 @@ class Trajectory:
 
         Equal to the text the outcome was scored on, up to the tokenizer's normalisation of tool
         text (e.g. NFC)."""
-        from mempo.rollout.chat import decode_ids
-
         parts = []
         for r in self.rounds:
             parts.append(decode_ids(tokenizer, self.response_ids[r.start:r.end]))
