@@ -66,6 +66,23 @@ def test_save_and_load(tok, tmp_path):
     assert build_causal_lm(ModelConfig(path=str(tmp_path / "m"))).config.vocab_size == len(tok)
 
 
+def test_a_saved_tokenizer_encodes_the_same_after_loading(tok, tmp_path):
+    """AutoTokenizer loads a saved Qwen2 directory's tokenizer as transformers' Qwen2Tokenizer, which
+    installs its own normaliser and pre-tokeniser: the trained tokenizer must already use those, or a
+    model trained in memory reads other ids after `mempo train model.path=...` (digits, new lines)."""
+    from transformers import AutoTokenizer
+
+    save_model_dir(tmp_path / "m", tiny_model(tok, seed=1), tok)
+    loaded = AutoTokenizer.from_pretrained(tmp_path / "m")
+    texts = ["<mem>\nStep 2.\nQ1: Tamor was born in the year 1866.\n</mem>\n<think>\nQ2. Search.\n</think>",
+             "<information>Doc 1 (ID: person-000805, Title: Fidor) Fidor studied at Nebuk.</information>",
+             "  two  spaces,\ttab\r\nCRLF; café 12345 x's", "<|im_start|>user\nhi<|im_end|>\n"]
+    for text in texts:
+        assert loaded.encode(text, add_special_tokens=False) == tok.encode(text, add_special_tokens=False), text
+        assert loaded.decode(tok.encode(text, add_special_tokens=False)) == tok.decode(
+            tok.encode(text, add_special_tokens=False))
+
+
 def test_context_candidates_come_from_information_blocks_only():
     text = ("<|im_start|>user\nWho founded Gold Corp? Answer Zed.<|im_end|>\n<|im_start|>assistant\n<mem> Fake Name "
             "</mem><|im_end|>\n<|im_start|>user\n<information>Doc 1 (ID: x-1, Title: Gold Corp) Gold Corp was founded "
