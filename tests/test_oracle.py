@@ -5,6 +5,7 @@ retriever, the turn limit and jsonl records.
 Servers started here: one `RetrieverServer` thread on a free 127.0.0.1 port, stopped in the test.
 """
 import dataclasses
+import re
 
 import pytest
 
@@ -17,7 +18,7 @@ from mempo.env.oracle import (
 from mempo.env.retriever import BM25Retriever
 from mempo.env.server import RetrieverServer
 from mempo.env.tools import make_tools
-from mempo.env.world import World
+from mempo.env.world import QuestionParse, World, parse_question
 from mempo.memory import ShortTextPolicy
 from mempo.protocol import parse_round, validate_format
 
@@ -323,7 +324,8 @@ def test_facts_memory_and_question_queries_solve_the_same_episodes(policy, hops)
                 assert mem[0] == f"Step {number}."
                 for line in mem[1:]:  # only questions under way have a line; found hops are corpus sentences
                     body = line.split(": ", 1)[1]
-                    sentences = [s + "." for s in body.rstrip("?").rstrip().rstrip(".").split(". ") if s]
+                    facts = re.sub(r"\s*\?( \(tried \d+\))?$", "", body)
+                    sentences = [s + "." for s in facts.rstrip(".").split(". ") if s]
                     for sentence in sentences:
                         assert any(sentence in (r.tool_text or "") for r in trajectory.rounds[:number - 1])
                 if round_.action == "search" and round_.argument in episode.questions:
@@ -331,6 +333,13 @@ def test_facts_memory_and_question_queries_solve_the_same_episodes(policy, hops)
                         f"Q{episode.questions.index(round_.argument) + 1}. Search."
             first_searches = [r.argument for r in trajectory.rounds if r.argument in episode.questions]
             assert first_searches == episode.questions  # each question's first search is its own text
+            # later hops ask their own one-hop question of their subject (a fact two questions
+            # share is found once)
+            later_hops = {QuestionParse(c["subject"], (c["relation"],))
+                          for record in episode.metadata["records"] for c in record["chain"][1:]}
+            asked = [parse_question(r.argument) for r in trajectory.rounds
+                     if r.action == "search" and r.argument not in episode.questions]
+            assert set(asked) <= later_hops and len(asked) >= len(later_hops) - 1
 
 
 def test_facts_memory_lines_parse_back():

@@ -53,7 +53,8 @@ from typing import Any, Callable, Iterable, Mapping, Optional, Sequence, Union
 from mempo.jsonl import iter_jsonl_records, write_jsonl
 from mempo.env.data import Episode, parse_episode_prompt
 from mempo.env.world import (
-    CHRONICLE_RELATIONS, RELATIONS, QuestionParse, fact_pattern, parse_question, pointer_pattern,
+    CHRONICLE_RELATIONS, RELATIONS, QuestionParse, fact_pattern, mention, parse_question, pointer_pattern,
+    question_text,
 )
 from mempo.memory import CONTEXT_POLICIES, DEFAULT_SYSTEM_PROMPT, AgentMemory, ShortTextPolicy
 from mempo.protocol import parse_round
@@ -317,8 +318,10 @@ class OracleAgent:
             question not started has no line. Writing it is copying from the search result, the
             skill a small model learns first (an induction copy), instead of rephrasing it.
         query_style: ``"words"`` (default: ``"<subject> <relation words>"``) or ``"question"``:
-            the first search of a question is the question's own text (a copy of a prompt
-            line); later hops and retries search as ``"words"`` does.
+            the first search of hop 1 is the question's own text (a copy of a prompt line), that
+            of a later hop the hop's one-hop question asked of its subject (hop 2 of "In which
+            year was the mayor of Belis born?" after finding Kodan: "In which year was Kodan
+            born?"); retries search as ``"words"`` does.
         answer_template: the answer round's text after ``</mem>``, with ``{answer}`` exactly once
             (None: ``"\n<think>\n<note>\n</think>\n<answer> <answers> </answer>"``). Pass
             `mempo.scoring.DEFAULT_ANSWER_TEMPLATE` to make the final round exactly the
@@ -414,8 +417,14 @@ class OracleAgent:
         return mem + "\n<think>\n" + " ".join(notes) + f"\n</think>\n<{action}> {argument} </{action}>"
 
     def _query(self, objective: ObjectiveState, hop: HopState) -> str:
-        if self.query_style == "question" and hop is objective.hops[0] and not hop.tried:
-            return objective.question
+        if self.query_style == "question" and not hop.tried:
+            index = objective.hops.index(hop)
+            if index == 0:
+                return objective.question
+            # this hop's own one-hop question, asked of the value just found (the question that is
+            # left would carry the outer relations' words, which match articles of other entities)
+            kind = RELATIONS[objective.hops[index - 1].relation].object_kind
+            return question_text(mention(kind, hop.subject), [hop.relation])
         return _query(hop)
 
     def _drops(self, prompt: str, number: int, hop: int) -> bool:

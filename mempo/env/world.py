@@ -78,6 +78,7 @@ __all__ = [
     "QuestionParse",
     "parse_question",
     "mention",
+    "question_text",
     "leaf_name",
     "fact_pattern",
     "pointer_pattern",
@@ -166,6 +167,20 @@ _POINTER = "The {label} of {s} is recorded in {title} (document {doc_id}, page {
 def mention(kind: str, name: str) -> str:
     """How a named entity appears inside a question: ``"the Olvas River"`` for rivers, else the name."""
     return f"the {name}" if kind == "river" else name
+
+
+def question_text(start: str, relations: Sequence[str]) -> str:
+    """The grammar question applying ``relations`` (innermost first) to the mention ``start``:
+    ``question_text("Tamor", ["birthplace", "country"])`` is "In which country is the birthplace of
+    Tamor?" (`parse_question` inverts it)."""
+    if not relations:
+        raise ValueError("a question needs at least one relation")
+    phrase = start
+    for name in relations[:-1]:
+        if RELATIONS[name].noun_phrase is None:
+            raise ValueError(f"relation {name!r} (a year or a number) can only end a question")
+        phrase = RELATIONS[name].noun_phrase.format(s=phrase)
+    return RELATIONS[relations[-1]].question.format(s=phrase)
 
 
 def leaf_name(text: str) -> str:
@@ -939,12 +954,8 @@ class World:
         return chain
 
     def _question_text(self, chain: list[tuple[str, int]]) -> str:
-        first_relation, start = chain[0]
-        start_entity = self.entities[start]
-        phrase = mention(start_entity.kind, start_entity.name)
-        for relation_name, _ in chain[:-1]:
-            phrase = RELATIONS[relation_name].noun_phrase.format(s=phrase)
-        return RELATIONS[chain[-1][0]].question.format(s=phrase)
+        start_entity = self.entities[chain[0][1]]
+        return question_text(mention(start_entity.kind, start_entity.name), [name for name, _ in chain])
 
     def _record(self, record_id: str, question: str, chain: list[tuple[str, int]], needs_access: bool) -> QARecord:
         steps, support = [], []
