@@ -29,7 +29,8 @@ Conventions
 * Quality, per cell, means over episodes: ``em`` / ``f1`` (the mean per-objective EM / token F1 of
   `mempo.protocol.reward.compute_score`, whatever the format), ``score`` (the outcome reward: EM only when
   the format is valid), ``format_rate`` (share of episodes with a valid format), ``answer_rate``
-  (share ending with ``<answer>``), ``mean_turns`` (rounds per episode). An episode is *correct*
+  (share ending with ``<answer>``), ``mean_turns`` (rounds per episode); ``em_se`` / ``f1_se``: the
+  standard errors of those means over episodes (sample std / sqrt(n)). An episode is *correct*
   when its score is 1 (valid format, every objective exact), else *failed*.
 * Token economy, counted with the model's tokenizer on the real ids: a round's prompt is the exact
   context it was generated from (`Trajectory.round_context_ids`: ``Round.prompt_ids`` under the
@@ -120,6 +121,8 @@ class EvalRow:
     seconds: float = 0.0
     finish_reasons: dict[str, int] = field(default_factory=dict)
     dataset: str = ""
+    em_se: float = 0.0
+    f1_se: float = 0.0
 
     @classmethod
     def from_dict(cls, obj: Mapping[str, Any]) -> "EvalRow":
@@ -357,6 +360,15 @@ def _mean(values: Sequence[float]) -> float:
     return float(sum(values) / len(values)) if values else 0.0
 
 
+def _standard_error(values: Sequence[float]) -> float:
+    """The standard error of the mean: sample standard deviation / sqrt(n) (0 for n < 2)."""
+    n = len(values)
+    if n < 2:
+        return 0.0
+    mean = sum(values) / n
+    return math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1) / n)
+
+
 def summarize(trajectories: Sequence[Any], objectives: int, policy: str, seconds: float = 0.0,
               dataset: str = "") -> EvalRow:
     """One `EvalRow` from the trajectories of one (dataset, objectives, policy) cell."""
@@ -369,10 +381,11 @@ def summarize(trajectories: Sequence[Any], objectives: int, policy: str, seconds
     for t in trajectories:
         reasons[t.finish_reason] = reasons.get(t.finish_reason, 0) + 1
     outcome = [t.outcome or {} for t in trajectories]
+    ems = [float(o.get("em", 0.0)) for o in outcome]
+    f1s = [float(o.get("f1", 0.0)) for o in outcome]
     return EvalRow(
         objectives=int(objectives), policy=policy, episodes=len(trajectories),
-        em=_mean([float(o.get("em", 0.0)) for o in outcome]),
-        f1=_mean([float(o.get("f1", 0.0)) for o in outcome]),
+        em=_mean(ems), f1=_mean(f1s), em_se=_standard_error(ems), f1_se=_standard_error(f1s),
         score=_mean([float(o.get("score", 0.0)) for o in outcome]),
         format_rate=_mean([1.0 if o.get("format_ok") else 0.0 for o in outcome]),
         answer_rate=_mean([1.0 if t.finish_reason == "answer" else 0.0 for t in trajectories]),

@@ -324,7 +324,7 @@ class OracleAgent:
             born?"); retries search as ``"words"`` does.
         answer_template: the answer round's text after ``</mem>``, with ``{answer}`` exactly once
             (None: ``"\n<think>\n<note>\n</think>\n<answer> <answers> </answer>"``). Pass
-            `mempo.scoring.DEFAULT_ANSWER_TEMPLATE` to make the final round exactly the
+            `mempo.algo.contexts.DEFAULT_ANSWER_TEMPLATE` to make the final round exactly the
             continuation that teacher scoring puts after a ``<mem>`` (the memory reward), so a
             cold-started model's P(answer | mem) is measured on text it was trained to write.
     """
