@@ -17,7 +17,7 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-import _tokenizers  # noqa: E402
+from support import toy_tokenizers  # noqa: E402
 
 from mempo.ops.reference.spans import find_spans_reference  # noqa: E402
 from mempo.ops.spans import TokenTable, find_spans  # noqa: E402
@@ -40,7 +40,7 @@ def _responses(tokenizer):
     for _ in range(QUESTIONS * TRAJECTORIES_PER_QUESTION):
         doc_words = 500
         while True:
-            text = _tokenizers.well_formed_trajectory(rng, ROUNDS, doc_words=doc_words)
+            text = toy_tokenizers.well_formed_trajectory(rng, ROUNDS, doc_words=doc_words)
             ids = tokenizer.encode(text).ids
             if len(ids) >= RESPONSE_TOKENS:
                 break
@@ -52,9 +52,9 @@ def _responses(tokenizer):
 @pytest.fixture(scope="module", params=["byte_level", "special_tags"])
 def setup(request):
     if request.param == "byte_level":
-        tokenizer = _tokenizers.byte_level_tokenizer()
+        tokenizer = toy_tokenizers.byte_level_tokenizer()
     else:
-        tokenizer = _tokenizers.special_tag_tokenizer()
+        tokenizer = toy_tokenizers.special_tag_tokenizer()
     responses = _responses(tokenizer)
     padded = torch.tensor(responses, dtype=torch.int64)
     lengths = torch.full((len(responses),), RESPONSE_TOKENS, dtype=torch.int64)

@@ -5,5 +5,5 @@ interpreter, `TRITON_INTERPRET=1` must be set before the first import.
 
 Conventions shared by every kernel: offsets that grow with a program id times a row stride are
 computed in int64 (a [B, L] tensor passes 2**31 elements at B * L >= 2**31); every launcher
-launches under `mempo.ops._dispatch.launch_device` (Triton uses the current device and stream).
+launches under `mempo.kernels._launch.launch_device` (Triton uses the current device and stream).
 """

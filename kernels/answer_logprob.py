@@ -33,7 +33,7 @@ import torch
 import triton
 import triton.language as tl
 
-from mempo.ops import _dispatch
+from mempo.kernels import _launch
 
 
 # Splits the combine kernel merges per step: a 64 x 32 tile of each partial fits in registers on
@@ -103,7 +103,7 @@ def row_logp(logits, targets, mask_u8, out, inv_temp: float, block_v: int = None
         block_v = min(4096, triton.next_power_of_2(V))
     num_warps = 8 if block_v >= 2048 else 4
     targets = targets.to(torch.int64)  # one kernel variant for every integer dtype ([M]: a negligible copy)
-    with _dispatch.launch_device(logits, targets, mask_u8, out):
+    with _launch.launch_device(logits, targets, mask_u8, out):
         _row_logp_kernel[(M,)](
             logits, logits.stride(0), targets, mask_u8, out, V, float(inv_temp),
             BLOCK_V=block_v, num_warps=num_warps,
@@ -247,7 +247,7 @@ def _default_hidden_config(M, V, H, device, interpret: bool, dot_fp32: bool):
     """(block_m, block_v, block_h, num_splits, num_warps, num_stages) for the fused kernel.
 
     Fixed configs (no autotune). On sm_90, compiled ahead of time by tools/aot_kernels.py (Triton
-    3.9, ptxas -v; tests/test_kernels_aot.py fails on any spill): the bf16/fp16 config uses wgmma
+    3.9, ptxas -v; tests/tools/test_aot_kernels.py fails on any spill): the bf16/fp16 config uses wgmma
     at 127-128 registers per thread (255 when H is not a multiple of 16), the fp32 (IEEE, FMA) and
     mixed-dtype config 192-246 registers, none spilling. Larger tiles or 4 warps spilled when
     these were chosen."""
@@ -297,7 +297,7 @@ def hidden_logp(hidden, weight, bias, targets, mask_u8, out, inv_temp: float, *,
     part = torch.empty((3, num_splits, M), dtype=torch.float32, device=hidden.device)
     grid = (triton.cdiv(M, block_m), num_splits)
     tensors = (hidden, weight, targets, mask_u8, out) + ((bias,) if bias is not None else ())
-    with _dispatch.launch_device(*tensors):
+    with _launch.launch_device(*tensors):
         _hidden_logp_kernel[grid](
             hidden, hidden.stride(0), hidden.stride(1),
             weight, weight.stride(0), weight.stride(1),
@@ -310,7 +310,7 @@ def hidden_logp(hidden, weight, bias, targets, mask_u8, out, inv_temp: float, *,
             num_warps=num_warps, num_stages=num_stages,
         )
     combine_block_m = 64
-    with _dispatch.launch_device(part, mask_u8, out):
+    with _launch.launch_device(part, mask_u8, out):
         _combine_kernel[(triton.cdiv(M, combine_block_m),)](
             part[0], part[1], part[2], mask_u8, out, M, num_splits,
             BLOCK_M=combine_block_m, BLOCK_S=min(COMBINE_MAX_SPLITS, max(2, triton.next_power_of_2(num_splits))),
@@ -386,7 +386,7 @@ def segment_reduce(token_logp, mask_u8, cu_seqlens, keep_u8, p, mean_logp, num_k
             longest = token_logp.numel() // max(1, num_contexts)
         block_t = max(16, min(1024, triton.next_power_of_2(max(1, longest))))
     tensors = (token_logp, mask_u8, keep_u8, p, mean_logp, num_kept) + ((cu_seqlens,) if cu_seqlens is not None else ())
-    with _dispatch.launch_device(*tensors):
+    with _launch.launch_device(*tensors):
         _segment_kernel[(num_contexts,)](
             token_logp, mask_u8, cu_seqlens if cu_seqlens is not None else token_logp,
             keep_u8, p, mean_logp, num_kept,

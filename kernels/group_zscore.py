@@ -11,7 +11,7 @@ with mean 0 / std 1 (verl GRPO) or gives 0 (memory-reward pools); results are sa
 import triton
 import triton.language as tl
 
-from mempo.ops import _dispatch
+from mempo.kernels import _launch
 
 
 @triton.jit
@@ -97,7 +97,7 @@ def group_zscore(values, perm, group_offsets, out, epsilon: float, norm_by_std: 
     num_groups = group_offsets.numel() - 1
     if num_groups <= 0 or values.numel() == 0:
         return out
-    with _dispatch.launch_device(values, perm, group_offsets, out):
+    with _launch.launch_device(values, perm, group_offsets, out):
         _group_zscore_kernel[(num_groups,)](
             values, perm, group_offsets, out, float(epsilon), float(value_limit),
             NORM_BY_STD=bool(norm_by_std), SINGLETON_ZERO=bool(singleton_zero), BLOCK=block,

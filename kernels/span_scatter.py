@@ -11,7 +11,7 @@ op validates that before launching); the kernel itself would sum overlapping spa
 import triton
 import triton.language as tl
 
-from mempo.ops import _dispatch
+from mempo.kernels import _launch
 
 
 @triton.jit
@@ -56,7 +56,7 @@ def span_scatter(row_value, span_value, span_start, span_end, span_offsets, mask
     if num_rows == 0 or length == 0:
         return out
     grid = (num_rows, triton.cdiv(length, block_l))
-    with _dispatch.launch_device(row_value, span_value, span_start, span_end, span_offsets, mask, out):
+    with _launch.launch_device(row_value, span_value, span_start, span_end, span_offsets, mask, out):
         _span_scatter_kernel[grid](
             row_value, span_value, span_start, span_end, span_offsets, mask, out,
             length, mask.stride(0), out.stride(0), BLOCK_L=block_l,

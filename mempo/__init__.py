@@ -1,5 +1,6 @@
 """mempo: MemPO (Self-Memory Policy Optimization) for long-horizon LLM agents.
 
-`import mempo` is cheap: it pulls in nothing heavier than torch on first use of `mempo.ops`.
+`import mempo` imports nothing else; each package says what importing it costs (`mempo.ops`: torch
+and numpy; `mempo.config`, `mempo.train`: no torch).
 """
 __version__ = "0.1.0"

@@ -28,8 +28,8 @@ def device():
 
 @pytest.fixture(scope="session")
 def corpus():
-    """300 generated documents (needles, long documents): tests/_corpus.py."""
-    from _corpus import make_corpus
+    """300 generated documents (needles, long documents): tests/support/corpus.py."""
+    from support.corpus import make_corpus
 
     return make_corpus()
 

@@ -20,13 +20,13 @@ import ast
 import dataclasses
 import functools
 import typing
-from pathlib import Path
 
 import pytest
 
 from mempo.config import MempoConfig
+from support.paths import REPO
 
-PACKAGE = Path(__file__).resolve().parents[1] / "mempo"
+PACKAGE = REPO / "mempo"
 CONFIG_MODULE = PACKAGE / "config.py"
 SECTIONS = {f.name: typing.get_type_hints(MempoConfig)[f.name] for f in dataclasses.fields(MempoConfig)}
 CLASS_TO_SECTION = {cls.__name__: name for name, cls in SECTIONS.items()}

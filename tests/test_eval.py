@@ -10,7 +10,7 @@ from mempo.env.build import build_world
 from mempo.eval import EvalReport, eval_episodes, evaluate, round_prompt_tokens, summarize
 from mempo.rollout.backends.oracle import OracleBackend
 from mempo.config import config_from_dict
-from test_rollout_fixtures import chat_tokenizer, tiny_qwen2
+from support.rollout_fixtures import chat_tokenizer, tiny_qwen2
 
 
 def _cfg(**eval_section):

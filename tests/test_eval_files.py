@@ -31,9 +31,8 @@ from mempo.rollout.backends.base import GenerationRequest
 from mempo.rollout.backends.oracle import OracleBackend
 from mempo.rollout.trajectory import Trajectory
 from mempo.config import ConfigError, config_from_dict
-from test_rollout_fixtures import chat_tokenizer
+from support.rollout_fixtures import chat_tokenizer
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
 FIRST_NAMES = ["Amberly", "Brannic", "Corvina", "Dastrel", "Elowen", "Fennick", "Galvia", "Horatz"]
 LAST_NAMES = ["Quist", "Marrow", "Velde", "Ostrand", "Pellin", "Tarrow", "Ibsk", "Wendle"]
 FILLER = ("The archive keeps many old ledgers about harbours, bridges and orchards of the valley. " * 12).strip()

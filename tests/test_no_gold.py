@@ -1,22 +1,21 @@
 """No rollout is ever told a gold answer: a tiny training run (with the opt-in protocol scaffold, the
 one logits processor the package has), an evaluation and a tiny demo run, with generation
-instrumented (tests/_gold_trace.py): no request's prompt holds a gold string outside the tool
+instrumented (tests/support/gold_trace.py): no request's prompt holds a gold string outside the tool
 results and the model's own turns, and no logits processor's state holds a gold string or its
 token ids unless the agent read it in that same generate call.
 
 The first test checks the checker itself on the pattern the old scaffold had (a processor told
 the golds: ``set_answers``), so the clean results below cannot come from a checker that sees nothing.
 """
-from pathlib import Path
 
 import pytest
 import torch
 
-from _gold_trace import install, processor_state, summary, violations
+from support.gold_trace import install, processor_state, summary, violations
 from mempo.config import load_config
+from support.paths import REPO
 
-ROOT = Path(__file__).resolve().parents[1]
-TINY = ROOT / "configs" / "tiny.yaml"
+TINY = REPO / "configs" / "tiny.yaml"
 FAST = ["data.questions_per_step=2", "rollout.group_size=2", "trainer.tensorboard=false", "trainer.progress=false",
         "trainer.resume=never", "trainer.save_every=0", "trainer.total_steps=1", "rollout.max_new_tokens_per_round=48"]
 
@@ -93,7 +92,7 @@ def test_train_eval_and_demo_never_show_a_gold(tmp_path, trace):
     trace.clear()
 
     # 3. a tiny demo: SFT, evaluation before and after, RL
-    from test_demo import SMOKE
+    from support.demo_smoke import SMOKE
     from transformers import AutoTokenizer
 
     from mempo.apps.demo import load_demo_config, run_demo

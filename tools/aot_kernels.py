@@ -15,7 +15,7 @@ divisibility of pointers and integers), distinct specialisations are compiled on
 `triton.compile` (in parallel processes), registers, stack and local memory are read from each
 cubin (Triton's bundled cuobjdump), and spill stores / loads from the ptxas -v log Triton writes
 while compiling. A new block size or flag in a launcher is covered as long as some input of the
-sweep selects it; tests/test_kernels_aot.py asserts that each known choice is reached.
+sweep selects it; tests/tools/test_aot_kernels.py asserts that each known choice is reached.
 
 Needs Triton with its NVIDIA backend (bundled ptxas and cuobjdump); no CUDA driver and no GPU: the
 target is given, not queried. Must run without TRITON_INTERPRET (the kernels must be JIT

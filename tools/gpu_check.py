@@ -14,7 +14,7 @@ hang cannot take the later sections down; the JSON is rewritten after every sect
 
 Modes: "gpu" when torch sees CUDA; otherwise "plumbing", in which every section either runs its
 CPU part at tiny sizes (the Triton kernels through the interpreter, no timings) or SKIPs with the
-reason, so that the script runs on a CPU machine and tests/test_gpu_check.py keeps it from rotting.
+reason, so that the script runs on a CPU machine and tests/tools/test_gpu_check.py keeps it from rotting.
 
 Sections (SECTIONS below): env (versions, measured ceilings: device copy GB/s, bf16 and fp32
 matmul TFLOP/s), aot (every kernel variant compiled for this GPU's arch, registers and spills),
@@ -272,7 +272,8 @@ def _find(module: str) -> bool:
 # ------------------------------------------------------------------------------------------------
 def sec_aot(ctx: Ctx) -> None:
     if not ctx.gpu:
-        result("aot", "compile", "SKIP", reason="plumbing mode: tests/test_kernels_aot.py runs tools/aot_kernels.py on CPU")
+        result("aot", "compile", "SKIP",
+               reason="plumbing mode: tests/tools/test_aot_kernels.py runs tools/aot_kernels.py on CPU")
         return
     import torch
 
@@ -457,7 +458,7 @@ def sec_triton_ops(ctx: Ctx) -> None:
         checked("triton_ops", "span_offsets_past_2_31", lambda: _span_overflow(ctx))
     else:
         result("triton_ops", "span_offsets_past_2_31", "SKIP",
-               reason="plumbing mode: tests/test_kernel_launch.py checks the int64 offsets in the interpreter")
+               reason="plumbing mode: tests/kernels/test_launch.py checks the int64 offsets in the interpreter")
 
 
 def _advantage(ctx: Ctx, ceil: dict) -> None:
@@ -525,7 +526,7 @@ def _span_overflow(ctx: Ctx) -> None:
 # ------------------------------------------------------------------------------------------------
 # pytest_ops: the ops' test files with CUDA
 # ------------------------------------------------------------------------------------------------
-OPS_TEST_FILES = ("tests/test_answer_logprob.py", "tests/test_advantage.py", "tests/test_kernel_launch.py")
+OPS_TEST_FILES = ("tests/ops/test_answer_logprob.py", "tests/ops/test_advantage.py", "tests/kernels/test_launch.py")
 
 
 def sec_pytest_ops(ctx: Ctx) -> None:
@@ -725,7 +726,7 @@ def sec_train(ctx: Ctx) -> None:
     load_config(config, overrides)  # the run's config is valid before anything starts
     if not ctx.gpu:
         result("train", "step", "SKIP", reason="plumbing mode: nccl needs CUDA; one CPU step takes about a minute "
-                                               "(tests/test_trainer.py covers the step on CPU)")
+                                               "(tests/train/test_trainer.py covers the step on CPU)")
         return
     run_dir = Path("/tmp/gpu_check_train")
     subprocess.run(["rm", "-rf", str(run_dir)], check=False)
@@ -787,7 +788,7 @@ def sec_sglang(ctx: Ctx) -> None:
         result("sglang", "engine_e2e", "SKIP", reason="no CUDA device")
         return
     done = subprocess.run([sys.executable, "-P", "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                           "tests/test_rollout_sglang.py"], cwd=REPO, capture_output=True, text=True)
+                           "tests/rollout/backends/test_sglang.py"], cwd=REPO, capture_output=True, text=True)
     lines = (done.stdout + done.stderr).strip().splitlines()
     print("\n".join(lines[-15:]))
     result("sglang", "engine_e2e", "PASS" if done.returncode == 0 else "FAIL", rc=done.returncode,

@@ -3,7 +3,7 @@
 # repository root, on one H200 with no network; the sections' time limits keep it within 8 minutes:
 #     bash tools/gpu_check.sh [--only env,triton_ops,...]
 # One RESULT line per check, then a summary; $OUT/gpu_check.json (OUT defaults to /tmp/gpu_check_out).
-# On a machine without CUDA it runs in "plumbing" mode (tests/test_gpu_check.py).
+# On a machine without CUDA it runs in "plumbing" mode (tests/tools/test_gpu_check.py).
 # Wheels the machine lacks (e.g. bm25s) are installed from .whl/ when that folder holds any.
 set -uo pipefail
 cd "$(dirname "$0")/.."

@@ -4,8 +4,9 @@
 2. tokenises a group of agent trajectories round by round (model tokens mask 1, tool tokens 0);
 3. finds every `<mem>` span with the C++ scanner (`find_spans`);
 4. teacher-scores the gold answer after full_ctx[r] and after mem_ctx[r] for every round r >= 2
-   with a small randomly initialised Qwen2-architecture model, through the fused
-   hidden-state answer log-prob op (threshold None: with random weights no token would pass 0.5);
+   with a small randomly initialised Qwen2-architecture model (`mempo.scoring.score_reference`,
+   fused from the hidden states; threshold None: with random weights no token would pass 0.5) and
+   takes the memory rewards (`mempo.algo.memory_reward`);
 5. computes the MemPO token advantages (`mempo_advantage`) and prints them per round.
 
 The model is untrained, so the memory rewards are tiny; the point is the data flow and the shapes.
@@ -16,8 +17,13 @@ from __future__ import annotations
 import random
 
 import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from mempo.ops import answer_logprob_from_hidden, find_spans, mempo_advantage
+from mempo.algo.contexts import ScoredRound, ScoringRequest
+from mempo.algo.memory_reward import memory_rewards
+from mempo.ops import find_spans, mempo_advantage
+from mempo.scoring import score_reference
 
 QUESTION = "Which river flows through the capital of Veloria?"
 GOLD = "Amber River"
@@ -39,8 +45,6 @@ def _trajectory(rng: random.Random, correct: bool) -> list[tuple[str, bool]]:
 
 
 def _tokenizer(corpus: list[str]):
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
@@ -51,25 +55,10 @@ def _tokenizer(corpus: list[str]):
 
 
 def _model(vocab_size: int):
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
     torch.manual_seed(0)
     config = Qwen2Config(vocab_size=vocab_size, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024)
     return Qwen2ForCausalLM(config).eval()
-
-
-@torch.no_grad()
-def _answer_p(model, context_ids: list[int], answer_ids: list[int], answer_mask: list[int]) -> float:
-    """P(answer | context) = exp(mean logp of the gold tokens), via the fused hidden-state op."""
-    ids = torch.tensor([context_ids + answer_ids])
-    hidden = model.model(input_ids=ids).last_hidden_state[0]
-    # Row i predicts token i+1: the answer tokens are predicted by the rows just before them.
-    rows = hidden[len(context_ids) - 1: len(context_ids) - 1 + len(answer_ids)]
-    out = answer_logprob_from_hidden(rows, model.lm_head.weight, torch.tensor(answer_ids),
-                                     torch.tensor(answer_mask), torch.tensor([0, len(answer_ids)]),
-                                     threshold=None)
-    return float(out.p[0])
 
 
 def main(group_size: int = 4, seed: int = 0) -> dict:
@@ -97,20 +86,22 @@ def main(group_size: int = 4, seed: int = 0) -> dict:
     answer_mask = ([0] * len(tok.encode(prefix).ids) + [1] * len(tok.encode(GOLD).ids)
                    + [0] * len(tok.encode(suffix).ids))
     model = _model(tok.get_vocab_size())
-    mem_rewards, round_rows, mem_spans, report = [], [], [], []
+    requests, round_rows, mem_spans, report = [], [], [], []
     for b, ids in enumerate(responses):
+        rounds = []
         for span in spans.spans_of(b):
             if span.round < 1 or not span.closed:
                 continue
             # full_ctx[r]: everything before the round's first token; mem_ctx[r]: prompt + round's <mem>.
-            full_ctx = prompt_ids + ids[:span.start]
-            mem_ctx = prompt_ids + ids[span.start:span.end]
-            p_full = _answer_p(model, full_ctx, answer_ids, answer_mask)
-            p_mem = _answer_p(model, mem_ctx, answer_ids, answer_mask)
-            mem_rewards.append(p_mem - p_full)
+            rounds.append(ScoredRound(full_end=len(prompt_ids) + span.start,
+                                      mem_ctx_ids=prompt_ids + ids[span.start:span.end]))
             round_rows.append(b)
             mem_spans.append((span.start, span.end))
-            report.append((b, span.round, len(full_ctx), len(mem_ctx), p_full, p_mem))
+            report.append((b, span.round, rounds[-1].full_end, len(rounds[-1].mem_ctx_ids)))
+        requests.append(ScoringRequest(prompt_ids + ids, rounds, answer_ids, answer_mask))
+    results = score_reference(model, requests, threshold=None)
+    mem_rewards = [reward for result in results for reward in memory_rewards(result)]
+    p_values = [pair for result in results for pair in zip(result.p_full, result.p_mem)]  # round order, as report
 
     scores = torch.tensor([1.0 if i % 2 == 0 else 0.0 for i in range(group_size)])
     width = max(len(r) for r in responses)
@@ -125,7 +116,7 @@ def main(group_size: int = 4, seed: int = 0) -> dict:
     print(f"tokenizer: byte-level BPE, {tok.get_vocab_size()} tokens (tags are not special tokens)")
     print(f"group of {group_size} trajectories, response lengths {[len(r) for r in responses]}")
     print("traj round  full_ctx  mem_ctx   P(full)     P(mem)      mem_reward  adv on <mem>  adv elsewhere")
-    for (b, rnd, n_full, n_mem, p_full, p_mem), (start, end) in zip(report, mem_spans):
+    for (b, rnd, n_full, n_mem), (p_full, p_mem), (start, end) in zip(report, p_values, mem_spans):
         on_mem = float(advantages[b, start])
         off = float(advantages[b, masks[b].index(1)])
         print(f"{b:>4} {rnd + 1:>5} {n_full:>9} {n_mem:>8}  {p_full:.3e}  {p_mem:.3e}  {p_mem - p_full:+.3e}"

@@ -156,10 +156,10 @@ def load_run(run_dir: PathLike) -> RunFiles:
 # plots
 # ------------------------------------------------------------------------------------------------
 def _pyplot():
-    import matplotlib
+    import matplotlib  # reason: optional dependency (the demo extra); plots only
 
     matplotlib.use("Agg", force=True)
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # reason: after selecting the Agg backend
 
     return plt
 

@@ -135,14 +135,13 @@ def _oracle_records(cfg: MempoConfig, run: Any) -> tuple[list, str]:
     # reason: the parser module stays light (`mempo --help` imports no torch)
     from mempo.env.build import build_tools
     from mempo.env.oracle import run_oracle
-    from mempo.env.tools import make_tools
     from mempo.eval import eval_episodes
     from mempo.train.sft import oracle_agent, oracle_cold_start
 
     s = cfg.sft
     if s.objectives is None:
         r = cfg.rollout
-        tools = make_tools(run.retriever)  # the tools' own limits, not env's (as mempo sft always had)
+        tools = build_tools(cfg, run.retriever)
         records = [run_oracle(episode, tools, policy=r.context_policy, max_turns=r.max_turns,
                               agent=oracle_agent(cfg, max_turns=r.max_turns))
                    for episode in run.episodes[:s.episodes]]

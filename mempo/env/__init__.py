@@ -2,7 +2,7 @@
 
 - `mempo.env.corpus`: jsonl corpora as `Document` records (`load_corpus`, `write_corpus`).
 - `mempo.env.retriever`: the `Retriever` interface (`search`, `access`), its errors, the registry
-  (`make_retriever("bm25" | "http" | "dense", ...)`), `BM25Retriever`, `DenseRetriever`.
+  (`register_retriever`), `BM25Retriever`, `DenseRetriever`.
 - `mempo.env.client`: `HTTPRetriever`, the same interface over HTTP (stdlib http.client).
 - `mempo.env.server`: `create_app` (Search-R1 `/retrieve`, `/access`, `/health`), `RetrieverServer`
   (background thread) and `serve` (what `mempo serve-retriever` runs).
@@ -12,7 +12,8 @@
 - `mempo.env.world`: the seeded synthetic world (entities, documents, k-objective multi-hop
   questions with golds), tiny to 100,000+ documents (import it directly).
 - `mempo.env.build`: the world, the retriever and the tools from the configuration (one builder
-  each, for every command; import it directly).
+  each, for every command; import it directly); a retriever by name (`make_retriever("bm25" |
+  "http" | "dense", ...)`).
 - `mempo.env.oracle`: the oracle agent that solves synthetic episodes by the protocol under both
   context policies: cold-start SFT data and fixtures (import it directly).
 
@@ -23,7 +24,7 @@ from mempo.env.corpus import CorpusError, Document, corpus_fingerprint, iter_cor
 from mempo.env.retriever import (
     DEFAULT_PAGE_CHARS, DEFAULT_TOPK, MAX_QUERY_CHARS, BM25Retriever, DenseRetriever, DocumentNotFoundError, Hit,
     InvalidRequestError, Page, PageOutOfRangeError, Retriever, RetrieverError, RetrieverUnavailableError, Tokenizer,
-    available_retrievers, load_or_build_bm25, make_retriever, register_retriever,
+    load_or_build_bm25, register_retriever,
 )
 from mempo.env.server import RetrieverServer, create_app, serve
 from mempo.env.tools import (
@@ -34,7 +35,7 @@ __all__ = [
     "Document", "CorpusError", "load_corpus", "iter_corpus", "write_corpus", "corpus_fingerprint",
     "DEFAULT_TOPK", "DEFAULT_PAGE_CHARS", "MAX_QUERY_CHARS", "Hit", "Page", "Retriever", "RetrieverError",
     "InvalidRequestError", "DocumentNotFoundError", "PageOutOfRangeError", "RetrieverUnavailableError",
-    "register_retriever", "make_retriever", "available_retrievers", "Tokenizer", "BM25Retriever",
+    "register_retriever", "Tokenizer", "BM25Retriever",
     "load_or_build_bm25", "DenseRetriever", "HTTPRetriever", "create_app", "RetrieverServer", "serve",
     "ToolResult", "SearchTool", "AccessTool", "register_tool", "make_tool", "make_tools", "available_tools",
     "parse_access_argument",

@@ -14,6 +14,8 @@ Conventions
   ``env.corpus_path`` when the file does not exist); else BM25 over the given world's documents (a
   ConfigError naming ``env.corpus_path`` when there is no world, i.e. QA-file data). Every check runs
   before any index is built.
+* By name (`make_retriever`): the factory registered under the name (`mempo.env.retriever.RETRIEVERS`:
+  "bm25", "dense" from `mempo.env.retriever`, "http" from `mempo.env.client`; this module imports both).
 * Tools (`build_tools`): ``search`` (``env.topk`` results cut to ``env.doc_chars``) and ``access``
   (pages of ``env.page_chars``) over the retriever.
 """
@@ -24,11 +26,12 @@ from typing import Any, Callable, NamedTuple, Optional
 
 from mempo.config import ConfigError, MempoConfig
 from mempo.env.client import HTTPRetriever
-from mempo.env.retriever import BM25Retriever, Retriever, RetrieverUnavailableError, load_or_build_bm25
+from mempo.env.retriever import RETRIEVERS, BM25Retriever, Retriever, RetrieverUnavailableError, load_or_build_bm25
 from mempo.env.tools import make_tools
 from mempo.env.world import World
 
-__all__ = ["SyntheticEnv", "synthetic_world", "build_retriever", "build_tools", "build_world"]
+__all__ = ["SyntheticEnv", "synthetic_world", "build_retriever", "build_tools", "build_world", "make_retriever",
+           "available_retrievers"]
 
 
 class SyntheticEnv(NamedTuple):
@@ -76,6 +79,16 @@ def build_retriever(cfg: MempoConfig, world: Optional[World] = None, *,
                                              "QA files (mempo eval --corpus FILE), or use env.retriever=http "
                                              "with env.retriever_url")
     return BM25Retriever.build(list(world.documents()))
+
+
+def make_retriever(name: str, **kwargs: Any) -> Retriever:
+    """Build the retriever registered under `name` with keyword arguments `kwargs` (module conventions)."""
+    return RETRIEVERS.get(name)(**kwargs)
+
+
+def available_retrievers() -> list[str]:
+    """Names accepted by `make_retriever`."""
+    return RETRIEVERS.names()
 
 
 def build_tools(cfg: MempoConfig, retriever: Retriever) -> dict[str, Any]:

@@ -307,7 +307,7 @@ def load_qa_parquet(path: PathLike) -> list[QARecord]:
     """
     path = Path(path)
     try:
-        import pyarrow.parquet as pq
+        import pyarrow.parquet as pq  # reason: optional dependency (parquet files only)
     except ImportError:
         raise MissingDependencyError(
             f"{path}: reading parquet needs the 'pyarrow' package, which is not installed "

@@ -52,6 +52,8 @@ from typing import Any, Callable, Iterable, Mapping, Optional, Sequence, Union
 
 from mempo.utils.jsonl import iter_jsonl_records, write_jsonl
 from mempo.env.data import Episode, parse_episode_prompt
+from mempo.env.retriever import Retriever
+from mempo.env.tools import make_tools
 from mempo.env.world import (
     CHRONICLE_RELATIONS, RELATIONS, QuestionParse, fact_pattern, mention, parse_question, pointer_pattern,
     question_text,
@@ -578,11 +580,7 @@ ToolMap = Mapping[str, Callable[[str], Any]]
 
 
 def _as_tools(tools: Any) -> ToolMap:
-    from mempo.env.retriever import Retriever
-
     if isinstance(tools, Retriever):
-        from mempo.env.tools import make_tools
-
         return make_tools(tools)
     return tools
 

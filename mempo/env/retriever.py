@@ -19,9 +19,9 @@ id raises `DocumentNotFoundError`; a page past the end raises `PageOutOfRangeErr
 `RetrieverUnavailableError` when the server is down, slow or answers garbage, so in-process and HTTP
 retrievers are interchangeable.
 
-Registry: ``make_retriever("bm25", corpus="corpus.jsonl", index_dir="idx")``,
-``make_retriever("http", base_url="http://127.0.0.1:8000")``, ``make_retriever("dense", ...)``;
-add one with the `register_retriever(name)` decorator on a factory (a class or a function).
+Registry: `RETRIEVERS`; add a retriever with the `register_retriever(name)` decorator on a factory
+(a class or a function): "bm25" and "dense" register here, "http" in `mempo.env.client`. Build one
+by name with `mempo.env.build.make_retriever` (which imports every module that registers one).
 
 BM25 (`BM25Retriever`) is the embedded default, built with the `bm25s` library (Lucene BM25,
 k1=1.5, b=0.75; title and text are indexed together). Tokenisation (`Tokenizer`, stored with the
@@ -47,8 +47,8 @@ Dense retrieval (`DenseRetriever`): inner product of normalised embeddings from 
 numpy. `DenseRetriever.from_sentence_transformer` loads a local sentence-transformers model
 (never downloaded at run time) and needs ``pip install .[dense]``.
 
-Importing this module is cheap: numpy, bm25s, faiss and sentence-transformers are imported inside
-the functions that use them.
+Importing this module is cheap (`import mempo.env` and `mempo --help` must not load numpy): numpy,
+bm25s, faiss and sentence-transformers are imported inside the functions that use them.
 """
 import abc
 import functools
@@ -70,8 +70,8 @@ from mempo.utils.registry import Registry
 __all__ = [
     "DEFAULT_TOPK", "DEFAULT_PAGE_CHARS", "MAX_QUERY_CHARS", "Hit", "Page", "Retriever", "RetrieverError",
     "InvalidRequestError",
-    "DocumentNotFoundError", "PageOutOfRangeError", "RetrieverUnavailableError", "register_retriever",
-    "make_retriever", "available_retrievers", "Tokenizer", "s_stem", "paginate", "BM25Retriever",
+    "DocumentNotFoundError", "PageOutOfRangeError", "RetrieverUnavailableError", "register_retriever", "RETRIEVERS",
+    "Tokenizer", "s_stem", "paginate", "BM25Retriever",
     "load_or_build_bm25", "DenseRetriever", "check_queries", "check_topk", "check_page", "check_page_chars",
 ]
 
@@ -255,19 +255,6 @@ def register_retriever(name: str):
     return RETRIEVERS.register(name)
 
 
-def make_retriever(name: str, **kwargs: Any) -> Retriever:
-    """Build the retriever registered under `name` with keyword arguments `kwargs`."""
-    import mempo.env.client  # noqa: F401  (registers "http")
-
-    return RETRIEVERS.get(name)(**kwargs)
-
-
-def available_retrievers() -> list[str]:
-    """Names accepted by `make_retriever`."""
-    import mempo.env.client  # noqa: F401  (registers "http")
-    return RETRIEVERS.names()
-
-
 # ----------------------------------------------------------------------------------------------
 # Tokenisation
 # ----------------------------------------------------------------------------------------------
@@ -365,7 +352,7 @@ class _MappedDocuments:
     """Documents read on demand from a saved jsonl through a read-only memory map (thread-safe)."""
 
     def __init__(self, jsonl_path: Path, offsets_path: Path, ids_path: Path):
-        import numpy as np
+        import numpy as np  # reason: `import mempo.env` and `mempo --help` stay without numpy
 
         self._offsets = np.load(offsets_path)
         with open(ids_path, "r", encoding="utf-8") as handle:
@@ -400,7 +387,7 @@ class _MappedDocuments:
 
 def _save_documents(documents: Iterable[Document], index_dir: Path) -> int:
     """Write documents.jsonl, documents.offsets.npy and ids.json; returns the document count."""
-    import numpy as np
+    import numpy as np  # reason: `import mempo.env` and `mempo --help` stay without numpy
 
     offsets, ids = [0], []
     with open(index_dir / "documents.jsonl", "wb") as handle:
@@ -447,7 +434,7 @@ def _topk_rows(scores, topk: int, block: int = 64):
     A lower bound on the k-th largest score comes cheaply from the k-th largest of the per-block
     maxima (k blocks each hold a score at least that high); only rows at or above it are sorted.
     """
-    import numpy as np
+    import numpy as np  # reason: `import mempo.env` and `mempo --help` stay without numpy
 
     n = scores.shape[0]
     threshold = 0.0
@@ -495,7 +482,7 @@ class BM25Retriever(_LocalRetriever):
               b: float = 0.75, method: str = "lucene", page_chars: int = DEFAULT_PAGE_CHARS,
               source: Optional[dict] = None) -> "BM25Retriever":
         """Index `documents` (kept in memory); raises `CorpusError` if empty, duplicated, or term-less."""
-        import bm25s
+        import bm25s  # reason: as numpy (bm25s imports it)
 
         tokenizer = tokenizer or Tokenizer()
         store = _MemoryDocuments(documents)
@@ -530,7 +517,7 @@ class BM25Retriever(_LocalRetriever):
             manifest_path.unlink()  # the directory is not a valid index until the new manifest lands
         self._bm25.save(str(index_dir / "bm25s"), show_progress=False)
         num_docs = _save_documents(self._docs, index_dir)
-        import bm25s
+        import bm25s  # reason: as numpy (bm25s imports it)
 
         manifest = {
             "format": BM25_FORMAT, "format_version": BM25_FORMAT_VERSION, "num_docs": num_docs,
@@ -569,7 +556,7 @@ class BM25Retriever(_LocalRetriever):
 
         `mmap_arrays` memory-maps the BM25 arrays too (low resident memory, shared page cache).
         """
-        import bm25s
+        import bm25s  # reason: as numpy (bm25s imports it)
 
         index_dir = Path(index_dir)
         manifest = cls.read_manifest(index_dir)
@@ -692,7 +679,7 @@ class DenseRetriever(_LocalRetriever):
     def __init__(self, documents: Iterable[Document], encode: Callable[[list[str]], Any], *,
                  batch_size: int = 64, query_prefix: str = "", doc_prefix: str = "",
                  page_chars: int = DEFAULT_PAGE_CHARS):
-        import numpy as np
+        import numpy as np  # reason: `import mempo.env` and `mempo --help` stay without numpy
 
         self._docs = _MemoryDocuments(documents)
         if len(self._docs) == 0:
@@ -707,7 +694,7 @@ class DenseRetriever(_LocalRetriever):
             chunks.append(self._embed([doc_prefix + d.title + "\n" + d.text for d in batch]))
         self._embeddings = np.concatenate(chunks, axis=0)
         try:
-            import faiss
+            import faiss  # reason: optional dependency (the dense extra)
         except ImportError:
             self._faiss_index = None
         else:
@@ -715,7 +702,7 @@ class DenseRetriever(_LocalRetriever):
             self._faiss_index.add(self._embeddings)
 
     def _embed(self, texts: list[str]):
-        import numpy as np
+        import numpy as np  # reason: `import mempo.env` and `mempo --help` stay without numpy
 
         vectors = np.asarray(self._encode(texts), dtype=np.float32)
         if vectors.ndim != 2 or vectors.shape[0] != len(texts):
@@ -731,14 +718,14 @@ class DenseRetriever(_LocalRetriever):
         Needs ``pip install .[dense]``; never downloads (``local_files_only=True``).
         """
         try:
-            from sentence_transformers import SentenceTransformer
+            from sentence_transformers import SentenceTransformer  # reason: optional (the dense extra)
         except ImportError as exc:
             raise ImportError("dense retrieval needs sentence-transformers: pip install 'mempo[dense]'") from exc
         model = SentenceTransformer(model_path, device=device, local_files_only=True)
         return cls(documents, lambda texts: model.encode(texts, convert_to_numpy=True), **kwargs)
 
     def search(self, queries: Sequence[str], topk: int = DEFAULT_TOPK) -> list[list[Hit]]:
-        import numpy as np
+        import numpy as np  # reason: `import mempo.env` and `mempo --help` stay without numpy
 
         queries = check_queries(queries)
         k = min(check_topk(topk), self.num_docs)

@@ -152,8 +152,7 @@ def create_app(retriever: Retriever, *, default_topk: int = DEFAULT_TOPK, topk_m
                max_page_chars: int = DEFAULT_MAX_PAGE_CHARS, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
                max_doc_chars: int = DEFAULT_MAX_DOC_CHARS, max_response_chars: int = DEFAULT_MAX_RESPONSE_CHARS):
     """A FastAPI app serving `retriever` (endpoints, shapes, limits and errors: see the module docstring)."""
-    from typing import Optional as Opt
-
+    # reason: `import mempo.env` and `mempo --help` stay without fastapi, pydantic and starlette
     from fastapi import FastAPI, Request
     from fastapi.exceptions import RequestValidationError
     from fastapi.responses import Response
@@ -172,14 +171,14 @@ def create_app(retriever: Retriever, *, default_topk: int = DEFAULT_TOPK, topk_m
     class RetrieveRequest(BaseModel):
         model_config = ConfigDict(strict=True, extra="forbid")
         queries: list[str]
-        topk: Opt[int] = None
+        topk: Optional[int] = None
         return_scores: bool = False
 
     class AccessRequest(BaseModel):
         model_config = ConfigDict(strict=True, extra="forbid")
         doc_id: str
         page: int = 0
-        page_chars: Opt[int] = None
+        page_chars: Optional[int] = None
 
     def json_response(obj, status: int = 200) -> Response:
         return Response(json.dumps(obj, ensure_ascii=False).encode("utf-8"), status_code=status,
@@ -299,7 +298,7 @@ def _url(sock: socket.socket) -> str:
 
 
 def _uvicorn_server(app, log_level: str):
-    import uvicorn
+    import uvicorn  # reason: as fastapi in `create_app`
 
     config = uvicorn.Config(app, log_level=log_level, access_log=False, lifespan="off",
                             timeout_graceful_shutdown=5)

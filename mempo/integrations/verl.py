@@ -134,7 +134,7 @@ def compute_advantage(data: Any, adv_estimator: Any, gamma: float = 1.0, lam: fl
     """
     name = getattr(adv_estimator, "value", adv_estimator)
     if name != "mempo":
-        from verl.trainer.ppo import ray_trainer
+        from verl.trainer.ppo import ray_trainer  # reason: heavy (ray); only for verl's own estimators
 
         verl_fn = getattr(ray_trainer, "_verl_compute_advantage", ray_trainer.compute_advantage)
         return verl_fn(data, adv_estimator, gamma=gamma, lam=lam, num_repeat=num_repeat,
@@ -156,7 +156,7 @@ def compute_advantage(data: Any, adv_estimator: Any, gamma: float = 1.0, lam: fl
 
 def patch_ray_trainer() -> None:
     """Make `RayPPOTrainer.fit` use `compute_advantage` above (idempotent). Imports verl's trainer."""
-    from verl.trainer.ppo import ray_trainer
+    from verl.trainer.ppo import ray_trainer  # reason: heavy (ray); only when patching
 
     if not hasattr(ray_trainer, "_verl_compute_advantage"):
         ray_trainer._verl_compute_advantage = ray_trainer.compute_advantage

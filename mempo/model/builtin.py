@@ -5,7 +5,11 @@
   (pad), ``<|im_start|>``, ``<|im_end|>`` (EOS), and a ChatML chat template identical to the
   built-in rendering of `mempo.rollout.chat`. The protocol tags (``<mem>``, ``<think>``, ...) are NOT
   special tokens: they are ordinary text (BPE merges usually make them one or a few ids).
-  Deterministic: the same texts and vocab size give the same tokenizer.
+  Deterministic: the same texts and vocab size give the same tokenizer. Its normaliser (NFC),
+  pre-tokeniser (Qwen2's split regex, `QWEN2_PRETOKENIZE_REGEX`, then byte-level) and decoder are
+  the ones transformers' `Qwen2Tokenizer` installs on a tokenizer.json it loads: a saved tokenizer
+  is loaded back by ``AutoTokenizer`` as a Qwen2 tokenizer (the model type decides), which replaces
+  those parts, so any other choice would encode differently after the round trip.
 * `default_corpus_texts(world)`: protocol-like texts (the world's documents plus tag templates) to
   train it on.
 * `tiny_model(tokenizer, size, seed)`: a randomly initialised `Qwen2ForCausalLM` (float32, untied
@@ -24,8 +28,15 @@ from __future__ import annotations
 
 from typing import Any, Iterable
 
+import torch
+from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+
 __all__ = ["SIZES", "SPECIAL_TOKENS", "CHATML_TEMPLATE", "train_tokenizer", "default_corpus_texts", "tiny_model"]
 
+#: Qwen2's pre-tokenisation regex (transformers `models/qwen2/tokenization_qwen2.py`, PRETOKENIZE_REGEX).
+QWEN2_PRETOKENIZE_REGEX = (r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|"""
+                           r"""\s*[\r\n]+|\s+(?!\S)|\s+""")
 PAD_TOKEN = "<|endoftext|>"
 IM_START = "<|im_start|>"
 IM_END = "<|im_end|>"
@@ -56,13 +67,14 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int = 1024, *, min_frequen
 
     vocab_size: the target size including the 256 byte tokens and the special tokens.
     """
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
     if vocab_size < 256 + len(SPECIAL_TOKENS) + 1:
         raise ValueError(f"vocab_size must be > {256 + len(SPECIAL_TOKENS)}, got {vocab_size}")
     tokenizer = Tokenizer(models.BPE())
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    # as transformers' Qwen2Tokenizer sets them on load (module docstring: the round trip)
+    tokenizer.normalizer = normalizers.NFC()
+    tokenizer.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(QWEN2_PRETOKENIZE_REGEX), behavior="isolated", invert=False),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
     tokenizer.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=min_frequency,
                                   special_tokens=list(SPECIAL_TOKENS),
@@ -96,9 +108,6 @@ def tiny_model(tokenizer: Any, size: str = "tiny", seed: int = 0, *, max_positio
     tie_word_embeddings: share the input embedding and the output head (fewer parameters; a
     small model copies names from its context more easily). shape: `Qwen2Config` fields that
     override those of the size (e.g. ``num_hidden_layers=2``, ``hidden_size=384``)."""
-    import torch
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
     if size not in SIZES:
         raise ValueError(f"size must be one of {sorted(SIZES)}, got {size!r}")
     config = Qwen2Config(vocab_size=len(tokenizer), max_position_embeddings=max_position_embeddings,

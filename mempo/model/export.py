@@ -29,6 +29,7 @@ from typing import Any, Mapping, Optional, Union
 
 import torch
 import torch.distributed as dist
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
 from mempo.utils.atomic import atomic_directory
 
@@ -45,8 +46,6 @@ def full_state_dict(module: torch.nn.Module) -> dict[str, torch.Tensor]:
     """The full state dict on the CPU, on rank 0 (module conventions; collective when distributed)."""
     if not _distributed():
         return {name: tensor.detach().cpu() for name, tensor in module.state_dict().items()}
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
     full = get_model_state_dict(module, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     full = {name: (t.full_tensor() if hasattr(t, "full_tensor") else t).detach().cpu() for name, t in full.items()}
     # tied parameters (one Parameter under several names) come back as separate copies: alias them

@@ -6,14 +6,11 @@ the vectorised torch path otherwise (CPU tensors, e.g. inside verl's CPU-only Ra
 (`TRITON_INTERPRET=1` set before `mempo.kernels` is first imported), which the test suite uses.
 `backend="torch"` forces the torch path on any device.
 
-Launch device: Triton launches on the *current* CUDA device and its current stream
-(triton/runtime/jit.py), not on the tensors' device. Every launcher in `mempo.kernels` therefore
-launches inside `launch_device(...)`, which makes the tensors' device current (tensors on cuda:1
-while cuda:0 is current would otherwise be an illegal address).
+Launch device: every launcher in `mempo.kernels` launches inside `mempo.kernels._launch.launch_device`
+(Triton launches on the current CUDA device, not on the tensors').
 """
 from __future__ import annotations
 
-import contextlib
 import os
 
 import torch
@@ -42,15 +39,3 @@ def resolve_backend(backend: str, *tensors: torch.Tensor) -> str:
     on_cuda = all(t.device.type == "cuda" for t in tensors if isinstance(t, torch.Tensor))
     return "triton" if on_cuda and any(isinstance(t, torch.Tensor) for t in tensors) else "torch"
 
-
-def launch_device(*tensors: torch.Tensor):
-    """Context manager under which a Triton kernel over `tensors` is launched: ``torch.cuda.device``
-    of their CUDA device (its current stream is then the one Triton uses), a no-op for CPU tensors
-    (the interpreter). Raises ValueError when the tensors are not all on one device."""
-    devices = {t.device for t in tensors if isinstance(t, torch.Tensor)}
-    if len(devices) > 1:
-        raise ValueError(f"a kernel's tensors must be on one device, got {sorted(map(str, devices))}")
-    device = next(iter(devices), None)
-    if device is None or device.type != "cuda":
-        return contextlib.nullcontext()
-    return torch.cuda.device(device)

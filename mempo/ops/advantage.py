@@ -292,6 +292,7 @@ def _group_zscore(values: torch.Tensor, group: torch.Tensor, num_groups: int, ep
         return values.to(torch.float32)
     if resolve_backend(backend, values) == "torch":
         return _group_zscore_torch(values, group, num_groups, epsilon, norm_by_std, singleton_zero)
+    # reason: `import mempo.ops` stays without triton (heavy; only the CUDA path launches kernels)
     from mempo.kernels import group_zscore as kernel
 
     perm = torch.argsort(group, stable=True)
@@ -357,6 +358,7 @@ def _span_scatter_torch(row_value: torch.Tensor, span_value: torch.Tensor, start
 def _span_scatter(row_value, span_value, start, end, offsets, mask, backend: str) -> torch.Tensor:
     if resolve_backend(backend, row_value, mask) == "torch":
         return _span_scatter_torch(row_value, span_value, start, end, offsets, mask)
+    # reason: `import mempo.ops` stays without triton (heavy; only the CUDA path launches kernels)
     from mempo.kernels import span_scatter as kernel
 
     out = torch.empty(mask.shape, dtype=torch.float32, device=mask.device)

@@ -290,6 +290,7 @@ def _torch_segments(token_logp, mask, cu, seq_len, num_contexts, log_threshold, 
 # Triton path
 # ------------------------------------------------------------------------------------------------
 def _triton_segments(token_logp, mask_u8, cu, seq_len, num_contexts, log_threshold, empty_value):
+    # reason: `import mempo.ops` stays without triton (heavy; only the CUDA path launches kernels)
     from mempo.kernels import answer_logprob as kern
 
     device = token_logp.device
@@ -360,6 +361,7 @@ def answer_logprob(
         keep, p, mean_logp, num_kept = _torch_segments(
             token_logp, mask, cu, seq_len, C, log_threshold, empty_value)
     else:
+        # reason: `import mempo.ops` stays without triton (heavy; only the CUDA path launches kernels)
         from mempo.kernels import answer_logprob as kern
 
         mask_u8 = _mask_u8(mask)
@@ -438,6 +440,7 @@ def answer_logprob_from_hidden(
         keep, p, mean_logp, num_kept = _torch_segments(
             token_logp, mask, cu, seq_len, C, log_threshold, empty_value)
     else:
+        # reason: `import mempo.ops` stays without triton (heavy; only the CUDA path launches kernels)
         from mempo.kernels import answer_logprob as kern
 
         mask_u8 = _mask_u8(mask)

@@ -74,6 +74,13 @@ import torch
 
 from mempo.protocol.tags import ACTION_TAGS, TAGS, marker_strings  # re-exported
 
+try:
+    from mempo import _scanner
+    _SCANNER_IMPORT_ERROR: Optional[ImportError] = None
+except ImportError as _error:  # reported when a scan is first asked for, with how to build it
+    _scanner = None
+    _SCANNER_IMPORT_ERROR = _error
+
 __all__ = [
     "ACTION_TAGS", "TAGS", "Span", "SpanBatch", "TokenTable", "find_spans", "marker_strings",
 ]
@@ -90,13 +97,11 @@ class Span(NamedTuple):
 
 
 def _load_scanner_module():
-    try:
-        from mempo import _scanner
-    except ImportError as err:  # the C++ extension is built by setup.py
+    if _scanner is None:  # the C++ extension is built by setup.py
         raise ImportError(
             "mempo._scanner (the C++ span scanner) is not built; run `pip install -e .` or "
             "`python setup.py build_ext --inplace` in the repository root"
-        ) from err
+        ) from _SCANNER_IMPORT_ERROR
     return _scanner
 
 

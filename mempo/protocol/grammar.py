@@ -34,7 +34,7 @@ Conventions
   no ``<information>`` is the same model turn (two actions in one turn), so it is checked as part
   of the previous round.
 * Every function here runs in time linear in the text's length, whatever the markers (a degenerate
-  policy output of a megabyte of repeated tags included; tests/test_protocol.py bounds the work).
+  policy output of a megabyte of repeated tags included; tests/protocol/test_grammar.py bounds the work).
 """
 from __future__ import annotations
 

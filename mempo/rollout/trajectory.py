@@ -42,6 +42,7 @@ from typing import Any, Iterable, Iterator, NamedTuple, Optional, Union
 
 from mempo.algo.rounds import is_scored
 from mempo.protocol.reward import memory_keeps
+from mempo.rollout.chat import decode_ids
 from mempo.utils.jsonl import iter_jsonl_records, write_jsonl
 
 __all__ = ["POLICIES", "FINISH_REASONS", "Round", "Trajectory", "RoundInput", "round_training_inputs",
@@ -167,8 +168,6 @@ class Trajectory:
 
         Equal to the text the outcome was scored on, up to the tokenizer's normalisation of tool
         text (e.g. NFC)."""
-        from mempo.rollout.chat import decode_ids
-
         parts = []
         for r in self.rounds:
             parts.append(decode_ids(tokenizer, self.response_ids[r.start:r.end]))
@@ -181,8 +180,6 @@ class Trajectory:
         retrieved (`mempo.protocol.reward.memory_keeps` of the ``<mem>`` text and the
         ``<information>`` texts of the rounds before it; None when no gold was retrieved yet).
         Empty without golds."""
-        from mempo.rollout.chat import decode_ids
-
         if self.golds is None:
             return []
         keeps, seen = [], []

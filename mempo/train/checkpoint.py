@@ -86,6 +86,9 @@ from typing import Any, Callable, Optional, Union
 
 import numpy as np
 import torch
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions, get_model_state_dict, get_optimizer_state_dict, set_model_state_dict, set_optimizer_state_dict,
+)
 
 from mempo.utils.atomic import TEMP_PREFIX, fault_point, fsync_dir, replace_file_atomically, write_bytes_durably
 from mempo.errors import MempoError
@@ -216,38 +219,28 @@ def _from_rank0(compute: Callable[[], Any]) -> Any:
 
 
 def _full_options(**kwargs):
-    from torch.distributed.checkpoint.state_dict import StateDictOptions
-
     return StateDictOptions(full_state_dict=True, **kwargs)
 
 
 def model_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """Full model state dict on CPU. Collective when distributed: rank 0 gets it, other ranks {}."""
-    from torch.distributed.checkpoint.state_dict import get_model_state_dict
-
     return get_model_state_dict(model, options=_full_options(cpu_offload=True))
 
 
 def optimizer_state_dict(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict:
     """Full optimiser state dict keyed by parameter FQN, on CPU (collective; rank 0 only when distributed)."""
-    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
-
     return get_optimizer_state_dict(model, optimizer, options=_full_options(cpu_offload=True))
 
 
 def load_model_state(model: torch.nn.Module, state: dict, strict: bool = True) -> None:
     """Load a full state dict into a plain or FSDP2-sharded model (collective when distributed; only
     rank 0's `state` is read, other ranks may pass {})."""
-    from torch.distributed.checkpoint.state_dict import set_model_state_dict
-
     options = _full_options(broadcast_from_rank0=_dist_active(), strict=strict)
     set_model_state_dict(model, state, options=options)
 
 
 def load_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, state: dict) -> None:
     """Load a full FQN-keyed optimiser state dict (collective when distributed; rank 0's is read)."""
-    from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
-
     set_optimizer_state_dict(model, optimizer, state, options=_full_options(broadcast_from_rank0=_dist_active()))
 
 

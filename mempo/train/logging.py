@@ -133,14 +133,14 @@ class MetricsLogger:
             _warn_once("tensorboard", "tensorboard is not installed: no TensorBoard event files are written "
                                       "(pip install tensorboard); metrics.jsonl is still written")
             return None
-        from torch.utils.tensorboard import SummaryWriter
+        from torch.utils.tensorboard import SummaryWriter  # reason: optional (tensorboard, when installed)
 
         purge = None if resume_step is None else int(resume_step) + 1
         return SummaryWriter(log_dir=str(self.out_dir / "tensorboard"), purge_step=purge)
 
     def _open_wandb(self, resume_step, run_name, project, config):
         try:
-            import wandb
+            import wandb  # reason: optional dependency (wandb=True only)
         except ImportError as error:
             raise ImportError("wandb=True needs the wandb package (pip install wandb)") from error
         id_file = self.out_dir / "wandb_run_id"
@@ -255,7 +255,7 @@ class _PlainProgress:
 
 class _RichProgress:
     def __init__(self, name: str, total: Optional[int]):
-        from rich.progress import Progress
+        from rich.progress import Progress  # reason: optional dependency (the demo extra)
 
         self._progress = Progress(transient=False)
         self._progress.start()

@@ -10,6 +10,10 @@ import math
 from collections import defaultdict
 from typing import Hashable, Sequence
 
+import torch
+
+from mempo.ops.advantage import csr_offsets_from_rows
+
 VALUE_LIMIT = 1e18  # = mempo.ops.advantage.VALUE_LIMIT (not imported: the reference stands alone)
 
 
@@ -113,10 +117,6 @@ def random_memory_batch(seed, num_groups, group_size, length, max_rounds=4, sing
     layout="rounds": the response is split into max_rounds equal rounds; rounds 2.. each open with a
     scored `<mem>` span of `mem_len` tokens (the shape of a real MemPO batch).
     """
-    import torch
-
-    from mempo.ops.advantage import csr_offsets_from_rows
-
     if layout not in ("random", "rounds"):
         raise ValueError(f"layout must be 'random' or 'rounds', got {layout!r}")
     g = torch.Generator().manual_seed(seed)

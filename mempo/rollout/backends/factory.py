@@ -26,10 +26,11 @@ import os
 from pathlib import Path
 from typing import Any, Sequence, Union
 
+from mempo.config import ConfigError
+from mempo.model.export import save_model_dir
 from mempo.rollout.backends.base import GenerationBackend
 from mempo.rollout.backends.hf import HFBackend
 from mempo.rollout.backends.sglang import SGLangBackend, SGLangError, SGLangServerBackend
-from mempo.config import ConfigError
 
 __all__ = ["build_backend", "check_backend_config", "sglang_installed"]
 
@@ -69,8 +70,6 @@ def build_backend(cfg: Any, model: Any, tokenizer: Any, *, model_path: Union[str
         return HFBackend(model, tokenizer, logits_processors=logits_processors)
     path = None if model_path in (None, "builtin-tiny") else str(model_path)
     if r.sglang_url:
-        from mempo.model.export import save_model_dir
-
         def save_weights(weights, directory: Path) -> None:
             save_model_dir(directory, model, tokenizer, state_dict=dict(weights))
 

@@ -30,6 +30,8 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Mapping, Optional, Sequence, Union
 
+import torch
+
 from mempo.rollout.backends.base import (
     GenerationOutput, GenerationRequest, SamplingParams, named_tensors, register_backend,
 )
@@ -41,11 +43,11 @@ _STOP_CLASS = None
 
 
 def _round_stop_class():
-    """A transformers ``StoppingCriteria`` subclass (built on first use: transformers is imported lazily)."""
+    """A transformers ``StoppingCriteria`` subclass, built on first use."""
     global _STOP_CLASS
     if _STOP_CLASS is not None:
         return _STOP_CLASS
-    import torch
+    # reason: transformers is optional (the test/demo extras) and `import mempo.rollout.backends` stays without it
     from transformers import StoppingCriteria
 
     class RoundStop(StoppingCriteria):
@@ -126,8 +128,6 @@ class HFBackend:
 
     def generate(self, requests: Sequence[GenerationRequest], sampling: SamplingParams) -> list[GenerationOutput]:
         """New ids per request (module conventions); one ``model.generate`` per chunk."""
-        import torch
-
         if not requests:
             return []
         order = sorted(range(len(requests)), key=lambda i: len(requests[i].prompt_ids))
@@ -151,7 +151,7 @@ class HFBackend:
         return outputs  # type: ignore[return-value]
 
     def _generate_chunk(self, requests: list[GenerationRequest], sampling: SamplingParams) -> list[GenerationOutput]:
-        import torch
+        # reason: as in `_round_stop_class`
         from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteriaList
 
         device = self.device
@@ -211,8 +211,6 @@ def load_weights_into(model: Any, weights: Union[Mapping[str, Any], Iterable[tup
     """Copy ``{name: tensor}`` (or ``[(name, tensor)]``, names of ``model.state_dict()``) into
     `model`'s own tensors in place, converting device and dtype; a tensor that already is the
     model's storage is skipped. KeyError for an unknown name, ValueError for a shape mismatch."""
-    import torch
-
     own = model.state_dict(keep_vars=True)
     with torch.no_grad():
         for name, tensor in named_tensors(weights):

@@ -24,6 +24,7 @@ from mempo.rollout.backends.base import (
     GenerationOutput, GenerationRequest, RequestKey, SamplingParams, register_backend,
 )
 from mempo.rollout.backends.stopping import TokenBytes, cut_round
+from mempo.rollout.chat import encode_text
 
 __all__ = ["ScriptedBackend", "round_script"]
 
@@ -84,8 +85,6 @@ def round_script(tokenizer: Any, scripts: Mapping[Any, Sequence[Union[str, Seque
     ``scripts`` maps ``(uid, sample_index)`` or ``uid`` to the rounds' continuations after the forced
     prefix (``"</mem><think>...</think><search>q</search>"`` for a round 1 with an empty memory).
     """
-    from mempo.rollout.chat import encode_text
-
     cache: dict[tuple[Any, int], list[int]] = {}
 
     def ids_of(entry: Union[str, Sequence[int]], key: tuple[Any, int]) -> list[int]:

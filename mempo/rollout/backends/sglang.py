@@ -72,6 +72,8 @@ import urllib.request
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Optional, Sequence, Union
 
+import torch.distributed as dist
+
 from mempo.rollout.backends.base import (
     GenerationOutput, GenerationRequest, SamplingParams, named_tensors, register_backend,
 )
@@ -209,7 +211,7 @@ class SGLangBackend:
             if model_path is None:
                 raise ValueError("give model_path (or an existing engine)")
             try:
-                import sglang  # heavy optional dependency (GPU installs only)
+                import sglang  # reason: heavy optional dependency (GPU installs only, an environment of its own)
             except ImportError as err:
                 raise ImportError("SGLangBackend needs the 'sglang' package, in an environment of its own on a GPU "
                                   "machine (pip install '.[sglang]', README \"GPU\"); it is not installed") from err
@@ -377,8 +379,6 @@ class SGLangServerBackend:
         """Write the weights as a new checkpoint version and have the server load it (module conventions)."""
         if weights is None:
             return
-        import torch.distributed as dist
-
         distributed = dist.is_available() and dist.is_initialized()
         if not distributed or dist.get_rank() == 0:
             if self.save_weights is None or self.weights_dir is None:

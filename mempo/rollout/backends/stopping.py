@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from typing import Any, Collection, NamedTuple, Optional, Sequence
 
+from mempo.ops.spans import TokenTable
 from mempo.protocol.tags import ACTION_TAGS, TAGS
 
 __all__ = ["ActionStopScanner", "TokenBytes", "RoundCut", "cut_round", "STOP_ACTION", "STOP_EOS",
@@ -118,8 +119,6 @@ class TokenBytes:
     def of(cls, tokenizer_or_table: Any) -> "TokenBytes":
         if isinstance(tokenizer_or_table, TokenBytes):
             return tokenizer_or_table
-        from mempo.ops.spans import TokenTable
-
         table = tokenizer_or_table if isinstance(tokenizer_or_table, TokenTable) \
             else TokenTable.from_tokenizer(tokenizer_or_table)
         entry = cls._cache.get(id(table))

@@ -1,0 +1,117 @@
+"""Every error a user can cause ends in one line naming the problem and exit code 2, never a
+traceback (`mempo.apps.cli.main` prints each `mempo.errors.MempoError` as ``mempo <command>: <message>``).
+
+Each case runs the installed ``mempo`` command line as a subprocess outside the source tree; the
+cases are independent, so they run a few at a time (one fixture) and each test checks its own.
+"""
+import json
+import os
+import socket
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from support.paths import REPO
+
+TINY = str(REPO / "configs" / "tiny.yaml")
+FAST = ["trainer.tensorboard=false", "trainer.progress=false", "data.questions_per_step=1", "rollout.group_size=2"]
+
+
+def _dead_url() -> str:
+    with socket.socket() as sock:  # nothing listens on this port once the socket is closed
+        sock.bind(("127.0.0.1", 0))
+        return f"http://127.0.0.1:{sock.getsockname()[1]}"
+
+
+def _cases(tmp: Path) -> dict[str, tuple[list[str], str]]:
+    """{name: (mempo arguments, text the one line must contain)}; files the cases need are made here."""
+    a_file = tmp / "a_file"
+    a_file.write_text("not a directory\n")
+    (tmp / "empty_model").mkdir()
+    (tmp / "junk_model").mkdir()
+    (tmp / "junk_model" / "notes.txt").write_text("no model here\n")
+    (tmp / "empty.jsonl").write_text("")
+    (tmp / "no_assistant.jsonl").write_text(json.dumps({"messages": [{"role": "user", "content": "q"}]}) + "\n")
+    (tmp / "latin1.yaml").write_bytes(b"trainer:\n  total_steps: 2\n# r\xe9sum\xe9\n")
+    (tmp / "dup.yaml").write_text("trainer:\n  total_steps: 2\nactor:\n  lr: 0.001\ntrainer:\n  save_every: 1\n")
+    used = tmp / "used_run" / "checkpoints" / "step_00000002"
+    used.mkdir(parents=True)
+    index = tmp / "index"
+    from mempo.env.corpus import Document, write_corpus
+    from mempo.env.retriever import load_or_build_bm25
+
+    write_corpus(tmp / "corpus.jsonl", [Document(f"d{i}", f"title {i}", f"text number {i} about things")
+                                        for i in range(20)])
+    load_or_build_bm25(tmp / "corpus.jsonl", index).close()
+    offsets = index / "documents.offsets.npy"
+    offsets.write_bytes(offsets.read_bytes()[:40])  # a torn file
+    url = _dead_url()
+
+    def train(out, *overrides):
+        return ["train", "--config", TINY, "--out", str(out), *FAST, *overrides]
+
+    return {
+        "threads": (["train", "--threads", "-1", "--out", str(tmp / "r1")], "--threads: must be"),
+        "out_is_a_file": (train(a_file), "exists and is not a directory"),
+        "missing_model_path": (train(tmp / "r2", "model.path=/nonexistent/model"),
+                               "model.path: /nonexistent/model: no such directory"),
+        "missing_corpus": (train(tmp / "r3", f"env.corpus_path={tmp / 'missing.jsonl'}"),
+                           "missing.jsonl: corpus file not found"),
+        "resume_nonexistent": (train(tmp / "r4", "trainer.resume=/nonexistent"),
+                               "trainer.resume: /nonexistent: no such checkpoint directory"),
+        "used_run_dir": (train(tmp / "used_run"), "already holds checkpoints"),
+        "dead_retriever": (train(tmp / "r5", "env.retriever=http", f"env.retriever_url={url}"),
+                           f"env.retriever_url: retriever at {url} failed its health check"),
+        "latin1_yaml": (["train", "--config", str(tmp / "latin1.yaml"), "--out", str(tmp / "r6")],
+                        "latin1.yaml:3: not valid UTF-8"),
+        "duplicate_yaml_key": (["train", "--config", str(tmp / "dup.yaml"), "--out", str(tmp / "r7")],
+                               "key 'trainer' appears twice in one mapping (lines 1 and 5)"),
+        "small_world": (train(tmp / "r8", "data.world_entities=8"), "data.world_entities: must be"),
+        "eval_empty_model_dir": (["eval", "--model", str(tmp / "empty_model"), "--out", str(tmp / "e1")],
+                                 "--model: " + str(tmp / "empty_model") + " holds no saved model"),
+        "eval_non_model_dir": (["eval", "--model", str(tmp / "junk_model"), "--out", str(tmp / "e2")],
+                               "holds no saved model (none of config.json)"),
+        "corrupt_index": (["serve-retriever", "--index-dir", str(index), "--port", "0"], "damaged BM25 index"),
+        "sft_empty_file": (["sft", "--config", TINY, "--out", str(tmp / "s1"), "--trajectories",
+                            str(tmp / "empty.jsonl")], "empty.jsonl: no records"),
+        "sft_no_assistant_turns": (["sft", "--config", TINY, "--out", str(tmp / "s2"), "--trajectories",
+                                    str(tmp / "no_assistant.jsonl")], "no_assistant.jsonl: no assistant turns"),
+    }
+
+
+CASE_NAMES = ["threads", "out_is_a_file", "missing_model_path", "missing_corpus", "resume_nonexistent",
+              "used_run_dir", "dead_retriever", "latin1_yaml", "duplicate_yaml_key", "small_world",
+              "eval_empty_model_dir", "eval_non_model_dir", "corrupt_index", "sft_empty_file",
+              "sft_no_assistant_turns"]
+
+
+@pytest.fixture(scope="module")
+def outcomes(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("cli_errors")
+    cases = _cases(tmp)
+    assert sorted(cases) == sorted(CASE_NAMES)
+    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+
+    def run(name):
+        argv, _ = cases[name]
+        done = subprocess.run([sys.executable, "-m", "mempo.apps.cli", *argv], env=env, cwd=tmp, timeout=300,
+                              capture_output=True, text=True)
+        return name, done
+
+    with ThreadPoolExecutor(max_workers=3) as pool:
+        done = dict(pool.map(run, CASE_NAMES))
+    return {name: (done[name], cases[name][1]) for name in CASE_NAMES}
+
+
+@pytest.mark.parametrize("name", CASE_NAMES)
+def test_user_error_is_one_line_and_exit_2(outcomes, name):
+    done, expected = outcomes[name]
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert "Traceback" not in done.stderr, done.stderr[-3000:]
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert len(lines) == 1, done.stderr[-3000:]
+    assert lines[0].startswith("mempo"), lines[0]
+    assert expected in lines[0], lines[0]

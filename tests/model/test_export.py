@@ -1,0 +1,55 @@
+"""mempo.model.export: the final model directory is whole, also when written under torchrun.
+
+Under torchrun the actor is FSDP2-sharded; `export_model` gathers the full weights and rank 0
+writes them. The 2-process run (gloo) is compared with one process on all rows (the same update,
+tests/train/test_actor.py): its written weights load back equal to the shards every rank trained, hold
+as many elements as the model has parameters, and equal the 1-process run's weights.
+"""
+import json
+
+import torch
+
+from support.dist import torchrun
+from support.dist_export_worker import run
+from support.paths import SUPPORT
+from mempo.model.export import PROVENANCE_FILE, export_model, full_state_dict, save_model_dir
+
+WORKER = SUPPORT / "dist_export_worker.py"
+
+
+def test_two_process_export_holds_the_full_trained_weights(tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    torchrun(WORKER, tmp_path / "two", what="the 2-process export run")
+    two = json.loads((tmp_path / "two" / "result.json").read_text())
+    one = run(tmp_path / "one")
+    assert two["world"] == 2 and one["world"] == 1
+    assert two["mismatched"] == [[], []] and one["mismatched"] == [[]]
+    assert two["elements"] == two["parameters"] == one["elements"]
+    assert json.loads((tmp_path / "two" / "model" / PROVENANCE_FILE).read_text()) == {"rows": 6}
+    a = dict(AutoModelForCausalLM.from_pretrained(tmp_path / "one" / "model").named_parameters())
+    b = dict(AutoModelForCausalLM.from_pretrained(tmp_path / "two" / "model").named_parameters())
+    assert a.keys() == b.keys()
+    for name in a:
+        torch.testing.assert_close(b[name], a[name], atol=1e-5, rtol=1e-4, msg=name)
+
+
+def test_export_keeps_tied_weights_tied_and_replaces_a_directory(tmp_path):
+    from mempo.model.builtin import default_corpus_texts, tiny_model, train_tokenizer
+    from mempo.model.loading import load_model_dir
+
+    tok = train_tokenizer(default_corpus_texts(), 300)
+    model = tiny_model(tok, seed=0, tie_word_embeddings=True)
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "stale.txt").write_text("from an older export")
+    assert export_model(model, tok, tmp_path / "m") == tmp_path / "m"
+    assert not (tmp_path / "m" / "stale.txt").exists()
+    loaded, _ = load_model_dir(tmp_path / "m")
+    assert loaded.config.tie_word_embeddings
+    assert loaded.get_output_embeddings().weight.data_ptr() == loaded.get_input_embeddings().weight.data_ptr()
+    for (name, p), q in zip(model.state_dict().items(), loaded.state_dict().values()):
+        assert torch.equal(p, q), name
+    weights = full_state_dict(model)
+    assert weights.keys() == model.state_dict().keys()
+    save_model_dir(tmp_path / "again", model, None, state_dict=weights)
+    assert not (tmp_path / "again" / PROVENANCE_FILE).exists()
