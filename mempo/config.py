@@ -590,12 +590,12 @@ class DemoConfig:
 
     vocab_size: int = 4096
     tokenizer_documents: int = 2000
-    model_size: Literal["tiny", "small"] = "small"
-    max_position_embeddings: int = 4096
+    model_size: Literal["tiny", "mini", "small"] = "mini"
+    max_position_embeddings: int = 2048
     tie_embeddings: bool = True
     torch_threads: int = 0
     seed: int = 0
-    copy_warmup_steps: int = 0
+    copy_warmup_steps: int = 700
     copy_warmup_lr: float = 1e-3
 
     def __post_init__(self):

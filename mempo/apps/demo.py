@@ -72,19 +72,14 @@ T = TypeVar("T")
 #: The built-in demo configuration (equal to the repository's configs/demo.yaml).
 DEFAULT_CONFIG: dict[str, Any] = {
     "demo": dataclasses.asdict(DemoConfig()),
-    "sft": {"objectives": [1, 2, 3, 4], "episodes": 512, "oracle_think": "short", "steps": 4000, "epochs": None,
-            "max_seconds": 570.0, "lr": 3e-3, "schedule": "cosine", "warmup": 0.05, "prompt_loss_weight": 1.0,
-            "batch_tokens": 2048},
-    "model": {"path": "builtin-tiny", "max_position_embeddings": 4096},
-    "data": {"num_objectives": 2, "questions_per_step": 2, "seed": 0, "world_seed": 0, "world_documents": 2000,
-             "article_fillers": [0, 1]},
+    "sft": {"objectives": [1, 2, 3, 4], "episodes": 512, "keep": "all", "oracle_think": "minimal", "oracle_memory_style": "facts", "oracle_query_style": "question", "oracle_drop_fact_prob": 0.3, "oracle_drop_seed": 0, "oracle_answer_template": True, "steps": 1500, "epochs": None, "max_seconds": 420, "lr": 0.001, "schedule": "cosine", "warmup": 0.05, "prompt_loss_weight": 1.0, "batch_tokens": 2048},
+    "model": {"path": "builtin-tiny", "max_position_embeddings": 2048},
+    "data": {"num_objectives": 2, "questions_per_step": 4, "seed": 0, "world_seed": 0, "world_entities": 2000, "world_relations": ["birthplace", "alma_mater"], "world_names": "short", "world_article_style": "facts", "article_fillers": [0, 0], "world_chronicles": False, "world_distractor_ratio": 0.0, "world_question_hops": [1], "world_prompt_style": "compact"},
     "env": {"topk": 1, "doc_chars": 600},
-    "rollout": {"group_size": 4, "max_turns": 6, "max_new_tokens_per_round": 192,
-                "max_response_tokens": 2048, "temperature": 1.0, "context_policy": "memory"},
-    "actor": {"lr": 1e-4, "kl_coef": 0.001, "micro_batch_tokens": 8192},
-    "trainer": {"total_steps": 4, "save_every": 0, "eval_every": 0, "log_every": 1, "resume": "never",
-                "tensorboard": False, "out_dir": "demo_out/rl"},
-    "eval": {"objectives": [2, 4], "max_turns": 12, "policies": ["memory"], "episodes": 16, "temperature": 0.0},
+    "rollout": {"group_size": 8, "max_turns": 6, "max_new_tokens_per_round": 96, "max_response_tokens": 1024, "temperature": 1.0, "context_policy": "memory"},
+    "actor": {"lr": 0.0002, "kl_coef": 0.0, "micro_batch_tokens": 8192},
+    "trainer": {"total_steps": 20, "save_every": 0, "eval_every": 0, "log_every": 1, "resume": "never", "tensorboard": False, "out_dir": "demo_out/rl"},
+    "eval": {"objectives": [2, 4], "max_turns": 8, "policies": ["memory", "full"], "episodes": 64, "temperature": 0.0}
 }
 
 
