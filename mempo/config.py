@@ -595,7 +595,7 @@ class DemoConfig:
     tie_embeddings: bool = True
     torch_threads: int = 0
     seed: int = 0
-    copy_warmup_steps: int = 700
+    copy_warmup_steps: int = 1000
     copy_warmup_lr: float = 1e-3
 
     def __post_init__(self):

@@ -38,7 +38,10 @@ Conventions
   is not counted). ``prompt_tokens_per_episode``: the mean over episodes of the sum over its rounds;
   ``peak_prompt_tokens``: the largest single round prompt over all episodes;
   ``mean_prompt_tokens_per_turn``: all round prompts / all rounds; ``generated_tokens_per_episode``:
-  mean model-generated ids (mask 1) per episode.
+  mean model-generated ids (mask 1) per episode; ``full_context_tokens_per_episode``: what the full
+  context of the *same* rounds would have held (``prompt_ids + response_ids[:start]`` per round,
+  under either policy; equal to ``prompt_tokens_per_episode`` under the full policy), so the memory
+  context's saving is measured on one set of decisions, not on two different runs.
 * Episode records (`EpisodeRecord`, `render_episode`): one episode as readable text: the system
   and user messages, per round the assistant text (forced ``<mem>`` + what the model wrote,
   decoded), its action, the tool result (decoded ``<information>`` text) and, under the memory
@@ -123,6 +126,7 @@ class EvalRow:
     dataset: str = ""
     em_se: float = 0.0
     f1_se: float = 0.0
+    full_context_tokens_per_episode: float = 0.0
 
     @classmethod
     def from_dict(cls, obj: Mapping[str, Any]) -> "EvalRow":
@@ -394,6 +398,8 @@ def summarize(trajectories: Sequence[Any], objectives: int, policy: str, seconds
         peak_prompt_tokens=int(max(all_rounds, default=0)),
         mean_prompt_tokens_per_turn=_mean(all_rounds),
         generated_tokens_per_episode=_mean([sum(t.response_mask) for t in trajectories]),
+        full_context_tokens_per_episode=_mean([sum(len(t.prompt_ids) + r.start for r in t.rounds)
+                                               for t in trajectories]),
         seconds=float(seconds), finish_reasons=reasons, dataset=dataset,
     )
 

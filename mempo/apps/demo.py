@@ -77,9 +77,10 @@ DEFAULT_CONFIG: dict[str, Any] = {
     "data": {"num_objectives": 2, "questions_per_step": 4, "seed": 0, "world_seed": 0, "world_entities": 2000, "world_relations": ["birthplace", "alma_mater"], "world_names": "short", "world_article_style": "facts", "article_fillers": [0, 0], "world_chronicles": False, "world_distractor_ratio": 0.0, "world_question_hops": [1], "world_prompt_style": "compact"},
     "env": {"topk": 1, "doc_chars": 600},
     "rollout": {"group_size": 8, "max_turns": 6, "max_new_tokens_per_round": 96, "max_response_tokens": 1024, "temperature": 1.0, "context_policy": "memory"},
-    "actor": {"lr": 0.0002, "kl_coef": 0.0, "micro_batch_tokens": 8192},
+    "scoring": {"threshold": None},
+    "actor": {"lr": 5e-05, "kl_coef": 0.0, "micro_batch_tokens": 8192},
     "trainer": {"total_steps": 20, "save_every": 0, "eval_every": 0, "log_every": 1, "resume": "never", "tensorboard": False, "out_dir": "demo_out/rl"},
-    "eval": {"objectives": [2, 4], "max_turns": 8, "policies": ["memory", "full"], "episodes": 64, "temperature": 0.0}
+    "eval": {"objectives": [2, 4], "max_turns": 8, "policies": ["memory"], "episodes": 64, "temperature": 0.0}
 }
 
 

@@ -258,11 +258,39 @@ def _with_se(row: Any, name: str) -> Optional[str]:
     return f"{getattr(row, name):.3f} ± {getattr(row, name + '_se'):.3f}"
 
 
+def _token_economy_lines(before: Any, after: Any, ks: Sequence[int]) -> list[str]:
+    """Memory-context prompt tokens against the full context of the same rounds, per k."""
+    lines = []
+    for which, report in (("before", before), ("after", after)):
+        for k in ks:
+            row = report.row(k, "memory") if report is not None else None
+            if row is None or not row.full_context_tokens_per_episode:
+                continue
+            lines.append(f"* {which} RL, k={k}: memory context {row.prompt_tokens_per_episode:.0f} prompt tokens per "
+                         f"episode, the full context of the same rounds {row.full_context_tokens_per_episode:.0f} "
+                         f"(ratio {row.prompt_tokens_per_episode / row.full_context_tokens_per_episode:.2f})")
+    return lines + ([""] if lines else [])
+
+
+def _paired_se(before: Any, after: Any, row: Any, policy: str) -> Optional[float]:
+    """The standard error of the mean per-episode EM change when both evaluations kept their
+    trajectories of the same episodes (paired), else None."""
+    key = (row.dataset, row.objectives, policy)
+    first, last = before.trajectories.get(key), after.trajectories.get(key)
+    if not first or not last or len(first) != len(last) or len(first) < 2 or any(
+            x.episode_id != y.episode_id for x, y in zip(first, last)):
+        return None
+    changes = [float((y.outcome or {}).get("em", 0.0)) - float((x.outcome or {}).get("em", 0.0))
+               for x, y in zip(first, last)]
+    mean = sum(changes) / len(changes)
+    return math.sqrt(sum((c - mean) ** 2 for c in changes) / (len(changes) - 1) / len(changes))
+
+
 def _before_after_section(before: Any, after: Any) -> list[str]:
     lines = ["## Before / after RL", "",
-             "Means over the held-out episodes ± their standard errors (sample std / sqrt(episodes)); the EM "
-             "change's SE is sqrt(SE_before² + SE_after²) (the same episodes, counted as independent: "
-             "conservative).", ""]
+             "Means over the held-out episodes ± their standard errors (sample std / sqrt(episodes)). The EM "
+             "change's SE is that of the mean per-episode change when both evaluations kept the trajectories "
+             "of the same episodes (paired: the demo's case), else sqrt(SE_before² + SE_after²).", ""]
     if before is None and after is None:
         return lines + ["No evaluation files (eval_before.json / eval_after.json) were found.", ""]
     policies = []
@@ -283,7 +311,8 @@ def _before_after_section(before: Any, after: Any) -> list[str]:
 
             change = None
             if b is not None and a is not None:
-                se = math.hypot(b.em_se, a.em_se)
+                se = _paired_se(before, after, b, policy)
+                se = math.hypot(b.em_se, a.em_se) if se is None else se
                 change = f"{a.em - b.em:+.3f}" + (f" ({(a.em - b.em) / se:+.1f} SE)" if se > 0 else "")
             rows.append((k, get(b, "episodes") or get(a, "episodes"),
                          _with_se(b, "em"), _with_se(a, "em"), change, _with_se(b, "f1"), _with_se(a, "f1"),
@@ -297,6 +326,8 @@ def _before_after_section(before: Any, after: Any) -> list[str]:
                          "prompt tok/episode before", "prompt tok/episode after",
                          "peak prompt tok/turn before", "peak prompt tok/turn after"), rows)
         lines.append("")
+        if policy == "memory":
+            lines += _token_economy_lines(before, after, ks)
     for which, report in (("before", before), ("after", after)):
         if report is not None:
             meta = report.metadata

@@ -17,7 +17,7 @@ def test_config_file_equals_builtin_defaults():
     assert yaml.safe_load((REPO / "configs" / "demo.yaml").read_text()) == DEFAULT_CONFIG
     cfg = load_demo_config(REPO / "configs" / "demo.yaml")
     assert cfg == load_demo_config(None)
-    assert cfg.eval.objectives == [2, 4] and cfg.eval.policies == ["memory", "full"] and cfg.demo.model_size == "mini"
+    assert cfg.eval.objectives == [2, 4] and cfg.eval.policies == ["memory"] and cfg.demo.model_size == "mini"
     assert cfg.sft.objectives == [1, 2, 3, 4] and cfg.sft.lr == 1e-3 and cfg.sft.oracle_think == "minimal"
     assert cfg.sft.keep == "all" and 0 < cfg.sft.oracle_drop_fact_prob < 1 and cfg.demo.copy_warmup_steps > 0
 
