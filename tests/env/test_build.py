@@ -6,8 +6,6 @@ from mempo.env.build import synthetic_world
 from support.small_world import SMALL
 
 
-
-
 def test_world_options_reach_the_world():
     world = synthetic_world(load_config(None, SMALL))
     assert {e.kind for e in world.entities} == {"person", "city", "university"}

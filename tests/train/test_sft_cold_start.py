@@ -6,8 +6,6 @@ from mempo.train.sft import oracle_agent, oracle_cold_start
 from support.small_world import SMALL
 
 
-
-
 def test_the_imperfect_teacher_from_the_config():
     overrides = SMALL + ["sft.objectives=[2]", "sft.episodes=40", "sft.oracle_memory_style=facts",
                          "sft.oracle_query_style=question", "sft.oracle_think=minimal", "sft.oracle_answer_template=true"]
