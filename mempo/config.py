@@ -176,8 +176,15 @@ class DataConfig:
     times). world_seed / world_entities: the synthetic world's seed and size in entities;
     world_documents: when set, the world has exactly this many documents instead (entities follow);
     article_fillers: ``[least, most]`` filler sentences per entity article (None: the world's
-    default, 2 to 5; fewer give shorter search results). Every command that builds the world
-    (`mempo train`, `eval`, `demo`) reads these, so they agree on it.
+    default, 2 to 5; fewer give shorter search results). Options for small worlds (small models;
+    `mempo.env.world.World.generate` documents each, every default leaves the world as it was):
+    world_relations (the relations the world has, None: all), world_names (``"default"`` or
+    ``"short"``: one-word names), world_article_style (``"full"`` or ``"facts"``: fact sentences
+    only), world_chronicles (False: no chronicle documents, every fact in its entity's article),
+    world_distractor_ratio (distractor documents per entity), world_question_hops (the hops of a
+    question, e.g. [1]; None: 2) and world_prompt_style (the episode prompt's layout, None:
+    ``"numbered"``; ``"compact"``: a short instruction paragraph). Every command that builds the
+    world (`mempo train`, `eval`, `demo`) reads these, so they agree on it.
     """
 
     source: Literal["synthetic", "files"] = "synthetic"
@@ -191,10 +198,24 @@ class DataConfig:
     world_entities: int = 200
     world_documents: Optional[int] = None
     article_fillers: Optional[list[int]] = None
+    world_relations: Optional[list[str]] = None
+    world_names: Literal["default", "short"] = "default"
+    world_article_style: Literal["full", "facts"] = "full"
+    world_chronicles: bool = True
+    world_distractor_ratio: float = 1.0
+    world_question_hops: Optional[list[int]] = None
+    world_prompt_style: Optional[Literal["numbered", "joined", "compact"]] = None
 
     def __post_init__(self):
         _check_types(self)
+        _finite(self)
+        _non_negative(self, "world_distractor_ratio")
         _positive(self, "num_objectives", "questions_per_step")
+        _require(self.world_relations is None or len(self.world_relations) > 0, "world_relations",
+                 "must list at least one relation, or be null (all)")
+        _require(self.world_question_hops is None or (len(self.world_question_hops) > 0
+                                                      and all(h >= 1 for h in self.world_question_hops)),
+                 "world_question_hops", f"must be a non-empty list of hops >= 1, or null; got {self.world_question_hops}")
         _require(self.world_entities >= 20, "world_entities",
                  f"must be >= 20 (the synthetic world's smallest size), got {self.world_entities}")
         _require(self.world_documents is None or self.world_documents > 0, "world_documents",
@@ -492,8 +513,17 @@ class SFTConfig:
     (the demo's way; synthetic data only): ``episodes`` synthetic-world episodes of each number of
     objectives, drawn with `mempo.seeds.sft_question_seed`, those sharing a question with an
     evaluation episode dropped, under the memory context, only correct trajectories (score 1) kept,
-    all of them when none is (`mempo.train.sft.oracle_cold_start`). oracle_think: the oracle's think
-    style (`OracleAgent`: ``"full"`` sentences or ``"short"``, one line).
+    all of them when none is (`mempo.train.sft.oracle_cold_start`; ``keep: all`` keeps every one).
+    The oracle teacher (`mempo.env.oracle.OracleAgent`): oracle_think its think style (``"full"``
+    sentences, ``"short"`` one line, ``"minimal"`` the question number and the action);
+    oracle_memory_style (``"labels"`` or ``"facts"``: the found sentences copied);
+    oracle_query_style (``"words"`` or ``"question"``: the question itself is the first query);
+    oracle_drop_fact_prob: a deliberately imperfect teacher whose ``<mem>`` loses a fact a later
+    round needs with this probability (the episode then fails for it; ``keep: all`` keeps such
+    trajectories, so the cold-started agent fails the way the memory reward exists to fix);
+    oracle_drop_seed: the seed of those draws; oracle_answer_template: the answer round is exactly
+    the teacher-scoring template (`mempo.algo.contexts.DEFAULT_ANSWER_TEMPLATE`), so P(answer |
+    context) is scored on text the model was taught.
 
     Optimisation. steps / epochs: optimiser steps / passes over the data (both null: one epoch);
     max_seconds: a wall-time bound (null: none). lr: AdamW's learning rate (betas, weight decay and
@@ -507,7 +537,13 @@ class SFTConfig:
     trajectories: Optional[str] = None
     episodes: int = 16
     objectives: Optional[list[int]] = None
-    oracle_think: Literal["full", "short"] = "full"
+    keep: Literal["correct", "all"] = "correct"
+    oracle_think: Literal["full", "short", "minimal"] = "full"
+    oracle_memory_style: Literal["labels", "facts"] = "labels"
+    oracle_query_style: Literal["words", "question"] = "words"
+    oracle_drop_fact_prob: float = 0.0
+    oracle_drop_seed: int = 0
+    oracle_answer_template: bool = False
     steps: Optional[int] = None
     epochs: Optional[float] = None
     max_seconds: Optional[float] = None
@@ -522,6 +558,8 @@ class SFTConfig:
         _finite(self)
         _positive(self, "episodes", "steps", "epochs", "max_seconds", "lr", "batch_tokens")
         _non_negative(self, "prompt_loss_weight")
+        _require(0.0 <= self.oracle_drop_fact_prob <= 1.0, "oracle_drop_fact_prob",
+                 f"must be in [0, 1], got {self.oracle_drop_fact_prob!r}")
         _require(0.0 <= self.warmup < 1.0, "warmup", f"must be in [0, 1), got {self.warmup!r}")
         _require(self.trajectories is None or self.trajectories.strip() != "", "trajectories",
                  "must be the path of a jsonl file, or null (the oracle makes the data)")
@@ -545,21 +583,26 @@ class DemoConfig:
     down, which helps copying names from the context. torch_threads: torch intra-op threads (0:
     automatic: the CPUs other processes leave idle, from /proc/stat sampled over half a second, at
     least 1; small models on a busy machine run much slower with oversubscribed threads). seed: the
-    model's initialisation seed and the SFT data order's.
+    model's initialisation seed and the SFT data order's. copy_warmup_steps: steps of the copy
+    warm-up before SFT (`mempo.train.copy_warmup`: the model learns to copy ids from its context
+    on random sequences of the world's name ids; 0: none), at learning rate copy_warmup_lr.
     """
 
     vocab_size: int = 4096
     tokenizer_documents: int = 2000
-    model_size: Literal["tiny", "small"] = "small"
-    max_position_embeddings: int = 4096
+    model_size: Literal["tiny", "mini", "small"] = "mini"
+    max_position_embeddings: int = 2048
     tie_embeddings: bool = True
     torch_threads: int = 0
     seed: int = 0
+    copy_warmup_steps: int = 1000
+    copy_warmup_lr: float = 1e-3
 
     def __post_init__(self):
         _check_types(self)
-        _positive(self, "vocab_size", "tokenizer_documents", "max_position_embeddings")
-        _non_negative(self, "torch_threads")
+        _finite(self)
+        _positive(self, "vocab_size", "tokenizer_documents", "max_position_embeddings", "copy_warmup_lr")
+        _non_negative(self, "torch_threads", "copy_warmup_steps")
 
 
 @dataclass

@@ -29,7 +29,8 @@ Conventions
 * Quality, per cell, means over episodes: ``em`` / ``f1`` (the mean per-objective EM / token F1 of
   `mempo.protocol.reward.compute_score`, whatever the format), ``score`` (the outcome reward: EM only when
   the format is valid), ``format_rate`` (share of episodes with a valid format), ``answer_rate``
-  (share ending with ``<answer>``), ``mean_turns`` (rounds per episode). An episode is *correct*
+  (share ending with ``<answer>``), ``mean_turns`` (rounds per episode); ``em_se`` / ``f1_se``: the
+  standard errors of those means over episodes (sample std / sqrt(n)). An episode is *correct*
   when its score is 1 (valid format, every objective exact), else *failed*.
 * Token economy, counted with the model's tokenizer on the real ids: a round's prompt is the exact
   context it was generated from (`Trajectory.round_context_ids`: ``Round.prompt_ids`` under the
@@ -37,7 +38,10 @@ Conventions
   is not counted). ``prompt_tokens_per_episode``: the mean over episodes of the sum over its rounds;
   ``peak_prompt_tokens``: the largest single round prompt over all episodes;
   ``mean_prompt_tokens_per_turn``: all round prompts / all rounds; ``generated_tokens_per_episode``:
-  mean model-generated ids (mask 1) per episode.
+  mean model-generated ids (mask 1) per episode; ``full_context_tokens_per_episode``: what the full
+  context of the *same* rounds would have held (``prompt_ids + response_ids[:start]`` per round,
+  under either policy; equal to ``prompt_tokens_per_episode`` under the full policy), so the memory
+  context's saving is measured on one set of decisions, not on two different runs.
 * Episode records (`EpisodeRecord`, `render_episode`): one episode as readable text: the system
   and user messages, per round the assistant text (forced ``<mem>`` + what the model wrote,
   decoded), its action, the tool result (decoded ``<information>`` text) and, under the memory
@@ -120,6 +124,9 @@ class EvalRow:
     seconds: float = 0.0
     finish_reasons: dict[str, int] = field(default_factory=dict)
     dataset: str = ""
+    em_se: float = 0.0
+    f1_se: float = 0.0
+    full_context_tokens_per_episode: float = 0.0
 
     @classmethod
     def from_dict(cls, obj: Mapping[str, Any]) -> "EvalRow":
@@ -357,6 +364,15 @@ def _mean(values: Sequence[float]) -> float:
     return float(sum(values) / len(values)) if values else 0.0
 
 
+def _standard_error(values: Sequence[float]) -> float:
+    """The standard error of the mean: sample standard deviation / sqrt(n) (0 for n < 2)."""
+    n = len(values)
+    if n < 2:
+        return 0.0
+    mean = sum(values) / n
+    return math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1) / n)
+
+
 def summarize(trajectories: Sequence[Any], objectives: int, policy: str, seconds: float = 0.0,
               dataset: str = "") -> EvalRow:
     """One `EvalRow` from the trajectories of one (dataset, objectives, policy) cell."""
@@ -369,10 +385,11 @@ def summarize(trajectories: Sequence[Any], objectives: int, policy: str, seconds
     for t in trajectories:
         reasons[t.finish_reason] = reasons.get(t.finish_reason, 0) + 1
     outcome = [t.outcome or {} for t in trajectories]
+    ems = [float(o.get("em", 0.0)) for o in outcome]
+    f1s = [float(o.get("f1", 0.0)) for o in outcome]
     return EvalRow(
         objectives=int(objectives), policy=policy, episodes=len(trajectories),
-        em=_mean([float(o.get("em", 0.0)) for o in outcome]),
-        f1=_mean([float(o.get("f1", 0.0)) for o in outcome]),
+        em=_mean(ems), f1=_mean(f1s), em_se=_standard_error(ems), f1_se=_standard_error(f1s),
         score=_mean([float(o.get("score", 0.0)) for o in outcome]),
         format_rate=_mean([1.0 if o.get("format_ok") else 0.0 for o in outcome]),
         answer_rate=_mean([1.0 if t.finish_reason == "answer" else 0.0 for t in trajectories]),
@@ -381,6 +398,8 @@ def summarize(trajectories: Sequence[Any], objectives: int, policy: str, seconds
         peak_prompt_tokens=int(max(all_rounds, default=0)),
         mean_prompt_tokens_per_turn=_mean(all_rounds),
         generated_tokens_per_episode=_mean([sum(t.response_mask) for t in trajectories]),
+        full_context_tokens_per_episode=_mean([sum(len(t.prompt_ids) + r.start for r in t.rounds)
+                                               for t in trajectories]),
         seconds=float(seconds), finish_reasons=reasons, dataset=dataset,
     )
 

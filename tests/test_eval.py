@@ -146,3 +146,14 @@ def test_synthetic_world_follows_the_data_section():
     assert [d.text for d in again.documents()] == [d.text for d in world.documents()]
     default = synthetic_world(load_config(None, ["data.world_entities=30"]))
     assert len(default.entities) == 30 and "article_fillers" not in default.manifest()["params"]
+
+
+def test_eval_rows_carry_standard_errors():
+    class T:
+        def __init__(self, em):
+            self.outcome, self.rounds, self.prompt_ids, self.response_mask = {"em": em, "f1": em}, [], [1], [1]
+            self.finish_reason = "answer"
+
+    row = summarize([T(1.0), T(0.0), T(1.0), T(0.0)], 2, "memory")
+    assert row.em == 0.5 and row.em_se == pytest.approx(math.sqrt(1 / 3 / 4))
+    assert summarize([T(1.0)], 2, "memory").em_se == 0.0

@@ -13,7 +13,9 @@ long it took; timings go to ``stages.json``, `mempo.apps.report.StageTimes`):
               so the evaluation questions are never trained on;
 3. tokenizer  a byte-level BPE (`mempo.model.builtin.train_tokenizer`, ``demo.vocab_size``) trained on the
               documents and the oracle texts;
-4. model      a randomly initialised Qwen2 (`mempo.model.builtin.tiny_model`, ``demo.model_size``);
+4. model      a randomly initialised Qwen2 (`mempo.model.builtin.tiny_model`, ``demo.model_size``),
+              then, with ``demo.copy_warmup_steps`` > 0, a copy warm-up stage (`mempo.train.copy_warmup`:
+              the model learns to copy ids from its context, on random sequences of the world's name ids);
 5. sft        supervised cold start on the oracle trajectories (`mempo.train.sft.run_sft` with the ``sft``
               section; with ``sft.prompt_loss_weight`` > 0 the prompt tokens are modelled too); the
               model is saved to ``<out>/model_sft``;
@@ -53,15 +55,16 @@ import torch
 from mempo.apps.report import ReportResult, StageRecord, StageTimes, write_report
 from mempo.config import ConfigError, DemoConfig, MempoConfig, config_from_dict, dump_config, read_yaml_mapping
 from mempo.env.build import SyntheticEnv, build_tools, build_world
-from mempo.eval import EvalReport, eval_episodes, evaluate
+from mempo.eval import EpisodeRecord, EvalReport, eval_episodes, evaluate, render_episode
 from mempo.model.builtin import default_corpus_texts, tiny_model, train_tokenizer
 from mempo.model.export import save_model_dir
+from mempo.train.copy_warmup import CopyWarmup, copy_warmup
 from mempo.train.logging import MetricsLogger
 from mempo.train.sft import ColdStart, oracle_cold_start, run_sft
 from mempo.train.trainer import TrainResult, prepare_out_dir, train
 from mempo.utils.machine import machine_facts
 
-__all__ = ["DEFAULT_CONFIG", "load_demo_config", "run_demo", "DemoResult"]
+__all__ = ["DEFAULT_CONFIG", "load_demo_config", "run_demo", "rl_episodes", "DemoResult"]
 
 PathLike = Union[str, "os.PathLike[str]"]
 T = TypeVar("T")
@@ -69,19 +72,15 @@ T = TypeVar("T")
 #: The built-in demo configuration (equal to the repository's configs/demo.yaml).
 DEFAULT_CONFIG: dict[str, Any] = {
     "demo": dataclasses.asdict(DemoConfig()),
-    "sft": {"objectives": [1, 2, 3, 4], "episodes": 512, "oracle_think": "short", "steps": 4000, "epochs": None,
-            "max_seconds": 570.0, "lr": 3e-3, "schedule": "cosine", "warmup": 0.05, "prompt_loss_weight": 1.0,
-            "batch_tokens": 2048},
-    "model": {"path": "builtin-tiny", "max_position_embeddings": 4096},
-    "data": {"num_objectives": 2, "questions_per_step": 2, "seed": 0, "world_seed": 0, "world_documents": 2000,
-             "article_fillers": [0, 1]},
+    "sft": {"objectives": [1, 2, 3, 4], "episodes": 512, "keep": "all", "oracle_think": "minimal", "oracle_memory_style": "facts", "oracle_query_style": "question", "oracle_drop_fact_prob": 0.3, "oracle_drop_seed": 0, "oracle_answer_template": True, "steps": 1500, "epochs": None, "max_seconds": 420, "lr": 0.001, "schedule": "cosine", "warmup": 0.05, "prompt_loss_weight": 1.0, "batch_tokens": 2048},
+    "model": {"path": "builtin-tiny", "max_position_embeddings": 2048},
+    "data": {"num_objectives": 2, "questions_per_step": 4, "seed": 0, "world_seed": 0, "world_entities": 2000, "world_relations": ["birthplace", "alma_mater"], "world_names": "short", "world_article_style": "facts", "article_fillers": [0, 0], "world_chronicles": False, "world_distractor_ratio": 0.0, "world_question_hops": [1], "world_prompt_style": "compact"},
     "env": {"topk": 1, "doc_chars": 600},
-    "rollout": {"group_size": 4, "max_turns": 6, "max_new_tokens_per_round": 192,
-                "max_response_tokens": 2048, "temperature": 1.0, "context_policy": "memory"},
-    "actor": {"lr": 1e-4, "kl_coef": 0.001, "micro_batch_tokens": 8192},
-    "trainer": {"total_steps": 4, "save_every": 0, "eval_every": 0, "log_every": 1, "resume": "never",
-                "tensorboard": False, "out_dir": "demo_out/rl"},
-    "eval": {"objectives": [2, 4], "max_turns": 12, "policies": ["memory"], "episodes": 16, "temperature": 0.0},
+    "rollout": {"group_size": 8, "max_turns": 6, "max_new_tokens_per_round": 96, "max_response_tokens": 1024, "temperature": 1.0, "context_policy": "memory"},
+    "scoring": {"threshold": None},
+    "actor": {"lr": 5e-05, "kl_coef": 0.0, "micro_batch_tokens": 8192},
+    "trainer": {"total_steps": 20, "save_every": 0, "eval_every": 0, "log_every": 1, "resume": "never", "tensorboard": False, "out_dir": "demo_out/rl"},
+    "eval": {"objectives": [2, 4], "max_turns": 8, "policies": ["memory"], "episodes": 64, "temperature": 0.0}
 }
 
 
@@ -167,8 +166,13 @@ def _world_stage(cfg: MempoConfig) -> Staged[SyntheticEnv]:
 
 def _oracle_stage(cfg: MempoConfig, env: SyntheticEnv, held_out: set[str], show_progress: bool) -> Staged[ColdStart]:
     cold = oracle_cold_start(env.world, build_tools(cfg, env.retriever), cfg, held_out, show_progress=show_progress)
-    what = ("oracle trajectories kept (none was correct: all kept)" if cold.all_kept
-            else "correct oracle trajectories kept")
+    correct = sum(float(t.score.get("score", 0.0)) == 1.0 for t in cold.trajectories)
+    if cfg.sft.keep == "all":
+        what = (f"oracle trajectories kept, all ({correct} correct; the teacher drops a needed fact with "
+                f"probability {cfg.sft.oracle_drop_fact_prob:g})")
+    else:
+        what = ("oracle trajectories kept (none was correct: all kept)" if cold.all_kept
+                else "correct oracle trajectories kept")
     rounds = sum(t.num_rounds for t in cold.trajectories)
     return Staged(cold, f"{len(cold.trajectories)}/{cold.ran} {what} ({rounds} rounds; objectives "
                         f"{list(cfg.sft.objectives)}; {cold.dropped} episodes sharing a question with the "
@@ -195,6 +199,16 @@ def _model_stage(cfg: MempoConfig, tokenizer: Any) -> Staged[Any]:
                          f"random init (seed {d.seed})")
 
 
+def _copy_stage(cfg: MempoConfig, model: Any, tokenizer: Any, world: Any) -> Staged[CopyWarmup]:
+    """The copy warm-up (`mempo.train.copy_warmup`) on the ids of the world's one-id names."""
+    d = cfg.demo
+    ids = [tokenizer.encode(" " + e.name, add_special_tokens=False) for e in world.entities]
+    pool = sorted({x[0] for x in ids if len(x) == 1})
+    result = copy_warmup(model, pool, steps=d.copy_warmup_steps, lr=d.copy_warmup_lr, seed=d.seed)
+    return Staged(result, f"{result.steps} steps on random sequences of {len(pool)} name ids, loss "
+                          f"{result.first_loss:.3f} -> {result.last_loss:.3f}")
+
+
 def _sft_stage(cfg: MempoConfig, model: Any, tokenizer: Any, trajectories: Sequence[Any],
                out: Path) -> Staged[dict[str, Any]]:
     """SFT in place on `model`; its metrics and the saved ``model_sft``."""
@@ -211,22 +225,30 @@ def _sft_stage(cfg: MempoConfig, model: Any, tokenizer: Any, trajectories: Seque
 def _eval_stage(cfg: MempoConfig, model: Any, tokenizer: Any, episodes_by_k: dict[int, list], retriever: Any,
                 which: str, out: Path, echo: Callable[[str], None], show_progress: bool) -> Staged[EvalReport]:
     report = evaluate(model, tokenizer, episodes_by_k, retriever, cfg, label=f"{which} RL", log=echo,
-                      show_progress=show_progress)
+                      show_progress=show_progress, keep_trajectories=True)
     report.write(out, f"eval_{which}", title=f"Evaluation {which} RL")
     cells = "; ".join(f"k={r.objectives} {r.policy}: EM {r.em:.3f} F1 {r.f1:.3f} "
                       f"prompt tok/episode {r.prompt_tokens_per_episode:.0f}" for r in report.rows)
     return Staged(report, cells)
 
 
+def rl_episodes(cfg: MempoConfig, world: Any, held_out: set[str], steps: int) -> list[Any]:
+    """The RL stage's training episodes: ``steps * data.questions_per_step`` episodes of
+    ``data.num_objectives`` objectives (question seed ``data.seed``) sharing no question with
+    `held_out` (the first draws when the world is too small to avoid it)."""
+    wanted = steps * cfg.data.questions_per_step
+    drawn = world.episodes(cfg.data.num_objectives, 2 * wanted, seed=cfg.data.seed)
+    episodes = [e for e in drawn if not set(e.questions) & held_out][:wanted]
+    if len(episodes) < wanted:  # a tiny world: fall back to the first draws
+        episodes = drawn[:wanted]
+    return episodes
+
+
 def _rl_stage(cfg: MempoConfig, model: Any, tokenizer: Any, env: SyntheticEnv, held_out: set[str],
               out: Path) -> Staged[TrainResult]:
     """MemPO RL from `model` on training episodes that share no question with the evaluation."""
     steps = cfg.trainer.total_steps
-    wanted = steps * cfg.data.questions_per_step
-    drawn = env.world.episodes(cfg.data.num_objectives, 2 * wanted, seed=cfg.data.seed)
-    episodes = [e for e in drawn if not set(e.questions) & held_out][:wanted]
-    if len(episodes) < wanted:  # a tiny world: fall back to the first draws
-        episodes = drawn[:wanted]
+    episodes = rl_episodes(cfg, env.world, held_out, steps)
     result = train(cfg, model=model, tokenizer=tokenizer, episodes=episodes, retriever=env.retriever,
                    out_dir=str(out / "rl"))
     _save_model(out / "model_rl", result.model, tokenizer)
@@ -235,15 +257,36 @@ def _rl_stage(cfg: MempoConfig, model: Any, tokenizer: Any, env: SyntheticEnv, h
                           f"metrics in {out / 'rl'}")
 
 
-def _report(out: Path, stages: _Stages, before: EvalReport, after: EvalReport) -> ReportResult:
+def episode_pair(before: EvalReport, after: EvalReport, episodes_by_k: dict[int, list], tokenizer: Any,
+                 system_prompt: str) -> Optional[tuple[EpisodeRecord, EpisodeRecord]]:
+    """One held-out episode as played before and after RL, under the memory context at the smallest
+    k: the first one failed before and correct after, else the first whose EM changed, else the
+    first; None without kept trajectories."""
+    k = min(episodes_by_k)
+    played = [report.trajectories.get(("", k, "memory")) for report in (before, after)]
+    if not all(played):
+        return None
+    pairs = list(zip(episodes_by_k[k], *played))
+    em = lambda t: float((t.outcome or {}).get("em", 0.0))  # noqa: E731
+    chosen = (next((p for p in pairs if em(p[1]) < 1.0 <= em(p[2])), None)
+              or next((p for p in pairs if em(p[1]) != em(p[2])), None) or pairs[0])
+    episode, first, last = chosen
+    return (render_episode(first, episode, tokenizer, system_prompt=system_prompt, with_ids=False),
+            render_episode(last, episode, tokenizer, system_prompt=system_prompt, with_ids=False))
+
+
+def _report(out: Path, stages: _Stages, before: EvalReport, after: EvalReport,
+            pair: Optional[tuple[EpisodeRecord, EpisodeRecord]] = None) -> ReportResult:
     stages.save()
     metrics_path = out / "rl" / "metrics.jsonl"
     return write_report(out, before=before, after=after, metrics_path=metrics_path if metrics_path.is_file() else None,
-                        stages=stages.times, machine=stages.times.machine, title="MemPO CPU demo report")
+                        stages=stages.times, machine=stages.times.machine, title="MemPO CPU demo report",
+                        episode_pair=pair)
 
 
-def _report_stage(out: Path, stages: _Stages, before: EvalReport, after: EvalReport) -> Staged[ReportResult]:
-    result = _report(out, stages, before, after)
+def _report_stage(out: Path, stages: _Stages, before: EvalReport, after: EvalReport,
+                  pair: Optional[tuple[EpisodeRecord, EpisodeRecord]]) -> Staged[ReportResult]:
+    result = _report(out, stages, before, after, pair)
     return Staged(result, f"{result.path} and {len(result.plots)} plots ({', '.join(sorted(result.plots))})")
 
 
@@ -261,7 +304,7 @@ def run_demo(cfg: MempoConfig, out_dir: PathLike, *, echo: Callable[[str], None]
     dump_config(cfg, out / "config.yaml")
     threads = _set_threads(cfg.demo.torch_threads)
     echo(f"torch threads: {threads} (CPUs: {os.cpu_count()}, load average {os.getloadavg()[0]:.2f})")
-    stages = _Stages(out, 9, echo)
+    stages = _Stages(out, 10 if cfg.demo.copy_warmup_steps else 9, echo)
 
     env = stages.run("world", _world_stage, cfg)
     episodes_by_k = eval_episodes(env.world, cfg)
@@ -269,14 +312,17 @@ def run_demo(cfg: MempoConfig, out_dir: PathLike, *, echo: Callable[[str], None]
     cold = stages.run("oracle", _oracle_stage, cfg, env, held_out, show_progress)
     tokenizer = stages.run("tokenizer", _tokenizer_stage, cfg, env.world, cold.trajectories)
     model = stages.run("model", _model_stage, cfg, tokenizer)
+    if cfg.demo.copy_warmup_steps:
+        stages.run("copy-warmup", _copy_stage, cfg, model, tokenizer, env.world)
     stages.run("sft", _sft_stage, cfg, model, tokenizer, cold.trajectories, out)
     before = stages.run("eval-before", _eval_stage, cfg, model, tokenizer, episodes_by_k, env.retriever, "before",
                         out, echo, show_progress)
     trained = stages.run("rl", _rl_stage, cfg, model, tokenizer, env, held_out, out)
     after = stages.run("eval-after", _eval_stage, cfg, trained.model, tokenizer, episodes_by_k, env.retriever,
                        "after", out, echo, show_progress)
-    report = stages.run("report", _report_stage, out, stages, before, after)
-    _report(out, stages, before, after)  # again, so that the stage table includes the report stage itself
+    pair = episode_pair(before, after, episodes_by_k, tokenizer, cfg.rollout.system_prompt)
+    report = stages.run("report", _report_stage, out, stages, before, after, pair)
+    _report(out, stages, before, after, pair)  # again, so that the stage table includes the report stage itself
     echo(f"done in {time.perf_counter() - stages.started:.1f} s; report: {report.path}")
     return DemoResult(out, report.path, list(stages.times.stages), before, after)
 

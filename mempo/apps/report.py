@@ -32,7 +32,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence, Union
 
-from mempo.eval import EvalReport
+from mempo.eval import EpisodeRecord, EvalReport
 from mempo.train import metric_names as names
 from mempo.train.logging import METRICS_FILE, read_metrics
 from mempo.utils.machine import machine_facts
@@ -45,7 +45,7 @@ PathLike = Union[str, "os.PathLike[str]"]
 #: The training curve's metrics: (label, metric name), in table order.
 CURVE: tuple[tuple[str, str], ...] = (
     ("reward", names.REWARD), ("em", names.EM), ("f1", names.F1), ("format_rate", names.FORMAT_RATE),
-    ("mem_reward", names.MEM_REWARD), ("p_mem", names.P_MEM), ("p_full", names.P_FULL), ("kl", names.KL),
+    ("mem_reward", names.MEM_REWARD), ("mem_keeps", names.MEM_KEEPS), ("p_mem", names.P_MEM), ("p_full", names.P_FULL), ("kl", names.KL),
     ("entropy", names.ENTROPY), ("clip_fraction", names.CLIP_FRACTION), ("tokens", names.TOKENS),
     ("loss", names.LOSS),
 )
@@ -251,8 +251,46 @@ def _machine_section(machine: Mapping[str, Any]) -> list[str]:
     return ["## Machine", ""] + _table(("fact", "value"), rows) + [""]
 
 
+def _with_se(row: Any, name: str) -> Optional[str]:
+    """``mean ± standard error`` of a row's metric (``em`` / ``f1``), or None without the row."""
+    if row is None:
+        return None
+    return f"{getattr(row, name):.3f} ± {getattr(row, name + '_se'):.3f}"
+
+
+def _token_economy_lines(before: Any, after: Any, ks: Sequence[int]) -> list[str]:
+    """Memory-context prompt tokens against the full context of the same rounds, per k."""
+    lines = []
+    for which, report in (("before", before), ("after", after)):
+        for k in ks:
+            row = report.row(k, "memory") if report is not None else None
+            if row is None or not row.full_context_tokens_per_episode:
+                continue
+            lines.append(f"* {which} RL, k={k}: memory context {row.prompt_tokens_per_episode:.0f} prompt tokens per "
+                         f"episode, the full context of the same rounds {row.full_context_tokens_per_episode:.0f} "
+                         f"(ratio {row.prompt_tokens_per_episode / row.full_context_tokens_per_episode:.2f})")
+    return lines + ([""] if lines else [])
+
+
+def _paired_se(before: Any, after: Any, row: Any, policy: str) -> Optional[float]:
+    """The standard error of the mean per-episode EM change when both evaluations kept their
+    trajectories of the same episodes (paired), else None."""
+    key = (row.dataset, row.objectives, policy)
+    first, last = before.trajectories.get(key), after.trajectories.get(key)
+    if not first or not last or len(first) != len(last) or len(first) < 2 or any(
+            x.episode_id != y.episode_id for x, y in zip(first, last)):
+        return None
+    changes = [float((y.outcome or {}).get("em", 0.0)) - float((x.outcome or {}).get("em", 0.0))
+               for x, y in zip(first, last)]
+    mean = sum(changes) / len(changes)
+    return math.sqrt(sum((c - mean) ** 2 for c in changes) / (len(changes) - 1) / len(changes))
+
+
 def _before_after_section(before: Any, after: Any) -> list[str]:
-    lines = ["## Before / after RL", ""]
+    lines = ["## Before / after RL", "",
+             "Means over the held-out episodes ± their standard errors (sample std / sqrt(episodes)). The EM "
+             "change's SE is that of the mean per-episode change when both evaluations kept the trajectories "
+             "of the same episodes (paired: the demo's case), else sqrt(SE_before² + SE_after²).", ""]
     if before is None and after is None:
         return lines + ["No evaluation files (eval_before.json / eval_after.json) were found.", ""]
     policies = []
@@ -271,18 +309,25 @@ def _before_after_section(before: Any, after: Any) -> list[str]:
             def get(row, name):
                 return getattr(row, name) if row is not None else None
 
+            change = None
+            if b is not None and a is not None:
+                se = _paired_se(before, after, b, policy)
+                se = math.hypot(b.em_se, a.em_se) if se is None else se
+                change = f"{a.em - b.em:+.3f}" + (f" ({(a.em - b.em) / se:+.1f} SE)" if se > 0 else "")
             rows.append((k, get(b, "episodes") or get(a, "episodes"),
-                         get(b, "em"), get(a, "em"), get(b, "f1"), get(a, "f1"),
+                         _with_se(b, "em"), _with_se(a, "em"), change, _with_se(b, "f1"), _with_se(a, "f1"),
                          get(b, "format_rate"), get(a, "format_rate"),
                          get(b, "mean_turns"), get(a, "mean_turns"),
                          get(b, "prompt_tokens_per_episode"), get(a, "prompt_tokens_per_episode"),
                          get(b, "peak_prompt_tokens"), get(a, "peak_prompt_tokens")))
         lines += [f"### {policy} context", ""]
-        lines += _table(("objectives", "episodes", "EM before", "EM after", "F1 before", "F1 after",
+        lines += _table(("objectives", "episodes", "EM before", "EM after", "EM change", "F1 before", "F1 after",
                          "format before", "format after", "turns before", "turns after",
                          "prompt tok/episode before", "prompt tok/episode after",
                          "peak prompt tok/turn before", "peak prompt tok/turn after"), rows)
         lines.append("")
+        if policy == "memory":
+            lines += _token_economy_lines(before, after, ks)
     for which, report in (("before", before), ("after", after)):
         if report is not None:
             meta = report.metadata
@@ -291,6 +336,15 @@ def _before_after_section(before: Any, after: Any) -> list[str]:
                          f"{meta.get('temperature')}, model {meta.get('model')} "
                          f"({meta.get('parameters', '?')} parameters).")
     lines.append("")
+    return lines
+
+
+def _episode_pair_section(before: EpisodeRecord, after: EpisodeRecord) -> list[str]:
+    lines = ["## One held-out episode before and after RL", "",
+             f"Episode `{before.episode_id}` ({before.objectives} objectives, {before.policy} context): "
+             f"EM {before.em:.2f} before RL, {after.em:.2f} after.", ""]
+    for which, record in (("Before RL", before), ("After RL", after)):
+        lines += [f"### {which}", "", "```text", record.render(), "```", ""]
     return lines
 
 
@@ -345,13 +399,15 @@ def write_report(run_dir: PathLike, *, out_path: Optional[PathLike] = None,
                  metrics: Optional[Sequence[Mapping[str, Any]]] = None, metrics_path: Optional[PathLike] = None,
                  before: Union[EvalReport, PathLike, None] = None, after: Union[EvalReport, PathLike, None] = None,
                  stages: Optional[StageTimes] = None, machine: Optional[Mapping[str, Any]] = None,
-                 title: str = "MemPO run report", notes: Sequence[str] = ()) -> ReportResult:
+                 title: str = "MemPO run report", notes: Sequence[str] = (),
+                 episode_pair: Optional[tuple[EpisodeRecord, EpisodeRecord]] = None) -> ReportResult:
     """Write ``report.md`` and the PNG plots into `run_dir` (module conventions).
 
     Explicit arguments win over the files found in `run_dir`: `metrics` (records) or
     `metrics_path`; `before` / `after` (`EvalReport` objects or paths to their JSON);
     `stages` (`StageTimes`); `machine` (default: the stages' machine facts, else this machine's).
-    `notes`: extra lines for the top of the report.
+    `notes`: extra lines for the top of the report. `episode_pair`: one held-out episode as the
+    agent played it before and after RL (`mempo.eval.EpisodeRecord`), rendered one after the other.
     """
     root = Path(run_dir)
     root.mkdir(parents=True, exist_ok=True)
@@ -376,7 +432,9 @@ def write_report(run_dir: PathLike, *, out_path: Optional[PathLike] = None,
         "reward": ("Outcome reward per step", [("reward", named(names.REWARD)),
                                                ("EM / F1 / format", named(names.EM, names.F1, names.FORMAT_RATE))]),
         "memory_reward": ("Memory reward per step", [("memory reward", named(names.MEM_REWARD)),
-                                                     ("P(answer | context)", named(names.P_MEM, names.P_FULL))]),
+                                                     ("P(answer | context)", named(names.P_MEM, names.P_FULL)),
+                                                     ("<mem> keeping the retrieved golds",
+                                                      named(names.MEM_KEEPS))]),
         "kl": ("KL to the reference policy", [("KL", named(names.KL)),
                                               ("entropy / clip fraction", named(names.ENTROPY, names.CLIP_FRACTION))]),
     }
@@ -407,6 +465,8 @@ def write_report(run_dir: PathLike, *, out_path: Optional[PathLike] = None,
                   f"{sft_losses[-1]:.3f} (last), mean of the last 10 {sum(sft_losses[-10:]) / len(sft_losses[-10:]):.3f}.", ""]
     lines += _before_after_section(before, after)
     lines += _curve_section(records, found.metrics_path)
+    if episode_pair is not None:
+        lines += _episode_pair_section(*episode_pair)
     lines += ["## Plots", ""]
     for name, path in plots.items():
         lines += [f"![{name}]({path.name})", ""]

@@ -134,16 +134,16 @@ def _oracle_records(cfg: MempoConfig, run: Any) -> tuple[list, str]:
     ``sft.objectives``) and a phrase saying what they are."""
     # reason: the parser module stays light (`mempo --help` imports no torch)
     from mempo.env.build import build_tools
-    from mempo.env.oracle import OracleAgent, run_oracle
+    from mempo.env.oracle import run_oracle
     from mempo.eval import eval_episodes
-    from mempo.train.sft import oracle_cold_start
+    from mempo.train.sft import oracle_agent, oracle_cold_start
 
     s = cfg.sft
     if s.objectives is None:
         r = cfg.rollout
         tools = build_tools(cfg, run.retriever)
         records = [run_oracle(episode, tools, policy=r.context_policy, max_turns=r.max_turns,
-                              agent=OracleAgent(max_turns=r.max_turns, think=s.oracle_think))
+                              agent=oracle_agent(cfg, max_turns=r.max_turns))
                    for episode in run.episodes[:s.episodes]]
         return records, f"oracle on {s.episodes} episodes"
     if run.world is None:

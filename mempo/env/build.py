@@ -5,7 +5,8 @@ they agree on it.
 Conventions
 -----------
 * World (`synthetic_world`): ``data.world_seed``, ``data.world_entities`` (or exactly
-  ``data.world_documents`` documents) and ``data.article_fillers``.
+  ``data.world_documents`` documents), ``data.article_fillers`` and the small-world options
+  ``data.world_*`` (`mempo.config.DataConfig`).
 * Retriever (`build_retriever`), by ``env``: ``retriever: http``: an `HTTPRetriever` at
   ``retriever_url`` that passed `HTTPRetriever.check_health` (a ConfigError naming
   ``env.retriever_url`` for a malformed URL, a `RetrieverUnavailableError` naming it when the server
@@ -45,7 +46,11 @@ def synthetic_world(cfg: MempoConfig) -> World:
     data = cfg.data
     fillers = tuple(data.article_fillers) if data.article_fillers is not None else None
     return World.generate(data.world_seed, data.world_entities, num_documents=data.world_documents,
-                          article_fillers=fillers)
+                          article_fillers=fillers, relations=data.world_relations, names=data.world_names,
+                          article_style=data.world_article_style, chronicles=data.world_chronicles,
+                          chronicle_fraction=0.15 if data.world_chronicles else 0.0,
+                          distractor_ratio=data.world_distractor_ratio,
+                          question_hops=data.world_question_hops, prompt_style=data.world_prompt_style)
 
 
 def build_retriever(cfg: MempoConfig, world: Optional[World] = None, *,

@@ -50,7 +50,10 @@ Conventions
   (the last sentence is one line). With one question the last line is ``Give the answer in one
   <answer> block, e.g. <answer>your answer</answer>.`` Style ``"joined"`` (MEM1's layout) puts the
   questions on one line joined with ``"; "``: ``Questions: <q1>; <q2>`` (questions that contain
-  ``";"`` cannot use it). `parse_episode_prompt` recovers the questions from either layout. The
+  ``";"`` cannot use it). Style ``"compact"`` (short prompts for small models) has the numbered
+  layout with `COMPACT_INSTRUCTIONS` (no access tool) and the closing line ``Give all 2 answers in
+  one <answer>, separated by ";".`` (one question: ``Give the answer in one <answer>.``).
+  `parse_episode_prompt` recovers the questions from any layout. The
   agent's answer is split on ``";"`` by `mempo.protocol.reward.split_answer`.
 """
 from __future__ import annotations
@@ -72,6 +75,7 @@ __all__ = [
     "Episode",
     "PROMPT_STYLES",
     "EPISODE_INSTRUCTIONS",
+    "COMPACT_INSTRUCTIONS",
     "GOLD_KEYS",
     "qa_record_from_json",
     "iter_qa_jsonl",
@@ -91,7 +95,7 @@ __all__ = [
 
 PathLike = Union[str, "os.PathLike[str]"]
 
-PROMPT_STYLES = ("numbered", "joined")
+PROMPT_STYLES = ("numbered", "joined", "compact")
 GOLD_KEYS = ("golden_answers", "answers", "answer", "reward_model.ground_truth.target")
 
 EPISODE_INSTRUCTIONS = (
@@ -100,6 +104,13 @@ EPISODE_INSTRUCTIONS = (
     "shown again. Then write <think>...</think>, then exactly one action: <search>query</search>, "
     "<access>doc-id page</access> (read one page of a long document) or <answer>...</answer>. "
     "Search and access results come back inside <information>...</information>."
+)
+
+#: The instruction paragraph of the "compact" style: the same protocol in fewer words, without
+#: the access tool (for worlds without long documents and small models on CPU).
+COMPACT_INSTRUCTIONS = (
+    "Answer with the search tool. Each turn write <mem>...</mem> (what to remember: older turns "
+    "are hidden), <think>...</think>, then <search>query</search> or <answer>...</answer>."
 )
 
 _NUMBERED_RE = re.compile(r"^(\d+)\. (.+)$")
@@ -391,6 +402,11 @@ def make_episode_prompt(questions: Sequence[str], style: str = "numbered") -> st
         if "\n" in question or not question.strip():
             raise ValueError(f"questions must be one non-blank line each, got {question!r}")
     k = len(questions)
+    if style == "compact":
+        listing = "Questions:\n" + "\n".join(f"{i}. {q.strip()}" for i, q in enumerate(questions, 1))
+        closing = ("Give the answer in one <answer>." if k == 1 else
+                   f"Give all {k} answers in one <answer>, separated by \";\".")
+        return f"{COMPACT_INSTRUCTIONS}\n\n{listing}\n\n{closing}"
     if style == "numbered":
         listing = "Questions:\n" + "\n".join(f"{i}. {q.strip()}" for i, q in enumerate(questions, 1))
     else:

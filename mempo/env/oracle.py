@@ -23,7 +23,9 @@ Conventions
   A hop is ``<relation label> of <subject> = <value>``; the value is the fact found, ``?`` with
   the failed search count ``(tried n)`` while searching, ``? see <doc-id> page <p>`` when the
   fact sits on a chronicle page to open, or ``unknown`` when the oracle gave up. ``Step n`` is
-  the round number (1-based), the only way the oracle knows its turn budget.
+  the round number (1-based), the only way the oracle knows its turn budget. ``Q<n>: done``
+  (`LOST`) is a question closed without its facts: only the deliberately imperfect teacher
+  (``OracleAgent(drop_fact_prob=...)``) writes it, and its answer is then ``unknown``.
 * Policy: work on the first unresolved question; search ``"<subject> <relation words>"``
   (then ``"<subject>"``, then ``"<subject> <label>"`` after failed searches; give up after
   ``max_search_attempts``); after every tool result, scan it for the pending fact of *every*
@@ -43,6 +45,7 @@ Conventions
 from __future__ import annotations
 
 import os
+import random
 import re
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Iterable, Mapping, Optional, Sequence, Union
@@ -52,7 +55,8 @@ from mempo.env.data import Episode, parse_episode_prompt
 from mempo.env.retriever import Retriever
 from mempo.env.tools import make_tools
 from mempo.env.world import (
-    CHRONICLE_RELATIONS, RELATIONS, QuestionParse, fact_pattern, parse_question, pointer_pattern,
+    CHRONICLE_RELATIONS, RELATIONS, QuestionParse, fact_pattern, mention, parse_question, pointer_pattern,
+    question_text,
 )
 from mempo.protocol.memory import CONTEXT_POLICIES, DEFAULT_SYSTEM_PROMPT, AgentMemory, ShortTextPolicy
 from mempo.protocol.grammar import parse_round
@@ -61,6 +65,7 @@ from mempo.protocol.reward import compute_score
 __all__ = [
     "DEFAULT_MAX_TURNS",
     "UNKNOWN",
+    "LOST",
     "OracleAgent",
     "OracleRound",
     "OracleTrajectory",
@@ -75,6 +80,7 @@ __all__ = [
 
 DEFAULT_MAX_TURNS = 64
 UNKNOWN = "unknown"
+LOST = "done"
 
 _LABEL_TO_RELATION = {r.label: r.name for r in RELATIONS.values()}
 _HOP_RE = re.compile(
@@ -109,7 +115,15 @@ class HopState:
     def label(self) -> str:
         return RELATIONS[self.relation].label
 
-    def memory_text(self) -> str:
+    def memory_text(self, style: str = "labels") -> str:
+        if style == "facts":
+            if self.value == UNKNOWN:
+                return UNKNOWN
+            if self.value is not None:  # the sentence the corpus states the fact with
+                return RELATIONS[self.relation].fact.format(s=self.subject, o=self.value)
+            if self.pointer is not None:
+                return f"? see {self.pointer[0]} page {self.pointer[1]}"
+            return f"? (tried {self.tried})" if self.tried else "?"
         if self.value is not None:
             shown = self.value
         elif self.pointer is not None:
@@ -127,6 +141,7 @@ class ObjectiveState:
     question: str
     parse: Optional[QuestionParse]
     hops: list[HopState]
+    lost: bool = False  # closed in memory without its facts (`OracleAgent` drop_fact_prob): answer unknown
 
     @classmethod
     def plan(cls, number: int, question: str) -> "ObjectiveState":
@@ -141,7 +156,7 @@ class ObjectiveState:
 
     @property
     def failed(self) -> bool:
-        return self.parse is None or any(hop.value == UNKNOWN for hop in self.hops)
+        return self.lost or self.parse is None or any(hop.value == UNKNOWN for hop in self.hops)
 
     @property
     def done(self) -> bool:
@@ -166,16 +181,20 @@ class ObjectiveState:
         if value != UNKNOWN and position + 1 < len(self.hops):
             self.hops[position + 1].subject = value
 
-    def memory_text(self, focused: bool) -> str:
+    def memory_text(self, focused: bool, style: str = "labels") -> Optional[str]:
+        """This question's memory line (None: no line, a question not started in the facts style)."""
         if self.parse is None:
             return f"Q{self.number}: {UNKNOWN}"
+        if self.lost:
+            return f"Q{self.number}: {LOST}"
         shown = [hop for hop in self.hops if hop.value is not None]
         pending = self.next_hop()
         if pending is not None and (focused or pending.tried or pending.pointer):
             shown.append(pending)
         if not shown:
-            return f"Q{self.number}: not started"
-        return f"Q{self.number}: " + "; ".join(hop.memory_text() for hop in shown)
+            return None if style == "facts" else f"Q{self.number}: not started"
+        joiner = " " if style == "facts" else "; "
+        return f"Q{self.number}: " + joiner.join(hop.memory_text(style) for hop in shown)
 
 
 def parse_oracle_memory(mem: str, questions: Sequence[str]) -> tuple[int, list[ObjectiveState]]:
@@ -203,12 +222,18 @@ def parse_oracle_memory(mem: str, questions: Sequence[str]) -> tuple[int, list[O
         if body == UNKNOWN:
             objective.hops[0].value = UNKNOWN
             continue
+        if body == LOST:
+            objective.lost = True
+            continue
         known: dict[tuple[str, str], str] = {}
         for part in body.split("; "):
             hop_match = _HOP_RE.match(part.strip())
             if hop_match:
                 relation = _LABEL_TO_RELATION[hop_match.group("label")]
                 known[(relation, hop_match.group("subject"))] = hop_match.group("value").strip()
+        if not known:  # not the labels style: the facts style (fact sentences, then the pending hop)
+            _read_fact_line(objective, body)
+            continue
         for hop in objective.hops:
             text = known.get((hop.relation, hop.subject)) if hop.subject is not None else None
             if text is None:
@@ -226,9 +251,39 @@ def parse_oracle_memory(mem: str, questions: Sequence[str]) -> tuple[int, list[O
     return step, objectives
 
 
+_PENDING_RE = re.compile(r"(?:^|\s)(?:\?(?: \(tried (?P<tried>\d+)\)| see (?P<doc>\S+) page (?P<page>\d+))?"
+                         r"|(?P<unknown>" + UNKNOWN + r"))$")
+
+
+def _read_fact_line(objective: ObjectiveState, body: str) -> None:
+    """Fill ``objective`` from a facts-style line: its hops' fact sentences in order, then the
+    pending hop's marker (``?``, ``? (tried n)``, ``? see <doc-id> page <p>`` or ``unknown``)."""
+    for hop in objective.hops:
+        if hop.subject is None:
+            return
+        match = fact_pattern(RELATIONS[hop.relation], hop.subject).search(body)
+        if match:
+            objective.set_value(hop, match.group("o").strip())
+            continue
+        pending = _PENDING_RE.search(body)
+        if pending is not None:
+            if pending.group("unknown"):
+                objective.set_value(hop, UNKNOWN)
+            elif pending.group("tried"):
+                hop.tried = int(pending.group("tried"))
+            elif pending.group("doc"):
+                hop.pointer = (pending.group("doc"), int(pending.group("page")))
+        return
+
+
 # ---------------------------------------------------------------------------------------------
 # The agent
 # ---------------------------------------------------------------------------------------------
+
+
+def _found_hops(objectives: Sequence[ObjectiveState]) -> set[tuple[int, int]]:
+    """(question number, hop index) of every hop whose fact is known (not ``unknown``)."""
+    return {(o.number, i) for o in objectives for i, hop in enumerate(o.hops) if hop.value not in (None, UNKNOWN)}
 
 
 def _query(hop: HopState) -> str:
@@ -245,19 +300,67 @@ class OracleAgent:
         think: ``"full"`` (default: the think block explains every observation and the next
             action in sentences) or ``"short"`` (one terse line naming the next step, e.g.
             ``"Q1: river of Krigrar. Search."``; shorter cold-start targets for small models, the
-            memory and the actions are the same).
+            memory and the actions are the same) or ``"minimal"`` (the question number and the
+            action only: ``"Q1. Search."``).
+        drop_fact_prob: a deliberately imperfect memory, for cold starts that the memory reward
+            can improve on (default 0: a perfect memory). When a round finds facts and the
+            episode is not answered in that round (so a later round needs them), each question
+            with a newly found fact is, with this probability, closed in the ``<mem>`` without
+            its facts: the line reads ``Q<n>: done`` (`LOST`). Later rounds read it back as
+            resolved with its value lost: they neither search for it again nor know it, and the
+            answer for it is ``unknown``. The failure is caused by the memory alone and is fixed
+            by keeping the fact in it. The draw is a pure function of (``drop_seed``, the
+            episode's user prompt, the question number, the hop), so a run is reproducible
+            whatever the order of episodes.
+        drop_seed: the seed of those draws.
+        memory_style: ``"labels"`` (default: ``<label> of <subject> = <value>`` per hop, e.g.
+            ``Q1: birthplace of Tamor = Belis``) or ``"facts"``: each found hop is the very
+            sentence the corpus states it with (``Q1: Tamor was born in the city of Belis.``), the
+            pending hop a ``?`` after them (``? (tried n)`` after failed searches), and a
+            question not started has no line. Writing it is copying from the search result, the
+            skill a small model learns first (an induction copy), instead of rephrasing it.
+        query_style: ``"words"`` (default: ``"<subject> <relation words>"``) or ``"question"``:
+            the first search of hop 1 is the question's own text (a copy of a prompt line), that
+            of a later hop the hop's one-hop question asked of its subject (hop 2 of "In which
+            year was the mayor of Belis born?" after finding Kodan: "In which year was Kodan
+            born?"); retries search as ``"words"`` does.
+        answer_template: the answer round's text after ``</mem>``, with ``{answer}`` exactly once
+            (None: ``"\n<think>\n<note>\n</think>\n<answer> <answers> </answer>"``). Pass
+            `mempo.algo.contexts.DEFAULT_ANSWER_TEMPLATE` to make the final round exactly the
+            continuation that teacher scoring puts after a ``<mem>`` (the memory reward), so a
+            cold-started model's P(answer | mem) is measured on text it was trained to write.
     """
 
-    THINK_STYLES = ("full", "short")
+    THINK_STYLES = ("full", "short", "minimal")
+    MEMORY_STYLES = ("labels", "facts")
+    QUERY_STYLES = ("words", "question")
 
-    def __init__(self, max_turns: int = DEFAULT_MAX_TURNS, max_search_attempts: int = 3, *, think: str = "full"):
+    def __init__(self, max_turns: int = DEFAULT_MAX_TURNS, max_search_attempts: int = 3, *, think: str = "full",
+                 drop_fact_prob: float = 0.0, drop_seed: int = 0, answer_template: Optional[str] = None,
+                 memory_style: str = "labels", query_style: str = "words"):
         if max_turns < 1 or max_search_attempts < 1:
             raise ValueError("max_turns and max_search_attempts must be >= 1")
         if think not in self.THINK_STYLES:
             raise ValueError(f"think must be one of {self.THINK_STYLES}, got {think!r}")
+        if memory_style not in self.MEMORY_STYLES:
+            raise ValueError(f"memory_style must be one of {self.MEMORY_STYLES}, got {memory_style!r}")
+        if query_style not in self.QUERY_STYLES:
+            raise ValueError(f"query_style must be one of {self.QUERY_STYLES}, got {query_style!r}")
+        if not 0.0 <= float(drop_fact_prob) <= 1.0:
+            raise ValueError(f"drop_fact_prob must be in [0, 1], got {drop_fact_prob!r}")
+        if answer_template is not None:
+            probe = parse_round("<mem>x</mem>" + answer_template.replace("{answer}", "a; b"))
+            if answer_template.count("{answer}") != 1 or probe.action != "answer" or probe.argument != "a; b":
+                raise ValueError("answer_template must hold '{answer}' exactly once, inside an <answer> block "
+                                 f"after a <think> block; got {answer_template!r}")
         self.max_turns = max_turns
         self.max_search_attempts = max_search_attempts
         self.think = think
+        self.drop_fact_prob = float(drop_fact_prob)
+        self.drop_seed = int(drop_seed)
+        self.answer_template = answer_template
+        self.memory_style = memory_style
+        self.query_style = query_style
 
     def respond(self, messages: Sequence[Mapping[str, str]]) -> str:
         """The next assistant round for a prompt of chat messages (system, user question, ...)."""
@@ -265,6 +368,7 @@ class OracleAgent:
         questions = parse_episode_prompt(question_message["content"])
         last = max((i for i, m in enumerate(messages) if m["role"] == "assistant"), default=None)
         notes: list[str] = []
+        known_before: set[tuple[int, int]] = set()
         if last is None:
             step = 1
             objectives = [ObjectiveState.plan(n, q) for n, q in enumerate(questions, 1)]
@@ -273,6 +377,7 @@ class OracleAgent:
         else:
             previous = parse_round(messages[last]["content"])
             previous_step, objectives = parse_oracle_memory(previous.mem or "", questions)
+            known_before = _found_hops(objectives)
             step = previous_step + 1
             tool_text = None
             if last + 1 < len(messages) and messages[last + 1]["role"] == "user":
@@ -281,6 +386,13 @@ class OracleAgent:
                 notes.extend(self._observe(objectives, previous.action, tool_text))
         notes.extend(self._share_known_facts(objectives))
         focus = next((o for o in objectives if not o.done), None)
+        if self.drop_fact_prob > 0 and focus is not None and step < self.max_turns:
+            # A later round needs what this round found: the imperfect memory may lose it.
+            for number, hop in sorted(_found_hops(objectives) - known_before):
+                objective = objectives[number - 1]
+                if not objective.failed and self._drops(question_message["content"], number, hop):
+                    objective.lost = True
+            focus = next((o for o in objectives if not o.done), None)
         if focus is None or step >= self.max_turns:
             action, argument = "answer", "; ".join(o.answer for o in objectives)
             if focus is None:
@@ -295,20 +407,41 @@ class OracleAgent:
                 notes.append(f"Q{focus.number} needs the {hop.label} of {hop.subject}, which is written on "
                              f"page {hop.pointer[1]} of {hop.pointer[0]}, so I open that page.")
             else:
-                action, argument = "search", _query(hop)
+                action, argument = "search", self._query(focus, hop)
                 notes.append(f"Q{focus.number} needs the {hop.label} of {hop.subject}, so I search for it.")
-        mem_lines = [f"Step {step}."] + [o.memory_text(o is focus) for o in objectives]
-        if self.think == "short":
-            notes = [self._short_think(focus, action)]
-        return ("<mem>\n" + "\n".join(mem_lines) + "\n</mem>\n<think>\n" + " ".join(notes)
-                + f"\n</think>\n<{action}> {argument} </{action}>")
+        lines = [o.memory_text(o is focus, self.memory_style) for o in objectives]
+        mem_lines = [f"Step {step}."] + [line for line in lines if line is not None]
+        mem = "<mem>\n" + "\n".join(mem_lines) + "\n</mem>"
+        if action == "answer" and self.answer_template is not None:
+            return mem + self.answer_template.replace("{answer}", argument)
+        if self.think != "full":
+            notes = [self._short_think(focus, action, minimal=self.think == "minimal")]
+        return mem + "\n<think>\n" + " ".join(notes) + f"\n</think>\n<{action}> {argument} </{action}>"
+
+    def _query(self, objective: ObjectiveState, hop: HopState) -> str:
+        if self.query_style == "question" and not hop.tried:
+            index = objective.hops.index(hop)
+            if index == 0:
+                return objective.question
+            # this hop's own one-hop question, asked of the value just found (the question that is
+            # left would carry the outer relations' words, which match articles of other entities)
+            kind = RELATIONS[objective.hops[index - 1].relation].object_kind
+            return question_text(mention(kind, hop.subject), [hop.relation])
+        return _query(hop)
+
+    def _drops(self, prompt: str, number: int, hop: int) -> bool:
+        """Whether the memory loses question ``number`` after its hop ``hop`` was found (seeded draw)."""
+        draw = random.Random(f"mempo-oracle/drop/{self.drop_seed}/{number}/{hop}/{prompt}").random()
+        return draw < self.drop_fact_prob
 
     @staticmethod
-    def _short_think(focus: Optional["ObjectiveState"], action: str) -> str:
+    def _short_think(focus: Optional["ObjectiveState"], action: str, minimal: bool = False) -> str:
         if action == "answer":
             return "All resolved. Answer." if focus is None else "Out of turns. Answer."
         hop = focus.next_hop()
         verb = "Open page." if action == "access" else "Search."
+        if minimal:
+            return f"Q{focus.number}. {verb}"
         return f"Q{focus.number}: {hop.label} of {hop.subject}. {verb}"
 
     def _observe(self, objectives: list[ObjectiveState], action: str, tool_text: str) -> list[str]:

@@ -35,6 +35,18 @@ Conventions
   value's aliases. Each hop needs one search (a chronicle fact: a search and an access).
 * Sizes: ``num_entities`` articles + ``countries`` chronicles + ``round(distractor_ratio *
   num_entities)`` distractors, or pass ``num_documents`` to get exactly that many documents.
+* Small worlds (`World.generate` options; each default keeps a world byte-identical to one
+  generated without it): ``relations`` (a subset of `RELATIONS`; kinds no chosen relation uses
+  are not generated), ``names="short"`` (one-word names that a BPE trained on the corpus keeps
+  as one id or two), ``article_style="facts"`` (articles hold their fact sentences and
+  ``article_fillers`` fillers only), ``chronicles=False``, and the defaults of the questions
+  drawn from the world: ``question_hops`` and ``prompt_style`` (`mempo.env.data.PROMPT_STYLES`).
+  E.g. for a few-million-parameter model on CPU::
+
+      World.generate(0, 1000, relations=("birthplace", "birth_year", "alma_mater", "country",
+                     "capital", "mayor", "location"), names="short", article_style="facts",
+                     article_fillers=(0, 0), chronicles=False, chronicle_fraction=0.0,
+                     distractor_ratio=0.0, question_hops=1, prompt_style="compact")
 """
 from __future__ import annotations
 
@@ -47,12 +59,16 @@ from pathlib import Path
 from typing import Any, Iterator, Optional, Sequence, Union
 
 from mempo.env.corpus import Document, write_corpus
-from mempo.env.data import Episode, QARecord, compose_episodes, write_episodes_jsonl, write_qa_jsonl
+from mempo.env.data import (
+    PROMPT_STYLES, Episode, QARecord, compose_episodes, write_episodes_jsonl, write_qa_jsonl,
+)
 from mempo.protocol.reward import normalize_answer
 
 __all__ = [
     "ENTITY_KINDS",
     "LITERAL_KINDS",
+    "NAME_STYLES",
+    "ARTICLE_STYLES",
     "Relation",
     "RELATIONS",
     "CHRONICLE_RELATIONS",
@@ -62,6 +78,7 @@ __all__ = [
     "QuestionParse",
     "parse_question",
     "mention",
+    "question_text",
     "leaf_name",
     "fact_pattern",
     "pointer_pattern",
@@ -70,6 +87,8 @@ __all__ = [
 ]
 
 ENTITY_KINDS = ("person", "city", "country", "river", "company", "university", "book")
+NAME_STYLES = ("default", "short")
+ARTICLE_STYLES = ("full", "facts")
 LITERAL_KINDS = ("year", "number")
 DEFAULT_PAGE_CHARS = 25_000
 _SEARCH_RESULT_CHARS = 5_000  # what the search tool shows of a document (chronicle facts lie beyond)
@@ -148,6 +167,20 @@ _POINTER = "The {label} of {s} is recorded in {title} (document {doc_id}, page {
 def mention(kind: str, name: str) -> str:
     """How a named entity appears inside a question: ``"the Olvas River"`` for rivers, else the name."""
     return f"the {name}" if kind == "river" else name
+
+
+def question_text(start: str, relations: Sequence[str]) -> str:
+    """The grammar question applying ``relations`` (innermost first) to the mention ``start``:
+    ``question_text("Tamor", ["birthplace", "country"])`` is "In which country is the birthplace of
+    Tamor?" (`parse_question` inverts it)."""
+    if not relations:
+        raise ValueError("a question needs at least one relation")
+    phrase = start
+    for name in relations[:-1]:
+        if RELATIONS[name].noun_phrase is None:
+            raise ValueError(f"relation {name!r} (a year or a number) can only end a question")
+        phrase = RELATIONS[name].noun_phrase.format(s=phrase)
+    return RELATIONS[relations[-1]].question.format(s=phrase)
 
 
 def leaf_name(text: str) -> str:
@@ -251,6 +284,10 @@ _ONSETS = ("b", "c", "d", "f", "g", "h", "k", "l", "m", "n", "p", "r", "s", "t",
            "kr", "st", "tr", "sh", "th", "ch", "pl", "fr", "sk", "j", "w")
 _VOWELS = ("a", "e", "i", "o", "u", "a", "e", "o", "ai", "ei", "ou", "ia", "au")
 _CODAS = ("", "", "", "n", "r", "l", "s", "m", "k", "th", "nd", "rt", "n", "sk")
+_SHORT_ONSETS = ("b", "d", "f", "g", "k", "l", "m", "n", "p", "r", "s", "t", "v", "z")
+_SHORT_VOWELS = ("a", "e", "i", "o", "u")
+_SHORT_CODAS = ("", "", "n", "r", "l", "m", "k", "t")  # no final "s": the retriever's plural stemmer
+# would make "Vavis" the same search term as "Vavi"
 _COUNTRY_ENDINGS = ("ia", "land", "ora", "avia", "esh", "mark", "onia", "ar")
 _COMPANY_SUFFIXES = ("Works", "Holdings", "Industries", "Trading", "Mills", "Foundry", "Labs", "Group",
                      "Shipping", "Textiles", "Motors", "Instruments", "Press", "Brewery", "Ceramics")
@@ -315,8 +352,20 @@ class _Names:
                 return name
         raise RuntimeError("could not generate a unique name")
 
-    def for_kind(self, kind: str) -> str:
+    def short_word(self) -> str:
+        """A one-word name of two simple syllables and an optional final consonant ("Tamor")."""
         rng = self.rng
+        word = "".join(rng.choice(_SHORT_ONSETS) + rng.choice(_SHORT_VOWELS) for _ in range(2))
+        return (word + rng.choice(_SHORT_CODAS)).capitalize()
+
+    def for_kind(self, kind: str, style: str = "default") -> str:
+        rng = self.rng
+        if style == "short":  # one word each; rivers keep the " River" the grammar mentions them by
+            if kind == "river":
+                return self.unique(lambda: f"{self.short_word()} River")
+            if kind in ENTITY_KINDS:
+                return self.unique(self.short_word)
+            raise ValueError(f"unknown entity kind {kind!r}")
         if kind == "person":
             return self.unique(lambda: f"{self.word(2, 2)} {self.word(2, 3)}")
         if kind == "city":
@@ -379,7 +428,11 @@ class World:
                  num_documents: Optional[int] = None, distractor_ratio: float = 1.0,
                  chronicle_fraction: float = 0.15, min_chronicle_pages: int = 3,
                  page_chars: int = DEFAULT_PAGE_CHARS,
-                 article_fillers: Optional[tuple[int, int]] = None) -> "World":
+                 article_fillers: Optional[tuple[int, int]] = None,
+                 relations: Optional[Sequence[str]] = None, names: str = "default",
+                 article_style: str = "full", chronicles: bool = True,
+                 question_hops: Union[int, Sequence[int], None] = None,
+                 prompt_style: Optional[str] = None) -> "World":
         """Generate a world deterministically from ``seed``.
 
         Args:
@@ -387,8 +440,8 @@ class World:
             num_entities: entities (one article each); at least 20. Ignored when
                 ``num_documents`` is given.
             num_documents: when given, the world has exactly this many documents: about
-                ``num_documents / (1 + distractor_ratio)`` entities, one chronicle per country and
-                distractors for the rest.
+                ``num_documents / (1 + distractor_ratio)`` entities, one chronicle per country
+                (when ``chronicles``) and distractors for the rest.
             distractor_ratio: distractor documents per entity.
             chronicle_fraction: the share of "established"/"published" facts stated only in a
                 chronicle (at least one when > 0).
@@ -398,6 +451,27 @@ class World:
                 default ``(2, 5)``; the world is then byte-identical to one generated without the
                 option). Fewer fillers make shorter articles (short search results for small
                 models, e.g. the CPU demo); facts, questions and other documents are unchanged.
+
+        Options for small worlds (small models on CPU); every default leaves the world
+        byte-identical to one generated without the option, manifest included:
+
+            relations: the relation names (`RELATIONS` keys) the world has (None: all). Only
+                their facts exist, are stated and are asked; entity kinds that none of them uses
+                as subject or value are not generated (their share of ``num_entities`` goes to
+                persons, else cities, else the largest kind). E.g. ``("birthplace", "birth_year",
+                "country", "capital", "mayor")``: persons, cities and countries only.
+            names: ``"default"`` (pronounceable names of one to three words, e.g. "Tusi
+                Zumais", "Chaidratrond Polytechnic") or ``"short"``: every name is one word of
+                two simple syllables ("Tamor", "Belis"; rivers "Tamor River"), which a byte-level
+                BPE trained on the corpus keeps as one or two ids.
+            article_style: ``"full"`` (an introduction, the fact sentences, cross-references
+                such as "Notable people from X include ..." and fillers) or ``"facts"``: the
+                fact (and pointer) sentences and the ``article_fillers`` fillers only.
+            chronicles: False: no chronicle documents (needs ``chronicle_fraction=0``).
+            question_hops: the default ``hops`` of `questions` and `episodes` (None: 2), e.g. 1
+                for one search per question.
+            prompt_style: the default ``style`` of `episodes` (None: ``"numbered"``; see
+                `mempo.env.data.PROMPT_STYLES`; ``"compact"`` has a short instruction paragraph).
         """
         if distractor_ratio < 0 or not 0 <= chronicle_fraction <= 1:
             raise ValueError("need distractor_ratio >= 0 and 0 <= chronicle_fraction <= 1")
@@ -407,78 +481,135 @@ class World:
                 raise ValueError(f"article_fillers must be (least, most) with 0 <= least <= most, got {article_fillers}")
         if min_chronicle_pages < 2 or page_chars < 2 * _SEARCH_RESULT_CHARS:
             raise ValueError(f"need min_chronicle_pages >= 2 and page_chars >= {2 * _SEARCH_RESULT_CHARS}")
+        if relations is not None:
+            relations = tuple(dict.fromkeys(str(r) for r in relations))
+            unknown = [r for r in relations if r not in RELATIONS]
+            if unknown or not relations:
+                raise ValueError(f"relations must be a non-empty subset of {sorted(RELATIONS)}; "
+                                 f"unknown: {unknown}" if unknown else "relations must not be empty")
+        if names not in NAME_STYLES:
+            raise ValueError(f"names must be one of {NAME_STYLES}, got {names!r}")
+        if article_style not in ARTICLE_STYLES:
+            raise ValueError(f"article_style must be one of {ARTICLE_STYLES}, got {article_style!r}")
+        if not chronicles and chronicle_fraction > 0:
+            raise ValueError("chronicles=False needs chronicle_fraction=0 (chronicle facts live in chronicles)")
+        if question_hops is not None:
+            question_hops = _check_hops(question_hops)
+        if prompt_style is not None and prompt_style not in PROMPT_STYLES:
+            raise ValueError(f"prompt_style must be one of {PROMPT_STYLES}, got {prompt_style!r}")
+        enabled = set(relations if relations is not None else RELATIONS)
+        kinds = _kinds_of(enabled)
         if num_documents is not None:
             num_entities = max(20, round(num_documents / (1.0 + distractor_ratio)))
         if num_entities is None or num_entities < 20:
             raise ValueError(f"num_entities must be >= 20, got {num_entities}")
-        counts = _kind_counts(num_entities)
-        num_countries = counts["country"]
+        counts = _kind_counts(num_entities, kinds)
+        num_countries = counts.get("country", 0)
+        num_chronicles = num_countries if chronicles else 0
         if num_documents is not None:
-            num_distractors = num_documents - num_entities - num_countries
+            num_distractors = num_documents - num_entities - num_chronicles
             if num_distractors < 0:
                 raise ValueError(f"num_documents={num_documents} is too small for {num_entities} entities")
         else:
             num_distractors = round(distractor_ratio * num_entities)
 
         rng = random.Random(f"mempo-world/{seed}/entities")
-        names = _Names(rng)
+        namer = _Names(rng)
         entities: list[Entity] = []
         by_kind: dict[str, list[int]] = {kind: [] for kind in ENTITY_KINDS}
         for kind in ENTITY_KINDS:
-            for number in range(counts[kind]):
+            for number in range(counts.get(kind, 0)):
                 index = len(entities)
-                entities.append(Entity(index, kind, names.for_kind(kind), f"{kind}-{number:06d}"))
+                entities.append(Entity(index, kind, namer.for_kind(kind, names), f"{kind}-{number:06d}"))
                 by_kind[kind].append(index)
 
+        # Facts. With every relation enabled the draws are those of the original world; a subset
+        # skips the draws of the relations it leaves out (and of values of kinds it lacks).
+        on = enabled.__contains__
         facts: dict[str, dict[int, int]] = {name: {} for name in RELATIONS}
         persons, cities, countries = by_kind["person"], by_kind["city"], by_kind["country"]
         rivers, companies, universities, books = (by_kind["river"], by_kind["company"], by_kind["university"],
                                                   by_kind["book"])
+        born: dict[int, int] = facts["birth_year"]  # years other dates follow (drawn when not stated)
+
+        def birth_year(person: int) -> int:
+            if person not in born:
+                born[person] = rng.randint(1700, 1980)
+            return born[person]
+
         for position, city in enumerate(cities):  # every country gets a city first: its capital
-            country = countries[position] if position < len(countries) else rng.choice(countries)
-            facts["country"][city] = country
-            if position < len(countries):
-                facts["capital"][country] = city
-            facts["river"][city] = rng.choice(rivers)
-            facts["mayor"][city] = rng.choice(persons)
+            if countries and (on("country") or on("capital")):
+                country = countries[position] if position < len(countries) else rng.choice(countries)
+                facts["country"][city] = country
+                if position < len(countries):
+                    facts["capital"][country] = city
+            if on("river"):
+                facts["river"][city] = rng.choice(rivers)
+            if on("mayor"):
+                facts["mayor"][city] = rng.choice(persons)
         for person in persons:
-            facts["birthplace"][person] = rng.choice(cities)
-            facts["birth_year"][person] = rng.randint(1700, 1980)
-            facts["alma_mater"][person] = rng.choice(universities)
+            if on("birthplace"):
+                facts["birthplace"][person] = rng.choice(cities)
+            if on("birth_year"):
+                facts["birth_year"][person] = rng.randint(1700, 1980)
+            if on("alma_mater"):
+                facts["alma_mater"][person] = rng.choice(universities)
         for company in companies:
-            founder = rng.choice(persons)
-            facts["founder"][company] = founder
-            facts["headquarters"][company] = rng.choice(cities)
-            facts["established"][company] = facts["birth_year"][founder] + rng.randint(20, 55)
+            founder = rng.choice(persons) if persons else None
+            if on("founder"):
+                facts["founder"][company] = founder
+            if on("headquarters"):
+                facts["headquarters"][company] = rng.choice(cities)
+            if on("established"):
+                start = birth_year(founder) if founder is not None else rng.randint(1700, 1980)
+                facts["established"][company] = start + rng.randint(20, 55)
         for university in universities:
-            facts["location"][university] = rng.choice(cities)
-            facts["established"][university] = rng.randint(1100, 1900)
+            if on("location"):
+                facts["location"][university] = rng.choice(cities)
+            if on("established"):
+                facts["established"][university] = rng.randint(1100, 1900)
         for book in books:
-            author = rng.choice(persons)
-            facts["author"][book] = author
-            facts["published"][book] = facts["birth_year"][author] + rng.randint(18, 70)
+            author = rng.choice(persons) if persons else None
+            if on("author"):
+                facts["author"][book] = author
+            if on("published"):
+                start = birth_year(author) if author is not None else rng.randint(1700, 1980)
+                facts["published"][book] = start + rng.randint(18, 70)
         for river in rivers:
-            facts["length"][river] = rng.randint(40, 4000)
-            facts["source"][river] = rng.choice(countries)
+            if on("length"):
+                facts["length"][river] = rng.randint(40, 4000)
+            if on("source"):
+                facts["source"][river] = rng.choice(countries)
+        for name in RELATIONS:  # drop the helper years of a world without birth years, and the other tables
+            if not on(name):
+                facts[name] = {}
 
         # Chronicle facts: which facts, in which country's chronicle, on which page.
         candidates = [(name, subject) for name in CHRONICLE_RELATIONS for subject in sorted(facts[name])]
         chosen = [c for c in candidates if rng.random() < chronicle_fraction]
         if chronicle_fraction > 0 and not chosen and candidates:
             chosen = [rng.choice(candidates)]
+        if chosen and not countries:
+            raise ValueError(f"chronicle_fraction={chronicle_fraction} needs countries (each has the chronicle its "
+                             f"facts are written in): add a relation with countries or set chronicle_fraction=0")
 
-        def home_country(relation: str, subject: int) -> int:
+        def home_country(relation: str, subject: int) -> Optional[int]:
             if entities[subject].kind == "company":
-                return facts["country"][facts["headquarters"][subject]]
-            if entities[subject].kind == "university":
-                return facts["country"][facts["location"][subject]]
-            return facts["country"][facts["birthplace"][facts["author"][subject]]]
+                city = facts["headquarters"].get(subject)
+            elif entities[subject].kind == "university":
+                city = facts["location"].get(subject)
+            else:
+                city = facts["birthplace"].get(facts["author"].get(subject, -1))
+            return facts["country"].get(city) if city is not None else None
 
         per_country: dict[int, list[tuple[str, int]]] = {c: [] for c in countries}
         for relation, subject in chosen:
-            per_country[home_country(relation, subject)].append((relation, subject))
+            home = home_country(relation, subject)
+            if home is None:  # a reduced world without the chain to a country: any chronicle
+                home = countries[subject % len(countries)]
+            per_country[home].append((relation, subject))
         chronicle_pages, chronicle_facts = {}, {}
-        for number, country in enumerate(countries):
+        for number, country in enumerate(countries if chronicles else ()):
             pages = max(min_chronicle_pages, 1 + math.ceil(len(per_country[country]) / 30))
             chronicle_pages[country] = pages
             for relation, subject in per_country[country]:
@@ -487,8 +618,21 @@ class World:
         params = {"num_entities": num_entities, "num_documents": num_documents,
                   "distractor_ratio": distractor_ratio, "chronicle_fraction": chronicle_fraction,
                   "min_chronicle_pages": min_chronicle_pages, "page_chars": page_chars}
-        if article_fillers is not None:  # only when given: default worlds keep their manifest
+        # Options enter the parameters only when given: default worlds keep their manifest.
+        if article_fillers is not None:
             params["article_fillers"] = list(article_fillers)
+        if relations is not None:
+            params["relations"] = list(relations)
+        if names != "default":
+            params["names"] = names
+        if article_style != "full":
+            params["article_style"] = article_style
+        if not chronicles:
+            params["chronicles"] = False
+        if question_hops is not None:
+            params["question_hops"] = question_hops if isinstance(question_hops, int) else list(question_hops)
+        if prompt_style is not None:
+            params["prompt_style"] = prompt_style
         return cls(seed=seed, entities=entities, facts=facts, chronicle_facts=chronicle_facts,
                    chronicle_pages=chronicle_pages, num_distractors=num_distractors, page_chars=page_chars,
                    params=params)
@@ -517,6 +661,12 @@ class World:
         return self._kind_indices("country")[int(doc_id.split("-")[1])]
 
     @property
+    def default_hops(self) -> Union[int, tuple[int, ...]]:
+        """The hops of questions drawn without ``hops``: the ``question_hops`` option, else 2."""
+        hops = self.params.get("question_hops", 2)
+        return hops if isinstance(hops, int) else tuple(hops)
+
+    @property
     def num_documents(self) -> int:
         """Articles + chronicles + distractors."""
         return len(self.entities) + len(self.chronicle_pages) + self.num_distractors
@@ -528,7 +678,7 @@ class World:
         reverse = self._reverse_index()
         for entity in self.entities:
             yield self._article(entity, reverse)
-        countries = [e for e in self.entities if e.kind == "country"]
+        countries = [e for e in self.entities if e.kind == "country" and e.index in self.chronicle_pages]
         for number, country in enumerate(countries):
             yield self._chronicle(number, country)
         for number in range(self.num_distractors):
@@ -576,6 +726,11 @@ class World:
                 title = self.chronicle_title(self._chronicle_of(doc_id))
                 facts.append(pointer_sentence(relation, name, title, doc_id, page))
         extra = []
+        if self.params.get("article_style", "full") == "facts":
+            least, most = self.params.get("article_fillers") or (2, 5)
+            sentences = facts + [self._filler(rng) for _ in range(rng.randint(least, most))]
+            rng.shuffle(sentences)
+            return Document(entity.doc_id, name, " ".join(sentences))
         if kind == "person":
             founded = reverse["founder"].get(entity.index, [])[:2]
             extra += [f"In later life {name} founded {ents[c].name}." for c in founded]
@@ -641,20 +796,24 @@ class World:
         rng = self._rng("distractor", number)
         ents = self.entities
         doc_id = f"news-{number:06d}"
-        if rng.random() < 0.2:
+        present = {kind for kind in ENTITY_KINDS if self._kind_indices(kind)}
+        if rng.random() < 0.2 and {"person", "city"} <= present:
             return self._namesake(rng, doc_id)
         pick = lambda kind: ents[rng.choice(self._kind_indices(kind))].name  # noqa: E731
         year = rng.randint(1750, 2020)
-        templates = (
-            lambda: f"{pick('person')} spoke at the {rng.choice(_EVENTS)} in {pick('city')}.",
-            lambda: f"{pick('company')} opened a new office near {pick('city')}.",
-            lambda: f"Students of {pick('university')} visited {pick('city')} in {rng.choice(_MONTHS)}.",
-            lambda: f"A reading of {pick('book')} filled the hall of {pick('university')}.",
-            lambda: f"Boats on the {pick('river')} carried {rng.choice(_PRODUCTS)} to {pick('city')}.",
-            lambda: f"Delegates from {pick('country')} met {pick('person')} to discuss {rng.choice(_PRODUCTS)}.",
-            lambda: f"{pick('person')} praised {pick('company')} for its {rng.choice(_PRODUCTS)}.",
-            lambda: self._filler(rng),
-        )
+        templates = tuple(template for kinds, template in (  # those whose kinds this world has (all, by default)
+            (("person", "city"), lambda: f"{pick('person')} spoke at the {rng.choice(_EVENTS)} in {pick('city')}."),
+            (("company", "city"), lambda: f"{pick('company')} opened a new office near {pick('city')}."),
+            (("university", "city"),
+             lambda: f"Students of {pick('university')} visited {pick('city')} in {rng.choice(_MONTHS)}."),
+            (("book", "university"), lambda: f"A reading of {pick('book')} filled the hall of {pick('university')}."),
+            (("river", "city"),
+             lambda: f"Boats on the {pick('river')} carried {rng.choice(_PRODUCTS)} to {pick('city')}."),
+            (("country", "person"),
+             lambda: f"Delegates from {pick('country')} met {pick('person')} to discuss {rng.choice(_PRODUCTS)}."),
+            (("person", "company"), lambda: f"{pick('person')} praised {pick('company')} for its {rng.choice(_PRODUCTS)}."),
+            ((), lambda: self._filler(rng)),
+        ) if set(kinds) <= present)
         sentences = [rng.choice(templates)() for _ in range(rng.randint(4, 9))]
         headline = f"{rng.choice(_EVENTS).capitalize()} report, {rng.choice(_MONTHS)} {year}"
         return Document(doc_id, headline, " ".join(sentences))
@@ -695,13 +854,14 @@ class World:
 
     # -- questions and episodes ---------------------------------------------------------------
 
-    def questions(self, num: int, hops: Union[int, Sequence[int]] = 2, seed: int = 0, *,
+    def questions(self, num: int, hops: Union[int, Sequence[int], None] = None, seed: int = 0, *,
                   access_fraction: float = 0.0, id_prefix: Optional[str] = None) -> list[QARecord]:
         """``num`` distinct multi-hop questions with their gold aliases.
 
         Args:
             num: how many questions.
-            hops: hops per question (1 to 4), or a sequence to draw each question's hops from.
+            hops: hops per question (1 to 4), or a sequence to draw each question's hops from
+                (None: the world's ``question_hops``, by default 2).
             seed: the question sampler's seed (independent of the world's seed).
             access_fraction: the share of questions whose last fact is a chronicle fact (needs
                 an access); questions not drawn for access never end in a chronicle fact.
@@ -711,9 +871,8 @@ class World:
         ``support`` (per hop: the document id and the fact sentence it contains, plus the pointer
         sentence for a chronicle fact), ``needs_access`` and ``world_seed``.
         """
+        hops = _check_hops(self.default_hops if hops is None else hops)
         choices = [hops] if isinstance(hops, int) else list(hops)
-        if not choices or any(h < 1 or h > 4 for h in choices):
-            raise ValueError(f"hops must be in 1..4, got {hops!r}")
         if not 0 <= access_fraction <= 1:
             raise ValueError("access_fraction must be in [0, 1]")
         if access_fraction > 0 and not self.chronicle_facts:
@@ -795,12 +954,8 @@ class World:
         return chain
 
     def _question_text(self, chain: list[tuple[str, int]]) -> str:
-        first_relation, start = chain[0]
-        start_entity = self.entities[start]
-        phrase = mention(start_entity.kind, start_entity.name)
-        for relation_name, _ in chain[:-1]:
-            phrase = RELATIONS[relation_name].noun_phrase.format(s=phrase)
-        return RELATIONS[chain[-1][0]].question.format(s=phrase)
+        start_entity = self.entities[chain[0][1]]
+        return question_text(mention(start_entity.kind, start_entity.name), [name for name, _ in chain])
 
     def _record(self, record_id: str, question: str, chain: list[tuple[str, int]], needs_access: bool) -> QARecord:
         steps, support = [], []
@@ -828,14 +983,17 @@ class World:
         return QARecord(record_id, question, golds, metadata)
 
     def episodes(self, num_objectives: int, num_episodes: int, seed: int = 0, *,
-                 hops: Union[int, Sequence[int]] = 2, access_fraction: float = 0.0,
-                 style: str = "numbered") -> list[Episode]:
+                 hops: Union[int, Sequence[int], None] = None, access_fraction: float = 0.0,
+                 style: Optional[str] = None) -> list[Episode]:
         """``num_episodes`` episodes of ``num_objectives`` distinct questions each.
 
         The questions are ``self.questions(num_objectives * num_episodes, hops, seed,
         access_fraction=...)``, composed with `mempo.env.data.compose_episodes` (same seed,
-        ``reuse_questions=False``: no question appears twice).
+        ``reuse_questions=False``: no question appears twice). ``hops`` None: the world's
+        ``question_hops`` (default 2); ``style`` None: the world's ``prompt_style`` (default
+        ``"numbered"``).
         """
+        style = style if style is not None else self.params.get("prompt_style", "numbered")
         pool = self.questions(num_objectives * num_episodes, hops, seed, access_fraction=access_fraction,
                               id_prefix=f"w{self.seed}-k{num_objectives}-q{seed}")
         return compose_episodes(pool, num_objectives, num_episodes, seed, reuse_questions=False, style=style,
@@ -869,17 +1027,39 @@ class World:
         return paths
 
 
-def _kind_counts(num_entities: int) -> dict[str, int]:
+def _kinds_of(relations: set[str]) -> tuple[str, ...]:
+    """The entity kinds the relations use as subject or value, in `ENTITY_KINDS` order."""
+    used = {kind for name in relations for kind in RELATIONS[name].subject_kinds}
+    used |= {RELATIONS[name].object_kind for name in relations if not RELATIONS[name].is_literal}
+    return tuple(kind for kind in ENTITY_KINDS if kind in used)
+
+
+def _check_hops(hops: Union[int, Sequence[int]]) -> Union[int, tuple[int, ...]]:
+    """``hops`` as an int or a non-empty tuple of ints in 1..4 (ValueError otherwise)."""
+    choices = [hops] if isinstance(hops, int) else list(hops)
+    if not choices or any(isinstance(h, bool) or not isinstance(h, int) or h < 1 or h > 4 for h in choices):
+        raise ValueError(f"hops must be in 1..4, got {hops!r}")
+    return hops if isinstance(hops, int) else tuple(choices)
+
+
+def _kind_counts(num_entities: int, kinds: Sequence[str] = ENTITY_KINDS) -> dict[str, int]:
+    """Entities per kind. With every kind: the original shares; with fewer kinds, the same shares
+    for those present and the rest to persons (else cities, else the largest kind)."""
     n = num_entities
-    counts = {
+    shares = {
         "country": min(60, max(2, n // 150)),
         "river": max(2, n * 4 // 100),
         "university": max(2, n * 5 // 100),
         "company": max(3, n * 14 // 100),
         "book": max(2, n * 10 // 100),
     }
-    counts["city"] = max(counts["country"] + 1, n * 15 // 100)
-    counts["person"] = n - sum(counts.values())
-    if counts["person"] < 4:
+    counts = {kind: shares[kind] for kind in kinds if kind in shares}
+    if "city" in kinds:
+        counts["city"] = max(counts.get("country", 0) + 1, n * 15 // 100)
+    rest = next((kind for kind in ("person", "city") if kind in kinds), None)
+    if rest is None:
+        rest = max(counts, key=counts.get)
+    counts[rest] = n - sum(v for kind, v in counts.items() if kind != rest)
+    if counts[rest] < 4:
         raise ValueError(f"num_entities={n} is too small")
     return counts

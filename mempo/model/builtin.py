@@ -16,6 +16,7 @@
   embeddings) of one of `SIZES`:
 
       tiny:  hidden 64,  2 layers, 4 heads (2 KV), MLP 128
+      mini:  hidden 128, 2 layers, 4 heads (2 KV), MLP 512  (the CPU demo's)
       small: hidden 256, 4 layers, 8 heads (4 KV), MLP 512
 
   Save one with ``save_pretrained`` (`mempo.model.export.save_model_dir`): a plain HF directory,
@@ -47,6 +48,8 @@ CHATML_TEMPLATE = (
 )
 SIZES = {
     "tiny": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=2),
+    "mini": dict(hidden_size=128, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4,
                  num_key_value_heads=2),
     "small": dict(hidden_size=256, intermediate_size=512, num_hidden_layers=4, num_attention_heads=8,
                   num_key_value_heads=4),

@@ -47,6 +47,7 @@ __all__ = [
     "split_answer",
     "objectives_from_golds",
     "compute_score",
+    "memory_keeps",
 ]
 
 SCORE_MODES = ("mean", "all", "sum")
@@ -235,3 +236,25 @@ def compute_score(response_text: str, golds: Any, *, mode: str = "mean",
         "per_objective": per_objective,
         "answer": answer,
     }
+
+
+def _word_text(text: str) -> str:
+    """`text` normalised for whole-word alias search: once with punctuation as word breaks (tags and
+    a sentence's full stop split words: ``Belis.</information>``) and once as `normalize_answer` drops
+    it (``O'Brien`` -> ``obrien``), each padded with spaces."""
+    spaced = "".join(" " if ch in _PUNCTUATION else ch for ch in text)
+    return f" {normalize_answer(spaced)} | {normalize_answer(text)} "
+
+
+def memory_keeps(mem_text: str, seen_text: str, golds: Any) -> Optional[bool]:
+    """Whether a ``<mem>`` keeps the facts a later round needs: the objectives (`objectives_from_golds`)
+    with an alias in ``seen_text`` (what the agent had read before writing the ``<mem>``) are needed;
+    True when every needed one has an alias in ``mem_text`` too, False when one has none, None when
+    nothing is needed yet. An alias is "in" a text when its `normalize_answer` form occurs there as
+    whole words (``"paris"`` in ``"capital is paris"``, not in ``"parisian"``)."""
+    seen, mem = _word_text(seen_text), _word_text(mem_text)
+    needed = [aliases for aliases in objectives_from_golds(golds)
+              if any(f" {normalize_answer(a)} " in seen for a in aliases if normalize_answer(a))]
+    if not needed:
+        return None
+    return all(any(f" {normalize_answer(a)} " in mem for a in aliases if normalize_answer(a)) for aliases in needed)

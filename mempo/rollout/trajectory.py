@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator, NamedTuple, Optional, Union
 
 from mempo.algo.rounds import is_scored
+from mempo.protocol.reward import memory_keeps
 from mempo.rollout.chat import decode_ids
 from mempo.utils.jsonl import iter_jsonl_records, write_jsonl
 
@@ -173,6 +174,22 @@ class Trajectory:
             if r.information is not None:
                 parts.append(decode_ids(tokenizer, self.response_ids[r.information[0]:r.information[1]]))
         return "".join(parts)
+
+    def memory_keeps(self, tokenizer: Any) -> list[Optional[bool]]:
+        """Per scored round (`Round.scored`, in order): whether its ``<mem>`` keeps every gold already
+        retrieved (`mempo.protocol.reward.memory_keeps` of the ``<mem>`` text and the
+        ``<information>`` texts of the rounds before it; None when no gold was retrieved yet).
+        Empty without golds."""
+        if self.golds is None:
+            return []
+        keeps, seen = [], []
+        for r in self.rounds:
+            if r.scored:
+                mem = decode_ids(tokenizer, self.response_ids[r.mem_span[0]:r.mem_span[1]])
+                keeps.append(memory_keeps(mem, " ".join(seen), self.golds))
+            if r.information is not None:
+                seen.append(decode_ids(tokenizer, self.response_ids[r.information[0]:r.information[1]]))
+        return keeps
 
     # -- checks ------------------------------------------------------------------------------------
     def validate(self) -> None:

@@ -6,7 +6,7 @@ update metrics keep the actor's names under ``actor/`` (`mempo.train.actor.Actor
 """
 from __future__ import annotations
 
-__all__ = ["REWARD", "EM", "F1", "FORMAT_RATE", "MEM_REWARD", "P_MEM", "P_FULL", "KL", "ENTROPY",
+__all__ = ["REWARD", "EM", "F1", "FORMAT_RATE", "MEM_REWARD", "MEM_KEEPS", "P_MEM", "P_FULL", "KL", "ENTROPY",
            "CLIP_FRACTION", "TOKENS", "LOSS", "GRAD_NORM", "STEP_SECONDS", "SFT_LOSS", "ACTOR_PREFIX",
            "TIME_PREFIX"]
 
@@ -20,6 +20,7 @@ EM = "reward/em"                  # mean per-objective exact match
 F1 = "reward/f1"                  # mean per-objective token F1
 FORMAT_RATE = "reward/format_rate"  # share of trajectories with a valid format
 MEM_REWARD = "memory/reward"      # mean memory reward P(answer | mem_ctx) - P(answer | full_ctx)
+MEM_KEEPS = "memory/keeps_facts"  # share of scored <mem> blocks keeping every gold already retrieved
 P_MEM = "memory/p_mem"            # mean P(answer | mem_ctx) of the scored rounds
 P_FULL = "memory/p_full"          # mean P(answer | full_ctx) of the scored rounds
 KL = ACTOR_PREFIX + "kl_loss"     # KL to the reference policy (the loss term)

@@ -62,6 +62,7 @@ from typing import Any, Collection, Iterable, Mapping, NamedTuple, Optional, Seq
 
 import torch
 
+from mempo.algo.contexts import DEFAULT_ANSWER_TEMPLATE
 from mempo.config import MempoConfig
 from mempo.env.data import DataError
 from mempo.env.oracle import OracleAgent, OracleTrajectory, run_oracle
@@ -197,12 +198,22 @@ def _resume_position(state: Any, seed: int, num_examples: int) -> dict[str, Any]
 class ColdStart(NamedTuple):
     """`oracle_cold_start`'s result: ``trajectories`` to train on; ``ran``: oracle runs;
     ``dropped``: drawn episodes sharing a question with the held-out set; ``all_kept``: True when
-    no run was correct and every one was kept."""
+    no run was correct and every one was kept (``sft.keep: correct``)."""
 
     trajectories: list[OracleTrajectory]
     ran: int
     dropped: int
     all_kept: bool
+
+
+def oracle_agent(cfg: MempoConfig, max_turns: Optional[int] = None) -> OracleAgent:
+    """The SFT teacher the ``sft`` section describes (``oracle_*`` fields); max_turns: its turn
+    budget (None: the agent's default)."""
+    s = cfg.sft
+    extra = {} if max_turns is None else {"max_turns": max_turns}
+    return OracleAgent(think=s.oracle_think, memory_style=s.oracle_memory_style, query_style=s.oracle_query_style,
+                       drop_fact_prob=s.oracle_drop_fact_prob, drop_seed=s.oracle_drop_seed,
+                       answer_template=DEFAULT_ANSWER_TEMPLATE if s.oracle_answer_template else None, **extra)
 
 
 def oracle_cold_start(world: Any, tools: Mapping[str, Any], cfg: MempoConfig, held_out: Collection[str] = (), *,
@@ -222,8 +233,10 @@ def oracle_cold_start(world: Any, tools: Mapping[str, Any], cfg: MempoConfig, he
     trajectories = []
     with progress("oracle", total=len(episodes), enabled=show_progress) as bar:
         for episode in episodes:
-            trajectories.append(run_oracle(episode, tools, policy="memory", agent=OracleAgent(think=sft.oracle_think)))
+            trajectories.append(run_oracle(episode, tools, policy="memory", agent=oracle_agent(cfg)))
             bar.advance()
+    if sft.keep == "all":
+        return ColdStart(trajectories, len(trajectories), len(drawn) - len(episodes), False)
     kept = [t for t in trajectories if float(t.score.get("score", 0.0)) == 1.0]
     if kept:
         return ColdStart(kept, len(trajectories), len(drawn) - len(episodes), False)

@@ -156,8 +156,12 @@ def memory_rewards(ctx: StepContext, trajectories: Sequence[Trajectory]) -> dict
     p_full = [v for r in results for v in r.p_full]
     rewards_ = [v for t in trajectories for v in t.memory_rewards]
     k = max(len(rewards_), 1)
-    return {names.MEM_REWARD: sum(rewards_) / k, names.P_MEM: sum(p_mem) / k, names.P_FULL: sum(p_full) / k,
-            "memory/scored_rounds": float(len(rewards_))}
+    keeps = [v for t in trajectories for v in t.memory_keeps(ctx.tokenizer) if v is not None]
+    metrics = {names.MEM_REWARD: sum(rewards_) / k, names.P_MEM: sum(p_mem) / k, names.P_FULL: sum(p_full) / k,
+               "memory/scored_rounds": float(len(rewards_))}
+    if keeps:  # only where some <mem> came after a retrieved gold
+        metrics[names.MEM_KEEPS] = sum(keeps) / len(keeps)
+    return metrics
 
 
 def advantages(ctx: StepContext, trajectories: Sequence[Trajectory]) -> tuple[TokenAdvantages, dict[str, float]]:

@@ -17,8 +17,9 @@ def test_config_file_equals_builtin_defaults():
     assert yaml.safe_load((REPO / "configs" / "demo.yaml").read_text()) == DEFAULT_CONFIG
     cfg = load_demo_config(REPO / "configs" / "demo.yaml")
     assert cfg == load_demo_config(None)
-    assert cfg.eval.objectives == [2, 4] and cfg.eval.policies == ["memory"] and cfg.demo.model_size == "small"
-    assert cfg.sft.objectives == [1, 2, 3, 4] and cfg.sft.lr == 3e-3 and cfg.sft.oracle_think == "short"
+    assert cfg.eval.objectives == [2, 4] and cfg.eval.policies == ["memory"] and cfg.demo.model_size == "mini"
+    assert cfg.sft.objectives == [1, 2, 3, 4] and cfg.sft.lr == 1e-3 and cfg.sft.oracle_think == "minimal"
+    assert cfg.sft.keep == "all" and 0 < cfg.sft.oracle_drop_fact_prob < 1 and cfg.demo.copy_warmup_steps > 0
 
 
 def test_unknown_demo_key_is_an_error():
@@ -55,10 +56,12 @@ def test_smoke_demo(tmp_path):
     assert main(["demo", "--out", str(out), "--no-progress", *SMOKE]) == 0
     assert not earlier.exists()
     text = (out / "report.md").read_text()
-    for stage in ("world", "oracle", "tokenizer", "model", "sft", "eval-before", "rl", "eval-after", "report"):
+    for stage in ("world", "oracle", "tokenizer", "model", "copy-warmup", "sft", "eval-before", "rl", "eval-after",
+                  "report"):
         assert f"| {stage} |" in text
     assert "SKIPPED" not in text
     assert "## Before / after RL" in text and "1 logged steps" in text
+    assert "## One held-out episode before and after RL" in text
     for name in ("reward", "memory_reward", "tokens", "sft"):
         png = out / f"{name}.png"
         assert png.read_bytes()[:8] == PNG_MAGIC

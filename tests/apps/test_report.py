@@ -53,10 +53,11 @@ def test_report_numbers_and_plots(run_dir):
     assert "9.9.9-test" in text and "| CPU count (os.cpu_count) | 2 |" in text
     assert "| sft | 123.400 | 90 steps |" in text and "| rl | 77.700 | 4 steps |" in text
     # before / after, memory context, 2 and 4 objectives
-    assert ("| 2 | 20 | 0.125 | 0.375 | 0.250 | 0.500 | 0.900 | 0.900 | 3.500 | 3.500 | 1234 | 1111 | 567 | 555 |"
-            in text)
-    assert ("| 4 | 20 | 0.0625 | 0.188 | 0.125 | 0.312 |" in text
-            or "| 4 | 20 | 0.062 | 0.188 | 0.125 | 0.312 |" in text)
+    # (rows without standard errors: they read as 0, and the change has no SE count)
+    assert ("| 2 | 20 | 0.125 ± 0.000 | 0.375 ± 0.000 | +0.250 | 0.250 ± 0.000 | 0.500 ± 0.000 | 0.900 | 0.900 | "
+            "3.500 | 3.500 | 1234 | 1111 | 567 | 555 |" in text)
+    assert ("| 4 | 20 | 0.062 ± 0.000 | 0.188 ± 0.000 | +0.125 | 0.125 ± 0.000 | 0.312 ± 0.000 |" in text
+            or "| 4 | 20 | 0.063 ± 0.000 | 0.188 ± 0.000 | +0.125 | 0.125 ± 0.000 | 0.312 ± 0.000 |" in text)
     assert "### full context" in text and "4321" in text
     # training curve: step 3 row has reward 0.3, mem reward -0.03, p_full 0.23, kl 0.003, tokens 1003
     assert "| 3 | 0.300 | 0.150 | 0.210 | 1.000 | -0.030 | 0.200 | 0.230 | 0.003 | 2.000 | 0.000 | 1003 |" in text

@@ -5,6 +5,7 @@ retriever, the turn limit and jsonl records.
 Servers started here: one `RetrieverServer` thread on a free 127.0.0.1 port, stopped in the test.
 """
 import dataclasses
+import re
 
 import pytest
 
@@ -17,7 +18,7 @@ from mempo.env.oracle import (
 from mempo.env.retriever import BM25Retriever
 from mempo.env.server import RetrieverServer
 from mempo.env.tools import make_tools
-from mempo.env.world import World
+from mempo.env.world import QuestionParse, World, parse_question
 from mempo.protocol.memory import ShortTextPolicy
 from mempo.protocol.grammar import parse_round, validate_format
 
@@ -203,3 +204,167 @@ def test_short_think_style(world, tools, k):
             assert "\n" not in think and len(think) <= len(parse_round(long.assistant).think.strip())
     with pytest.raises(ValueError):
         OracleAgent(think="long")
+
+
+# ---------------------------------------------------------------------------------------------
+# The deliberately imperfect teacher (drop_fact_prob) and the scoring answer template
+# ---------------------------------------------------------------------------------------------
+
+SMALL = dict(relations=("birthplace", "birth_year", "country", "capital", "mayor"), names="short",
+             article_style="facts", article_fillers=(0, 0), chronicles=False, chronicle_fraction=0.0,
+             distractor_ratio=0.0, prompt_style="compact")
+
+
+@pytest.fixture(scope="module")
+def small_world():
+    return World.generate(seed=1, num_entities=300, question_hops=1, **SMALL)
+
+
+@pytest.fixture(scope="module")
+def small_tools(small_world):
+    with BM25Retriever.build(list(small_world.documents())) as built:
+        yield make_tools(built, options={"search": {"topk": 1}})
+
+
+def lost_lines(trajectory):
+    return [[line for line in (parse_round(r.assistant).mem or "").splitlines() if line.endswith(": done")]
+            for r in trajectory.rounds]
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_drop_one_loses_every_fact_a_later_round_needs(small_world, small_tools, policy):
+    agent = OracleAgent(think="short", drop_fact_prob=1.0)
+    for episode in small_world.episodes(3, 4, seed=7):
+        trajectory = run_oracle(episode, small_tools, policy=policy, agent=agent)
+        assert validate_format(trajectory.response_text).ok and trajectory.finished
+        # Q1 and Q2 are found in rounds 2 and 3 and needed in the answer round: both lost; Q3 is
+        # found in the answer round itself, so nothing later needs it and it is answered.
+        assert [r.action for r in trajectory.rounds] == ["search"] * 3 + ["answer"]
+        assert lost_lines(trajectory) == [[], ["Q1: done"], ["Q1: done", "Q2: done"], ["Q1: done", "Q2: done"]]
+        answers = trajectory.final_answer.split("; ")
+        assert answers[:2] == [UNKNOWN, UNKNOWN] and answers[2] in episode.golds[2]
+        # the lost facts were in what the agent read: the failure comes from the memory alone
+        for number, found_in in ((0, 0), (1, 1)):
+            assert any(gold in trajectory.rounds[found_in].tool_text for gold in episode.golds[number])
+        assert trajectory.score["em"] == pytest.approx(1 / 3)
+
+
+def test_drop_after_an_intermediate_hop_stops_the_question(small_world, small_tools):
+    w = World.generate(seed=1, num_entities=300, question_hops=2, **SMALL)
+    with BM25Retriever.build(list(w.documents())) as retriever:
+        tools = make_tools(retriever, options={"search": {"topk": 1}})
+        for episode in w.episodes(1, 3, seed=3):
+            trajectory = run_oracle(episode, tools, agent=OracleAgent(think="short", drop_fact_prob=1.0))
+            # hop 1 found in round 2, needed by hop 2: lost, so no second search, answer unknown
+            assert [r.action for r in trajectory.rounds] == ["search", "answer"]
+            assert trajectory.final_answer == UNKNOWN and lost_lines(trajectory)[1] == ["Q1: done"]
+
+
+def test_drops_are_seeded_per_episode_and_follow_the_probability(small_world, small_tools):
+    episodes = small_world.episodes(2, 150, seed=11)
+
+    def lost(agent, some=episodes):
+        return [bool(lost_lines(run_oracle(e, small_tools, agent=agent))[-1]) for e in some]
+
+    base = lost(OracleAgent(think="short", drop_fact_prob=0.4))
+    assert base == lost(OracleAgent(think="short", drop_fact_prob=0.4))  # reproducible
+    assert base[50:] == lost(OracleAgent(think="short", drop_fact_prob=0.4), episodes[50:])  # order-free
+    assert 0.25 < sum(base) / len(base) < 0.55  # 150 draws of p = 0.4
+    other_seed = lost(OracleAgent(think="short", drop_fact_prob=0.4, drop_seed=1))
+    assert other_seed != base and 0.25 < sum(other_seed) / len(other_seed) < 0.55
+    never = [run_oracle(e, small_tools, agent=OracleAgent(think="short")) for e in episodes[:20]]
+    zero = [run_oracle(e, small_tools, agent=OracleAgent(think="short", drop_fact_prob=0.0)) for e in episodes[:20]]
+    assert [t.response_text for t in never] == [t.response_text for t in zero]
+    assert all(t.score["em"] == 1.0 for t in never)
+    # the EM of a dropping teacher is what the drops predict: at k=2 only Q1 can be lost
+    scores = [run_oracle(e, small_tools, agent=OracleAgent(think="short", drop_fact_prob=0.4)).score["em"]
+              for e in episodes]
+    assert scores == [0.5 if dropped else 1.0 for dropped in base]
+    for bad in (-0.1, 1.5):
+        with pytest.raises(ValueError, match="drop_fact_prob"):
+            OracleAgent(drop_fact_prob=bad)
+
+
+def test_lost_memory_line_parses_back():
+    questions = ["In which city was Tamor born?", "Who is the mayor of Belis?"]
+    step, objectives = parse_oracle_memory("Step 4.\nQ1: done\nQ2: mayor of Belis = Kodan", questions)
+    assert step == 4 and objectives[0].lost and objectives[0].done and objectives[0].answer == UNKNOWN
+    assert not objectives[1].lost and objectives[1].answer == "Kodan"
+    assert objectives[0].memory_text(focused=False) == "Q1: done"
+
+
+def test_answer_template_makes_the_final_round_the_scoring_continuation(small_world, small_tools):
+    template = "\n<think>\nI have the answer.\n</think>\n<answer>\n{answer}\n</answer>"  # mempo.scoring's default
+    agent = OracleAgent(think="short", answer_template=template)
+    for episode in small_world.episodes(2, 3, seed=5):
+        reference = run_oracle(episode, small_tools, agent=OracleAgent(think="short"))
+        trajectory = run_oracle(episode, small_tools, agent=agent)
+        assert trajectory.score["score"] == 1.0
+        assert [r.assistant for r in trajectory.rounds[:-1]] == [r.assistant for r in reference.rounds[:-1]]
+        last = trajectory.rounds[-1].assistant
+        mem = last[:last.index("</mem>") + len("</mem>")]
+        assert last == mem + template.replace("{answer}", trajectory.final_answer)
+    for bad in ("<answer>{answer}</answer>{answer}", "\n<think>\nx\n</think>\n<search>{answer}</search>", "no slot"):
+        with pytest.raises(ValueError, match="answer_template"):
+            OracleAgent(answer_template=bad)
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+@pytest.mark.parametrize("hops", (1, 2, 3))
+def test_facts_memory_and_question_queries_solve_the_same_episodes(policy, hops):
+    w = World.generate(seed=2, num_entities=300, question_hops=hops, **SMALL)
+    with BM25Retriever.build(list(w.documents())) as retriever:
+        tools = make_tools(retriever, options={"search": {"topk": 1}})
+        agent = OracleAgent(think="minimal", memory_style="facts", query_style="question")
+        for episode in w.episodes(3, 3, seed=4):
+            trajectory = run_oracle(episode, tools, policy=policy, agent=agent)
+            check_trajectory(trajectory)
+            for round_, number in zip(trajectory.rounds, range(1, 100)):
+                mem = parse_round(round_.assistant).mem.strip().splitlines()
+                assert mem[0] == f"Step {number}."
+                for line in mem[1:]:  # only questions under way have a line; found hops are corpus sentences
+                    body = line.split(": ", 1)[1]
+                    facts = re.sub(r"\s*\?( \(tried \d+\))?$", "", body)
+                    sentences = [s + "." for s in facts.rstrip(".").split(". ") if s]
+                    for sentence in sentences:
+                        assert any(sentence in (r.tool_text or "") for r in trajectory.rounds[:number - 1])
+                if round_.action == "search" and round_.argument in episode.questions:
+                    assert parse_round(round_.assistant).think.strip() == \
+                        f"Q{episode.questions.index(round_.argument) + 1}. Search."
+            first_searches = [r.argument for r in trajectory.rounds if r.argument in episode.questions]
+            assert first_searches == episode.questions  # each question's first search is its own text
+            # later hops ask their own one-hop question of their subject (a fact two questions
+            # share is found once)
+            later_hops = {QuestionParse(c["subject"], (c["relation"],))
+                          for record in episode.metadata["records"] for c in record["chain"][1:]}
+            asked = [parse_question(r.argument) for r in trajectory.rounds
+                     if r.action == "search" and r.argument not in episode.questions]
+            assert set(asked) <= later_hops and len(asked) >= len(later_hops) - 1
+
+
+def test_facts_memory_lines_parse_back():
+    questions = ["In which country is the birthplace of Tamor?", "Who is the mayor of Belis?",
+                 "In which year was Kodan born?", "Who is the mayor of the birthplace of Rupi?"]
+    mem = ("Step 5.\nQ1: Tamor was born in the city of Zuli. Zuli is a city in Varo.\n"
+           "Q2: ? (tried 2)\nQ3: unknown\nQ4: Rupi was born in the city of Mako. ?")
+    step, objectives = parse_oracle_memory(mem, questions)
+    assert step == 5
+    assert [h.value for h in objectives[0].hops] == ["Zuli", "Varo"] and objectives[0].answer == "Varo"
+    assert objectives[1].hops[0].tried == 2 and not objectives[1].done
+    assert objectives[2].failed and objectives[2].answer == UNKNOWN
+    assert objectives[3].hops[0].value == "Mako" and objectives[3].next_hop().subject == "Mako"
+    for objective in objectives:
+        line = objective.memory_text(focused=True, style="facts")
+        assert parse_oracle_memory("Step 5.\n" + line, questions)[1][objective.number - 1] == objective
+    with pytest.raises(ValueError, match="memory_style"):
+        OracleAgent(memory_style="prose")
+    with pytest.raises(ValueError, match="query_style"):
+        OracleAgent(query_style="keywords")
+
+
+def test_drops_in_the_facts_memory(small_world, small_tools):
+    agent = OracleAgent(think="minimal", memory_style="facts", query_style="question", drop_fact_prob=1.0)
+    for episode in small_world.episodes(2, 3, seed=8):
+        trajectory = run_oracle(episode, small_tools, agent=agent)
+        assert lost_lines(trajectory) == [[], ["Q1: done"], ["Q1: done"]]
+        assert trajectory.final_answer.split("; ")[0] == UNKNOWN and trajectory.score["em"] == 0.5

@@ -195,3 +195,184 @@ def test_article_fillers_option():
             assert hop["sentence"] in short_docs[hop["doc_id"]].text
     with pytest.raises(ValueError):
         World.generate(seed=5, num_entities=30, article_fillers=(3, 1))
+
+
+# ---------------------------------------------------------------------------------------------
+# Options for small worlds (relations, names, article_style, chronicles, question_hops, prompt_style)
+# ---------------------------------------------------------------------------------------------
+
+SMALL_RELATIONS = ("birthplace", "birth_year", "country", "capital", "mayor")
+
+
+def small_world(**options):
+    params = dict(relations=SMALL_RELATIONS, names="short", article_style="facts", article_fillers=(0, 0),
+                  chronicles=False, chronicle_fraction=0.0, distractor_ratio=0.0, question_hops=1,
+                  prompt_style="compact")
+    params.update(options)
+    return World.generate(seed=3, num_entities=120, **params)
+
+
+def world_digest(w):
+    import hashlib
+    import json
+
+    h = hashlib.sha256()
+    for d in w.documents():
+        h.update(json.dumps(d.to_json(), sort_keys=True).encode())
+    h.update(json.dumps(w.manifest(), sort_keys=True).encode())
+    for q in w.questions(12, hops=(1, 2, 3), seed=1, access_fraction=0.3):
+        h.update(json.dumps(q.to_json(), sort_keys=True).encode())
+    for e in w.episodes(2, 4, seed=2):
+        h.update(json.dumps(e.to_json(), sort_keys=True).encode())
+    return h.hexdigest()
+
+
+def test_default_world_is_unchanged_by_the_options():
+    # The digest of this world as generated before the options existed (documents, manifest,
+    # questions, episodes): the defaults must keep every existing world byte for byte.
+    default = World.generate(5, 30, chronicle_fraction=0.3)
+    assert world_digest(default) == "4c7b156f430a5dcdded1f78aa56a739e2d0d0f40f9d71cbd411471a936f7190d"
+    explicit = World.generate(5, 30, chronicle_fraction=0.3, relations=None, names="default", article_style="full",
+                              chronicles=True, question_hops=None, prompt_style=None)
+    assert world_digest(explicit) == world_digest(default)
+    assert set(default.manifest()["params"]) == {"num_entities", "num_documents", "distractor_ratio",
+                                                 "chronicle_fraction", "min_chronicle_pages", "page_chars"}
+
+
+def test_relation_subset_keeps_only_those_facts_and_kinds():
+    w = small_world()
+    assert {e.kind for e in w.entities} == {"person", "city", "country"}
+    assert len(w.entities) == 120
+    assert {name for name, table in w.facts.items() if table} == set(SMALL_RELATIONS)
+    documents = {d.id: d for d in w.documents()}
+    assert len(documents) == 120 == w.num_documents  # no chronicles, no distractors
+    stated = 0
+    for entity in w.entities:
+        text = documents[entity.doc_id].text
+        for relation in RELATIONS.values():
+            has_fact = entity.index in w.facts[relation.name]
+            assert has_fact == (relation.name in SMALL_RELATIONS and entity.kind in relation.subject_kinds) or \
+                (relation.name == "capital" and entity.kind == "country")
+            if has_fact:
+                assert w.fact_sentence(relation.name, entity.index) in text
+                stated += 1
+        assert len(fact_sentences(text)) == sum(entity.index in w.facts[r] for r in RELATIONS)
+    assert stated == sum(len(table) for table in w.facts.values())
+    relations_asked = {hop["relation"] for q in w.questions(80, hops=(1, 2), seed=4) for hop in q.metadata["chain"]}
+    assert relations_asked <= set(SMALL_RELATIONS) and len(relations_asked) >= 4
+    only_rivers = World.generate(seed=1, num_entities=40, relations=("length",), chronicle_fraction=0.0)
+    assert {e.kind for e in only_rivers.entities} == {"river"} and len(only_rivers.facts["length"]) == 40
+    with pytest.raises(ValueError, match="unknown"):
+        World.generate(seed=0, num_entities=40, relations=("birthplace", "shoe_size"))
+    with pytest.raises(ValueError, match="empty"):
+        World.generate(seed=0, num_entities=40, relations=())
+
+
+def fact_sentences(text):
+    return [s for s in text.split(". ") if s]
+
+
+def test_relation_subset_with_chronicles_and_dates():
+    # established years of companies follow the founder's birth year even when birth years are
+    # not a relation of the world; chronicle facts still work in a reduced world
+    w = World.generate(seed=2, num_entities=60, relations=("founder", "established", "headquarters", "country"),
+                       chronicle_fraction=0.5)
+    assert {e.kind for e in w.entities} == {"person", "company", "university", "city", "country"}
+    assert not w.facts["birth_year"] and w.facts["established"] and w.chronicle_facts
+    assert {kind for kind in ("company", "university")
+            if any(w.entities[s].kind == kind for _, s in w.chronicle_facts)} == {"company", "university"}
+    documents = {d.id: d for d in w.documents()}
+    for q in w.questions(10, hops=(1, 2), seed=0, access_fraction=0.5):
+        for hop in q.metadata["support"]:
+            assert hop["sentence"] in documents[hop["doc_id"]].text
+    with pytest.raises(ValueError, match="needs countries"):
+        World.generate(seed=2, num_entities=60, relations=("founder", "established"), chronicle_fraction=0.5)
+    no_countries = World.generate(seed=2, num_entities=60, relations=("founder", "established"), chronicle_fraction=0)
+    assert not no_countries.chronicle_facts and len(no_countries.facts["established"]) > 0
+
+
+def test_short_names_are_one_word_and_unique():
+    w = small_world(relations=None, chronicles=True, chronicle_fraction=0.1)
+    names = [e.name for e in w.entities]
+    for entity in w.entities:
+        words = entity.name.split()
+        if entity.kind == "river":
+            assert len(words) == 2 and words[1] == "River"
+        else:
+            assert len(words) == 1 and entity.name.isalpha() and entity.name[0].isupper()
+        assert 4 <= len(words[0]) <= 7
+    assert len({normalize_answer(n) for n in names}) == len(names)
+    for q in w.questions(40, hops=(1, 2, 3), seed=2):  # the grammar still parses
+        parsed = parse_question(q.question)
+        assert parsed.start == q.metadata["chain"][0]["subject"]
+    default_names = [e.name for e in World.generate(seed=3, num_entities=120).entities]
+    assert sum(len(n) for n in names) < 0.6 * sum(len(n) for n in default_names)
+    with pytest.raises(ValueError, match="names"):
+        World.generate(seed=0, num_entities=40, names="long")
+
+
+def test_short_names_take_few_ids_of_a_bpe_trained_on_the_corpus():
+    from mempo.model.builtin import default_corpus_texts, train_tokenizer
+
+    ids = {}
+    for label, w in (("short", small_world()), ("default", World.generate(seed=3, num_entities=120))):
+        tokenizer = train_tokenizer(default_corpus_texts(w), vocab_size=1024)
+        ids[label] = [len(tokenizer.encode(" " + e.name, add_special_tokens=False)) for e in w.entities]
+    mean = {label: sum(counts) / len(counts) for label, counts in ids.items()}
+    assert mean["short"] <= 2.0 and max(ids["short"]) <= 3 and mean["default"] >= 3 * mean["short"], mean
+
+
+def test_facts_article_style_states_the_facts_only():
+    w = small_world(article_fillers=(0, 0))
+    for entity, doc in zip(w.entities, w.documents()):
+        expected = sorted(w.fact_sentence(r, entity.index) for r in RELATIONS if entity.index in w.facts[r])
+        assert sorted(s.rstrip(".") + "." for s in fact_sentences(doc.text)) == expected
+        assert doc.title == entity.name
+    with_fillers = small_world(article_fillers=(1, 1))
+    for doc, short in zip(with_fillers.documents(), w.documents()):
+        assert len(fact_sentences(doc.text)) == len(fact_sentences(short.text)) + 1
+    with pytest.raises(ValueError, match="article_style"):
+        World.generate(seed=0, num_entities=40, article_style="long")
+
+
+def test_no_chronicles():
+    w = World.generate(seed=1, num_documents=150, chronicles=False, chronicle_fraction=0.0)
+    docs = list(w.documents())
+    assert len(docs) == 150 == w.num_documents
+    assert not any(d.id.startswith("chronicle-") for d in docs)
+    assert w.manifest()["chronicles"] == 0 and w.manifest()["params"]["chronicles"] is False
+    with pytest.raises(ValueError, match="chronicle_fraction"):
+        World.generate(seed=1, num_entities=40, chronicles=False)  # chronicle_fraction defaults to 0.15
+    with pytest.raises(ValueError, match="chronicle facts"):
+        w.questions(3, access_fraction=0.5)
+
+
+def test_question_hops_and_prompt_style_defaults():
+    w = small_world(question_hops=(1, 2))
+    hops = {q.metadata["hops"] for q in w.questions(40, seed=0)}
+    assert hops == {1, 2}
+    assert {q.metadata["hops"] for q in w.questions(10, hops=3, seed=0)} == {3}  # explicit hops win
+    one_hop = small_world()
+    assert all(e.metadata["records"][i]["hops"] == 1 for e in one_hop.episodes(3, 5, seed=1) for i in range(3))
+    assert one_hop.manifest()["params"]["question_hops"] == 1
+    episodes = one_hop.episodes(2, 3, seed=1)
+    assert all(e.prompt.startswith("Answer with the search tool.") for e in episodes)
+    assert [parse_episode_prompt(e.prompt) for e in episodes] == [e.questions for e in episodes]
+    numbered = one_hop.episodes(2, 3, seed=1, style="numbered")
+    assert [e.questions for e in numbered] == [e.questions for e in episodes]
+    assert all(len(a.prompt) < len(b.prompt) for a, b in zip(episodes, numbered))
+    assert World.generate(seed=0, num_entities=40).default_hops == 2
+    for bad in (0, 5, (), (1, 7), True):
+        with pytest.raises(ValueError, match="hops"):
+            World.generate(seed=0, num_entities=40, question_hops=bad)
+    with pytest.raises(ValueError, match="prompt_style"):
+        World.generate(seed=0, num_entities=40, prompt_style="terse")
+
+
+def test_small_world_gold_answers_are_supported():
+    w = small_world(question_hops=(1, 2))
+    documents = {d.id: d for d in w.documents()}
+    for q in w.questions(60, seed=5):
+        for hop in q.metadata["support"]:
+            assert hop["sentence"] in documents[hop["doc_id"]].text
+        assert q.golden_answers[0] == q.metadata["chain"][-1]["value"]

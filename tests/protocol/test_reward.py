@@ -2,6 +2,7 @@
 import numpy as np
 import pytest
 
+from mempo.protocol.reward import memory_keeps as reward_memory_keeps
 from mempo.protocol.reward import (
     compute_score,
     em_check,
@@ -170,3 +171,13 @@ def test_numeric_golds_are_aliases_in_their_string_form():
 def test_golds_of_no_usable_type_are_rejected_by_name(golds, fragment):
     with pytest.raises(ValueError, match=fragment):
         compute_score(respond("Paris"), golds)
+
+
+def test_memory_keeps():
+    seen = "<information>Tamor was born in the city of Belis.</information>"
+    golds = [["Belis"], ["Rome"]]
+    assert reward_memory_keeps("Q1: Tamor was born in the city of Belis.\nQ2: ?", seen, golds) is True
+    assert reward_memory_keeps("Q1: done\nQ2: ?", seen, golds) is False
+    assert reward_memory_keeps("Q1: Belisar", seen, golds) is False  # whole words only
+    assert reward_memory_keeps("Q1: ?", "<information>nothing yet</information>", golds) is None
+    assert reward_memory_keeps("Belis and Rome", seen + " Rome", golds) is True

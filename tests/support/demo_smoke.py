@@ -3,6 +3,7 @@ tests/test_no_gold.py)."""
 
 SMOKE = [
     "data.world_documents=120", "demo.vocab_size=400", "demo.tokenizer_documents=60", "demo.model_size=tiny",
+    "demo.copy_warmup_steps=2",
     "demo.max_position_embeddings=2048", "sft.objectives=[1]", "sft.episodes=2", "sft.steps=1",
     "sft.batch_tokens=2048", "demo.torch_threads=1",
     "trainer.total_steps=1", "data.questions_per_step=1", "rollout.group_size=2", "rollout.max_turns=2",

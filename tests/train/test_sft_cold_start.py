@@ -1,0 +1,29 @@
+"""mempo.train.sft: the cold start's imperfect teacher from the config (oracle_agent, sft.keep)."""
+from mempo.config import load_config
+from mempo.env.build import build_tools, build_world
+from mempo.env.oracle import run_oracle
+from mempo.train.sft import oracle_agent, oracle_cold_start
+from support.small_world import SMALL
+
+
+def test_the_imperfect_teacher_from_the_config():
+    overrides = SMALL + ["sft.objectives=[2]", "sft.episodes=40", "sft.oracle_memory_style=facts",
+                         "sft.oracle_query_style=question", "sft.oracle_think=minimal", "sft.oracle_answer_template=true"]
+    perfect_cfg = load_config(None, overrides + ["sft.keep=all"])
+    env = build_world(perfect_cfg)
+    tools = build_tools(perfect_cfg, env.retriever)
+    perfect = oracle_cold_start(env.world, tools, perfect_cfg)
+    assert all(t.score["score"] == 1.0 for t in perfect.trajectories)
+    lossy_cfg = load_config(None, overrides + ["sft.keep=all", "sft.oracle_drop_fact_prob=0.5"])
+    lossy = oracle_cold_start(env.world, tools, lossy_cfg)
+    assert len(lossy.trajectories) == len(perfect.trajectories) == 40 and not lossy.all_kept
+    failed = [t for t in lossy.trajectories if t.score["score"] < 1.0]
+    assert 8 <= len(failed) <= 32  # about half lose Q1's fact, which the answer needs
+    assert all("Q1: done" in t.response_text for t in failed)
+    kept_correct = oracle_cold_start(env.world, tools, load_config(None, overrides + ["sft.oracle_drop_fact_prob=0.5"]))
+    assert len(kept_correct.trajectories) == 40 - len(failed)  # keep: correct drops them
+    agent = oracle_agent(lossy_cfg)
+    assert (agent.drop_fact_prob, agent.memory_style, agent.query_style) == (0.5, "facts", "question")
+    episode = env.world.episodes(2, 1, seed=1)[0]
+    final = run_oracle(episode, tools, policy="memory", agent=oracle_agent(perfect_cfg)).rounds[-1].assistant
+    assert final.endswith("<answer>\n" + "; ".join(g[0] for g in episode.golds) + "\n</answer>")
