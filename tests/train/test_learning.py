@@ -16,10 +16,11 @@ so the reward starts near 1/4 (below it where the format fails). Statistic: the 
 reward of an evaluation rollout (4 doors x 32 samples, a fixed seed, the training sampler) before
 and after 60 train steps (4 doors x 8 samples each). The broken variant negates the token
 advantages the step computes (a test-local wrapper of `mempo.train.step.token_advantages`; no
-library option). Measured over seeds 0-9 (``python tests/test_learning.py outcome 10``):
+library option). Measured over seeds 0-9 (``cd tests && python train/test_learning.py outcome 10``; 2026-12-01, the
+built-in tokenizer with Qwen2's pre-tokeniser):
 
-    correct trainer  after - before: mean +0.384, min +0.234, max +0.492  (before 0.17-0.34, after 0.42-0.83)
-    flipped sign     after - before: mean -0.231, min -0.336, max -0.172  (after 0.000 on every seed)
+    correct trainer  after - before: mean +0.423, min +0.352, max +0.547  (before 0.13-0.37, after 0.48-0.81)
+    flipped sign     after - before: mean -0.243, min -0.367, max -0.133  (after 0.000 on every seed)
 
 Asserted: correct ``after - before >= 0.10``; flipped ``after <= before - 0.10``.
 
@@ -48,26 +49,27 @@ the gold X, and the mean P(answer | mem_ctx) of the scored rounds (the library's
 Broken variants (test-local wrappers, no library option): "flip" negates the memory rewards
 `attach_memory_rewards` attaches; "move" moves every ``<mem>`` span onto round 1's ``<mem>``
 tokens (response start) in `advantage_inputs`. Measured over seeds 0-9
-(``python tests/test_learning.py memory 10``), rises after - before:
+(``cd tests && python train/test_learning.py memory 10``, same date and tokenizer), rises after - before:
 
-    memory_weight=1   keep +0.364 mean, +0.076 min, +0.698 max | P +0.314 mean, +0.022 min, +0.554 max
-                      (keep before 0.30-0.52; the smallest rises, seed 1: +0.076 / +0.022)
+    memory_weight=1   keep +0.301 mean, +0.213 min, +0.389 max | P +0.270 mean, +0.124 min, +0.383 max
+                      (keep before 0.30-0.57; passes on 10 of 10)
     memory_weight=0   keep +0.000 / +0.000 / +0.000        | P -0.000 / -0.000 / +0.000   (still on 10 of 10)
-    flip              keep -0.358 / -0.492 / -0.219        | P -0.305 / -0.419 / -0.176   (fails on 10 of 10)
-    move              keep -0.001 / -0.010 / +0.019        | P -0.000 / -0.032 / +0.017   (fails on 10 of 10)
+    flip              keep -0.360 / -0.512 / -0.257        | P -0.360 / -0.517 / -0.244   (fails on 10 of 10)
+    move              keep +0.014 / -0.020 / +0.063        | P +0.002 / -0.066 / +0.061   (fails on 10 of 10)
+    (an earlier sweep with the plain byte-level tokenizer: memory_weight=1 min +0.076 / +0.022)
 
-Thresholds (from the sweep): memory_weight=1 must raise the keep share by >= 0.05 and P by >= 0.01
-(the correct trainer's smallest rises over the 10 seeds: +0.076 / +0.022; "move" reaches at most
-+0.019 / +0.017, so the keep-share bound separates it, and "flip" falls on every seed); memory_weight=0
-(same seed and SFT) moves each by at most 0.05 (it cannot move at all: zero advantages on the only loss
-tokens give a zero gradient). The CI test runs seed 0 (keep +0.36-like, a typical seed).
-Known limit of the design, measured: run longer (15 steps) and the correct trainer can drift: seed
+Thresholds (from the sweep): memory_weight=1 must raise the keep share by >= 0.15 and P by >= 0.08
+(the correct trainer's smallest rises over the 10 seeds: +0.213 / +0.124; "move" reaches at most
++0.063 / +0.061 and "flip" falls on every seed); memory_weight=0 (same seed and SFT) moves each by at
+most 0.05 (it cannot move at all: zero advantages on the only loss tokens give a zero gradient). The CI
+test runs seed 0.
+Known limit of the design, measured (with the earlier tokenizer): run longer (15 steps) and the correct trainer can drift: seed
 1's keep share fell (0.33 -> 0.10), and with 3 more ids of room seed 0's round-2 ``<mem>`` mostly
 stopped closing inside the budget ("<mem>\n<think>..."): an unscored round gets no memory advantage and
 the outcome is constant by design, so pushing down the dropped fact's tokens can move probability onto
 malformed, never-penalised ``<mem>`` blocks (the design has no format signal). Hence 10 steps.
 Limit: a span off by one token still covers the token that decides keep/drop, so these tests do
-not catch it (tests/test_trainer.py checks the span offsets directly).
+not catch it (tests/train/test_trainer.py checks the span offsets directly).
 
 The sweeps run one process on one thread; about 21 s (outcome) and 35 s (memory) per seed on 2
 shared cores.
@@ -384,7 +386,7 @@ def _rise(run: dict, name: str) -> float:
 
 
 def memory_passes(run: dict) -> bool:
-    return _rise(run, "keep") >= 0.05 and _rise(run, "p_mem") >= 0.01
+    return _rise(run, "keep") >= 0.15 and _rise(run, "p_mem") >= 0.08
 
 
 def memory_still(run: dict) -> bool:
