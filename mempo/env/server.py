@@ -49,10 +49,11 @@ fastapi and uvicorn are imported inside the functions that need them.
 import ipaddress
 import json
 import socket
+import signal
 import sys
 import threading
 import time
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 from mempo.env.retriever import (
     DEFAULT_TOPK, MAX_QUERY_CHARS, DocumentNotFoundError, InvalidRequestError, PageOutOfRangeError, Retriever,
@@ -361,7 +362,8 @@ class RetrieverServer:
 
 def serve(retriever: Retriever, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, *,
           on_ready: Optional[Callable[[str], None]] = None, log_level: str = "warning", **app_options) -> None:
-    """Serve `retriever` in the calling thread until SIGINT/SIGTERM (graceful shutdown).
+    """Serve `retriever` in the calling thread until SIGINT/SIGTERM (graceful shutdown; after SIGINT
+    it raises KeyboardInterrupt, so `mempo serve-retriever` always exits 130 then).
 
     `on_ready(url)` is called once the socket accepts requests. Raises OSError if the address is
     taken. Warns on stderr when `host` is not a loopback address.
@@ -373,6 +375,14 @@ def serve(retriever: Retriever, host: str = DEFAULT_HOST, port: int = DEFAULT_PO
     url = _url(sock)
     server = _uvicorn_server(create_app(retriever, **app_options), log_level)
     finished = threading.Event()
+    received: list[int] = []
+    handle_exit = server.handle_exit
+
+    def record_exit(sig: int, frame: Any) -> None:  # uvicorn installs `server.handle_exit` as the handler
+        received.append(sig)
+        handle_exit(sig, frame)
+
+    server.handle_exit = record_exit
 
     def announce():
         while not server.started:
@@ -389,3 +399,7 @@ def serve(retriever: Retriever, host: str = DEFAULT_HOST, port: int = DEFAULT_PO
         finished.set()
         watcher.join(1.0)
         sock.close()
+    if signal.SIGINT in received:
+        # uvicorn re-raises the signal after its graceful shutdown, but under asyncio.run that only
+        # becomes a KeyboardInterrupt when it lands before the serving task has finished: make it one
+        raise KeyboardInterrupt
