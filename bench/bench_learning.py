@@ -1,7 +1,8 @@
 """The ablation: does the memory reward help? From one SFT checkpoint, RL with
 
     grpo            algorithm.memory_weight = 0       (the outcome reward only)
-    mempo           algorithm.memory_weight = 1       (outcome + memory reward, threshold 0.5)
+    mempo           algorithm.memory_weight = 1, scoring.threshold = 0.5 (outcome + memory reward; set
+                    explicitly: the demo config's own threshold is null)
     mempo_nothresh  memory_weight = 1, scoring.threshold = null (every answer token counts)
 
 for several seeds each, equal RL steps and questions, then evaluation under the memory context at
@@ -50,7 +51,7 @@ from mempo.train.trainer import train
 
 VARIANTS = {
     "grpo": {"algorithm.memory_weight": 0.0},
-    "mempo": {"algorithm.memory_weight": 1.0},
+    "mempo": {"algorithm.memory_weight": 1.0, "scoring.threshold": 0.5},
     "mempo_nothresh": {"algorithm.memory_weight": 1.0, "scoring.threshold": None},
 }
 METRICS = ("em", "f1", "prompt_tokens_per_episode")
