@@ -85,7 +85,7 @@ from mempo.seeds import eval_question_seed
 from mempo.train.logging import progress
 from mempo.utils.machine import machine_facts
 
-__all__ = ["EvalRow", "EvalReport", "RoundRecord", "EpisodeRecord", "Examples", "evaluate", "summarize",
+__all__ = ["EvalRow", "EvalReport", "RoundRecord", "EpisodeRecord", "Examples", "evaluate", "summarize", "standard_error",
            "round_prompt_tokens", "render_episode", "eval_episodes", "qa_eval_episodes", "QAEvalSets",
            "eval_rollout_config", "SCALAR_FIELDS"]
 
@@ -364,7 +364,7 @@ def _mean(values: Sequence[float]) -> float:
     return float(sum(values) / len(values)) if values else 0.0
 
 
-def _standard_error(values: Sequence[float]) -> float:
+def standard_error(values: Sequence[float]) -> float:
     """The standard error of the mean: sample standard deviation / sqrt(n) (0 for n < 2)."""
     n = len(values)
     if n < 2:
@@ -389,7 +389,7 @@ def summarize(trajectories: Sequence[Any], objectives: int, policy: str, seconds
     f1s = [float(o.get("f1", 0.0)) for o in outcome]
     return EvalRow(
         objectives=int(objectives), policy=policy, episodes=len(trajectories),
-        em=_mean(ems), f1=_mean(f1s), em_se=_standard_error(ems), f1_se=_standard_error(f1s),
+        em=_mean(ems), f1=_mean(f1s), em_se=standard_error(ems), f1_se=standard_error(f1s),
         score=_mean([float(o.get("score", 0.0)) for o in outcome]),
         format_rate=_mean([1.0 if o.get("format_ok") else 0.0 for o in outcome]),
         answer_rate=_mean([1.0 if t.finish_reason == "answer" else 0.0 for t in trajectories]),

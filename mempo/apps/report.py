@@ -32,7 +32,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence, Union
 
-from mempo.eval import EpisodeRecord, EvalReport
+from mempo.eval import EpisodeRecord, EvalReport, standard_error
 from mempo.train import metric_names as names
 from mempo.train.logging import METRICS_FILE, read_metrics
 from mempo.utils.machine import machine_facts
@@ -280,10 +280,8 @@ def _paired_se(before: Any, after: Any, row: Any, policy: str) -> Optional[float
     if not first or not last or len(first) != len(last) or len(first) < 2 or any(
             x.episode_id != y.episode_id for x, y in zip(first, last)):
         return None
-    changes = [float((y.outcome or {}).get("em", 0.0)) - float((x.outcome or {}).get("em", 0.0))
-               for x, y in zip(first, last)]
-    mean = sum(changes) / len(changes)
-    return math.sqrt(sum((c - mean) ** 2 for c in changes) / (len(changes) - 1) / len(changes))
+    return standard_error([float((y.outcome or {}).get("em", 0.0)) - float((x.outcome or {}).get("em", 0.0))
+                           for x, y in zip(first, last)])
 
 
 def _before_after_section(before: Any, after: Any) -> list[str]:
