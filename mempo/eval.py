@@ -85,7 +85,8 @@ from mempo.seeds import eval_question_seed
 from mempo.train.logging import progress
 from mempo.utils.machine import machine_facts
 
-__all__ = ["EvalRow", "EvalReport", "RoundRecord", "EpisodeRecord", "Examples", "evaluate", "summarize", "standard_error",
+__all__ = ["EvalRow", "EvalReport", "RoundRecord", "EpisodeRecord", "Examples", "evaluate", "summarize",
+           "standard_error",
            "round_prompt_tokens", "render_episode", "eval_episodes", "qa_eval_episodes", "QAEvalSets",
            "eval_rollout_config", "SCALAR_FIELDS"]
 
