@@ -183,7 +183,7 @@ class DataConfig:
     only), world_chronicles (False: no chronicle documents, every fact in its entity's article),
     world_distractor_ratio (distractor documents per entity), world_question_hops (the hops of a
     question, e.g. [1]; None: 2) and world_prompt_style (the episode prompt's layout, None:
-    ``"numbered"``; ``"compact"``: a short instruction paragraph). Every command that builds the
+    ``"numbered"``; ``"compact"``: a short instruction paragraph; ``"bare"``: none). Every command that builds the
     world (`mempo train`, `eval`, `demo`) reads these, so they agree on it.
     """
 
@@ -204,7 +204,7 @@ class DataConfig:
     world_chronicles: bool = True
     world_distractor_ratio: float = 1.0
     world_question_hops: Optional[list[int]] = None
-    world_prompt_style: Optional[Literal["numbered", "joined", "compact"]] = None
+    world_prompt_style: Optional[Literal["numbered", "joined", "compact", "bare"]] = None
 
     def __post_init__(self):
         _check_types(self)
@@ -516,7 +516,8 @@ class SFTConfig:
     all of them when none is (`mempo.train.sft.oracle_cold_start`; ``keep: all`` keeps every one).
     The oracle teacher (`mempo.env.oracle.OracleAgent`): oracle_think its think style (``"full"``
     sentences, ``"short"`` one line, ``"minimal"`` the question number and the action);
-    oracle_memory_style (``"labels"`` or ``"facts"``: the found sentences copied);
+    oracle_memory_style (``"labels"``, ``"facts"``: the found sentences copied, or ``"listed"``:
+    facts with a ``Qn: ?`` line for every question from step 1);
     oracle_query_style (``"words"`` or ``"question"``: the question itself is the first query);
     oracle_drop_fact_prob: a deliberately imperfect teacher whose ``<mem>`` loses a fact a later
     round needs with this probability (the episode then fails for it; ``keep: all`` keeps such
@@ -539,7 +540,7 @@ class SFTConfig:
     objectives: Optional[list[int]] = None
     keep: Literal["correct", "all"] = "correct"
     oracle_think: Literal["full", "short", "minimal"] = "full"
-    oracle_memory_style: Literal["labels", "facts"] = "labels"
+    oracle_memory_style: Literal["labels", "facts", "listed"] = "labels"
     oracle_query_style: Literal["words", "question"] = "words"
     oracle_drop_fact_prob: float = 0.0
     oracle_drop_seed: int = 0

@@ -72,14 +72,14 @@ T = TypeVar("T")
 #: The built-in demo configuration (equal to the repository's configs/demo.yaml).
 DEFAULT_CONFIG: dict[str, Any] = {
     "demo": dataclasses.asdict(DemoConfig()),
-    "sft": {"objectives": [1, 2, 3, 4], "episodes": 512, "keep": "all", "oracle_think": "minimal", "oracle_memory_style": "facts", "oracle_query_style": "question", "oracle_drop_fact_prob": 0.3, "oracle_drop_seed": 0, "oracle_answer_template": True, "steps": 6000, "epochs": None, "max_seconds": 420, "lr": 0.001, "schedule": "cosine", "warmup": 0.05, "prompt_loss_weight": 1.0, "batch_tokens": 2048},
+    "sft": {"objectives": [1, 2, 3, 4], "episodes": 512, "keep": "all", "oracle_think": "minimal", "oracle_memory_style": "listed", "oracle_query_style": "question", "oracle_drop_fact_prob": 0.3, "oracle_drop_seed": 0, "oracle_answer_template": True, "steps": 6000, "epochs": None, "max_seconds": 510, "lr": 0.001, "schedule": "cosine", "warmup": 0.05, "prompt_loss_weight": 1.0, "batch_tokens": 2048},
     "model": {"path": "builtin-tiny", "max_position_embeddings": 2048},
-    "data": {"num_objectives": 2, "questions_per_step": 4, "seed": 0, "world_seed": 0, "world_entities": 2000, "world_relations": ["birthplace", "alma_mater"], "world_names": "short", "world_article_style": "facts", "article_fillers": [0, 0], "world_chronicles": False, "world_distractor_ratio": 0.0, "world_question_hops": [1], "world_prompt_style": "compact"},
+    "data": {"num_objectives": 2, "questions_per_step": 4, "seed": 0, "world_seed": 0, "world_entities": 2000, "world_relations": ["birthplace", "alma_mater"], "world_names": "short", "world_article_style": "facts", "article_fillers": [0, 0], "world_chronicles": False, "world_distractor_ratio": 0.0, "world_question_hops": [1], "world_prompt_style": "bare"},
     "env": {"topk": 1, "doc_chars": 600},
-    "rollout": {"group_size": 8, "max_turns": 6, "max_new_tokens_per_round": 96, "max_response_tokens": 1024, "temperature": 1.0, "context_policy": "memory"},
+    "rollout": {"group_size": 8, "max_turns": 6, "max_new_tokens_per_round": 96, "max_response_tokens": 1024, "temperature": 1.0, "context_policy": "memory", "system_prompt": ""},
     "scoring": {"threshold": None},
     "actor": {"lr": 5e-05, "kl_coef": 0.0, "micro_batch_tokens": 8192},
-    "trainer": {"total_steps": 40, "save_every": 0, "eval_every": 0, "log_every": 1, "resume": "never", "tensorboard": False, "out_dir": "demo_out/rl"},
+    "trainer": {"total_steps": 60, "save_every": 0, "eval_every": 0, "log_every": 1, "resume": "never", "tensorboard": False, "out_dir": "demo_out/rl"},
     "eval": {"objectives": [2, 4], "max_turns": 8, "policies": ["memory"], "episodes": 64, "temperature": 0.0}
 }
 

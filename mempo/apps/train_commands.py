@@ -143,7 +143,7 @@ def _oracle_records(cfg: MempoConfig, run: Any) -> tuple[list, str]:
         r = cfg.rollout
         tools = build_tools(cfg, run.retriever)
         records = [run_oracle(episode, tools, policy=r.context_policy, max_turns=r.max_turns,
-                              agent=oracle_agent(cfg, max_turns=r.max_turns))
+                              agent=oracle_agent(cfg, max_turns=r.max_turns), system_prompt=r.system_prompt)
                    for episode in run.episodes[:s.episodes]]
         return records, f"oracle on {s.episodes} episodes"
     if run.world is None:

@@ -52,7 +52,10 @@ Conventions
   questions on one line joined with ``"; "``: ``Questions: <q1>; <q2>`` (questions that contain
   ``";"`` cannot use it). Style ``"compact"`` (short prompts for small models) has the numbered
   layout with `COMPACT_INSTRUCTIONS` (no access tool) and the closing line ``Give all 2 answers in
-  one <answer>, separated by ";".`` (one question: ``Give the answer in one <answer>.``).
+  one <answer>, separated by ";".`` (one question: ``Give the answer in one <answer>.``). Style
+  ``"bare"`` is ``"compact"`` without the instruction paragraph (the question list and the closing
+  line only): for a model trained from scratch on the protocol, which an instruction paragraph does
+  not teach, and which otherwise repeats it in every memory-context round.
   `parse_episode_prompt` recovers the questions from any layout. The
   agent's answer is split on ``";"`` by `mempo.protocol.reward.split_answer`.
 """
@@ -95,7 +98,7 @@ __all__ = [
 
 PathLike = Union[str, "os.PathLike[str]"]
 
-PROMPT_STYLES = ("numbered", "joined", "compact")
+PROMPT_STYLES = ("numbered", "joined", "compact", "bare")
 GOLD_KEYS = ("golden_answers", "answers", "answer", "reward_model.ground_truth.target")
 
 EPISODE_INSTRUCTIONS = (
@@ -402,11 +405,12 @@ def make_episode_prompt(questions: Sequence[str], style: str = "numbered") -> st
         if "\n" in question or not question.strip():
             raise ValueError(f"questions must be one non-blank line each, got {question!r}")
     k = len(questions)
-    if style == "compact":
+    if style in ("compact", "bare"):
         listing = "Questions:\n" + "\n".join(f"{i}. {q.strip()}" for i, q in enumerate(questions, 1))
         closing = ("Give the answer in one <answer>." if k == 1 else
                    f"Give all {k} answers in one <answer>, separated by \";\".")
-        return f"{COMPACT_INSTRUCTIONS}\n\n{listing}\n\n{closing}"
+        body = f"{listing}\n\n{closing}"
+        return body if style == "bare" else f"{COMPACT_INSTRUCTIONS}\n\n{body}"
     if style == "numbered":
         listing = "Questions:\n" + "\n".join(f"{i}. {q.strip()}" for i, q in enumerate(questions, 1))
     else:

@@ -89,6 +89,8 @@ _HOP_RE = re.compile(
 _TRIED_RE = re.compile(r"^\? \(tried (\d+)\)$")
 _SEE_RE = re.compile(r"^\? see (\S+) page (\d+)$")
 _STEP_RE = re.compile(r"^Step (\d+)\.$")
+#: The memory styles whose lines copy the corpus's fact sentences (`OracleAgent`'s memory_style).
+FACT_STYLES = ("facts", "listed")
 _OBJECTIVE_RE = re.compile(r"^Q(\d+): (.*)$")
 
 
@@ -116,7 +118,7 @@ class HopState:
         return RELATIONS[self.relation].label
 
     def memory_text(self, style: str = "labels") -> str:
-        if style == "facts":
+        if style in FACT_STYLES:
             if self.value == UNKNOWN:
                 return UNKNOWN
             if self.value is not None:  # the sentence the corpus states the fact with
@@ -192,8 +194,10 @@ class ObjectiveState:
         if pending is not None and (focused or pending.tried or pending.pointer):
             shown.append(pending)
         if not shown:
+            if style == "listed":
+                return f"Q{self.number}: ?"
             return None if style == "facts" else f"Q{self.number}: not started"
-        joiner = " " if style == "facts" else "; "
+        joiner = " " if style in FACT_STYLES else "; "
         return f"Q{self.number}: " + joiner.join(hop.memory_text(style) for hop in shown)
 
 
@@ -319,6 +323,10 @@ class OracleAgent:
             pending hop a ``?`` after them (``? (tried n)`` after failed searches), and a
             question not started has no line. Writing it is copying from the search result, the
             skill a small model learns first (an induction copy), instead of rephrasing it.
+            ``"listed"``: the facts style with a line for every question from step 1 on (``Q3: ?``
+            until it is started), so the number of lines is set once, by the question list, and
+            later rounds copy the previous ``<mem>`` line by line; the agent answers when no line
+            is pending.
         query_style: ``"words"`` (default: ``"<subject> <relation words>"``) or ``"question"``:
             the first search of hop 1 is the question's own text (a copy of a prompt line), that
             of a later hop the hop's one-hop question asked of its subject (hop 2 of "In which
@@ -332,7 +340,7 @@ class OracleAgent:
     """
 
     THINK_STYLES = ("full", "short", "minimal")
-    MEMORY_STYLES = ("labels", "facts")
+    MEMORY_STYLES = ("labels", "facts", "listed")
     QUERY_STYLES = ("words", "question")
 
     def __init__(self, max_turns: int = DEFAULT_MAX_TURNS, max_search_attempts: int = 3, *, think: str = "full",

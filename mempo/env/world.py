@@ -471,7 +471,8 @@ class World:
             question_hops: the default ``hops`` of `questions` and `episodes` (None: 2), e.g. 1
                 for one search per question.
             prompt_style: the default ``style`` of `episodes` (None: ``"numbered"``; see
-                `mempo.env.data.PROMPT_STYLES`; ``"compact"`` has a short instruction paragraph).
+                `mempo.env.data.PROMPT_STYLES`; ``"compact"`` has a short instruction paragraph,
+                ``"bare"`` none).
         """
         if distractor_ratio < 0 or not 0 <= chronicle_fraction <= 1:
             raise ValueError("need distractor_ratio >= 0 and 0 <= chronicle_fraction <= 1")

@@ -233,7 +233,8 @@ def oracle_cold_start(world: Any, tools: Mapping[str, Any], cfg: MempoConfig, he
     trajectories = []
     with progress("oracle", total=len(episodes), enabled=show_progress) as bar:
         for episode in episodes:
-            trajectories.append(run_oracle(episode, tools, policy="memory", agent=oracle_agent(cfg)))
+            trajectories.append(run_oracle(episode, tools, policy="memory", agent=oracle_agent(cfg),
+                                           system_prompt=cfg.rollout.system_prompt))
             bar.advance()
     if sft.keep == "all":
         return ColdStart(trajectories, len(trajectories), len(drawn) - len(episodes), False)

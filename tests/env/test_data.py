@@ -4,9 +4,9 @@ import json
 import pytest
 
 from mempo.env.data import (
-    EPISODE_INSTRUCTIONS, DataError, Episode, MissingDependencyError, QARecord, compose_episodes,
-    load_episodes_jsonl, load_qa, load_qa_jsonl, load_qa_parquet, make_episode_prompt, parse_episode_prompt,
-    qa_record_from_json, write_episodes_jsonl, write_qa_jsonl,
+    COMPACT_INSTRUCTIONS, EPISODE_INSTRUCTIONS, PROMPT_STYLES, DataError, Episode, MissingDependencyError,
+    QARecord, compose_episodes, load_episodes_jsonl, load_qa, load_qa_jsonl, load_qa_parquet, make_episode_prompt,
+    parse_episode_prompt, qa_record_from_json, write_episodes_jsonl, write_qa_jsonl,
 )
 from mempo.protocol.reward import compute_score
 
@@ -120,11 +120,17 @@ def test_prompt_format_is_exact():
     joined = make_episode_prompt(["Who wrote A?", "Where is B?"], style="joined")
     assert "\n\nQuestions: Who wrote A?; Where is B?\n\n" in joined
     assert "answer 1; answer 2; answer 3; ...</answer>" in make_episode_prompt([f"q{i}?" for i in range(5)])
+    compact = make_episode_prompt(["Who wrote A?", "Where is B?"], style="compact")
+    assert compact == (COMPACT_INSTRUCTIONS + "\n\nQuestions:\n1. Who wrote A?\n2. Where is B?\n\n"
+                       'Give all 2 answers in one <answer>, separated by ";".')
+    bare = make_episode_prompt(["Who wrote A?", "Where is B?"], style="bare")
+    assert bare == compact[len(COMPACT_INSTRUCTIONS) + 2:]  # the compact prompt without its instructions
+    assert make_episode_prompt(["Who wrote A?"], style="bare") == "Questions:\n1. Who wrote A?\n\nGive the answer in one <answer>."
 
 
 def test_prompt_parse_round_trip_and_errors():
     questions = [f"Question {i}?" for i in range(1, 11)]
-    for style in ("numbered", "joined"):
+    for style in PROMPT_STYLES:
         assert parse_episode_prompt(make_episode_prompt(questions, style)) == questions
     with pytest.raises(DataError):
         parse_episode_prompt("Just some text.")

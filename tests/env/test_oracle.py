@@ -311,18 +311,24 @@ def test_answer_template_makes_the_final_round_the_scoring_continuation(small_wo
 
 @pytest.mark.parametrize("policy", POLICIES)
 @pytest.mark.parametrize("hops", (1, 2, 3))
-def test_facts_memory_and_question_queries_solve_the_same_episodes(policy, hops):
+@pytest.mark.parametrize("memory_style", ("facts", "listed"))
+def test_facts_memory_and_question_queries_solve_the_same_episodes(policy, hops, memory_style):
     w = World.generate(seed=2, num_entities=300, question_hops=hops, **SMALL)
     with BM25Retriever.build(list(w.documents())) as retriever:
         tools = make_tools(retriever, options={"search": {"topk": 1}})
-        agent = OracleAgent(think="minimal", memory_style="facts", query_style="question")
+        agent = OracleAgent(think="minimal", memory_style=memory_style, query_style="question")
         for episode in w.episodes(3, 3, seed=4):
             trajectory = run_oracle(episode, tools, policy=policy, agent=agent)
             check_trajectory(trajectory)
             for round_, number in zip(trajectory.rounds, range(1, 100)):
                 mem = parse_round(round_.assistant).mem.strip().splitlines()
                 assert mem[0] == f"Step {number}."
-                for line in mem[1:]:  # only questions under way have a line; found hops are corpus sentences
+                labels = [line.split(": ", 1)[0] for line in mem[1:]]
+                if memory_style == "listed":  # a line for every question from the first round on
+                    assert labels == [f"Q{i}" for i in range(1, 4)]
+                else:  # only questions under way have a line
+                    assert labels == [f"Q{i}" for i in range(1, len(labels) + 1)] and len(labels) <= 3
+                for line in mem[1:]:  # found hops are corpus sentences
                     body = line.split(": ", 1)[1]
                     facts = re.sub(r"\s*\?( \(tried \d+\))?$", "", body)
                     sentences = [s + "." for s in facts.rstrip(".").split(". ") if s]
@@ -362,8 +368,9 @@ def test_facts_memory_lines_parse_back():
         OracleAgent(query_style="keywords")
 
 
-def test_drops_in_the_facts_memory(small_world, small_tools):
-    agent = OracleAgent(think="minimal", memory_style="facts", query_style="question", drop_fact_prob=1.0)
+@pytest.mark.parametrize("memory_style", ("facts", "listed"))
+def test_drops_in_the_facts_memory(small_world, small_tools, memory_style):
+    agent = OracleAgent(think="minimal", memory_style=memory_style, query_style="question", drop_fact_prob=1.0)
     for episode in small_world.episodes(2, 3, seed=8):
         trajectory = run_oracle(episode, small_tools, agent=agent)
         assert lost_lines(trajectory) == [[], ["Q1: done"], ["Q1: done"]]

@@ -27,3 +27,13 @@ def test_the_imperfect_teacher_from_the_config():
     episode = env.world.episodes(2, 1, seed=1)[0]
     final = run_oracle(episode, tools, policy="memory", agent=oracle_agent(perfect_cfg)).rounds[-1].assistant
     assert final.endswith("<answer>\n" + "; ".join(g[0] for g in episode.golds) + "\n</answer>")
+
+
+def test_the_cold_start_uses_the_rollout_system_prompt():
+    """SFT trains on the system message RL and evaluation will show (rollout.system_prompt)."""
+    overrides = SMALL + ["sft.objectives=[1]", "sft.episodes=3", "rollout.system_prompt=Be brief."]
+    cfg = load_config(None, overrides)
+    env = build_world(cfg)
+    cold = oracle_cold_start(env.world, build_tools(cfg, env.retriever), cfg)
+    assert cold.trajectories and all(t.system_prompt == "Be brief." for t in cold.trajectories)
+    assert all(r.messages[0] == {"role": "system", "content": "Be brief."} for t in cold.trajectories for r in t.rounds)
