@@ -24,7 +24,8 @@ long it took; timings go to ``stages.json``, `mempo.apps.report.StageTimes`):
 7. rl         MemPO RL (`mempo.train.trainer.train`, ``trainer.total_steps`` steps) into
               ``<out>/rl`` (``metrics.jsonl``); the model is saved to ``<out>/model_rl``;
 8. eval-after the same evaluation -> ``eval_after.json`` / ``.md``;
-9. report     ``report.md`` + PNG plots (`mempo.apps.report.write_report`).
+9. report     ``report.md`` + PNG plots (`mempo.apps.report.write_report`); its first lines are the
+              run against the demo's targets (`DemoTargets`, `target_lines`).
 
 Re-running into the same ``--out``: the demo owns its output directory. It first removes its own
 stage directories there (``rl/``: the RL run with its checkpoints, ``sft/``: the SFT metrics) and
@@ -52,7 +53,7 @@ from typing import Any, Callable, Generic, Optional, Sequence, TypeVar, Union
 
 import torch
 
-from mempo.apps.report import ReportResult, StageRecord, StageTimes, write_report
+from mempo.apps.report import ReportResult, StageRecord, StageTimes, em_change, write_report
 from mempo.config import ConfigError, DemoConfig, MempoConfig, config_from_dict, dump_config, read_yaml_mapping
 from mempo.env.build import SyntheticEnv, build_tools, build_world
 from mempo.eval import EpisodeRecord, EvalReport, eval_episodes, evaluate, render_episode
@@ -64,7 +65,8 @@ from mempo.train.sft import ColdStart, oracle_cold_start, run_sft
 from mempo.train.trainer import TrainResult, prepare_out_dir, train
 from mempo.utils.machine import machine_facts
 
-__all__ = ["DEFAULT_CONFIG", "load_demo_config", "run_demo", "rl_episodes", "DemoResult"]
+__all__ = ["DEFAULT_CONFIG", "load_demo_config", "run_demo", "rl_episodes", "DemoResult", "DemoTargets",
+           "target_lines"]
 
 PathLike = Union[str, "os.PathLike[str]"]
 T = TypeVar("T")
@@ -275,13 +277,64 @@ def episode_pair(before: EvalReport, after: EvalReport, episodes_by_k: dict[int,
             render_episode(last, episode, tokenizer, system_prompt=system_prompt, with_ids=False))
 
 
+@dataclass(frozen=True)
+class DemoTargets:
+    """The demo's targets (docs/DEMO.md): EM after SFT at ``sft_k``; the RL gain in EM at ``rl_k``
+    (at least ``rl_gain`` and more than ``rl_gain_se`` standard errors); memory-context prompt
+    tokens at most ``token_ratio`` x the full context's of the same rounds at ``token_k``; the whole
+    run within ``seconds`` (the README command's install is outside what the demo can time)."""
+
+    sft_em: float = 0.30
+    sft_k: int = 2
+    rl_gain: float = 0.10
+    rl_gain_se: float = 2.0
+    rl_k: int = 2
+    token_ratio: float = 0.5
+    token_k: int = 4
+    seconds: float = 900.0
+
+
+def target_lines(before: Optional[EvalReport], after: Optional[EvalReport], seconds: float,
+                 targets: DemoTargets = DemoTargets()) -> list[str]:
+    """One line per target of `DemoTargets`: what this run measured and whether it met it (a cell
+    the evaluations lack is said to be missing)."""
+
+    def verdict(ok: bool) -> str:
+        return "met" if ok else "MISSED"
+
+    t = targets
+    sft_row = before.row(t.sft_k, "memory") if before is not None else None
+    lines = [f"target EM after SFT at k={t.sft_k} >= {t.sft_em:.2f}: " +
+             (f"{sft_row.em:.3f} ± {sft_row.em_se:.3f}, {verdict(sft_row.em >= t.sft_em)}" if sft_row is not None
+              else "no such evaluation cell")]
+    delta = em_change(before, after, t.rl_k)
+    if delta is None:
+        lines.append(f"target RL gain at k={t.rl_k}: no such evaluation cells")
+    else:
+        gain, se = delta
+        z = gain / se if se > 0 else 0.0
+        lines.append(f"target RL gain in EM at k={t.rl_k} >= +{t.rl_gain:.2f} and > {t.rl_gain_se:g} SE: "
+                     f"{gain:+.3f} ({z:+.1f} SE), {verdict(gain >= t.rl_gain and z > t.rl_gain_se)}")
+    for which, report in (("after SFT", before), ("after RL", after)):
+        row = report.row(t.token_k, "memory") if report is not None else None
+        if row is None or not row.full_context_tokens_per_episode:
+            lines.append(f"target memory/full prompt tokens at k={t.token_k} {which}: no such evaluation cell")
+            continue
+        ratio = row.prompt_tokens_per_episode / row.full_context_tokens_per_episode
+        lines.append(f"target memory/full prompt tokens at k={t.token_k} {which} <= {t.token_ratio:g}: "
+                     f"{ratio:.2f}, {verdict(ratio <= t.token_ratio)}")
+    lines.append(f"target the demo within {t.seconds:.0f} s: {seconds:.0f} s without the install, "
+                 f"{verdict(seconds <= t.seconds)}")
+    return lines
+
+
 def _report(out: Path, stages: _Stages, before: EvalReport, after: EvalReport,
             pair: Optional[tuple[EpisodeRecord, EpisodeRecord]] = None) -> ReportResult:
     stages.save()
     metrics_path = out / "rl" / "metrics.jsonl"
     return write_report(out, before=before, after=after, metrics_path=metrics_path if metrics_path.is_file() else None,
                         stages=stages.times, machine=stages.times.machine, title="MemPO CPU demo report",
-                        episode_pair=pair)
+                        episode_pair=pair, notes=target_lines(before, after, stages.times.total_seconds))
 
 
 def _report_stage(out: Path, stages: _Stages, before: EvalReport, after: EvalReport,

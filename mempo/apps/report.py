@@ -38,7 +38,7 @@ from mempo.train.logging import METRICS_FILE, read_metrics
 from mempo.utils.machine import machine_facts
 
 __all__ = ["write_report", "ReportResult", "RunFiles", "StageRecord", "StageTimes", "CURVE", "metric_series",
-           "load_run"]
+           "load_run", "em_change"]
 
 PathLike = Union[str, "os.PathLike[str]"]
 
@@ -284,6 +284,18 @@ def _paired_se(before: Any, after: Any, row: Any, policy: str) -> Optional[float
                            for x, y in zip(first, last)])
 
 
+def em_change(before: Any, after: Any, objectives: int, policy: str = "memory") -> Optional[tuple[float, float]]:
+    """(EM after - EM before, its standard error) for one cell of two `mempo.eval.EvalReport`s, or
+    None when either lacks the cell. The SE is the paired one (`_paired_se`) when both kept the
+    trajectories of the same episodes, else sqrt(SE_before² + SE_after²)."""
+    b = before.row(objectives, policy) if before is not None else None
+    a = after.row(objectives, policy) if after is not None else None
+    if b is None or a is None:
+        return None
+    se = _paired_se(before, after, b, policy)
+    return a.em - b.em, (math.hypot(b.em_se, a.em_se) if se is None else se)
+
+
 def _before_after_section(before: Any, after: Any) -> list[str]:
     lines = ["## Before / after RL", "",
              "Means over the held-out episodes ± their standard errors (sample std / sqrt(episodes)). The EM "
@@ -308,10 +320,9 @@ def _before_after_section(before: Any, after: Any) -> list[str]:
                 return getattr(row, name) if row is not None else None
 
             change = None
-            if b is not None and a is not None:
-                se = _paired_se(before, after, b, policy)
-                se = math.hypot(b.em_se, a.em_se) if se is None else se
-                change = f"{a.em - b.em:+.3f}" + (f" ({(a.em - b.em) / se:+.1f} SE)" if se > 0 else "")
+            delta = em_change(before, after, k, policy)
+            if delta is not None:
+                change = f"{delta[0]:+.3f}" + (f" ({delta[0] / delta[1]:+.1f} SE)" if delta[1] > 0 else "")
             rows.append((k, get(b, "episodes") or get(a, "episodes"),
                          _with_se(b, "em"), _with_se(a, "em"), change, _with_se(b, "f1"), _with_se(a, "f1"),
                          get(b, "format_rate"), get(a, "format_rate"),

@@ -6,7 +6,8 @@ import yaml
 pytest.importorskip("transformers")
 pytest.importorskip("matplotlib")
 
-from mempo.apps.demo import DEFAULT_CONFIG, load_demo_config
+from mempo.apps.demo import DEFAULT_CONFIG, DemoTargets, load_demo_config, target_lines
+from mempo.eval import EvalReport, EvalRow
 from support.demo_smoke import SMOKE
 from support.paths import REPO
 
@@ -62,6 +63,7 @@ def test_smoke_demo(tmp_path):
     assert "SKIPPED" not in text
     assert "## Before / after RL" in text and "1 logged steps" in text
     assert "## One held-out episode before and after RL" in text
+    assert "* target EM after SFT at k=2 >= 0.30: " in text and "* target the demo within 900 s: " in text
     for name in ("reward", "memory_reward", "tokens", "sft"):
         png = out / f"{name}.png"
         assert png.read_bytes()[:8] == PNG_MAGIC
@@ -72,3 +74,27 @@ def test_smoke_demo(tmp_path):
     assert (out / "kl.png").is_file() == updated and ("kl.png (no such metrics logged)" in text) == (not updated)
     for name in ("eval_before.json", "eval_after.json", "stages.json", "rl/metrics.jsonl", "model_rl/config.json"):
         assert (out / name).is_file(), name
+
+
+def _row(k, em, em_se, tokens, full_tokens):
+    return EvalRow(objectives=k, policy="memory", episodes=64, em=em, f1=em, score=em, format_rate=0.9,
+                   answer_rate=0.9, mean_turns=3.0, prompt_tokens_per_episode=tokens, peak_prompt_tokens=200,
+                   mean_prompt_tokens_per_turn=tokens / 3, generated_tokens_per_episode=100.0, seconds=1.0,
+                   em_se=em_se, f1_se=em_se, full_context_tokens_per_episode=full_tokens)
+
+
+def test_target_lines_say_what_was_measured_and_whether_it_met_the_target():
+    before = EvalReport([_row(2, 0.359, 0.045, 366.0, 538.0), _row(4, 0.184, 0.033, 606.0, 1091.0)], {})
+    after = EvalReport([_row(2, 0.445, 0.047, 364.0, 507.0), _row(4, 0.180, 0.032, 500.0, 1100.0)], {})
+    lines = target_lines(before, after, 739.3)
+    assert lines[0] == "target EM after SFT at k=2 >= 0.30: 0.359 ± 0.045, met"
+    # no trajectories kept: the change's SE is sqrt(0.045^2 + 0.047^2) = 0.0651, 0.086 / 0.0651 = 1.3 SE
+    assert lines[1] == "target RL gain in EM at k=2 >= +0.10 and > 2 SE: +0.086 (+1.3 SE), MISSED"
+    assert lines[2] == "target memory/full prompt tokens at k=4 after SFT <= 0.5: 0.56, MISSED"
+    assert lines[3] == "target memory/full prompt tokens at k=4 after RL <= 0.5: 0.45, met"
+    assert lines[4] == "target the demo within 900 s: 739 s without the install, met"
+    loose = DemoTargets(sft_em=0.4, rl_gain=0.05, rl_gain_se=1.0, seconds=600.0)
+    assert [line.rsplit(", ", 1)[1] for line in target_lines(before, after, 739.3, loose)] == \
+        ["MISSED", "met", "MISSED", "met", "MISSED"]
+    missing = target_lines(None, after, 10.0)
+    assert "no such evaluation cell" in missing[0] and "no such evaluation cells" in missing[1]
