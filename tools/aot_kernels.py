@@ -103,22 +103,30 @@ def kernels() -> list[tuple[types.ModuleType, str, JITFunction]]:
 @contextlib.contextmanager
 def recording(sms: int) -> Iterator[list]:
     """Within: every kernel launch is recorded instead of run; backend="triton" accepts CPU tensors;
-    the device reports `sms` multiprocessors (the fused kernel's split count depends on it)."""
+    the device reports `sms` multiprocessors (the fused kernel's split count depends on it);
+    `torch.empty` / `torch.empty_like` return zeros. A recorded launch writes nothing, so an
+    output the op allocated would hold whatever memory held: its check after the launch (no NaN
+    log-probs) would then pass or fail by chance, and with it the launches that follow (the
+    segment kernel after the row kernel). Zeros pass it every time."""
     sink: list[Launch] = []
     saved = [(module, name, fn) for module, name, fn in kernels()]
     saved_interpreting = _dispatch.interpreting
     saved_props = torch.cuda.get_device_properties
+    saved_empty, saved_empty_like = torch.empty, torch.empty_like
     try:
         for module, name, fn in saved:
             setattr(module, name, _Recorder(f"{module.__name__.rsplit('.', 1)[-1]}.{name}", fn, sink))
         _dispatch.interpreting = lambda: True  # resolve_backend: allow CPU tensors with backend="triton"
         torch.cuda.get_device_properties = lambda device=None: types.SimpleNamespace(multi_processor_count=sms)
+        torch.empty = lambda *args, **kwargs: saved_empty(*args, **kwargs).zero_()
+        torch.empty_like = lambda *args, **kwargs: saved_empty_like(*args, **kwargs).zero_()
         yield sink
     finally:
         for module, name, fn in saved:
             setattr(module, name, fn)
         _dispatch.interpreting = saved_interpreting
         torch.cuda.get_device_properties = saved_props
+        torch.empty, torch.empty_like = saved_empty, saved_empty_like
 
 
 def _g(seed: int) -> torch.Generator:
