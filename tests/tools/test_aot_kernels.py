@@ -107,13 +107,15 @@ print(json.dumps(sorted({l.kwargs["BLOCK_T"] for l in sink if l.kernel == "answe
 """
 
 
-def test_the_sweep_does_not_depend_on_what_fresh_memory_holds():
+def test_the_sweep_does_not_depend_on_what_fresh_memory_holds(tmp_path):
     """A recorded launch writes nothing; the op checks the row kernel's output (no NaN) before it
     launches the segment kernel, so with outputs left as fresh memory the sweep reached the segment
     kernel's larger blocks only when that memory held no NaN (a CI run once missed 256 and 512)."""
     pytest.importorskip("triton")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    # from outside the source tree: `python -c` puts the working directory first on sys.path, and
+    # the repository's own mempo/ has no compiled parts and no mempo.kernels
     done = subprocess.run([sys.executable, "-c", RECORD_WITH_NAN_MEMORY, str(REPO / "tools")], env=env,
-                          capture_output=True, text=True, timeout=600)
+                          cwd=tmp_path, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-4000:]
     assert json.loads(done.stdout.strip().splitlines()[-1]) == [2 ** k for k in range(4, 11)]
