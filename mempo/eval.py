@@ -129,6 +129,14 @@ class EvalRow:
     f1_se: float = 0.0
     full_context_tokens_per_episode: float = 0.0
 
+    @property
+    def token_ratio(self) -> Optional[float]:
+        """Memory-context prompt tokens over the full context's of the same rounds (None: the full
+        context was not counted)."""
+        if not self.full_context_tokens_per_episode:
+            return None
+        return self.prompt_tokens_per_episode / self.full_context_tokens_per_episode
+
     @classmethod
     def from_dict(cls, obj: Mapping[str, Any]) -> "EvalRow":
         known = {f.name for f in fields(cls)}

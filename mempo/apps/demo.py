@@ -317,12 +317,11 @@ def target_lines(before: Optional[EvalReport], after: Optional[EvalReport], seco
                      f"{gain:+.3f} ({z:+.1f} SE), {verdict(gain >= t.rl_gain and z > t.rl_gain_se)}")
     for which, report in (("after SFT", before), ("after RL", after)):
         row = report.row(t.token_k, "memory") if report is not None else None
-        if row is None or not row.full_context_tokens_per_episode:
+        if row is None or row.token_ratio is None:
             lines.append(f"target memory/full prompt tokens at k={t.token_k} {which}: no such evaluation cell")
             continue
-        ratio = row.prompt_tokens_per_episode / row.full_context_tokens_per_episode
         lines.append(f"target memory/full prompt tokens at k={t.token_k} {which} <= {t.token_ratio:g}: "
-                     f"{ratio:.2f}, {verdict(ratio <= t.token_ratio)}")
+                     f"{row.token_ratio:.2f}, {verdict(row.token_ratio <= t.token_ratio)}")
     lines.append(f"target the demo within {t.seconds:.0f} s: {seconds:.0f} s without the install, "
                  f"{verdict(seconds <= t.seconds)}")
     return lines

@@ -264,11 +264,11 @@ def _token_economy_lines(before: Any, after: Any, ks: Sequence[int]) -> list[str
     for which, report in (("before", before), ("after", after)):
         for k in ks:
             row = report.row(k, "memory") if report is not None else None
-            if row is None or not row.full_context_tokens_per_episode:
+            if row is None or row.token_ratio is None:
                 continue
             lines.append(f"* {which} RL, k={k}: memory context {row.prompt_tokens_per_episode:.0f} prompt tokens per "
                          f"episode, the full context of the same rounds {row.full_context_tokens_per_episode:.0f} "
-                         f"(ratio {row.prompt_tokens_per_episode / row.full_context_tokens_per_episode:.2f})")
+                         f"(ratio {row.token_ratio:.2f})")
     return lines + ([""] if lines else [])
 
 
