@@ -56,7 +56,9 @@ import torch
 from mempo.apps.report import ReportResult, StageRecord, StageTimes, em_change, write_report
 from mempo.config import ConfigError, DemoConfig, MempoConfig, config_from_dict, dump_config, read_yaml_mapping
 from mempo.env.build import SyntheticEnv, build_tools, build_world
+from mempo.env.oracle import MEMORY_LINE_KINDS, memory_line_kinds
 from mempo.eval import EpisodeRecord, EvalReport, eval_episodes, evaluate, render_episode
+from mempo.protocol.grammar import parse_round
 from mempo.model.builtin import default_corpus_texts, tiny_model, train_tokenizer
 from mempo.model.export import save_model_dir
 from mempo.train.copy_warmup import CopyWarmup, copy_warmup
@@ -76,7 +78,7 @@ DEFAULT_CONFIG: dict[str, Any] = {
     "demo": dataclasses.asdict(DemoConfig()),
     "sft": {"objectives": [1, 2, 3, 4], "episodes": 512, "keep": "all", "oracle_think": "minimal", "oracle_memory_style": "listed", "oracle_query_style": "question", "oracle_drop_fact_prob": 0.3, "oracle_drop_seed": 0, "oracle_answer_template": True, "steps": 6000, "epochs": None, "max_seconds": 510, "lr": 0.001, "schedule": "cosine", "warmup": 0.05, "prompt_loss_weight": 1.0, "batch_tokens": 2048},
     "model": {"path": "builtin-tiny", "max_position_embeddings": 2048},
-    "data": {"num_objectives": 2, "questions_per_step": 4, "seed": 0, "world_seed": 0, "world_entities": 2000, "world_relations": ["birthplace", "alma_mater"], "world_names": "short", "world_article_style": "facts", "article_fillers": [0, 0], "world_chronicles": False, "world_distractor_ratio": 0.0, "world_question_hops": [1], "world_prompt_style": "bare"},
+    "data": {"num_objectives": 2, "questions_per_step": 4, "seed": 0, "world_seed": 0, "world_entities": 2000, "world_relations": ["birthplace", "alma_mater"], "world_names": "short", "world_article_style": "facts", "article_fillers": [4, 4], "world_chronicles": False, "world_distractor_ratio": 0.0, "world_question_hops": [1], "world_prompt_style": "bare"},
     "env": {"topk": 1, "doc_chars": 600},
     "rollout": {"group_size": 8, "max_turns": 6, "max_new_tokens_per_round": 96, "max_response_tokens": 1024, "temperature": 1.0, "context_policy": "memory", "system_prompt": ""},
     "scoring": {"threshold": None},
@@ -277,6 +279,47 @@ def episode_pair(before: EvalReport, after: EvalReport, episodes_by_k: dict[int,
             render_episode(last, episode, tokenizer, system_prompt=system_prompt, with_ids=False))
 
 
+def memory_outcome_section(before: EvalReport, after: EvalReport, episodes_by_k: dict[int, list], tokenizer: Any,
+                           system_prompt: str) -> list[str]:
+    """The report's table of what the agent's last ``<mem>`` held for each objective
+    (`mempo.env.oracle.memory_line_kinds`), per k, before and after RL, from the kept trajectories
+    of the memory-context cells (no lines without them). The last round with a ``<mem>`` block is
+    read: the answer round's in an answered episode. "answered right" is the share of the
+    objectives whose line kept the gold that the answer also got right (exact match)."""
+    labels = {"gold": "keeps the gold", "dropped": "dropped (`done`)", "other": "other text",
+              "pending": "pending or no line"}
+    rows = []
+    for k in sorted(episodes_by_k):
+        for which, report in (("after SFT", before), ("after RL", after)):
+            played = report.trajectories.get(("", k, "memory"))
+            if not played:
+                continue
+            counts = dict.fromkeys(MEMORY_LINE_KINDS, 0)
+            kept_right = 0
+            for trajectory, episode in zip(played, episodes_by_k[k]):
+                record = render_episode(trajectory, episode, tokenizer, system_prompt=system_prompt, with_ids=False)
+                mems = [parse_round(r.assistant).mem for r in record.rounds]
+                mem = next((m for m in reversed(mems) if m is not None), None)
+                per_objective = (trajectory.outcome or {}).get("per_objective", [])
+                for i, kind in enumerate(memory_line_kinds(mem, record.golds)):
+                    counts[kind] += 1
+                    if kind == "gold" and i < len(per_objective) and per_objective[i].get("em", 0.0) == 1.0:
+                        kept_right += 1
+            total = sum(counts.values())
+            shares = " | ".join(f"{counts[kind] / total:.2f}" for kind in MEMORY_LINE_KINDS)
+            right = f"{kept_right / counts['gold']:.2f}" if counts["gold"] else "-"
+            rows.append(f"| {k} | {which} | {total} | {shares} | {right} |")
+    if not rows:
+        return []
+    return ["## What the last `<mem>` held", "",
+            "Each objective of the held-out episodes (memory context, greedy): what the line `Q<i>:` of the "
+            "agent's last `<mem>` held (the teacher's imperfect memory writes `done` for a dropped fact), and how "
+            "often the answer was right when the line kept the gold.", "",
+            "| objectives | evaluation | objectives scored | " + " | ".join(labels[k] for k in MEMORY_LINE_KINDS)
+            + " | answered right when kept |",
+            "|---|---|---|" + "---|" * len(MEMORY_LINE_KINDS) + "---|", *rows, ""]
+
+
 @dataclass(frozen=True)
 class DemoTargets:
     """The demo's targets (docs/DEMO.md): EM after SFT at ``sft_k``; the RL gain in EM at ``rl_k``
@@ -328,17 +371,18 @@ def target_lines(before: Optional[EvalReport], after: Optional[EvalReport], seco
 
 
 def _report(out: Path, stages: _Stages, before: EvalReport, after: EvalReport,
-            pair: Optional[tuple[EpisodeRecord, EpisodeRecord]] = None) -> ReportResult:
+            pair: Optional[tuple[EpisodeRecord, EpisodeRecord]] = None, memory: Sequence[str] = ()) -> ReportResult:
     stages.save()
     metrics_path = out / "rl" / "metrics.jsonl"
     return write_report(out, before=before, after=after, metrics_path=metrics_path if metrics_path.is_file() else None,
                         stages=stages.times, machine=stages.times.machine, title="MemPO CPU demo report",
-                        episode_pair=pair, notes=target_lines(before, after, stages.times.total_seconds))
+                        episode_pair=pair, notes=target_lines(before, after, stages.times.total_seconds),
+                        sections=[memory] if memory else [])
 
 
 def _report_stage(out: Path, stages: _Stages, before: EvalReport, after: EvalReport,
-                  pair: Optional[tuple[EpisodeRecord, EpisodeRecord]]) -> Staged[ReportResult]:
-    result = _report(out, stages, before, after, pair)
+                  pair: Optional[tuple[EpisodeRecord, EpisodeRecord]], memory: Sequence[str]) -> Staged[ReportResult]:
+    result = _report(out, stages, before, after, pair, memory)
     return Staged(result, f"{result.path} and {len(result.plots)} plots ({', '.join(sorted(result.plots))})")
 
 
@@ -373,8 +417,9 @@ def run_demo(cfg: MempoConfig, out_dir: PathLike, *, echo: Callable[[str], None]
     after = stages.run("eval-after", _eval_stage, cfg, trained.model, tokenizer, episodes_by_k, env.retriever,
                        "after", out, echo, show_progress)
     pair = episode_pair(before, after, episodes_by_k, tokenizer, cfg.rollout.system_prompt)
-    report = stages.run("report", _report_stage, out, stages, before, after, pair)
-    _report(out, stages, before, after, pair)  # again, so that the stage table includes the report stage itself
+    memory = memory_outcome_section(before, after, episodes_by_k, tokenizer, cfg.rollout.system_prompt)
+    report = stages.run("report", _report_stage, out, stages, before, after, pair, memory)
+    _report(out, stages, before, after, pair, memory)  # again, so that the stage table includes the report stage itself
     echo(f"done in {time.perf_counter() - stages.started:.1f} s; report: {report.path}")
     return DemoResult(out, report.path, list(stages.times.stages), before, after)
 

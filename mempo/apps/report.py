@@ -409,7 +409,8 @@ def write_report(run_dir: PathLike, *, out_path: Optional[PathLike] = None,
                  before: Union[EvalReport, PathLike, None] = None, after: Union[EvalReport, PathLike, None] = None,
                  stages: Optional[StageTimes] = None, machine: Optional[Mapping[str, Any]] = None,
                  title: str = "MemPO run report", notes: Sequence[str] = (),
-                 episode_pair: Optional[tuple[EpisodeRecord, EpisodeRecord]] = None) -> ReportResult:
+                 episode_pair: Optional[tuple[EpisodeRecord, EpisodeRecord]] = None,
+                 sections: Sequence[Sequence[str]] = ()) -> ReportResult:
     """Write ``report.md`` and the PNG plots into `run_dir` (module conventions).
 
     Explicit arguments win over the files found in `run_dir`: `metrics` (records) or
@@ -417,6 +418,7 @@ def write_report(run_dir: PathLike, *, out_path: Optional[PathLike] = None,
     `stages` (`StageTimes`); `machine` (default: the stages' machine facts, else this machine's).
     `notes`: extra lines for the top of the report. `episode_pair`: one held-out episode as the
     agent played it before and after RL (`mempo.eval.EpisodeRecord`), rendered one after the other.
+    `sections`: more markdown sections (each a list of lines), placed after the before/after tables.
     """
     root = Path(run_dir)
     root.mkdir(parents=True, exist_ok=True)
@@ -473,6 +475,8 @@ def write_report(run_dir: PathLike, *, out_path: Optional[PathLike] = None,
         lines += ["## SFT cold start", "", f"{len(sft_losses)} optimiser steps; loss {sft_losses[0]:.3f} (first) -> "
                   f"{sft_losses[-1]:.3f} (last), mean of the last 10 {sum(sft_losses[-10:]) / len(sft_losses[-10:]):.3f}.", ""]
     lines += _before_after_section(before, after)
+    for section in sections:
+        lines += list(section)
     lines += _curve_section(records, found.metrics_path)
     if episode_pair is not None:
         lines += _episode_pair_section(*episode_pair)

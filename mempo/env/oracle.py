@@ -60,7 +60,7 @@ from mempo.env.world import (
 )
 from mempo.protocol.memory import CONTEXT_POLICIES, DEFAULT_SYSTEM_PROMPT, AgentMemory, ShortTextPolicy
 from mempo.protocol.grammar import parse_round
-from mempo.protocol.reward import compute_score
+from mempo.protocol.reward import compute_score, normalize_answer
 
 __all__ = [
     "DEFAULT_MAX_TURNS",
@@ -72,6 +72,8 @@ __all__ = [
     "HopState",
     "ObjectiveState",
     "parse_oracle_memory",
+    "MEMORY_LINE_KINDS",
+    "memory_line_kinds",
     "run_oracle",
     "run_oracle_episodes",
     "write_trajectories_jsonl",
@@ -253,6 +255,39 @@ def parse_oracle_memory(mem: str, questions: Sequence[str]) -> tuple[int, list[O
             if text == UNKNOWN:
                 break
     return step, objectives
+
+
+#: What an objective's line of an oracle-format ``<mem>`` holds (`memory_line_kinds`).
+MEMORY_LINE_KINDS = ("gold", "dropped", "other", "pending")
+
+
+def memory_line_kinds(mem: Optional[str], golds: Sequence[Sequence[str]]) -> list[str]:
+    """For each objective i (1-based line ``Q<i>:``), what the ``<mem>`` holds for it:
+
+    ``"gold"``: the line contains one of ``golds[i]`` (SQuAD-normalised, whole words);
+    ``"dropped"``: the line is `LOST` (closed without its fact); ``"pending"``: no line, or a
+    pending marker only (``?``, ``? (tried n)``, ``? see <doc> page <p>``, ``unknown``, ``not
+    started``); ``"other"``: any other text (a fact of another entity, a garbled copy). ``mem``
+    None (no ``<mem>`` block) counts every objective as pending.
+    """
+    recorded: dict[int, str] = {}
+    for line in (mem or "").splitlines():
+        match = _OBJECTIVE_RE.match(line.strip())
+        if match:
+            recorded.setdefault(int(match.group(1)), match.group(2).strip())
+    kinds = []
+    for number, aliases in enumerate(golds, 1):
+        body = recorded.get(number)
+        words = f" {normalize_answer(body)} " if body is not None else ""
+        if body is not None and any(normalize_answer(a) and f" {normalize_answer(a)} " in words for a in aliases):
+            kinds.append("gold")
+        elif body == LOST:
+            kinds.append("dropped")
+        elif body is None or body == "not started" or _PENDING_RE.fullmatch(" " + body):
+            kinds.append("pending")
+        else:
+            kinds.append("other")
+    return kinds
 
 
 _PENDING_RE = re.compile(r"(?:^|\s)(?:\?(?: \(tried (?P<tried>\d+)\)| see (?P<doc>\S+) page (?P<page>\d+))?"

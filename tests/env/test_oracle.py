@@ -12,8 +12,8 @@ import pytest
 from mempo.env.client import HTTPRetriever
 from mempo.env.data import Episode, make_episode_prompt
 from mempo.env.oracle import (
-    UNKNOWN, OracleAgent, load_trajectories_jsonl, parse_oracle_memory, run_oracle, run_oracle_episodes,
-    write_trajectories_jsonl,
+    UNKNOWN, OracleAgent, load_trajectories_jsonl, memory_line_kinds, parse_oracle_memory, run_oracle,
+    run_oracle_episodes, write_trajectories_jsonl,
 )
 from mempo.env.retriever import BM25Retriever
 from mempo.env.server import RetrieverServer
@@ -375,3 +375,32 @@ def test_drops_in_the_facts_memory(small_world, small_tools, memory_style):
         trajectory = run_oracle(episode, small_tools, agent=agent)
         assert lost_lines(trajectory) == [[], ["Q1: done"], ["Q1: done"]]
         assert trajectory.final_answer.split("; ")[0] == UNKNOWN and trajectory.score["em"] == 0.5
+
+
+def test_memory_line_kinds_say_what_each_objective_line_holds():
+    mem = ("Step 4.\nQ1: Tefot studied at Gadok.\nQ2: done\nQ3: ?\nQ4: ? (tried 2)\n"
+           "Q5: Danen was born in the city of Sekek.\nQ6: unknown\nQ8: ? see chronicle-0001 page 2\n"
+           "Q9: The New York Times.\nQ10: Gadokian studied at Fibu.\nQ1: Sobe")
+    golds = [["Gadok"], ["Viza"], ["x"], ["y"], ["Fibu"], ["z"], ["w"], ["v"], ["new york times", "NYT"], ["Gadok"]]
+    assert memory_line_kinds(mem, golds) == [
+        "gold",     # the gold in the line (the first Q1 line counts)
+        "dropped",  # closed without its fact
+        "pending", "pending",
+        "other",    # another entity's fact
+        "pending",  # "unknown": given up
+        "pending",  # Q7: no line
+        "pending",  # a pointer, not yet read
+        "gold",     # normalised: case, punctuation and articles do not matter
+        "other",    # whole words only: "Gadokian" is not "Gadok"
+    ]
+    assert memory_line_kinds(None, [["a"], ["b"]]) == ["pending", "pending"]
+    assert memory_line_kinds("Q1: Sobe", [[""]]) == ["other"]  # an empty alias never matches
+    # the teacher's own memory, read back: every line of a solved episode keeps its gold
+    world = World.generate(seed=3, num_entities=60, relations=("birthplace", "alma_mater"), names="short",
+                           article_style="facts", article_fillers=(0, 0), chronicles=False, chronicle_fraction=0.0,
+                           question_hops=1)
+    tools = make_tools(BM25Retriever.build(world.documents()))
+    episode = world.episodes(3, 1, seed=5)[0]
+    run = run_oracle(episode, tools, policy="memory", agent=OracleAgent(memory_style="listed"))
+    assert run.score["em"] == 1.0
+    assert memory_line_kinds(parse_round(run.rounds[-1].assistant).mem, episode.golds) == ["gold"] * 3
