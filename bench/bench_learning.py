@@ -16,7 +16,7 @@ Run (after the demo, whose output holds the SFT model and the configuration):
 
 Options: --seeds (default 0 1 2), --steps (RL steps per run; default the demo config's
 trainer.total_steps), --ks (default 2 4 6), --episodes (evaluation episodes per k; default the
-config's eval.episodes), --variants, and dotted config overrides after them. Writes
+config's eval.episodes), --variants, and dotted config overrides (``key=value``, anywhere). Writes
 ``<out>/results.json`` (every run's rows and training totals), ``<out>/results.md`` (the table) and
 ``<out>/ablation.png``.
 
@@ -190,8 +190,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--episodes", type=int, default=None)
     parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
-    parser.add_argument("overrides", nargs="*", help="dotted config overrides")
-    args = parser.parse_args(argv)
+    parser.add_argument("overrides", nargs="*", help="dotted config overrides (key=value), anywhere on the line")
+    argv = list(sys.argv[1:] if argv is None else argv)
+    # An override after a list option (--ks 2 4 rollout.temperature=0.7) would be read as one of its
+    # values; every key=value word that is not an option is an override, wherever it stands.
+    overrides = [word for word in argv if "=" in word and not word.startswith("-")]
+    args = parser.parse_args([word for word in argv if word not in overrides])
+    args.overrides = overrides
     if args.threads:
         torch.set_num_threads(args.threads)
     results = run(args.demo_out, args.out, seeds=args.seeds, steps=args.steps, ks=args.ks, episodes=args.episodes,

@@ -13,6 +13,7 @@ overrides: dotted config overrides (e.g. data.world_prompt_style=compact). The t
 demo's with ``sft.oracle_drop_fact_prob=0`` unless overridden.
 """
 import argparse
+import sys
 from pathlib import Path
 
 from transformers import AutoTokenizer
@@ -29,8 +30,12 @@ def main() -> None:
     parser.add_argument("demo_out")
     parser.add_argument("--ks", type=int, nargs="+", default=[2, 4, 6])
     parser.add_argument("--episodes", type=int, default=64)
-    parser.add_argument("overrides", nargs="*")
-    args = parser.parse_args()
+    parser.add_argument("overrides", nargs="*", help="dotted config overrides (key=value), anywhere on the line")
+    # an override after --ks would be read as one of its values: every key=value word is an override
+    argv = sys.argv[1:]
+    overrides = [word for word in argv if "=" in word and not word.startswith("-")]
+    args = parser.parse_args([word for word in argv if word not in overrides])
+    args.overrides = overrides
     out = Path(args.demo_out)
     cfg = load_demo_config(out / "config.yaml", ["sft.oracle_drop_fact_prob=0"] + args.overrides)
     chat = ChatFormat(AutoTokenizer.from_pretrained(out / "model_sft"), template=cfg.rollout.chat_template)

@@ -6,8 +6,12 @@ import yaml
 pytest.importorskip("transformers")
 pytest.importorskip("matplotlib")
 
-from mempo.apps.demo import DEFAULT_CONFIG, DemoTargets, load_demo_config, target_lines
-from mempo.eval import EvalReport, EvalRow
+from mempo.apps.demo import DEFAULT_CONFIG, DemoTargets, load_demo_config, memory_outcome_section, target_lines
+from mempo.config import config_from_dict
+from mempo.env.build import build_world
+from mempo.env.oracle import OracleAgent
+from mempo.eval import EvalReport, EvalRow, eval_episodes, evaluate
+from mempo.rollout.backends.oracle import OracleBackend
 from support.demo_smoke import SMOKE
 from support.paths import REPO
 
@@ -99,3 +103,32 @@ def test_target_lines_say_what_was_measured_and_whether_it_met_the_target():
         ["MISSED", "met", "MISSED", "met", "MISSED"]
     missing = target_lines(None, after, 10.0)
     assert "no such evaluation cell" in missing[0] and "no such evaluation cells" in missing[1]
+
+
+def test_the_memory_table_counts_the_teachers_dropped_facts():
+    """Two "evaluations" by the teacher: one that drops every fact a later round needs, one that
+    drops none. With one hop per question at k = 2 only Q1's fact is needed later (Q2's is found in
+    the answer round), so the dropping teacher's last <mem> has Q1 `done` and Q2 the gold."""
+    from support.rollout_fixtures import chat_tokenizer
+
+    cfg = config_from_dict({
+        "data": {"world_entities": 60, "world_relations": ["birthplace", "alma_mater"], "world_names": "short",
+                 "world_article_style": "facts", "article_fillers": [0, 0], "world_chronicles": False,
+                 "world_distractor_ratio": 0.0, "world_question_hops": [1]},
+        "env": {"topk": 1}, "rollout": {"max_new_tokens_per_round": 400},
+        "eval": {"objectives": [2], "episodes": 4, "policies": ["memory"]}})
+    world, retriever = build_world(cfg)
+    episodes = eval_episodes(world, cfg)
+    tok = chat_tokenizer()
+
+    def played(drop):
+        agent = OracleAgent(memory_style="listed", think="minimal", query_style="question", drop_fact_prob=drop)
+        return evaluate(None, tok, episodes, retriever, cfg, backend=OracleBackend(tok, agent=agent),
+                        show_progress=False, log=lambda line: None, keep_trajectories=True)
+
+    lines = memory_outcome_section(played(1.0), played(0.0), episodes, tok, cfg.rollout.system_prompt)
+    assert lines[0] == "## What the last `<mem>` held"
+    # columns: k, evaluation, objectives, gold, dropped, other, pending, answered right when kept
+    assert "| 2 | after SFT | 8 | 0.50 | 0.50 | 0.00 | 0.00 | 1.00 |" in lines
+    assert "| 2 | after RL | 8 | 1.00 | 0.00 | 0.00 | 0.00 | 1.00 |" in lines
+    assert memory_outcome_section(EvalReport([], {}), EvalReport([], {}), episodes, tok, "") == []
