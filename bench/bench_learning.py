@@ -42,7 +42,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from mempo.apps.demo import rl_episodes
-from mempo.config import MempoConfig, load_config
+from mempo.config import MempoConfig, load_config, split_overrides
 from mempo.env.build import build_world
 from mempo.eval import eval_episodes, evaluate
 from mempo.train.logging import read_metrics
@@ -191,11 +191,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     parser.add_argument("overrides", nargs="*", help="dotted config overrides (key=value), anywhere on the line")
-    argv = list(sys.argv[1:] if argv is None else argv)
-    # An override after a list option (--ks 2 4 rollout.temperature=0.7) would be read as one of its
-    # values; every key=value word that is not an option is an override, wherever it stands.
-    overrides = [word for word in argv if "=" in word and not word.startswith("-")]
-    args = parser.parse_args([word for word in argv if word not in overrides])
+    overrides, rest = split_overrides(sys.argv[1:] if argv is None else argv)
+    args = parser.parse_args(rest)
     args.overrides = overrides
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -49,6 +49,7 @@ __all__ = [
     "ConfigError", "ModelConfig", "DataConfig", "EnvConfig", "RolloutConfig", "ScoringConfig",
     "AlgorithmConfig", "ActorConfig", "TrainerConfig", "EvalConfig", "SFTConfig", "DemoConfig", "MempoConfig",
     "load_config", "read_yaml_mapping", "config_from_dict", "config_to_dict", "dump_config", "apply_overrides",
+    "split_overrides",
     "LOSS_AGG_MODES", "KL_ESTIMATORS", "flash_attention_requested",
 ]
 
@@ -798,6 +799,14 @@ def apply_overrides(data: Mapping[str, Any], overrides: Sequence[str]) -> dict[s
                 node[part] = dict(child) if isinstance(child, Mapping) else {}
                 node, cls = node[part], hint
     return result
+
+
+def split_overrides(argv: Sequence[str]) -> tuple[list[str], list[str]]:
+    """``(overrides, rest)``: the ``key=value`` words of a command line that are not options, and the
+    other words in order. For scripts whose overrides may follow a list option (``--ks 2 4
+    rollout.temperature=0.7``), which argparse would read as one of that option's values."""
+    overrides = [word for word in argv if "=" in word and not word.startswith("-")]
+    return overrides, [word for word in argv if word not in overrides]
 
 
 def config_from_dict(data: Optional[Mapping[str, Any]] = None, overrides: Sequence[str] = ()) -> MempoConfig:

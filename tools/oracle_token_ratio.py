@@ -19,6 +19,7 @@ from pathlib import Path
 from transformers import AutoTokenizer
 
 from mempo.apps.demo import load_demo_config
+from mempo.config import split_overrides
 from mempo.env.build import build_retriever, build_tools, synthetic_world
 from mempo.env.oracle import run_oracle
 from mempo.rollout.chat import ChatFormat
@@ -31,10 +32,8 @@ def main() -> None:
     parser.add_argument("--ks", type=int, nargs="+", default=[2, 4, 6])
     parser.add_argument("--episodes", type=int, default=64)
     parser.add_argument("overrides", nargs="*", help="dotted config overrides (key=value), anywhere on the line")
-    # an override after --ks would be read as one of its values: every key=value word is an override
-    argv = sys.argv[1:]
-    overrides = [word for word in argv if "=" in word and not word.startswith("-")]
-    args = parser.parse_args([word for word in argv if word not in overrides])
+    overrides, rest = split_overrides(sys.argv[1:])
+    args = parser.parse_args(rest)
     args.overrides = overrides
     out = Path(args.demo_out)
     cfg = load_demo_config(out / "config.yaml", ["sft.oracle_drop_fact_prob=0"] + args.overrides)

@@ -298,8 +298,8 @@ def memory_outcome_section(before: EvalReport, after: EvalReport, episodes_by_k:
             kept_right = 0
             for trajectory, episode in zip(played, episodes_by_k[k]):
                 record = render_episode(trajectory, episode, tokenizer, system_prompt=system_prompt, with_ids=False)
-                mems = [parse_round(r.assistant).mem for r in record.rounds]
-                mem = next((m for m in reversed(mems) if m is not None), None)
+                mem = next((m for m in (parse_round(r.assistant).mem for r in reversed(record.rounds))
+                            if m is not None), None)
                 per_objective = (trajectory.outcome or {}).get("per_objective", [])
                 for i, kind in enumerate(memory_line_kinds(mem, record.golds)):
                     counts[kind] += 1

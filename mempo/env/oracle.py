@@ -279,7 +279,8 @@ def memory_line_kinds(mem: Optional[str], golds: Sequence[Sequence[str]]) -> lis
     for number, aliases in enumerate(golds, 1):
         body = recorded.get(number)
         words = f" {normalize_answer(body)} " if body is not None else ""
-        if body is not None and any(normalize_answer(a) and f" {normalize_answer(a)} " in words for a in aliases):
+        wanted = [normalize_answer(a) for a in aliases]
+        if body is not None and any(a and f" {a} " in words for a in wanted):
             kinds.append("gold")
         elif body == LOST:
             kinds.append("dropped")
