@@ -72,25 +72,24 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any, Callable, Mapping, NamedTuple, Optional, Sequence, Union
+from typing import Any, Callable, Mapping, NamedTuple, Optional, Sequence
 
 from mempo.config import ConfigError, MempoConfig, RolloutConfig
 from mempo.env.build import build_tools
 from mempo.env.data import DataError, compose_episodes, load_qa_datasets, parse_episode_prompt
 from mempo.protocol.reward import objectives_from_golds
 from mempo.rollout.backends import make_backend
-from mempo.rollout.chat import decode_ids
+from mempo.utils.tokens import decode_ids
 from mempo.rollout.loop import RolloutEngine, as_task
 from mempo.seeds import eval_question_seed
-from mempo.train.logging import progress
+from mempo.utils.progress import progress
 from mempo.utils.machine import machine_facts
+from mempo.utils.types import PathLike
 
 __all__ = ["EvalRow", "EvalReport", "RoundRecord", "EpisodeRecord", "Examples", "evaluate", "summarize",
            "standard_error",
            "round_prompt_tokens", "render_episode", "eval_episodes", "qa_eval_episodes", "QAEvalSets",
            "eval_rollout_config", "SCALAR_FIELDS"]
-
-PathLike = Union[str, "os.PathLike[str]"]
 
 #: The `EvalRow` fields `EvalReport.scalars` reports, each under its own name (the first five are in [0, 1]).
 SCALAR_FIELDS = ("em", "f1", "score", "format_rate", "answer_rate", "mean_turns", "prompt_tokens_per_episode",

@@ -49,7 +49,7 @@ import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Generic, Optional, Sequence, TypeVar, Union
+from typing import Any, Callable, Generic, Optional, Sequence, TypeVar
 
 import torch
 
@@ -66,11 +66,10 @@ from mempo.train.logging import MetricsLogger
 from mempo.train.sft import ColdStart, oracle_cold_start, run_sft
 from mempo.train.trainer import TrainResult, prepare_out_dir, train
 from mempo.utils.machine import machine_facts
+from mempo.utils.types import PathLike
 
 __all__ = ["DEFAULT_CONFIG", "load_demo_config", "run_demo", "rl_episodes", "DemoResult", "DemoTargets",
            "target_lines"]
-
-PathLike = Union[str, "os.PathLike[str]"]
 T = TypeVar("T")
 
 #: The built-in demo configuration (equal to the repository's configs/demo.yaml).

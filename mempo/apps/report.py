@@ -36,11 +36,10 @@ from mempo.eval import EpisodeRecord, EvalReport, standard_error
 from mempo.train import metric_names as names
 from mempo.train.logging import METRICS_FILE, read_metrics
 from mempo.utils.machine import machine_facts
+from mempo.utils.types import PathLike
 
 __all__ = ["write_report", "ReportResult", "RunFiles", "StageRecord", "StageTimes", "CURVE", "metric_series",
            "load_run", "em_change"]
-
-PathLike = Union[str, "os.PathLike[str]"]
 
 #: The training curve's metrics: (label, metric name), in table order.
 CURVE: tuple[tuple[str, str], ...] = (

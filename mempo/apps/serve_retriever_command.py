@@ -12,7 +12,6 @@ malformed corpus or a damaged index is a `mempo.errors.MempoError` (one line, ex
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 
 from mempo.config import ConfigError
@@ -22,6 +21,7 @@ from mempo.env.server import (
     DEFAULT_HOST, DEFAULT_MAX_DOC_CHARS, DEFAULT_MAX_QUERIES, DEFAULT_MAX_RESPONSE_CHARS, DEFAULT_PORT,
     DEFAULT_TOPK_MAX, serve,
 )
+from mempo.utils.log import log
 
 __all__ = ["HELP", "add_arguments", "run"]
 
@@ -71,9 +71,6 @@ def _check_flags(args: argparse.Namespace) -> None:
                               "--max-response-chars must be >= 1")
 
 
-def _log(message: str) -> None:
-    print(f"mempo: {message}", file=sys.stderr, flush=True)
-
 
 def run(args: argparse.Namespace) -> int:
     """Open (or build) the index and serve it until interrupted (module docstring)."""
@@ -81,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     try:
         retriever = load_or_build_bm25(args.corpus, args.index_dir, rebuild=args.rebuild,
-                                       page_chars=args.page_chars, log=_log)
+                                       page_chars=args.page_chars, log=log)
     except OSError as exc:  # an unreadable corpus or index directory (CorpusError is a MempoError already)
         raise CorpusError(f"cannot open the corpus/index: {exc}") from None
 
@@ -95,7 +92,7 @@ def run(args: argparse.Namespace) -> int:
               max_query_chars=args.max_query_chars, max_doc_chars=args.max_doc_chars,
               max_response_chars=args.max_response_chars)
     except OSError as exc:
-        _log(f"cannot serve on {args.host}:{args.port}: {exc}")
+        log(f"cannot serve on {args.host}:{args.port}: {exc}")
         return 1
     finally:
         retriever.close()

@@ -33,11 +33,11 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import sys
 from pathlib import Path
 from typing import Any, Mapping, Optional
 
 from mempo.config import ConfigError, MempoConfig, config_from_dict, config_to_dict, load_config
+from mempo.utils.log import log
 
 __all__ = ["TRAIN_HELP", "SFT_HELP", "add_train_arguments", "add_sft_arguments", "run_train", "run_sft"]
 
@@ -48,9 +48,6 @@ SFT_HELP = "SFT cold start on agent trajectories (loss on assistant tokens)"
 SFT_FLAGS = {"trajectories": "trajectories", "episodes": "episodes", "steps": "steps", "epochs": "epochs",
              "lr": "lr", "batch_tokens": "batch_tokens"}
 
-
-def _log(message: str) -> None:
-    print(f"mempo: {message}", file=sys.stderr, flush=True)
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
@@ -106,7 +103,7 @@ def run_train(args: argparse.Namespace) -> int:
     # --model` and further training.
     export_model(result.model, result.tokenizer, final, phase="final-model",
                  provenance={"written_by": "mempo train", "base_model": cfg.model.path, "steps": result.last_step})
-    _log(f"trained to step {result.last_step} (resumed from {result.resumed_from}); run dir {result.out_dir}; "
+    log(f"trained to step {result.last_step} (resumed from {result.resumed_from}); run dir {result.out_dir}; "
          f"final model in {final}")
     del result  # the (sharded) model goes before the process group (shutdown_distributed)
     shutdown_distributed()
@@ -169,7 +166,7 @@ def run_sft(args: argparse.Namespace) -> int:
     refuse_used_run_dir(cfg.trainer.resume, checkpoints, command="sft")
     records = load_sft_records(s.trajectories) if s.trajectories else None
     run = build_run(cfg, out_dir=out)
-    resume_from = resume_checkpoint(cfg.trainer.resume, checkpoints, log=_log)
+    resume_from = resume_checkpoint(cfg.trainer.resume, checkpoints, log=log)
     source = s.trajectories
     if records is None:
         records, source = _oracle_records(cfg, run)
@@ -182,6 +179,6 @@ def run_sft(args: argparse.Namespace) -> int:
                                "trajectories": source})
     losses = (f"loss {metrics['first_loss']:.4f} -> {metrics['last_loss']:.4f}" if metrics["losses"]
               else "no step left to train")
-    _log(f"sft: {metrics['steps']} steps on {metrics['examples']} turns (resumed from {metrics['resumed_from']}), "
+    log(f"sft: {metrics['steps']} steps on {metrics['examples']} turns (resumed from {metrics['resumed_from']}), "
          f"{losses}; model saved to {out / 'model'}")
     return 0

@@ -18,17 +18,15 @@ Conventions:
 renamed over the target), so a reader never sees a half-written corpus.
 """
 import hashlib
-import os
 from dataclasses import dataclass
-from typing import Iterable, Iterator, Union
+from typing import Iterable, Iterator
 
 from mempo.errors import MempoError
 from mempo.utils.jsonl import iter_jsonl_records, write_jsonl
+from mempo.utils.types import PathLike
 
 __all__ = ["Document", "CorpusError", "load_corpus", "iter_corpus", "write_corpus", "document_from_json",
            "corpus_fingerprint"]
-
-PathLike = Union[str, "os.PathLike[str]"]
 
 
 @dataclass(frozen=True)

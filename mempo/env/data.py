@@ -61,15 +61,15 @@ Conventions
 """
 from __future__ import annotations
 
-import os
 import random
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Optional, Sequence, Union
+from typing import Any, Iterable, Iterator, Optional, Sequence
 
 from mempo.errors import MempoError
 from mempo.utils.jsonl import iter_jsonl_records, write_jsonl
+from mempo.utils.types import PathLike
 
 __all__ = [
     "DataError",
@@ -95,8 +95,6 @@ __all__ = [
     "write_episodes_jsonl",
     "load_episodes_jsonl",
 ]
-
-PathLike = Union[str, "os.PathLike[str]"]
 
 PROMPT_STYLES = ("numbered", "joined", "compact", "bare")
 GOLD_KEYS = ("golden_answers", "answers", "answer", "reward_model.ground_truth.target")

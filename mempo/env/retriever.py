@@ -66,6 +66,7 @@ from typing import Any, Callable, Iterable, Optional, Sequence, Union
 from mempo.env.corpus import CorpusError, Document, corpus_fingerprint, iter_corpus
 from mempo.errors import MempoError
 from mempo.utils.registry import Registry
+from mempo.utils.types import PathLike
 
 __all__ = [
     "DEFAULT_TOPK", "DEFAULT_PAGE_CHARS", "MAX_QUERY_CHARS", "Hit", "Page", "Retriever", "RetrieverError",
@@ -78,8 +79,6 @@ __all__ = [
 DEFAULT_TOPK = 5
 DEFAULT_PAGE_CHARS = 25_000
 MAX_QUERY_CHARS = 2048  # longest query the server and the search tool accept (characters)
-
-PathLike = Union[str, "os.PathLike[str]"]
 
 
 # ----------------------------------------------------------------------------------------------

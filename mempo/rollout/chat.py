@@ -49,8 +49,9 @@ from typing import Any, NamedTuple, Optional, Sequence
 
 from mempo.errors import MempoError
 from mempo.protocol.memory import MEM_PREFIX
+from mempo.utils.tokens import decode_ids, encode_text, is_transformers_tokenizer
 
-__all__ = ["ChatFormat", "ChatTemplateError", "ToolSegment", "render_builtin", "encode_text", "decode_ids",
+__all__ = ["ChatFormat", "ChatTemplateError", "ToolSegment", "render_builtin",
            "default_stop_token_ids", "check_template", "PROBE_ASSISTANT", "IM_START", "IM_END"]
 
 IM_START = "<|im_start|>"
@@ -86,29 +87,8 @@ def check_template(render) -> None:
                                 "assistant turn verbatim; set rollout.chat_template=builtin or give a template file")
 
 
-def _is_transformers_tokenizer(tokenizer: Any) -> bool:
-    return hasattr(tokenizer, "apply_chat_template") or hasattr(tokenizer, "convert_tokens_to_ids")
-
-
-def encode_text(tokenizer: Any, text: str) -> list[int]:
-    """Ids of ``text`` without added special tokens (module conventions)."""
-    if not text:
-        return []
-    if _is_transformers_tokenizer(tokenizer):
-        return list(tokenizer.encode(text, add_special_tokens=False))
-    return list(tokenizer.encode(text, add_special_tokens=False).ids)
-
-
-def decode_ids(tokenizer: Any, ids: Sequence[int]) -> str:
-    """Text of ``ids`` with special tokens kept and no clean-up."""
-    ids = [int(i) for i in ids]
-    if _is_transformers_tokenizer(tokenizer):
-        return tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
-    return tokenizer.decode(ids, skip_special_tokens=False)
-
-
 def _token_id(tokenizer: Any, token: str) -> Optional[int]:
-    if _is_transformers_tokenizer(tokenizer):
+    if is_transformers_tokenizer(tokenizer):
         vocab = tokenizer.get_vocab()
         return vocab.get(token)
     return tokenizer.token_to_id(token)
@@ -117,7 +97,7 @@ def _token_id(tokenizer: Any, token: str) -> Optional[int]:
 def default_stop_token_ids(tokenizer: Any) -> tuple[int, ...]:
     """The tokenizer's EOS id plus ``<|im_end|>`` and ``<|endoftext|>`` when they are single tokens."""
     ids: list[int] = []
-    eos = getattr(tokenizer, "eos_token_id", None) if _is_transformers_tokenizer(tokenizer) else None
+    eos = getattr(tokenizer, "eos_token_id", None) if is_transformers_tokenizer(tokenizer) else None
     if isinstance(eos, int):
         ids.append(eos)
     elif isinstance(eos, (list, tuple)):

@@ -36,14 +36,14 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator, NamedTuple, Optional, Union
 
 from mempo.algo.rounds import is_scored
 from mempo.protocol.reward import memory_keeps
-from mempo.rollout.chat import decode_ids
+from mempo.utils.tokens import decode_ids
 from mempo.utils.jsonl import iter_jsonl_records, write_jsonl
+from mempo.utils.types import PathLike
 
 __all__ = ["POLICIES", "FINISH_REASONS", "Round", "Trajectory", "RoundInput", "round_training_inputs",
            "write_trajectories_jsonl", "read_trajectories_jsonl", "iter_trajectories_jsonl"]
@@ -282,9 +282,6 @@ def round_training_inputs(trajectory: Trajectory) -> list[RoundInput]:
         inputs.append(RoundInput(r.index, context + own, [0] * len(context) + trajectory.response_mask[r.start:r.end],
                                  len(context)))
     return inputs
-
-
-PathLike = Union[str, "os.PathLike[str]"]
 
 
 def write_trajectories_jsonl(path: PathLike, trajectories: Iterable[Trajectory]) -> int:

@@ -82,7 +82,7 @@ import time
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Optional, Union
+from typing import Any, Callable, Optional
 
 import numpy as np
 import torch
@@ -92,6 +92,7 @@ from torch.distributed.checkpoint.state_dict import (
 
 from mempo.utils.atomic import TEMP_PREFIX, fault_point, fsync_dir, replace_file_atomically, write_bytes_durably
 from mempo.errors import MempoError
+from mempo.utils.types import PathLike
 
 __all__ = [
     "CheckpointError", "CheckpointState", "capture_rng_state", "restore_rng_state", "checkpoint_dir",
@@ -99,8 +100,6 @@ __all__ = [
     "resolve_checkpoint", "resume_checkpoint", "checkpoint_step", "save_checkpoint", "load_checkpoint",
     "prune_checkpoints", "model_state_dict", "optimizer_state_dict", "load_model_state", "load_optimizer_state",
 ]
-
-PathLike = Union[str, os.PathLike]
 CHECKPOINT_FORMAT = 2  # 2: COMPLETE is a manifest of digests; 1: COMPLETE was a bare marker
 COMPLETE_MARKER = "COMPLETE"
 LATEST_FILE = "latest"

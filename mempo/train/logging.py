@@ -1,4 +1,4 @@
-"""Training metrics, stage timings and progress display.
+"""Training metrics and stage timings.
 
 Conventions
 -----------
@@ -18,9 +18,7 @@ Conventions
   so a resumed run continues the same W&B run.
 * Only one process should write: `enabled` defaults to "rank 0 of torch.distributed, or the only
   process"; disabled loggers accept every call and write nothing.
-* `StageTimer` sums wall-clock seconds per named stage (``with timer("rollout"): ...``);
-  `progress(stage_name, total)` shows a `rich` progress bar when rich is installed and stderr is a
-  terminal, else plain periodic log lines on stderr.
+* `StageTimer` sums wall-clock seconds per named stage (``with timer("rollout"): ...``).
 
 This module imports only the standard library at import time.
 """
@@ -30,14 +28,15 @@ import importlib.util
 import json
 import math
 import os
-import sys
 import time
 import warnings
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, Optional, Union
 
-__all__ = ["MetricsLogger", "StageTimer", "progress", "read_metrics", "METRICS_FILE"]
+from mempo.utils.progress import rank_zero
+
+__all__ = ["MetricsLogger", "StageTimer", "read_metrics", "METRICS_FILE"]
 
 METRICS_FILE = "metrics.jsonl"
 _warned: set[str] = set()
@@ -47,13 +46,6 @@ def _warn_once(key: str, message: str) -> None:
     if key not in _warned:
         _warned.add(key)
         warnings.warn(message, RuntimeWarning, stacklevel=3)
-
-
-def _default_enabled() -> bool:
-    torch = sys.modules.get("torch")
-    if torch is not None and torch.distributed.is_available() and torch.distributed.is_initialized():
-        return torch.distributed.get_rank() == 0
-    return True
 
 
 def _plain_value(value: Any) -> Any:
@@ -108,7 +100,7 @@ class MetricsLogger:
                  wandb_project: Optional[str] = None, config: Optional[Mapping[str, Any]] = None,
                  enabled: Optional[bool] = None):
         self.out_dir = Path(out_dir)
-        self.enabled = _default_enabled() if enabled is None else enabled
+        self.enabled = rank_zero() if enabled is None else enabled
         self.path = self.out_dir / METRICS_FILE
         self._file = None
         self._tensorboard = None
@@ -228,66 +220,3 @@ class StageTimer:
     def reset(self) -> None:
         """Forget all stages (call once per step)."""
         self._seconds.clear()
-
-
-class _PlainProgress:
-    """Fallback progress: a stderr line at most every `interval` seconds and one at the end."""
-
-    def __init__(self, name: str, total: Optional[int], interval: float):
-        self.name, self.total, self.interval = name, total, interval
-        self.done = 0
-        self._start = self._last = time.perf_counter()
-
-    def advance(self, amount: int = 1) -> None:
-        self.done += amount
-        now = time.perf_counter()
-        if now - self._last >= self.interval:
-            self._last = now
-            self._print(now)
-
-    def _print(self, now: float) -> None:
-        of_total = f"/{self.total} ({100.0 * self.done / self.total:.0f}%)" if self.total else ""
-        print(f"[{self.name}] {self.done}{of_total} {now - self._start:.1f}s", file=sys.stderr, flush=True)
-
-    def finish(self) -> None:
-        self._print(time.perf_counter())
-
-
-class _RichProgress:
-    def __init__(self, name: str, total: Optional[int]):
-        from rich.progress import Progress  # reason: optional dependency (the demo extra)
-
-        self._progress = Progress(transient=False)
-        self._progress.start()
-        self._task = self._progress.add_task(name, total=total)
-
-    def advance(self, amount: int = 1) -> None:
-        self._progress.advance(self._task, amount)
-
-    def finish(self) -> None:
-        self._progress.stop()
-
-
-@contextmanager
-def progress(stage_name: str, total: Optional[int] = None, *, enabled: Optional[bool] = None,
-             interval: float = 10.0) -> Iterator[Any]:
-    """A progress display for one stage; yields an object with ``advance(amount=1)``.
-
-    rich bar when rich is installed and stderr is a terminal; otherwise plain stderr lines every
-    `interval` seconds and at the end. enabled: default rank 0 only; disabled yields a no-op.
-    """
-    enabled = _default_enabled() if enabled is None else enabled
-    if not enabled:
-        yield _NoProgress()
-        return
-    use_rich = importlib.util.find_spec("rich") is not None and sys.stderr.isatty()
-    bar = _RichProgress(stage_name, total) if use_rich else _PlainProgress(stage_name, total, interval)
-    try:
-        yield bar
-    finally:
-        bar.finish()
-
-
-class _NoProgress:
-    def advance(self, amount: int = 1) -> None:
-        """Ignore progress (a disabled display)."""

@@ -71,7 +71,7 @@ from mempo.protocol.memory import MEM_PREFIX
 from mempo.rollout.chat import ChatFormat
 from mempo.seeds import sft_question_seed
 from mempo.train.checkpoint import load_checkpoint, save_checkpoint
-from mempo.train.logging import progress
+from mempo.utils.progress import progress
 from mempo.train.metric_names import SFT_LOSS
 from mempo.utils.jsonl import iter_jsonl_records
 

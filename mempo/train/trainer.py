@@ -68,7 +68,6 @@ from __future__ import annotations
 import copy
 import os
 import random
-import sys
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -94,7 +93,9 @@ from mempo.seeds import eval_question_seed
 from mempo.train.actor import Actor, DistInfo, init_distributed
 from mempo.train.checkpoint import (CheckpointError, has_checkpoints, load_checkpoint, resume_checkpoint,
                                     save_checkpoint)
-from mempo.train.logging import MetricsLogger, StageTimer, progress
+from mempo.train.logging import MetricsLogger, StageTimer
+from mempo.utils.log import log
+from mempo.utils.progress import progress
 from mempo.train.step import StepContext, train_step
 from mempo.utils.atomic import atomic_directory
 
@@ -238,7 +239,7 @@ def _setup_tokenizer(cfg: MempoConfig, out_dir: Path, world: Any):
         try:
             return AutoTokenizer.from_pretrained(saved)
         except Exception as error:  # a damaged save (e.g. torn by an old mempo writing it in place)
-            _log(f"{saved}: unreadable saved tokenizer ({type(error).__name__}); training it again")
+            log(f"{saved}: unreadable saved tokenizer ({type(error).__name__}); training it again")
     texts = default_corpus_texts(world)
     if world is None and cfg.env.corpus_path:  # files source: learn the corpus's words instead
         texts += [f"{doc.title}\n{doc.text}" for doc in islice(iter_corpus(cfg.env.corpus_path), 2000)]
@@ -344,7 +345,7 @@ def periodic_eval(run: Run, step: int) -> dict[str, float]:
     conventions): ``eval/<field>@k<k>_<policy>`` metrics and ``time/eval``."""
     began = time.perf_counter()
     report = evaluate(run.ctx.scoring_model, run.tokenizer, run.eval_episodes, run.retriever, run.cfg,
-                      backend=run.eval_backend, label=f"step {step}", log=_log, show_progress=False)
+                      backend=run.eval_backend, label=f"step {step}", log=log, show_progress=False)
     return {**report.scalars("eval/"), "time/eval": time.perf_counter() - began}
 
 
@@ -358,15 +359,15 @@ def train(cfg: MempoConfig, *, model=None, tokenizer=None, episodes=None, retrie
     run = build_run(cfg, model=model, tokenizer=tokenizer, episodes=episodes, retriever=retriever, out_dir=out_dir)
     ckpt_root = run.out_dir / "checkpoints"
     start, resumed = 0, None
-    path = resume_checkpoint(t.resume, ckpt_root, log=_log)  # collective; rank 0 verifies and says what it skips
+    path = resume_checkpoint(t.resume, ckpt_root, log=log)  # collective; rank 0 verifies and says what it skips
     if path is not None:
         state = load_checkpoint(path, run.ctx.actor.module, run.ctx.actor.optimizer, verify=False)
         start = resumed = int(state.step)
         if run.rank == 0:
-            _log(f"resuming from {path} (step {start})")
+            log(f"resuming from {path} (step {start})")
             _report_config_changes(cfg, run.out_dir / "config.yaml")
     elif t.resume.strip() == "auto" and run.rank == 0:
-        _log(f"no checkpoint in {ckpt_root}: starting a new run")
+        log(f"no checkpoint in {ckpt_root}: starting a new run")
     if run.rank == 0:
         dump_config(cfg, run.out_dir / "config.yaml")
     result = TrainResult(run.out_dir, start, resumed_from=resumed, model=run.model, tokenizer=run.tokenizer)
@@ -383,7 +384,7 @@ def train(cfg: MempoConfig, *, model=None, tokenizer=None, episodes=None, retrie
                                   rank=run.rank, world_size=run.world_size)
             metrics = train_step(run.ctx, batch, step, timer).metrics
             if metrics["rollout/tool_errors"] and metrics["rollout/tool_errors"] == metrics["rollout/tool_calls"]:
-                _log(f"step {step}: all {int(metrics['rollout/tool_calls'])} tool calls failed "
+                log(f"step {step}: all {int(metrics['rollout/tool_calls'])} tool calls failed "
                      f"(rollout/tool_errors; is the retriever up?)")
             evaluated = bool(t.eval_every) and step % t.eval_every == 0 and run.rank == 0
             if evaluated:
@@ -408,13 +409,13 @@ def _report_config_changes(cfg: MempoConfig, saved: Path) -> None:
     try:
         before = _flat(read_yaml_mapping(saved))
     except ConfigError as error:
-        _log(f"cannot compare with the saved config: {error}")
+        log(f"cannot compare with the saved config: {error}")
         return
     now = _flat(config_to_dict(cfg))
     changed = [f"{key} ({before.get(key)!r} -> {value!r})" for key, value in now.items()
                if key not in ("trainer.resume", "trainer.out_dir") and before.get(key) != value]
     if changed:
-        _log(f"resuming under a config that differs from {saved} in: {', '.join(changed)}")
+        log(f"resuming under a config that differs from {saved} in: {', '.join(changed)}")
 
 
 def _flat(tree: dict, prefix: str = "") -> dict[str, Any]:
@@ -427,6 +428,3 @@ def _flat(tree: dict, prefix: str = "") -> dict[str, Any]:
             out[f"{prefix}{key}"] = value
     return out
 
-
-def _log(message: str) -> None:
-    print(f"mempo: {message}", file=sys.stderr, flush=True)

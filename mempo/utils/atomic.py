@@ -34,12 +34,13 @@ import signal
 from pathlib import Path
 from typing import Callable, Iterator, Optional, Union
 
+from mempo.utils.types import PathLike
+
 __all__ = ["FAULT_ENV", "fault_point", "fsync_dir", "write_bytes_durably", "replace_file_atomically",
            "atomic_directory", "TEMP_PREFIX"]
 
 FAULT_ENV = "MEMPO_FAULT_INJECT"
 TEMP_PREFIX = ".tmp-"
-PathLike = Union[str, "os.PathLike[str]"]
 _reached: dict[str, int] = {}
 
 

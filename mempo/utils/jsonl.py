@@ -13,9 +13,9 @@ import json
 import os
 import tempfile
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, TypeVar, Union
+from typing import Any, Callable, Iterable, Iterator, TypeVar
 
-PathLike = Union[str, "os.PathLike[str]"]
+from mempo.utils.types import PathLike
 T = TypeVar("T")
 
 __all__ = ["iter_jsonl", "iter_jsonl_records", "write_jsonl"]

@@ -172,7 +172,7 @@ def _contains_run(values: list[int], run: list[int]) -> bool:
 
 def violations(records: list[dict], tokenizer: Any) -> list[str]:
     """Every place a gold answer reached generation outside the text the agent read (module docstring)."""
-    from mempo.rollout.chat import decode_ids, encode_text
+    from mempo.utils.tokens import decode_ids, encode_text
 
     questions = [r["question"] for r in records if r["kind"] == "task"]
     golds = sorted({g for r in records if r["kind"] == "task" for g in r["golds"] if g.strip()})

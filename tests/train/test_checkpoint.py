@@ -20,7 +20,8 @@ from mempo.train import checkpoint as ckpt
 from mempo.train import logging as mlog
 from mempo.train.checkpoint import (CheckpointError, latest_checkpoint, list_checkpoints, load_checkpoint,
                                     prune_checkpoints, save_checkpoint)
-from mempo.train.logging import MetricsLogger, StageTimer, progress, read_metrics
+from mempo.train.logging import MetricsLogger, StageTimer, read_metrics
+from mempo.utils.progress import progress
 
 
 def make_model(seed=0):

@@ -16,7 +16,7 @@ from typing import Any, Optional, Sequence
 from mempo.env.oracle import OracleAgent
 from mempo.protocol.memory import MEM_PREFIX
 from mempo.rollout.backends.base import GenerationOutput, GenerationRequest, SamplingParams
-from mempo.rollout.chat import decode_ids, encode_text
+from mempo.utils.tokens import decode_ids, encode_text
 
 __all__ = ["OracleBackend"]
 

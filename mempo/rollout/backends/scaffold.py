@@ -33,7 +33,7 @@ from typing import Any, Optional, Sequence
 import torch
 
 from mempo.rollout.backends.stopping import TokenBytes
-from mempo.rollout.chat import decode_ids
+from mempo.utils.tokens import decode_ids
 
 __all__ = ["context_candidates", "ProtocolScaffold"]
 

@@ -24,7 +24,7 @@ from mempo.rollout.backends.base import (
     GenerationOutput, GenerationRequest, RequestKey, SamplingParams, register_backend,
 )
 from mempo.rollout.backends.stopping import TokenBytes, cut_round
-from mempo.rollout.chat import encode_text
+from mempo.utils.tokens import encode_text
 
 __all__ = ["ScriptedBackend", "round_script"]
 
