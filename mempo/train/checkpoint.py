@@ -1,5 +1,6 @@
 """Atomic training checkpoints that prove their integrity: model, optimiser, RNG states, data
-position; single process or FSDP2.
+position; single process or FSDP2 (every function that touches a model is collective when
+``torch.distributed`` is initialised: call it on every rank).
 
 Layout (``root`` is the checkpoint root, e.g. ``<out_dir>/checkpoints``)::
 
@@ -14,61 +15,7 @@ Layout (``root`` is the checkpoint root, e.g. ``<out_dir>/checkpoints``)::
                                 "files": {relative path: {"bytes", "sha256"}}} of every other file
       .tmp-step_00000100/       a checkpoint being written (or left by a crash): always ignored
 
-Atomicity. Everything is written into ``root/.tmp-step_N`` and fsynced (files and the directory);
-the manifest is written last (a temporary file, fsynced, renamed to COMPLETE); then the directory
-is renamed to ``step_N`` with `os.replace` (atomic on POSIX), the root directory is fsynced, and the
-``latest`` pointer is replaced atomically (`mempo.utils.atomic.replace_file_atomically`). A crash at any
-point leaves either the previous state or the new complete checkpoint; temporary directories are
-ignored and removed by the next save.
-
-Integrity. The manifest records the size and SHA-256 of every file of the checkpoint, read back
-from disk after it was written and fsynced. `verify_checkpoint` checks them all; loading verifies by
-default, and every problem is a `CheckpointError` (a `mempo.errors.MempoError`) whose message
-names the file and what is wrong with it (missing, truncated: size differs, damaged: digest
-differs, unreadable). A file that passes the digest but still fails to load (e.g. a checkpoint of
-another model) is a CheckpointError naming the file too. Cost: hashing reads every file once more
-at save and once at resume, on one core: `_sha256` measured 0.31 GB/s over 256 MiB on the shared
-2-CPU development machine under load (an AMD EPYC with SHA extensions; an idle core is faster). For
-the models mempo trains on CPU (a few MB) that is milliseconds; a 7B model with its fp32 AdamW
-state (~100 GB) would take minutes per save and per resume, which we accept for the guarantee
-(`verify=False` skips the check on load where the caller just verified). When distributed, only rank 0
-hashes (it writes the manifest after every rank's RNG file is fsynced, and verifies on resume).
-Checkpoints written before manifests existed (format 1: a COMPLETE marker without ``files``) still
-load, with a warning that their files cannot be verified (their load errors still name the file).
-
-Which checkpoint (the RL trainer and SFT alike): `resume_checkpoint(mode, root)` maps a
-``trainer.resume`` value: ``"never"`` (None), ``"auto"`` (`newest_intact_checkpoint`: None when
-`root` holds no checkpoint), or a path (that checkpoint directory, verified: a CheckpointError if
-it is not intact; a root: its newest intact checkpoint). `newest_intact_checkpoint` tries the
-checkpoint the ``latest`` pointer names, then the older ones, newest first, and verifies each; every
-one it skips is reported (a ``log`` line naming the file and the reason); checkpoints newer than
-the pointer's are skipped too (a save that did not move the pointer, or an abandoned later run that
-this run resumed from before them). No intact checkpoint among several: a CheckpointError listing
-why each was refused. `has_checkpoints(root)` tells a fresh run directory from a used one (the
-trainer refuses to start a new run over checkpoints unless told to resume). `latest_checkpoint`
-(no verification) and `checkpoint_step` read the layout.
-
-Distributed (``torch.distributed`` initialised, e.g. FSDP2 models): every rank must call
-`save_checkpoint` / `load_checkpoint` (the state dicts are gathered / scattered collectively with
-`torch.distributed.checkpoint.state_dict` helpers, full state dicts with CPU offload). Rank 0 writes
-the model, optimiser and state files; each rank writes its own RNG file; rank 0 writes the manifest,
-renames and updates the pointer; barriers order the steps. On load, rank 0 reads the files and the
-values are broadcast (`broadcast_from_rank0`), so the checkpoint loads at any world size, including
-into a plain single-process model (the FQNs are those of the module passed in: pass the Hugging
-Face model itself, not a wrapper). The full state dict must fit in rank 0's CPU memory.
-`resume_checkpoint` is collective when distributed (rank 0 chooses, the choice is broadcast).
-
-RNG: `capture_rng_state` / `restore_rng_state`: python, numpy, torch CPU and the *current* CUDA
-device only (``torch.cuda.get_rng_state()``; touching every visible GPU would initialise a context
-on each and break a resume on another GPU count). A rank whose RNG file is missing (the world size
-changed) keeps its current RNG state (a warning is issued). Format-1 RNG files hold every device's
-state; the current device's entry is restored.
-
-Fault injection for the tests: `mempo.utils.atomic.fault_point` phases ``model``, ``optimizer``, ``rng``,
-``state``, ``manifest``, ``rename``, ``latest`` (``MEMPO_FAULT_INJECT``; unset in real runs).
-
-data_state and extra must be JSON-serialisable (they are stored in state.json). Files are loaded
-with ``torch.load(weights_only=True)``.
+Files are loaded with ``torch.load(weights_only=True)``; data_state and extra are JSON values.
 """
 from __future__ import annotations
 
@@ -129,7 +76,10 @@ class CheckpointState:
 # ------------------------------------------------------------------------------------------------
 def capture_rng_state() -> dict:
     """The RNG states of python `random`, numpy's global RNG, torch CPU and (if CUDA is available) the
-    current CUDA device, as a dict of plain types and tensors (loadable with weights_only=True)."""
+    current CUDA device, as a dict of plain types and tensors (loadable with weights_only=True).
+
+    Only the current device: touching every visible GPU would initialise a context on each and
+    break a resume on another GPU count."""
     np_state = np.random.get_state()
     state = {
         "python": random.getstate(),
@@ -315,7 +265,8 @@ def list_checkpoints(root: PathLike) -> list[tuple[int, Path]]:
 
 
 def has_checkpoints(root: PathLike) -> bool:
-    """True when `root` holds any checkpoint directory or pointer, intact or not."""
+    """True when `root` holds any checkpoint directory or pointer, intact or not (the trainer refuses
+    to start a fresh run over checkpoints unless told to resume)."""
     root = Path(root)
     return bool(_step_dirs(root)) or (root / LATEST_FILE).exists()
 
@@ -356,8 +307,11 @@ def _read_json(path: Path, what: str) -> Any:
 
 
 def verify_checkpoint(path: PathLike, *, log: Optional[Callable[[str], None]] = None) -> dict:
-    """Check a ``step_N`` directory against its manifest (module docstring); returns the manifest.
+    """Check a ``step_N`` directory against its manifest (COMPLETE); returns the manifest.
 
+    The manifest holds the size and SHA-256 of every other file, read back from disk after it was
+    fsynced. Checking reads every file once more (a 7B model with its fp32 AdamW state takes minutes;
+    accepted for the guarantee). Only rank 0 hashes when distributed.
     Raises CheckpointError naming the first file that is missing, truncated, damaged or unreadable.
     A format-1 checkpoint (no digests) is checked for its files' presence only, with a warning
     (through `log`, default `warnings.warn`)."""
@@ -395,9 +349,11 @@ def verify_checkpoint(path: PathLike, *, log: Optional[Callable[[str], None]] = 
 
 
 def newest_intact_checkpoint(root: PathLike, *, log: Optional[Callable[[str], None]] = None) -> Optional[Path]:
-    """The newest verified checkpoint under `root` (module docstring), None when there is none.
+    """The newest verified checkpoint under `root`, None when `root` holds none.
 
-    Every checkpoint skipped is reported through `log` (default `warnings.warn`) with the file and
+    Tries the checkpoint the ``latest`` pointer names, then the older ones, newest first.
+    Checkpoints newer than the pointer's are skipped (a save that did not move the pointer, or a run
+    abandoned by resuming from an older checkpoint). Every checkpoint skipped is reported through `log` (default `warnings.warn`) with the file and
     reason; several checkpoints and none intact: CheckpointError listing the reasons. Collective
     when distributed (rank 0 verifies; the others get its answer)."""
     say = log or (lambda message: warnings.warn(message, RuntimeWarning, stacklevel=3))
@@ -457,7 +413,7 @@ def resolve_checkpoint(path: PathLike, *, log: Optional[Callable[[str], None]] =
 
 
 def resume_checkpoint(mode: str, root: PathLike, *, log: Optional[Callable[[str], None]] = None) -> Optional[Path]:
-    """The checkpoint a run resumes from, by a ``trainer.resume`` value (module docstring):
+    """The checkpoint a run resumes from, by a ``trainer.resume`` value (RL trainer and SFT alike):
     ``"never"`` (None), ``"auto"`` (the newest intact checkpoint under `root`, None when there is
     none) or a path (`resolve_checkpoint`). CheckpointError when nothing intact is found."""
     mode = mode.strip()
@@ -525,7 +481,13 @@ def _write_payload(temp: Path, step: int, model_state: Optional[dict], optim_sta
 
 
 def _publish(root: Path, temp: Path, final: Path, step: int) -> None:
-    """Rank 0: manifest, rename into place, pointer update (each step durable before the next)."""
+    """Rank 0 makes the written checkpoint visible, each step durable before the next, so a crash
+    anywhere leaves either the previous state or the new complete checkpoint:
+
+    1. the manifest of every file, written to a temporary file, fsynced, renamed to COMPLETE;
+    2. ``.tmp-step_N`` renamed to ``step_N`` (`os.replace`, atomic on POSIX), the root fsynced;
+    3. the ``latest`` pointer replaced atomically.
+    """
     fsync_dir(temp / "rng")
     manifest = {"format": CHECKPOINT_FORMAT, "step": int(step), "world_size": _world_size(), "time": time.time(),
                 "files": _file_records(temp)}
@@ -546,13 +508,17 @@ def _publish(root: Path, temp: Path, final: Path, step: int) -> None:
 def save_checkpoint(root: PathLike, step: int, model: Optional[torch.nn.Module] = None,
                     optimizer: Optional[torch.optim.Optimizer] = None, rng_states: Optional[dict] = None,
                     data_state: Any = None, extra: Any = None, keep_last: Optional[int] = None) -> Path:
-    """Write checkpoint `step` under `root` atomically, with its manifest (module docstring), and
-    return its directory.
+    """Write checkpoint `step` under `root` atomically, with its manifest, and return its directory.
 
-    model: plain or FSDP2-sharded module (its FQNs are stored); optimizer: needs `model`.
-    rng_states: this rank's `capture_rng_state()` (None: captured now). data_state / extra: JSON
-    values. keep_last: prune to the newest K complete checkpoints afterwards (None: keep all).
-    Collective when torch.distributed is initialised: call it on every rank.
+    model: plain or FSDP2-sharded module (its FQNs are stored; pass the Hugging Face model itself,
+    not a wrapper); optimizer: needs `model`. rng_states: this rank's `capture_rng_state()` (None:
+    captured now). data_state / extra: JSON values. keep_last: prune to the newest K complete
+    checkpoints afterwards (None: keep all).
+    Collective when torch.distributed is initialised: the full state dicts are gathered to rank 0's
+    CPU (they must fit there); rank 0 writes model, optimiser and state files, every rank its RNG
+    file, then rank 0 publishes (`_publish`). Everything goes into ``.tmp-step_N`` first.
+    Tests inject crashes with ``MEMPO_FAULT_INJECT`` at the phases ``model``, ``optimizer``, ``rng``,
+    ``state``, ``manifest``, ``rename``, ``latest`` (`mempo.utils.atomic.fault_point`).
     """
     if optimizer is not None and model is None:
         raise ValueError("saving an optimizer needs its model (parameter names come from the model)")
@@ -614,9 +580,11 @@ def load_checkpoint(path: PathLike, model: Optional[torch.nn.Module] = None,
 
     Applies this rank's RNG state when `restore_rng`. strict: every model key must match. verify:
     check the manifest's digests first (False: the caller just did, e.g. through
-    `resume_checkpoint`). Collective when torch.distributed is initialised (rank 0 reads
-    model/optimiser files and broadcasts). Returns a CheckpointState. CheckpointError (naming the
-    file) when the checkpoint is missing, damaged, or does not fit `model` / `optimizer`.
+    `resume_checkpoint`). Collective when torch.distributed is initialised: rank 0 reads the
+    model/optimiser files and broadcasts, so a checkpoint loads at any world size, including into a
+    plain single-process model. A rank without an RNG file (another world size) keeps its RNG state,
+    with a warning. A format-1 checkpoint (no digests) loads with a warning. Returns a
+    CheckpointState. CheckpointError (naming the file) when the checkpoint is missing, damaged, or does not fit `model` / `optimizer`.
     """
     path = Path(path)
     if verify or not (_STEP_DIR.match(path.name) and path.is_dir()):
