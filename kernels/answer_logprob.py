@@ -13,21 +13,10 @@ Three kernels, each with its launcher below it (the functional API, validation a
 * `_segment_kernel`       one program per context over CSR offsets (or n*T for padded input):
                           keep, num_kept, mean_logp, P. Deterministic, no atomics.
 
-Numeric conventions (shared with the torch path and the loop reference):
-* Every load is cast to fp32 at once; all accumulation is fp32. `tl.dot` runs on native bf16/fp16
-  operands on a GPU (fp32 accumulator) and on fp32 operands with IEEE precision (no TF32) when the
-  inputs are fp32 or under the CPU interpreter (whose bf16 dot is wrong).
-* Logits are divided by the temperature (multiplied by `inv_temp`) before the softmax.
-* Out-of-range vocabulary lanes of the last tile are -inf; a running max of -inf is replaced by 0
-  before it is subtracted, and the final lse is kept finite, so -inf - -inf never occurs (not even
-  in a discarded `tl.where` branch). A target logit of -inf gives token_logp = -inf (never NaN).
-  A NaN or +inf logit makes the row's sum d NaN, and that NaN is kept (the d = 0 guard tests
-  d == 0, not d > 0), so the op can reject the row instead of returning a wrong finite value.
-* Rows with answer_mask 0 exit early; their token_logp is written as 0.0 and their target is never
-  read (it may be -100).
-* keep = mask and (token_logp > log_threshold) (strict), or keep = mask without threshold.
-  P = exp(mean of kept token_logp); a context with no kept row gets P = empty_value and
-  mean_logp = 0.
+Numeric conventions (shared with the torch path and the loop reference): every load is cast to
+fp32 and all accumulation is fp32 (`tl.dot` takes native bf16/fp16 operands on a GPU); logits are
+multiplied by `inv_temp` before the softmax; masked rows write 0.0 and never read their target;
+-inf logits give -inf, never NaN, and a NaN / +inf logit leaves a NaN the op reports.
 """
 import torch
 import triton

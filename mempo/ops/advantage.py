@@ -1,41 +1,14 @@
 """MemPO advantages: GRPO outcome advantage, pooled memory advantage, and their per-token sum.
 
 Numeric conventions (shared by the torch path, the Triton kernels and the loop references):
-
-* Groups. `index` gives the group of each trajectory (B entries): an int tensor, a numpy array of
-  ints or strings (verl's `uid` object array), or a list of hashables. Only equality matters.
-* Statistics (group mean, unbiased std, normalised value) are computed in fp64 from the inputs as
-  given (fp16 / bf16 / fp32 / fp64 / int), of each group's values divided by the group's largest
-  magnitude (the same z-scores up to fp64 rounding, but no sum or square can overflow: fp32 sums
-  of [3e38, 3e38] did, fp64 squares of 1e300 would); outputs are fp32.
-* Outcome (verl `compute_grpo_outcome_advantage`): per group, mean and *unbiased* (Bessel, N-1)
-  std of the scores; `A = (s - mean) / (std + epsilon)`, or `s - mean` when
-  `norm_adv_by_std=False` (Dr.GRPO). A group of one uses mean 0 and std 1, so its advantage is
-  `s / (1 + epsilon)` (exactly verl's choice). All-equal scores give 0. Broadcast as
-  `A * response_mask`.
-* Memory: every scored round carries one memory reward. Per group, the rewards of all rounds of all
-  its trajectories form one pool, normalised with the pool's mean and unbiased std, `epsilon`
-  added to the std (or only centred when `norm_adv_by_std=False`). A pool of zero or one values
-  gives 0 (one value carries no relative signal). Each normalised value is written on the tokens
-  `[start, end)` of its round's `<mem>` span, 0 elsewhere, times `response_mask`.
-* Spans are in CSR form: `mem_offsets` (B+1, int64) says that the scored rounds of trajectory b are
-  rows `mem_offsets[b]:mem_offsets[b+1]` of `mem_rewards` (R) and `mem_spans` (R x 2, int64
-  start/end in response-token coordinates). Spans must satisfy 0 <= start <= end <= L and must not
-  overlap inside one trajectory (ValueError otherwise); empty spans contribute nothing.
-* Final advantage: `A = A_out + memory_weight * A_mem` per token; `returns` is the same tensor (as
-  verl's GRPO returns it).
-* Never NaN, finite for every finite input: degenerate groups give finite values (zeros). Values
-  are saturated at +-`VALUE_LIMIT` (1e18) before the per-token sum: a z-score never comes near it
-  (|z| <= sqrt(n - 1)); only raw scores beyond 1e18 with `norm_adv_by_std=False`, or such a
-  `memory_weight`, reach it. With mask entries of at most 2^63 in magnitude (any integer mask;
-  float masks are checked) every token value is then below 2e37 in fp32.
-* Validation (ValueError naming the argument and the allowed range): `epsilon` a finite number in
-  [1.2e-38, 3.4e38] (a positive normal fp32, so that it is nonzero in the kernels too);
-  `memory_weight` a finite number >= 0; `norm_adv_by_std` a bool; scores and memory rewards finite
-  (one check each, of B / R values); a float `response_mask` finite with |entry| <= 2^63 (one
-  min/max pass over it; bool and integer masks need none); NaN labels in a float `index` array.
-* Device policy: see `mempo.ops._dispatch` (CUDA -> Triton kernels, CPU -> vectorised torch).
-  Both paths are deterministic (no atomics on the Triton side; sequential index_add on CPU).
+group statistics (mean, unbiased N-1 std) are taken in fp64 of each group's values divided by the
+group's largest magnitude, so no sum or square overflows; outputs are fp32 [B, L], never NaN
+(degenerate groups give 0; values saturate at +-`VALUE_LIMIT`). `index` labels the group of each
+of the B trajectories (ints, strings, verl's `uid` object array, any hashables: only equality
+matters). Scored rounds come in CSR form: `mem_offsets` int64 [B+1] (rounds of trajectory b are
+rows ``mem_offsets[b]:mem_offsets[b+1]``), `mem_rewards` [R], `mem_spans` int64 [R, 2] of
+response-token (start, end). CUDA runs the Triton kernels, CPU vectorised torch
+(`mempo.ops._dispatch`); both are deterministic (no atomics; sequential index_add on CPU).
 """
 from __future__ import annotations
 
@@ -60,8 +33,12 @@ __all__ = [
 ]
 
 
-VALUE_LIMIT = 1e18  # advantage values saturate here (module conventions)
+# Advantage values saturate at +-VALUE_LIMIT before the per-token sum. A z-score never comes near it
+# (|z| <= sqrt(n - 1)); only raw scores beyond 1e18 with norm_adv_by_std=False, or such a
+# memory_weight, reach it. With |mask entry| <= _MASK_LIMIT every token value stays below 2e37 (fp32).
+VALUE_LIMIT = 1e18
 _MASK_LIMIT = 2.0 ** 63  # largest |response_mask| entry: int64's range
+# epsilon must be a positive normal fp32, so that it is nonzero in the kernels too
 _EPS_RANGE = (float(torch.finfo(torch.float32).tiny), float(torch.finfo(torch.float32).max))
 
 
@@ -263,7 +240,8 @@ def _group_zscore_torch(values: torch.Tensor, group: torch.Tensor, num_groups: i
 
 def group_zscore(values: torch.Tensor, group: torch.Tensor, num_groups: int, *, epsilon: float = 1e-6,
                  norm_by_std: bool = True, singleton: str = "passthrough", backend: str = "auto") -> torch.Tensor:
-    """Normalise `values` within groups (see the module conventions).
+    """Normalise `values` within groups: ``z = (x - mean) / (std + epsilon)`` with the group's mean
+    and unbiased (N-1) std, or ``x - mean`` when not `norm_by_std`; all-equal values give 0.
 
     values: [n] float or int (any dtype, finite); group: [n] int dense group ids in [0, num_groups).
     singleton: "passthrough" (a group of one keeps its value, mean 0 / std 1) or "zero".
@@ -391,6 +369,9 @@ def grpo_outcome_advantage(scores: torch.Tensor, index: Any, response_mask: torc
                            norm_adv_by_std: bool = True, *, backend: str = "auto") -> torch.Tensor:
     """GRPO outcome advantage, numerically verl's `compute_grpo_outcome_advantage`.
 
+    Per group of scores: ``A = (s - mean) / (std + epsilon)`` (unbiased std), or ``s - mean`` when
+    not `norm_adv_by_std` (Dr.GRPO). A group of one uses mean 0 and std 1, so ``A = s / (1 +
+    epsilon)`` (verl's choice). Broadcast as ``A * response_mask``.
     scores: [B] float (one outcome score per trajectory); index: B group labels;
     response_mask: [B, L] (bool / int / float). Returns advantages [B, L] fp32 on the mask's device.
     """
@@ -407,6 +388,12 @@ def memory_advantage(mem_rewards: torch.Tensor, mem_offsets: torch.Tensor, mem_s
                      response_mask: torch.Tensor, epsilon: float = 1e-6, norm_adv_by_std: bool = True, *,
                      backend: str = "auto") -> torch.Tensor:
     """Memory advantage alone: group-pooled z-scored memory rewards written on their `<mem>` spans.
+
+    Per group, the rewards of all scored rounds of all its trajectories form one pool, z-scored like
+    the outcome; a pool of zero or one values gives 0 (one value carries no relative signal). Each
+    value is written on the tokens ``[start, end)`` of its round's `<mem>` span times the mask.
+    Spans must satisfy ``0 <= start <= end <= L`` and not overlap within a trajectory (ValueError);
+    empty spans contribute nothing.
 
     mem_rewards: [R] float, one per scored round; mem_offsets: [B+1] int CSR offsets (rounds of
     trajectory b are rows mem_offsets[b]:mem_offsets[b+1]); mem_spans: [R, 2] int (start, end) in
@@ -433,7 +420,12 @@ def mempo_advantage(scores: torch.Tensor, index: Any, response_mask: torch.Tenso
     scores: [B] float outcome scores; index: B group labels; response_mask: [B, L];
     mem_rewards [R], mem_offsets [B+1], mem_spans [R, 2]: the scored rounds in CSR form (all three
     or none; with none the result is plain GRPO).
-    Returns (advantages, returns), both the same [B, L] fp32 tensor, as verl's GRPO estimator does.
+    Returns (advantages, returns), both the same [B, L] fp32 tensor, as verl's GRPO estimator does:
+    ``A = A_out + memory_weight * A_mem`` per token.
+    Raises ValueError naming the argument: `epsilon` outside [1.2e-38, 3.4e38], `memory_weight`
+    negative or not finite, `norm_adv_by_std` not a bool, scores or memory rewards not finite, a
+    float mask with a non-finite entry or one beyond 2^63 in magnitude (one min/max pass; bool and
+    integer masks need none), NaN labels in a float `index` array.
     """
     given = [x is not None for x in (mem_rewards, mem_offsets, mem_spans)]
     if any(given) and not all(given):

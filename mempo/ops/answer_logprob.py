@@ -1,43 +1,15 @@
 """Masked, thresholded answer log-probabilities for MemPO teacher scoring (ALGORITHM.md section 4).
 
-For C scored contexts, the continuation ("answer") rows of all contexts are laid out one after the
-other: M rows in all, context c owning rows cu_seqlens[c] .. cu_seqlens[c+1] (CSR offsets), or a
-padded `[N, T]` batch where row n is context n. `answer_mask` is 1 on gold-answer tokens (template
-tokens 0). For each row i and context c:
+For C scored contexts, the answer rows are either concatenated (M rows; context c owns rows
+``cu_seqlens[c]:cu_seqlens[c+1]``) or a padded ``[N, T]`` batch (row n is context n). Per row i
+and context c (`answer_mask` is 1 on gold-answer tokens):
 
     logp_i  = log softmax(logits_i / temperature)[target_i]
     keep_i  = answer_mask_i and (logp_i > log(threshold))        (threshold=None: keep_i = answer_mask_i)
     P_c     = exp(mean_{i in c, keep_i} logp_i)                   (no kept row: P_c = empty_value)
 
-Numeric conventions (identical on every backend):
-* fp32 accumulation: logits (or hidden states and lm_head weight) of dtype fp32, bf16 or fp16 are
-  read as they are and every sum, max, exp and log is computed in fp32. Outputs are fp32.
-* Threshold: strict `logp > log(threshold)`, threshold in (0, 1]; threshold=1.0 keeps nothing
-  (log-probs are <= 0), threshold=None disables the test (the paper's plain geometric mean).
-* Empty value: a context with no kept row (no rows at all, all rows masked, or all below the
-  threshold) gets P = `empty_value` (default 0.0, NOT exp(0) = 1), mean_logp = 0.0, num_kept = 0.
-  Nothing is ever NaN for finite inputs.
-* Masked rows (answer_mask 0) are not computed: their token_logp is reported as 0.0 and keep False;
-  their targets are never read (they may be anything, e.g. -100). A target outside [0, V) on a
-  masked-in row is a ValueError naming the row.
-* -inf logits are allowed (e.g. banned tokens); a -inf target logit gives token_logp = -inf (kept
-  only when threshold=None, in which case P = 0). A NaN or +inf logit on a masked-in row (also
-  one made by hidden @ weight.T overflowing fp32, or by logits / temperature doing so) makes its
-  log-prob NaN on every backend: the op raises ValueError naming the row instead (a check of the
-  M log-probs, not of the logits). Masked rows are never read, so anything there is harmless.
-  Finite logits never give NaN; a log-prob below -3.4e38 (logits spanning more than the fp32
-  range) is -inf.
-* Scalars (ValueError naming the argument and the range): threshold a number in (0, 1] or None;
-  temperature a finite number >= 2.9e-39 (so that 1 / temperature is a finite fp32); empty_value a
-  finite number; vocab_chunk an integer >= 1. numpy scalars (np.float32(0.5)) are accepted.
-* Device policy (`mempo.ops._dispatch`): backend="auto" runs the Triton kernels when every tensor is
-  on CUDA and the vectorised torch path otherwise; "triton" / "torch" force one. No autograd: the
-  scoring pass is forward-only and runs under `torch.no_grad()`.
-* Validation costs two device-to-host synchronisations per call: cu_seqlens and the target range
-  before the kernels, the NaN check of the log-probs after them.
-
-This module imports torch only; the Triton kernels (`mempo.kernels.answer_logprob`) are imported on
-the first Triton call.
+Every backend reads fp32 / bf16 / fp16 inputs as they are, accumulates in fp32 and returns fp32;
+nothing is NaN for finite inputs. Forward only (no autograd).
 """
 from __future__ import annotations
 
@@ -335,14 +307,27 @@ def answer_logprob(
         cu_seqlens: integer `[C + 1]` CSR offsets of contexts over the M rows (starts at 0,
             non-decreasing, ends at M; repeated offsets are empty contexts). None with `[M, V]`
             logits means one context; must be None with padded `[N, T, V]` logits (C = N).
-        threshold: keep a masked-in row iff logp > log(threshold); in (0, 1], or None for no test.
-        temperature: logits are divided by it (> 0).
-        empty_value: P of a context with no kept row (default 0.0).
-        backend: "auto" | "triton" | "torch" (see `mempo.ops._dispatch`).
+        threshold: keep a masked-in row iff logp > log(threshold) (strict); in (0, 1], or None for
+            no test (the paper's plain geometric mean). 1.0 keeps nothing (log-probs are <= 0).
+        temperature: logits are divided by it (a finite number >= 2.9e-39, so that 1 / temperature
+            is a finite fp32).
+        empty_value: P of a context with no kept row (no rows, all masked or all below the
+            threshold); default 0.0, not exp(0) = 1. Its mean_logp is 0.0 and num_kept 0.
+        backend: "auto" (Triton when every tensor is on CUDA, torch otherwise) | "triton" | "torch".
 
     Returns:
         AnswerLogProb(token_logp fp32, keep bool, p fp32 [C], mean_logp fp32 [C], num_kept int64 [C]);
-        token_logp / keep have the row shape of `targets`.
+        token_logp / keep have the row shape of `targets`. Masked rows are not computed (their
+        token_logp is 0.0, keep False, their targets never read). A -inf logit is allowed (banned
+        tokens); a -inf target logit gives token_logp -inf (kept only when threshold=None: P = 0);
+        a log-prob below -3.4e38 (logits spanning more than the fp32 range) is -inf.
+
+    Raises:
+        ValueError naming the argument or row: a scalar out of range (numpy scalars are accepted),
+        a target outside [0, V) on a masked-in row, malformed cu_seqlens, or a NaN log-prob on a
+        masked-in row (a NaN or +inf logit there, or logits / temperature overflowing fp32; the
+        check reads the M log-probs, not the logits). Validation costs two device-to-host syncs
+        per call: cu_seqlens and the target range before the kernels, the NaN check after them.
     """
     log_threshold, inv_temp, empty_value = _check_scalars(threshold, temperature, empty_value)
     logits2d, tgt, mask, cu, seq_len, row_shape = _flatten_rows(

@@ -1,66 +1,10 @@
 """Tag spans of MemPO trajectories: every `<tag> ... </tag>` block as a token span (C++ scanner).
 
-Conventions
------------
-* Tags: ``TAGS = ("mem", "think", "search", "access", "answer", "information")``; a tag's *code* is
-  its index in ``TAGS``.
-* A span is a token-index range ``[start, end)`` relative to its own sequence. It covers the whole
-  block text, markers included (all of ``<mem>...</mem>``). Spans of one sequence come in order of
-  start.
-* Batches are CSR: ``SpanBatch.offsets`` (int64, N+1) says that the spans of sequence i are rows
-  ``offsets[i]:offsets[i+1]`` of the per-span tensors ``tag``, ``start``, ``end``, ``round``
-  (int64, S) and ``closed`` (bool, S). All are CPU tensors.
-* Token bytes come from a :class:`TokenTable` (token id -> bytes, CSR), built once per tokenizer and
-  cached. Byte-level BPE tokenizers (decoder ``ByteLevel``: GPT-2, Qwen2, Llama 3) map each
-  vocabulary string back through the GPT-2 bytes<->unicode table (a string holding a character
-  outside that table is taken as its UTF-8 bytes, as the ``ByteLevel`` decoder does); added and
-  special tokens give the UTF-8 bytes of their content; other tokenizers fall back to
-  ``decode([id])`` per id, UTF-8 encoded.
-
-Grammar (the C++ scanner and ``mempo.ops.reference.spans`` implement exactly these rules)
-------------------------------------------------------------------------------------------
-1. Markers are the exact byte strings ``<name>`` (opening) and ``</name>`` (closing) for the six tag
-   names: case-sensitive, no attributes, no spaces inside. The text of a sequence is the
-   concatenation of its tokens' bytes; markers are found left to right (they cannot overlap: a
-   marker holds a single ``<``, its first byte).
-2. At most one block is open at a time.
-   * An opening marker while no block is open opens a block.
-   * An opening marker while a block is open (nesting, or a missing close) ends the open block
-     *unclosed* (``closed=False``), its byte end being where the new marker begins, and opens the
-     new block.
-   * Exception: inside an open ``<information>`` block only ``</information>`` is recognised; every
-     other marker is content (tool output is opaque text).
-   * A closing marker for the open block's tag closes it (``closed=True``, byte end = end of the
-     closing marker). A closing marker with no open block, or for another tag, is a stray marker
-     and is ignored.
-   * At the end of the text an open block ends there, unclosed (a truncated sequence).
-3. Rounds (0-based): round 0 starts at the beginning. A round is *finished* once a block of an
-   action tag (``search``, ``access``, ``answer``) has been opened in it; the next opening marker of
-   ``mem``/``think``/``search``/``access``/``answer`` after that starts the next round. An
-   ``<information>`` block belongs to the current round (the round whose action it answers). A
-   block's round is fixed when it opens.
-4. Bytes to tokens: a token belongs to a span when its bytes overlap the span's bytes. So ``start``
-   is the first token whose byte range ends after the span's first byte, and ``end`` is one past the
-   last token whose byte range starts before the span's end byte. A token that straddles a marker
-   boundary (e.g. one token ``"><"`` between ``</mem>`` and ``<think>``) belongs to both spans.
-   Zero-byte tokens never start or end a span (they can sit inside one). Empty sequences give no
-   spans.
-
-Two scan paths, always with identical results (the tests and the fuzz driver check it):
-* the *token path* (default, ``fast_path=True``) looks up a per-id class. Every marker starts with
-  ``<`` and holds no other ``<``, so a token without ``<`` never starts a marker and a token that is
-  exactly a marker is that marker. Only tokens with a ``<`` that can start a marker (a marker inside
-  the token, or a marker prefix such as ``"<"``, ``" </"`` or ``"<mem"`` ending it) are matched
-  byte-wise, reading on into the next tokens for at most 13 bytes; ``"<b"`` or ``"<="`` count as
-  plain. When the 12 markers are single added tokens (``TokenTable.markers_are_single_tokens``)
-  and no other token of a sequence can start one, the sequence is scanned from its ids alone (the
-  id-only fast path);
-* the *byte path* (``TokenTable.from_tokenizer(tok, fast_path=False)``) concatenates each
-  sequence's bytes and scans them with memchr; it is the plain implementation the token path is
-  checked against.
-
-Cost per call: O(total tokens) plus O(14) per ``<`` that may start a marker on the token path,
-O(total bytes) on the byte path; the table is built once per tokenizer (O(vocabulary)).
+A tag's *code* is its index in ``TAGS = ("mem", "think", "search", "access", "answer",
+"information")``. A span is a token range ``[start, end)`` relative to its own sequence, markers
+included (all of ``<mem>...</mem>``). A batch of N sequences holds S spans in CSR form
+(`SpanBatch`: offsets int64 [N+1]; tag, start, end, round int64 [S]; closed bool [S]; CPU tensors).
+The span grammar is stated at `find_spans`.
 """
 from __future__ import annotations
 
@@ -263,7 +207,18 @@ class TokenTable:
         token_bytes: uint8 numpy array [B], all token bytes back to back.
         token_offsets: int64 numpy array [V+1]; id t has bytes ``token_bytes[off[t]:off[t+1]]``.
         vocab_size: V; valid ids are ``[0, V)``.
-        fast_path: True: the token path; False: the byte path (same results; module docstring).
+        fast_path: which scan path; both give identical results (the tests and the fuzz driver
+            check it).
+            True, the *token path*: a per-id class lookup. Every marker starts with ``<`` and
+            holds no other ``<``, so a token without ``<`` never starts a marker and a token that
+            is exactly a marker is that marker. Only tokens with a ``<`` that can start a marker
+            (a marker inside the token, or a marker prefix such as ``"<"``, ``" </"`` or
+            ``"<mem"`` ending it) are matched byte-wise, reading on into the next tokens for at
+            most 13 bytes; ``"<b"`` or ``"<="`` count as plain. When the 12 markers are single
+            added tokens (``markers_are_single_tokens``) and no other token of a sequence can
+            start one, the sequence is scanned from its ids alone.
+            False, the *byte path*: concatenates each sequence's bytes and scans them with
+            memchr; the plain implementation the token path is checked against.
         marker_token_ids: tuple of 12 ints, per marker code (2*tag + closing, see
             :func:`marker_strings`), the smallest id whose bytes are exactly that marker, or -1.
         markers_are_single_tokens: every marker has such an id (e.g. the tags were added as
@@ -312,6 +267,12 @@ class TokenTable:
     @classmethod
     def from_tokenizer(cls, tokenizer: Any, *, fast_path: bool = True) -> "TokenTable":
         """The (cached) table of a `tokenizers.Tokenizer` or a transformers tokenizer.
+
+        Byte-level BPE tokenizers (decoder ``ByteLevel``: GPT-2, Qwen2, Llama 3) map each
+        vocabulary string back through the GPT-2 bytes<->unicode table (a string holding a character
+        outside that table is taken as its UTF-8 bytes, as the ``ByteLevel`` decoder does); added and
+        special tokens give the UTF-8 bytes of their content; other tokenizers fall back to
+        ``decode([id])`` per id, UTF-8 encoded.
 
         ``fast_path=False`` gives a table that scans bytes (the reference path of the C++ side).
         The cache is per tokenizer object and path; it is rebuilt when the tokenizer's vocabulary
@@ -612,7 +573,39 @@ def find_spans(
     offsets: Any = None,
     lengths: Any = None,
 ) -> SpanBatch:
-    """Find every tag block of every sequence (grammar: module docstring).
+    """Find every tag block of every sequence.
+
+    Grammar (the C++ scanner and ``mempo.ops.reference.spans`` implement exactly these rules):
+
+    1. Markers are the exact byte strings ``<name>`` (opening) and ``</name>`` (closing) for the six tag
+       names: case-sensitive, no attributes, no spaces inside. The text of a sequence is the
+       concatenation of its tokens' bytes; markers are found left to right (they cannot overlap: a
+       marker holds a single ``<``, its first byte).
+    2. At most one block is open at a time.
+       * An opening marker while no block is open opens a block.
+       * An opening marker while a block is open (nesting, or a missing close) ends the open block
+         *unclosed* (``closed=False``), its byte end being where the new marker begins, and opens the
+         new block.
+       * Exception: inside an open ``<information>`` block only ``</information>`` is recognised; every
+         other marker is content (tool output is opaque text).
+       * A closing marker for the open block's tag closes it (``closed=True``, byte end = end of the
+         closing marker). A closing marker with no open block, or for another tag, is a stray marker
+         and is ignored.
+       * At the end of the text an open block ends there, unclosed (a truncated sequence).
+    3. Rounds (0-based): round 0 starts at the beginning. A round is *finished* once a block of an
+       action tag (``search``, ``access``, ``answer``) has been opened in it; the next opening marker of
+       ``mem``/``think``/``search``/``access``/``answer`` after that starts the next round. An
+       ``<information>`` block belongs to the current round (the round whose action it answers). A
+       block's round is fixed when it opens.
+    4. Bytes to tokens: a token belongs to a span when its bytes overlap the span's bytes. So ``start``
+       is the first token whose byte range ends after the span's first byte, and ``end`` is one past the
+       last token whose byte range starts before the span's end byte. A token that straddles a marker
+       boundary (e.g. one token ``"><"`` between ``</mem>`` and ``<think>``) belongs to both spans.
+       Zero-byte tokens never start or end a span (they can sit inside one). Empty sequences give no
+       spans.
+
+    Cost per call: O(total tokens) plus O(14) per ``<`` that may start a marker on the token path,
+    O(total bytes) on the byte path; the table is built once per tokenizer (O(vocabulary)).
 
     Args:
         ids: one of

@@ -1,8 +1,8 @@
 """Plain-loop references for the advantage ops (tests and benchmarks only; never on a hot path).
 
-They follow `mempo.ops.advantage` conventions literally, one Python float at a time (float64), so
-they read as the specification: see that module's docstring for the conventions (saturation at
-+-VALUE_LIMIT included). They do not validate their inputs.
+They follow the rules of `mempo.ops.advantage` literally, one Python float at a time (float64), so
+they read as the specification (saturation at +-VALUE_LIMIT included). They do not validate their
+inputs.
 """
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Plain-Python reference of the tag-span scanner: decode + regex + the same state machine.
 
 Used by the tests as the oracle and by the benchmark as the baseline; not meant for production.
-The grammar is the one stated in the module docstring of `mempo.ops.spans`. Token bytes are
+The grammar is the one stated at `mempo.ops.spans.find_spans`. Token bytes are
 obtained by a route independent of `mempo.ops.spans.TokenTable` where feasible: the token string
 (`id_to_token` / `convert_ids_to_tokens`) through a per-character GPT-2 bytes<->unicode dict for
 byte-level BPE, the content of added tokens, and `decode([id])` otherwise. Ids outside the
