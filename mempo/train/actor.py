@@ -1,52 +1,16 @@
 """The policy actor: a Hugging Face causal LM, FSDP2-sharded when torch.distributed is initialised,
 with chunked response log-probs and a micro-batched PPO-clip + KL update.
 
-Conventions
------------
-* Batch layout: one row per trajectory, full sequences (prompt + response) ``[B, L]``:
-  ``input_ids`` (int64), ``attention_mask`` (1 = real token, left or right padding), optional
-  ``position_ids`` (default ``cumsum(attention_mask) - 1`` clamped at 0), and ``response_mask``
-  (bool / 0-1): the tokens that carry loss (model-generated response tokens; 0 on prompt, tool
-  output and padding). A masked token must be a real token that is not its row's first real token.
-* Log-prob alignment: ``log_probs[b, t] = log softmax(logits(ids[b, :t]) / temperature)[ids[b, t]]``,
-  i.e. aligned with the token it scores (the same coordinates as every other ``[B, L]`` tensor);
-  fp32; 0.0 where ``response_mask`` is 0. ``advantages``, ``old_log_probs`` and ``ref_log_probs``
-  use the same alignment.
-* Memory: only masked tokens are scored, and the lm_head runs ``logprob_chunk_tokens`` rows at a time
-  under activation checkpointing (each chunk's ``[rows, V]`` fp32 logits are recomputed in backward),
-  so no ``[B, L, V]`` tensor is ever materialised.
-* Distributed: `init_distributed` reads torchrun's variables (RANK, WORLD_SIZE, LOCAL_RANK,
-  MASTER_ADDR, MASTER_PORT) and initialises NCCL on CUDA, gloo on CPU; without them it is a no-op
-  (one process). When torch.distributed is initialised, `Actor` applies ``fully_shard`` to every
-  decoder layer (the model's ``_no_split_modules`` classes) and then to a small root wrapper holding
-  the model, on a 1-D data-parallel mesh. Each rank passes its *own* rows; the loss normalisers
-  (token and sequence counts) are all-reduced so that the sum of the ranks' losses equals the loss
-  of the concatenated batch, and each rank's loss is multiplied by the world size to undo FSDP's
-  gradient averaging: N ranks give the same update as one process on all rows. Every rank runs the
-  same number of forwards (ranks with fewer micro-batches run zero-weighted ones), as FSDP's
-  collectives require.
-* Packing (``ActorConfig.packing``, `mempo.model.adapter.resolve_packing`): a micro-batch runs
-  padded (``[rows, T]`` + padding mask) or packed (`mempo.model.adapter.pack_rows`: the rows' real
-  tokens as one ``[1, N]`` sequence; flash-attn varlen under flash attention, a block-diagonal mask
-  from the position ids under "sdpa" / "eager"). The log-probs are scattered back to ``[rows, T]``,
-  so everything after the forward is the same in both modes, and both give the same numbers.
-  "auto" packs only under flash attention.
-* Update (`Actor.update`): ``ppo_epochs`` passes; each pass splits the rows into ``ppo_mini_batches``
-  contiguous mini-batches, one optimiser step each; each mini-batch runs micro-batches of at most
-  ``micro_batch_tokens`` tokens (padded: rows x padded length; packed: real tokens) with gradient
-  accumulation. Loss per mini-batch:
-  ``policy_loss + kl_coef * agg(kl) - entropy_coef * agg(entropy)`` (`mempo.train.losses`; one
-  aggregation mode for all three). Gradients are clipped to ``grad_clip`` (global norm, DTensor
-  aware); a non-finite norm skips the optimiser step (counted in ``skipped_steps``).
-  ``old_log_probs=None`` means on-policy: the ratio is taken against the detached current
-  log-probs (ratio 1, the plain policy gradient, in every epoch: pass the rollout policy's
-  log-probs for multi-epoch or multi-mini-batch PPO). The KL term needs ``ref_log_probs`` when
-  ``kl_coef > 0``.
-* Modes: the model is put in train mode for `update` and eval mode for `compute_log_probs`; PPO
-  ratios assume dropout 0 (true for Qwen2/Llama configs).
-* Supported models: causal LMs whose output is ``lm_head(decoder(...).last_hidden_state)`` with
-  `get_decoder()` / `get_output_embeddings()` (Qwen2, Qwen3, Llama, Mistral families), run through
-  `mempo.model.adapter.PolicyLogProbs`; models with logit soft-capping or scaling are not supported.
+Batch layout: one row per trajectory, full sequences (prompt + response) ``[B, L]``: ``input_ids``
+int64, ``attention_mask`` (1 = real token, left or right padding), optional ``position_ids``
+(default ``cumsum(attention_mask) - 1`` clamped at 0) and ``response_mask`` (bool / 0-1: the
+model-generated tokens that carry loss). Every float ``[B, L]`` tensor (log-probs, entropies,
+advantages, old / ref log-probs) is fp32 and aligned with the token it scores:
+``log_probs[b, t] = log softmax(logits(ids[b, :t]) / temperature)[ids[b, t]]``, 0.0 off the mask.
+
+Supported models: causal LMs whose output is ``lm_head(decoder(...).last_hidden_state)`` with
+`get_decoder()` / `get_output_embeddings()` (Qwen2, Qwen3, Llama, Mistral families), run through
+`mempo.model.adapter.PolicyLogProbs`; models with logit soft-capping or scaling are not supported.
 """
 from __future__ import annotations
 
@@ -90,7 +54,8 @@ def _default_device(local_rank: int) -> torch.device:
 
 
 def init_distributed(backend: Optional[str] = None) -> DistInfo:
-    """Initialise torch.distributed from torchrun's environment (no-op without it; idempotent).
+    """Initialise torch.distributed from torchrun's environment (RANK, WORLD_SIZE, LOCAL_RANK,
+    MASTER_ADDR, MASTER_PORT); a no-op without it; idempotent.
 
     backend: None picks "nccl" when CUDA is available, else "gloo". Sets the CUDA device to
     LOCAL_RANK. Returns the DistInfo; with no torchrun variables: rank 0 of 1, not distributed.
@@ -156,6 +121,8 @@ class _Batch(NamedTuple):
 
 
 def _prepare_batch(input_ids, attention_mask, position_ids, loss_mask, device) -> _Batch:
+    """The checked batch on `device`; ValueError unless the loss mask marks only real tokens and never
+    a row's first real token (it has no context to be scored from)."""
     if input_ids.dim() != 2 or input_ids.shape[0] == 0 or input_ids.shape[1] == 0:
         raise ValueError(f"input_ids must be a non-empty [B, L] tensor, got shape {tuple(input_ids.shape)}")
     attention = (torch.ones_like(input_ids) if attention_mask is None else attention_mask).to(device).bool()
@@ -230,7 +197,14 @@ def _enable_activation_checkpointing(model: nn.Module) -> None:
 # the actor
 # ------------------------------------------------------------------------------------------------
 class Actor:
-    """A trainable (or frozen reference) policy around a Hugging Face causal LM (module docstring).
+    """A trainable (or frozen reference) policy around a Hugging Face causal LM.
+
+    Only masked tokens are scored: the lm_head runs ``logprob_chunk_tokens`` rows at a time under
+    activation checkpointing (each chunk's ``[rows, V]`` fp32 logits are recomputed in backward), so
+    no ``[B, L, V]`` tensor is materialised. Packing (``ActorConfig.packing``,
+    `mempo.model.adapter.resolve_packing`; "auto" packs only under flash attention): a micro-batch
+    runs padded (``[rows, T]`` + padding mask) or packed (the rows' real tokens as one ``[1, N]``
+    sequence); the log-probs are scattered back to ``[rows, T]``, so both modes give the same numbers.
 
     model: the causal LM (moved to the device; sharded in place when distributed). optim_config:
     `ActorConfig` (optimiser, loss, micro-batching). device_mesh: a 1-D mesh for FSDP2 (None: all
@@ -263,6 +237,8 @@ class Actor:
                                                eps=self.config.eps, weight_decay=self.config.weight_decay)
 
     def _shard(self, device_mesh) -> None:
+        """``fully_shard`` every decoder layer (the model's ``_no_split_modules`` classes), then the
+        small root wrapper holding the model, on a 1-D data-parallel mesh."""
         mesh = device_mesh or init_device_mesh(self.device.type, (self.world_size,), mesh_dim_names=("dp",))
         kwargs: dict[str, Any] = {"mesh": mesh}
         if self.config.param_dtype is not None:
@@ -289,6 +265,8 @@ class Actor:
 
     def _synced_plans(self, batch: _Batch, rows: torch.Tensor, token_budget: Optional[int],
                       packed: bool) -> tuple[list, int]:
+        # Every rank runs the same number of forwards (FSDP's collectives require it): `count` is the
+        # most plans of any rank; a rank with fewer runs zero-weighted extra forwards.
         plans = plan_micro_batches(batch.first[rows].tolist(), batch.last[rows].tolist(), token_budget, packed)
         count = torch.tensor([len(plans)], device=self.device)
         _all_reduce(count, dist.ReduceOp.MAX if self.distributed else None)
@@ -302,8 +280,8 @@ class Actor:
         """Token-aligned log-probs (and optionally entropies) of this rank's rows, fp32 `[B, L]`.
 
         response_mask None: every real token except each row's first. micro_batch_tokens: -1 uses
-        the config's value, None one forward. Collective when distributed. Results are on the
-        device of `input_ids`.
+        the config's value, None one forward. Runs the model in eval mode. Collective when
+        distributed. Results are on the device of `input_ids`.
         """
         budget = self.config.micro_batch_tokens if micro_batch_tokens == -1 else micro_batch_tokens
         batch = _prepare_batch(input_ids, attention_mask, position_ids, response_mask, self.device)
@@ -327,7 +305,7 @@ class Actor:
     def update(self, batch: Mapping[str, torch.Tensor], advantages: torch.Tensor,
                old_log_probs: Optional[torch.Tensor] = None, ref_log_probs: Optional[torch.Tensor] = None,
                config: Optional[ActorConfig] = None, temperature: float = 1.0) -> dict[str, float]:
-        """PPO-clip + KL update on this rank's rows (module docstring); returns metrics averaged over
+        """PPO-clip + KL update on this rank's rows; returns metrics averaged over
         the optimiser steps: ``loss``, ``pg_loss``, ``kl_loss``, ``entropy``, ``pg_clipfrac``,
         ``pg_clipfrac_lower``, ``ppo_kl``, ``ratio_mean/max/min``, ``grad_norm``, ``lr``,
         ``num_tokens``, ``optimizer_steps``, ``skipped_steps`` (global over ranks).
@@ -336,6 +314,17 @@ class Actor:
         (`[B, L]`). advantages / old_log_probs / ref_log_probs: fp32 `[B, L]`, token-aligned.
         config: loss settings for this call (default: the actor's; the learning rate is set with
         `set_lr`). temperature: the sampling temperature the rollout used.
+
+        ``ppo_epochs`` passes; each splits the rows into ``ppo_mini_batches`` contiguous
+        mini-batches, one optimiser step each, accumulated over micro-batches of at most
+        ``micro_batch_tokens`` tokens (padded: rows x padded length; packed: real tokens). Loss per
+        mini-batch: ``policy_loss + kl_coef * agg(kl) - entropy_coef * agg(entropy)``
+        (`mempo.train.losses`, one aggregation mode for all three). Gradients are clipped to
+        ``grad_clip`` (global norm); a non-finite norm skips the step (``skipped_steps``).
+        ``old_log_probs=None`` is on-policy: the ratio is taken against the detached current
+        log-probs (ratio 1 in every epoch; pass the rollout policy's log-probs for multi-epoch or
+        multi-mini-batch PPO). ``kl_coef > 0`` needs ``ref_log_probs``. Train mode; PPO ratios
+        assume dropout 0 (true for Qwen2/Llama configs).
         """
         if self.optimizer is None:
             raise RuntimeError("this Actor was built with trainable=False")
@@ -406,6 +395,8 @@ class Actor:
                                           targets["old_log_probs"], targets["ref_log_probs"])
             loss, pg_loss, kl_loss, entropy_sum, metrics = self._micro_loss(part, extras, cfg, temperature, norms,
                                                                             packed)
+            # The normalisers are global (all-reduced), so the ranks' losses sum to the loss of the
+            # whole batch; times world_size undoes FSDP's gradient averaging (N ranks = one process).
             (loss * (self.world_size if real else 0.0)).backward()
             if real:
                 n = metrics["num_tokens"].double()

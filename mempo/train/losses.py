@@ -2,43 +2,11 @@
 entropy (verl `core_algos` semantics). The token advantages and the loss mask they act on come from
 `mempo.algo.advantages`.
 
-Conventions
------------
-* Tensors are ``[B, L]`` (B sequences, L token positions). ``mask`` (bool, or 0/1 of any dtype) is
-  1 on the tokens that carry loss (model-generated response tokens) and 0 elsewhere (prompt, tool
-  output, padding). Values at masked-out positions are ignored, even NaN or inf: every function
-  selects with ``torch.where`` instead of multiplying by the mask, so nothing leaks into the result
-  or its gradient.
-* dtypes: inputs may be fp32 / bf16 / fp16 / fp64; computations run in the promotion of the input
-  dtype and fp32 (fp64 stays fp64, half precision is lifted to fp32). Returned losses are 0-dim.
-* Aggregation (`agg_loss`, verl >= 0.6 semantics). With s_b = sum_t mask*loss (token sum of row
-  b), n_b = sum_t mask (its token count), and "non-empty" rows those with n_b > 0:
-
-      token-mean               sum_b s_b / T              T = num_tokens (default sum_b n_b)
-      seq-mean-token-sum       sum_{b non-empty} s_b / S  S = num_sequences (default #non-empty rows)
-      seq-mean-token-mean      sum_{b non-empty} (s_b / n_b) / S
-      seq-mean-token-sum-norm  sum_{b non-empty} s_b / S / N   N = norm_length (default L, the
-                                                              padded length of `mask`)
-
-  "seq-mean-token-sum-norm" is Dr.GRPO's constant-length normalisation: pass the same N every
-  step (e.g. the rollout's max response length) for a constant divisor; the default L changes with
-  the padded batch length. (verl <= 0.5 divided the batch token sum by L without the 1/S.) Rows
-  with no loss token are left out of every sequence mean, as in verl >= 0.6; s_b / n_b is an exact
-  division (verl adds 1e-8 to n_b).
-  `num_tokens` / `num_sequences` are the *global* normalisers when one batch is split into
-  micro-batches or data-parallel ranks: each part passes the totals of the whole batch and the
-  parts' losses sum to the loss of the whole batch.
-* Empty input: a zero normaliser (no token / no non-empty row, e.g. an all-masked batch) gives a
-  loss of exactly 0 that is still connected to the autograd graph (zero gradients, never NaN).
-  Metrics over no tokens are 0 (fractions, approx KL) and 1 (ratio mean / max / min).
-* PPO-clip (verl `compute_policy_loss_vanilla`): log_ratio = clamp(log_prob - old_log_prob, -20, 20),
-  ratio = exp(log_ratio); l1 = -A*ratio; l2 = -A*clamp(ratio, 1 - clip_ratio_low, 1 + clip_ratio_high)
-  (clip-higher: a larger upper bound lets unlikely tokens with A > 0 grow); l = max(l1, l2). Dual-clip
-  (clip_ratio_c = c > 1): for A < 0 the loss is min(l, -A*c), which bounds the loss of a negative-
-  advantage token whose ratio exploded. clip_ratio_c=None disables dual-clip.
-* KL estimators (Schulman's k1/k2/k3, log_ratio = log_prob - ref_log_prob): k1 = log_ratio;
-  k2 = 0.5 * log_ratio^2; k3 = low_var_kl = exp(-r) - (-r) - 1 with r = log_ratio, where -r is first
-  clamped to [-20, 20] and the result to [-10, 10] (verl's clamps).
+Tensors are ``[B, L]``; ``mask`` (bool, or 0/1 of any dtype) is 1 on the tokens that carry loss.
+Values at masked-out positions are ignored, even NaN or inf (every function selects with
+``torch.where`` rather than multiplying by the mask, so nothing leaks into a result or gradient).
+Computations run in ``promote(input dtype, fp32)`` (fp64 stays fp64, half precision is lifted);
+losses are 0-dim; a zero normaliser gives exactly 0, still in the autograd graph (never NaN).
 """
 from __future__ import annotations
 
@@ -98,11 +66,24 @@ def _masked_extreme(values: torch.Tensor, mask: torch.Tensor, largest: bool) -> 
 def agg_loss(loss_mat: torch.Tensor, loss_mask: torch.Tensor, loss_agg_mode: str = "token-mean", *,
              num_tokens: Optional[Number] = None, num_sequences: Optional[Number] = None,
              norm_length: Optional[Number] = None) -> torch.Tensor:
-    """Aggregate a per-token loss `[B, L]` into a 0-dim loss (modes and normalisers: module docstring).
+    """Aggregate a per-token loss `[B, L]` into a 0-dim loss (verl >= 0.6 semantics).
+
+    With s_b = sum_t mask*loss (token sum of row b), n_b = sum_t mask, "non-empty" rows n_b > 0:
+
+        token-mean               sum_b s_b / T              T = num_tokens (default sum_b n_b)
+        seq-mean-token-sum       sum_{b non-empty} s_b / S  S = num_sequences (default #non-empty rows)
+        seq-mean-token-mean      sum_{b non-empty} (s_b / n_b) / S
+        seq-mean-token-sum-norm  sum_{b non-empty} s_b / S / N   N = norm_length (default L)
+
+    "seq-mean-token-sum-norm" is Dr.GRPO's constant-length normalisation: pass the same N every step
+    (e.g. the rollout's max response length); the default L, the padded length, changes with the
+    batch. (verl <= 0.5 divided the batch token sum by L without the 1/S.) s_b / n_b is an exact
+    division (verl adds 1e-8 to n_b).
 
     loss_mat: float `[B, L]`; loss_mask: bool or 0/1 `[B, L]`; loss_agg_mode: one of LOSS_AGG_MODES.
-    num_tokens / num_sequences: global normalisers (int or 0-dim tensor) for split batches;
-    norm_length: the constant divisor of "seq-mean-token-sum-norm". A zero normaliser gives 0.
+    num_tokens / num_sequences: the *global* normalisers (int or 0-dim tensor) when a batch is split
+    into micro-batches or ranks: each part passes the whole batch's totals, so the parts' losses sum
+    to the whole batch's loss. A zero normaliser gives 0 (connected to the graph: zero gradients).
     """
     if loss_agg_mode not in LOSS_AGG_MODES:
         raise ValueError(f"loss_agg_mode must be one of {LOSS_AGG_MODES}, got {loss_agg_mode!r}")
@@ -135,14 +116,16 @@ def policy_loss(log_prob: torch.Tensor, old_log_prob: torch.Tensor, advantages: 
                 loss_agg_mode: str = "token-mean", *, num_tokens: Optional[Number] = None,
                 num_sequences: Optional[Number] = None, norm_length: Optional[Number] = None,
                 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """PPO-clip surrogate with clip-higher and dual-clip (module docstring), aggregated by `agg_loss`.
+    """PPO-clip surrogate with clip-higher and dual-clip (verl `compute_policy_loss_vanilla`),
+    aggregated by `agg_loss`.
 
     log_prob: `[B, L]` current policy log-probs (carries the gradient); old_log_prob: `[B, L]`
     behaviour-policy log-probs (no gradient); advantages: `[B, L]`; mask: `[B, L]` loss tokens.
     Returns (loss 0-dim, metrics) where metrics are detached 0-dim tensors over the mask tokens:
     ``pg_clipfrac`` (fraction where the clipped term was taken), ``pg_clipfrac_lower`` (fraction where
     dual-clip bound the loss), ``ppo_kl`` (mean old - new log-prob), ``ratio_mean`` / ``ratio_max`` /
-    ``ratio_min`` and ``num_tokens`` (mask count, float).
+    ``ratio_min`` and ``num_tokens`` (mask count, float). Over no tokens the fractions and
+    ``ppo_kl`` are 0 and the ratios 1.
     """
     if not (clip_ratio_low > 0 and clip_ratio_high > 0 and clip_ratio_low < 1):
         raise ValueError(f"clip ratios must satisfy 0 < clip_ratio_low < 1 and clip_ratio_high > 0, "
@@ -159,13 +142,17 @@ def policy_loss(log_prob: torch.Tensor, old_log_prob: torch.Tensor, advantages: 
     old_c = torch.where(bool_mask, old_log_prob.detach().to(dtype), zeros)
     adv = torch.where(bool_mask, advantages.detach().to(dtype), zeros)
 
+    # 1. ratio = exp(clamp(log_prob - old_log_prob, -20, 20))
     log_ratio = torch.clamp(log_prob_c - old_c, -_LOG_RATIO_CLAMP, _LOG_RATIO_CLAMP)
     ratio = torch.exp(log_ratio)
+    # 2. l = max(-A * ratio, -A * clamp(ratio, 1 - low, 1 + high)); clip-higher (high > low) lets
+    #    unlikely tokens with A > 0 grow.
     unclipped = -adv * ratio
     clipped = -adv * torch.clamp(ratio, 1.0 - clip_ratio_low, 1.0 + clip_ratio_high)
     loss_mat = torch.maximum(unclipped, clipped)
     dual_clipped = torch.zeros_like(bool_mask)
     if clip_ratio_c is not None:
+        # 3. Dual-clip, c > 1: for A < 0, l = min(l, -A * c) bounds a token whose ratio exploded.
         bound = -adv * clip_ratio_c
         dual_clipped = (adv < 0) & (loss_mat > bound)
         loss_mat = torch.where(adv < 0, torch.minimum(loss_mat, bound), loss_mat)
@@ -187,8 +174,9 @@ def policy_loss(log_prob: torch.Tensor, old_log_prob: torch.Tensor, advantages: 
 def kl_penalty(log_prob: torch.Tensor, ref_log_prob: torch.Tensor, estimator: str = "low_var_kl") -> torch.Tensor:
     """Per-token KL estimate between the policy and the reference, `[B, L]` (same shape as inputs).
 
-    estimator: "k1" (log_prob - ref), "k2" (0.5 * (log_prob - ref)^2), "k3" / "low_var_kl"
-    (exp(ref - lp) - (ref - lp) - 1 with ref - lp clamped to [-20, 20] and the result to [-10, 10]).
+    estimator (Schulman's k1/k2/k3): "k1" (log_prob - ref), "k2" (0.5 * (log_prob - ref)^2),
+    "k3" / "low_var_kl" (exp(ref - lp) - (ref - lp) - 1 with ref - lp clamped to [-20, 20] and the
+    result to [-10, 10], verl's clamps).
     Gradient flows through `log_prob` only. dtype: promote(log_prob.dtype, float32). Mask with `agg_loss`.
     """
     if estimator not in KL_ESTIMATORS:
