@@ -1,31 +1,10 @@
 """The model adapter: how mempo runs an HF-style causal LM, for the actor, SFT and teacher scoring.
 
-Conventions
------------
-* Decoder / head split (`decoder_and_head`): ``decoder = model.get_decoder()``, ``head =
-  model.get_output_embeddings()``, when both exist, the decoder is not the model itself and the
-  head has a 2-D weight; logits = ``head(decoder(...).last_hidden_state)``. Whether that equals the
-  model's own logits (no soft-capping, scaling, ...) is checked once per model on a 4-token probe
-  (`head_matches_logits`, eval mode, no grad); SFT and scoring read the model's logits when it does
-  not (`exact_decoder_and_head`). The actor needs the split (models with soft-capped or scaled
-  logits are not supported there).
-* Attention implementation: ``model.config._attn_implementation``; flash = any name containing
-  "flash" (`mempo.config.flash_attention_requested`). A dense additive 4-D mask needs "sdpa" or
-  "eager" and full-attention layers (`check_dense_mask_support`); `inference` switches a flash
-  model to "sdpa" for the block (teacher scoring's prefix-sharing mask) and back.
-* Cache keyword (`cache_keyword`): ``cache`` (transformers >= 5.2x) or ``past_key_values``, the first
-  name found in a forward signature of the module tree.
-* Packing (`pack_rows`): the real tokens of ``[rows, L]`` as one ``[1, N]`` sequence, each row with its
-  own position ids; flash attention gets ``cu_seq_lens_q/k`` and ``max_length_q/k``
-  (``flash_attn_varlen_func``), "sdpa" / "eager" a block-diagonal mask that transformers derives
-  from position ids that step by +1 inside a row only (`PackedRows.positions_delimit_rows`).
-  ``packing="auto"`` packs only under flash attention (a dense N x N mask costs more than padding).
-* Log-probs (`token_log_probs`): fp32 ``log_softmax(head(hidden) / temperature)`` at the targets,
-  ``chunk_rows`` rows at a time, each chunk checkpointed under autograd (no ``[N, V]`` tensor is kept).
-
 Models are duck-typed (no transformers import): HF-style ``forward(input_ids, attention_mask,
 position_ids, use_cache, cache | past_key_values, logits_to_keep)`` returning ``.logits``, and a
-decoder returning ``.last_hidden_state``.
+decoder returning ``.last_hidden_state``. Logits are ``head(decoder(...).last_hidden_state)`` where
+the model splits that way (`decoder_and_head`, checked by `head_matches_logits`); log-probs are
+fp32, ``log_softmax(logits / temperature)`` at the targets.
 """
 from __future__ import annotations
 
@@ -282,7 +261,11 @@ def _required_split(model: nn.Module) -> tuple[nn.Module, nn.Module]:
 
 def decode_rows(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                 position_ids: torch.Tensor, packed: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """The decoder's final hidden states of a ``[rows, L]`` batch, padded or packed (module conventions).
+    """The decoder's final hidden states of a ``[rows, L]`` batch, padded or packed (`pack_rows`).
+
+    Packed: flash attention gets ``cu_seq_lens_q/k`` and ``max_length_q/k``
+    (``flash_attn_varlen_func``); "sdpa" / "eager" get the block-diagonal mask transformers derives
+    from position ids that step by +1 inside a row only (ValueError otherwise).
 
     input_ids / position_ids int64, attention_mask bool, all ``[rows, L]``. Returns (hidden
     ``[tokens, H]``, index int64 ``[rows, L]``: each token's row in `hidden`; -1 on padding when packed).
@@ -460,7 +443,8 @@ class ScoringModel:
         return states, new_cache
 
     def reduce(self, states, targets, cu, threshold, temperature, empty_value, backend):
-        """P(answer | ctx) per context (`mempo.ops.answer_logprob` conventions): states [N, H or V] of
+        """P(answer | ctx) per context (`mempo.ops.answer_logprob`: exp of the mean kept log-prob, fp32
+        [C]): states [N, H or V] of
         the kept answer rows, targets int64 [N], cu int64 [C+1] (context c owns rows cu[c]:cu[c+1])."""
         mask = torch.ones(targets.shape, dtype=torch.bool, device=targets.device)
         if self.fused:

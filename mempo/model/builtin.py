@@ -1,29 +1,8 @@
-"""Built-in tiny tokenizer and models (no download).
-
-* `train_tokenizer(texts, vocab_size)`: a byte-level BPE trained with Hugging Face `tokenizers` on
-  `texts`, wrapped as a `transformers.PreTrainedTokenizerFast`. Special tokens: ``<|endoftext|>``
-  (pad), ``<|im_start|>``, ``<|im_end|>`` (EOS), and a ChatML chat template identical to the
-  built-in rendering of `mempo.rollout.chat`. The protocol tags (``<mem>``, ``<think>``, ...) are NOT
-  special tokens: they are ordinary text (BPE merges usually make them one or a few ids).
-  Deterministic: the same texts and vocab size give the same tokenizer. Its normaliser (NFC),
-  pre-tokeniser (Qwen2's split regex, `QWEN2_PRETOKENIZE_REGEX`, then byte-level) and decoder are
-  the ones transformers' `Qwen2Tokenizer` installs on a tokenizer.json it loads: a saved tokenizer
-  is loaded back by ``AutoTokenizer`` as a Qwen2 tokenizer (the model type decides), which replaces
-  those parts, so any other choice would encode differently after the round trip.
-* `default_corpus_texts(world)`: protocol-like texts (the world's documents plus tag templates) to
-  train it on.
-* `tiny_model(tokenizer, size, seed)`: a randomly initialised `Qwen2ForCausalLM` (float32, untied
-  embeddings) of one of `SIZES`:
-
-      tiny:  hidden 64,  2 layers, 4 heads (2 KV), MLP 128
-      mini:  hidden 128, 2 layers, 4 heads (2 KV), MLP 512  (the CPU demo's)
-      small: hidden 256, 4 layers, 8 heads (4 KV), MLP 512
-
-  Save one with ``save_pretrained`` (`mempo.model.export.save_model_dir`): a plain HF directory,
-  usable as ``model.path``; nothing about it marks it as built-in.
-
-The answer-blind protocol scaffold for such models lives with the generation backends
-(`mempo.rollout.backends.scaffold`).
+"""Built-in tiny tokenizer and models (no download): `train_tokenizer`, `default_corpus_texts`
+(texts to train it on) and `tiny_model` (a random `Qwen2ForCausalLM`, float32, of one of `SIZES`).
+Save one with `mempo.model.export.save_model_dir`: a plain HF directory, usable as ``model.path``;
+nothing marks it as built-in. The answer-blind protocol scaffold for such models lives with the
+generation backends (`mempo.rollout.backends.scaffold`).
 """
 from __future__ import annotations
 
@@ -49,7 +28,7 @@ CHATML_TEMPLATE = (
 SIZES = {
     "tiny": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                  num_key_value_heads=2),
-    "mini": dict(hidden_size=128, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4,
+    "mini": dict(hidden_size=128,  # the CPU demo's intermediate_size=512, num_hidden_layers=2, num_attention_heads=4,
                  num_key_value_heads=2),
     "small": dict(hidden_size=256, intermediate_size=512, num_hidden_layers=4, num_attention_heads=8,
                   num_key_value_heads=4),
@@ -66,14 +45,21 @@ _PROTOCOL_TEXTS = (
 # tokenizer
 # ------------------------------------------------------------------------------------------------
 def train_tokenizer(texts: Iterable[str], vocab_size: int = 1024, *, min_frequency: int = 2):
-    """A byte-level BPE `PreTrainedTokenizerFast` trained on `texts` (module docstring).
+    """A byte-level BPE `PreTrainedTokenizerFast` trained on `texts`; deterministic (the same texts
+    and vocab size give the same tokenizer).
+
+    Special tokens: ``<|endoftext|>`` (pad), ``<|im_start|>``, ``<|im_end|>`` (EOS), and a ChatML
+    chat template identical to the built-in rendering of `mempo.rollout.chat`. The protocol tags
+    (``<mem>``, ``<think>``, ...) are NOT special tokens: they are ordinary text.
 
     vocab_size: the target size including the 256 byte tokens and the special tokens.
     """
     if vocab_size < 256 + len(SPECIAL_TOKENS) + 1:
         raise ValueError(f"vocab_size must be > {256 + len(SPECIAL_TOKENS)}, got {vocab_size}")
     tokenizer = Tokenizer(models.BPE())
-    # as transformers' Qwen2Tokenizer sets them on load (module docstring: the round trip)
+    # Normaliser, pre-tokeniser and decoder as transformers' Qwen2Tokenizer installs them on a
+    # tokenizer.json it loads (``AutoTokenizer`` loads a saved one as a Qwen2 tokenizer and replaces
+    # these parts), so the tokenizer encodes the same after the round trip.
     tokenizer.normalizer = normalizers.NFC()
     tokenizer.pre_tokenizer = pre_tokenizers.Sequence([
         pre_tokenizers.Split(Regex(QWEN2_PRETOKENIZE_REGEX), behavior="isolated", invert=False),

@@ -1,37 +1,23 @@
 """Model directories: a plain Hugging Face directory (``save_pretrained`` of model and tokenizer),
 written whole also when the model is FSDP2-sharded under torchrun.
 
-Conventions
------------
-* What a model directory holds: the model's ``config.json``, its weights (safetensors), the
-  tokenizer's files, and ``mempo_provenance.json`` (what wrote it: the command, the base model,
-  steps; `PROVENANCE_FILE`). The provenance is a record for people: no code reads it to decide
-  anything, so an SFT output, a trained policy and any HF checkpoint are used the same way
-  (``model.path``, ``mempo eval --model``).
-* `full_state_dict(module)`: the module's full (unsharded) parameters and buffers as CPU tensors,
-  names of the plain model's ``state_dict``. Under torch.distributed it is a collective: every
-  rank must call it (``get_model_state_dict(full_state_dict=True, cpu_offload=True)`` of
-  ``torch.distributed.checkpoint.state_dict``); the full tensors land on rank 0 only (other ranks
-  get an empty dict). Without a process group it is the module's state dict on the CPU.
-* `export_model(model, tokenizer, directory)`: collective as well: all ranks gather, rank 0 writes
-  the directory (``save_pretrained(state_dict=...)``), then all ranks wait at a barrier, so the
-  directory is complete when any rank returns. Loading it back gives the trained parameters.
-* The directory is written atomically (`mempo.utils.atomic.atomic_directory`: a temporary sibling,
-  fsync, rename), so an interrupted export never leaves a half-written model where a whole one is
-  expected; an existing directory of that name is replaced.
+A model directory holds the model's ``config.json``, its weights (safetensors), the tokenizer's
+files and ``mempo_provenance.json`` (`PROVENANCE_FILE`: the command, the base model, steps). The
+provenance is a record for people: no code reads it, so an SFT output, a trained policy and any HF
+checkpoint are used the same way (``model.path``, ``mempo eval --model``).
 """
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
-from typing import Any, Mapping, Optional, Union
+from typing import Any, Mapping, Optional
 
 import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
 from mempo.utils.atomic import atomic_directory
+from mempo.utils.types import PathLike
 
 __all__ = ["PROVENANCE_FILE", "full_state_dict", "save_model_dir", "export_model"]
 
@@ -43,7 +29,10 @@ def _distributed() -> bool:
 
 
 def full_state_dict(module: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """The full state dict on the CPU, on rank 0 (module conventions; collective when distributed)."""
+    """The module's full (unsharded) parameters and buffers as CPU tensors, named as in the plain
+    model's ``state_dict``. Collective under torch.distributed (every rank must call it;
+    ``get_model_state_dict(full_state_dict=True, cpu_offload=True)``): the tensors land on rank 0,
+    other ranks get an empty dict."""
     if not _distributed():
         return {name: tensor.detach().cpu() for name, tensor in module.state_dict().items()}
     full = get_model_state_dict(module, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
@@ -60,10 +49,13 @@ def full_state_dict(module: torch.nn.Module) -> dict[str, torch.Tensor]:
     return full
 
 
-def save_model_dir(directory: Union[str, os.PathLike], model: Any, tokenizer: Any = None, *,
+def save_model_dir(directory: PathLike, model: Any, tokenizer: Any = None, *,
                    state_dict: Optional[Mapping[str, torch.Tensor]] = None,
                    provenance: Optional[Mapping[str, Any]] = None, phase: Optional[str] = None) -> Path:
-    """Write a plain HF model directory (this process only; module conventions).
+    """Write a plain HF model directory (this process only; ``save_pretrained(state_dict=...)``).
+
+    Written atomically (`mempo.utils.atomic.atomic_directory`: a temporary sibling, fsync, rename),
+    so an interrupted export never leaves a half-written model; an existing directory is replaced.
 
     state_dict: the weights to write (default: the model's own); provenance: recorded in
     `PROVENANCE_FILE` (JSON-serialisable values); phase: the `mempo.utils.atomic.fault_point` reached
@@ -79,10 +71,11 @@ def save_model_dir(directory: Union[str, os.PathLike], model: Any, tokenizer: An
     return path
 
 
-def export_model(model: Any, tokenizer: Any, directory: Union[str, os.PathLike], *,
+def export_model(model: Any, tokenizer: Any, directory: PathLike, *,
                  provenance: Optional[Mapping[str, Any]] = None, phase: Optional[str] = None) -> Optional[Path]:
-    """Write the model's full weights as a plain HF directory (module conventions; collective when
-    distributed). Returns the directory on rank 0, None on other ranks."""
+    """Write the model's full weights as a plain HF directory (`save_model_dir`). Collective when
+    distributed: all ranks gather, rank 0 writes, all wait at a barrier, so the directory is
+    complete when any rank returns. Returns the directory on rank 0, None on other ranks."""
     weights = full_state_dict(model)
     written = None
     if not _distributed() or dist.get_rank() == 0:

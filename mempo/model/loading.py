@@ -8,7 +8,7 @@ id is ``name`` or ``org/name``). dtypes are named as in `ModelConfig.dtype` ("fl
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Callable, Optional, Union
+from typing import Any, Callable, Optional
 
 import torch
 import transformers
@@ -16,6 +16,7 @@ from torch import nn
 
 from mempo.config import ConfigError, ModelConfig
 from mempo.model.adapter import DTYPES
+from mempo.utils.types import PathLike
 
 __all__ = ["build_causal_lm", "load_pretrained", "load_model_dir"]
 
@@ -65,7 +66,7 @@ def build_causal_lm(model_config: ModelConfig, vocab_size: Optional[int] = None)
         qwen_config, dtype=dtype, attn_implementation=model_config.attn_implementation)
 
 
-def load_model_dir(path: Union[str, Path], dtype: str = "float32"):
+def load_model_dir(path: PathLike, dtype: str = "float32"):
     """(model in eval mode, tokenizer) from a directory holding a saved HF causal LM and its
     tokenizer; a ConfigError naming ``--model`` when it holds none (`load_pretrained`)."""
     source = str(path)

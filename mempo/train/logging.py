@@ -1,27 +1,5 @@
-"""Training metrics and stage timings.
-
-Conventions
------------
-* `MetricsLogger(out_dir)` writes one JSON object per `log(step, metrics)` call to
-  ``out_dir/metrics.jsonl``: ``{"step": int, "time": unix seconds, <name>: value, ...}``. Values may
-  be Python / numpy numbers, 0-dim tensors, bools or strings; non-finite floats are written as
-  ``null`` (strict JSON). Each line is flushed when written (a crashed run keeps every finished line).
-* Resume: ``MetricsLogger(out_dir, resume_step=N)`` first rewrites the file (atomically: temporary
-  file + `os.replace`) keeping only well-formed lines with ``step <= N``, so after resuming from the
-  step-N checkpoint the file matches an uninterrupted run. ``resume_step=None`` starts a new run: an
-  existing file is truncated (with a warning).
-* TensorBoard (``tensorboard=True``): scalars under ``out_dir/tensorboard`` when the `tensorboard`
-  package is installed (via `torch.utils.tensorboard`); otherwise a one-time warning and no event
-  files. On resume, events after the resumed step are purged (``purge_step=N+1``).
-* Weights & Biases (``wandb=True``): imported lazily; a missing package raises ImportError at
-  construction (the user asked for it explicitly). The run id is kept in ``out_dir/wandb_run_id``
-  so a resumed run continues the same W&B run.
-* Only one process should write: `enabled` defaults to "rank 0 of torch.distributed, or the only
-  process"; disabled loggers accept every call and write nothing.
-* `StageTimer` sums wall-clock seconds per named stage (``with timer("rollout"): ...``).
-
-This module imports only the standard library at import time.
-"""
+"""Training metrics (``metrics.jsonl``, TensorBoard, W&B) and stage timings. Imports only the standard
+library at import time (TensorBoard and W&B load when asked for)."""
 from __future__ import annotations
 
 import importlib.util
@@ -32,9 +10,10 @@ import time
 import warnings
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping, Optional, Union
+from typing import Any, Callable, Iterator, Mapping, Optional
 
 from mempo.utils.progress import rank_zero
+from mempo.utils.types import PathLike
 
 __all__ = ["MetricsLogger", "StageTimer", "read_metrics", "METRICS_FILE"]
 
@@ -63,7 +42,7 @@ def _plain_value(value: Any) -> Any:
     return number if math.isfinite(number) else None
 
 
-def read_metrics(path: Union[str, os.PathLike]) -> list[dict]:
+def read_metrics(path: PathLike) -> list[dict]:
     """The well-formed records of a metrics.jsonl file (a torn last line is skipped)."""
     records = []
     with open(path, encoding="utf-8") as handle:
@@ -78,6 +57,8 @@ def read_metrics(path: Union[str, os.PathLike]) -> list[dict]:
 
 
 def _truncate_after(path: Path, resume_step: int) -> None:
+    """Keep only the records with ``step <= resume_step`` (temporary file + `os.replace`), so after
+    resuming from the step-N checkpoint the file matches an uninterrupted run."""
     kept = [r for r in read_metrics(path) if r["step"] <= resume_step] if path.exists() else []
     temp = path.with_name(f".{path.name}.tmp")
     with open(temp, "w", encoding="utf-8") as handle:
@@ -89,13 +70,23 @@ def _truncate_after(path: Path, resume_step: int) -> None:
 
 
 class MetricsLogger:
-    """One JSON line per step to metrics.jsonl, plus optional TensorBoard / W&B (module docstring).
+    """One JSON line per step to ``out_dir/metrics.jsonl``, plus optional TensorBoard / W&B.
 
-    out_dir: run directory (created). resume_step: the step of the checkpoint being resumed (None:
-    a new run). run_name / wandb_project / config: W&B only (config: a plain dict).
+    A record is ``{"step": int, "time": unix seconds, <name>: value, ...}``; values may be Python /
+    numpy numbers, 0-dim tensors, bools or strings; non-finite floats are written as ``null``
+    (strict JSON). Each line is flushed when written (a crashed run keeps every finished line).
+
+    out_dir: run directory (created). resume_step: the step of the checkpoint being resumed: the
+    file keeps only its well-formed lines with ``step <= resume_step`` and TensorBoard purges later
+    events; None starts a new run (an existing file is truncated, with a warning).
+    tensorboard: scalars under ``out_dir/tensorboard`` when the `tensorboard` package is installed
+    (otherwise a one-time warning). wandb: a missing package raises ImportError; the run id is kept
+    in ``out_dir/wandb_run_id`` so a resumed run continues the same W&B run. run_name /
+    wandb_project / config: W&B only (config: a plain dict). enabled: default rank 0 of
+    torch.distributed (or the only process); a disabled logger accepts every call, writes nothing.
     """
 
-    def __init__(self, out_dir: Union[str, os.PathLike], tensorboard: bool = True, wandb: bool = False, *,
+    def __init__(self, out_dir: PathLike, tensorboard: bool = True, wandb: bool = False, *,
                  resume_step: Optional[int] = None, run_name: Optional[str] = None,
                  wandb_project: Optional[str] = None, config: Optional[Mapping[str, Any]] = None,
                  enabled: Optional[bool] = None):
