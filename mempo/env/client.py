@@ -1,40 +1,9 @@
 """`HTTPRetriever`: the `Retriever` interface over HTTP (a `mempo serve-retriever` server), stdlib only.
 
-Requests (see `mempo.env.server` for the full shapes): ``POST {base_url}/retrieve`` with
-``{"queries", "topk", "return_scores": true}``, ``POST {base_url}/access`` with
-``{"doc_id", "page", "page_chars"}``, ``GET {base_url}/health``. Search also works against an original
-Search-R1 ``retrieval_server.py`` (documents without a "title" field: the first line of "contents"
-is taken as the title, outer double quotes removed).
-
-Transport: stdlib `http.client` with one keep-alive connection per calling thread (a new TCP
-connection per request would cost more than a BM25 search); a keep-alive connection the server has
-closed while idle is reopened once without counting as an attempt. Proxy settings from the
-environment (http_proxy, ...) are ignored: a retriever lives on this machine or the cluster network.
-
-Time limits (wall clock, `time.monotonic`):
-- One attempt (connect, send, status line, headers and the whole body) lasts at most `timeout`
-  seconds: a watchdog thread (one per process) shuts the attempt's socket down when its time is up,
-  so a server that trickles bytes cannot hold a call (a per-read socket timeout alone would restart
-  with every byte). Each socket operation also has `timeout` as its own limit. Not covered: the
-  host-name lookup (`getaddrinfo`; use an IP address or localhost) and, for https, the TLS
-  handshake is bounded per read only.
-- One call (every attempt and every backoff sleep) lasts at most `deadline` seconds (default: the
-  worst case ``(retries + 1) * timeout + sum of the sleeps``); an attempt gets ``min(timeout, time
-  left)`` and no retry starts once the deadline has passed or would pass during its backoff sleep.
-  A call thus returns or raises within about `deadline` seconds, whatever the server does.
-
-Failure policy (every error is a `RetrieverError` whose message names the URL):
-- Connection errors (refused, reset, closed early), timeouts and 5xx answers are retried up to
-  `retries` more times, sleeping ``backoff * 2**i`` seconds (capped at `max_backoff`) before retry
-  i, within the call's deadline; when all attempts fail or the deadline passes:
-  `RetrieverUnavailableError` with the last cause.
-- A 4xx answer is never retried: it becomes the error class the server names (``"error"`` field:
-  invalid_request -> `InvalidRequestError`, document_not_found -> `DocumentNotFoundError`,
-  page_out_of_range -> `PageOutOfRangeError`; without that field, by status for /access: 404 ->
-  DocumentNotFoundError, 416 -> PageOutOfRangeError; any other 4xx -> InvalidRequestError), carrying
-  the server's message.
-- A 2xx answer that is not JSON or not the expected shape (or a 1xx/3xx answer) is garbage:
-  `RetrieverUnavailableError`, not retried (the server answered; asking again gives the same).
+Requests (shapes: `mempo.env.server.create_app`): ``POST {base_url}/retrieve``, ``POST
+{base_url}/access``, ``GET {base_url}/health``. Search also works against an original Search-R1
+``retrieval_server.py`` (documents without a "title" field: the first line of "contents" is the
+title, outer double quotes removed). Every error is a `RetrieverError` whose message names the URL.
 """
 import heapq
 import http.client
@@ -174,9 +143,16 @@ def _split_contents(document: dict) -> tuple[str, str]:
 class HTTPRetriever(Retriever):
     """A remote retriever speaking the Search-R1 `/retrieve` API plus `/access` and `/health`.
 
-    Thread-safe (one keep-alive connection per thread). `num_docs` and `page_chars` come from
-    `/health`, fetched on first use. Time limits (module docstring): `timeout` seconds per attempt,
-    `deadline` seconds per call (None: ``(retries + 1) * timeout`` plus the backoff sleeps).
+    Thread-safe: stdlib `http.client` with one keep-alive connection per calling thread (a new TCP
+    connection per request would cost more than a BM25 search). Proxy settings from the environment
+    are ignored: a retriever lives on this machine or the cluster network. `num_docs` and
+    `page_chars` come from `/health`, fetched on first use.
+
+    timeout: seconds per attempt (connect, send, status line, headers and the whole body).
+    deadline: seconds per call, every attempt and backoff sleep included (None: the worst case
+    ``(retries + 1) * timeout`` plus the sleeps), so a call returns or raises within about
+    `deadline` seconds whatever the server does. retries / backoff / max_backoff: the retry policy
+    (`_request`).
     """
 
     name = "http"
@@ -225,8 +201,27 @@ class HTTPRetriever(Retriever):
             self._local.conn = None
 
     def _request(self, method: str, path: str, payload: Optional[dict] = None) -> Any:
-        """One JSON request with the retry policy and time limits of the module docstring; returns
-        the decoded body."""
+        """One JSON request; returns the decoded body.
+
+        Time limits (wall clock, `time.monotonic`): an attempt gets ``min(timeout, time left)``; a
+        watchdog thread shuts its socket down when its time is up, so a server that trickles bytes
+        cannot hold a call (a per-read socket timeout alone would restart with every byte). Not
+        covered: the host-name lookup (use an IP address or localhost) and, for https, the TLS
+        handshake, bounded per read only. No retry starts once the deadline has passed or would
+        pass during its backoff sleep.
+
+        Failures:
+        1. connection errors (refused, reset, closed early), timeouts and 5xx answers are retried up
+           to `retries` more times, sleeping ``backoff * 2**i`` s (capped at `max_backoff`) before
+           retry i; then `RetrieverUnavailableError` with the last cause. A keep-alive connection the
+           server closed while idle is reopened once without counting as an attempt;
+        2. a 4xx answer is never retried: it becomes the error class the server names (``"error"``:
+           invalid_request, document_not_found, page_out_of_range; without it, for /access: 404 ->
+           DocumentNotFoundError, 416 -> PageOutOfRangeError; any other 4xx -> InvalidRequestError),
+           carrying the server's message;
+        3. a 2xx answer that is not JSON (or a 1xx/3xx answer) is garbage: `RetrieverUnavailableError`,
+           not retried (asking again gives the same).
+        """
         url = self.base_url + path
         data = None if payload is None else json.dumps(payload).encode("utf-8")
         headers = {"Accept": "application/json"}

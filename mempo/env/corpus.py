@@ -1,21 +1,9 @@
-"""Corpus files: one JSON object per line, read and written as `Document` records.
-
-Format (jsonl, UTF-8), one document per non-blank line::
+"""Corpus files: one JSON object per non-blank line (jsonl, UTF-8), read and written as `Document`
+records (fields: `document_from_json`)::
 
     {"id": "doc-17", "title": "Ada Lovelace", "text": "Augusta Ada King, Countess of Lovelace, ..."}
 
-Conventions:
-- `id` is required: a non-empty string (a JSON integer is accepted and converted with `str`) with no
-  white space, because the access tool's argument is ``"<doc-id> [page]"``; ids are unique in a file.
-- `text` is required (a string, possibly empty); `title` is optional (a string, default "").
-- Search-R1 / FlashRAG corpora (``{"id", "contents"}`` with the title on the first line of
-  `contents`, often in double quotes) are accepted as well: the first line becomes the title (outer
-  quotes removed), the rest the text. Other keys are ignored.
-- Blank lines are skipped. Any other bad line (not JSON, not an object, missing or mistyped field,
-  duplicate id) raises `CorpusError` naming the file and the 1-based line number.
-
-`write_corpus` writes the canonical ``{"id", "title", "text"}`` form atomically (a temporary file
-renamed over the target), so a reader never sees a half-written corpus.
+A bad line raises `CorpusError` naming the file and the 1-based line number.
 """
 import hashlib
 from dataclasses import dataclass
@@ -42,11 +30,19 @@ class Document:
 
 
 class CorpusError(MempoError, ValueError):
-    """A corpus file (or a document record) that does not follow the format above."""
+    """A corpus file (or a document record) that does not follow the format of `document_from_json`."""
 
 
 def document_from_json(obj: object) -> Document:
-    """Build a `Document` from one decoded corpus line; raises `CorpusError` (without location)."""
+    """Build a `Document` from one decoded corpus line; raises `CorpusError` (without location).
+
+    `id` is required: a non-empty string (a JSON integer is converted with `str`) with no white
+    space, because the access tool's argument is ``"<doc-id> [page]"``. `text` is required (a
+    string, possibly empty); `title` is optional (a string, default ""). Search-R1 / FlashRAG lines
+    (``{"id", "contents"}`` with the title on the first line of `contents`, often in double quotes)
+    are accepted too: the first line becomes the title (outer quotes removed), the rest the text.
+    Other keys are ignored.
+    """
     if not isinstance(obj, dict):
         raise CorpusError(f"expected a JSON object, got {type(obj).__name__}")
     if "id" not in obj:
@@ -79,18 +75,20 @@ def document_from_json(obj: object) -> Document:
 
 
 def iter_corpus(path: PathLike) -> Iterator[Document]:
-    """Stream the documents of a jsonl corpus in file order, checking every line and id uniqueness."""
+    """Stream the documents of a jsonl corpus in file order, checking every line and id uniqueness
+    (blank lines are skipped)."""
     return iter_jsonl_records(path, lambda obj, _: document_from_json(obj), CorpusError, unique_ids=True,
                               missing="corpus file not found")
 
 
 def load_corpus(path: PathLike) -> list[Document]:
-    """Read a whole jsonl corpus into a list of `Document` (see the module docstring for the format)."""
+    """Read a whole jsonl corpus into a list of `Document`."""
     return list(iter_corpus(path))
 
 
 def write_corpus(path: PathLike, documents: Iterable[Document]) -> int:
-    """Write `documents` as a canonical jsonl corpus (atomic replace); returns the number written.
+    """Write `documents` as a canonical ``{"id", "title", "text"}`` jsonl corpus (atomic replace: a
+    reader never sees a half-written corpus); returns the number written.
 
     Raises `CorpusError` for duplicate or malformed ids (the file is then left untouched).
     """

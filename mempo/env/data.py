@@ -1,63 +1,10 @@
 """Question data: Search-R1-style QA records, multi-objective episodes (MEM1 composition), jsonl/parquet I/O.
 
-Conventions
------------
-* A *QA record* (`QARecord`) is one question with its gold answer aliases, as in Search-R1's data
-  (``{"id", "question", "golden_answers": [...], ...}``). Accepted input fields:
-
-  - ``question`` (required): a non-blank string;
-  - the gold aliases, from the first of these keys that is present: ``golden_answers``,
-    ``answers``, ``answer``, ``reward_model.ground_truth.target`` (Search-R1's processed parquet).
-    A value is one string or a list of strings (a tuple or an array read from parquet counts as a
-    list); integers are converted with ``str`` (a bare year); the list must not be empty and no
-    alias may be blank;
-  - ``id`` (optional, string or integer): default ``"<file stem>:<line>"`` (jsonl, 1-based line) or
-    ``"<file stem>:<row>"`` (parquet, 0-based row);
-  - every other field is kept, untouched, in ``QARecord.metadata`` (``data_source``, ``split`` ...).
-
-  Ids are unique per (``data_source``, id) within a file (Search-R1's merged ``test.parquet``
-  repeats FlashRAG's ``test_0``, ... in each of its data sources).
-
-* Datasets (`load_qa_datasets`): a record belongs to the dataset named by its ``data_source``
-  (Search-R1: ``nq``, ``hotpotqa``, ``2wikimultihopqa``, ``musique``, ``bamboogle`` ...), else to
-  the one named by its file's stem; evaluation composes and reports each dataset apart.
-
-* jsonl files hold one JSON object per non-blank line (UTF-8). Any bad line raises `DataError`
-  naming the file and its 1-based line number (parquet: the 0-based row). Parquet needs pyarrow;
-  without it `load_qa_parquet` raises `MissingDependencyError` naming the package.
-
-* An *episode* (`Episode`) is what one agent trajectory answers: ``questions`` (k >= 1
-  sub-questions, the *objectives*), ``golds`` (one alias list per objective, in question order;
-  pass it straight to `mempo.protocol.reward.compute_score`) and ``prompt`` (the user message).
-
-* Multi-objective composition (MEM1): `compose_episodes(pool, num_objectives=k, num_episodes=n,
-  seed=s)` draws k distinct records of the pool for each episode with ``random.Random(seed)``, so
-  the same pool (same order), k, n and seed give the same episodes. With ``reuse_questions=True``
-  (MEM1's default behaviour) each episode draws independently; with ``False`` the pool is shuffled
-  once and cut into disjoint episodes (needs ``len(pool) >= k * n``).
-
-* Prompt format (`make_episode_prompt`), style ``"numbered"`` (default)::
-
-      <EPISODE_INSTRUCTIONS>
-
-      Questions:
-      1. <question 1>
-      2. <question 2>
-
-      Give all 2 answers in one <answer> block, in the order of the questions, separated by ";",
-      e.g. <answer>answer 1; answer 2</answer>.
-
-  (the last sentence is one line). With one question the last line is ``Give the answer in one
-  <answer> block, e.g. <answer>your answer</answer>.`` Style ``"joined"`` (MEM1's layout) puts the
-  questions on one line joined with ``"; "``: ``Questions: <q1>; <q2>`` (questions that contain
-  ``";"`` cannot use it). Style ``"compact"`` (short prompts for small models) has the numbered
-  layout with `COMPACT_INSTRUCTIONS` (no access tool) and the closing line ``Give all 2 answers in
-  one <answer>, separated by ";".`` (one question: ``Give the answer in one <answer>.``). Style
-  ``"bare"`` is ``"compact"`` without the instruction paragraph (the question list and the closing
-  line only): for a model trained from scratch on the protocol, which an instruction paragraph does
-  not teach, and which otherwise repeats it in every memory-context round.
-  `parse_episode_prompt` recovers the questions from any layout. The
-  agent's answer is split on ``";"`` by `mempo.protocol.reward.split_answer`.
+A QA record (`QARecord`) is one question with its gold answer aliases (Search-R1's
+``{"id", "question", "golden_answers": [...], ...}``); an episode (`Episode`) is the k >= 1
+questions one agent trajectory answers, with one alias list per question. jsonl files hold one
+JSON object per non-blank line (UTF-8); a bad line raises `DataError` naming the file and its
+1-based line (parquet: the 0-based row).
 """
 from __future__ import annotations
 
@@ -118,7 +65,8 @@ _NUMBERED_RE = re.compile(r"^(\d+)\. (.+)$")
 
 
 class DataError(MempoError, ValueError):
-    """A QA or episode record (or file) that does not follow the format in the module docstring."""
+    """A QA or episode record (or file) that does not follow its format (`qa_record_from_json`,
+    `Episode.from_json`); the message names the file and line."""
 
 
 class MissingDependencyError(MempoError, ImportError):
@@ -142,9 +90,10 @@ class QARecord:
 
 @dataclass(frozen=True)
 class Episode:
-    """k sub-questions answered in one trajectory (module docstring: prompt format, gold layout).
+    """k sub-questions (the *objectives*) answered in one trajectory.
 
-    ``golds[i]`` lists the aliases of objective i; ``source_ids[i]`` is the id of the QA record
+    ``prompt`` is the user message (`make_episode_prompt`). ``golds[i]`` lists the aliases of
+    objective i, in question order (pass it straight to `mempo.protocol.reward.compute_score`); ``source_ids[i]`` is the id of the QA record
     objective i came from (empty when unknown); ``metadata`` holds anything else (e.g. the synthetic
     world's hop chains).
     """
@@ -232,9 +181,15 @@ def _aliases(value: Any, key: str) -> list[str]:
 
 
 def qa_record_from_json(obj: Any, default_id: Optional[str] = None) -> QARecord:
-    """Build a `QARecord` from one decoded record (module conventions); raises `DataError`.
+    """Build a `QARecord` from one decoded record; raises `DataError`.
 
-    ``default_id`` is used when the record has no ``id`` (the loaders pass ``"<stem>:<line>"``).
+    Fields: ``question`` (required): a non-blank string. The gold aliases, from the first of
+    `GOLD_KEYS` present (``golden_answers``, ``answers``, ``answer``,
+    ``reward_model.ground_truth.target``, Search-R1's processed parquet): one string or a list of
+    strings (a tuple or a parquet array counts as a list; integers become ``str``, a bare year); not
+    empty, no blank alias. ``id`` (optional, string or integer): default ``default_id`` (the loaders
+    pass ``"<stem>:<line>"``, 1-based, or ``"<stem>:<row>"``, 0-based). Every other field is kept
+    untouched in ``QARecord.metadata`` (``data_source``, ``split`` ...).
     """
     if not isinstance(obj, dict):
         raise DataError(f"expected a JSON object, got {type(obj).__name__}")
@@ -359,6 +314,7 @@ class QADataset:
 
 def load_qa_datasets(paths: Sequence[PathLike]) -> dict[str, QADataset]:
     """The records of QA files grouped by dataset (`dataset_name`, default: the file's stem).
+    Evaluation composes and reports each dataset apart.
 
     Datasets are in first-seen order, records in file order; one file may hold several datasets
     (Search-R1's merged ``test.parquet``) and several files one. Raises `DataError` when no file is
@@ -394,7 +350,32 @@ def write_qa_jsonl(path: PathLike, records: Iterable[QARecord]) -> int:
 
 
 def make_episode_prompt(questions: Sequence[str], style: str = "numbered") -> str:
-    """The user message of an episode asking ``questions`` (exact format: module docstring)."""
+    """The user message of an episode asking ``questions``.
+
+    Style ``"numbered"`` (default)::
+
+        <EPISODE_INSTRUCTIONS>
+
+        Questions:
+        1. <question 1>
+        2. <question 2>
+
+        Give all 2 answers in one <answer> block, in the order of the questions, separated by ";",
+        e.g. <answer>answer 1; answer 2</answer>.
+
+    (the last sentence is one line). With one question the last line is ``Give the answer in one
+    <answer> block, e.g. <answer>your answer</answer>.`` Style ``"joined"`` (MEM1's layout) puts the
+    questions on one line joined with ``"; "``: ``Questions: <q1>; <q2>`` (questions that contain
+    ``";"`` cannot use it). Style ``"compact"`` (short prompts for small models) has the numbered
+    layout with `COMPACT_INSTRUCTIONS` (no access tool) and the closing line ``Give all 2 answers in
+    one <answer>, separated by ";".`` (one question: ``Give the answer in one <answer>.``). Style
+    ``"bare"`` is ``"compact"`` without the instruction paragraph (the question list and the closing
+    line only): for a model trained from scratch on the protocol, which an instruction paragraph does
+    not teach, and which otherwise repeats it in every memory-context round.
+
+    `parse_episode_prompt` recovers the questions from any layout; the agent's answer is split on
+    ``";"`` by `mempo.protocol.reward.split_answer`.
+    """
     if style not in PROMPT_STYLES:
         raise ValueError(f"style must be one of {PROMPT_STYLES}, got {style!r}")
     if not questions:
@@ -453,8 +434,10 @@ def compose_episodes(pool: Sequence[QARecord], num_objectives: int, num_episodes
                      id_prefix: str = "episode") -> list[Episode]:
     """MEM1-style multi-objective episodes: ``num_objectives`` records of ``pool`` per episode.
 
-    Deterministic in (pool order, num_objectives, num_episodes, seed, reuse_questions); see the
-    module docstring. Episode ids are ``f"{id_prefix}-k{num_objectives}-s{seed}-{i}"``; an
+    Draws with ``random.Random(seed)``: deterministic in (pool order, num_objectives, num_episodes,
+    seed, reuse_questions). ``reuse_questions=True`` (MEM1's behaviour): each episode draws k
+    distinct records independently; False: the pool is shuffled once and cut into disjoint
+    episodes (needs ``len(pool) >= k * n``). Episode ids are ``f"{id_prefix}-k{num_objectives}-s{seed}-{i}"``; an
     episode's ``metadata["records"]`` keeps each record's metadata (e.g. hop chains).
     """
     if num_objectives < 1:

@@ -1,51 +1,7 @@
-"""Retrievers: one interface for "search a corpus" and "read a document page by page".
-
-Interface (`Retriever`):
-- ``search(queries, topk=5) -> list[list[Hit]]``: one ranked list per query, best first, at most
-  `topk` hits each (fewer when fewer documents match: BM25 returns only documents that share at
-  least one term with the query). A `Hit` carries the document's whole text; cutting it for the
-  agent (5,000 characters by default) is the search tool's job.
-- ``access(doc_id, page=0, page_chars=None) -> Page``: page `page` (0-based) of a document cut into
-  pages of `page_chars` characters (default: the retriever's `page_chars`, 25,000). A document
-  always has at least one page (an empty text is one empty page).
-- ``num_docs``: the corpus size.
-- ``check_health()``: raise `RetrieverUnavailableError` if the retriever cannot serve now (a no-op
-  in process; `HTTPRetriever` asks its server's ``/health``).
-
-Error policy: every failure is a `RetrieverError`. Bad arguments (empty query list, blank query,
-non-string query, topk < 1, negative or non-integer page) raise `InvalidRequestError`; an unknown
-id raises `DocumentNotFoundError`; a page past the end raises `PageOutOfRangeError`. The HTTP client
-(`mempo.env.client`) raises the same classes for the server's answers, plus
-`RetrieverUnavailableError` when the server is down, slow or answers garbage, so in-process and HTTP
-retrievers are interchangeable.
-
-Registry: `RETRIEVERS`; add a retriever with the `register_retriever(name)` decorator on a factory
-(a class or a function): "bm25" and "dense" register here, "http" in `mempo.env.client`. Build one
-by name with `mempo.env.build.make_retriever` (which imports every module that registers one).
-
-BM25 (`BM25Retriever`) is the embedded default, built with the `bm25s` library (Lucene BM25,
-k1=1.5, b=0.75; title and text are indexed together). Tokenisation (`Tokenizer`, stored with the
-index so queries are always tokenised like the documents):
-1. NFKC-normalise and case-fold;
-2. words = runs of Unicode letters and digits (``[^\\W_]+``), joined across inner apostrophes; a
-   final 's is dropped and other apostrophes removed ("world's" -> "world", "don't" -> "dont");
-3. drop Lucene's 33 English stop words (`stopwords="none"` keeps them);
-4. Harman's S stemmer as Lucene's EnglishMinimalStemmer implements it, plural endings only:
-   -ies -> -y (not -eies, -aies), else a final -s is dropped unless the word ends in -us, -ss,
-   -ies, -aes, -ees or -oes ("ponies" -> "pony", "horses" -> "horse", "goes" stays); words of 3
-   characters or fewer are kept whole (`stemmer="none"` skips this step).
-
-Saved index layout (a directory; ``mempo_index.json`` is written last, so a directory without it
-is not an index): ``mempo_index.json`` (format, tokenizer, BM25 parameters, document count, the
-corpus file's size, modification time and SHA-256 when built from a file), ``bm25s/`` (the bm25s
-arrays and vocabulary), ``documents.jsonl`` + ``documents.offsets.npy`` (the documents in index
-order and their byte offsets, read through a memory map, so a loaded index keeps only the ids in
-Python memory) and ``ids.json``.
-
-Dense retrieval (`DenseRetriever`): inner product of normalised embeddings from any
-``encode(texts) -> array`` function, exact search with faiss (`IndexFlatIP`) when installed, else
-numpy. `DenseRetriever.from_sentence_transformer` loads a local sentence-transformers model
-(never downloaded at run time) and needs ``pip install .[dense]``.
+"""Retrievers: one interface for "search a corpus" and "read a document page by page" (`Retriever`),
+BM25 (the embedded default) and dense retrieval, and their registry: `RETRIEVERS`, filled with the
+`register_retriever(name)` decorator ("bm25" and "dense" here, "http" in `mempo.env.client`); build
+one by name with `mempo.env.build.make_retriever`.
 
 Importing this module is cheap (`import mempo.env` and `mempo --help` must not load numpy): numpy,
 bm25s, faiss and sentence-transformers are imported inside the functions that use them.
@@ -210,7 +166,14 @@ def paginate(doc: Document, page: int, page_chars: int) -> Page:
 # ----------------------------------------------------------------------------------------------
 
 class Retriever(abc.ABC):
-    """What the tools need from a corpus: ranked search and paged access (see the module docstring)."""
+    """What the tools need from a corpus: ranked search and paged access.
+
+    Every failure is a `RetrieverError`: bad arguments (empty query list, blank or non-string query,
+    topk < 1, negative or non-integer page) raise `InvalidRequestError`, an unknown id
+    `DocumentNotFoundError`, a page past the end `PageOutOfRangeError`. The HTTP client
+    (`mempo.env.client`) raises the same classes for its server's answers, plus
+    `RetrieverUnavailableError`, so in-process and HTTP retrievers are interchangeable.
+    """
 
     name: str = "retriever"
     page_chars: int = DEFAULT_PAGE_CHARS
@@ -222,11 +185,15 @@ class Retriever(abc.ABC):
 
     @abc.abstractmethod
     def search(self, queries: Sequence[str], topk: int = DEFAULT_TOPK) -> list[list[Hit]]:
-        """Top-`topk` hits for each query, best first."""
+        """One ranked list per query, best first, at most `topk` hits each (fewer when fewer documents
+        match). A `Hit` carries the document's whole text; cutting it for the agent (5,000
+        characters by default) is the search tool's job."""
 
     @abc.abstractmethod
     def access(self, doc_id: str, page: int = 0, page_chars: Optional[int] = None) -> Page:
-        """Page `page` (0-based) of document `doc_id`, pages of `page_chars` (default self.page_chars)."""
+        """Page `page` (0-based) of document `doc_id`, cut into pages of `page_chars` characters
+        (default self.page_chars, 25,000). A document has at least one page (an empty text is one
+        empty page)."""
 
     def check_health(self) -> Optional[dict]:
         """Raise `RetrieverUnavailableError` (naming where) if the retriever cannot serve now.
@@ -282,7 +249,17 @@ def s_stem(word: str) -> str:
 
 @dataclass(frozen=True)
 class Tokenizer:
-    """Text -> index terms: NFKC + case-fold, letter/digit runs, optional stop words and S stemmer."""
+    """Text -> index terms; stored with an index, so queries are tokenised like the documents.
+
+    1. NFKC-normalise and case-fold;
+    2. words = runs of Unicode letters and digits (``[^\\W_]+``), joined across inner apostrophes; a
+       final 's is dropped and other apostrophes removed ("world's" -> "world", "don't" -> "dont");
+    3. drop Lucene's 33 English stop words (``stopwords="none"`` keeps them);
+    4. Harman's S stemmer as Lucene's EnglishMinimalStemmer implements it, plural endings only:
+       -ies -> -y (not -eies, -aies), else a final -s is dropped unless the word ends in -us, -ss,
+       -ies, -aes, -ees or -oes ("ponies" -> "pony", "horses" -> "horse", "goes" stays); words of 3
+       characters or fewer are kept whole (``stemmer="none"`` skips this step).
+    """
     stemmer: str = "s"          # "s" (Harman S stemmer) or "none"
     stopwords: str = "lucene"   # "lucene" (33 English words) or "none"
 
@@ -458,7 +435,8 @@ BM25_FORMAT_VERSION = 1
 
 
 class BM25Retriever(_LocalRetriever):
-    """BM25 over a local corpus (bm25s, Lucene variant); build in memory, save, and reload.
+    """BM25 over a local corpus (bm25s, Lucene BM25, default k1=1.5, b=0.75; title and text indexed
+    together); build in memory, save, and reload.
 
     Scores are BM25 sums over the query's terms (a repeated query term counts again); documents
     sharing no term with the query are never returned, so a query may get fewer than topk hits.
@@ -508,7 +486,14 @@ class BM25Retriever(_LocalRetriever):
         return cls(bm25, store, tokenizer, page_chars=page_chars, source=source)
 
     def save(self, index_dir: PathLike) -> Path:
-        """Write the index and its documents to `index_dir` (created; an older index there is replaced)."""
+        """Write the index and its documents to `index_dir` (created; an older index there is replaced).
+
+        Layout: ``bm25s/`` (the bm25s arrays and vocabulary), ``documents.jsonl`` +
+        ``documents.offsets.npy`` (the documents in index order and their byte offsets, read through
+        a memory map on load), ``ids.json``, and ``mempo_index.json`` (format, tokenizer, BM25
+        parameters, document count, the corpus file's size, mtime and SHA-256 when built from a
+        file), written last: a directory without it is not an index.
+        """
         index_dir = Path(index_dir)
         index_dir.mkdir(parents=True, exist_ok=True)
         manifest_path = index_dir / INDEX_MANIFEST
@@ -665,7 +650,8 @@ def load_or_build_bm25(corpus: Optional[PathLike] = None, index_dir: Optional[Pa
 
 @register_retriever("dense")
 class DenseRetriever(_LocalRetriever):
-    """Exact inner-product search over L2-normalised embeddings (cosine similarity).
+    """Exact inner-product search over L2-normalised embeddings (cosine similarity) from any
+    ``encode(texts) -> array`` function; `from_sentence_transformer` needs ``pip install .[dense]``.
 
     `encode(texts) -> array (len(texts), dim)` embeds documents (``title + "\\n" + text``) and
     queries; `query_prefix` / `doc_prefix` are prepended for models trained with them (e5:

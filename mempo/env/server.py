@@ -1,50 +1,8 @@
-"""The retrieval server: any `Retriever` over HTTP, speaking Search-R1's `/retrieve` API.
-
-Endpoints (JSON in, JSON out; `create_app` builds the FastAPI app):
-
-``POST /retrieve`` (Search-R1 ``retrieval_server.py`` compatible)::
-
-    request:  {"queries": ["q1", "q2"], "topk": 5, "return_scores": true}
-              topk optional (null/absent -> the server's default_topk, 5), return_scores optional (false)
-    response: {"result": [[{"document": {"id": "d7", "title": "T", "contents": "T\\n<text>"},
-                            "score": 12.3}, ...],      # query 1, best first, at most topk hits
-                           [...]]}                     # query 2
-              with return_scores false each entry is the bare document {"id", "title", "contents"}.
-    "contents" is the title, a newline, then the document's text (Search-R1's wiki-18
-    convention, so Search-R1 clients that split the first line off as the title work unchanged);
-    "title" is an extra field for clients that want it without parsing.
-    Per document, the title and the text are each cut to their first `max_doc_chars` characters
-    (default 25,000: the search tool shows 5,000, an `/access` page holds 25,000; keep it at least
-    the search tool's ``doc_chars`` so its "truncated" flags stay right); `/access` reads the rest.
-
-``POST /access``::
-
-    request:  {"doc_id": "d7", "page": 0, "page_chars": 25000}   # page (0-based) and page_chars optional
-    response: {"doc_id": "d7", "title": "T", "page": 0, "num_pages": 3, "text": "<at most page_chars chars>"}
-
-``GET /health``: 200 ``{"status": "ok", "retriever": "bm25", "num_docs": N, "default_topk", "topk_max",
-"max_queries", "max_query_chars", "page_chars", "max_doc_chars", "max_response_chars"}``. The app exists only once the index is loaded, so
-a 200 here means ready; `serve` prints a readiness line as soon as the socket accepts requests.
-
-Errors are JSON ``{"detail": "<message>", "error": "<kind>"}``, never a 500 for a bad request:
-- 400 invalid_request: a body that cannot be decoded at all;
-- 422 invalid_request: bad JSON, not an object, missing field, wrong type (strict: "5" is not an
-  integer), unknown field, empty query list, blank query, over max_queries / max_query_chars,
-  topk < 1 or > topk_max, page < 0, page_chars < 1 or > max_page_chars;
-- 404 document_not_found (404 not_found for an unknown route), 416 page_out_of_range (the body also
-  carries "num_pages"), 413 request_too_large (body over max_body_bytes);
-- 413 response_too_large: the answer would carry more than `max_response_chars` characters of
-  document titles and texts (default 10,000,000; counted after the per-document cut, titles twice in
-  /retrieve as they are sent twice); the message says how many and suggests fewer queries, a
-  smaller topk, or a smaller page. Nothing is sent but the error, so one response stays bounded by
-  about max_response_chars characters whatever the corpus holds;
-- 503 retriever_unavailable: a backing retriever failed.
-Limits are set per app (`create_app` keywords, `mempo serve-retriever` flags: --max-doc-chars,
---max-response-chars, ...).
-
-Binding: 127.0.0.1 by default; `serve` warns on stderr when asked for a non-loopback address.
-Port 0 picks a free port (the readiness line and `RetrieverServer.url` say which).
-fastapi and uvicorn are imported inside the functions that need them.
+"""The retrieval server: any `Retriever` over HTTP, speaking Search-R1's `/retrieve` API
+(``POST /retrieve``, ``POST /access``, ``GET /health``; JSON in, JSON out; the shapes are stated at
+each endpoint in `create_app`). Binds 127.0.0.1 by default; port 0 picks a free port (the readiness
+line and `RetrieverServer.url` say which). fastapi and uvicorn are imported inside the functions
+that need them.
 """
 import ipaddress
 import json
@@ -152,7 +110,22 @@ def create_app(retriever: Retriever, *, default_topk: int = DEFAULT_TOPK, topk_m
                max_queries: int = DEFAULT_MAX_QUERIES, max_query_chars: int = MAX_QUERY_CHARS,
                max_page_chars: int = DEFAULT_MAX_PAGE_CHARS, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
                max_doc_chars: int = DEFAULT_MAX_DOC_CHARS, max_response_chars: int = DEFAULT_MAX_RESPONSE_CHARS):
-    """A FastAPI app serving `retriever` (endpoints, shapes, limits and errors: see the module docstring)."""
+    """A FastAPI app serving `retriever` (endpoints: see the comment above each route below).
+
+    Errors are JSON ``{"detail": "<message>", "error": "<kind>"}``, never a 500 for a bad request:
+    - 400 invalid_request: a body that cannot be decoded at all;
+    - 422 invalid_request: bad JSON, not an object, missing field, wrong type (strict: "5" is not an
+      integer), unknown field, empty query list, blank query, over max_queries / max_query_chars,
+      topk < 1 or > topk_max, page < 0, page_chars < 1 or > max_page_chars;
+    - 404 document_not_found (404 not_found for an unknown route), 416 page_out_of_range (the body
+      also carries "num_pages"), 413 request_too_large (body over max_body_bytes);
+    - 413 response_too_large: the answer would carry more than `max_response_chars` characters of
+      document titles and texts (counted after the per-document cut, titles twice in /retrieve as
+      they are sent twice); nothing is sent but the error, so a response stays bounded by about
+      max_response_chars characters whatever the corpus holds;
+    - 503 retriever_unavailable: a backing retriever failed.
+    The limits are these keywords (`mempo serve-retriever` flags: --max-doc-chars, ...).
+    """
     # reason: `import mempo.env` and `mempo --help` stay without fastapi, pydantic and starlette
     from fastapi import FastAPI, Request
     from fastapi.exceptions import RequestValidationError
@@ -228,6 +201,9 @@ def create_app(retriever: Retriever, *, default_topk: int = DEFAULT_TOPK, topk_m
             raise _ResponseTooLarge(f"the answer would hold {chars} characters of documents, over the limit of "
                                     f"{max_response_chars} (max_response_chars); {advice}")
 
+    # GET /health: 200 {"status": "ok", "retriever": "bm25", "num_docs": N, "default_topk", "topk_max",
+    # "max_queries", "max_query_chars", "page_chars", "max_doc_chars", "max_response_chars"}. The app
+    # exists only once the index is loaded, so a 200 here means ready.
     @app.get("/health")
     def health():
         return json_response({
@@ -237,6 +213,17 @@ def create_app(retriever: Retriever, *, default_topk: int = DEFAULT_TOPK, topk_m
             "max_doc_chars": max_doc_chars, "max_response_chars": max_response_chars,
         })
 
+    # POST /retrieve (Search-R1 ``retrieval_server.py`` compatible):
+    #   request:  {"queries": ["q1", "q2"], "topk": 5, "return_scores": true}
+    #             topk optional (null/absent -> default_topk), return_scores optional (false)
+    #   response: {"result": [[{"document": {"id": "d7", "title": "T", "contents": "T\n<text>"},
+    #                           "score": 12.3}, ...],      # query 1, best first, at most topk hits
+    #                          [...]]}                     # query 2
+    #             with return_scores false each entry is the bare document {"id", "title", "contents"}.
+    # "contents" is the title, a newline, then the text (Search-R1's wiki-18 convention, so clients
+    # that split the first line off as the title work unchanged). Title and text are each cut to
+    # max_doc_chars (default 25,000; keep it at least the search tool's ``doc_chars`` so its
+    # "truncated" flags stay right); /access reads the rest.
     @app.post("/retrieve")
     def retrieve(request: RetrieveRequest):
         queries = check_queries(request.queries, max_queries=max_queries, max_query_chars=max_query_chars)
@@ -255,6 +242,9 @@ def create_app(retriever: Retriever, *, default_topk: int = DEFAULT_TOPK, topk_m
         check_response_size(chars, "ask for fewer queries per request or a smaller topk")
         return json_response({"result": result})
 
+    # POST /access:
+    #   request:  {"doc_id": "d7", "page": 0, "page_chars": 25000}   # page (0-based), page_chars optional
+    #   response: {"doc_id": "d7", "title": "T", "page": 0, "num_pages": 3, "text": "<at most page_chars>"}
     @app.post("/access")
     def access(request: AccessRequest):
         page_chars = retriever.page_chars if request.page_chars is None else request.page_chars

@@ -3,31 +3,9 @@
 A tool is called with the raw text between the action tags (``<search> query </search>``,
 ``<access> doc-id [page] </access>``) and returns a `ToolResult`. It never raises into the agent
 loop: a bad call or a failing retriever gives ``ok=False`` and an ``<information>Error: ...
-</information>`` text telling the agent what was wrong (details in ``metadata["error"]``).
-
-search (`SearchTool(retriever, topk=5, doc_chars=5000)`): the argument, stripped, is the query
-(1 to `max_query_chars` = 2048 characters). The answer lists the top-k documents, each starting a line::
-
-    <information>Doc 1 (ID: d7, Title: Ada Lovelace) <first doc_chars characters of the text>
-    Doc 2 (ID: d9, Title: ...) ...</information>
-
-Each document's text is cut to its first `doc_chars` characters (title not counted); the ID is shown
-so the agent can `access` the whole document. No match gives "No results found for this query.".
-kind = "search_results"; metadata: query, topk, doc_ids, scores, truncated (one flag per hit).
-
-access (`AccessTool(retriever, page_chars=25000)`): the argument is ``<doc-id>`` or
-``<doc-id> <page>``: split on white space; the first word is the document id (ids never contain
-white space), the optional second word is the page, a non-negative decimal integer counted from 0
-(default 0); anything else is a malformed call. The answer::
-
-    <information>Document d7 (Title: Ada Lovelace), page 0 of pages 0-2
-    <page text, at most page_chars characters></information>
-
-kind = "webpage"; metadata: doc_id, title, page, num_pages.
-
-Registry: ``make_tool("search", retriever, topk=3)``, ``make_tools(retriever)`` (all registered
-tools by name); add one with the `register_tool(name)` decorator on a class taking the retriever
-first. Tools work unchanged with an in-process retriever and with `HTTPRetriever`.
+</information>`` text telling the agent what was wrong (details in ``metadata["error"]``). Tools
+work unchanged with an in-process retriever and with `HTTPRetriever`; build them by name with
+`make_tool` / `make_tools` (add one with `register_tool`).
 """
 import logging
 from dataclasses import dataclass, field
@@ -109,7 +87,18 @@ def available_tools() -> list[str]:
 
 @register_tool("search")
 class SearchTool:
-    """Top-k search over the retriever, each document cut to its first `doc_chars` characters."""
+    """Top-k search over the retriever, each document cut to its first `doc_chars` characters.
+
+    The argument, stripped, is the query (1 to `max_query_chars` = 2048 characters). The answer
+    lists the top-k documents, each starting a line::
+
+        <information>Doc 1 (ID: d7, Title: Ada Lovelace) <first doc_chars characters of the text>
+        Doc 2 (ID: d9, Title: ...) ...</information>
+
+    The title is not counted in `doc_chars`; the ID lets the agent `access` the whole document. No
+    match gives "No results found for this query.". kind = "search_results"; metadata: query, topk,
+    doc_ids, scores, truncated (one flag per hit).
+    """
 
     name = "search"
     kind = SEARCH_KIND
@@ -165,7 +154,15 @@ def parse_access_argument(argument: str) -> tuple[str, int]:
 
 @register_tool("access")
 class AccessTool:
-    """One page of a document (pages of `page_chars` characters, counted from 0)."""
+    """One page of a document (pages of `page_chars` characters, counted from 0).
+
+    The argument is ``<doc-id>`` or ``<doc-id> <page>`` (`parse_access_argument`). The answer::
+
+        <information>Document d7 (Title: Ada Lovelace), page 0 of pages 0-2
+        <page text, at most page_chars characters></information>
+
+    kind = "webpage"; metadata: doc_id, title, page, num_pages.
+    """
 
     name = "access"
     kind = WEBPAGE_KIND
