@@ -1,40 +1,12 @@
 """The MemPO turn protocol on text: parse rounds, validate the format, extract the final answer.
 
-Conventions
------------
-* One assistant round is ``<mem>...</mem><think>...</think>`` followed by exactly one action:
-  ``<search>query</search>``, ``<access>url-or-doc-id [page]</access>`` or ``<answer>...</answer>``.
-  The environment answers ``<search>``/``<access>`` with ``<information>...</information>``
-  (tool text, not model text). A *response* is the concatenation of the rounds and information
-  blocks, without the prompt.
-* Tag names and the set of actions come from :mod:`mempo.protocol.tags` (``TAGS``, ``ACTION_TAGS``).
-* Blocks and rounds follow the grammar stated in :mod:`mempo.ops.spans` (the C++ token scanner),
-  applied to characters instead of bytes; the markers are ASCII, so for the same text both find
-  the same blocks with the same round numbers:
-
-  - markers are the exact strings ``<name>`` / ``</name>`` (case-sensitive, no attributes);
-  - at most one block is open; an opening marker while a block is open ends that block
-    *unclosed* and opens the new one; inside ``<information>`` only ``</information>`` is a marker
-    (tool output is opaque); a closing marker for another tag, or with no open block, is stray and
-    ignored; a block still open at the end of the text is unclosed;
-  - a round is finished once an action block opened in it; the next opening marker of
-    ``mem``/``think``/``search``/``access``/``answer`` starts the next round; an ``<information>``
-    block belongs to the round whose action it answers.
-
-* Round indices are 0-based in data (``Round.index``); prose says "round 1" for index 0.
-* ``Round.text`` runs from the round's first marker (the response start for the first round) to the
-  start of the next round, so the round texts concatenate back to the response.
-* Block contents in :class:`Round` fields are stripped of surrounding white space; ``None`` means
-  the round has no such block, ``""`` an empty one. When a round holds several blocks of one tag
-  (a malformed round), the fields show the first; :func:`validate_format` reports the defect.
-* :func:`validate_format` checks the named rules of :data:`FORMAT_RULES`. Nesting, closing and
-  outside-text checks use a stack parse of the markers (so ``<mem><think>x</think></mem>`` is one
-  *nested* defect, not an unclosed block plus a stray marker); the per-round rules use the rounds
-  above, with one merge: a round that starts directly with an action while the previous round got
-  no ``<information>`` is the same model turn (two actions in one turn), so it is checked as part
-  of the previous round.
-* Every function here runs in time linear in the text's length, whatever the markers (a degenerate
-  policy output of a megabyte of repeated tags included; tests/protocol/test_grammar.py bounds the work).
+One assistant round is ``<mem>...</mem><think>...</think>`` followed by exactly one action:
+``<search>query</search>``, ``<access>url-or-doc-id [page]</access>`` or ``<answer>...</answer>``;
+the environment answers ``<search>``/``<access>`` with ``<information>...</information>`` (tool
+text). A *response* is the rounds and information blocks, without the prompt. Offsets are
+character offsets; round indices are 0-based in data (prose says "round 1" for index 0). Every
+function runs in time linear in the text's length, whatever the markers
+(tests/protocol/test_grammar.py bounds the work).
 """
 from __future__ import annotations
 
@@ -104,9 +76,13 @@ class Block:
 
 @dataclass(frozen=True)
 class Round:
-    """One round of a response (see the module conventions for the field semantics).
+    """One round of a response.
 
-    ``action`` is the action's tag name (``"search"``, ``"access"`` or ``"answer"``) and
+    ``index`` is 0-based. ``text`` runs from the round's first marker (the response start for the
+    first round) to the start of the next round, so the round texts concatenate back to the
+    response. Block contents are stripped of surrounding white space; ``None`` means the round has
+    no such block, ``""`` an empty one; with several blocks of one tag (a malformed round) the
+    fields show the first and `validate_format` reports the defect. ``action`` is the action's tag name (``"search"``, ``"access"`` or ``"answer"``) and
     ``argument`` its stripped content. For an ``access`` action, ``doc_id`` and ``page`` come from
     :func:`parse_access_argument`; both are ``None`` for the other actions. ``information`` is the
     stripped content of the ``<information>`` block answering this round's action.
@@ -144,7 +120,20 @@ class FormatReport(NamedTuple):
 
 
 def _scan(text: str) -> tuple[list[Block], list[int]]:
-    """Blocks of ``text`` under the span grammar, and the start offset of every round."""
+    """Blocks of ``text`` under the span grammar, and the start offset of every round.
+
+    The grammar of `mempo.ops.spans.find_spans` (the C++ token scanner), applied to characters
+    instead of bytes; the markers are ASCII, so for the same text both find the same blocks with
+    the same round numbers:
+    - markers are the exact strings ``<name>`` / ``</name>`` (case-sensitive, no attributes);
+    - at most one block is open; an opening marker while a block is open ends that block
+      *unclosed* and opens the new one; inside ``<information>`` only ``</information>`` is a marker
+      (tool output is opaque); a closing marker for another tag, or with no open block, is stray and
+      ignored; a block still open at the end of the text is unclosed;
+    - a round is finished once an action block opened in it; the next opening marker of
+      ``mem``/``think``/``search``/``access``/``answer`` starts the next round; an ``<information>``
+      block belongs to the round whose action it answers.
+    """
     blocks: list[Block] = []
     round_starts = [0]
     open_tag: Optional[str] = None
@@ -186,7 +175,7 @@ def _scan(text: str) -> tuple[list[Block], list[int]]:
 
 
 def find_blocks(text: str) -> list[Block]:
-    """All blocks of ``text``, in order of start, under the grammar of :mod:`mempo.ops.spans`."""
+    """All blocks of ``text``, in order of start, under the span grammar (`_scan`)."""
     return _scan(text)[0]
 
 
@@ -244,7 +233,7 @@ def _round_from_blocks(text: str, index: int, start: int, end: int,
 def split_rounds(response_text: str) -> list[Round]:
     """The rounds of a response, in order, each with the ``<information>`` block that answers it.
 
-    Round boundaries follow the span grammar (module conventions), so ``Round.index`` equals the
+    Round boundaries follow the span grammar (`_scan`), so ``Round.index`` equals the
     ``round`` the token scanner gives the same blocks. A response that is empty or only white space
     has no rounds; text with no markers is one round whose fields are all ``None``.
     """
@@ -384,10 +373,16 @@ def validate_format(response_text: str, *, allow_text_outside_tags: bool = False
     """Check a response against the protocol rules of :data:`FORMAT_RULES`.
 
     ``allow_text_outside_tags=True`` skips ``no_text_outside_tags``; ``require_answer=False``
-    skips ``ends_with_answer`` (for trajectories cut at the turn limit). "Round k" in the messages
-    is 1-based and counts model turns (see the module conventions on merged rounds). Every other
-    rule is always checked; the report lists each failing rule once, in :data:`FORMAT_RULES`
-    order, with a message on its first offence.
+    skips ``ends_with_answer`` (for trajectories cut at the turn limit). Every other rule is always
+    checked; the report lists each failing rule once, in :data:`FORMAT_RULES` order, with a message
+    on its first offence.
+
+    Nesting, closing and outside-text checks use a stack parse of the markers (`_structure`: so
+    ``<mem><think>x</think></mem>`` is one *nested* defect, not an unclosed block plus a stray
+    marker); the per-round rules use `split_rounds`, with one merge (`_turns`): a round that starts
+    directly with an action while the previous round got no ``<information>`` is the same model
+    turn (two actions in one turn), checked as part of the previous round. "Round k" in the
+    messages is 1-based and counts model turns.
     """
     problems: dict[str, list[str]] = {name: [] for name in FORMAT_RULES}
     structure = _structure(response_text)

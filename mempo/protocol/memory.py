@@ -1,43 +1,11 @@
 """The agent's record list and the two context policies that turn it into chat messages.
 
-Conventions
------------
-* An :class:`AgentMemory` is an append-only list of :class:`Record` s. Record 0 is the question
-  (type ``"prompt"``); then come the assistant turns (``"llm_gen"``) and the tool results
-  (``"search_results"`` from ``<search>``, ``"webpage"`` from ``<access>``) in the order they
-  happened. Tool-result texts are stored exactly as given (normally wrapped in
-  ``<information>...</information>``); the assistant text of a turn is stored with exactly one
-  leading ``<mem>`` (see :meth:`AgentMemory.add_llm_gen`).
-* Every record has a ``short_text``: the text itself for the question and assistant turns, and
-  for tool results what the :class:`ShortTextPolicy` makes of it (default: search results whole,
-  web pages cut to their first 100 characters).
-* Messages are ``{"role", "content"}`` dicts: the system prompt (``"system"``), the question and
-  every tool result (``"user"``, as in the reference), assistant turns (``"assistant"``). The
-  caller adds the generation prefix (``<mem>``) after the last message when it generates.
-* ``policy="full"`` (training rollouts in the reference): system, question, then every record in
-  order, tool results as their full text.
-* ``policy="memory"`` (``AgentMemory.prepare_prompt`` of the reference, used for evaluation):
-  system and question (never dropped), then the records after the cut point, tool results as
-  their ``short_text``. The cut point is found as the reference does: scan the records from the
-  newest backwards, skipping assistant turns and counting tool results; stop at the second tool
-  result, or at the question. The records after the stop are kept. Consequences:
-
-  - fresh memory: system + question;
-  - usual case, last record a tool result: the last assistant turn whole + that tool result's
-    short text;
-  - last record an assistant turn with no tool result after it (before any tool result, or after
-    an ``<answer>``): every record since the last-but-one tool result, i.e. the previous assistant
-    turn, the last tool result (short) and the last assistant turn;
-  - two tool results in a row: only the newest one is kept.
-
-Departures from the reference, on purpose (ALGORITHM.md section 2):
-
-* no nested ``<mem>``: the reference prepends ``"<mem>"`` to assistant texts that already start
-  with ``<mem>``; here the stored text carries its leading ``<mem>`` exactly once and is used as is;
-* the cut is visible: when the policy shortens a tool result it appends a notice saying how much
-  is shown (``ShortTextPolicy.cut_notice``; ``None`` gives the reference's silent cut). A text
-  wrapped in ``<information>...</information>`` is cut inside the wrapper and re-wrapped (as
-  ASearcher does for web pages), so a short text never leaves an ``<information>`` block open.
+An `AgentMemory` is an append-only list of `Record` s: record 0 is the question (``"prompt"``),
+then the assistant turns (``"llm_gen"``) and the tool results (``"search_results"`` from
+``<search>``, ``"webpage"`` from ``<access>``) in the order they happened. Every record has a
+``short_text`` (tool results: what `ShortTextPolicy` makes of them). Messages are
+``{"role", "content"}`` dicts (`AgentMemory.messages`). Departures from the reference are on
+purpose (ALGORITHM.md section 2) and noted where they are made.
 """
 from __future__ import annotations
 
@@ -91,7 +59,9 @@ class ShortTextPolicy:
     (white space around it allowed) the cut applies to the content inside, which is then wrapped
     again. A text no longer than the limit is kept whole. ``cut_notice`` is appended to the kept
     content when something was cut; its ``{shown}`` and ``{total}`` fields are the kept and total
-    content lengths in characters; ``None`` appends nothing (the reference's silent cut).
+    content lengths in characters; ``None`` appends nothing (the reference's silent cut; the
+    visible cut and the re-wrapping, as ASearcher does for web pages, are departures on purpose:
+    a short text never leaves an ``<information>`` block open).
     ``newest_tool_result``: under the memory policy, the newest tool result is shown as its
     short text (``"short"``, the reference as ALGORITHM.md §2 and the seed notes describe it) or
     whole (``"full"``, as ASearcher's public agent shows a fresh result once; with "short" a page
@@ -137,7 +107,7 @@ class ShortTextPolicy:
 
 
 class AgentMemory:
-    """The records of one agent episode and the prompts built from them (module conventions).
+    """The records of one agent episode and the prompts built from them (`messages`).
 
     Args:
         question: the user question (record 0; always shown).
@@ -177,7 +147,8 @@ class AgentMemory:
         ``text`` (after any leading white space) already starts with it — the generator returned
         the whole turn — it is stored as is; otherwise ``text`` is the continuation after the
         prefix and ``forced_prefix + text`` is stored. ``forced_prefix=None`` or ``""``: stored as
-        is.
+        is. (The reference prepends ``"<mem>"`` to texts that already start with it: no nested
+        ``<mem>`` here, on purpose.)
         """
         if forced_prefix and not text.lstrip().startswith(forced_prefix):
             text = forced_prefix + text
@@ -201,7 +172,12 @@ class AgentMemory:
         return record
 
     def _memory_window_start(self) -> int:
-        """Index of the first record kept by the memory policy (the reference's backward scan)."""
+        """Index of the first record kept by the memory policy (the reference's backward scan):
+        from the newest record backwards, skip assistant turns and count tool results; stop at the
+        second tool result, or at the question; the records after the stop are kept. So: fresh
+        memory -> nothing; last record a tool result -> the last assistant turn + that result; last
+        record an assistant turn with no tool result after it -> the previous assistant turn, the
+        last tool result and the last assistant turn; two tool results in a row -> the newest one."""
         tool_results = 0
         index = len(self._records) - 1
         while index >= 0:
@@ -216,7 +192,15 @@ class AgentMemory:
         return index + 1
 
     def messages(self, policy: str = "memory") -> list[dict[str, str]]:
-        """The chat messages of the next prompt under ``policy`` (``"memory"`` or ``"full"``)."""
+        """The chat messages of the next prompt under ``policy`` (``"memory"`` or ``"full"``).
+
+        Roles: the system prompt ``"system"``, the question and every tool result ``"user"`` (as in
+        the reference), assistant turns ``"assistant"``; the caller adds the generation prefix
+        (``<mem>``) when it generates. ``"full"`` (training rollouts in the reference): system,
+        question, then every record in order, tool results whole. ``"memory"`` (the reference's
+        ``AgentMemory.prepare_prompt``, used for evaluation): system and question (never dropped),
+        then the records from `_memory_window_start`, tool results as their ``short_text``.
+        """
         if policy not in CONTEXT_POLICIES:
             raise ValueError(f"policy must be one of {CONTEXT_POLICIES}, got {policy!r}")
         messages = [{"role": "system", "content": self.system_prompt},

@@ -1,33 +1,10 @@
 """Outcome scoring of MemPO trajectories: normalisation, EM, token F1, multi-objective episodes.
 
-Conventions
------------
-* Normalisation is SQuAD's (as verl's ``search_r1_like_qa_em.normalize_answer``): lower-case,
-  drop every ``string.punctuation`` character, replace the articles ``a``/``an``/``the`` (whole
-  words) by a space, collapse white space. Comparisons are on normalised strings; F1 is on their
-  white-space tokens.
-* Gold answers are *aliases*: a prediction is right when it matches any alias (EM) and its F1 is
-  the best over the aliases. A bare string is one alias. A number (int, float, numpy scalar; not
-  bool) is an alias too, compared as its string form (``5`` and ``5.0`` -> ``"5"``, ``2.5`` -> ``"2.5"``), so
-  numeric golds read from JSON work; any other non-string, non-sequence gold (None, a bool, a dict)
-  is a ``ValueError`` naming it.
-* Empty cases (F1 and EM agree): a prediction of ``None`` (no answer) scores EM False, F1 0. When
-  the prediction and an alias both normalise to no tokens (``"The"`` vs ``"a"``) EM is True and F1
-  is 1; when only one of them is empty F1 is 0. An empty alias list scores EM False, F1 0, and so
-  :func:`compute_score` with no gold at all (``golds=[]``) scores 0 (one objective with no aliases).
-  This is plain SQuAD token F1, without HotpotQA's special case for yes/no answers.
-* Multi-objective episodes (the MEM1 protocol): an episode asks k sub-questions and the agent
-  answers all of them in one ``<answer>``, separated by ``";"``. :func:`split_answer` gives the
-  sub-answers by position; sub-answer i is scored against the aliases of objective i; a missing
-  (or empty) sub-answer scores 0 for its objective; sub-answers beyond the k-th are ignored (as
-  MEM1 does). With one objective the answer is never split (``"Paris; France"`` stays whole).
-* The episode score is, over the per-objective EM values: their mean (``mode="mean"``, default,
-  in [0, 1]), 1 only when all are right (``mode="all"``), or their sum (``mode="sum"``, MEM1's
-  reward, in [0, k]). With one objective the three modes agree.
-* :func:`compute_score` gates the score on the format: a response that fails
-  :func:`mempo.protocol.grammar.validate_format` scores 0. Its ``em``/``f1``/``per_objective`` values are
-  computed from the extracted answer whatever the format (diagnostics only; they are not gated).
-  The answer is :func:`mempo.protocol.grammar.extract_solution` of the response text (never the prompt).
+Comparisons are on SQuAD-normalised strings (`normalize_answer`); F1 is plain SQuAD token F1 on
+their white-space tokens (no HotpotQA yes/no special case). Gold answers are *aliases*: a
+prediction is right when it matches any alias (EM), and its F1 is the best over the aliases.
+Scores are Python floats: EM and F1 in [0, 1], an episode score in [0, 1] (``"mean"``, ``"all"``)
+or [0, k] (``"sum"``).
 """
 from __future__ import annotations
 
@@ -59,7 +36,9 @@ Aliases = Union[str, Iterable[str]]
 
 
 def normalize_answer(s: str) -> str:
-    """SQuAD normalisation: lower-case, drop punctuation, drop articles, collapse white space."""
+    """SQuAD normalisation (as verl's ``search_r1_like_qa_em.normalize_answer``): lower-case, drop
+    every ``string.punctuation`` character, replace the articles a/an/the (whole words) by a space,
+    collapse white space."""
     lowered = s.lower()
     no_punctuation = "".join(ch for ch in lowered if ch not in _PUNCTUATION)
     no_articles = _ARTICLES_RE.sub(" ", no_punctuation)
@@ -104,7 +83,9 @@ def em_check(prediction: Optional[str], golds: Aliases) -> bool:
     """True when the normalised prediction equals the normalised form of any alias in ``golds``.
 
     ``golds`` is one alias string or an iterable of aliases (a string is never split into
-    characters). ``None`` (no answer) is never right.
+    characters). A number (int, float, numpy scalar; not bool) is an alias compared as its string
+    form (``5`` and ``5.0`` -> ``"5"``, ``2.5`` -> ``"2.5"``); any other non-string, non-sequence
+    gold (None, a bool, a dict) is a ValueError naming it. ``None`` (no answer) is never right.
     """
     if prediction is None:
         return False
@@ -128,7 +109,7 @@ def f1_score(prediction: Optional[str], golds: Aliases) -> float:
     """Token F1 of the normalised prediction, the best over the aliases in ``golds``.
 
     Empty cases: ``None`` gives 0; a prediction and an alias that both normalise to nothing give 1;
-    one of them empty gives 0; no aliases give 0 (see the module conventions).
+    one of them empty gives 0; no aliases give 0 (EM agrees in each case).
     """
     if prediction is None:
         return 0.0
@@ -143,7 +124,8 @@ def split_answer(text: Optional[str], num_objectives: int) -> list[Optional[str]
     With one objective the stripped text is the answer (no split). With k > 1 the text is split
     on ``";"`` and each part stripped; part i answers objective i, an empty part or a part beyond
     the text's end is missing (``None``), parts after the k-th are ignored. ``text=None`` (no
-    answer at all) gives k missing sub-answers.
+    answer at all) gives k missing sub-answers. (The MEM1 protocol: k sub-questions answered in one
+    ``<answer>``; sub-answers beyond the k-th are ignored as MEM1 does.)
     """
     if num_objectives < 1:
         raise ValueError(f"num_objectives must be >= 1, got {num_objectives}")
@@ -190,13 +172,21 @@ def _aggregate(values: Sequence[float], mode: str) -> float:
 
 def compute_score(response_text: str, golds: Any, *, mode: str = "mean",
                   format_kwargs: Optional[Mapping[str, Any]] = None) -> dict[str, Any]:
-    """Score one response against its gold answers (see the module conventions).
+    """Score one response against its gold answers.
+
+    The answer is `mempo.protocol.grammar.extract_solution` of the response (never the prompt),
+    split by `split_answer`; sub-answer i is scored against the aliases of objective i (a missing
+    sub-answer scores 0). The score is gated on the format: a response that fails
+    `mempo.protocol.grammar.validate_format` scores 0; ``em`` / ``f1`` / ``per_objective`` are
+    computed whatever the format (diagnostics only).
 
     Args:
         response_text: the response only (rounds and information blocks), never the prompt.
         golds: aliases of one objective, or per-objective alias lists
             (:func:`objectives_from_golds`); no gold at all (an empty sequence) scores 0.
-        mode: ``"mean"`` (default), ``"all"`` or ``"sum"``: how per-objective EM becomes the score.
+        mode: how per-objective EM becomes the score: ``"mean"`` (default, in [0, 1]), ``"all"``
+            (1 only when all are right) or ``"sum"`` (MEM1's reward, in [0, k]); with one
+            objective the three agree.
         format_kwargs: keyword arguments for :func:`mempo.protocol.grammar.validate_format`.
 
     Returns a dict:
