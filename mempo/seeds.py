@@ -1,17 +1,7 @@
 """Every derived seed, by name: how one seed of the configuration becomes the seed of a step, a
-generation call or a set of questions.
-
-Conventions
------------
-* Rollout seeds stay below ``SEED_MODULUS`` (2**31 - 1, a prime), so every backend takes them.
-* Training rollouts: step s (1-based) runs its engine with ``training_rollout_seed(rollout.seed, s)``;
-  the samples of a step depend only on (weights, episodes, rollout.seed, s), so a resumed run
-  re-samples exactly.
-* Generation calls: an engine with seed e seeds its c-th ``run`` call's k-th generation step with
-  ``generation_seed(e, c, k)`` (`mempo.rollout.loop.RolloutEngine`).
-* Questions: evaluation episodes of k objectives are drawn with ``eval_question_seed(data.seed, k)``,
-  the demo's (and ``sft.objectives``') cold-start episodes with ``sft_question_seed(data.seed, k)``,
-  training episodes with ``data.seed`` itself; the offsets keep the three draws apart.
+generation call or a set of questions. Rollout seeds stay below ``SEED_MODULUS`` (2**31 - 1, a
+prime), so every backend takes them; the question-seed offsets keep the evaluation, cold-start and
+training (``data.seed`` itself) draws apart.
 """
 from __future__ import annotations
 
@@ -31,12 +21,15 @@ SFT_SEED_OFFSET = 20_000
 
 
 def training_rollout_seed(rollout_seed: int, step: int) -> int:
-    """The engine seed of training step `step`: ``(rollout_seed * STEP_SEED_STRIDE + step) % SEED_MODULUS``."""
+    """The engine seed of training step `step` (1-based):
+    ``(rollout_seed * STEP_SEED_STRIDE + step) % SEED_MODULUS``. The samples of a step depend only on
+    (weights, episodes, rollout.seed, step), so a resumed run re-samples exactly."""
     return (int(rollout_seed) * STEP_SEED_STRIDE + int(step)) % SEED_MODULUS
 
 
 def generation_seed(engine_seed: int, call: int, step: int) -> int:
-    """The sampling seed of generation step `step` of an engine's `call`-th run:
+    """The sampling seed of generation step `step` of an engine's `call`-th run
+    (`mempo.rollout.loop.RolloutEngine`):
     ``(engine_seed * STEP_SEED_STRIDE + call * CALL_SEED_STRIDE + step) % SEED_MODULUS``."""
     return (int(engine_seed) * STEP_SEED_STRIDE + int(call) * CALL_SEED_STRIDE + int(step)) % SEED_MODULUS
 
@@ -47,5 +40,6 @@ def eval_question_seed(data_seed: int, objectives: int) -> int:
 
 
 def sft_question_seed(data_seed: int, objectives: int) -> int:
-    """The question seed of the cold-start (SFT) episodes of `objectives` objectives."""
+    """The question seed of the cold-start (SFT) episodes of `objectives` objectives (the demo's and
+    ``sft.objectives``')."""
     return int(data_seed) + SFT_SEED_OFFSET + int(objectives)

@@ -1,18 +1,12 @@
 """The `mempo` command line: ``mempo <command> [options]`` (also ``python -m mempo`` and
-``python -m mempo.apps.cli``).
-
-Commands (`COMMANDS`, one row per command; each command module declares its arguments and runs it):
-  serve-retriever   a BM25 index over a jsonl corpus on the Search-R1 HTTP API (`mempo.apps.serve_retriever_command`)
-  sft, train        SFT cold start and MemPO RL (`mempo.apps.train_commands`)
-  eval              k-objective evaluation of a saved model (`mempo.apps.eval_command`)
-  demo              the CPU demo (`mempo.apps.demo_command`, running `mempo.apps.demo`)
+``python -m mempo.apps.cli``); the commands are the rows of `COMMANDS`.
 
 Adding a command is one module with ``add_arguments(parser)`` and ``run(args) -> exit code`` and one
-row here. The command modules import their libraries inside ``run``, so ``mempo --help`` stays fast.
+row in `COMMANDS`. The command modules import their libraries inside ``run``, so ``mempo --help``
+stays fast.
 
 Exit codes: 0 success, 1 runtime failure (e.g. the port is taken), 2 usage or input error (argparse
-errors, and every `mempo.errors.MempoError` a command raises: a bad config value or flag, a missing
-or malformed file, a damaged checkpoint, an unreachable retriever; `main` prints it as one line
+errors, and every `mempo.errors.MempoError` a command raises; `main` prints it as one line
 ``mempo <command>: <message>``, never a traceback; no command prints its own), 130 interrupted.
 """
 import argparse

@@ -4,10 +4,8 @@
     mempo serve-retriever [--corpus CORPUS.jsonl] [--index-dir DIR] [--rebuild] [--host H] [--port P] ...
 
 The index is loaded from ``--index-dir`` when it holds one built from the same corpus file, else
-built (and saved there). Once serving, one readiness line goes to stdout:
-``mempo-retriever ready url=... retriever=bm25 docs=N startup_s=...``. A bad flag, a missing or
-malformed corpus or a damaged index is a `mempo.errors.MempoError` (one line, exit 2, printed by
-`mempo.apps.cli.main`); an address that cannot be bound is exit 1.
+built (and saved there). A bad flag, a missing or malformed corpus or a damaged index is a
+`mempo.errors.MempoError` (one line, exit 2, printed by `mempo.apps.cli.main`).
 """
 from __future__ import annotations
 
@@ -73,7 +71,9 @@ def _check_flags(args: argparse.Namespace) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Open (or build) the index and serve it until interrupted (module docstring)."""
+    """Open (or build) the index and serve it until interrupted; exit 1 when the address cannot be
+    bound. Prints one readiness line to stdout once serving:
+    ``mempo-retriever ready url=... retriever=bm25 docs=N startup_s=...``."""
     _check_flags(args)
     started = time.perf_counter()
     try:

@@ -4,30 +4,9 @@
                 [--lr LR] [--batch-tokens N] [--resume] [key=value ...]
     mempo train --config CFG [--out DIR] [--resume] [--threads N] [key=value ...]
 
-Settings come from the config file and the dotted overrides (``actor.lr=1e-5``,
-``sft.schedule=cosine``). The flags are shorthands applied after them: ``--out`` sets
-``trainer.out_dir``; ``--resume`` turns ``trainer.resume`` "never" into "auto" (continue from the
-newest intact checkpoint in the run directory, ``<out>/sft/checkpoints`` for sft; a new run when
-there is none; a checkpoint path named in the config stays); `sft`'s ``--trajectories``,
-``--episodes``, ``--steps``, ``--epochs``, ``--lr`` and ``--batch-tokens`` set the ``sft`` section's
-fields of those names (`mempo.config.SFTConfig`). Without ``--resume`` the config's
-``trainer.resume`` applies, "never" by default: a run directory that already holds checkpoints is
-then refused (`mempo.train.trainer.refuse_used_run_dir`).
-
-Every user-fixable error (a bad config value or file, a bad option, a used run directory, a damaged
-checkpoint, a missing model or corpus, a chat template that drops text, SGLang not installed) is a
+Settings come from the config file and the dotted overrides (``actor.lr=1e-5``); the flags are
+shorthands applied after them (`_run_config`). Every user-fixable error is a
 `mempo.errors.MempoError`: `mempo.apps.cli.main` prints it as one line and exits with code 2.
-
-`sft` trains on ``sft.trajectories``, else on what the oracle makes (`mempo.config.SFTConfig`:
-the first ``sft.episodes`` training episodes, or ``sft.episodes`` per ``sft.objectives``); its
-checkpoints (`mempo.train.sft.run_sft`) go to ``<out>/sft/checkpoints`` every
-``trainer.save_every`` SFT steps and at the end (``trainer.keep_last`` kept), its metrics to
-``<out>/sft/metrics.jsonl``, the tuned model and tokenizer to ``<out>/model``, a plain HF directory
-(`mempo.model.export`; ``mempo_provenance.json`` records what wrote it, and nothing reads it back),
-usable as ``model.path``. ``sft.steps`` / ``sft.epochs`` bound the whole SFT run, so a resumed run
-stops where an uninterrupted one would. ``train`` writes the final policy the same way to
-``<out>/model``, whole also under torchrun (`export_model` gathers the FSDP2 shards). The final model
-directories are written atomically (`mempo.utils.atomic.atomic_directory`).
 """
 from __future__ import annotations
 
@@ -67,8 +46,15 @@ def _threads(args: argparse.Namespace) -> None:
 
 
 def _run_config(args: argparse.Namespace, sft_flags: Optional[Mapping[str, str]] = None) -> MempoConfig:
-    """The config of a `train` / `sft` run: the file and the overrides, then the shorthand flags
-    (module docstring)."""
+    """The config of a `train` / `sft` run: the file and the overrides, then the shorthand flags.
+
+    ``--out`` sets ``trainer.out_dir``; ``--resume`` turns ``trainer.resume`` "never" into "auto"
+    (continue from the newest intact checkpoint in the run directory; a new run when there is none;
+    a checkpoint path named in the config stays); `sft`'s ``--trajectories``, ``--episodes``,
+    ``--steps``, ``--epochs``, ``--lr`` and ``--batch-tokens`` set the ``sft`` fields of those names.
+    Without ``--resume`` the config's ``trainer.resume`` applies, "never" by default: a run
+    directory that already holds checkpoints is then refused.
+    """
     _threads(args)
     cfg = load_config(args.config, list(args.overrides))
     raw = config_to_dict(cfg)
@@ -91,6 +77,8 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_train(args: argparse.Namespace) -> int:
+    """`mempo train`: writes the final policy to ``<out>/model``, a plain HF directory (whole also
+    under torchrun: `export_model` gathers the FSDP2 shards; written atomically)."""
     cfg = _run_config(args)
     # reason: the parser module stays light (`mempo --help` imports no torch)
     from mempo.model.export import export_model
@@ -152,6 +140,14 @@ def _oracle_records(cfg: MempoConfig, run: Any) -> tuple[list, str]:
 
 
 def run_sft(args: argparse.Namespace) -> int:
+    """`mempo sft`: trains on ``sft.trajectories``, else on what the oracle makes (`_oracle_records`).
+
+    Checkpoints go to ``<out>/sft/checkpoints`` every ``trainer.save_every`` SFT steps and at the
+    end (``trainer.keep_last`` kept), metrics to ``<out>/sft/metrics.jsonl``, the tuned model and
+    tokenizer to ``<out>/model`` (a plain HF directory, usable as ``model.path``, written
+    atomically). ``sft.steps`` / ``sft.epochs`` bound the whole run, so a resumed run stops where an
+    uninterrupted one would.
+    """
     cfg = _run_config(args, SFT_FLAGS)
     # reason: the parser module stays light (`mempo --help` imports no torch)
     from mempo.model.export import save_model_dir

@@ -1,29 +1,5 @@
-"""Durable, atomic file-system writes, and the test-only fault-injection hook.
-
-* `write_bytes_durably(path, write)`: open `path` for writing, let `write(handle)` fill it, flush and
-  fsync. `replace_file_atomically(path, data)`: write a temporary file next to `path`, fsync it,
-  `os.replace` it over `path` and fsync the folder: readers see the old bytes or the new, never a
-  torn file. `fsync_dir(path)`.
-* `atomic_directory(path)`: a context manager yielding a fresh temporary directory next to `path`
-  (``.tmp-<name>-<pid>``); when the block ends without an error, every file in it is fsynced and the
-  directory is renamed to `path`. A `path` that already exists is first renamed aside
-  (``.tmp-old-<name>-<pid>``) and removed after the rename; a crash between those two renames
-  leaves `path` absent (never a torn directory), which every writer here treats as "not written
-  yet". On an error the temporary directory is removed; one left by a crash (``.tmp-*``, which
-  nothing reads) is removed by the next write of the same target, as are stale temporary files of
-  `replace_file_atomically`.
-* `fault_point(phase, handle=None)`: the fault-injection hook, used only by the tests (the
-  environment variable is unset in any real run, and the hook then costs one dictionary lookup).
-  ``MEMPO_FAULT_INJECT=<phase>[@<n>]`` makes the n-th time (default the first) this process reaches
-  `phase` kill the process with SIGKILL, as ``kill -9`` would. With `handle` (a file being written)
-  the file is first flushed and cut to half its size, a torn write. Phases: ``tokenizer`` (the
-  trainer's ``<out>/tokenizer``), ``config`` (``<out>/config.yaml``), ``final-model``
-  (``<out>/model`` of `mempo train`), and in `mempo.train.checkpoint`: ``model``, ``optimizer``,
-  ``rng``, ``state`` (the files, torn), ``manifest`` (the COMPLETE manifest, torn), ``rename``
-  (before the checkpoint directory is renamed into place), ``latest`` (the pointer's temporary
-  file, torn).
-
-This module imports only the standard library.
+"""Durable, atomic file-system writes (readers see the old content or the new, never a torn file),
+and the test-only fault-injection hook `fault_point`. Imports only the standard library.
 """
 from __future__ import annotations
 
@@ -45,7 +21,17 @@ _reached: dict[str, int] = {}
 
 
 def fault_point(phase: str, handle=None) -> None:
-    """Kill this process here when ``MEMPO_FAULT_INJECT`` names `phase` (module docstring)."""
+    """Kill this process here when ``MEMPO_FAULT_INJECT`` names `phase` (tests only: the variable is
+    unset in any real run, and the hook then costs one dictionary lookup).
+
+    ``MEMPO_FAULT_INJECT=<phase>[@<n>]`` makes the n-th time (default the first) this process reaches
+    `phase` kill it with SIGKILL, as ``kill -9`` would. With `handle` (a file being written) the file
+    is first flushed and cut to half its size, a torn write. Phases: ``tokenizer`` (the trainer's
+    ``<out>/tokenizer``), ``config`` (``<out>/config.yaml``), ``final-model`` (``<out>/model`` of
+    `mempo train`), and in `mempo.train.checkpoint`: ``model``, ``optimizer``, ``rng``, ``state``
+    (the files, torn), ``manifest`` (torn), ``rename`` (before the checkpoint directory is renamed
+    into place), ``latest`` (the pointer's temporary file, torn).
+    """
     wanted = os.environ.get(FAULT_ENV)
     if not wanted:
         return
@@ -85,7 +71,9 @@ def write_bytes_durably(path: PathLike, write: Callable, phase: Optional[str] = 
 
 
 def replace_file_atomically(path: PathLike, data: Union[bytes, str], phase: Optional[str] = None) -> None:
-    """Replace `path` with `data` (str: UTF-8) atomically and durably (module docstring)."""
+    """Replace `path` with `data` (str: UTF-8) atomically and durably: a temporary file next to
+    `path`, fsynced, `os.replace` d over it, then the folder fsynced. Stale temporary files of a
+    crashed earlier write are removed first."""
     path = Path(path)
     payload = data.encode("utf-8") if isinstance(data, str) else data
     _remove_stale(path.parent, f"{TEMP_PREFIX}{path.name}.")
@@ -125,8 +113,13 @@ def _fsync_tree(root: Path) -> None:
 
 @contextlib.contextmanager
 def atomic_directory(path: PathLike, phase: Optional[str] = None) -> Iterator[Path]:
-    """Yield a temporary directory that becomes `path` when the block succeeds (module docstring).
+    """Yield a fresh temporary directory next to `path` (``.tmp-<name>-<pid>``) that becomes `path`
+    when the block ends without an error (every file fsynced, then renamed).
 
+    A `path` that already exists is first renamed aside (``.tmp-old-<name>-<pid>``) and removed
+    after the rename; a crash between those two renames leaves `path` absent (never a torn
+    directory), which every writer here treats as "not written yet". On an error the temporary
+    directory is removed; one left by a crash is removed by the next write of the same target.
     phase: a `fault_point` reached after the block, before anything is renamed."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
