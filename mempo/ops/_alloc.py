@@ -1,19 +1,10 @@
-"""Fresh CPU outputs backed by transparent huge pages.
+"""Fresh CPU outputs backed by transparent huge pages (`empty_output`).
 
-Why: an op that returns a fresh [B, L] fp32 tensor at RL sizes (2,048 x 4,096 = 32 MiB) spends most
-of its time page-faulting the new memory in, 4 KiB at a time (8,192 faults). On Linux with
-transparent huge pages in `madvise` mode (the common default), advising the buffer's 2 MiB-aligned
-interior as MADV_HUGEPAGE before the first write lets the kernel fault it in as 2 MiB pages:
-measured 17 ms -> 7 ms for a 32 MiB int64 -> fp32 copy on the 2-core dev machine (bench/RESULTS.md).
-PyTorch offers the same process-wide (`THP_MEM_ALLOC_ENABLE=1`, read once at start-up); this does it
-for mempo's own outputs only.
-
-Policy:
-* Only CPU tensors of at least `MIN_BYTES`; only the 2 MiB-aligned pages wholly inside the
-  tensor's own storage are advised (memory no other allocation shares); only on Linux.
-* The advice is a hint: if the kernel refuses it (THP disabled, not Linux, no libc) the tensor is
-  an ordinary `torch.empty` result. Values are never affected, only how pages are backed.
-* `MEMPO_HUGE_PAGES=0` turns it off (read on every call).
+A fresh [B, L] fp32 output at RL sizes (2,048 x 4,096 = 32 MiB) spends most of its time
+page-faulting in 4 KiB pages; advising its 2 MiB-aligned interior as MADV_HUGEPAGE before the first
+write lets Linux (THP in `madvise` mode, the common default) fault it in as 2 MiB pages (timings:
+bench/RESULTS.md, "Advantage pipeline"). PyTorch offers the same process-wide
+(`THP_MEM_ALLOC_ENABLE=1`); this does it for mempo's own outputs only. Values are never affected.
 """
 from __future__ import annotations
 
@@ -25,7 +16,7 @@ from typing import Optional
 import torch
 
 HUGE_PAGE = 2 << 20
-MIN_BYTES = 4 << 20
+MIN_BYTES = 4 << 20  # only CPU tensors at least this large are advised
 _MADV_HUGEPAGE = 14
 
 _madvise: Optional[object] = None
@@ -48,6 +39,7 @@ def _load_madvise():
 
 
 def huge_pages_enabled() -> bool:
+    """False when ``MEMPO_HUGE_PAGES`` is 0 / empty / false (read on every call)."""
     return os.environ.get("MEMPO_HUGE_PAGES", "1") not in ("0", "", "false", "False")
 
 
@@ -55,8 +47,10 @@ def empty_output(shape: tuple[int, ...], dtype: torch.dtype = torch.float32,
                  device: torch.device | str = "cpu") -> torch.Tensor:
     """`torch.empty(shape, dtype, device)`; large CPU buffers are advised as huge pages before use.
 
-    Returns the tensor (uninitialised, like torch.empty). Whether the advice took is not reported:
-    it changes speed only.
+    Returns the tensor (uninitialised, like torch.empty). Only Linux, only CPU tensors of at least
+    `MIN_BYTES`, only the 2 MiB-aligned pages wholly inside the tensor's own storage (memory no other
+    allocation shares). The advice is a hint: if the kernel refuses it (THP disabled, no libc) the
+    tensor is an ordinary `torch.empty` result; whether it took is not reported.
     """
     out = torch.empty(shape, dtype=dtype, device=device)
     nbytes = out.numel() * out.element_size()

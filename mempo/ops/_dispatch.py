@@ -1,14 +1,6 @@
-"""Backend choice shared by every op in `mempo.ops`.
-
-Policy: `backend="auto"` runs the Triton kernel when every tensor argument is on a CUDA device, and
-the vectorised torch path otherwise (CPU tensors, e.g. inside verl's CPU-only Ray actor).
-`backend="triton"` forces the kernel; on CPU tensors that only works under Triton's interpreter
-(`TRITON_INTERPRET=1` set before `mempo.kernels` is first imported), which the test suite uses.
-`backend="torch"` forces the torch path on any device.
-
-Launch device: every launcher in `mempo.kernels` launches inside `mempo.kernels._launch.launch_device`
-(Triton launches on the current CUDA device, not on the tensors').
-"""
+"""Backend choice shared by every op in `mempo.ops` (`resolve_backend`). Every launcher in
+`mempo.kernels` launches inside `mempo.kernels._launch.launch_device` (Triton launches on the
+current CUDA device, not on the tensors')."""
 from __future__ import annotations
 
 import os
@@ -24,7 +16,13 @@ def interpreting() -> bool:
 
 
 def resolve_backend(backend: str, *tensors: torch.Tensor) -> str:
-    """Return "triton" or "torch" for this call; raise ValueError naming a bad backend."""
+    """Return "triton" or "torch" for this call; raise ValueError naming a bad backend.
+
+    "auto": Triton when every tensor argument is on a CUDA device, the vectorised torch path
+    otherwise (CPU tensors, e.g. inside verl's CPU-only Ray actor). "triton" forces the kernel; on
+    CPU tensors only under Triton's interpreter (``TRITON_INTERPRET=1`` set before `mempo.kernels`
+    is first imported), which the test suite uses. "torch" forces the torch path on any device.
+    """
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
     if backend != "auto":
