@@ -26,7 +26,7 @@ from mempo.kernels import _launch
 
 
 # Splits the combine kernel merges per step: a 64 x 32 tile of each partial fits in registers on
-# sm_90 (64 registers, no spills; 64 x 512 spilled 17 KB: tools/aot_kernels.py).
+# sm_90 without spills (register counts: bench/RESULTS.md, "Answer log-prob"; tools/aot_kernels.py).
 COMBINE_MAX_SPLITS = 32
 
 
@@ -235,11 +235,9 @@ def _combine_kernel(
 def _default_hidden_config(M, V, H, device, interpret: bool, dot_fp32: bool):
     """(block_m, block_v, block_h, num_splits, num_warps, num_stages) for the fused kernel.
 
-    Fixed configs (no autotune). On sm_90, compiled ahead of time by tools/aot_kernels.py (Triton
-    3.9, ptxas -v; tests/tools/test_aot_kernels.py fails on any spill): the bf16/fp16 config uses wgmma
-    at 127-128 registers per thread (255 when H is not a multiple of 16), the fp32 (IEEE, FMA) and
-    mixed-dtype config 192-246 registers, none spilling. Larger tiles or 4 warps spilled when
-    these were chosen."""
+    Fixed configs (no autotune), the largest that compile for sm_90 without spills (checked ahead
+    of time by tools/aot_kernels.py; tests/tools/test_aot_kernels.py fails on any spill; register
+    counts in bench/RESULTS.md, "Answer log-prob"). The bf16/fp16 config uses wgmma."""
     if interpret:
         # Few, large tiles: the interpreter pays per operation, not per element.
         block_v = max(16, min(1024, triton.next_power_of_2(V)))
