@@ -93,9 +93,9 @@ class Episode:
     """k sub-questions (the *objectives*) answered in one trajectory.
 
     ``prompt`` is the user message (`make_episode_prompt`). ``golds[i]`` lists the aliases of
-    objective i, in question order (pass it straight to `mempo.protocol.reward.compute_score`); ``source_ids[i]`` is the id of the QA record
-    objective i came from (empty when unknown); ``metadata`` holds anything else (e.g. the synthetic
-    world's hop chains).
+    objective i, in question order (pass it straight to `mempo.protocol.reward.compute_score`);
+    ``source_ids[i]`` is the id of the QA record objective i came from (empty when unknown);
+    ``metadata`` holds anything else (e.g. the synthetic world's hop chains).
     """
 
     id: str
@@ -436,9 +436,10 @@ def compose_episodes(pool: Sequence[QARecord], num_objectives: int, num_episodes
 
     Draws with ``random.Random(seed)``: deterministic in (pool order, num_objectives, num_episodes,
     seed, reuse_questions). ``reuse_questions=True`` (MEM1's behaviour): each episode draws k
-    distinct records independently; False: the pool is shuffled once and cut into disjoint
-    episodes (needs ``len(pool) >= k * n``). Episode ids are ``f"{id_prefix}-k{num_objectives}-s{seed}-{i}"``; an
-    episode's ``metadata["records"]`` keeps each record's metadata (e.g. hop chains).
+    distinct records independently; False: the pool is shuffled once and cut into disjoint episodes
+    (needs ``len(pool) >= k * n``). Episode ids are
+    ``f"{id_prefix}-k{num_objectives}-s{seed}-{i}"``; an episode's ``metadata["records"]`` keeps
+    each record's metadata (e.g. hop chains).
     """
     if num_objectives < 1:
         raise ValueError(f"num_objectives must be >= 1, got {num_objectives}")

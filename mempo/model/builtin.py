@@ -28,7 +28,8 @@ CHATML_TEMPLATE = (
 SIZES = {
     "tiny": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                  num_key_value_heads=2),
-    "mini": dict(hidden_size=128, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4,  # the CPU demo's
+    # "mini" is the CPU demo's size
+    "mini": dict(hidden_size=128, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4,
                  num_key_value_heads=2),
     "small": dict(hidden_size=256, intermediate_size=512, num_hidden_layers=4, num_attention_heads=8,
                   num_key_value_heads=4),

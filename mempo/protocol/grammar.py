@@ -82,10 +82,11 @@ class Round:
     first round) to the start of the next round, so the round texts concatenate back to the
     response. Block contents are stripped of surrounding white space; ``None`` means the round has
     no such block, ``""`` an empty one; with several blocks of one tag (a malformed round) the
-    fields show the first and `validate_format` reports the defect. ``action`` is the action's tag name (``"search"``, ``"access"`` or ``"answer"``) and
-    ``argument`` its stripped content. For an ``access`` action, ``doc_id`` and ``page`` come from
-    :func:`parse_access_argument`; both are ``None`` for the other actions. ``information`` is the
-    stripped content of the ``<information>`` block answering this round's action.
+    fields show the first and `validate_format` reports the defect. ``action`` is the action's tag
+    name (``"search"``, ``"access"`` or ``"answer"``) and ``argument`` its stripped content. For an
+    ``access`` action, ``doc_id`` and ``page`` come from :func:`parse_access_argument`; both are
+    ``None`` for the other actions. ``information`` is the stripped content of the ``<information>``
+    block answering this round's action.
     """
 
     mem: Optional[str]

@@ -353,9 +353,10 @@ def newest_intact_checkpoint(root: PathLike, *, log: Optional[Callable[[str], No
 
     Tries the checkpoint the ``latest`` pointer names, then the older ones, newest first.
     Checkpoints newer than the pointer's are skipped (a save that did not move the pointer, or a run
-    abandoned by resuming from an older checkpoint). Every checkpoint skipped is reported through `log` (default `warnings.warn`) with the file and
-    reason; several checkpoints and none intact: CheckpointError listing the reasons. Collective
-    when distributed (rank 0 verifies; the others get its answer)."""
+    abandoned by resuming from an older checkpoint). Every checkpoint skipped is reported through
+    `log` (default `warnings.warn`) with the file and reason; several checkpoints and none intact:
+    CheckpointError listing the reasons. Collective when distributed (rank 0 verifies; the others
+    get its answer)."""
     say = log or (lambda message: warnings.warn(message, RuntimeWarning, stacklevel=3))
     return _from_rank0(lambda: _newest_intact(Path(root), say))
 
@@ -584,7 +585,8 @@ def load_checkpoint(path: PathLike, model: Optional[torch.nn.Module] = None,
     model/optimiser files and broadcasts, so a checkpoint loads at any world size, including into a
     plain single-process model. A rank without an RNG file (another world size) keeps its RNG state,
     with a warning. A format-1 checkpoint (no digests) loads with a warning. Returns a
-    CheckpointState. CheckpointError (naming the file) when the checkpoint is missing, damaged, or does not fit `model` / `optimizer`.
+    CheckpointState. CheckpointError (naming the file) when the checkpoint is missing, damaged, or
+    does not fit `model` / `optimizer`.
     """
     path = Path(path)
     if verify or not (_STEP_DIR.match(path.name) and path.is_dir()):
