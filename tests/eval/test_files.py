@@ -205,7 +205,7 @@ def test_trajectory_records_hold_the_rendered_turns_and_the_ids(tmp_path, qa_fil
                       show_progress=False, log=lambda line: None, trajectories_path=path, keep_trajectories=True)
     lines = path.read_text(encoding="utf-8").splitlines()
     assert len(lines) == 2 * 1 * 2 * 3 == report.metadata["trajectories"]["episodes"]  # datasets x k x policies x n
-    assert not path.with_name(path.name + ".tmp").exists()
+    assert not list(path.parent.glob("*.tmp"))
     records = [EpisodeRecord.from_dict(json.loads(line)) for line in lines]
     for record in records:
         episode = next(e for e in sets.episodes[(record.dataset, 2)] if e.id == record.episode_id)
