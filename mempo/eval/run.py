@@ -38,7 +38,8 @@ def evaluate(model: Any, tokenizer: Any, episodes_by_k: Mapping[Any, Sequence[An
              chunk_size: int = 16, label: str = "", log: Optional[Callable[[str], None]] = None,
              show_progress: bool = True, keep_trajectories: bool = False,
              trajectories_path: Optional[PathLike] = None) -> EvalReport:
-    """Run every episode under every policy and summarise per (dataset, k, policy) (module docstring).
+    """Run every episode once under every policy and summarise per (dataset, k, policy): cells in the
+    order datasets first appear, k ascending, each with the settings of `eval_rollout_config`.
 
     Args:
         model: a causal LM (generating through `mempo.rollout.backends.factory.hf_backend` unless
@@ -143,7 +144,8 @@ def _record_file(path: Optional[PathLike]) -> Iterator[Optional[JsonlWriter]]:
 
 def _roll_out(engine: RolloutEngine, episodes: Sequence[Any], chunk_size: int, title: str,
               show_progress: bool) -> list[Any]:
-    """The scored trajectories of `episodes` (one each, in order), `chunk_size` episodes per engine run."""
+    """The trajectories of `episodes` (one each, in order), `chunk_size` episodes per engine run; the
+    rollout scores them (their ``outcome``), which is all the records and rows read."""
     trajectories = []
     step = max(1, chunk_size)
     with progress(title, total=len(episodes), enabled=show_progress) as bar:

@@ -11,18 +11,8 @@ pytest.importorskip("transformers")
 from mempo.config import ConfigError
 from mempo.env.build import build_retriever
 from mempo.eval import EpisodeRecord, EvalReport
-from support.qa_eval import answerable, make_cfg, save_tiny_model_dir, write_jsonl, write_qa_files
+from support.qa_eval import answerable, make_cfg, write_jsonl
 from support.rollout_fixtures import chat_tokenizer, tiny_qwen2
-
-
-@pytest.fixture()
-def qa_files(tmp_path):
-    return write_qa_files(tmp_path)
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    return save_tiny_model_dir(tmp_path_factory.mktemp("model"))
 
 
 def test_eval_command(tmp_path):

@@ -5,13 +5,8 @@ pytest.importorskip("transformers")
 
 from mempo.env.build import build_retriever
 from mempo.eval import evaluate, qa_eval_episodes
-from support.qa_eval import expected_em, make_cfg, reader_backend, write_qa_files
+from support.qa_eval import expected_em, make_cfg, reader_backend
 from support.rollout_fixtures import chat_tokenizer
-
-
-@pytest.fixture()
-def qa_files(tmp_path):
-    return write_qa_files(tmp_path)
 
 
 def test_examples_and_the_markdown_report(tmp_path, qa_files):

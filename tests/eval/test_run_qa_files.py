@@ -15,21 +15,8 @@ from mempo.env.retriever import BM25Retriever
 from mempo.eval import EpisodeRecord, EvalReport, evaluate, qa_eval_episodes, render_episode
 from mempo.rollout.backends.base import GenerationRequest
 from mempo.rollout.trajectory import Trajectory
-from support.qa_eval import (
-    UNFINDABLE, Recording, corpus_documents, expected_em, make_cfg, reader_backend, save_tiny_model_dir,
-    write_qa_files,
-)
+from support.qa_eval import UNFINDABLE, Recording, corpus_documents, expected_em, make_cfg, reader_backend
 from support.rollout_fixtures import chat_tokenizer
-
-
-@pytest.fixture()
-def qa_files(tmp_path):
-    return write_qa_files(tmp_path)
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    return save_tiny_model_dir(tmp_path_factory.mktemp("model"))
 
 
 def test_rows_per_dataset_and_k_with_two_data_sources(tmp_path, qa_files):
