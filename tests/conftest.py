@@ -42,3 +42,19 @@ def bm25(corpus):
     retriever = BM25Retriever.build(corpus)
     yield retriever
     retriever.close()
+
+
+@pytest.fixture
+def qa_files(tmp_path):
+    """(qa.jsonl, mixed.jsonl) and corpus.jsonl in `tmp_path`: tests/support/qa_eval.py."""
+    from support.qa_eval import write_qa_files
+
+    return write_qa_files(tmp_path)
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    """A tiny random Qwen2 and its own BPE saved as a plain HF directory: tests/support/qa_eval.py."""
+    from support.qa_eval import save_tiny_model_dir
+
+    return save_tiny_model_dir(tmp_path_factory.mktemp("model"))

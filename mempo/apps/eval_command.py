@@ -59,7 +59,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _eval_config(args: argparse.Namespace) -> MempoConfig:
-    """The config file + overrides, then the shorthand flags (module docstring)."""
+    """The config file and the overrides, then the shorthand flags over them: ``--data`` sets
+    ``data.source``, ``--files`` ``data.eval_files`` (and ``data.source: files``), ``--corpus``
+    ``env.retriever: bm25`` and ``env.corpus_path``, ``--retriever-url`` ``env.retriever: http`` and
+    ``env.retriever_url``. Contradicting flags are a ConfigError."""
     for path in args.files or []:
         if "=" in path and "." in path.split("=", 1)[0] and not path.endswith((".jsonl", ".json", ".parquet")):
             raise ConfigError("data.eval_files", f"--files {path!r} looks like a config override; put the "
@@ -83,7 +86,8 @@ def _eval_config(args: argparse.Namespace) -> MempoConfig:
 
 
 def run(args: argparse.Namespace) -> int:
-    """`mempo eval` (module docstring)."""
+    """Evaluate the model directory ``args.model`` and write ``<name>.json``, ``<name>.md`` and the
+    trajectories under ``args.out``; returns 0 (a user error raises a `mempo.errors.MempoError`)."""
     # reason: the parser module stays light (`mempo --help` imports no torch)
     from mempo.env.build import build_retriever, synthetic_world
     from mempo.eval import eval_episodes, evaluate, qa_eval_episodes

@@ -130,7 +130,9 @@ def metric_series(records: Sequence[Mapping[str, Any]], name: str) -> tuple[list
 
 
 def load_run(run_dir: PathLike) -> RunFiles:
-    """The inputs found in `run_dir` (module conventions): metrics records, before/after evals, stages."""
+    """The inputs found in `run_dir`: the metrics records (``metrics.jsonl`` there, in ``rl/`` or in
+    another sub-directory but ``sft/``), ``sft/metrics.jsonl``, ``eval_before.json`` /
+    ``eval_after.json`` and ``stages.json``; what is missing stays None."""
     root = Path(run_dir)
     found = RunFiles()
     candidates = [root / METRICS_FILE, root / "rl" / METRICS_FILE] + [
@@ -410,7 +412,8 @@ def write_report(run_dir: PathLike, *, out_path: Optional[PathLike] = None,
                  title: str = "MemPO run report", notes: Sequence[str] = (),
                  episode_pair: Optional[tuple[EpisodeRecord, EpisodeRecord]] = None,
                  sections: Sequence[Sequence[str]] = ()) -> ReportResult:
-    """Write ``report.md`` and the PNG plots into `run_dir` (module conventions).
+    """Write ``report.md`` and the PNG plots into `run_dir`; a plot without data is not written and
+    the report says what is missing.
 
     Explicit arguments win over the files found in `run_dir`: `metrics` (records) or
     `metrics_path`; `before` / `after` (`EvalReport` objects or paths to their JSON);

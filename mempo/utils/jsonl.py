@@ -2,42 +2,64 @@
 
 * Writing is atomic: a temporary file in the target's folder, renamed over the target when every
   object is written; on any error (also one raised by the objects' generator, e.g. a validation
-  error) the target is left untouched and the temporary file removed.
+  error) the target is left untouched and the temporary file removed. `write_jsonl` writes an
+  iterable; `jsonl_writer` is the same writer held open while objects arrive one at a time.
 * Reading streams the file; blank lines are skipped; every error names the file and the 1-based
   line (missing file, invalid UTF-8, invalid JSON, and whatever the record parser rejects), raised
   as the caller's error type.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
-import tempfile
+import secrets
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, TypeVar
+from typing import IO, Any, Callable, Iterable, Iterator, Optional, TypeVar
 
 from mempo.utils.types import PathLike
 T = TypeVar("T")
 
-__all__ = ["iter_jsonl", "iter_jsonl_records", "write_jsonl"]
+__all__ = ["iter_jsonl", "iter_jsonl_records", "write_jsonl", "jsonl_writer", "JsonlWriter"]
+
+
+class JsonlWriter:
+    """The open file of `jsonl_writer`: `write` appends one object as one line; ``path`` is the
+    target, ``count`` the lines written so far."""
+
+    def __init__(self, path: Path, handle: IO[str], default: Optional[Callable[[Any], Any]] = None):
+        self.path, self.count = path, 0
+        self._handle, self._default = handle, default
+
+    def write(self, obj: Any) -> None:
+        self._handle.write(json.dumps(obj, ensure_ascii=False, default=self._default) + "\n")
+        self.count += 1
+
+
+@contextlib.contextmanager
+def jsonl_writer(path: PathLike, *, default: Optional[Callable[[Any], Any]] = None) -> Iterator[JsonlWriter]:
+    """Yield a `JsonlWriter` over a temporary file next to `path`, renamed over `path` when the
+    block ends without an error, removed otherwise. default: `json.dumps`'s, for values JSON lacks."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    # a fresh name, created exclusively, with the umask's mode like every other file written here
+    temp = path.with_name(f"{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+    handle = open(temp, "x", encoding="utf-8")
+    try:
+        with handle:
+            yield JsonlWriter(path, handle, default)
+        os.replace(temp, path)
+    except BaseException:
+        temp.unlink(missing_ok=True)
+        raise
 
 
 def write_jsonl(path: PathLike, objects: Iterable[Any]) -> int:
     """Write one JSON object per line, atomically; returns the number written."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
-    count = 0
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            for obj in objects:
-                handle.write(json.dumps(obj, ensure_ascii=False) + "\n")
-                count += 1
-        os.replace(tmp_name, path)
-    except BaseException:
-        if os.path.exists(tmp_name):
-            os.unlink(tmp_name)
-        raise
-    return count
+    with jsonl_writer(path) as writer:
+        for obj in objects:
+            writer.write(obj)
+    return writer.count
 
 
 def iter_jsonl(path: PathLike, error: type[Exception] = ValueError, *,

@@ -18,6 +18,9 @@
 
 Logits processors need HF generation: asking for them with SGLang is a ConfigError naming
 ``rollout.protocol_scaffold`` (the config also refuses that pair).
+
+`hf_backend` builds the ``"hf"`` backend over a model object whatever ``rollout.backend`` says:
+what `mempo.eval.evaluate` generates with when its caller passes no backend.
 """
 from __future__ import annotations
 
@@ -32,7 +35,7 @@ from mempo.rollout.backends.base import GenerationBackend
 from mempo.rollout.backends.hf import HFBackend
 from mempo.rollout.backends.sglang import SGLangBackend, SGLangError, SGLangServerBackend
 
-__all__ = ["build_backend", "check_backend_config", "sglang_installed"]
+__all__ = ["build_backend", "check_backend_config", "hf_backend", "sglang_installed"]
 
 
 def sglang_installed() -> bool:
@@ -55,6 +58,11 @@ def check_backend_config(cfg: Any, *, logits_processors: Sequence[Any] = ()) -> 
                                              "installed here; use 'hf', or an SGLang server via rollout.sglang_url")
 
 
+def hf_backend(model: Any, tokenizer: Any, *, logits_processors: Sequence[Any] = ()) -> GenerationBackend:
+    """`HFBackend` generating with the model object `model` (transformers ``generate``)."""
+    return HFBackend(model, tokenizer, logits_processors=logits_processors)
+
+
 def build_backend(cfg: Any, model: Any, tokenizer: Any, *, model_path: Union[str, os.PathLike, None] = None,
                   logits_processors: Sequence[Any] = (), weights_dir: Union[str, os.PathLike, None] = None
                   ) -> GenerationBackend:
@@ -67,7 +75,7 @@ def build_backend(cfg: Any, model: Any, tokenizer: Any, *, model_path: Union[str
     r = cfg.rollout
     check_backend_config(cfg, logits_processors=logits_processors)
     if r.backend == "hf":
-        return HFBackend(model, tokenizer, logits_processors=logits_processors)
+        return hf_backend(model, tokenizer, logits_processors=logits_processors)
     path = None if model_path in (None, "builtin-tiny") else str(model_path)
     if r.sglang_url:
         def save_weights(weights, directory: Path) -> None:

@@ -1,4 +1,4 @@
-"""mempo.eval: oracle EM, token counting by hand, a tiny random model, the `mempo eval` command."""
+"""mempo.eval.run on the synthetic world: oracle EM, token counting by hand, a tiny random model."""
 import json
 import math
 
@@ -7,7 +7,7 @@ import pytest
 pytest.importorskip("transformers")
 
 from mempo.env.build import build_world
-from mempo.eval import EvalReport, eval_episodes, evaluate, round_prompt_tokens, summarize
+from mempo.eval import EvalReport, eval_episodes, evaluate, round_prompt_tokens
 from mempo.rollout.backends.oracle import OracleBackend
 from mempo.config import config_from_dict
 from support.rollout_fixtures import chat_tokenizer, tiny_qwen2
@@ -106,54 +106,3 @@ def test_tiny_random_model_reports_finite_numbers(world, tmp_path):
     table = paths["markdown"].read_text()
     assert "| k | policy |" in table and table.count("\n| ") >= 5
     assert json.loads(paths["json"].read_text())["metadata"]["max_new_tokens"] == 12
-
-
-def test_summarize_empty_is_finite():
-    row = summarize([], 2, "memory")
-    assert row.episodes == 0 and row.em == 0.0 and row.peak_prompt_tokens == 0
-
-
-def test_eval_command(tmp_path):
-    from mempo.apps.cli import main
-
-    tok = chat_tokenizer()
-    model = tiny_qwen2(len(tok))
-    model_dir = tmp_path / "model"
-    model.save_pretrained(model_dir)
-    tok.save_pretrained(model_dir)
-    out = tmp_path / "out"
-    rc = main(["eval", "--model", str(model_dir), "--out", str(out), "--no-progress", "data.world_entities=30",
-               "eval.objectives=[1]", "eval.episodes=1", "eval.max_turns=2", "rollout.max_new_tokens_per_round=8"])
-    assert rc == 0
-    report = EvalReport.load(out / "eval.json")
-    assert [(r.objectives, r.policy, r.episodes) for r in report.rows] == [(1, "memory", 1)]
-    assert (out / "eval.md").is_file()
-    assert main(["eval", "--model", str(tmp_path / "missing"), "--out", str(out)]) == 2
-
-
-def test_synthetic_world_follows_the_data_section():
-    """train, eval and the demo build the world through `synthetic_world`: the data section's size
-    and filler options reach it (a demo config's world is rebuilt exactly by `mempo eval`)."""
-    from mempo.config import load_config
-    from mempo.env.build import synthetic_world
-
-    cfg = load_config(None, ["data.world_documents=120", "data.article_fillers=[0,1]", "data.world_seed=3"])
-    world = synthetic_world(cfg)
-    assert world.num_documents == 120
-    assert world.manifest()["params"]["article_fillers"] == [0, 1]
-    again = synthetic_world(load_config(None, ["data.world_documents=120", "data.article_fillers=[0,1]",
-                                               "data.world_seed=3"]))
-    assert [d.text for d in again.documents()] == [d.text for d in world.documents()]
-    default = synthetic_world(load_config(None, ["data.world_entities=30"]))
-    assert len(default.entities) == 30 and "article_fillers" not in default.manifest()["params"]
-
-
-def test_eval_rows_carry_standard_errors():
-    class T:
-        def __init__(self, em):
-            self.outcome, self.rounds, self.prompt_ids, self.response_mask = {"em": em, "f1": em}, [], [1], [1]
-            self.finish_reason = "answer"
-
-    row = summarize([T(1.0), T(0.0), T(1.0), T(0.0)], 2, "memory")
-    assert row.em == 0.5 and row.em_se == pytest.approx(math.sqrt(1 / 3 / 4))
-    assert summarize([T(1.0)], 2, "memory").em_se == 0.0

@@ -1,0 +1,46 @@
+"""mempo.utils.jsonl: the atomic writers (`write_jsonl`, `jsonl_writer`) and reading back."""
+import json
+
+import pytest
+
+from mempo.utils.jsonl import iter_jsonl, jsonl_writer, write_jsonl
+
+
+def test_write_jsonl_round_trips_and_leaves_no_temporary_file(tmp_path):
+    path = tmp_path / "sub" / "a.jsonl"
+    assert write_jsonl(path, [{"x": 1}, {"é": "ü"}]) == 2
+    assert path.read_text(encoding="utf-8") == '{"x": 1}\n{"é": "ü"}\n'
+    assert [obj for _, obj in iter_jsonl(path)] == [{"x": 1}, {"é": "ü"}]
+    assert sorted(p.name for p in path.parent.iterdir()) == ["a.jsonl"]
+
+
+def test_jsonl_writer_appears_only_when_the_block_succeeds(tmp_path):
+    path = tmp_path / "out" / "records.jsonl"
+    with jsonl_writer(path, default=str) as writer:
+        writer.write({"a": 1})
+        writer.write({"b": [2, "x"]})
+        writer.write({"c": tmp_path})  # not JSON: the default makes it a string
+        assert not path.exists() and writer.count == 3 and writer.path == path
+    lines = path.read_text(encoding="utf-8").splitlines()
+    assert len(lines) == 3 and json.loads(lines[2]) == {"c": str(tmp_path)}
+    assert sorted(p.name for p in path.parent.iterdir()) == ["records.jsonl"]
+
+
+def test_a_failed_block_keeps_the_old_file_and_removes_the_temporary_one(tmp_path):
+    path = tmp_path / "records.jsonl"
+    write_jsonl(path, [{"old": True}])
+    with pytest.raises(RuntimeError, match="lost"):
+        with jsonl_writer(path) as writer:
+            writer.write({"new": True})
+            raise RuntimeError("lost")
+    assert path.read_text(encoding="utf-8") == '{"old": true}\n'
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["records.jsonl"]
+
+    def objects():
+        yield {"new": True}
+        raise ValueError("bad record")
+
+    with pytest.raises(ValueError, match="bad record"):
+        write_jsonl(path, objects())
+    assert path.read_text(encoding="utf-8") == '{"old": true}\n'
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["records.jsonl"]
