@@ -28,7 +28,9 @@ def is_scored(index: int, mem_span: Optional[tuple[int, int]]) -> bool:
 
 
 def round_mem_span(start: int, end: int, text: str, mem_spans: Sequence["Span"]) -> Optional[tuple[int, int]]:
-    """The `<mem>` span of the round at response ``[start, end)`` (module rule), or None.
+    """The `<mem>` span of the round at response ``[start, end)``, or None: the first scanner span
+    starting in the round, cut at ``end``, when it is closed and the round text's first `<mem>` block
+    is closed with non-blank content.
 
     text: the round's decoded text (forced prefix included); mem_spans: the scanner's ``"mem"``
     spans of the whole response (``mempo.ops.spans.Span``: ``start``, ``end``, ``closed``), in
