@@ -74,6 +74,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Callable, Mapping, NamedTuple, Optional, Sequence
 
+from mempo.algo.outcome import score_outcomes
 from mempo.config import ConfigError, MempoConfig, RolloutConfig
 from mempo.env.build import build_tools
 from mempo.env.data import DataError, compose_episodes, load_qa_datasets, parse_episode_prompt
@@ -417,7 +418,7 @@ def render_episode(trajectory: Any, task: Any, tokenizer: Any, *, dataset: str =
     """The `EpisodeRecord` of one trajectory (module conventions).
 
     Args:
-        trajectory: a scored `mempo.rollout.trajectory.Trajectory`.
+        trajectory: a scored `mempo.records.trajectory.Trajectory`.
         task: what it was sampled from (an `Episode`, or anything `as_task` takes): its prompt and,
             when it has them, its ``questions`` and ``source_ids``.
         tokenizer: the tokenizer the ids are decoded with (special tokens kept).
@@ -632,7 +633,7 @@ def evaluate(model: Any, tokenizer: Any, episodes_by_k: Mapping[Any, Sequence[An
                               enabled=show_progress) as bar:
                     for i in range(0, len(episodes), max(1, chunk_size)):
                         chunk = episodes[i:i + max(1, chunk_size)]
-                        trajectories.extend(engine.run(chunk))
+                        trajectories.extend(score_outcomes(engine.run(chunk), mode=rollout_cfg.score_mode))
                         bar.advance(len(chunk))
                 row = summarize(trajectories, k, policy, time.perf_counter() - cell_start, dataset=dataset)
                 rows.append(row)

@@ -1,8 +1,8 @@
 """Teacher scoring: P(answer | context) for both contexts of every scored round, by one of three
 methods that give the same numbers (to fp32 rounding).
 
-Contexts (`mempo.algo.contexts`): ``full_ctx[r] = sequence_ids[:full_end]``, ``mem_ctx[r] =
-mem_ctx_ids``; each continued by the same answer ``a = answer_ids``, teacher-forced, with
+Contexts (`mempo.records.scoring.ScoringRequest`): ``full_ctx[r] = sequence_ids[:full_end]``,
+``mem_ctx[r] = mem_ctx_ids``; each continued by the same answer ``a = answer_ids``, teacher-forced, with
 logp_i = log pi(a_i | ctx, a_<i) (fp32, logits / temperature, temperature 1 by default):
 
     keep_i = answer_mask_i and logp_i > log(threshold)       (threshold None: keep_i = answer_mask_i)
@@ -52,7 +52,7 @@ from typing import Optional, Sequence
 
 import torch
 
-from mempo.algo.contexts import ScoringRequest, ScoringResult
+from mempo.records.scoring import ScoringRequest, ScoringResult
 from mempo.model.adapter import ScoringModel, crop_cache, inference
 
 __all__ = ["METHODS", "DEFAULT_TOKEN_BUDGET", "ScoringStats", "score", "score_cached", "score_packed",

@@ -29,7 +29,7 @@ from mempo.eval import EpisodeRecord, EvalReport, evaluate, qa_eval_episodes, re
 from mempo.protocol.grammar import parse_round
 from mempo.rollout.backends.base import GenerationRequest
 from mempo.rollout.backends.oracle import OracleBackend
-from mempo.rollout.trajectory import Trajectory
+from mempo.records.trajectory import Trajectory
 from mempo.config import ConfigError, config_from_dict
 from support.rollout_fixtures import chat_tokenizer
 

@@ -29,7 +29,7 @@ Conventions
   last allowed round (``max_turns``) ends the trajectory with ``"turn_limit"`` without calling the
   tool (nothing would read the result).
 * Malformed rounds: a round that stops at a stop id or at its token limit without closing an
-  action ends the trajectory with ``"malformed"``; ``compute_score``'s format check gives it 0.
+  action ends the trajectory with ``"malformed"`` (the outcome's format check gives it 0).
 * Token budget: ``response_ids`` never exceeds ``max_response_tokens`` (generated + tool ids, like
   verl's response length), and a backend context never exceeds the engine's ``max_context_tokens``
   (prompt + new ids; ``None``: unlimited). A round's limit is ``min(max_new_tokens_per_round, room
@@ -38,10 +38,11 @@ Conventions
 * Seeds: generation step k of the c-th `RolloutEngine.run` call samples with
   `mempo.seeds.generation_seed` (engine seed, c, k).
 * After the loop: one :func:`mempo.ops.spans.find_spans` call over all responses gives each round's
-  ``mem_span`` (:func:`mempo.algo.rounds.round_mem_span`: the first ``<mem>`` block starting in the
-  round, if closed with non-blank content);
-  the outcome is ``compute_score`` of the protocol text (the rounds' texts and the tool results'
-  texts, in order, without chat glue) against the golds.
+  ``mem_span`` (:func:`mempo.records.rounds.round_mem_span`: the first ``<mem>`` block starting in
+  the round, if closed with non-blank content). Each trajectory carries its ``protocol_text`` (the
+  memory's round and tool texts, in order, without chat glue) and ``final_answer`` (its
+  ``<answer>``); its outcome is scored later (`mempo.algo.outcome`). The golds ride along in the
+  record and never reach a generation request.
 * Output order: questions in input order, the G samples of each in sample order; ``uid`` is the
   episode id (``"<id>#<k>"`` for the k-th repeat of an id within one call).
 """
@@ -53,17 +54,16 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Optional, Sequence
 
-from mempo.algo.rounds import round_mem_span
 from mempo.config import RolloutConfig
 from mempo.env.tools import ToolResult, information, make_tools
 from mempo.ops.spans import TokenTable, find_spans
 from mempo.protocol.grammar import extract_solution, find_blocks
 from mempo.protocol.memory import AgentMemory, ShortTextPolicy
-from mempo.protocol.reward import compute_score
+from mempo.records.rounds import round_mem_span
+from mempo.records.trajectory import Round, Trajectory
 from mempo.rollout.backends.base import GenerationBackend, GenerationRequest, RequestKey, SamplingParams
 from mempo.rollout.backends.stopping import STOP_LENGTH, TokenBytes, cut_round
 from mempo.rollout.chat import ChatFormat, default_stop_token_ids
-from mempo.rollout.trajectory import Round, Trajectory
 from mempo.seeds import generation_seed
 
 __all__ = ["RolloutConfig", "RolloutTask", "RolloutStats", "RolloutEngine", "rollout", "as_task"]
@@ -152,7 +152,8 @@ def _closed_block_content(text: str, tag: str) -> Optional[str]:
 
 
 class RolloutEngine:
-    """Runs the agent loop (module conventions).
+    """Runs the agent loop: per step, one backend batch of every trajectory waiting for generation,
+    then that step's tool calls concurrently.
 
     Args:
         backend: a generation backend (:mod:`mempo.rollout.backends`).
@@ -164,21 +165,21 @@ class RolloutEngine:
             defaults). The loop reads ``context_policy``, ``group_size``, ``max_turns``,
             ``max_new_tokens_per_round``, ``max_response_tokens``, the sampling fields, ``seed``,
             ``system_prompt``, ``forced_prefix``, ``train_forced_prefix``, ``stop_token_ids``,
-            ``tool_workers``, ``score_mode`` and ``chat_template``; the backend fields are the
+            ``tool_workers`` and ``chat_template``; the backend fields are the
             backend factory's.
         seed: this engine's seed (None: ``config.seed``); the k-th generation step of its c-th
             `run` samples with `mempo.seeds.generation_seed(seed, c, k)` (training passes the
             step's seed, `mempo.seeds.training_rollout_seed`).
         max_context_tokens: the most ids a backend context may hold (prompt + new ids; None:
             unlimited), e.g. the model's ``max_position_embeddings``.
-        short_text_policy / format_kwargs: library hooks for `AgentMemory` and ``compute_score``
-            (None: their defaults, which every command uses).
+        short_text_policy: library hook for `AgentMemory` (None: its default, which every command
+            uses).
     """
 
     def __init__(self, backend: GenerationBackend, tokenizer: Any, tools: Optional[Mapping[str, Callable]] = None,
                  *, retriever: Any = None, config: Optional[RolloutConfig] = None, seed: Optional[int] = None,
-                 max_context_tokens: Optional[int] = None, short_text_policy: Optional[ShortTextPolicy] = None,
-                 format_kwargs: Optional[Mapping[str, Any]] = None) -> None:
+                 max_context_tokens: Optional[int] = None,
+                 short_text_policy: Optional[ShortTextPolicy] = None) -> None:
         self.config = config if config is not None else RolloutConfig()
         if max_context_tokens is not None and max_context_tokens < 1:
             raise ValueError(f"max_context_tokens must be >= 1 or None, got {max_context_tokens}")
@@ -189,7 +190,6 @@ class RolloutEngine:
         self.seed = self.config.seed if seed is None else int(seed)
         self.max_context_tokens = max_context_tokens
         self.short_text_policy = short_text_policy
-        self.format_kwargs = format_kwargs
         self.backend = backend
         self.tokenizer = tokenizer
         self.tools = dict(tools)
@@ -205,7 +205,8 @@ class RolloutEngine:
         """Sample ``group_size`` (default ``config.group_size``) trajectories of every task.
 
         ``tasks``: episodes, mappings, ``(prompt, golds)`` pairs (:func:`as_task`). Returns
-        ``len(tasks) * G`` trajectories, grouped by task (module conventions).
+        ``len(tasks) * G`` trajectories without outcome: tasks in input order, the G samples of each
+        in sample order; ``uid`` is the task id (``"<id>#<k>"`` for its k-th repeat in this call).
         """
         cfg = self.config
         group = cfg.group_size if group_size is None else int(group_size)
@@ -395,18 +396,12 @@ class RolloutEngine:
             mem_spans = [s for s in batch.spans_of(i) if s.tag == "mem"]
             for round_, text in zip(run.rounds, run.round_texts):
                 round_.mem_span = round_mem_span(round_.start, round_.end, text, mem_spans)
-            protocol_text = "".join(record.text for record in run.memory.records[1:])
-            if run.task.golds is not None:
-                outcome = compute_score(protocol_text, run.task.golds, mode=cfg.score_mode,
-                                        format_kwargs=self.format_kwargs)
-                answer = outcome["answer"]
-            else:
-                outcome, answer = {}, extract_solution(protocol_text)
+            protocol_text = "".join(record.text for record in run.memory.records[1:])  # records[0]: the prompt
             trajectory = Trajectory(
                 uid=run.uid, sample_index=run.sample_index, policy=cfg.context_policy, prompt_ids=run.prompt_ids,
                 response_ids=run.response_ids, response_mask=run.response_mask, rounds=run.rounds,
-                finish_reason=run.finish_reason or "malformed", golds=run.task.golds, final_answer=answer,
-                outcome=outcome, episode_id=run.task.id,
+                finish_reason=run.finish_reason or "malformed", golds=run.task.golds,
+                final_answer=extract_solution(protocol_text), protocol_text=protocol_text, episode_id=run.task.id,
             )
             trajectories.append(trajectory)
         return trajectories
@@ -416,5 +411,5 @@ def rollout(backend: GenerationBackend, tokenizer: Any, tasks: Sequence[Any], *,
             tools: Optional[Mapping[str, Callable]] = None, retriever: Any = None,
             config: Optional[RolloutConfig] = None, **engine_options: Any) -> list[Trajectory]:
     """One-shot :class:`RolloutEngine` run (see it for the arguments; ``engine_options``: its
-    ``seed``, ``max_context_tokens``, ``short_text_policy``, ``format_kwargs``)."""
+    ``seed``, ``max_context_tokens``, ``short_text_policy``)."""
     return RolloutEngine(backend, tokenizer, tools, retriever=retriever, config=config, **engine_options).run(tasks)
