@@ -64,7 +64,9 @@ def test_full_policy_groups_scores_offsets_and_masks(tok, bm25):
     scripts = {"q3": needle_scripts(3), ("q5", 1): needle_scripts(5, correct=False, extra_search=True),
                "q5": needle_scripts(5)}
     eng, backend = engine(tok, scripts, retriever=bm25, group_size=4)
-    trajectories = scored_run(eng, [needle_task(3), needle_task(5)])
+    unscored = eng.run([needle_task(3), needle_task(5)])
+    assert all(t.outcome == {} and t.protocol_text for t in unscored)  # the rewards stage scores them
+    trajectories = score_outcomes(unscored)
 
     assert [(t.uid, t.sample_index) for t in trajectories] == [(q, g) for q in ("q3", "q5") for g in range(4)]
     # every step batches every active trajectory of every question
@@ -92,6 +94,7 @@ def test_full_policy_groups_scores_offsets_and_masks(tok, bm25):
             assert text.startswith("<mem>zebulon") and "</mem>" in text and r.scored
         # the protocol text decoded from the ids scores the same
         assert compute_score(t.response_text(tok), t.golds)["score"] == t.score
+        assert t.response_text(tok) == t.protocol_text  # no tool text cut or normalised here
         # the one sequence is the chat rendering of AgentMemory.messages("full"), turn by turn
         memory = protocol_messages(t, tok)
         assert all(record.text.count("<mem>") == 1 for record in memory.records if record.type == "llm_gen")
