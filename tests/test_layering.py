@@ -26,9 +26,9 @@ LAYERS = (
     ("mempo.config", "mempo.ops"),
     ("mempo.records",),  # the trajectory, round and scoring records
     ("mempo.algo", "mempo.env"),
-    ("mempo.model",),
+    ("mempo.model", "mempo.synthetic"),  # synthetic: the demo's world and oracle (the oracle backend plays it)
     ("mempo.rollout",),
-    ("mempo.scoring", "mempo.synthetic"),
+    ("mempo.scoring",),
     ("mempo.eval",),
     ("mempo.train",),
     ("mempo.integrations",),
