@@ -1,11 +1,12 @@
 """One MemPO training step, as named stages (ALGORITHM.md sections 3-6); each returns what it makes
 and the next takes it:
 
-    rollout      episodes            -> trajectories (no outcome), tool-call counts
-    rewards      trajectories        -> scored trajectories (outcome filled: new records)
-    memory_rewards  scored           -> memory rewards, one list per trajectory (teacher scoring)
-    advantages   scored, mem rewards -> token advantages [B, Lr] -> training batch (advantages inside)
-    old_and_ref_log_probs  batch     -> old / reference log-probs;  update -> metrics;  sync_weights
+    rollout                episodes             -> trajectories (no outcome), tool-call counts
+    rewards                trajectories         -> scored trajectories (new records, outcome filled)
+    memory_rewards         scored               -> memory rewards, one list per trajectory
+    advantages             scored, mem rewards  -> token advantages [B, Lr] -> batch (advantages inside)
+    old_and_ref_log_probs  batch                -> old / reference log-probs
+    update                 batch, old, ref      -> actor metrics;   then sync_weights
 
 `StepContext` holds what lives across steps; `train_step` runs the stages in order under a
 `StageTimer` (``time/<stage>`` seconds). Rollout seeding: the engine seed of step s is
