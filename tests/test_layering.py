@@ -26,9 +26,9 @@ LAYERS = (
     ("mempo.config", "mempo.ops"),
     ("mempo.records",),  # the trajectory, round and scoring records
     ("mempo.algo", "mempo.env"),
-    ("mempo.model", "mempo.synthetic"),  # synthetic: the demo's world and oracle (the oracle backend plays it)
+    ("mempo.model",),
     ("mempo.rollout",),
-    ("mempo.scoring",),
+    ("mempo.scoring", "mempo.synthetic"),  # synthetic: the demo's world, its oracle agent and backend
     ("mempo.eval",),
     ("mempo.train",),
     ("mempo.integrations",),
