@@ -29,6 +29,7 @@ __all__ = ["FINISH_REASONS", "Round", "Trajectory", "RoundInput", "round_trainin
 #: why a trajectory ended; "malformed": a round ended without an action (outcome 0 by the format check)
 FINISH_REASONS = ("answer", "turn_limit", "token_budget", "malformed")
 
+
 def _pair(value: Any) -> Optional[tuple[int, int]]:
     if value is None:
         return None
