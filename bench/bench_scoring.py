@@ -28,7 +28,7 @@ import time
 import pytest
 import torch
 
-from mempo.algo.contexts import ScoredRound, ScoringRequest
+from mempo.records.scoring import ScoredRound, ScoringRequest
 from mempo.scoring import ScoringStats, score
 
 DEVICE_NOTE = "CPU-only dev machine, 2 cores, 24 GiB, Python 3.11, torch 2.13 CPU"

@@ -1,8 +1,8 @@
 """Teacher scoring: P(answer | context) for both contexts of every scored round, by one of three
 methods that give the same numbers (to fp32 rounding).
 
-Contexts (`mempo.algo.contexts`): ``full_ctx[r] = sequence_ids[:full_end]``, ``mem_ctx[r] =
-mem_ctx_ids``; each continued by the same answer ``a = answer_ids``, teacher-forced, with
+Contexts (`mempo.records.scoring.ScoringRequest`): ``full_ctx[r] = sequence_ids[:full_end]``,
+``mem_ctx[r] = mem_ctx_ids``; each continued by the same answer ``a = answer_ids``, teacher-forced, with
 logp_i = log pi(a_i | ctx, a_<i) (fp32, logits / temperature, temperature 1 by default):
 
     keep_i = answer_mask_i and logp_i > log(threshold)       (threshold None: keep_i = answer_mask_i)
@@ -12,38 +12,10 @@ The reduction is `mempo.ops.answer_logprob`'s, fused from the final hidden state
 weight when the model allows it, else from the model's logits on the answer rows
 (`mempo.model.adapter.ScoringModel`). The row predicting a_0 is the context's last row; a_i (i >= 1)
 is predicted at the row of a_{i-1}, so an answer copy after a context needs only ``a' = a[:-1]``.
-The memory reward itself is `mempo.algo.memory_reward`.
-
-Methods:
-
-* `score_reference`: every context + the whole answer as its own row (all full_ctx, then all
-  mem_ctx), right-padded with id 0 into batches, no padding mask (right padding is invisible to real
-  rows under causal attention), position ids 0..T-1. Any attention implementation.
-* `score_packed`: one forward per trajectory over
-
-      [root = sequence_ids[:L]][a'_1]...[a'_K][s_1][a'_1m]...[s_K][a'_Km]
-
-  L = the longest prefix any context needs. Answer copy k sees root columns < full_end_k and itself
-  causally (positions full_end_k, ...). p_k = the longest common prefix of mem_ctx[k] and
-  sequence_ids; suffix s_k = mem_ctx[k][p_k:] sees root columns < p_k and itself causally
-  (positions p_k, ...); its answer copy sees root columns < p_k, all of s_k and itself (positions
-  p_k + |s_k|, ...). The root is plain causal. Mask: dense 4-D additive ``[1, 1, S, S]`` in the
-  model's dtype (0 allowed, ``finfo(dtype).min`` elsewhere) with explicit ``position_ids [1, S]``.
-* `score_cached`: the same layout; the root once with ``use_cache=True`` (no mask: the causal fast
-  path), then the copies and suffixes as one flat query block of Q tokens against that cache with
-  the rows ``[L, S)`` of the packed mask (``[1, 1, Q, L + Q]``); the cache is cropped back to L
-  (``cache.crop``) before the next chunk.
-
-Micro-batching (`token_budget`, tokens per forward, default 16384): reference batches consecutive
-contexts while rows x padded length <= token_budget; packed / cached split a trajectory's units
-(answer copies, mem suffix + answer) into chunks with L + chunk tokens <= token_budget (packed
-recomputes the root per chunk, cached reuses its cache). A unit or context longer than the budget
-runs alone.
-
-Packed and cached need a dense mask: "sdpa" or "eager" and full-attention layers (ValueError
-otherwise; a flash-attention model runs "sdpa" for the call and is switched back). Everything runs
-in eval mode under ``torch.no_grad()`` (the mode is restored); results are Python floats. Imports
-torch only (no transformers).
+The memory reward itself is `mempo.algo.memory_reward`. `token_budget` (tokens per forward,
+default 16384) bounds every forward; a unit or context longer than it runs alone. Everything runs in
+eval mode under ``torch.no_grad()`` (the mode is restored); results are Python floats. Imports torch
+only (no transformers).
 """
 from __future__ import annotations
 
@@ -52,7 +24,7 @@ from typing import Optional, Sequence
 
 import torch
 
-from mempo.algo.contexts import ScoringRequest, ScoringResult
+from mempo.records.scoring import ScoringRequest, ScoringResult
 from mempo.model.adapter import ScoringModel, crop_cache, inference
 
 __all__ = ["METHODS", "DEFAULT_TOKEN_BUDGET", "ScoringStats", "score", "score_cached", "score_packed",
@@ -407,8 +379,15 @@ def score_packed(
     backend: str = "auto",
     stats: Optional[ScoringStats] = None,
 ) -> list[ScoringResult]:
-    """One forward per trajectory over `[root][answer copies][mem suffix + answer]...` with a dense
-    4-D additive mask and explicit position ids (layout: module docstring).
+    """One forward per trajectory over a packed layout with a dense 4-D additive mask::
+
+        [root = sequence_ids[:L]][a'_1]...[a'_K][s_1][a'_1m]...[s_K][a'_Km]
+
+    L = the longest prefix any context needs. Answer copy k sees root columns < full_end_k and itself
+    causally (positions full_end_k, ...). p_k = the longest common prefix of mem_ctx[k] and
+    sequence_ids; suffix s_k = mem_ctx[k][p_k:] sees root columns < p_k and itself causally
+    (positions p_k, ...); its answer copy sees root columns < p_k, all of s_k and itself (positions
+    p_k + |s_k|, ...). The root is plain causal. A flash-attention model runs "sdpa" for the call.
 
     Each forward: input_ids int64 [1, S], position_ids int64 [1, S], attention_mask model-dtype
     [1, 1, S, S] (0 / finfo.min). More than one forward per trajectory only when
@@ -444,9 +423,9 @@ def score_cached(
     backend: str = "auto",
     stats: Optional[ScoringStats] = None,
 ) -> list[ScoringResult]:
-    """KV-cache reuse: per trajectory, the root `sequence_ids[:L]` once with `use_cache=True`
-    (input_ids [1, L], no mask: causal fast path), then the answer copies and mem suffixes as one
-    flat query block (input_ids [1, Q]) against that cache with the rows [L, L+Q) of the packed
+    """KV-cache reuse of `score_packed`'s layout: per trajectory, the root `sequence_ids[:L]` once
+    with `use_cache=True` (input_ids [1, L], no mask: causal fast path), then the answer copies and
+    mem suffixes as one flat query block (input_ids [1, Q]) against that cache with the rows [L, L+Q) of the packed
     mask (model-dtype [1, 1, Q, L + Q]) and the packed position ids. Chunks of the query block
     (`token_budget`) reuse the same cache, cropped back to L after each. The cache is the model's
     own (a transformers `DynamicCache`, passed back as `cache=` / `past_key_values=`). Needs

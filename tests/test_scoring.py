@@ -19,7 +19,8 @@ import sys
 import pytest
 import torch
 
-from mempo.algo.contexts import DEFAULT_ANSWER_TEMPLATE, ScoredRound, ScoringRequest, ScoringResult, build_answer
+from mempo.algo.contexts import DEFAULT_ANSWER_TEMPLATE, build_answer
+from mempo.records.scoring import ScoredRound, ScoringRequest, ScoringResult
 from mempo.algo.memory_reward import memory_rewards
 from mempo.scoring import METHODS, ScoringStats, score, score_cached, score_packed
 

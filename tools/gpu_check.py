@@ -650,7 +650,7 @@ def sec_flash_actor(ctx: Ctx) -> None:
 def _scoring_requests(n: int, length: int, vocab: int, seed: int = 0):
     import random
 
-    from mempo.algo.contexts import ScoredRound, ScoringRequest
+    from mempo.records.scoring import ScoredRound, ScoringRequest
 
     rnd = random.Random(seed)
     requests = []

@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from mempo.ops.advantage import group_ids, mempo_advantage
-from mempo.rollout.trajectory import Trajectory
+from mempo.records.trajectory import Trajectory
 
 __all__ = ["AdvantageInputs", "TokenAdvantages", "advantage_inputs", "group_has_variance", "token_advantages"]
 
@@ -64,15 +64,22 @@ class TokenAdvantages(NamedTuple):
     has_variance: torch.Tensor
 
 
-def advantage_inputs(trajectories: Sequence[Trajectory], *, pad_to: Optional[int] = None,
-                     require_memory_rewards: bool = True) -> AdvantageInputs:
-    """The `AdvantageInputs` of a batch of trajectories (one row each, in order).
+def advantage_inputs(trajectories: Sequence[Trajectory], *,
+                     memory_rewards: Optional[Sequence[Optional[Sequence[float]]]] = None,
+                     pad_to: Optional[int] = None, require_memory_rewards: bool = True) -> AdvantageInputs:
+    """The `AdvantageInputs` of a batch of scored trajectories (one row each, in order).
 
-    index: numpy object array of the trajectories' ``uid`` (verl's ``uid``); response_mask int64,
-    right-padded with 0. A trajectory with scored rounds but no ``memory_rewards`` raises
-    ValueError, unless ``require_memory_rewards=False`` (its scored rounds are then left out: plain
-    GRPO for it).
+    scores: each trajectory's outcome score (``Trajectory.score``); memory_rewards: per trajectory
+    its memory rewards, one float per scored round in round order (`mempo.algo.memory_reward.
+    memory_rewards_of`), or None for a trajectory (or the whole batch) without them. index: numpy
+    object array of the trajectories' ``uid`` (verl's ``uid``); response_mask int64, right-padded
+    with 0. A trajectory with scored rounds but no memory rewards raises ValueError, unless
+    ``require_memory_rewards=False`` (its scored rounds are then left out: plain GRPO for it).
     """
+    if memory_rewards is None:
+        memory_rewards = [None] * len(trajectories)
+    if len(memory_rewards) != len(trajectories):
+        raise ValueError(f"{len(memory_rewards)} memory-reward lists for {len(trajectories)} trajectories")
     batch = len(trajectories)
     longest = max((len(t.response_ids) for t in trajectories), default=0)
     width = longest if pad_to is None else int(pad_to)
@@ -84,19 +91,19 @@ def advantage_inputs(trajectories: Sequence[Trajectory], *, pad_to: Optional[int
     rewards: list[float] = []
     spans: list[tuple[int, int]] = []
     offsets = [0]
-    for row, trajectory in enumerate(trajectories):
+    for row, (trajectory, row_rewards) in enumerate(zip(trajectories, memory_rewards)):
         if trajectory.response_mask:
             response_mask[row, :len(trajectory.response_mask)] = torch.tensor(trajectory.response_mask)
         scored = trajectory.scored_rounds()
-        if trajectory.memory_rewards is None:
+        if row_rewards is None:
             if scored and require_memory_rewards:
                 raise ValueError(f"trajectory {row} ({trajectory.uid}/{trajectory.sample_index}) has no memory "
-                                 "rewards; run the scoring and attach_memory_rewards first")
+                                 "rewards; run the teacher scoring and pass memory_rewards")
         else:
-            if len(trajectory.memory_rewards) != len(scored):
-                raise ValueError(f"trajectory {row}: {len(trajectory.memory_rewards)} memory rewards for "
+            if len(row_rewards) != len(scored):
+                raise ValueError(f"trajectory {row}: {len(row_rewards)} memory rewards for "
                                  f"{len(scored)} scored rounds")
-            rewards.extend(trajectory.memory_rewards)
+            rewards.extend(row_rewards)
             spans.extend(r.mem_span for r in scored)
         offsets.append(len(rewards))
     mem_rewards = torch.tensor(rewards, dtype=torch.float32)
@@ -142,13 +149,14 @@ def _span_mask(mem_offsets: Optional[torch.Tensor], mem_spans: Optional[torch.Te
 
 def token_advantages(inputs: AdvantageInputs, *, epsilon: float = 1e-6, norm_adv_by_std: bool = True,
                      memory_weight: float = 1.0, skip_zero_variance_groups: bool = False) -> TokenAdvantages:
-    """The token advantages and loss mask of a batch (module equations and zero-variance policy).
+    """The token advantages and loss mask of a batch: A = A_out + memory_weight * A_mem, 0 off the loss mask.
 
     inputs: `AdvantageInputs` ([B] rows, [B, L] response mask, CSR memory inputs or None).
     epsilon / norm_adv_by_std / memory_weight: as `mempo.ops.mempo_advantage` (validated there).
-    skip_zero_variance_groups: the zero-variance policy (module docstring); False keeps every
-    response token, and then ``advantages`` equals `mempo.ops.mempo_advantage`'s on the response
-    mask (0 elsewhere). Returns a `TokenAdvantages`; never NaN for finite inputs.
+    skip_zero_variance_groups: True: rows of a group with one distinct score keep in the loss only
+        their scored ``<mem>`` tokens, with the memory part alone (``A - A_out``); False keeps every
+        response token, and then ``advantages`` equals `mempo.ops.mempo_advantage`'s on the response
+        mask (0 elsewhere). Returns a `TokenAdvantages`; never NaN for finite inputs.
     """
     scores, index, response_mask = inputs.scores, inputs.index, inputs.response_mask
     memory = (inputs.mem_rewards, inputs.mem_offsets, inputs.mem_spans)

@@ -1,5 +1,4 @@
-"""The two teacher-scoring contexts of a scored round, the scored answer, and the records that carry
-them to teacher scoring and back.
+"""The two teacher-scoring contexts of a scored round and the scored answer, as `ScoringRequest`s.
 
     full_ctx[r] = sequence_ids[:full_end]               full_end = len(prompt_ids) + start(r): everything
                                                         before round r's own output (an end offset, no copy)
@@ -8,69 +7,23 @@ them to teacher scoring and back.
     answer      = template with the gold in "{answer}"  answer_mask_i = 1 iff token i overlaps a gold character
 
 Both contexts are continued by the same answer ids; teacher scoring (`mempo.scoring`) returns
-P(answer | context) for each (`ScoringResult`). Several objectives: the sub-answers joined by "; ",
-only their characters gold. `scoring_requests` gives one `ScoringRequest` per trajectory, in order
-(an empty ``rounds`` for a trajectory with no scored round), so results line up with trajectories.
+P(answer | context) for each. Several objectives: the sub-answers joined by "; ", only their
+characters gold. Requests and results are the records of `mempo.records.scoring`.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Sequence, Union
 
 from mempo.protocol.reward import objectives_from_golds
-from mempo.rollout.trajectory import Round, Trajectory
+from mempo.records.scoring import ScoredRound, ScoringRequest
+from mempo.records.trajectory import Round, Trajectory
 
-__all__ = ["DEFAULT_ANSWER_TEMPLATE", "AnswerBuilder", "ScoredRound", "ScoringRequest", "ScoringResult",
-           "build_answer", "default_answer_builder", "mem_ctx_ids", "scored_round", "scoring_requests"]
+__all__ = ["DEFAULT_ANSWER_TEMPLATE", "AnswerBuilder", "build_answer", "default_answer_builder", "mem_ctx_ids",
+           "scored_round", "scoring_requests"]
 
 DEFAULT_ANSWER_TEMPLATE = "\n<think>\nI have the answer.\n</think>\n<answer>\n{answer}\n</answer>"
 
 AnswerBuilder = Callable[[Any, Any], tuple[Sequence[int], Sequence[int]]]
-
-
-# ------------------------------------------------------------------------------------------------
-# records
-# ------------------------------------------------------------------------------------------------
-@dataclass
-class ScoredRound:
-    """One scored round r of a trajectory.
-
-    full_end: full_ctx[r] = sequence_ids[:full_end] (1 <= full_end <= len(sequence_ids)).
-    mem_ctx_ids: mem_ctx[r] = system + question + round r's "<mem>...</mem>", token ids (non-empty).
-    """
-
-    full_end: int
-    mem_ctx_ids: list[int]
-
-
-@dataclass
-class ScoringRequest:
-    """One trajectory to score.
-
-    sequence_ids: prompt + response as generated (the full context, tool results included).
-    rounds: the rounds to score, in order (may be empty: nothing is computed for this request).
-    answer_ids: the scored continuation (template around the gold answer), non-empty.
-    answer_mask: 1 on gold-answer tokens, 0 on template tokens; len(answer_mask) == len(answer_ids).
-    """
-
-    sequence_ids: list[int]
-    rounds: list[ScoredRound]
-    answer_ids: list[int]
-    answer_mask: list[int]
-
-
-@dataclass
-class ScoringResult:
-    """Teacher scoring of one request, per scored round in the order of ``request.rounds`` (Python numbers).
-
-    p_full / p_mem: P(answer | full_ctx[r]) / P(answer | mem_ctx[r]); the empty value (default 0.0)
-    when no token is kept. num_kept_full / num_kept_mem: gold tokens that passed the threshold.
-    """
-
-    p_full: list[float] = field(default_factory=list)
-    p_mem: list[float] = field(default_factory=list)
-    num_kept_full: list[int] = field(default_factory=list)
-    num_kept_mem: list[int] = field(default_factory=list)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -163,7 +116,8 @@ def scored_round(trajectory: Trajectory, round_: Round) -> ScoredRound:
 
 def scoring_requests(trajectories: Sequence[Trajectory], tokenizer: Any,
                      answer_builder: Optional[AnswerBuilder] = None) -> list[ScoringRequest]:
-    """One `ScoringRequest` per trajectory, in order (module conventions).
+    """One `ScoringRequest` per trajectory, in order (an empty ``rounds`` for a trajectory with no
+    scored round, so results line up with trajectories); the answer is built once per distinct golds.
 
     Args:
         trajectories: rollout output.

@@ -20,9 +20,9 @@ import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from mempo.algo.contexts import ScoredRound, ScoringRequest
 from mempo.algo.memory_reward import memory_rewards
 from mempo.ops import find_spans, mempo_advantage
+from mempo.records.scoring import ScoredRound, ScoringRequest
 from mempo.scoring import score_reference
 
 QUESTION = "Which river flows through the capital of Veloria?"

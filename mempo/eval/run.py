@@ -17,6 +17,7 @@ import sys
 import time
 from typing import Any, Callable, Iterator, Mapping, Optional, Sequence
 
+from mempo.algo.outcome import score_outcomes
 from mempo.config import MempoConfig
 from mempo.env.build import build_tools
 from mempo.eval.episodes import eval_rollout_config
@@ -144,14 +145,15 @@ def _record_file(path: Optional[PathLike]) -> Iterator[Optional[JsonlWriter]]:
 
 def _roll_out(engine: RolloutEngine, episodes: Sequence[Any], chunk_size: int, title: str,
               show_progress: bool) -> list[Any]:
-    """The trajectories of `episodes` (one each, in order), `chunk_size` episodes per engine run; the
-    rollout scores them (their ``outcome``), which is all the records and rows read."""
+    """The scored trajectories of `episodes` (one each, in order), `chunk_size` episodes per engine
+    run; `score_outcomes` (with the engine's ``score_mode``) gives their ``outcome``, which is all the
+    records and rows read."""
     trajectories = []
     step = max(1, chunk_size)
     with progress(title, total=len(episodes), enabled=show_progress) as bar:
         for i in range(0, len(episodes), step):
             chunk = episodes[i:i + step]
-            trajectories.extend(engine.run(chunk))
+            trajectories.extend(score_outcomes(engine.run(chunk), mode=engine.config.score_mode))
             bar.advance(len(chunk))
     return trajectories
 

@@ -1,8 +1,6 @@
-"""mempo.rollout: the agent loop, generation backends and the `Trajectory` record. Import from the
-modules:
+"""mempo.rollout: the agent loop and generation backends; it makes `mempo.records.trajectory.Trajectory`
+records. Import from the modules:
 
-* `mempo.rollout.trajectory`: `Trajectory`, `Round` (offsets into the response, not copies),
-  `round_training_inputs`, jsonl I/O.
 * `mempo.rollout.chat`: `ChatFormat` (messages -> prompt ids with the tokenizer's chat template or a
   built-in ChatML one; the forced `<mem>` prefix; tool segments).
 * `mempo.rollout.backends`: the backend interface and registry; `HFBackend` (transformers),

@@ -1,46 +1,9 @@
 """Chat formatting of round prompts: messages -> token ids, the forced ``<mem>`` prefix, tool segments.
 
-Conventions
------------
-* Tokenizers: a transformers tokenizer or a bare ``tokenizers.Tokenizer``. Text is encoded without
-  added special tokens (no BOS is inserted; special tokens written in the text, such as
-  ``<|im_start|>``, are matched as added tokens) and decoded with special tokens kept and no
-  clean-up, so ``decode`` shows exactly what the ids are.
-* Template (``template``, the config's ``rollout.chat_template``): ``"auto"``: the tokenizer's own
-  chat template (transformers ``chat_template``; a tokenizer without one renders ChatML as
-  ``"builtin"`` does); ``"builtin"``: the built-in Qwen-style (ChatML) rendering::
-
-      <|im_start|>{role}\\n{content}<|im_end|>\\n      (for every message, in order)
-      <|im_start|>assistant\\n                         (the generation prompt)
-
-  encoded as text; any other value: the path of a Jinja template file, rendered by the
-  tokenizer's ``apply_chat_template(..., chat_template=<the file's text>)``. With a tokenizer that
-  lacks ``<|im_start|>``/``<|im_end|>`` as tokens the ChatML markers are encoded as plain text
-  (harmless for tests, wrong for a real model: give its template).
-* A template must render assistant turns verbatim: the protocol keeps every turn's ``<mem>`` and
-  the memory context is built from the last turn's text. Qwen3's template, for one, drops
-  everything before ``</think>`` of earlier assistant turns. A tokenizer or file template is
-  therefore checked when the `ChatFormat` is built (`check_template`): a probe conversation
-  (system, question, an assistant turn ``<mem>…</mem><think>…</think><search>…</search>``, a
-  tool result) is rendered with the generation prompt, and the assistant text and the tool text
-  must both appear in it unchanged, in that order; otherwise `ChatTemplateError` (a MempoError
-  naming ``rollout.chat_template``) says so and suggests ``builtin``.
-* Forced prefix: every assistant turn starts with ``forced_prefix`` (``"<mem>"``), encoded on its
-  own (``prefix_ids``). The agent loop appends these ids to the prompt before generating and records
-  them as the first ids of the round, in the *response* (mask 1 by default: the model is trained to
-  open every turn with ``<mem>`` itself; see :mod:`mempo.rollout.loop`). Round text decoded from
-  the round's ids therefore starts with ``<mem>`` and ``AgentMemory.add_llm_gen(text,
-  forced_prefix="<mem>")`` stores it once, as is.
-* Tool segment (full-context sequences): after a search/access round the sequence continues with
-  the chat turn boundary, the tool result as a user message, and the next generation prompt::
-
-      <|im_end|>\\n<|im_start|>user\\n  +  <information>...</information>  +  <|im_end|>\\n<|im_start|>assistant\\n
-
-  (for a tokenizer template the two glue strings are read off that template by rendering sentinel
-  messages). The three parts are encoded separately and concatenated, so the tool text's ids are
-  known (``ToolSegment.information_start/end``); the whole segment has mask 0. The full-context
-  sequence is thus the chat rendering of ``AgentMemory.messages("full")``, round by round, with
-  the model's own ids for every assistant turn.
+Text is encoded without added special tokens (no BOS; special tokens written in the text, such as
+``<|im_start|>``, match as added tokens) and decoded with special tokens kept and no clean-up, so
+``decode`` shows exactly what the ids are. The full-context sequence is the chat rendering of
+``AgentMemory.messages("full")``, round by round, with the model's own ids for every assistant turn.
 """
 from __future__ import annotations
 
@@ -70,7 +33,11 @@ class ChatTemplateError(MempoError, ValueError):
 
 def check_template(render) -> None:
     """Raise `ChatTemplateError` unless ``render(messages, add_generation_prompt=True)`` keeps the
-    probe's assistant turn and tool result verbatim and in order (module conventions)."""
+    probe's assistant turn (``<mem>…</mem><think>…</think><search>…</search>``) and the tool result
+    after it verbatim and in order: the protocol keeps every turn's ``<mem>`` and builds the memory
+    context from the last turn's text (Qwen3's template, for one, drops everything before
+    ``</think>`` of earlier assistant turns). The error names ``rollout.chat_template`` and
+    suggests ``builtin``."""
     messages = [{"role": "system", "content": "probe system"}, {"role": "user", "content": "probe question?"},
                 {"role": "assistant", "content": PROBE_ASSISTANT}, {"role": "user", "content": _PROBE_TOOL}]
     text = render(messages, add_generation_prompt=True)
@@ -110,7 +77,11 @@ def default_stop_token_ids(tokenizer: Any) -> tuple[int, ...]:
 
 
 def render_builtin(messages: Sequence[dict], add_generation_prompt: bool = True) -> str:
-    """The built-in Qwen-style (ChatML) rendering (module conventions)."""
+    """The built-in Qwen-style (ChatML) rendering::
+
+        <|im_start|>{role}\n{content}<|im_end|>\n      (for every message, in order)
+        <|im_start|>assistant\n                         (the generation prompt)
+    """
     text = "".join(f"{IM_START}{m['role']}\n{m['content']}{IM_END}\n" for m in messages)
     if add_generation_prompt:
         text += f"{IM_START}assistant\n"
@@ -126,13 +97,20 @@ class ToolSegment(NamedTuple):
 
 
 class ChatFormat:
-    """Round prompts and tool segments for one tokenizer (module conventions).
+    """Round prompts and tool segments for one tokenizer.
 
     Args:
         tokenizer: transformers tokenizer or ``tokenizers.Tokenizer``.
-        forced_prefix: the text every assistant turn starts with (``"<mem>"``; ``""`` for none).
-        template: ``"auto"``, ``"builtin"`` or the path of a Jinja template file (module
-            conventions); a tokenizer or file template is checked with `check_template`.
+        forced_prefix: the text every assistant turn starts with (``"<mem>"``; ``""`` for none),
+            encoded on its own (``prefix_ids``). The loop appends these ids to the prompt and records
+            them as the first ids of the round, in the response, so a round's decoded text starts
+            with ``<mem>`` and ``AgentMemory.add_llm_gen(text, forced_prefix="<mem>")`` stores it once.
+        template (``rollout.chat_template``): ``"auto"``: the tokenizer's own chat template (ChatML
+            as ``"builtin"`` for a tokenizer without one); ``"builtin"``: `render_builtin`, encoded as
+            text (a tokenizer lacking ``<|im_start|>`` / ``<|im_end|>`` tokens encodes them as plain
+            text: fine for tests, wrong for a real model); else the path of a Jinja template file,
+            rendered by ``apply_chat_template``. A tokenizer or file template is checked with
+            `check_template`.
     """
 
     def __init__(self, tokenizer: Any, *, forced_prefix: str = MEM_PREFIX, template: str = "auto") -> None:
@@ -191,7 +169,10 @@ class ChatFormat:
         return self.encode(render_builtin(messages, True))
 
     def tool_glue(self) -> tuple[str, str]:
-        """(text before the tool result, text after it) of a tool segment (module conventions)."""
+        """(text before the tool result, text after it) of a tool segment: the turn boundary and the
+        user turn's start, then the turn's end and the next generation prompt (ChatML:
+        ``<|im_end|>\n<|im_start|>user\n`` / ``<|im_end|>\n<|im_start|>assistant\n``; for a tokenizer
+        template read off it by rendering sentinel messages)."""
         if not self.uses_tokenizer_template:
             return f"{IM_END}\n{IM_START}user\n", f"{IM_END}\n{IM_START}assistant\n"
         messages = [{"role": "system", "content": "s"}, {"role": "user", "content": "q"},
@@ -208,7 +189,9 @@ class ChatFormat:
         return before, after
 
     def tool_segment(self, tool_text: str) -> ToolSegment:
-        """The ids appended after a tool call: glue, the tool text, glue (module conventions)."""
+        """The ids appended after a tool call (mask 0 in the response): glue, the tool text, glue,
+        encoded separately and concatenated, so the tool text's ids are known
+        (``information_start:information_end``)."""
         if self._glue is None:
             before, after = self.tool_glue()
             self._glue = (self.encode(before), self.encode(after))

@@ -1,49 +1,11 @@
 """The agent loop: G samples of every question, rounds of generation and tool calls, as token ids.
 
-Conventions
------------
-* Settings: the ``rollout`` section of the configuration, `mempo.config.RolloutConfig`, read
-  directly (field names below are its own); runtime values that are not settings (the seed of a
-  training step, the model's context length) are `RolloutEngine` arguments.
-* State machine per trajectory: ``generating -> (tool calling -> generating)* -> done``. One *step*
-  sends every trajectory waiting for generation to the backend as one batch (so each step batches
-  all active trajectories of all questions); then the tool calls of that step run concurrently in a
-  thread pool (``tool_workers`` threads; the retriever may be in-process or HTTP); the next step
-  starts when they are all answered. Steps are therefore deterministic: with a seeded backend the
-  same inputs give the same trajectories.
-* A round: the context (full policy: ``prompt_ids + response_ids``; memory policy: the chat
-  rendering of ``AgentMemory.messages("memory")``, recorded as ``Round.prompt_ids``) + the forced
-  prefix ids (``<mem>``) go to the backend; its output is cut after the token that closes the
-  round's action block (:func:`mempo.rollout.backends.stopping.cut_round`), at a stop id or at the
-  round's token limit. The forced prefix and the kept ids are appended to ``response_ids``
-  unchanged (token-in/token-out: nothing is decoded and re-encoded); the prefix has mask 1 when
-  ``train_forced_prefix`` (default: the model learns to open every turn with ``<mem>`` itself; its
-  log-prob under the policy is as computable as any other token's), else 0. The round's text
-  (decoded from those ids) is added to the :class:`~mempo.protocol.memory.AgentMemory` with
-  ``add_llm_gen(text, forced_prefix=forced_prefix)``, which stores the one leading ``<mem>`` as is.
-* Actions: ``<answer>`` ends the trajectory (``"answer"``). ``<search>``/``<access>`` call the tool
-  of that name with the block's stripped content; the result (a ``ToolResult``; a tool that raises
-  or is missing gives an ``<information>Error: ...</information>`` result, ``tool_ok=False``) is
-  appended as the tool segment (mask 0, see :mod:`mempo.rollout.chat`) and recorded in the memory
-  (``add_webpage`` for kind ``"webpage"``, else ``add_search_results``). A search/access in the
-  last allowed round (``max_turns``) ends the trajectory with ``"turn_limit"`` without calling the
-  tool (nothing would read the result).
-* Malformed rounds: a round that stops at a stop id or at its token limit without closing an
-  action ends the trajectory with ``"malformed"``; ``compute_score``'s format check gives it 0.
-* Token budget: ``response_ids`` never exceeds ``max_response_tokens`` (generated + tool ids, like
-  verl's response length), and a backend context never exceeds the engine's ``max_context_tokens``
-  (prompt + new ids; ``None``: unlimited). A round's limit is ``min(max_new_tokens_per_round, room
-  left)``; a round cut by that room, a tool segment cut to fit (kept up to the budget), or no room
-  for one more id after the forced prefix, ends the trajectory with ``"token_budget"``.
-* Seeds: generation step k of the c-th `RolloutEngine.run` call samples with
-  `mempo.seeds.generation_seed` (engine seed, c, k).
-* After the loop: one :func:`mempo.ops.spans.find_spans` call over all responses gives each round's
-  ``mem_span`` (:func:`mempo.algo.rounds.round_mem_span`: the first ``<mem>`` block starting in the
-  round, if closed with non-blank content);
-  the outcome is ``compute_score`` of the protocol text (the rounds' texts and the tool results'
-  texts, in order, without chat glue) against the golds.
-* Output order: questions in input order, the G samples of each in sample order; ``uid`` is the
-  episode id (``"<id>#<k>"`` for the k-th repeat of an id within one call).
+Token-in/token-out: the forced prefix and the backend's kept ids are appended to ``response_ids``
+unchanged (nothing is decoded and re-encoded); tool segments have mask 0. ``response_ids`` never
+exceeds ``rollout.max_response_tokens`` (generated + tool ids, like verl's response length) and a
+backend context never exceeds the engine's ``max_context_tokens``. The golds ride along in the
+records and never reach a generation request; the outcome is scored after the loop
+(`mempo.algo.outcome`).
 """
 from __future__ import annotations
 
@@ -53,17 +15,16 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Optional, Sequence
 
-from mempo.algo.rounds import round_mem_span
 from mempo.config import RolloutConfig
 from mempo.env.tools import ToolResult, information, make_tools
 from mempo.ops.spans import TokenTable, find_spans
 from mempo.protocol.grammar import extract_solution, find_blocks
 from mempo.protocol.memory import AgentMemory, ShortTextPolicy
-from mempo.protocol.reward import compute_score
+from mempo.records.rounds import round_mem_span
+from mempo.records.trajectory import Round, Trajectory
 from mempo.rollout.backends.base import GenerationBackend, GenerationRequest, RequestKey, SamplingParams
 from mempo.rollout.backends.stopping import STOP_LENGTH, TokenBytes, cut_round
 from mempo.rollout.chat import ChatFormat, default_stop_token_ids
-from mempo.rollout.trajectory import Round, Trajectory
 from mempo.seeds import generation_seed
 
 __all__ = ["RolloutConfig", "RolloutTask", "RolloutStats", "RolloutEngine", "rollout", "as_task"]
@@ -152,7 +113,8 @@ def _closed_block_content(text: str, tag: str) -> Optional[str]:
 
 
 class RolloutEngine:
-    """Runs the agent loop (module conventions).
+    """Runs the agent loop: per step, one backend batch of every trajectory waiting for generation,
+    then that step's tool calls concurrently.
 
     Args:
         backend: a generation backend (:mod:`mempo.rollout.backends`).
@@ -164,21 +126,21 @@ class RolloutEngine:
             defaults). The loop reads ``context_policy``, ``group_size``, ``max_turns``,
             ``max_new_tokens_per_round``, ``max_response_tokens``, the sampling fields, ``seed``,
             ``system_prompt``, ``forced_prefix``, ``train_forced_prefix``, ``stop_token_ids``,
-            ``tool_workers``, ``score_mode`` and ``chat_template``; the backend fields are the
+            ``tool_workers`` and ``chat_template``; the backend fields are the
             backend factory's.
         seed: this engine's seed (None: ``config.seed``); the k-th generation step of its c-th
             `run` samples with `mempo.seeds.generation_seed(seed, c, k)` (training passes the
             step's seed, `mempo.seeds.training_rollout_seed`).
         max_context_tokens: the most ids a backend context may hold (prompt + new ids; None:
             unlimited), e.g. the model's ``max_position_embeddings``.
-        short_text_policy / format_kwargs: library hooks for `AgentMemory` and ``compute_score``
-            (None: their defaults, which every command uses).
+        short_text_policy: library hook for `AgentMemory` (None: its default, which every command
+            uses).
     """
 
     def __init__(self, backend: GenerationBackend, tokenizer: Any, tools: Optional[Mapping[str, Callable]] = None,
                  *, retriever: Any = None, config: Optional[RolloutConfig] = None, seed: Optional[int] = None,
-                 max_context_tokens: Optional[int] = None, short_text_policy: Optional[ShortTextPolicy] = None,
-                 format_kwargs: Optional[Mapping[str, Any]] = None) -> None:
+                 max_context_tokens: Optional[int] = None,
+                 short_text_policy: Optional[ShortTextPolicy] = None) -> None:
         self.config = config if config is not None else RolloutConfig()
         if max_context_tokens is not None and max_context_tokens < 1:
             raise ValueError(f"max_context_tokens must be >= 1 or None, got {max_context_tokens}")
@@ -189,7 +151,6 @@ class RolloutEngine:
         self.seed = self.config.seed if seed is None else int(seed)
         self.max_context_tokens = max_context_tokens
         self.short_text_policy = short_text_policy
-        self.format_kwargs = format_kwargs
         self.backend = backend
         self.tokenizer = tokenizer
         self.tools = dict(tools)
@@ -204,8 +165,15 @@ class RolloutEngine:
     def run(self, tasks: Sequence[Any], *, group_size: Optional[int] = None) -> list[Trajectory]:
         """Sample ``group_size`` (default ``config.group_size``) trajectories of every task.
 
+        Per trajectory: ``generating -> (tool calling -> generating)* -> done``. One step sends every
+        trajectory waiting for generation to the backend as one batch (all active trajectories of
+        all questions); then that step's tool calls run concurrently (``tool_workers`` threads); the
+        next step starts when they are all answered, so with a seeded backend the same inputs give
+        the same trajectories.
+
         ``tasks``: episodes, mappings, ``(prompt, golds)`` pairs (:func:`as_task`). Returns
-        ``len(tasks) * G`` trajectories, grouped by task (module conventions).
+        ``len(tasks) * G`` trajectories without outcome: tasks in input order, the G samples of each
+        in sample order; ``uid`` is the task id (``"<id>#<k>"`` for its k-th repeat in this call).
         """
         cfg = self.config
         group = cfg.group_size if group_size is None else int(group_size)
@@ -270,9 +238,14 @@ class RolloutEngine:
         return runs
 
     def _step_seed(self, call: int, step: int) -> int:
+        """Generation step k of the c-th `run` samples with `generation_seed` (engine seed, c, k)."""
         return generation_seed(self.seed, call, step)
 
     def _next_request(self, run: _Run) -> Optional[GenerationRequest]:
+        """The round's context (full policy: ``prompt_ids + response_ids``; memory policy: the chat
+        rendering of ``AgentMemory.messages("memory")``, kept as ``Round.prompt_ids``) + the forced
+        prefix ids. Its limit is ``min(max_new_tokens_per_round, room left)`` under both budgets; no
+        room for one more id after the prefix ends the trajectory with ``"token_budget"``."""
         cfg = self.config
         prefix = self.chat.prefix_ids
         if cfg.context_policy == "full":
@@ -298,6 +271,12 @@ class RolloutEngine:
         return GenerationRequest(context + prefix, limit, len(prefix), self.stop_token_ids, key)
 
     def _accept_generation(self, run: _Run, token_ids: Sequence[int]) -> Optional[tuple[str, str]]:
+        """Append the round (forced prefix, mask 1 when ``train_forced_prefix``, + the ids `cut_round`
+        keeps) and its decoded text to the memory (``add_llm_gen`` stores the leading ``<mem>`` as is).
+        Returns the (action, argument) tool call to make, or None when the trajectory ends:
+        ``<answer>``: "answer"; a search/access in round ``max_turns``: "turn_limit" (nothing would
+        read the result); a round cut by the budget's room: "token_budget"; no closed action
+        (stop id or token limit): "malformed" (the outcome's format check gives it 0)."""
         cfg = self.config
         prefix = self.chat.prefix_ids
         cut = cut_round(token_ids, self.token_bytes, prefix_ids=prefix, stop_token_ids=self.stop_token_ids,
@@ -333,6 +312,8 @@ class RolloutEngine:
         return None
 
     def _call_tool(self, action: str, argument: str) -> ToolResult:
+        """The tool's `ToolResult`; a missing tool or one that raises gives an
+        ``<information>Error: ...</information>`` result with ``ok=False`` (it never ends the rollout)."""
         kind = _TOOL_KINDS.get(action, "search_results")
         tool = self.tools.get(action)
         if tool is None:
@@ -349,6 +330,9 @@ class RolloutEngine:
         return result
 
     def _accept_tool(self, run: _Run, result: Any) -> None:
+        """Append the tool segment (`ChatFormat.tool_segment`, mask 0) and record the result in the
+        memory (``add_webpage`` for kind "webpage", else ``add_search_results``); a segment cut to
+        fit ``max_response_tokens`` is kept up to the budget and ends the trajectory ("token_budget")."""
         cfg = self.config
         segment = self.chat.tool_segment(result.text)
         ids = segment.ids
@@ -388,6 +372,9 @@ class RolloutEngine:
         return table
 
     def _finish(self, runs: list[_Run]) -> list[Trajectory]:
+        """The trajectories: one `find_spans` call over all responses gives each round's ``mem_span``
+        (`round_mem_span`); each carries its ``protocol_text`` (the memory's round and tool texts, in
+        order, no chat glue) and ``final_answer`` (its ``<answer>``); no outcome yet."""
         cfg = self.config
         batch = find_spans([run.response_ids for run in runs], self._span_table(runs)) if runs else None
         trajectories = []
@@ -395,18 +382,12 @@ class RolloutEngine:
             mem_spans = [s for s in batch.spans_of(i) if s.tag == "mem"]
             for round_, text in zip(run.rounds, run.round_texts):
                 round_.mem_span = round_mem_span(round_.start, round_.end, text, mem_spans)
-            protocol_text = "".join(record.text for record in run.memory.records[1:])
-            if run.task.golds is not None:
-                outcome = compute_score(protocol_text, run.task.golds, mode=cfg.score_mode,
-                                        format_kwargs=self.format_kwargs)
-                answer = outcome["answer"]
-            else:
-                outcome, answer = {}, extract_solution(protocol_text)
+            protocol_text = "".join(record.text for record in run.memory.records[1:])  # records[0]: the prompt
             trajectory = Trajectory(
                 uid=run.uid, sample_index=run.sample_index, policy=cfg.context_policy, prompt_ids=run.prompt_ids,
                 response_ids=run.response_ids, response_mask=run.response_mask, rounds=run.rounds,
-                finish_reason=run.finish_reason or "malformed", golds=run.task.golds, final_answer=answer,
-                outcome=outcome, episode_id=run.task.id,
+                finish_reason=run.finish_reason or "malformed", golds=run.task.golds,
+                final_answer=extract_solution(protocol_text), protocol_text=protocol_text, episode_id=run.task.id,
             )
             trajectories.append(trajectory)
         return trajectories
@@ -416,5 +397,5 @@ def rollout(backend: GenerationBackend, tokenizer: Any, tasks: Sequence[Any], *,
             tools: Optional[Mapping[str, Callable]] = None, retriever: Any = None,
             config: Optional[RolloutConfig] = None, **engine_options: Any) -> list[Trajectory]:
     """One-shot :class:`RolloutEngine` run (see it for the arguments; ``engine_options``: its
-    ``seed``, ``max_context_tokens``, ``short_text_policy``, ``format_kwargs``)."""
+    ``seed``, ``max_context_tokens``, ``short_text_policy``)."""
     return RolloutEngine(backend, tokenizer, tools, retriever=retriever, config=config, **engine_options).run(tasks)

@@ -100,16 +100,14 @@ def test_memory_mask_matches_a_loop_on_random_spans():
 
 def test_advantage_inputs_of_trajectories():
     scored, unscored = trajectory(), trajectory(second_mem=None)
-    scored.memory_rewards, unscored.memory_rewards = [0.25], []
     scored.outcome, unscored.outcome = {"score": 1.0}, {"score": 0.0}
-    got = advantage_inputs([scored, unscored], pad_to=12)
+    got = advantage_inputs([scored, unscored], memory_rewards=[[0.25], []], pad_to=12)
     assert got.scores.tolist() == [1.0, 0.0] and list(got.index) == ["q", "q"]
     assert got.response_mask.shape == (2, 12) and got.response_mask[0].tolist() == [1, 1, 1, 0, 0] + [1] * 5 + [0, 0]
     assert got.mem_rewards.tolist() == [0.25] and got.mem_offsets.tolist() == [0, 1, 1]
     assert got.mem_spans.tolist() == [[5, 7]]
     with pytest.raises(ValueError, match="pad_to=4"):
-        advantage_inputs([scored], pad_to=4)
-    scored.memory_rewards = None
+        advantage_inputs([scored], memory_rewards=[[0.25]], pad_to=4)
     with pytest.raises(ValueError, match="no memory rewards"):
         advantage_inputs([scored])
     assert advantage_inputs([scored], require_memory_rewards=False).mem_offsets.tolist() == [0, 0]

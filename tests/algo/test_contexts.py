@@ -1,8 +1,8 @@
 """mempo.algo.contexts: full_ctx / mem_ctx of a scored round and the scoring requests, on hand-made trajectories."""
 import pytest
 
-from mempo.algo.contexts import (ScoredRound, ScoringRequest, build_answer, default_answer_builder, mem_ctx_ids,
-                                 scored_round, scoring_requests)
+from mempo.algo.contexts import build_answer, default_answer_builder, mem_ctx_ids, scored_round, scoring_requests
+from mempo.records.scoring import ScoredRound, ScoringRequest
 from support.rollout_fixtures import chat_tokenizer, trajectory
 
 

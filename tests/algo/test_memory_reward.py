@@ -1,10 +1,10 @@
-"""mempo.algo.memory_reward: mem_reward = P(mem_ctx) - P(full_ctx), attached to the trajectories."""
+"""mempo.algo.memory_reward: mem_reward = P(mem_ctx) - P(full_ctx), one list per trajectory."""
 import math
 
 import pytest
 
-from mempo.algo.contexts import ScoringResult
-from mempo.algo.memory_reward import attach_memory_rewards, memory_rewards
+from mempo.algo.memory_reward import memory_rewards, memory_rewards_of
+from mempo.records.scoring import ScoringResult
 from support.rollout_fixtures import trajectory
 
 
@@ -17,16 +17,17 @@ def test_memory_reward_is_p_mem_minus_p_full():
         memory_rewards(ScoringResult(p_full=[0.1], p_mem=[]))
 
 
-def test_attach_memory_rewards():
+def test_memory_rewards_of():
     scored, unscored = trajectory(), trajectory(second_mem=None)
-    attach_memory_rewards([scored, unscored], [ScoringResult(p_full=[0.25], p_mem=[0.125]), ScoringResult()])
-    assert scored.memory_rewards == [-0.125] and unscored.memory_rewards == []
-    scored.validate()
+    before = scored.to_dict()
+    got = memory_rewards_of([scored, unscored], [ScoringResult(p_full=[0.25], p_mem=[0.125]), ScoringResult()])
+    assert got == [[-0.125], []]
+    assert scored.to_dict() == before  # the trajectories are not changed
     with pytest.raises(ValueError, match="1 scoring results for 2"):
-        attach_memory_rewards([scored, unscored], [ScoringResult()])
+        memory_rewards_of([scored, unscored], [ScoringResult()])
     with pytest.raises(ValueError, match="has 1 scored rounds but got 0"):
-        attach_memory_rewards([scored], [ScoringResult()])
+        memory_rewards_of([scored], [ScoringResult()])
     with pytest.raises(ValueError, match="finite"):
-        attach_memory_rewards([scored], [ScoringResult(p_full=[0.0], p_mem=[math.nan])])
+        memory_rewards_of([scored], [ScoringResult(p_full=[0.0], p_mem=[math.nan])])
     with pytest.raises(TypeError, match="ScoringResult"):
-        attach_memory_rewards([scored], [{"mem_reward": [0.1]}])  # no other spelling is read
+        memory_rewards_of([scored], [{"mem_reward": [0.1]}])  # no other spelling is read

@@ -6,10 +6,12 @@ import pytest
 import torch
 
 from mempo.algo.advantages import advantage_inputs
-from mempo.algo.contexts import DEFAULT_ANSWER_TEMPLATE, ScoredRound, ScoringRequest, ScoringResult, scoring_requests
-from mempo.algo.memory_reward import attach_memory_rewards, memory_rewards
-from mempo.ops import mempo_advantage
+from mempo.algo.contexts import DEFAULT_ANSWER_TEMPLATE, scoring_requests
+from mempo.algo.memory_reward import memory_rewards, memory_rewards_of
+from mempo.algo.outcome import score_outcomes
 from mempo.config import RolloutConfig
+from mempo.ops import mempo_advantage
+from mempo.records.scoring import ScoredRound, ScoringRequest, ScoringResult
 from mempo.rollout.backends import ScriptedBackend, round_script
 from mempo.rollout.loop import RolloutEngine
 from support.rollout_fixtures import chat_tokenizer, needle_scripts, needle_task
@@ -40,7 +42,7 @@ def batch(bm25):
     backend = ScriptedBackend(round_script(tok, scripts), tok)
     config = RolloutConfig(group_size=3, max_new_tokens_per_round=128)
     trajectories = RolloutEngine(backend, tok, retriever=bm25, config=config).run([needle_task(3), needle_task(5)])
-    return tok, trajectories
+    return tok, score_outcomes(trajectories)
 
 
 def test_scoring_requests_one_per_trajectory(batch):
@@ -67,18 +69,17 @@ def test_scoring_requests_one_per_trajectory(batch):
 
 def test_memory_rewards_reach_the_mem_tokens(batch):
     tok, trajectories = batch
-    for trajectory in trajectories:
-        trajectory.memory_rewards = None
     with pytest.raises(ValueError, match="no memory rewards"):
         advantage_inputs(trajectories)
     with pytest.raises(ValueError, match="scored rounds"):
-        attach_memory_rewards(trajectories, [ScoringResult(p_full=[0.0], p_mem=[0.1])] * len(trajectories))
+        memory_rewards_of(trajectories, [ScoringResult(p_full=[0.0], p_mem=[0.1])] * len(trajectories))
     with pytest.raises(TypeError, match="ScoringResult"):
-        attach_memory_rewards(trajectories, [[0.3, -0.1]] + [ScoringResult()] * (len(trajectories) - 1))
+        memory_rewards_of(trajectories, [[0.3, -0.1]] + [ScoringResult()] * (len(trajectories) - 1))
     mem = [[0.3, -0.1], [0.2, 0.0], [0.5, 0.1], [-0.4], [], []]  # P(mem_ctx) - 0.0: the rewards themselves
-    attach_memory_rewards(trajectories, [ScoringResult(p_full=[0.0] * len(m), p_mem=m) for m in mem])
-    assert trajectories[2].memory_rewards == pytest.approx([0.5, 0.1])
-    scores, index, mask, rewards, offsets, spans = advantage_inputs(trajectories, pad_to=1500)
+    mem_rewards = memory_rewards_of(trajectories, [ScoringResult(p_full=[0.0] * len(m), p_mem=m) for m in mem])
+    assert mem_rewards[2] == pytest.approx([0.5, 0.1])
+    scores, index, mask, rewards, offsets, spans = advantage_inputs(trajectories, memory_rewards=mem_rewards,
+                                                                    pad_to=1500)
     assert mask.shape == (6, 1500) and list(index) == ["q3"] * 3 + ["q5"] * 3
     assert offsets.tolist() == [0, 2, 4, 6, 7, 7, 7] and spans.shape == (7, 2)
     assert scores.tolist() == [t.score for t in trajectories]
@@ -113,12 +114,10 @@ def test_end_to_end_with_the_scoring_module(batch):
     packed = score_packed(model, requests, threshold=None)
     for a, b in zip(results, packed):
         assert memory_rewards(a) == pytest.approx(memory_rewards(b), abs=1e-5)
-    for trajectory in trajectories:
-        trajectory.memory_rewards = None
-    attach_memory_rewards(trajectories, results)
-    assert [len(t.memory_rewards) for t in trajectories] == [2, 2, 2, 1, 0, 0]
-    assert all(v != 0.0 for t in trajectories for v in t.memory_rewards)
-    advantages, _ = mempo_advantage(*advantage_inputs(trajectories))
+    mem_rewards = memory_rewards_of(trajectories, results)
+    assert [len(m) for m in mem_rewards] == [2, 2, 2, 1, 0, 0]
+    assert all(v != 0.0 for m in mem_rewards for v in m)
+    advantages, _ = mempo_advantage(*advantage_inputs(trajectories, memory_rewards=mem_rewards))
     assert torch.isfinite(advantages).all()
 
 

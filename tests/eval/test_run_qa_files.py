@@ -14,7 +14,7 @@ from mempo.env.build import build_retriever
 from mempo.env.retriever import BM25Retriever
 from mempo.eval import EpisodeRecord, EvalReport, evaluate, qa_eval_episodes, render_episode
 from mempo.rollout.backends.base import GenerationRequest
-from mempo.rollout.trajectory import Trajectory
+from mempo.records.trajectory import Trajectory
 from support.qa_eval import UNFINDABLE, Recording, corpus_documents, expected_em, make_cfg, reader_backend
 from support.rollout_fixtures import chat_tokenizer
 

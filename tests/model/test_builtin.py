@@ -102,6 +102,7 @@ def test_scaffold_makes_well_formed_trajectories_from_context_strings(world, tok
     from mempo.env.retriever import BM25Retriever
     from mempo.env.tools import make_tools
     from mempo.config import RolloutConfig
+    from mempo.algo.outcome import score_outcomes
     from mempo.rollout.loop import RolloutEngine
 
     torch.set_num_threads(1)
@@ -113,7 +114,7 @@ def test_scaffold_makes_well_formed_trajectories_from_context_strings(world, tok
         for policy in ("full", "memory"):
             engine = RolloutEngine(backend, tok, tools, config=RolloutConfig(
                 context_policy=policy, group_size=3, max_turns=3, max_new_tokens_per_round=96, seed=0))
-            trajectories = engine.run(episodes)
+            trajectories = score_outcomes(engine.run(episodes))
             assert len(trajectories) == 6
             for t in trajectories:
                 assert t.finish_reason == "answer" and len(t.rounds) == 3 and t.outcome["format_ok"]

@@ -10,6 +10,7 @@ import threading
 
 import pytest
 
+from mempo.algo.outcome import score_outcomes
 from mempo.config import MempoConfig, RolloutConfig
 from mempo.env.client import HTTPRetriever
 from mempo.env.server import RetrieverServer
@@ -19,9 +20,9 @@ from mempo.protocol.memory import AgentMemory
 from mempo.protocol.reward import compute_score
 from mempo.rollout.backends import RequestKey, ScriptedBackend, round_script
 from mempo.rollout.chat import ChatFormat
-from mempo.rollout.loop import RolloutEngine
-from mempo.rollout.trajectory import Trajectory, read_trajectories_jsonl, write_trajectories_jsonl
+from mempo.records.trajectory import Trajectory, read_trajectories_jsonl, write_trajectories_jsonl
 from mempo.rollout.chat import render_builtin
+from mempo.rollout.loop import RolloutEngine
 from support.rollout_fixtures import chat_tokenizer, merged_closer, needle_scripts, needle_task, raw_tokenizer
 
 
@@ -35,6 +36,11 @@ def engine(tok, scripts, retriever=None, tools=None, overgenerate=False, max_con
     config.setdefault("max_new_tokens_per_round", 128)
     return RolloutEngine(backend, tok, tools, retriever=retriever, config=RolloutConfig(**config),
                          max_context_tokens=max_context_tokens), backend
+
+
+def scored_run(eng, tasks, **kwargs):
+    """The engine's trajectories, scored as the rewards stage scores them (`score_outcomes`)."""
+    return score_outcomes(eng.run(tasks, **kwargs))
 
 
 def protocol_messages(trajectory: Trajectory, tok, system="You are a helpful assistant."):
@@ -58,7 +64,9 @@ def test_full_policy_groups_scores_offsets_and_masks(tok, bm25):
     scripts = {"q3": needle_scripts(3), ("q5", 1): needle_scripts(5, correct=False, extra_search=True),
                "q5": needle_scripts(5)}
     eng, backend = engine(tok, scripts, retriever=bm25, group_size=4)
-    trajectories = eng.run([needle_task(3), needle_task(5)])
+    unscored = eng.run([needle_task(3), needle_task(5)])
+    assert all(t.outcome == {} and t.protocol_text for t in unscored)  # the rewards stage scores them
+    trajectories = score_outcomes(unscored)
 
     assert [(t.uid, t.sample_index) for t in trajectories] == [(q, g) for q in ("q3", "q5") for g in range(4)]
     # every step batches every active trajectory of every question
@@ -86,6 +94,7 @@ def test_full_policy_groups_scores_offsets_and_masks(tok, bm25):
             assert text.startswith("<mem>zebulon") and "</mem>" in text and r.scored
         # the protocol text decoded from the ids scores the same
         assert compute_score(t.response_text(tok), t.golds)["score"] == t.score
+        assert t.response_text(tok) == t.protocol_text  # no tool text cut or normalised here
         # the one sequence is the chat rendering of AgentMemory.messages("full"), turn by turn
         memory = protocol_messages(t, tok)
         assert all(record.text.count("<mem>") == 1 for record in memory.records if record.type == "llm_gen")
@@ -102,7 +111,7 @@ def test_memory_policy_records_each_round_prompt(tok, bm25):
                       "search found needle-4</mem><think>read it</think><access>needle-4</access>",
                       "needle-4 is Needle 4</mem><think>done</think><answer>Needle 4</answer>"]}
     eng, backend = engine(tok, scripts, retriever=bm25, group_size=2, context_policy="memory")
-    trajectories = eng.run([needle_task(4)])
+    trajectories = scored_run(eng, [needle_task(4)])
     chat = ChatFormat(tok)
     for t in trajectories:
         t.validate()
@@ -128,7 +137,7 @@ def test_memory_policy_records_each_round_prompt(tok, bm25):
 
 def test_forced_prefix_mask_can_be_zero(tok, bm25):
     eng, _ = engine(tok, {"q3": needle_scripts(3)}, retriever=bm25, group_size=1, train_forced_prefix=False)
-    (t,) = eng.run([needle_task(3)])
+    (t,) = scored_run(eng, [needle_task(3)])
     for r in t.rounds:
         assert t.response_mask[r.start:r.start + r.prefix_len] == [0] * r.prefix_len
         assert t.response_mask[r.start + r.prefix_len:r.end] == [1] * (r.end - r.start - r.prefix_len)
@@ -138,7 +147,7 @@ def test_builtin_template_with_a_bare_tokenizer(bm25):
     tok = raw_tokenizer()
     eng, _ = engine(tok, {"q3": needle_scripts(3)}, retriever=bm25, group_size=2)
     assert not eng.chat.uses_tokenizer_template
-    trajectories = eng.run([needle_task(3)])
+    trajectories = scored_run(eng, [needle_task(3)])
     assert [t.score for t in trajectories] == [1.0, 1.0]
     hf = ChatFormat(chat_tokenizer())
     assert hf.uses_tokenizer_template and hf.tool_glue() == eng.chat.tool_glue()
@@ -158,7 +167,7 @@ def test_generated_ids_are_stored_as_generated(tok, bm25):
     texts = needle_scripts(3)
     scripts = {"q3": [char_ids(tok, text) for text in texts]}
     eng, backend = engine(tok, scripts, retriever=bm25, group_size=2)
-    trajectories = eng.run([needle_task(3)])
+    trajectories = scored_run(eng, [needle_task(3)])
     for t in trajectories:
         assert t.score == 1.0
         for r in t.rounds:
@@ -175,7 +184,7 @@ def test_overgenerating_backend_is_cut_after_the_token_closing_the_action(tok, b
     round1 = enc("</mem><think>go</think><search>zebulon3</search") + [closer] + enc("junk <answer>x</answer> more")
     round2 = enc("zebulon3 is in Needle 3</mem><think>ok</think><answer>Needle 3</answer>") + enc(" trailing <search>")
     eng, backend = engine(tok, {"q3": [round1, round2]}, retriever=bm25, group_size=1, overgenerate=True)
-    (t,) = eng.run([needle_task(3)])
+    (t,) = scored_run(eng, [needle_task(3)])
     r1, r2 = t.rounds
     assert t.response_ids[r1.end - 1] == closer  # kept whole, merged trailing bytes and all
     assert t.response_ids[r1.start + r1.prefix_len:r1.end] == round1[:round1.index(closer) + 1]
@@ -194,7 +203,7 @@ def test_turn_limit_stops_without_calling_the_last_tool(tok, bm25):
     forever = ["</mem><think>t</think><search>zebulon1</search>"] + \
               [f"step {i}</mem><think>t</think><search>zebulon1</search>" for i in range(1, 10)]
     eng, _ = engine(tok, {"q1": forever}, retriever=bm25, group_size=2, max_turns=3)
-    trajectories = eng.run([needle_task(1)])
+    trajectories = scored_run(eng, [needle_task(1)])
     for t in trajectories:
         t.validate()
         assert t.finish_reason == "turn_limit" and len(t.rounds) == 3 and t.score == 0.0
@@ -206,19 +215,19 @@ def test_turn_limit_stops_without_calling_the_last_tool(tok, bm25):
 def test_token_budget_during_generation_and_in_a_tool_segment(tok, bm25):
     scripts = {"q3": needle_scripts(3)}
     eng, _ = engine(tok, scripts, retriever=bm25, group_size=1, max_response_tokens=30)
-    (t,) = eng.run([needle_task(3)])
+    (t,) = scored_run(eng, [needle_task(3)])
     assert t.finish_reason == "token_budget" and len(t.response_ids) <= 30 and t.score == 0.0
     assert t.rounds[0].stop_reason == "length" and t.rounds[0].action is None
 
     first_round = len(eng.chat.prefix_ids) + len(tok.encode(scripts["q3"][0], add_special_tokens=False))
     eng, _ = engine(tok, scripts, retriever=bm25, group_size=1, max_response_tokens=first_round + 20)
-    (t,) = eng.run([needle_task(3)])
+    (t,) = scored_run(eng, [needle_task(3)])
     t.validate()
     assert t.finish_reason == "token_budget" and len(t.response_ids) == first_round + 20
     assert t.rounds[0].action == "search" and t.rounds[0].tool_end == first_round + 20
 
     eng, _ = engine(tok, scripts, retriever=bm25, group_size=1, max_context_tokens=60)
-    (t,) = eng.run([needle_task(3)])
+    (t,) = scored_run(eng, [needle_task(3)])
     assert t.finish_reason == "token_budget"
 
 
@@ -228,7 +237,7 @@ def test_malformed_rounds_end_the_trajectory_with_score_zero(tok, bm25):
     rambling = tok.encode("</mem><think>" + "and then " * 80, add_special_tokens=False)
     eng, _ = engine(tok, {("q1", 0): [no_action], ("q1", 1): [rambling]}, retriever=bm25, group_size=2,
                     max_new_tokens_per_round=64)
-    eos_t, long_t = eng.run([needle_task(1)])
+    eos_t, long_t = scored_run(eng, [needle_task(1)])
     for t in (eos_t, long_t):
         t.validate()
         assert t.finish_reason == "malformed" and t.score == 0.0 and len(t.rounds) == 1
@@ -250,7 +259,7 @@ def test_tool_errors_become_information_and_the_loop_goes_on(tok, bm25):
                       "search broke</mem><think>t</think><answer>Needle 2</answer>"]}
     tools = {"access": make_tools(bm25)["access"], "search": broken_search}
     eng, _ = engine(tok, scripts, tools=tools, group_size=1)
-    (t,) = eng.run([needle_task(2)])
+    (t,) = scored_run(eng, [needle_task(2)])
     t.validate()
     assert [r.tool_ok for r in t.rounds] == [False, False, None]
     first = tok.decode(t.response_ids[t.rounds[0].information[0]:t.rounds[0].information[1]])
@@ -260,7 +269,7 @@ def test_tool_errors_become_information_and_the_loop_goes_on(tok, bm25):
     assert t.finish_reason == "answer" and t.score == 1.0 and eng.stats.tool_errors == 2
 
     eng, _ = engine(tok, scripts, tools={}, group_size=1)
-    (t,) = eng.run([needle_task(2)])
+    (t,) = scored_run(eng, [needle_task(2)])
     assert tok.decode(t.response_ids[t.rounds[0].information[0]:t.rounds[0].end + 40]).startswith(
         "<information>Error: no access tool")
 
@@ -275,7 +284,7 @@ def test_tool_calls_of_one_step_run_concurrently(tok, bm25):
         return search(argument)
 
     eng, _ = engine(tok, {"q3": needle_scripts(3)}, tools={"search": slow_search}, group_size=group, tool_workers=4)
-    trajectories = eng.run([needle_task(3)])
+    trajectories = scored_run(eng, [needle_task(3)])
     assert all(t.rounds[0].tool_ok for t in trajectories) and [t.score for t in trajectories] == [1.0] * group
 
 
@@ -283,7 +292,7 @@ def test_http_retriever_on_loopback(tok, bm25):
     with RetrieverServer(bm25) as server:
         retriever = HTTPRetriever(server.url, timeout=5, retries=0)
         eng, _ = engine(tok, {"q7": needle_scripts(7)}, retriever=retriever, group_size=2)
-        trajectories = eng.run([needle_task(7)])
+        trajectories = scored_run(eng, [needle_task(7)])
         retriever.close()
     assert [t.score for t in trajectories] == [1.0, 1.0]
     info = trajectories[0].rounds[0].information
@@ -297,8 +306,7 @@ def test_http_retriever_on_loopback(tok, bm25):
 def test_trajectories_round_trip_through_jsonl(tok, bm25, tmp_path):
     eng, _ = engine(tok, {"q3": needle_scripts(3, extra_search=True)}, retriever=bm25, group_size=2,
                     context_policy="memory")
-    trajectories = eng.run([needle_task(3)])
-    trajectories[0].memory_rewards = [0.25, -0.5]
+    trajectories = scored_run(eng, [needle_task(3)])
     path = tmp_path / "t.jsonl"
     assert write_trajectories_jsonl(path, trajectories) == 2
     loaded = read_trajectories_jsonl(path)
@@ -318,7 +326,7 @@ def test_episode_objects_and_uids(tok, bm25):
                       prompt="Which document mentions zebulon3?")
     eng, _ = engine(tok, {"ep": needle_scripts(3), "ep#1": needle_scripts(3, correct=False)}, retriever=bm25,
                     group_size=1)
-    first, second = eng.run([episode, episode])
+    first, second = scored_run(eng, [episode, episode])
     assert (first.uid, second.uid) == ("ep", "ep#1") and first.episode_id == second.episode_id == "ep"
     assert (first.score, second.score) == (1.0, 0.0) and first.golds == [["Needle 3"]]
 
@@ -355,7 +363,7 @@ def test_rollout_section_settings_reach_the_loop(tok, bm25):
     cfg = load_config(None, ["rollout.system_prompt=Answer briefly.", "rollout.train_forced_prefix=false",
                              "rollout.group_size=1", "rollout.max_new_tokens_per_round=128", "rollout.tool_workers=1"])
     backend = ScriptedBackend(round_script(tok, {"q3": needle_scripts(3)}), tok)
-    (t,) = RolloutEngine(backend, tok, retriever=bm25, config=cfg.rollout).run([needle_task(3)])
+    (t,) = scored_run(RolloutEngine(backend, tok, retriever=bm25, config=cfg.rollout), [needle_task(3)])
     assert "Answer briefly." in tok.decode(t.prompt_ids) and t.score == 1.0
     prefix = len(ChatFormat(tok).prefix_ids)
     assert all(t.response_mask[r.start:r.start + prefix] == [0] * prefix for r in t.rounds)

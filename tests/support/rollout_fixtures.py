@@ -15,7 +15,7 @@ from __future__ import annotations
 import functools
 
 from mempo.rollout.backends import TokenBytes
-from mempo.rollout.trajectory import Round, Trajectory
+from mempo.records.trajectory import Round, Trajectory
 
 CHATML_TEMPLATE = (
     "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"

@@ -47,7 +47,7 @@ evaluation rollout (8 doors x 16 samples, fixed codes and seed) before and after
 (4 doors x 8 samples each): the share of scored round-2 ``<mem>`` blocks holding "code X" with
 the gold X, and the mean P(answer | mem_ctx) of the scored rounds (the library's teacher scoring).
 Broken variants (test-local wrappers, no library option): "flip" negates the memory rewards
-`attach_memory_rewards` attaches; "move" moves every ``<mem>`` span onto round 1's ``<mem>``
+`memory_rewards_of` returns; "move" moves every ``<mem>`` span onto round 1's ``<mem>``
 tokens (response start) in `advantage_inputs`. Measured over seeds 0-9
 (``cd tests && python train/test_learning.py memory 10``, same date and tokenizer), rises after - before:
 
@@ -88,6 +88,7 @@ from typing import Callable, Iterator
 import torch
 
 from mempo.algo.contexts import DEFAULT_ANSWER_TEMPLATE, scoring_requests
+from mempo.algo.outcome import score_outcomes
 from mempo.config import MempoConfig, config_from_dict
 from mempo.env.tools import ToolResult, information
 from mempo.model.builtin import tiny_model, train_tokenizer
@@ -167,9 +168,7 @@ def _flip_token_advantages(original):
 
 def _flip_memory_rewards(original):
     def flipped(trajectories, results):
-        original(trajectories, results)
-        for trajectory in trajectories:
-            trajectory.memory_rewards = [-v for v in trajectory.memory_rewards]
+        return [[-v for v in rewards] for rewards in original(trajectories, results)]
     return flipped
 
 
@@ -181,7 +180,7 @@ def _move_memory_spans(original):
     return moved
 
 
-BROKEN = {"flip": ("attach_memory_rewards", _flip_memory_rewards),
+BROKEN = {"flip": ("memory_rewards_of", _flip_memory_rewards),
           "move": ("advantage_inputs", _move_memory_spans)}
 
 
@@ -211,7 +210,7 @@ def _outcome_sft(seed: int):
 
 def _mean_outcome(ctx: StepContext, episodes, seed: int) -> float:
     engine = RolloutEngine(ctx.backend, ctx.tokenizer, ctx.tools, config=ctx.cfg.rollout, seed=10 ** 6 + seed)
-    trajectories = engine.run(episodes, group_size=32)
+    trajectories = score_outcomes(engine.run(episodes, group_size=32))
     return sum(t.score for t in trajectories) / len(trajectories)
 
 
@@ -346,7 +345,7 @@ def _memory_eval(ctx: StepContext, doors: _Doors, seed: int) -> dict:
     doors.codes = {k: rng.choice(CODES) for k in KEYS}
     episodes = [RolloutTask(f"door-{k}", f"door {k}", [doors.codes[k]]) for k in KEYS]
     engine = RolloutEngine(ctx.backend, ctx.tokenizer, ctx.tools, config=ctx.cfg.rollout, seed=10 ** 6 + seed)
-    trajectories = engine.run(episodes, group_size=16)
+    trajectories = score_outcomes(engine.run(episodes, group_size=16))
     s = ctx.cfg.scoring
     results = score(ctx.scoring_model, scoring_requests(trajectories, ctx.tokenizer), method=s.method,
                     threshold=s.threshold, token_budget=s.token_budget)

@@ -41,11 +41,11 @@ def test_step_advantages_on_mem_spans(tmp_path, policy):
     m = result.metrics
     assert all(math.isfinite(v) for v in m.values())
     assert m["reward/format_rate"] == 1.0 and m["memory/scored_rounds"] > 0
-    adv, traj = result.advantages, result.trajectories
+    adv, traj = result.token_advantages.advantages, result.trajectories
     found = 0
     for b, t in enumerate(traj):
         outside = adv[b, torch.tensor(t.response_mask + [0] * (adv.shape[1] - len(t.response_mask))).bool()]
-        for r, reward in zip(t.scored_rounds(), t.memory_rewards):
+        for r, reward in zip(t.scored_rounds(), result.memory_rewards[b]):
             start, end = r.mem_span
             span = adv[b, start:end]
             assert torch.all(span == span[0])  # one value per span

@@ -32,7 +32,9 @@ __all__ = ["SamplingParams", "RequestKey", "GenerationRequest", "GenerationOutpu
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """Sampling for one generation call (module conventions)."""
+    """Sampling for one generation call: ``temperature == 0`` is greedy; ``top_k <= 0`` and
+    ``top_p >= 1`` disable those filters; ``seed`` makes the call reproducible (same requests, same
+    seed, same outputs on the same machine and backend)."""
 
     temperature: float = 1.0
     top_p: float = 1.0
@@ -98,7 +100,9 @@ class GenerationBackend(Protocol):
     """What the agent loop needs from a generator."""
 
     def generate(self, requests: Sequence[GenerationRequest], sampling: SamplingParams) -> list[GenerationOutput]:
-        """One output per request, in order (module conventions)."""
+        """One output per request, in order: the ids generated after each prompt, as generated,
+        stopped after a closed action block, a stop id or ``max_new_tokens`` (over-generation is
+        allowed: the loop's `cut_round` is authoritative)."""
         ...
 
     def sync_weights(self, weights: Union[None, Mapping[str, Any], Iterable[tuple[str, Any]]] = None) -> None:

@@ -44,8 +44,9 @@ def sglang_installed() -> bool:
 
 
 def check_backend_config(cfg: Any, *, logits_processors: Sequence[Any] = ()) -> None:
-    """The checks of `build_backend` that need no model (module docstring), so a command can run them
-    before its slow work: ConfigError naming ``rollout.protocol_scaffold`` or ``rollout.backend``."""
+    """The checks of `build_backend` that need no model, so a command can run them before its slow
+    work: logits processors need ``"hf"`` (ConfigError naming ``rollout.protocol_scaffold``); an
+    in-process ``"sglang"`` needs the sglang package (ConfigError naming ``rollout.backend``)."""
     r = cfg.rollout
     if r.backend == "hf":
         return
@@ -66,7 +67,8 @@ def hf_backend(model: Any, tokenizer: Any, *, logits_processors: Sequence[Any] =
 def build_backend(cfg: Any, model: Any, tokenizer: Any, *, model_path: Union[str, os.PathLike, None] = None,
                   logits_processors: Sequence[Any] = (), weights_dir: Union[str, os.PathLike, None] = None
                   ) -> GenerationBackend:
-    """The backend ``cfg.rollout`` asks for (module docstring).
+    """The backend ``rollout.backend`` asks for: ``"hf"``: `HFBackend` on `model`; ``"sglang"``:
+    `SGLangBackend` in this process, or `SGLangServerBackend` when ``rollout.sglang_url`` is set.
 
     model: the HF model the ``"hf"`` backend generates with (and the server backend saves weight
     versions through). model_path: the checkpoint SGLang loads (a directory or hub id; None or

@@ -1,30 +1,7 @@
 """`HFBackend`: generation with a transformers causal LM (CPU or GPU), token ids in and out.
 
-Conventions
------------
-* Requests are batched with left padding (pad id: ``pad_token_id``, else the tokenizer's pad/EOS
-  id, else 0) and an attention mask; requests are sorted by prompt length and cut into chunks of
-  ``max_batch_size`` rows (``None``: one chunk) to limit padding.
-* Stopping is per row, by a ``StoppingCriteria`` that feeds each new token's bytes to an
-  :class:`~mempo.rollout.backends.stopping.ActionStopScanner` (stop after the token that closes an
-  action block), stops at the request's stop ids (and at the model's ``generation_config`` EOS ids,
-  which transformers applies anyway; the loop treats an id that is not one of its stop ids as an
-  ordinary last token) and at its own ``max_new_tokens``. Finished rows
-  are padded by transformers; the recorded length strips the padding, so the returned ids are
-  exactly the sampled ones.
-* Sampling: ``SamplingParams.temperature == 0`` is greedy; otherwise multinomial sampling with
-  temperature / top-p / top-k (0 disables top-k). ``seed`` seeds torch's generators inside a
-  ``torch.random.fork_rng`` block (the caller's RNG state is left untouched), so one call with the
-  same requests and seed is reproducible on one machine.
-* The model runs in eval mode during ``generate`` (its previous mode is restored afterwards), so a
-  model object shared with the trainer samples without dropout.
-* ``logits_processors``: extra transformers ``LogitsProcessor`` s applied at every step (tests use a
-  scripted processor to force token sequences). A processor with a ``begin(requests)`` method is
-  given each ``generate`` chunk's requests first (rows in the order of the batch), e.g.
-  `mempo.rollout.backends.scaffold.ProtocolScaffold`; the requests carry prompt ids and round keys only.
-* ``sync_weights(weights)``: copies trainer tensors into the model in place (names of
-  ``model.state_dict()``, `load_weights_into`); tensors that already are the model's own storage
-  are skipped, and ``None`` is a no-op (the trainer shares the model object).
+The returned ids are exactly the sampled ones (padding stripped); the model runs in eval mode
+during ``generate`` (its mode restored), so a model shared with the trainer samples without dropout.
 """
 from __future__ import annotations
 
@@ -89,7 +66,7 @@ def _round_stop_class():
 
 @register_backend("hf")
 class HFBackend:
-    """transformers generation behind the backend interface (module conventions).
+    """transformers generation behind the backend interface.
 
     Args:
         model: a causal LM (``model.generate``); put it on its device before.
@@ -99,7 +76,10 @@ class HFBackend:
             tokenizer).
         pad_token_id: padding id (default: the tokenizer's pad id, else its EOS id, else 0).
         max_batch_size: rows per ``generate`` call (``None``: all requests at once).
-        logits_processors: extra transformers logits processors.
+        logits_processors: extra transformers ``LogitsProcessor`` s applied at every step. One with a
+            ``begin(requests)`` method is given each chunk's requests first (rows in batch order),
+            e.g. `mempo.rollout.backends.scaffold.ProtocolScaffold`; the requests carry prompt ids
+            and round keys only (never a gold).
     """
 
     name = "hf"
@@ -127,7 +107,17 @@ class HFBackend:
         return next(self.model.parameters()).device
 
     def generate(self, requests: Sequence[GenerationRequest], sampling: SamplingParams) -> list[GenerationOutput]:
-        """New ids per request (module conventions); one ``model.generate`` per chunk."""
+        """New ids per request, in order; one ``model.generate`` per chunk.
+
+        Requests are sorted by prompt length and cut into chunks of ``max_batch_size`` rows, left
+        padded with an attention mask. A row stops after the token that closes an action block
+        (`ActionStopScanner` on each new token's bytes), at the request's stop ids (and the model's
+        ``generation_config`` EOS ids, which transformers applies anyway; the loop treats an id that
+        is not one of its stop ids as an ordinary last token) or at its ``max_new_tokens``.
+        Sampling: temperature 0 is greedy, else multinomial with temperature / top-p / top-k (0
+        disables top-k); ``seed`` seeds torch inside ``torch.random.fork_rng`` (the caller's RNG
+        state is untouched), so a call is reproducible on one machine.
+        """
         if not requests:
             return []
         order = sorted(range(len(requests)), key=lambda i: len(requests[i].prompt_ids))
@@ -199,7 +189,9 @@ class HFBackend:
         return outputs
 
     def sync_weights(self, weights: Union[None, Mapping[str, Any], Iterable[tuple[str, Any]]] = None) -> None:
-        """Copy trainer weights into the model in place (module conventions)."""
+        """Copy trainer weights (names of ``model.state_dict()``) into the model in place
+        (`load_weights_into`); tensors that already are the model's storage are skipped; ``None``
+        is a no-op (the trainer shares the model object)."""
         if weights is not None:
             load_weights_into(self.model, weights)
 

@@ -24,7 +24,8 @@ _CHATML_MESSAGE = re.compile(r"<\|im_start\|>(\w+)\n(.*?)<\|im_end\|>\n?", re.S)
 
 
 class OracleBackend:
-    """The oracle as a generation backend (module docstring).
+    """The oracle as a generation backend: each prompt decoded back into chat messages, the oracle's
+    round returned as ids without the forced prefix (up to ``max_new_tokens``); deterministic.
 
     Args:
         tokenizer: the tokenizer the prompts are decoded and the answers encoded with.

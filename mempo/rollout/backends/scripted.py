@@ -1,20 +1,8 @@
 """`ScriptedBackend`: a backend that replays given token sequences (tests, demos, benchmarks of the loop).
 
-Conventions
------------
-* A *responder* maps a :class:`GenerationRequest` to the ids the "model" generates after the prompt
-  (``request.key`` names the trajectory and round). The backend applies the same per-round stops as
-  a real one: it returns the ids up to and including the token that closes an action block, a stop
-  id, or ``max_new_tokens`` ids, unless ``overgenerate=True``, in which case it returns the whole
-  scripted sequence cut only at ``max_new_tokens`` (as an engine that cannot stop on markers does)
-  and the agent loop must cut it.
-* :func:`round_script` builds a responder from per-trajectory round texts or id lists: scripts are
-  looked up by ``(uid, sample_index)``, then by ``uid``; round i of a trajectory replays entry i
-  (a string is encoded with the tokenizer; a list of ids is used as is, so a test can hand
-  non-canonical tokenisations). Past the last entry, or with no script, the responder returns
-  ``fallback`` (default: one stop id if the request has one, else nothing).
-* Every call is recorded: ``calls`` holds the batch of requests of each ``generate`` call and
-  ``raw_outputs[key]`` the ids returned for each request key.
+A *responder* maps a `GenerationRequest` to the ids the "model" generates after the prompt
+(``request.key`` names the trajectory and round); `round_script` builds one from per-trajectory
+round texts or id lists.
 """
 from __future__ import annotations
 
@@ -33,7 +21,11 @@ Responder = Callable[[GenerationRequest], Sequence[int]]
 
 @register_backend("scripted")
 class ScriptedBackend:
-    """Replays a responder's ids (module conventions).
+    """Replays a responder's ids with a real backend's per-round stops: the ids up to and including
+    the token that closes an action block, a stop id, or ``max_new_tokens`` ids; with
+    ``overgenerate=True`` the whole scripted sequence cut only at ``max_new_tokens`` (as an engine
+    that cannot stop on markers; the loop must cut it). Records every call: ``calls`` (the requests
+    of each ``generate``) and ``raw_outputs[key]`` (the ids returned per request key).
 
     Args:
         responder: request -> generated ids.
@@ -80,10 +72,13 @@ class ScriptedBackend:
 
 def round_script(tokenizer: Any, scripts: Mapping[Any, Sequence[Union[str, Sequence[int]]]], *,
                  fallback: Optional[Callable[[GenerationRequest], Sequence[int]]] = None) -> Responder:
-    """A responder replaying per-trajectory round texts or ids (module conventions).
+    """A responder replaying per-trajectory round texts or ids.
 
-    ``scripts`` maps ``(uid, sample_index)`` or ``uid`` to the rounds' continuations after the forced
-    prefix (``"</mem><think>...</think><search>q</search>"`` for a round 1 with an empty memory).
+    ``scripts`` maps ``(uid, sample_index)`` (looked up first) or ``uid`` to the rounds' continuations
+    after the forced prefix (``"</mem><think>...</think><search>q</search>"`` for a round 1 with an
+    empty memory); round i replays entry i (a string is encoded with the tokenizer; a list of ids is
+    used as is, so a test can hand non-canonical tokenisations). Past the last entry, or with no
+    script: ``fallback`` (default: one stop id if the request has one, else nothing).
     """
     cache: dict[tuple[Any, int], list[int]] = {}
 

@@ -24,44 +24,11 @@ What this code follows (read in SGLang's source, 0.5.x line, ``sgl-project/sglan
   ``POST /update_weights_from_disk`` ``{"model_path": dir}`` answers ``{"success", "message",
   "num_paused_requests"}`` (HTTP 400 on failure).
 
-Conventions
------------
-* Token-in/token-out: requests are ``input_ids``, results are read from ``output_ids``; text
-  never crosses the boundary. The engine runs with ``skip_tokenizer_init=True``; a server must be
-  started with ``--skip-tokenizer-init`` (a reply without ``output_ids`` is an error saying so).
-  sglang is imported when an engine is started, never at ``import mempo.rollout``; the server
-  backend needs no sglang package at all (stdlib HTTP).
-* Without a tokenizer SGLang cannot stop on strings, so a round stops on token ids: the request's
-  stop ids plus every id whose bytes hold a whole closing action marker
-  (:func:`~mempo.rollout.backends.stopping.action_closing_token_ids`; exact when the markers are
-  single tokens). A marker split over several tokens is not seen by the engine: it generates on
-  (at most ``max_new_tokens``) and the agent loop cuts the output after the token that closed the
-  action (:func:`~mempo.rollout.backends.stopping.cut_round`). If the engine trimmed a matched stop
-  id from ``output_ids`` it is put back (``meta_info.finish_reason.matched``).
-* Sampling maps to SGLang's sampling parameters (`sampling_params`): ``temperature``, ``top_p``,
-  ``top_k`` (-1 = off), ``max_new_tokens``, ``stop_token_ids``, ``skip_special_tokens=False``,
-  ``no_stop_trim=True``; ``seed`` is sent as ``sampling_seed`` only with ``seed_requests=True``
-  (each request gets ``seed + position``).
-* Every status SGLang returns is checked (`check_status`): ``(False, message)``, ``{"success":
-  False, "message": ...}`` or an HTTP error raises `SGLangError` with SGLang's message.
-* In-process weight sync (`SGLangBackend.sync_weights`): if the engine's memory was released,
-  ``resume_memory_occupation(["weights"])``; then, where the engine has the session API
-  (``begin_weight_update``), ``begin_weight_update()``, ``update_weights_from_tensor`` in buckets
-  of at most ``bucket_bytes`` (the radix cache flushed with the last one: cached prefixes were
-  computed with the old weights), ``end_weight_update()`` (also after a failed bucket, so no
-  session is left open; the first failure is the one raised); then
-  ``resume_memory_occupation(["kv_cache"])``. An engine without the session API gets the buckets
-  alone. ``None`` is a no-op.
-* Memory (`SGLangBackend.release_memory`): the trainer calls it after each rollout, before its
-  own GPU stages; with ``release_memory=True`` and an engine that offers
-  ``release_memory_occupation`` it frees the KV cache and the weights. Generating while the
-  weights are released and not yet re-loaded raises `SGLangError` (they would be garbage).
-* Server weight sync (`SGLangServerBackend.sync_weights`): ``save_weights(weights, dir)`` writes
-  the weights as an HF checkpoint into a fresh ``<weights_dir>/v<n>`` directory, then ``POST
-  /update_weights_from_disk``; the previous version's directory is removed once the server has
-  loaded the new one. Under torch.distributed only rank 0 writes and posts; every rank then waits
-  at a barrier, so no rank generates with the old weights. The directory must be readable by the
-  server (same machine or shared file system). Memory is the server's own business (no release).
+Token-in/token-out: requests are ``input_ids``, results are read from ``output_ids``; text never
+crosses the boundary (the engine runs with ``skip_tokenizer_init=True``; a server must be started
+with ``--skip-tokenizer-init``). sglang is imported when an engine is started, never at
+``import mempo.rollout``; the server backend needs no sglang package (stdlib HTTP). Every status
+SGLang returns is checked (`check_status`).
 """
 from __future__ import annotations
 
@@ -115,7 +82,12 @@ def check_status(result: Any, what: str) -> str:
 
 def sampling_params(request: GenerationRequest, sampling: SamplingParams, position: int, *,
                     action_stop_ids: Sequence[int] = (), seed_requests: bool = False) -> dict[str, Any]:
-    """SGLang's ``sampling_params`` for one request (module conventions)."""
+    """SGLang's ``sampling_params`` for one request: ``temperature``, ``top_p``, ``top_k`` (-1 = off),
+    ``max_new_tokens``, ``skip_special_tokens=False``, ``no_stop_trim=True``; ``seed`` is sent as
+    ``sampling_seed = seed + position`` only with ``seed_requests=True``. Without a tokenizer SGLang
+    cannot stop on strings, so ``stop_token_ids`` = the request's stop ids plus every id whose bytes
+    hold a whole closing action marker (`action_closing_token_ids`; a marker split over several
+    tokens is not seen: the engine generates on and the loop's `cut_round` cuts the output)."""
     params: dict[str, Any] = {
         "max_new_tokens": int(request.max_new_tokens),
         "temperature": float(sampling.temperature),
@@ -131,7 +103,9 @@ def sampling_params(request: GenerationRequest, sampling: SamplingParams, positi
 
 
 def outputs_from_results(requests: Sequence[GenerationRequest], results: Any) -> list[GenerationOutput]:
-    """`GenerationOutput` s from SGLang's per-request result dicts (module conventions)."""
+    """`GenerationOutput` s from SGLang's per-request result dicts (``output_ids``; a reply without
+    them is an error naming ``--skip-tokenizer-init``); a matched stop id the engine trimmed from
+    ``output_ids`` is put back (``meta_info.finish_reason.matched``)."""
     if isinstance(results, Mapping):
         results = [results]
     results = list(results)
@@ -174,7 +148,7 @@ def weight_buckets(weights: Weights, bucket_bytes: int = DEFAULT_BUCKET_BYTES) -
 
 @register_backend("sglang")
 class SGLangBackend:
-    """SGLang's offline engine in this process (module conventions).
+    """SGLang's offline engine in this process (``skip_tokenizer_init=True``).
 
     Args:
         model_path: the model directory or hub id for ``sglang.Engine`` (ignored when ``engine`` is
@@ -242,7 +216,10 @@ class SGLangBackend:
         return outputs_from_results(requests, results)
 
     def release_memory(self) -> None:
-        """Free the engine's KV cache and weights while the trainer uses the GPU (module conventions)."""
+        """Free the engine's KV cache and weights while the trainer uses the GPU (the trainer calls it
+        after each rollout; only with ``release_memory=True`` and an engine that offers
+        ``release_memory_occupation``). Generating before the weights are loaded again raises
+        `SGLangError` (they would be garbage)."""
         release = getattr(self.engine, "release_memory_occupation", None)
         if not self.release_memory_enabled or not callable(release):
             return
@@ -261,7 +238,12 @@ class SGLangBackend:
             self.released.difference_update(tags)
 
     def sync_weights(self, weights: Optional[Weights] = None) -> None:
-        """Load the trainer's weights through the engine's update session (module conventions)."""
+        """Load the trainer's weights through the engine's update session: released weights are
+        resumed first; then ``begin_weight_update()``, ``update_weights_from_tensor`` in buckets of at
+        most ``bucket_bytes`` (the radix cache flushed with the last: cached prefixes used the old
+        weights), ``end_weight_update()`` (also after a failed bucket, so no session stays open; the
+        first failure is raised); then the KV cache is resumed. An engine without the session API
+        gets the buckets alone; ``None`` is a no-op."""
         if weights is None:
             return
         buckets = weight_buckets(weights, self.bucket_bytes)
@@ -297,7 +279,8 @@ class SGLangBackend:
 
 
 class SGLangServerBackend:
-    """An SGLang server over HTTP (module conventions).
+    """An SGLang server over HTTP (started with ``--skip-tokenizer-init``); its memory is its own
+    business (no release).
 
     Args:
         url: the server's base URL (``http://127.0.0.1:30000``).
@@ -376,7 +359,11 @@ class SGLangServerBackend:
         return check_status(reply, f"update_weights_from_disk({model_dir})")
 
     def sync_weights(self, weights: Optional[Weights] = None) -> None:
-        """Write the weights as a new checkpoint version and have the server load it (module conventions)."""
+        """Write the weights as an HF checkpoint into a fresh ``<weights_dir>/v<n>`` and ``POST
+        /update_weights_from_disk``; the previous version's directory is removed once the server has
+        loaded the new one. Under torch.distributed only rank 0 writes and posts, then every rank
+        waits at a barrier (no rank generates with old weights). The directory must be readable by
+        the server (same machine or shared file system)."""
         if weights is None:
             return
         distributed = dist.is_available() and dist.is_initialized()

@@ -148,7 +148,9 @@ class RoundCut(NamedTuple):
 
 def cut_round(token_ids: Sequence[int], token_bytes: TokenBytes, *, prefix_ids: Sequence[int] = (),
               stop_token_ids: Collection[int] = (), max_new_tokens: Optional[int] = None) -> RoundCut:
-    """Cut a backend's raw output for one round (module conventions).
+    """Cut a backend's raw output for one round, authoritatively: after the first token that completes
+    the closing marker of the open action block (kept whole, even when BPE merged the marker's last
+    bytes with what follows), at a stop id (kept; the round is malformed) or at ``max_new_tokens``.
 
     Args:
         token_ids: the ids generated after the prompt (which ended with ``prefix_ids``).

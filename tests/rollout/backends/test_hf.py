@@ -5,13 +5,14 @@ sequences with independent recomputations."""
 import pytest
 import torch
 
-from mempo.protocol.memory import AgentMemory
+from mempo.algo.outcome import score_outcomes
 from mempo.config import RolloutConfig
+from mempo.protocol.memory import AgentMemory
+from mempo.records.trajectory import round_training_inputs
 from mempo.rollout.backends import (
     GenerationRequest, HFBackend, SamplingParams, ScriptedBackend, cut_round, round_script,
 )
 from mempo.rollout.loop import RolloutEngine
-from mempo.rollout.trajectory import round_training_inputs
 from support.rollout_fixtures import merged_closer
 from support.rollout_fixtures import chat_tokenizer, identity_weights, needle_scripts, needle_task, tiny_qwen2
 
@@ -180,7 +181,7 @@ def test_hf_backend_in_the_loop(tok, model, bm25):
     forced = RoundScripts(tok, scripts)
     backend = Recording(HFBackend(model, tok, logits_processors=[forced]), [forced])
     config = RolloutConfig(group_size=3, max_new_tokens_per_round=64, temperature=1.0, seed=11)
-    trajectories = RolloutEngine(backend, tok, retriever=bm25, config=config).run([needle_task(3)])
+    trajectories = score_outcomes(RolloutEngine(backend, tok, retriever=bm25, config=config).run([needle_task(3)]))
     for t in trajectories:
         t.validate()
         assert t.finish_reason == "answer" and t.score == 1.0 and len(t.rounds) == 2
@@ -190,7 +191,8 @@ def test_hf_backend_in_the_loop(tok, model, bm25):
 
     free = Recording(HFBackend(model, tok))  # the random model alone: it does not follow the protocol
     config = RolloutConfig(group_size=4, max_new_tokens_per_round=24, max_turns=2, seed=1)
-    trajectories = RolloutEngine(free, tok, retriever=bm25, config=config).run([needle_task(3), needle_task(4)])
+    trajectories = score_outcomes(RolloutEngine(free, tok, retriever=bm25, config=config).run([needle_task(3),
+                                                                                             needle_task(4)]))
     assert len(trajectories) == 8
     for t in trajectories:
         t.validate()

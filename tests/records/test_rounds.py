@@ -1,5 +1,5 @@
-"""mempo.algo.rounds: which rounds are scored, and the <mem> span rule on well-formed and malformed rounds."""
-from mempo.algo.rounds import FIRST_SCORED_ROUND, is_scored, round_mem_span
+"""mempo.records.rounds: which rounds are scored, and the <mem> span rule on well-formed and malformed rounds."""
+from mempo.records.rounds import FIRST_SCORED_ROUND, is_scored, round_mem_span
 from mempo.ops.spans import Span
 
 

@@ -1,56 +1,33 @@
 """The `Trajectory` record: one sampled agent episode as token ids, masks and round offsets.
 
-Conventions
------------
-* Coordinates. ``prompt_ids`` [P] is the chat-formatted system + question prompt ending with the
-  generation prompt (``<|im_start|>assistant\\n``), without the forced ``<mem>``. ``response_ids``
-  [L] holds everything after it, *as generated*: round 1 (forced prefix + the model's ids), the tool
-  segment (turn glue + ``<information>...</information>`` + glue, see :mod:`mempo.rollout.chat`),
-  round 2, ... ``response_mask`` [L] is 1 on the model's ids (and on the forced prefix unless the
-  rollout was configured otherwise) and 0 on tool segments. Offsets marked *response* index
-  ``response_ids``; offsets marked *sequence* index ``prompt_ids + response_ids``.
-* Offsets, not copies. Round r occupies response ``[start, end)``; its tool segment (if any)
-  ``[end, tool_end)``, with the tool text's ids at ``information = (a, b)``; round r+1 starts at
-  ``tool_end``. ``full_end = P + start`` (sequence): ``full_ctx[r]``, the whole context before round
-  r's own output, is ``sequence_ids[:full_end]``. Both policies use this layout, so for a
-  memory-policy trajectory ``full_ctx[r]`` is the full history it did *not* see.
-* ``Round.prompt_ids``: memory policy only, the exact ids of the prompt round r was generated from
-  (rebuilt from ``AgentMemory.messages("memory")``, without the forced prefix); ``None`` for the
-  full policy, whose round-r context is ``prompt_ids + response_ids[:start]``.
-* ``mem_span`` (response coordinates, from the C++ span scanner): the round's first ``<mem>`` block
-  when it is closed and its content is not blank, else ``None`` (:mod:`mempo.algo.rounds`). A round
-  is *scored* (gets a memory reward) when its index is >= 1 (round 2 on) and it has a ``mem_span``;
-  its scoring contexts are built by :mod:`mempo.algo.contexts`.
-* ``action`` is the tag of the action block that closed the round (``"search"``, ``"access"``,
-  ``"answer"``) or ``None`` (a malformed round); ``action_argument`` its stripped content.
-  ``stop_reason``: ``"action"``, ``"eos"`` (a stop token) or ``"length"`` (max tokens).
-* ``finish_reason`` (:data:`FINISH_REASONS`): ``"answer"``, ``"turn_limit"``, ``"token_budget"``,
-  ``"malformed"`` (a round ended without an action; its outcome score is 0 through
-  ``compute_score``'s format check).
-* ``outcome`` is :func:`mempo.protocol.reward.compute_score`'s dict (after a JSON round trip its tuples are
-  lists); ``memory_rewards`` (``None`` until scoring) has one float per scored round, in round order.
-* Serialisation: :meth:`Trajectory.to_dict` / :meth:`Trajectory.from_dict` (plain JSON types),
-  :func:`write_trajectories_jsonl` / :func:`read_trajectories_jsonl`.
+* ``prompt_ids`` [P]: the chat-formatted system + question prompt, ending with the generation prompt,
+  without the forced ``<mem>``. ``response_ids`` [L]: everything after it as generated (rounds and
+  tool segments); ``response_mask`` [L]: 1 on the model's ids (and the forced prefix unless configured
+  otherwise), 0 on tool segments. *Response* offsets index ``response_ids``; *sequence* offsets index
+  ``prompt_ids + response_ids``.
+* Offsets, not copies: round r is response ``[start, end)``, its tool segment ``[end, tool_end)``
+  with the tool text's ids at ``information = (a, b)``; round r+1 starts at ``tool_end``.
+* Made by the rollout without an outcome; the rewards stage (`mempo.algo.outcome`) makes the scored
+  copy (``outcome`` filled) with `dataclasses.replace`. Serialised as plain JSON (`to_dict`, jsonl).
 """
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator, NamedTuple, Optional, Union
 
-from mempo.algo.rounds import is_scored
+from mempo.protocol.memory import CONTEXT_POLICIES
 from mempo.protocol.reward import memory_keeps
-from mempo.utils.tokens import decode_ids
+from mempo.records.rounds import is_scored
 from mempo.utils.jsonl import iter_jsonl_records, write_jsonl
+from mempo.utils.tokens import decode_ids
 from mempo.utils.types import PathLike
 
-__all__ = ["POLICIES", "FINISH_REASONS", "Round", "Trajectory", "RoundInput", "round_training_inputs",
+__all__ = ["FINISH_REASONS", "Round", "Trajectory", "RoundInput", "round_training_inputs",
            "write_trajectories_jsonl", "read_trajectories_jsonl", "iter_trajectories_jsonl"]
 
-POLICIES = ("full", "memory")
+#: why a trajectory ended; "malformed": a round ended without an action (outcome 0 by the format check)
 FINISH_REASONS = ("answer", "turn_limit", "token_budget", "malformed")
-
 
 
 def _pair(value: Any) -> Optional[tuple[int, int]]:
@@ -62,7 +39,18 @@ def _pair(value: Any) -> Optional[tuple[int, int]]:
 
 @dataclass
 class Round:
-    """One assistant round of a trajectory (module conventions for every field)."""
+    """One assistant round of a trajectory; offsets are response offsets unless said otherwise.
+
+    start / end: the round's own ids ``response_ids[start:end]`` (forced prefix + generated);
+    tool_end: end of its tool segment (``end`` without one); full_end (sequence offset) =
+    ``len(prompt_ids) + start``: full_ctx[r] = ``sequence_ids[:full_end]``; prefix_len: forced-prefix
+    ids; mem_span: the scored ``<mem>`` span (`mempo.records.rounds.round_mem_span`) or None;
+    action / action_argument: the tag that closed the round ("search", "access", "answer"; None for a
+    malformed round) and its stripped content; stop_reason: "action", "eos" or "length";
+    prompt_ids: memory policy only, the exact ids the round was generated from (without the forced
+    prefix), None for the full policy; information: the tool text's ids (a, b) in the tool segment;
+    tool_ok: whether the tool call succeeded.
+    """
 
     index: int
     start: int
@@ -85,8 +73,8 @@ class Round:
 
     @property
     def scored(self) -> bool:
-        """Whether the round gets a memory reward (:func:`mempo.algo.rounds.is_scored`: round 2 on,
-        with a well-formed ``<mem>``)."""
+        """Whether the round gets a memory reward: round 2 on (index >= 1) with a ``mem_span``
+        (`mempo.records.rounds.is_scored`)."""
         return is_scored(self.index, self.mem_span)
 
     def to_dict(self) -> dict[str, Any]:
@@ -115,11 +103,15 @@ class Round:
 
 @dataclass
 class Trajectory:
-    """One sampled trajectory (module conventions).
+    """One sampled trajectory.
 
-    uid: the group (question) label shared by the G samples; sample_index: 0..G-1; policy: "full" or
-    "memory"; golds: the gold aliases as given to ``compute_score``; episode_id: the source
-    episode's id.
+    uid: the group (question) label shared by the G samples; sample_index: 0..G-1; policy: one of
+    `mempo.protocol.memory.CONTEXT_POLICIES`; finish_reason: one of `FINISH_REASONS`; golds: the gold
+    aliases as given to ``compute_score`` (never part of a generation request); final_answer: the
+    extracted ``<answer>`` text or None; protocol_text: the text the outcome is scored on, as the
+    rollout built it (round texts and tool texts as given, in order, no chat glue; a tool segment cut
+    by the token budget is whole here); outcome: ``compute_score``'s dict, empty until the rewards
+    stage (after a JSON round trip its tuples are lists); episode_id: the source episode's id.
     """
 
     uid: str
@@ -132,8 +124,8 @@ class Trajectory:
     finish_reason: str
     golds: Any = None
     final_answer: Optional[str] = None
+    protocol_text: Optional[str] = None
     outcome: dict[str, Any] = field(default_factory=dict)
-    memory_rewards: Optional[list[float]] = None
     episode_id: Optional[str] = None
 
     # -- views -------------------------------------------------------------------------------------
@@ -144,7 +136,7 @@ class Trajectory:
 
     @property
     def score(self) -> float:
-        """The outcome score (0.0 before scoring)."""
+        """The outcome score (0.0 before the rewards stage)."""
         return float(self.outcome.get("score", 0.0))
 
     @property
@@ -166,8 +158,8 @@ class Trajectory:
     def response_text(self, tokenizer: Any) -> str:
         """The protocol text (rounds and ``<information>`` blocks, no chat glue) decoded from the ids.
 
-        Equal to the text the outcome was scored on, up to the tokenizer's normalisation of tool
-        text (e.g. NFC)."""
+        Equal to ``protocol_text`` up to the tokenizer's normalisation of tool text (e.g. NFC) and a
+        tool segment cut by the token budget."""
         parts = []
         for r in self.rounds:
             parts.append(decode_ids(tokenizer, self.response_ids[r.start:r.end]))
@@ -193,9 +185,12 @@ class Trajectory:
 
     # -- checks ------------------------------------------------------------------------------------
     def validate(self) -> None:
-        """Raise ValueError when the record breaks the module conventions (offsets, lengths, enums)."""
-        if self.policy not in POLICIES:
-            raise ValueError(f"policy must be one of {POLICIES}, got {self.policy!r}")
+        """Raise ValueError when the record breaks its rules: rounds tile the response in order
+        (``start`` of each = ``tool_end`` of the one before), ``full_end = len(prompt_ids) + start``,
+        spans inside their round / tool segment, ``prompt_ids`` per round for the memory policy only,
+        enums in range."""
+        if self.policy not in CONTEXT_POLICIES:
+            raise ValueError(f"policy must be one of {CONTEXT_POLICIES}, got {self.policy!r}")
         if self.finish_reason not in FINISH_REASONS:
             raise ValueError(f"finish_reason must be one of {FINISH_REASONS}, got {self.finish_reason!r}")
         if len(self.response_mask) != len(self.response_ids):
@@ -218,12 +213,6 @@ class Trajectory:
             position = r.tool_end
         if position != len(self.response_ids):
             raise ValueError(f"the rounds cover {position} of {len(self.response_ids)} response ids")
-        if self.memory_rewards is not None:
-            if len(self.memory_rewards) != len(self.scored_rounds()):
-                raise ValueError(f"{len(self.memory_rewards)} memory rewards for {len(self.scored_rounds())} "
-                                 "scored rounds")
-            if not all(math.isfinite(v) for v in self.memory_rewards):
-                raise ValueError("memory_rewards must be finite")
 
     # -- serialisation -----------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
@@ -233,23 +222,20 @@ class Trajectory:
             "episode_id": self.episode_id, "prompt_ids": list(self.prompt_ids),
             "response_ids": list(self.response_ids), "response_mask": list(self.response_mask),
             "rounds": [r.to_dict() for r in self.rounds], "finish_reason": self.finish_reason,
-            "golds": self.golds, "final_answer": self.final_answer,
+            "golds": self.golds, "final_answer": self.final_answer, "protocol_text": self.protocol_text,
             "outcome": json.loads(json.dumps(self.outcome)),
-            "memory_rewards": list(self.memory_rewards) if self.memory_rewards is not None else None,
         }
 
     @classmethod
     def from_dict(cls, obj: dict[str, Any]) -> "Trajectory":
         """Inverse of :meth:`to_dict` (validated)."""
-        rewards = obj.get("memory_rewards")
         trajectory = cls(
             uid=str(obj["uid"]), sample_index=int(obj["sample_index"]), policy=obj["policy"],
             prompt_ids=[int(t) for t in obj["prompt_ids"]], response_ids=[int(t) for t in obj["response_ids"]],
             response_mask=[int(t) for t in obj["response_mask"]],
             rounds=[Round.from_dict(r) for r in obj["rounds"]], finish_reason=obj["finish_reason"],
-            golds=obj.get("golds"), final_answer=obj.get("final_answer"), outcome=dict(obj.get("outcome") or {}),
-            memory_rewards=[float(v) for v in rewards] if rewards is not None else None,
-            episode_id=obj.get("episode_id"),
+            golds=obj.get("golds"), final_answer=obj.get("final_answer"), protocol_text=obj.get("protocol_text"),
+            outcome=dict(obj.get("outcome") or {}), episode_id=obj.get("episode_id"),
         )
         trajectory.validate()
         return trajectory

@@ -10,12 +10,9 @@ history, so its `<mem>` is never scored.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Optional, Sequence
+from typing import Any, Optional, Sequence
 
 from mempo.protocol.grammar import find_blocks
-
-if TYPE_CHECKING:  # the scanner's span record; importing mempo.ops.spans would load torch here
-    from mempo.ops.spans import Span
 
 __all__ = ["FIRST_SCORED_ROUND", "is_scored", "round_mem_span"]
 
@@ -27,8 +24,10 @@ def is_scored(index: int, mem_span: Optional[tuple[int, int]]) -> bool:
     return index >= FIRST_SCORED_ROUND and mem_span is not None
 
 
-def round_mem_span(start: int, end: int, text: str, mem_spans: Sequence["Span"]) -> Optional[tuple[int, int]]:
-    """The `<mem>` span of the round at response ``[start, end)`` (module rule), or None.
+def round_mem_span(start: int, end: int, text: str, mem_spans: Sequence[Any]) -> Optional[tuple[int, int]]:
+    """The `<mem>` span of the round at response ``[start, end)``, or None: the first scanner span
+    starting in the round, cut at ``end``, when it is closed and the round text's first `<mem>` block
+    is closed with non-blank content.
 
     text: the round's decoded text (forced prefix included); mem_spans: the scanner's ``"mem"``
     spans of the whole response (``mempo.ops.spans.Span``: ``start``, ``end``, ``closed``), in

@@ -1,0 +1,37 @@
+"""mempo.records.trajectory: the record's rules (validate), its JSON round trip and the per-round training inputs."""
+import dataclasses
+
+import pytest
+
+from mempo.protocol.memory import CONTEXT_POLICIES
+from mempo.records.trajectory import Trajectory, round_training_inputs
+from support.rollout_fixtures import trajectory
+
+
+def test_round_trip_keeps_every_field():
+    t = dataclasses.replace(trajectory(), protocol_text="<mem>a</mem>...", outcome={"score": 1.0, "failed_rules": ()})
+    loaded = Trajectory.from_dict(t.to_dict())
+    assert loaded.to_dict() == t.to_dict()
+    assert loaded.protocol_text == "<mem>a</mem>..." and loaded.outcome["failed_rules"] == []  # JSON: tuples -> lists
+    assert Trajectory.from_dict({k: v for k, v in t.to_dict().items() if k != "protocol_text"}).protocol_text is None
+
+
+def test_validate_names_the_broken_rule():
+    assert set(CONTEXT_POLICIES) == {"full", "memory"}
+    with pytest.raises(ValueError, match="policy must be one of"):
+        dataclasses.replace(trajectory(), policy="summary").validate()
+    with pytest.raises(ValueError, match="finish_reason"):
+        dataclasses.replace(trajectory(), finish_reason="timeout").validate()
+    bad = trajectory()
+    bad.rounds[1].full_end += 1
+    with pytest.raises(ValueError, match="full_end"):
+        bad.validate()
+
+
+def test_round_training_inputs_of_the_full_policy():
+    t = trajectory()
+    first, second = round_training_inputs(t)
+    assert first.input_ids == [1, 2, 3, 10, 11, 12] and first.context_len == 3
+    assert second.input_ids == t.sequence_ids and second.context_len == 8
+    assert second.loss_mask == [0] * 8 + [1] * 5
+    assert [r.index for r in t.scored_rounds()] == [1]
