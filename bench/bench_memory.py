@@ -37,8 +37,8 @@ from typing import Optional
 
 import pytest
 
+from mempo.env.bm25 import BM25Retriever
 from mempo.env.oracle import run_oracle
-from mempo.env.retriever import BM25Retriever
 from mempo.env.tools import make_tools
 from mempo.env.world import World
 from mempo.protocol.grammar import parse_round

@@ -31,9 +31,9 @@ from pathlib import Path
 
 import pytest
 
+from mempo.env.bm25 import BM25Retriever
 from mempo.env.client import HTTPRetriever
 from mempo.env.corpus import Document, write_corpus
-from mempo.env.retriever import BM25Retriever
 from mempo.env.world import World
 
 NUM_DOCS = int(os.environ.get("MEMPO_BENCH_RETRIEVAL_DOCS", "100000"))  # smaller for a quick check

@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from support.corpus import make_corpus  # noqa: E402
 from support.rollout_fixtures import chat_tokenizer, needle_task, tiny_qwen2  # noqa: E402
 
-from mempo.env.retriever import BM25Retriever  # noqa: E402
+from mempo.env.bm25 import BM25Retriever  # noqa: E402
 from mempo.config import RolloutConfig  # noqa: E402
 from mempo.rollout.backends import HFBackend, ScriptedBackend, TokenBytes  # noqa: E402
 from mempo.rollout.loop import RolloutEngine  # noqa: E402

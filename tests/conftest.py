@@ -37,7 +37,7 @@ def corpus():
 @pytest.fixture(scope="session")
 def bm25(corpus):
     """An in-process BM25 retriever over `corpus`."""
-    from mempo.env.retriever import BM25Retriever
+    from mempo.env.bm25 import BM25Retriever
 
     retriever = BM25Retriever.build(corpus)
     yield retriever

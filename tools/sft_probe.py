@@ -12,7 +12,7 @@ import torch
 torch.set_num_threads(int(os.environ.get("THREADS", "1")))
 from mempo.apps.demo import load_demo_config
 from mempo.env.world import World
-from mempo.env.retriever import BM25Retriever
+from mempo.env.bm25 import BM25Retriever
 from mempo.env.build import build_tools
 from mempo.eval import evaluate
 from mempo.env.oracle import run_oracle, OracleAgent

@@ -14,7 +14,8 @@ import time
 
 from mempo.config import ConfigError
 from mempo.env.corpus import CorpusError
-from mempo.env.retriever import DEFAULT_PAGE_CHARS, DEFAULT_TOPK, MAX_QUERY_CHARS, load_or_build_bm25
+from mempo.env.bm25 import load_or_build_bm25
+from mempo.env.retriever import DEFAULT_PAGE_CHARS, DEFAULT_TOPK, MAX_QUERY_CHARS
 from mempo.env.server import (
     DEFAULT_HOST, DEFAULT_MAX_DOC_CHARS, DEFAULT_MAX_QUERIES, DEFAULT_MAX_RESPONSE_CHARS, DEFAULT_PORT,
     DEFAULT_TOPK_MAX, serve,

@@ -2,7 +2,8 @@
 
 - `mempo.env.corpus`: jsonl corpora as `Document` records (`load_corpus`, `write_corpus`).
 - `mempo.env.retriever`: the `Retriever` interface (`search`, `access`), its errors, the registry
-  (`register_retriever`), `BM25Retriever`, `DenseRetriever`.
+  (`register_retriever`); `mempo.env.local`: what in-process retrievers share (document stores,
+  paged access); `mempo.env.bm25`: `BM25Retriever`, `Tokenizer`; `mempo.env.dense`: `DenseRetriever`.
 - `mempo.env.client`: `HTTPRetriever`, the same interface over HTTP (stdlib http.client).
 - `mempo.env.server`: `create_app` (Search-R1 `/retrieve`, `/access`, `/health`), `RetrieverServer`
   (background thread) and `serve` (what `mempo serve-retriever` runs).
@@ -21,10 +22,11 @@ Importing `mempo.env` is cheap: bm25s, numpy, fastapi and uvicorn are imported o
 """
 from mempo.env.client import HTTPRetriever
 from mempo.env.corpus import CorpusError, Document, corpus_fingerprint, iter_corpus, load_corpus, write_corpus
+from mempo.env.bm25 import BM25Retriever, Tokenizer, load_or_build_bm25
+from mempo.env.dense import DenseRetriever
 from mempo.env.retriever import (
-    DEFAULT_PAGE_CHARS, DEFAULT_TOPK, MAX_QUERY_CHARS, BM25Retriever, DenseRetriever, DocumentNotFoundError, Hit,
-    InvalidRequestError, Page, PageOutOfRangeError, Retriever, RetrieverError, RetrieverUnavailableError, Tokenizer,
-    load_or_build_bm25, register_retriever,
+    DEFAULT_PAGE_CHARS, DEFAULT_TOPK, MAX_QUERY_CHARS, DocumentNotFoundError, Hit, InvalidRequestError, Page,
+    PageOutOfRangeError, Retriever, RetrieverError, RetrieverUnavailableError, register_retriever,
 )
 from mempo.env.server import RetrieverServer, create_app, serve
 from mempo.env.tools import (

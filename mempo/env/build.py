@@ -15,7 +15,8 @@ Conventions
   ConfigError naming ``env.corpus_path`` when there is no world, i.e. QA-file data). Every check runs
   before any index is built.
 * By name (`make_retriever`): the factory registered under the name (`mempo.env.retriever.RETRIEVERS`:
-  "bm25", "dense" from `mempo.env.retriever`, "http" from `mempo.env.client`; this module imports both).
+  "bm25" from `mempo.env.bm25`, "dense" from `mempo.env.dense`, "http" from `mempo.env.client`; this
+  module imports all three).
 * Tools (`build_tools`): ``search`` (``env.topk`` results cut to ``env.doc_chars``) and ``access``
   (pages of ``env.page_chars``) over the retriever.
 """
@@ -25,8 +26,10 @@ from pathlib import Path
 from typing import Any, Callable, NamedTuple, Optional
 
 from mempo.config import ConfigError, MempoConfig
+from mempo.env.bm25 import BM25Retriever, load_or_build_bm25
 from mempo.env.client import HTTPRetriever
-from mempo.env.retriever import RETRIEVERS, BM25Retriever, Retriever, RetrieverUnavailableError, load_or_build_bm25
+from mempo.env.dense import DenseRetriever
+from mempo.env.retriever import RETRIEVERS, Retriever, RetrieverUnavailableError
 from mempo.env.tools import make_tools
 from mempo.env.world import World
 
@@ -79,6 +82,9 @@ def build_retriever(cfg: MempoConfig, world: Optional[World] = None, *,
                                              "QA files (mempo eval --corpus FILE), or use env.retriever=http "
                                              "with env.retriever_url")
     return BM25Retriever.build(list(world.documents()))
+
+
+_REGISTERING = (load_or_build_bm25, DenseRetriever, HTTPRetriever)  # imported for RETRIEVERS: "bm25", "dense", "http"
 
 
 def make_retriever(name: str, **kwargs: Any) -> Retriever:

@@ -41,7 +41,7 @@ def _cases(tmp: Path) -> dict[str, tuple[list[str], str]]:
     used.mkdir(parents=True)
     index = tmp / "index"
     from mempo.env.corpus import Document, write_corpus
-    from mempo.env.retriever import load_or_build_bm25
+    from mempo.env.bm25 import load_or_build_bm25
 
     write_corpus(tmp / "corpus.jsonl", [Document(f"d{i}", f"title {i}", f"text number {i} about things")
                                         for i in range(20)])

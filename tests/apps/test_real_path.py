@@ -69,7 +69,7 @@ def _user_files(root: Path) -> dict[str, Path]:
     """What a user brings: a corpus, QA files, oracle trajectories for SFT, a config and an HF model."""
     from mempo.model.builtin import default_corpus_texts, tiny_model, train_tokenizer
     from mempo.env.oracle import run_oracle, write_trajectories_jsonl
-    from mempo.env.retriever import BM25Retriever
+    from mempo.env.bm25 import BM25Retriever
     from mempo.env.tools import make_tools
     from mempo.env.world import World
 

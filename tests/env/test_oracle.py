@@ -9,13 +9,13 @@ import re
 
 import pytest
 
+from mempo.env.bm25 import BM25Retriever
 from mempo.env.client import HTTPRetriever
 from mempo.env.data import Episode, make_episode_prompt
 from mempo.env.oracle import (
     UNKNOWN, OracleAgent, load_trajectories_jsonl, memory_line_kinds, parse_oracle_memory, run_oracle,
     run_oracle_episodes, write_trajectories_jsonl,
 )
-from mempo.env.retriever import BM25Retriever
 from mempo.env.server import RetrieverServer
 from mempo.env.tools import make_tools
 from mempo.env.world import QuestionParse, World, parse_question

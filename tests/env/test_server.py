@@ -162,7 +162,7 @@ def test_body_limit_and_unknown_routes(bm25):
 def big_doc_retriever():
     """Ten documents sharing the word "bigword", each 2 MB of text (a title of 300 characters)."""
     from mempo.env.corpus import Document
-    from mempo.env.retriever import BM25Retriever
+    from mempo.env.bm25 import BM25Retriever
 
     docs = [Document(f"big-{i}", f"Big {i} " + "t" * 294, "bigword " + "x" * 2_000_000) for i in range(10)]
     docs.append(Document("small", "Small", "bigword small"))

@@ -10,8 +10,8 @@ import pytest
 
 pytest.importorskip("transformers")
 
+from mempo.env.bm25 import BM25Retriever
 from mempo.env.build import build_retriever
-from mempo.env.retriever import BM25Retriever
 from mempo.eval import EpisodeRecord, EvalReport, evaluate, qa_eval_episodes, render_episode
 from mempo.rollout.backends.base import GenerationRequest
 from mempo.records.trajectory import Trajectory

@@ -99,7 +99,7 @@ def test_context_candidates_come_from_information_blocks_only():
 def test_scaffold_makes_well_formed_trajectories_from_context_strings(world, tok):
     """Tags forced, the answer a choice among the candidates of the answer round's own prompt; the
     scaffold is built without any episode and never holds a gold answer it was not shown."""
-    from mempo.env.retriever import BM25Retriever
+    from mempo.env.bm25 import BM25Retriever
     from mempo.env.tools import make_tools
     from mempo.config import RolloutConfig
     from mempo.algo.outcome import score_outcomes

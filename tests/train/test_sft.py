@@ -23,7 +23,7 @@ def _sft(model, tok, trajectories, *, seed=0, save_every=0, keep_last=None, chec
 @pytest.fixture(scope="module")
 def setup():
     from mempo.env.oracle import run_oracle_episodes
-    from mempo.env.retriever import BM25Retriever
+    from mempo.env.bm25 import BM25Retriever
     from mempo.env.world import World
 
     world = World.generate(seed=0, num_entities=25)

@@ -281,7 +281,7 @@ def _files_run_dir(tmp_path):
 
 
 def test_files_source_trains_on_the_given_questions_and_corpus(tmp_path):
-    from mempo.env.retriever import BM25Retriever
+    from mempo.env.bm25 import BM25Retriever
     from mempo.train.step import train_step
     from mempo.train.trainer import build_run, step_episodes
 
