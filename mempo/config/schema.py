@@ -1,34 +1,12 @@
-"""The configuration of every command: one typed tree of dataclasses, loaded from YAML plus dotted overrides.
+"""The typed sections of the configuration and `MempoConfig`, the tree of all of them.
 
-Conventions
------------
-* The tree. `MempoConfig` has one section per concern: ``model`` (`ModelConfig`), ``data``
-  (`DataConfig`), ``env`` (`EnvConfig`), ``rollout`` (`RolloutConfig`: the agent loop reads it
-  directly; evaluation derives its own from it and the ``eval`` section), ``scoring``
-  (`ScoringConfig`), ``algorithm`` (`AlgorithmConfig`), ``actor`` (`ActorConfig`: optimiser and
-  policy loss), ``trainer`` (`TrainerConfig`), ``eval`` (`EvalConfig`), ``sft`` (`SFTConfig`: the
-  cold start of `mempo sft` and the demo) and ``demo`` (`DemoConfig`: `mempo demo`'s tokenizer,
-  model and threads). Every field has a default, so an empty YAML file (or no file) is a valid
-  configuration; every command reads the sections it uses from this one tree.
-* Loading. `load_config(path, overrides)` reads the YAML mapping (`read_yaml_mapping`: a safe
-  loader that refuses a key given twice in one mapping, naming it and both lines), applies the
-  overrides (``"actor.lr=1e-5"``, ``"eval.objectives=[2,4,8]"``), converts every value to its field's
-  type and validates the result. `config_from_dict` does the same for an in-memory mapping.
-* Types. Conversion follows the field's annotation: ``bool`` (true/false, yes/no, on/off, 1/0),
-  ``int`` (no silent truncation of 1.5, no bools), ``float`` (ints accepted; ``"1e-6"`` accepted,
-  YAML 1.1 reads it as a string), ``str``, ``Optional[X]`` (``null``/``none``/``~`` give None),
-  ``list[X]`` (a YAML list, ``"[2, 4]"`` or ``"2,4"``), ``Literal[...]`` (one of the choices, exact
-  match) and nested sections (mappings).
-* Errors. Every problem raises `ConfigError` (a ValueError) whose ``field`` is the full dotted path
-  (``"actor.clip_ratio_low"``) and whose message says what is allowed: the expected type, the
-  choices, the range, or, for an unknown key, the known keys of that section.
-* Validation runs in each section's ``__post_init__`` (ranges, choices, cross-field rules), so no
-  invalid section can be built, whichever way it is built.
-* Dumping. `dump_config(cfg, path=None)` writes plain YAML; loading it back gives an equal config.
-
-This module imports only the standard library, PyYAML and the protocol's two constants it uses as
-defaults (`mempo.protocol.memory`: the system prompt and the forced ``<mem>``); no torch, no
-transformers.
+`MempoConfig` has one section per concern: ``model``, ``data``, ``env``, ``rollout`` (the agent
+loop reads it directly; evaluation derives its own from it and the ``eval`` section), ``scoring``,
+``algorithm``, ``actor`` (optimiser and policy loss), ``trainer``, ``eval``, ``sft`` and ``demo``.
+Every field has a default, so no file is a valid configuration. Each section validates itself in
+``__post_init__`` (types by `mempo.config.coerce.coerce_value`, ranges, choices, cross-field rules),
+so no invalid section can be built, whichever way it is built; a problem raises `ConfigError`
+naming the field's dotted path and what is allowed.
 """
 from __future__ import annotations
 
@@ -36,41 +14,19 @@ import dataclasses
 import math
 import typing
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, Literal, Mapping, Optional, Sequence, Union
+from typing import Any, Literal, Optional
 
-import yaml
-
-from mempo.errors import MempoError
-from mempo.protocol.memory import DEFAULT_SYSTEM_PROMPT, MEM_PREFIX
-from mempo.utils.atomic import replace_file_atomically
+from mempo.config.coerce import ConfigError, build_section, coerce_value
+from mempo.protocol.memory import CONTEXT_POLICIES, DEFAULT_SYSTEM_PROMPT, MEM_PREFIX
 
 __all__ = [
-    "ConfigError", "ModelConfig", "DataConfig", "EnvConfig", "RolloutConfig", "ScoringConfig",
-    "AlgorithmConfig", "ActorConfig", "TrainerConfig", "EvalConfig", "SFTConfig", "DemoConfig", "MempoConfig",
-    "load_config", "read_yaml_mapping", "config_from_dict", "config_to_dict", "dump_config", "apply_overrides",
-    "split_overrides",
+    "ModelConfig", "DataConfig", "EnvConfig", "RolloutConfig", "ScoringConfig", "AlgorithmConfig",
+    "ActorConfig", "TrainerConfig", "EvalConfig", "SFTConfig", "DemoConfig", "MempoConfig",
     "LOSS_AGG_MODES", "KL_ESTIMATORS", "flash_attention_requested",
 ]
 
 LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 KL_ESTIMATORS = ("k1", "k2", "k3", "low_var_kl")
-_NONE_WORDS = ("null", "none", "~", "")
-_TRUE_WORDS = ("true", "yes", "on", "1")
-_FALSE_WORDS = ("false", "no", "off", "0")
-
-
-class ConfigError(MempoError, ValueError):
-    """A bad configuration value or key. ``field``: full dotted path; ``reason``: what is allowed."""
-
-    def __init__(self, field_path: str, reason: str):
-        self.field = field_path
-        self.reason = reason
-        super().__init__(f"{field_path}: {reason}" if field_path else reason)
-
-    def under(self, prefix: str) -> "ConfigError":
-        """The same error with `prefix` (a section name) put in front of the field path."""
-        return ConfigError(f"{prefix}.{self.field}" if self.field else prefix, self.reason)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -294,7 +250,7 @@ class RolloutConfig:
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0
-    context_policy: Literal["full", "memory"] = "full"
+    context_policy: Literal[CONTEXT_POLICIES] = "full"
     backend: Literal["hf", "sglang"] = "hf"
     sglang_url: Optional[str] = None
     sglang_mem_fraction: float = 0.5
@@ -409,11 +365,10 @@ class ActorConfig:
     clip_ratio_low: float = 0.2
     clip_ratio_high: float = 0.28
     clip_ratio_c: Optional[float] = 3.0
-    loss_agg_mode: Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean",
-                           "seq-mean-token-sum-norm"] = "token-mean"
+    loss_agg_mode: Literal[LOSS_AGG_MODES] = "token-mean"
     loss_norm_length: Optional[int] = None
     kl_coef: float = 0.001
-    kl_estimator: Literal["k1", "k2", "k3", "low_var_kl"] = "low_var_kl"
+    kl_estimator: Literal[KL_ESTIMATORS] = "low_var_kl"
     entropy_coef: float = 0.0
     ppo_epochs: int = 1
     ppo_mini_batches: int = 1
@@ -484,7 +439,7 @@ class EvalConfig:
 
     objectives: list[int] = field(default_factory=lambda: [2, 4, 6, 8, 10])
     max_turns: int = 64
-    policies: list[Literal["full", "memory"]] = field(default_factory=lambda: ["memory"])
+    policies: list[Literal[CONTEXT_POLICIES]] = field(default_factory=lambda: ["memory"])
     episodes: int = 64
     temperature: float = 0.0
 
@@ -628,277 +583,10 @@ class MempoConfig:
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
             if not isinstance(value, hints[f.name]):
-                setattr(self, f.name, _build_section(hints[f.name], value, f.name))
+                setattr(self, f.name, build_section(hints[f.name], value, f.name))
         _require(self.rollout.temperature > 0, "rollout.temperature",
                  f"must be > 0, got {self.rollout.temperature!r} (training samples with it and divides the "
                  "logits by it; evaluation's is eval.temperature, 0 for greedy)")
         _require(not (self.trainer.eval_every and self.data.source == "files" and not self.data.eval_files),
                  "data.eval_files", "must list at least one QA file when data.source is 'files' and "
                                     "trainer.eval_every > 0 (the periodic evaluation's questions)")
-
-
-# ------------------------------------------------------------------------------------------------
-# value conversion
-# ------------------------------------------------------------------------------------------------
-def _type_name(hint: Any) -> str:
-    origin = typing.get_origin(hint)
-    if origin is Literal:
-        return "one of " + ", ".join(repr(c) for c in typing.get_args(hint))
-    if origin is Union:
-        args = [a for a in typing.get_args(hint) if a is not type(None)]
-        return " or ".join(_type_name(a) for a in args) + " or null"
-    if origin is list:
-        return f"a list of ({_type_name(typing.get_args(hint)[0])})"
-    if dataclasses.is_dataclass(hint):
-        return f"a mapping of {hint.__name__} fields"
-    return getattr(hint, "__name__", str(hint))
-
-
-def _bad(path: str, hint: Any, value: Any) -> ConfigError:
-    return ConfigError(path, f"expected {_type_name(hint)}, got {value!r}")
-
-
-def _coerce_scalar(value: Any, hint: type, path: str) -> Any:
-    if hint is bool:
-        if isinstance(value, bool):
-            return value
-        if isinstance(value, int) and value in (0, 1):
-            return bool(value)
-        if isinstance(value, str) and value.strip().lower() in _TRUE_WORDS + _FALSE_WORDS:
-            return value.strip().lower() in _TRUE_WORDS
-        raise _bad(path, hint, value)
-    if hint is int:
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-        if isinstance(value, float) and value.is_integer():
-            return int(value)
-        if isinstance(value, str):
-            try:
-                return int(value.strip().replace("_", ""))
-            except ValueError:
-                pass
-        raise _bad(path, hint, value)
-    if hint is float:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        if isinstance(value, str):
-            try:
-                return float(value.strip())
-            except ValueError:
-                pass
-        raise _bad(path, hint, value)
-    if hint is str:
-        if isinstance(value, str):
-            return value
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return str(value)
-        raise _bad(path, hint, value)
-    raise ConfigError(path, f"unsupported field type {hint!r}")
-
-
-def _parse_list_text(text: str) -> list[Any]:
-    stripped = text.strip()
-    if stripped.startswith("["):
-        parsed = yaml.safe_load(stripped)
-        if isinstance(parsed, list):
-            return parsed
-    if stripped == "":
-        return []
-    return [part.strip() for part in stripped.split(",")]
-
-
-def coerce_value(value: Any, hint: Any, path: str) -> Any:
-    """Convert `value` (a YAML value or an override's text) to the annotated type `hint`.
-
-    Raises ConfigError(path, ...) naming the expected type or the choices.
-    """
-    origin = typing.get_origin(hint)
-    if origin is Union:
-        args = [a for a in typing.get_args(hint) if a is not type(None)]
-        if value is None or (isinstance(value, str) and value.strip().lower() in _NONE_WORDS):
-            return None
-        inner = args[0] if len(args) == 1 else Union[tuple(args)]
-        try:
-            return coerce_value(value, inner, path)
-        except ConfigError as error:
-            raise ConfigError(path, f"{error.reason.replace('expected ', 'expected null or ', 1)}") from None
-    if origin is Literal:
-        choices = typing.get_args(hint)
-        text = value.strip() if isinstance(value, str) else value
-        if text in choices:
-            return text
-        raise ConfigError(path, f"must be one of {', '.join(repr(c) for c in choices)}, got {value!r}")
-    if origin is list:
-        item_hint = typing.get_args(hint)[0]
-        items = _parse_list_text(value) if isinstance(value, str) else value
-        if not isinstance(items, (list, tuple)):
-            raise _bad(path, hint, value)
-        return [coerce_value(item, item_hint, f"{path}[{i}]") for i, item in enumerate(items)]
-    if dataclasses.is_dataclass(hint):
-        return _build_section(hint, value, path)
-    if value is None:
-        raise _bad(path, hint, value)
-    return _coerce_scalar(value, hint, path)
-
-
-def _build_section(cls: type, data: Any, path: str) -> Any:
-    if isinstance(data, cls):
-        return data
-    if data is None:
-        data = {}
-    if not isinstance(data, Mapping):
-        raise ConfigError(path, f"expected a mapping of {cls.__name__} fields, got {data!r}")
-    known = {f.name for f in dataclasses.fields(cls)}
-    for key in data:
-        if key not in known:
-            where = f"{path}.{key}" if path else str(key)
-            raise ConfigError(where, f"unknown key; {cls.__name__} has: {', '.join(sorted(known))}")
-    try:
-        return cls(**dict(data))
-    except ConfigError as error:
-        raise (error.under(path) if path else error) from None
-
-
-# ------------------------------------------------------------------------------------------------
-# public API
-# ------------------------------------------------------------------------------------------------
-def _section_fields(cls: type) -> dict[str, Any]:
-    return typing.get_type_hints(cls)
-
-
-def apply_overrides(data: Mapping[str, Any], overrides: Sequence[str]) -> dict[str, Any]:
-    """Return a copy of the raw config mapping `data` with dotted overrides ``"a.b=value"`` applied.
-
-    Keys are checked against the config tree (unknown keys raise ConfigError naming the dotted
-    path); values stay text here and are converted by field type when the config is built.
-    """
-    result: dict[str, Any] = {k: (dict(v) if isinstance(v, Mapping) else v) for k, v in data.items()}
-    for override in overrides:
-        if "=" not in override:
-            raise ConfigError(override.strip(), "override must look like 'section.field=value'")
-        dotted, text = override.split("=", 1)
-        dotted = dotted.strip()
-        parts = dotted.split(".")
-        cls: Any = MempoConfig
-        node = result
-        for depth, part in enumerate(parts):
-            hints = _section_fields(cls)
-            if part not in hints:
-                where = ".".join(parts[: depth + 1])
-                raise ConfigError(where, f"unknown key; {cls.__name__} has: {', '.join(sorted(hints))}")
-            hint = hints[part]
-            if depth == len(parts) - 1:
-                if dataclasses.is_dataclass(hint):
-                    raise ConfigError(dotted, f"is a section; override one of its fields "
-                                              f"({', '.join(sorted(_section_fields(hint)))})")
-                node[part] = text
-            else:
-                if not dataclasses.is_dataclass(hint):
-                    raise ConfigError(".".join(parts[: depth + 1]), f"is a field, not a section ({_type_name(hint)})")
-                child = node.get(part)
-                node[part] = dict(child) if isinstance(child, Mapping) else {}
-                node, cls = node[part], hint
-    return result
-
-
-def split_overrides(argv: Sequence[str]) -> tuple[list[str], list[str]]:
-    """``(overrides, rest)``: the ``key=value`` words of a command line that are not options, and the
-    other words in order. For scripts whose overrides may follow a list option (``--ks 2 4
-    rollout.temperature=0.7``), which argparse would read as one of that option's values."""
-    overrides = [word for word in argv if "=" in word and not word.startswith("-")]
-    return overrides, [word for word in argv if word not in overrides]
-
-
-def config_from_dict(data: Optional[Mapping[str, Any]] = None, overrides: Sequence[str] = ()) -> MempoConfig:
-    """Build and validate a MempoConfig from a raw mapping plus dotted overrides."""
-    raw = apply_overrides(data or {}, overrides)
-    return _build_section(MempoConfig, raw, "")
-
-
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """`yaml.SafeLoader` that refuses a mapping with the same key twice (PyYAML keeps the last one
-    silently, so a duplicated section would drop the first). Keys brought in by a merge (``<<``)
-    may be overridden, as YAML intends."""
-
-    def construct_mapping(self, node, deep=False):
-        if isinstance(node, yaml.MappingNode):
-            seen: dict[Any, int] = {}
-            for key_node, _ in node.value:
-                if key_node.tag == "tag:yaml.org,2002:merge":
-                    continue
-                key = self.construct_object(key_node, deep=True)
-                try:
-                    first = seen.setdefault(key, key_node.start_mark.line + 1)
-                except TypeError:  # an unhashable key: SafeLoader reports it below
-                    continue
-                if first != key_node.start_mark.line + 1:
-                    raise _DuplicateKey(key, first, key_node.start_mark.line + 1)
-        return super().construct_mapping(node, deep=deep)
-
-
-class _DuplicateKey(Exception):
-    def __init__(self, key: Any, first: int, again: int):
-        super().__init__(key, first, again)
-        self.key, self.first, self.again = key, first, again
-
-
-def _yaml_error_text(error: yaml.YAMLError) -> str:
-    """A YAML error as one line: the problem and its line/column (PyYAML's own text spans lines)."""
-    mark = getattr(error, "problem_mark", None)
-    problem = getattr(error, "problem", None) or str(error)
-    where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
-    context = getattr(error, "context", None)
-    return " ".join(f"{problem}{where}{f' ({context})' if context else ''}".split())
-
-
-def read_yaml_mapping(path: Union[str, Path]) -> dict[str, Any]:
-    """The top-level mapping of a YAML file (empty file: {}); ConfigError naming the file for a
-    missing or unreadable file, bytes that are not UTF-8, invalid YAML, a duplicated key (with
-    both lines) or a top level that is not a mapping."""
-    path = Path(path)
-    try:
-        raw = path.read_bytes()
-    except FileNotFoundError:
-        raise ConfigError("", f"{path}: config file not found") from None
-    except IsADirectoryError:
-        raise ConfigError("", f"{path}: is a directory, not a YAML config file") from None
-    except OSError as error:
-        raise ConfigError("", f"{path}: cannot read the config ({error.strerror or error})") from None
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as error:
-        line = raw[:error.start].count(b"\n") + 1
-        raise ConfigError("", f"{path}:{line}: not valid UTF-8 (byte {error.start}: {error.reason})") from None
-    try:
-        data = yaml.load(text, Loader=_UniqueKeyLoader)
-    except _DuplicateKey as dup:
-        raise ConfigError("", f"{path}: key {dup.key!r} appears twice in one mapping (lines {dup.first} "
-                                        f"and {dup.again}); YAML would keep only the last") from None
-    except yaml.YAMLError as error:
-        raise ConfigError("", f"{path}: not valid YAML: {_yaml_error_text(error)}") from None
-    if data is None:
-        return {}
-    if not isinstance(data, Mapping):
-        raise ConfigError("", f"{path}: the top level must be a mapping of sections, got {type(data).__name__}")
-    return dict(data)
-
-
-def load_config(path: Union[str, Path, None] = None, overrides: Sequence[str] = ()) -> MempoConfig:
-    """Load a YAML file (None: all defaults; `read_yaml_mapping`), apply dotted overrides, convert
-    and validate."""
-    data: Any = read_yaml_mapping(path) if path is not None else {}
-    return config_from_dict(data, overrides)
-
-
-def config_to_dict(cfg: MempoConfig) -> dict[str, Any]:
-    """The config as plain nested dicts / lists / scalars (YAML and JSON friendly)."""
-    return dataclasses.asdict(cfg)
-
-
-def dump_config(cfg: MempoConfig, path: Union[str, Path, None] = None) -> str:
-    """The config as YAML text (sections in declaration order); also written to `path` if given
-    (atomically: `mempo.utils.atomic.replace_file_atomically`)."""
-    text = yaml.safe_dump(config_to_dict(cfg), sort_keys=False, default_flow_style=False)
-    if path is not None:
-        replace_file_atomically(path, text, phase="config")
-    return text
