@@ -10,7 +10,7 @@ Conventions
 * Generation calls: an engine with seed e seeds its c-th ``run`` call's k-th generation step with
   ``generation_seed(e, c, k)`` (`mempo.rollout.loop.RolloutEngine`).
 * Questions: evaluation episodes of k objectives are drawn with ``eval_question_seed(data.seed, k)``,
-  the demo's (and ``sft.objectives``') cold-start episodes with ``sft_question_seed(data.seed, k)``,
+  the demo's (and ``synthetic.oracle_objectives``') cold-start episodes with ``sft_question_seed(data.seed, k)``,
   training episodes with ``data.seed`` itself; the offsets keep the three draws apart.
 """
 from __future__ import annotations

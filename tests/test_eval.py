@@ -6,7 +6,7 @@ import pytest
 
 pytest.importorskip("transformers")
 
-from mempo.env.build import build_world
+from mempo.synthetic.build import build_world
 from mempo.eval import EvalReport, eval_episodes, evaluate, round_prompt_tokens, summarize
 from mempo.rollout.backends.oracle import OracleBackend
 from mempo.config import config_from_dict
@@ -15,7 +15,7 @@ from support.rollout_fixtures import chat_tokenizer, tiny_qwen2
 
 def _cfg(**eval_section):
     section = {"objectives": [1, 2], "episodes": 2, "policies": ["memory", "full"], **eval_section}
-    return config_from_dict({"data": {"world_entities": 30}, "env": {"topk": 3, "doc_chars": 600},
+    return config_from_dict({"synthetic": {"world_entities": 30}, "env": {"topk": 3, "doc_chars": 600},
                              "rollout": {"max_new_tokens_per_round": 400}, "eval": section})
 
 
@@ -30,7 +30,7 @@ def _chatml(messages):
 
 
 def test_oracle_backend_em_is_one_and_tokens_match_a_hand_count(world):
-    from mempo.env.oracle import run_oracle
+    from mempo.synthetic.oracle import run_oracle
     from mempo.env.tools import make_tools
 
     w, retriever = world
@@ -122,7 +122,7 @@ def test_eval_command(tmp_path):
     model.save_pretrained(model_dir)
     tok.save_pretrained(model_dir)
     out = tmp_path / "out"
-    rc = main(["eval", "--model", str(model_dir), "--out", str(out), "--no-progress", "data.world_entities=30",
+    rc = main(["eval", "--model", str(model_dir), "--out", str(out), "--no-progress", "synthetic.world_entities=30",
                "eval.objectives=[1]", "eval.episodes=1", "eval.max_turns=2", "rollout.max_new_tokens_per_round=8"])
     assert rc == 0
     report = EvalReport.load(out / "eval.json")
@@ -135,16 +135,16 @@ def test_synthetic_world_follows_the_data_section():
     """train, eval and the demo build the world through `synthetic_world`: the data section's size
     and filler options reach it (a demo config's world is rebuilt exactly by `mempo eval`)."""
     from mempo.config import load_config
-    from mempo.env.build import synthetic_world
+    from mempo.synthetic.build import synthetic_world
 
-    cfg = load_config(None, ["data.world_documents=120", "data.article_fillers=[0,1]", "data.world_seed=3"])
+    cfg = load_config(None, ["synthetic.world_documents=120", "synthetic.article_fillers=[0,1]", "synthetic.world_seed=3"])
     world = synthetic_world(cfg)
     assert world.num_documents == 120
     assert world.manifest()["params"]["article_fillers"] == [0, 1]
-    again = synthetic_world(load_config(None, ["data.world_documents=120", "data.article_fillers=[0,1]",
-                                               "data.world_seed=3"]))
+    again = synthetic_world(load_config(None, ["synthetic.world_documents=120", "synthetic.article_fillers=[0,1]",
+                                               "synthetic.world_seed=3"]))
     assert [d.text for d in again.documents()] == [d.text for d in world.documents()]
-    default = synthetic_world(load_config(None, ["data.world_entities=30"]))
+    default = synthetic_world(load_config(None, ["synthetic.world_entities=30"]))
     assert len(default.entities) == 30 and "article_fillers" not in default.manifest()["params"]
 
 

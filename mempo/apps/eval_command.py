@@ -85,7 +85,8 @@ def _eval_config(args: argparse.Namespace) -> MempoConfig:
 def run(args: argparse.Namespace) -> int:
     """`mempo eval` (module docstring)."""
     # reason: the parser module stays light (`mempo --help` imports no torch)
-    from mempo.env.build import build_retriever, synthetic_world
+    from mempo.env.build import build_retriever
+    from mempo.synthetic.build import synthetic_world
     from mempo.eval import eval_episodes, evaluate, qa_eval_episodes
     from mempo.model.loading import load_model_dir
     from mempo.rollout.backends.factory import build_backend, check_backend_config

@@ -9,13 +9,13 @@ from mempo.config.loader import (
     apply_overrides, config_from_dict, config_to_dict, dump_config, load_config, read_yaml_mapping, split_overrides,
 )
 from mempo.config.schema import (
-    KL_ESTIMATORS, LOSS_AGG_MODES, ActorConfig, AlgorithmConfig, DataConfig, DemoConfig, EnvConfig, EvalConfig,
+    KL_ESTIMATORS, LOSS_AGG_MODES, ActorConfig, AlgorithmConfig, DataConfig, SyntheticConfig, EnvConfig, EvalConfig,
     MempoConfig, ModelConfig, RolloutConfig, ScoringConfig, SFTConfig, TrainerConfig, flash_attention_requested,
 )
 
 __all__ = [
     "ConfigError", "ModelConfig", "DataConfig", "EnvConfig", "RolloutConfig", "ScoringConfig",
-    "AlgorithmConfig", "ActorConfig", "TrainerConfig", "EvalConfig", "SFTConfig", "DemoConfig", "MempoConfig",
+    "AlgorithmConfig", "ActorConfig", "TrainerConfig", "EvalConfig", "SFTConfig", "SyntheticConfig", "MempoConfig",
     "load_config", "read_yaml_mapping", "config_from_dict", "config_to_dict", "dump_config", "apply_overrides",
     "split_overrides", "coerce_value",
     "LOSS_AGG_MODES", "KL_ESTIMATORS", "flash_attention_requested",

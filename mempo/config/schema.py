@@ -2,7 +2,8 @@
 
 `MempoConfig` has one section per concern: ``model``, ``data``, ``env``, ``rollout`` (the agent
 loop reads it directly; evaluation derives its own from it and the ``eval`` section), ``scoring``,
-``algorithm``, ``actor`` (optimiser and policy loss), ``trainer``, ``eval``, ``sft`` and ``demo``.
+``algorithm``, ``actor`` (optimiser and policy loss), ``trainer``, ``eval``, ``sft`` (a cold start on
+data a user brings) and ``synthetic`` (the generated world, its oracle teacher and the demo's model).
 Every field has a default, so no file is a valid configuration. Each section validates itself in
 ``__post_init__`` (types by `mempo.config.coerce.coerce_value`, ranges, choices, cross-field rules),
 so no invalid section can be built, whichever way it is built; a problem raises `ConfigError`
@@ -21,7 +22,7 @@ from mempo.protocol.memory import CONTEXT_POLICIES, DEFAULT_SYSTEM_PROMPT, MEM_P
 
 __all__ = [
     "ModelConfig", "DataConfig", "EnvConfig", "RolloutConfig", "ScoringConfig", "AlgorithmConfig",
-    "ActorConfig", "TrainerConfig", "EvalConfig", "SFTConfig", "DemoConfig", "MempoConfig",
+    "ActorConfig", "TrainerConfig", "EvalConfig", "SFTConfig", "SyntheticConfig", "MempoConfig",
     "LOSS_AGG_MODES", "KL_ESTIMATORS", "flash_attention_requested",
 ]
 
@@ -124,24 +125,14 @@ class ModelConfig:
 class DataConfig:
     """Training / evaluation questions.
 
-    source: ``"synthetic"`` (the generated world of `mempo.env.world`) or ``"files"`` (QA jsonl /
-    parquet files, `mempo.env.data.load_qa`; questions from ``train_files``, the trainer's periodic
-    evaluation and `mempo eval` from ``eval_files``, documents from ``env.corpus_path`` or the
-    ``env.retriever: http`` server; `mempo eval` reports each dataset of ``eval_files`` apart). num_objectives:
-    sub-questions per training episode (MEM1 composition; the paper trains on 2).
-    questions_per_step: questions per training step (B; each is rolled out `rollout.group_size`
-    times). world_seed / world_entities: the synthetic world's seed and size in entities;
-    world_documents: when set, the world has exactly this many documents instead (entities follow);
-    article_fillers: ``[least, most]`` filler sentences per entity article (None: the world's
-    default, 2 to 5; fewer give shorter search results). Options for small worlds (small models;
-    `mempo.env.world.World.generate` documents each, every default leaves the world as it was):
-    world_relations (the relations the world has, None: all), world_names (``"default"`` or
-    ``"short"``: one-word names), world_article_style (``"full"`` or ``"facts"``: fact sentences
-    only), world_chronicles (False: no chronicle documents, every fact in its entity's article),
-    world_distractor_ratio (distractor documents per entity), world_question_hops (the hops of a
-    question, e.g. [1]; None: 2) and world_prompt_style (the episode prompt's layout, None:
-    ``"numbered"``; ``"compact"``: a short instruction paragraph; ``"bare"``: none). Every command that builds the
-    world (`mempo train`, `eval`, `demo`) reads these, so they agree on it.
+    source: ``"synthetic"`` (the generated world the ``synthetic`` section describes,
+    `mempo.synthetic`) or ``"files"`` (QA jsonl / parquet files, `mempo.env.data.load_qa`; questions
+    from ``train_files``, the trainer's periodic evaluation and `mempo eval` from ``eval_files``,
+    documents from ``env.corpus_path`` or the ``env.retriever: http`` server; `mempo eval` reports
+    each dataset of ``eval_files`` apart). num_objectives: sub-questions per training episode (MEM1
+    composition; the paper trains on 2). questions_per_step: questions per training step (B; each is
+    rolled out `rollout.group_size` times). shuffle / seed: the order of the training questions and
+    the seed of the questions drawn from a synthetic world.
     """
 
     source: Literal["synthetic", "files"] = "synthetic"
@@ -151,35 +142,10 @@ class DataConfig:
     questions_per_step: int = 8
     shuffle: bool = True
     seed: int = 0
-    world_seed: int = 0
-    world_entities: int = 200
-    world_documents: Optional[int] = None
-    article_fillers: Optional[list[int]] = None
-    world_relations: Optional[list[str]] = None
-    world_names: Literal["default", "short"] = "default"
-    world_article_style: Literal["full", "facts"] = "full"
-    world_chronicles: bool = True
-    world_distractor_ratio: float = 1.0
-    world_question_hops: Optional[list[int]] = None
-    world_prompt_style: Optional[Literal["numbered", "joined", "compact", "bare"]] = None
 
     def __post_init__(self):
         _check_types(self)
-        _finite(self)
-        _non_negative(self, "world_distractor_ratio")
         _positive(self, "num_objectives", "questions_per_step")
-        _require(self.world_relations is None or len(self.world_relations) > 0, "world_relations",
-                 "must list at least one relation, or be null (all)")
-        _require(self.world_question_hops is None or (len(self.world_question_hops) > 0
-                                                      and all(h >= 1 for h in self.world_question_hops)),
-                 "world_question_hops", f"must be a non-empty list of hops >= 1, or null; got {self.world_question_hops}")
-        _require(self.world_entities >= 20, "world_entities",
-                 f"must be >= 20 (the synthetic world's smallest size), got {self.world_entities}")
-        _require(self.world_documents is None or self.world_documents > 0, "world_documents",
-                 f"must be a positive number of documents or null, got {self.world_documents}")
-        fillers = self.article_fillers
-        _require(fillers is None or (len(fillers) == 2 and 0 <= fillers[0] <= fillers[1]), "article_fillers",
-                 f"must be [least, most] with 0 <= least <= most, or null; got {fillers}")
         # which files a source 'files' run needs is the command's to say: `mempo train` train_files
         # (`mempo.train.trainer`), `mempo eval` eval_files only (`mempo.eval.qa_eval_episodes`)
 
@@ -457,30 +423,13 @@ class EvalConfig:
 @dataclass
 class SFTConfig:
     """The SFT cold start (`mempo.train.sft.run_sft`): `mempo sft` and the demo's sft stage. The
-    `mempo sft` flags are shorthands for these fields (``--trajectories``, ``--episodes``,
-    ``--steps``, ``--epochs``, ``--lr``, ``--batch-tokens``); its checkpoints follow
-    ``trainer.save_every`` / ``keep_last`` / ``resume``.
+    `mempo sft` flags are shorthands for these fields (``--trajectories``, ``--steps``,
+    ``--epochs``, ``--lr``, ``--batch-tokens``); its checkpoints follow ``trainer.save_every`` /
+    ``keep_last`` / ``resume``.
 
-    Data. trajectories: a jsonl of oracle trajectories or ``{"messages": [...]}`` chats
-    (`mempo.train.sft.load_sft_records`; `mempo sft` only: the demo makes its own); null: the
-    oracle (`mempo.env.oracle`) makes them, in one of two ways. objectives null (`mempo sft`'s
-    default): the first ``episodes`` training episodes (``data.*``), under
-    ``rollout.context_policy`` and ``rollout.max_turns``, every trajectory kept. objectives a list
-    (the demo's way; synthetic data only): ``episodes`` synthetic-world episodes of each number of
-    objectives, drawn with `mempo.seeds.sft_question_seed`, those sharing a question with an
-    evaluation episode dropped, under the memory context, only correct trajectories (score 1) kept,
-    all of them when none is (`mempo.train.sft.oracle_cold_start`; ``keep: all`` keeps every one).
-    The oracle teacher (`mempo.env.oracle.OracleAgent`): oracle_think its think style (``"full"``
-    sentences, ``"short"`` one line, ``"minimal"`` the question number and the action);
-    oracle_memory_style (``"labels"``, ``"facts"``: the found sentences copied, or ``"listed"``:
-    facts with a ``Qn: ?`` line for every question from step 1);
-    oracle_query_style (``"words"`` or ``"question"``: the question itself is the first query);
-    oracle_drop_fact_prob: a deliberately imperfect teacher whose ``<mem>`` loses a fact a later
-    round needs with this probability (the episode then fails for it; ``keep: all`` keeps such
-    trajectories, so the cold-started agent fails the way the memory reward exists to fix);
-    oracle_drop_seed: the seed of those draws; oracle_answer_template: the answer round is exactly
-    the teacher-scoring template (`mempo.algo.contexts.DEFAULT_ANSWER_TEMPLATE`), so P(answer |
-    context) is scored on text the model was taught.
+    Data. trajectories: a jsonl of trajectories or ``{"messages": [...]}`` chats
+    (`mempo.train.sft.load_sft_records`); null: the synthetic world's oracle makes them (the
+    ``synthetic`` section's ``oracle_*`` fields).
 
     Optimisation. steps / epochs: optimiser steps / passes over the data (both null: one epoch);
     max_seconds: a wall-time bound (null: none). lr: AdamW's learning rate (betas, weight decay and
@@ -492,15 +441,6 @@ class SFTConfig:
     """
 
     trajectories: Optional[str] = None
-    episodes: int = 16
-    objectives: Optional[list[int]] = None
-    keep: Literal["correct", "all"] = "correct"
-    oracle_think: Literal["full", "short", "minimal"] = "full"
-    oracle_memory_style: Literal["labels", "facts", "listed"] = "labels"
-    oracle_query_style: Literal["words", "question"] = "words"
-    oracle_drop_fact_prob: float = 0.0
-    oracle_drop_seed: int = 0
-    oracle_answer_template: bool = False
     steps: Optional[int] = None
     epochs: Optional[float] = None
     max_seconds: Optional[float] = None
@@ -513,53 +453,119 @@ class SFTConfig:
     def __post_init__(self):
         _check_types(self)
         _finite(self)
-        _positive(self, "episodes", "steps", "epochs", "max_seconds", "lr", "batch_tokens")
+        _positive(self, "steps", "epochs", "max_seconds", "lr", "batch_tokens")
         _non_negative(self, "prompt_loss_weight")
-        _require(0.0 <= self.oracle_drop_fact_prob <= 1.0, "oracle_drop_fact_prob",
-                 f"must be in [0, 1], got {self.oracle_drop_fact_prob!r}")
         _require(0.0 <= self.warmup < 1.0, "warmup", f"must be in [0, 1), got {self.warmup!r}")
         _require(self.trajectories is None or self.trajectories.strip() != "", "trajectories",
                  "must be the path of a jsonl file, or null (the oracle makes the data)")
-        if self.objectives is not None:
-            _require(len(self.objectives) > 0, "objectives", "must list at least one number of objectives, or be null")
-            for i, k in enumerate(self.objectives):
-                _require(k >= 1, f"objectives[{i}]", f"must be >= 1, got {k!r}")
 
 
 @dataclass
-class DemoConfig:
-    """`mempo demo`'s own settings (`mempo.apps.demo`); its cold start is the ``sft`` section, its
-    world the ``data`` section's (``world_documents``, ``article_fillers``), so `mempo eval` /
-    `mempo train` with the demo's saved config rebuild the same one.
+class SyntheticConfig:
+    """The synthetic world and what is built on it (`mempo.synthetic`): the world, its oracle teacher,
+    the oracle's cold-start data, the copy warm-up and the demo's tokenizer and model. Every command
+    that builds the world (`mempo train`, `eval`, `sft`, `demo` with ``data.source: synthetic``)
+    reads this section, so they agree on it.
 
-    vocab_size: the tokenizer's size. tokenizer_documents: documents the tokenizer is trained on
-    (plus every oracle text). model_size: a `mempo.model.builtin.SIZES` name.
-    max_position_embeddings: the model's context. tie_embeddings: share the input embedding and the
-    output head (`tiny_model`): the head row of a name the SFT targets never contain is then that
-    name's input embedding (trained wherever the name is read) rather than a row only ever pushed
-    down, which helps copying names from the context. torch_threads: torch intra-op threads (0:
-    automatic: the CPUs other processes leave idle, from /proc/stat sampled over half a second, at
-    least 1; small models on a busy machine run much slower with oversubscribed threads). seed: the
-    model's initialisation seed and the SFT data order's. copy_warmup_steps: steps of the copy
-    warm-up before SFT (`mempo.train.copy_warmup`: the model learns to copy ids from its context
-    on random sequences of the world's name ids; 0: none), at learning rate copy_warmup_lr.
+    World (`mempo.synthetic.world.World.generate`; every default leaves the world as it was).
+    world_seed / world_entities: the seed and the size in entities; world_documents: when set, the
+    world has exactly this many documents instead (entities follow); article_fillers: ``[least,
+    most]`` filler sentences per entity article (None: 2 to 5; fewer give shorter search results).
+    For small worlds (small models): world_relations (the relations the world has, None: all),
+    world_names (``"default"`` or ``"short"``: one-word names), world_article_style (``"full"`` or
+    ``"facts"``: fact sentences only), world_chronicles (False: no chronicle documents, every fact in
+    its entity's article), world_distractor_ratio (distractor documents per entity),
+    world_question_hops (the hops of a question, e.g. [1]; None: 2) and world_prompt_style (the
+    episode prompt's layout, None: ``"numbered"``; ``"compact"``: a short instruction paragraph;
+    ``"bare"``: none).
+
+    Oracle cold start (`mempo.synthetic.cold_start`), when ``sft.trajectories`` is null. With
+    oracle_objectives null (`mempo sft`'s default) the oracle plays the first oracle_episodes
+    training episodes under ``rollout.context_policy`` and ``rollout.max_turns``, every trajectory
+    kept. With oracle_objectives a list (the demo's way): oracle_episodes episodes of each number of
+    objectives, drawn with `mempo.seeds.sft_question_seed`, those sharing a question with an
+    evaluation episode dropped, under the memory context; oracle_keep ``"correct"`` keeps only the
+    correct ones (score 1; all of them when none is), ``"all"`` every one. The teacher
+    (`mempo.synthetic.oracle.OracleAgent`): oracle_think its think style (``"full"`` sentences,
+    ``"short"`` one line, ``"minimal"`` the question number and the action); oracle_memory_style
+    (``"labels"``, ``"facts"``: the found sentences copied, or ``"listed"``: facts with a ``Qn: ?``
+    line for every question from step 1); oracle_query_style (``"words"`` or ``"question"``: the
+    question itself is the first query); oracle_drop_fact_prob: the teacher's ``<mem>`` loses a fact
+    a later round needs with this probability (the episode then fails for it, so a cold-started
+    agent fails the way the memory reward exists to fix); oracle_drop_seed: the seed of those draws;
+    oracle_answer_template: the answer round is exactly the teacher-scoring template
+    (`mempo.algo.contexts.DEFAULT_ANSWER_TEMPLATE`), so P(answer | context) is scored on text the
+    model was taught.
+
+    Copy warm-up (`mempo.synthetic.copy_warmup`, the demo before SFT): copy_warmup_steps steps on
+    random sequences of the world's name ids (0: none) at learning rate copy_warmup_lr.
+
+    The demo's tokenizer and model (`mempo demo`). vocab_size: the tokenizer's size.
+    tokenizer_documents: documents the tokenizer is trained on (plus every oracle text).
+    model_size: a `mempo.model.builtin.SIZES` name. max_position_embeddings: the model's context.
+    tie_embeddings: share the input embedding and the output head (`tiny_model`): the head row of a
+    name the SFT targets never contain is then that name's input embedding (trained wherever the
+    name is read) rather than a row only ever pushed down, which helps copying names from the
+    context. torch_threads: torch intra-op threads (0: the CPUs other processes leave idle, from
+    /proc/stat sampled over half a second, at least 1). model_seed: the model's initialisation, the
+    copy warm-up's and the SFT data order's seed.
     """
 
+    world_seed: int = 0
+    world_entities: int = 200
+    world_documents: Optional[int] = None
+    article_fillers: Optional[list[int]] = None
+    world_relations: Optional[list[str]] = None
+    world_names: Literal["default", "short"] = "default"
+    world_article_style: Literal["full", "facts"] = "full"
+    world_chronicles: bool = True
+    world_distractor_ratio: float = 1.0
+    world_question_hops: Optional[list[int]] = None
+    world_prompt_style: Optional[Literal["numbered", "joined", "compact", "bare"]] = None
+    oracle_objectives: Optional[list[int]] = None
+    oracle_episodes: int = 16
+    oracle_keep: Literal["correct", "all"] = "correct"
+    oracle_think: Literal["full", "short", "minimal"] = "full"
+    oracle_memory_style: Literal["labels", "facts", "listed"] = "labels"
+    oracle_query_style: Literal["words", "question"] = "words"
+    oracle_drop_fact_prob: float = 0.0
+    oracle_drop_seed: int = 0
+    oracle_answer_template: bool = False
+    copy_warmup_steps: int = 1000
+    copy_warmup_lr: float = 1e-3
     vocab_size: int = 4096
     tokenizer_documents: int = 2000
     model_size: Literal["tiny", "mini", "small"] = "mini"
     max_position_embeddings: int = 2048
     tie_embeddings: bool = True
     torch_threads: int = 0
-    seed: int = 0
-    copy_warmup_steps: int = 1000
-    copy_warmup_lr: float = 1e-3
+    model_seed: int = 0
 
     def __post_init__(self):
         _check_types(self)
         _finite(self)
-        _positive(self, "vocab_size", "tokenizer_documents", "max_position_embeddings", "copy_warmup_lr")
-        _non_negative(self, "torch_threads", "copy_warmup_steps")
+        _non_negative(self, "world_distractor_ratio", "torch_threads", "copy_warmup_steps")
+        _positive(self, "oracle_episodes", "vocab_size", "tokenizer_documents", "max_position_embeddings",
+                  "copy_warmup_lr")
+        _require(self.world_relations is None or len(self.world_relations) > 0, "world_relations",
+                 "must list at least one relation, or be null (all)")
+        _require(self.world_question_hops is None or (len(self.world_question_hops) > 0
+                                                      and all(h >= 1 for h in self.world_question_hops)),
+                 "world_question_hops", f"must be a non-empty list of hops >= 1, or null; got {self.world_question_hops}")
+        _require(self.world_entities >= 20, "world_entities",
+                 f"must be >= 20 (the synthetic world's smallest size), got {self.world_entities}")
+        _require(self.world_documents is None or self.world_documents > 0, "world_documents",
+                 f"must be a positive number of documents or null, got {self.world_documents}")
+        fillers = self.article_fillers
+        _require(fillers is None or (len(fillers) == 2 and 0 <= fillers[0] <= fillers[1]), "article_fillers",
+                 f"must be [least, most] with 0 <= least <= most, or null; got {fillers}")
+        _require(0.0 <= self.oracle_drop_fact_prob <= 1.0, "oracle_drop_fact_prob",
+                 f"must be in [0, 1], got {self.oracle_drop_fact_prob!r}")
+        if self.oracle_objectives is not None:
+            _require(len(self.oracle_objectives) > 0, "oracle_objectives",
+                     "must list at least one number of objectives, or be null")
+            for i, k in enumerate(self.oracle_objectives):
+                _require(k >= 1, f"oracle_objectives[{i}]", f"must be >= 1, got {k!r}")
 
 
 @dataclass
@@ -576,7 +582,7 @@ class MempoConfig:
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     sft: SFTConfig = field(default_factory=SFTConfig)
-    demo: DemoConfig = field(default_factory=DemoConfig)
+    synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
 
     def __post_init__(self):
         hints = typing.get_type_hints(type(self))

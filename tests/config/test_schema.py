@@ -78,8 +78,8 @@ def test_sections_validate_on_construction():
 def test_resume_defaults_to_never_and_determinism_to_auto():
     assert MempoConfig().trainer.resume == "never" and MempoConfig().trainer.deterministic is None
     assert config_from_dict({}, ["trainer.deterministic=false"]).trainer.deterministic is False
-    with pytest.raises(ConfigError, match="data.world_entities: must be >= 20"):
-        config_from_dict({}, ["data.world_entities=8"])
+    with pytest.raises(ConfigError, match="synthetic.world_entities: must be >= 20"):
+        config_from_dict({}, ["synthetic.world_entities=8"])
 
 
 @pytest.mark.parametrize("impl", ["flash_attention_2", "flash_attention_3", "kernels-community/flash-attn"])

@@ -3,10 +3,10 @@ is a defect (the user sets it and nothing changes).
 
 Static check over the AST of every module of the package except those of ``mempo/config/`` (where the
 fields are declared and validated). A field ``f`` of section ``s`` (``rollout``, ``actor``, ``sft``,
-``demo``, ...) is consumed when some module reads the attribute ``f`` of an expression known to be
+``synthetic``, ...) is consumed when some module reads the attribute ``f`` of an expression known to be
 that section:
 
-* ``<anything>.s.f`` (``cfg.rollout.sglang_url``, ``ctx.cfg.actor.lr``, ``cfg.demo.seed``);
+* ``<anything>.s.f`` (``cfg.rollout.sglang_url``, ``ctx.cfg.actor.lr``, ``cfg.synthetic.model_seed``);
 * ``<name>.f`` where ``<name>`` (a variable or ``self.x``) is assigned ``<anything>.s``, an
   ``S(...)`` of the section class, ``... or S(...)``, ``a if c else b`` of such values, or another
   name known to be that section, in that module (``r = cfg.rollout``, ``self.config = optim_config
@@ -135,10 +135,10 @@ class Engine:
 
     def __init__(self, settings: Optional[RolloutConfig] = None):
         self.settings = settings if settings is not None else RolloutConfig()
-        use(cfg.demo.seed)
+        use(cfg.synthetic.model_seed)
 '''
     assert consumed_fields(source) == {("rollout", "seed"), ("actor", "lr"), ("model", "dtype"), ("actor", "beta1"),
-                                       ("rollout", "tool_workers"), ("demo", "seed")}
+                                       ("rollout", "tool_workers"), ("synthetic", "model_seed")}
 
 
 @pytest.mark.parametrize("section", sorted(SECTIONS))
