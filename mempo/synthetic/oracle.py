@@ -9,7 +9,7 @@ Conventions
   else it knows travels inside its own ``<mem>``, which it parses back every round; so under the
   memory context policy (`AgentMemory.messages(policy="memory")`) it works exactly as under the
   full policy, and older rounds are never consulted under either.
-* It understands the synthetic world's grammar only (`mempo.synthetic.world.parse_question`,
+* It understands the synthetic world's grammar only (`mempo.synthetic.grammar.parse_question`,
   `fact_pattern`, `pointer_pattern`), never the world itself: facts come from retrieved text. A
   question outside the grammar is answered ``unknown``.
 * Memory format (one line each; parsed back by `parse_oracle_memory`)::
@@ -54,7 +54,7 @@ from mempo.utils.jsonl import iter_jsonl_records, write_jsonl
 from mempo.env.data import Episode, parse_episode_prompt
 from mempo.env.retriever import Retriever
 from mempo.env.tools import make_tools
-from mempo.synthetic.world import (
+from mempo.synthetic.grammar import (
     CHRONICLE_RELATIONS, RELATIONS, QuestionParse, fact_pattern, mention, parse_question, pointer_pattern,
     question_text,
 )

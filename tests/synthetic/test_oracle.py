@@ -18,7 +18,8 @@ from mempo.synthetic.oracle import (
 from mempo.env.retriever import BM25Retriever
 from mempo.env.server import RetrieverServer
 from mempo.env.tools import make_tools
-from mempo.synthetic.world import QuestionParse, World, parse_question
+from mempo.synthetic.grammar import QuestionParse, parse_question
+from mempo.synthetic.world import World
 from mempo.protocol.memory import ShortTextPolicy
 from mempo.protocol.grammar import parse_round, validate_format
 

@@ -11,9 +11,8 @@ import pytest
 
 from mempo.env.corpus import load_corpus
 from mempo.env.data import load_episodes_jsonl, load_qa_jsonl, parse_episode_prompt
-from mempo.synthetic.world import (
-    RELATIONS, World, fact_pattern, gold_aliases, parse_question, pointer_pattern,
-)
+from mempo.synthetic.grammar import RELATIONS, fact_pattern, gold_aliases, parse_question, pointer_pattern
+from mempo.synthetic.world import World
 from mempo.protocol.reward import compute_score, normalize_answer
 
 
