@@ -16,7 +16,7 @@ from typing import NamedTuple
 
 from support.paths import REPO
 
-LIBRARY = ("ops", "kernels", "protocol", "algo", "model", "env", "rollout", "train", "utils", "scoring", "eval",
+LIBRARY = ("ops", "kernels", "protocol", "algo", "model", "env", "rollout", "synthetic", "train", "utils", "scoring", "eval",
            "config", "errors", "seeds", "integrations")
 #: package -> the mempo packages/modules it may import (besides itself and the `mempo` root package).
 BELOW = {

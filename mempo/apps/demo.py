@@ -59,7 +59,7 @@ from mempo.apps.report import ReportResult, StageRecord, StageTimes, em_change, 
 from mempo.config import ConfigError, MempoConfig, dump_config, load_config
 from mempo.env.build import build_tools
 from mempo.synthetic.build import SyntheticEnv, build_world
-from mempo.synthetic.oracle import MEMORY_LINE_KINDS, memory_line_kinds
+from mempo.synthetic.oracle_memory import MEMORY_LINE_KINDS, memory_line_kinds
 from mempo.eval import EpisodeRecord, EvalReport, eval_episodes, evaluate, render_episode
 from mempo.protocol.grammar import parse_round
 from mempo.model.builtin import default_corpus_texts, tiny_model, train_tokenizer
@@ -94,7 +94,8 @@ def load_demo_config(path: Optional[PathLike] = None, overrides: Sequence[str] =
 
 
 def _check_demo_config(cfg: MempoConfig) -> None:
-    """ConfigError for ``sft`` settings the demo cannot follow (module docstring)."""
+    """ConfigError unless ``synthetic.oracle_objectives`` is set and ``sft.trajectories`` is null (the
+    demo draws its cold-start episodes per number of objectives and makes them with the oracle)."""
     if cfg.synthetic.oracle_objectives is None:
         raise ConfigError("synthetic.oracle_objectives", "the demo draws its cold-start episodes per number of "
                                                          "objectives; list them, e.g. synthetic.oracle_objectives=[1,2]")
@@ -281,7 +282,7 @@ def episode_pair(before: EvalReport, after: EvalReport, episodes_by_k: dict[int,
 def memory_outcome_section(before: EvalReport, after: EvalReport, episodes_by_k: dict[int, list], tokenizer: Any,
                            system_prompt: str) -> list[str]:
     """The report's table of what the agent's last ``<mem>`` held for each objective
-    (`mempo.synthetic.oracle.memory_line_kinds`), per k, before and after RL, from the kept trajectories
+    (`mempo.synthetic.oracle_memory.memory_line_kinds`), per k, before and after RL, from the kept trajectories
     of the memory-context cells (no lines without them). The last round with a ``<mem>`` block is
     read: the answer round's in an answered episode. "answered right" is the share of the
     objectives whose line kept the gold that the answer also got right (exact match)."""

@@ -43,7 +43,9 @@ def oracle_agent(cfg: MempoConfig, max_turns: Optional[int] = None) -> OracleAge
 
 def oracle_cold_start(world: Any, tools: Mapping[str, Any], cfg: MempoConfig, held_out: Collection[str] = (), *,
                       show_progress: bool = False) -> ColdStart:
-    """The oracle's cold-start trajectories for ``synthetic.oracle_objectives`` (module docstring).
+    """The oracle's cold-start trajectories: ``synthetic.oracle_episodes`` episodes per number of
+    objectives of ``synthetic.oracle_objectives``, those asking a held-out question dropped, each
+    played by `oracle_agent` under the memory context; ``oracle_keep`` says which are kept.
 
     world: the synthetic world (`mempo.synthetic.build.synthetic_world`); tools: the agent's tools
     over its retriever (`mempo.env.build.build_tools`); held_out: questions no kept episode may ask

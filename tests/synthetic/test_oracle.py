@@ -12,9 +12,9 @@ import pytest
 from mempo.env.client import HTTPRetriever
 from mempo.env.data import Episode, make_episode_prompt
 from mempo.synthetic.oracle import (
-    UNKNOWN, OracleAgent, load_trajectories_jsonl, memory_line_kinds, parse_oracle_memory, run_oracle,
-    run_oracle_episodes, write_trajectories_jsonl,
+    OracleAgent, load_trajectories_jsonl, run_oracle, run_oracle_episodes, write_trajectories_jsonl,
 )
+from mempo.synthetic.oracle_memory import UNKNOWN, memory_line_kinds, parse_oracle_memory
 from mempo.env.retriever import BM25Retriever
 from mempo.env.server import RetrieverServer
 from mempo.env.tools import make_tools
