@@ -132,7 +132,7 @@ def test_eval_command(tmp_path):
 
 
 def test_synthetic_world_follows_the_data_section():
-    """train, eval and the demo build the world through `synthetic_world`: the data section's size
+    """train, eval and the demo build the world through `synthetic_world`: the synthetic section's size
     and filler options reach it (a demo config's world is rebuilt exactly by `mempo eval`)."""
     from mempo.config import load_config
     from mempo.synthetic.build import synthetic_world

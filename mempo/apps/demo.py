@@ -4,7 +4,7 @@ Stages, in order, each a function of the previous stages' values (each prints wh
 long it took; timings go to ``stages.json``, `mempo.apps.report.StageTimes`):
 
 1. world      the synthetic world (`mempo.synthetic.world.World`, ``synthetic.world_documents`` documents) and the
-              ``env`` section's retriever over it (`mempo.env.build.build_world`: BM25 by default);
+              ``env`` section's retriever over it (`mempo.synthetic.build.build_world`: BM25 by default);
 2. oracle     oracle trajectories (`mempo.synthetic.cold_start.oracle_cold_start`: memory context, think style
               ``synthetic.oracle_think``) on ``synthetic.oracle_episodes`` episodes of each of ``synthetic.oracle_objectives``
               objectives; only correct ones (score 1) are kept, as the paper's cold-start data. SFT

@@ -4,7 +4,7 @@ resume.
 Conventions
 -----------
 * Building (`build_run`, one small setup function per part, in this order). Determinism
-  (`configure_determinism`). World: the synthetic world (`mempo.env.build.synthetic_world`) when
+  (`configure_determinism`). World: the synthetic world (`mempo.synthetic.build.synthetic_world`) when
   ``data.source == "synthetic"`` and something needs it (episodes, retriever, tokenizer or the
   periodic evaluation not given). Retriever: given, else `mempo.env.build.build_retriever` (the
   one `mempo eval` uses: an HTTP server that passed its health check, BM25 over
