@@ -264,5 +264,5 @@ def test_sft_oracle_data_by_training_episodes_or_by_objectives(tmp_path):
     assert source == "oracle on 4 episodes of each of [1, 2] objectives"
 
     run.world = None  # QA-file data: no world to draw from
-    with pytest.raises(ConfigError, match=r"^sft\.objectives: draws synthetic-world episodes"):
+    with pytest.raises(ConfigError, match=r"^synthetic\.oracle_objectives: draws synthetic-world episodes"):
         _oracle_records(by_k, run)
