@@ -28,6 +28,7 @@ def _rng(world: Any, tag: str, number: int) -> random.Random:
 
 
 def reverse_index(world: Any) -> dict[str, dict[int, list[int]]]:
+    """``reverse[relation][value] = [subjects]`` for the relations articles cross-reference."""
     reverse: dict[str, dict[int, list[int]]] = {}
     for name in ("founder", "author", "mayor", "birthplace", "location", "headquarters"):
         table: dict[int, list[int]] = {}
@@ -38,6 +39,8 @@ def reverse_index(world: Any) -> dict[str, dict[int, list[int]]]:
 
 
 def article(world: Any, entity: Entity, reverse: dict[str, dict[int, list[int]]]) -> Document:
+    """The entity's article: an introduction (style "full"), its fact and pointer sentences,
+    cross-references (full style) and fillers, shuffled."""
     rng = _rng(world, "article", entity.index)
     name, kind, ents = entity.name, entity.kind, world.entities
     subject = f"The {name}" if kind == "river" else name
@@ -89,6 +92,8 @@ def article(world: Any, entity: Entity, reverse: dict[str, dict[int, list[int]]]
 
 
 def chronicle(world: Any, number: int, country: Entity) -> Document:
+    """The chronicle of `country` (``chronicle-<number>``): pages of events, each padded to
+    ``page_chars``, holding the chronicle facts placed on them."""
     rng = _rng(world, "chronicle", number)
     doc_id = f"chronicle-{number:04d}"
     title = f"The Chronicle of {country.name}"
@@ -131,6 +136,7 @@ def chronicle(world: Any, number: int, country: Entity) -> Document:
 
 
 def distractor(world: Any, number: int) -> Document:
+    """News item ``news-<number>`` (or, one time in five, a namesake biography)."""
     rng = _rng(world, "distractor", number)
     ents = world.entities
     doc_id = f"news-{number:06d}"

@@ -54,6 +54,7 @@ def draw_questions(world: Any, num: int, hops: Union[int, Sequence[int], None] =
 
 
 def inverse_index(world: Any) -> dict[str, dict[int, list[int]]]:
+    """``inverse[relation][value] = [subjects]`` for every entity-valued relation."""
     inverse: dict[str, dict[int, list[int]]] = {}
     for relation in RELATIONS.values():
         if relation.is_literal:
@@ -90,6 +91,8 @@ def chain_forward(world: Any, rng: random.Random, hops: int) -> Optional[list[tu
 
 def chain_backward(world: Any, rng: random.Random, final: tuple[str, int], hops: int,
                     inverse: dict[str, dict[int, list[int]]]) -> Optional[list[tuple[str, int]]]:
+    """[(relation, subject index)] of a walk of ``hops`` steps ending in the fact `final`, drawn
+    backward along `inverse`, or None at a dead end."""
     chain = [final]
     current = final[1]
     visited = {current}
