@@ -59,7 +59,7 @@ Conventions
   metrics ``eval/<field>@k<k>_<policy>`` (dataset ``""``) or ``eval/<dataset>/<field>@k<k>_<policy>``,
   one per `SCALAR_FIELDS` field of `EvalRow` under that field's own name (the trainer's periodic
   evaluation logs them).
-* The oracle as a policy is a backend like any other (`mempo.rollout.backends.oracle.OracleBackend`).
+* The oracle as a policy is a backend like any other (`mempo.synthetic.backend.OracleBackend`).
 """
 from __future__ import annotations
 
@@ -592,7 +592,7 @@ def evaluate(model: Any, tokenizer: Any, episodes_by_k: Mapping[Any, Sequence[An
         retriever: what the search / access tools query.
         cfg: a `mempo.config.MempoConfig` (``eval``, ``rollout``, ``env`` sections).
         backend: a generation backend to use instead of the model (e.g.
-            `mempo.rollout.backends.oracle.OracleBackend`).
+            `mempo.synthetic.backend.OracleBackend`).
         policies: overrides ``cfg.eval.policies``.
         max_new_tokens: overrides ``cfg.rollout.max_new_tokens_per_round``.
         chunk_size: episodes per engine run (progress granularity; all of a chunk are batched).

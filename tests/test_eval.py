@@ -8,7 +8,7 @@ pytest.importorskip("transformers")
 
 from mempo.synthetic.build import build_world
 from mempo.eval import EvalReport, eval_episodes, evaluate, round_prompt_tokens, summarize
-from mempo.rollout.backends.oracle import OracleBackend
+from mempo.synthetic.backend import OracleBackend
 from mempo.config import config_from_dict
 from support.rollout_fixtures import chat_tokenizer, tiny_qwen2
 

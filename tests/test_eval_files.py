@@ -1,7 +1,7 @@
 """`mempo eval` on QA files: datasets, MEM1 composition, BM25 / HTTP retrievers, records, report, errors.
 
 The agent here is a rule-based *reader* (`ReaderAgent`, behind
-`mempo.rollout.backends.oracle.OracleBackend`'s prompt decoding): it searches each question in turn
+`mempo.synthetic.backend.OracleBackend`'s prompt decoding): it searches each question in turn
 and answers with the title of the first search hit. It sees only its prompt (system, question, its
 memory, tool results), so it answers a question right exactly when the corpus holds a document
 titled with the gold answer that the question's words find: "answerable" questions below. The unanswerable ones have golds that appear nowhere in
@@ -28,7 +28,7 @@ from mempo.env.retriever import BM25Retriever
 from mempo.eval import EpisodeRecord, EvalReport, evaluate, qa_eval_episodes, render_episode
 from mempo.protocol.grammar import parse_round
 from mempo.rollout.backends.base import GenerationRequest
-from mempo.rollout.backends.oracle import OracleBackend
+from mempo.synthetic.backend import OracleBackend
 from mempo.rollout.trajectory import Trajectory
 from mempo.config import ConfigError, config_from_dict
 from support.rollout_fixtures import chat_tokenizer

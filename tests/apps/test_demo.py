@@ -10,7 +10,7 @@ from mempo.config import config_from_dict
 from mempo.synthetic.build import build_world
 from mempo.synthetic.oracle import OracleAgent
 from mempo.eval import EvalReport, EvalRow, eval_episodes, evaluate
-from mempo.rollout.backends.oracle import OracleBackend
+from mempo.synthetic.backend import OracleBackend
 from support.demo_smoke import SMOKE
 from support.paths import REPO
 

@@ -13,9 +13,9 @@ from __future__ import annotations
 import re
 from typing import Any, Optional, Sequence
 
-from mempo.synthetic.oracle import OracleAgent
 from mempo.protocol.memory import MEM_PREFIX
 from mempo.rollout.backends.base import GenerationOutput, GenerationRequest, SamplingParams
+from mempo.synthetic.oracle import OracleAgent
 from mempo.utils.tokens import decode_ids, encode_text
 
 __all__ = ["OracleBackend"]
