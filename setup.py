@@ -16,12 +16,14 @@ ext_modules = [
 ]
 
 # kernels/ lives at the top of the repository (the design card's layout) and is installed as
-# mempo.kernels, so that a built wheel carries the Triton kernels.
-packages = find_packages(include=["mempo", "mempo.*"]) + ["mempo.kernels"]
+# mempo.kernels, so that a built wheel carries the Triton kernels; configs/ likewise as mempo.configs
+# (`mempo demo` reads its demo.yaml).
+packages = find_packages(include=["mempo", "mempo.*"]) + ["mempo.kernels", "mempo.configs"]
 
 setup(
     packages=packages,
-    package_dir={"mempo": "mempo", "mempo.kernels": "kernels"},
+    package_dir={"mempo": "mempo", "mempo.kernels": "kernels", "mempo.configs": "configs"},
+    package_data={"mempo.configs": ["*.yaml"]},
     ext_modules=ext_modules,
     cmdclass={"build_ext": build_ext},
 )

@@ -31,7 +31,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import math
 import statistics
 import sys
 import time
@@ -43,7 +42,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from mempo.apps.demo import rl_episodes
 from mempo.config import MempoConfig, load_config, split_overrides
-from mempo.env.build import build_world
+from mempo.synthetic.build import build_world
 from mempo.eval import eval_episodes, evaluate
 from mempo.train.logging import read_metrics
 from mempo.train.metric_names import TOKENS

@@ -8,7 +8,7 @@ Run: .venv/bin/pytest bench/bench_memory.py --benchmark-only -s    (about 1 minu
 Setup: a synthetic world (`World.generate(seed=0, num_documents=20_000)`), BM25 over its corpus,
 the search tool at its defaults (top-5, 5,000 characters per document). For k = 2, 4, 6, 8, 10
 objectives, 20 episodes of k two-hop questions each (`world.episodes(k, 20, seed=k)`, search only,
-no chronicle access), solved by the oracle agent (`mempo.env.oracle.run_oracle`) twice: under the
+no chronicle access), solved by the oracle agent (`mempo.synthetic.oracle.run_oracle`) twice: under the
 memory policy and under the full policy (`AgentMemory.messages(policy=...)`, default short-text
 policy). The oracle takes the same decisions under both, so both runs have the same rounds; only
 the prompts differ.
@@ -37,10 +37,10 @@ from typing import Optional
 
 import pytest
 
+from mempo.synthetic.oracle import run_oracle
 from mempo.env.bm25 import BM25Retriever
-from mempo.env.oracle import run_oracle
 from mempo.env.tools import make_tools
-from mempo.env.world import World
+from mempo.synthetic.world import World
 from mempo.protocol.grammar import parse_round
 
 OBJECTIVES = (2, 4, 6, 8, 10)

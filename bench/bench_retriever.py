@@ -3,7 +3,7 @@
 Run: pytest bench/bench_retriever.py --benchmark-only      (about 2-3 minutes on 2 CPU cores)
      MEMPO_BENCH_RETRIEVAL_DOCS=5000 pytest bench/bench_retriever.py --benchmark-only   (quick check)
 
-Corpus: `synthetic_corpus(100_000, seed=0)`: the documents of `mempo.env.world.World.generate(seed=0,
+Corpus: `synthetic_corpus(100_000, seed=0)`: the documents of `mempo.synthetic.world.World.generate(seed=0,
 num_documents=100_000)`: about 50,000 entity articles (people, cities, companies ... with their fact
 sentences), 60 long chronicles of 3 or more 25,000-character access pages, and news / namesake
 distractors; 47 MB of text.
@@ -34,7 +34,7 @@ import pytest
 from mempo.env.bm25 import BM25Retriever
 from mempo.env.client import HTTPRetriever
 from mempo.env.corpus import Document, write_corpus
-from mempo.env.world import World
+from mempo.synthetic.world import World
 
 NUM_DOCS = int(os.environ.get("MEMPO_BENCH_RETRIEVAL_DOCS", "100000"))  # smaller for a quick check
 NUM_QUERIES = 4_000

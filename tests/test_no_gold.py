@@ -31,7 +31,7 @@ def trace():
 @pytest.fixture(scope="module")
 def tok():
     from mempo.model.builtin import default_corpus_texts, train_tokenizer
-    from mempo.env.world import World
+    from mempo.synthetic.world import World
 
     return train_tokenizer(default_corpus_texts(World.generate(seed=0, num_entities=25)), vocab_size=768)
 
@@ -68,7 +68,7 @@ def test_the_checker_catches_a_gold_told_to_a_processor_or_a_prompt(tok):
 
 
 def test_train_eval_and_demo_never_show_a_gold(tmp_path, trace):
-    from mempo.env.build import build_world
+    from mempo.synthetic.build import build_world
     from mempo.eval import eval_episodes, evaluate
     from mempo.train.trainer import train
 

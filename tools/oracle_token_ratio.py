@@ -1,6 +1,6 @@
 """Prompt tokens of the demo's teacher under the memory context against the full context, per k.
 
-The oracle (`mempo.env.oracle`) acts the same under both context policies, so running each
+The oracle (`mempo.synthetic.oracle`) acts the same under both context policies, so running each
 episode under both gives the same rounds with the two prompts: the memory-context tokens an agent
 that solves the task as the teacher does would spend, against the full context of the same
 rounds. This is the token economy of a well-behaved episode, the one docs/DEMO.md compares the
@@ -9,8 +9,8 @@ demo's measured ratio with.
     python tools/oracle_token_ratio.py DEMO_OUT [--ks 2 4 6] [--episodes 64] [overrides ...]
 
 DEMO_OUT: a `mempo demo` output directory (its config.yaml and model_sft tokenizer are used);
-overrides: dotted config overrides (e.g. data.world_prompt_style=compact). The teacher is the
-demo's with ``sft.oracle_drop_fact_prob=0`` unless overridden.
+overrides: dotted config overrides (e.g. synthetic.world_prompt_style=compact). The teacher is the
+demo's with ``synthetic.oracle_drop_fact_prob=0`` unless overridden.
 """
 import argparse
 import sys
@@ -20,10 +20,11 @@ from transformers import AutoTokenizer
 
 from mempo.apps.demo import load_demo_config
 from mempo.config import split_overrides
-from mempo.env.build import build_retriever, build_tools, synthetic_world
-from mempo.env.oracle import run_oracle
+from mempo.env.build import build_retriever, build_tools
+from mempo.synthetic.build import synthetic_world
+from mempo.synthetic.oracle import run_oracle
 from mempo.rollout.chat import ChatFormat
-from mempo.train.sft import oracle_agent
+from mempo.synthetic.cold_start import oracle_agent
 
 
 def main() -> None:
@@ -36,7 +37,7 @@ def main() -> None:
     args = parser.parse_args(rest)
     args.overrides = overrides
     out = Path(args.demo_out)
-    cfg = load_demo_config(out / "config.yaml", ["sft.oracle_drop_fact_prob=0"] + args.overrides)
+    cfg = load_demo_config(out / "config.yaml", ["synthetic.oracle_drop_fact_prob=0"] + args.overrides)
     chat = ChatFormat(AutoTokenizer.from_pretrained(out / "model_sft"), template=cfg.rollout.chat_template)
     world = synthetic_world(cfg)
     tools = build_tools(cfg, build_retriever(cfg, world))

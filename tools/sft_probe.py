@@ -11,14 +11,14 @@ import dataclasses, json, os, sys, time
 import torch
 torch.set_num_threads(int(os.environ.get("THREADS", "1")))
 from mempo.apps.demo import load_demo_config
-from mempo.env.world import World
+from mempo.synthetic.world import World
 from mempo.env.bm25 import BM25Retriever
 from mempo.env.build import build_tools
 from mempo.eval import evaluate
-from mempo.env.oracle import run_oracle, OracleAgent
+from mempo.synthetic.oracle import run_oracle, OracleAgent
 from mempo.algo.contexts import DEFAULT_ANSWER_TEMPLATE
 from mempo.model.builtin import default_corpus_texts, train_tokenizer, tiny_model
-from mempo.train.copy_warmup import copy_warmup
+from mempo.synthetic.copy_warmup import copy_warmup
 from mempo.train.sft import run_sft
 
 name = sys.argv[1]

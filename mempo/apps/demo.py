@@ -3,18 +3,18 @@
 Stages, in order, each a function of the previous stages' values (each prints what it did and how
 long it took; timings go to ``stages.json``, `mempo.apps.report.StageTimes`):
 
-1. world      the synthetic world (`mempo.env.world.World`, ``data.world_documents`` documents) and the
-              ``env`` section's retriever over it (`mempo.env.build.build_world`: BM25 by default);
-2. oracle     oracle trajectories (`mempo.train.sft.oracle_cold_start`: memory context, think style
-              ``sft.oracle_think``) on ``sft.episodes`` episodes of each of ``sft.objectives``
+1. world      the synthetic world (`mempo.synthetic.world.World`, ``synthetic.world_documents`` documents) and the
+              ``env`` section's retriever over it (`mempo.synthetic.build.build_world`: BM25 by default);
+2. oracle     oracle trajectories (`mempo.synthetic.cold_start.oracle_cold_start`: memory context, think style
+              ``synthetic.oracle_think``) on ``synthetic.oracle_episodes`` episodes of each of ``synthetic.oracle_objectives``
               objectives; only correct ones (score 1) are kept, as the paper's cold-start data. SFT
               and RL episodes are drawn with other question seeds than the evaluation's
               (`mempo.seeds`), and any that shares a question with an evaluation episode is dropped,
               so the evaluation questions are never trained on;
-3. tokenizer  a byte-level BPE (`mempo.model.builtin.train_tokenizer`, ``demo.vocab_size``) trained on the
+3. tokenizer  a byte-level BPE (`mempo.model.builtin.train_tokenizer`, ``synthetic.vocab_size``) trained on the
               documents and the oracle texts;
-4. model      a randomly initialised Qwen2 (`mempo.model.builtin.tiny_model`, ``demo.model_size``),
-              then, with ``demo.copy_warmup_steps`` > 0, a copy warm-up stage (`mempo.train.copy_warmup`:
+4. model      a randomly initialised Qwen2 (`mempo.model.builtin.tiny_model`, ``synthetic.model_size``),
+              then, with ``synthetic.copy_warmup_steps`` > 0, a copy warm-up stage (`mempo.synthetic.copy_warmup`:
               the model learns to copy ids from its context, on random sequences of the world's name ids);
 5. sft        supervised cold start on the oracle trajectories (`mempo.train.sft.run_sft` with the ``sft``
               section; with ``sft.prompt_loss_weight`` > 0 the prompt tokens are modelled too); the
@@ -33,17 +33,19 @@ then rewrites every file it writes (``model_sft/`` and ``model_rl/`` are replace
 a second run starts fresh instead of being refused as a used run directory (``trainer.resume``
 stays "never"). Nothing else in ``--out`` is touched.
 
-Configuration: one `mempo.config.MempoConfig` (written to ``<out>/config.yaml``): the demo's own
-settings are its ``demo`` section (`mempo.config.DemoConfig`), its cold start the ``sft`` section
-(``sft.objectives`` must be set: the demo draws its cold-start episodes per number of objectives;
-``sft.trajectories`` must be null: the oracle makes them). The built-in configuration
-(`DEFAULT_CONFIG`) equals the repository's ``configs/demo.yaml``. Overrides are dotted
-(``eval.episodes=4``, ``sft.steps=100``, ``demo.model_size=tiny``).
+Configuration: one `mempo.config.MempoConfig` (written to ``<out>/config.yaml``): the world, the
+oracle teacher, the copy warm-up and the demo's tokenizer and model are its ``synthetic`` section
+(`mempo.config.SyntheticConfig`; ``synthetic.oracle_objectives`` must be set: the demo draws its
+cold-start episodes per number of objectives), its SFT stage the ``sft`` section
+(``sft.trajectories`` must be null: the oracle makes the data). Without a file the demo reads
+``configs/demo.yaml``, shipped in the package as ``mempo.configs`` (`DEMO_CONFIG`). Overrides are
+dotted (``eval.episodes=4``, ``sft.steps=100``, ``synthetic.model_size=tiny``).
 """
 from __future__ import annotations
 
-import copy
 import dataclasses
+import importlib.resources
+import importlib.util
 import os
 import shutil
 import time
@@ -54,50 +56,49 @@ from typing import Any, Callable, Generic, Optional, Sequence, TypeVar
 import torch
 
 from mempo.apps.report import ReportResult, StageRecord, StageTimes, em_change, write_report
-from mempo.config import ConfigError, DemoConfig, MempoConfig, config_from_dict, dump_config, read_yaml_mapping
-from mempo.env.build import SyntheticEnv, build_tools, build_world
-from mempo.env.oracle import MEMORY_LINE_KINDS, memory_line_kinds
+from mempo.config import ConfigError, MempoConfig, dump_config, load_config
+from mempo.env.build import build_tools
+from mempo.synthetic.build import SyntheticEnv, build_world
+from mempo.synthetic.oracle_memory import MEMORY_LINE_KINDS, memory_line_kinds
 from mempo.eval import EpisodeRecord, EvalReport, eval_episodes, evaluate, render_episode
 from mempo.protocol.grammar import parse_round
 from mempo.model.builtin import default_corpus_texts, tiny_model, train_tokenizer
 from mempo.model.export import save_model_dir
-from mempo.train.copy_warmup import CopyWarmup, copy_warmup
+from mempo.synthetic.copy_warmup import CopyWarmup, copy_warmup
 from mempo.train.logging import MetricsLogger
-from mempo.train.sft import ColdStart, oracle_cold_start, run_sft
+from mempo.train.sft import run_sft
+from mempo.synthetic.cold_start import ColdStart, oracle_cold_start
 from mempo.train.trainer import TrainResult, prepare_out_dir, train
 from mempo.utils.machine import machine_facts
 from mempo.utils.types import PathLike
 
-__all__ = ["DEFAULT_CONFIG", "load_demo_config", "run_demo", "rl_episodes", "DemoResult", "DemoTargets",
+__all__ = ["DEMO_CONFIG", "load_demo_config", "run_demo", "rl_episodes", "DemoResult", "DemoTargets",
            "target_lines"]
 T = TypeVar("T")
 
-#: The built-in demo configuration (equal to the repository's configs/demo.yaml).
-DEFAULT_CONFIG: dict[str, Any] = {
-    "demo": dataclasses.asdict(DemoConfig()),
-    "sft": {"objectives": [1, 2, 3, 4], "episodes": 512, "keep": "all", "oracle_think": "minimal", "oracle_memory_style": "listed", "oracle_query_style": "question", "oracle_drop_fact_prob": 0.3, "oracle_drop_seed": 0, "oracle_answer_template": True, "steps": 6000, "epochs": None, "max_seconds": 510, "lr": 0.001, "schedule": "cosine", "warmup": 0.05, "prompt_loss_weight": 1.0, "batch_tokens": 2048},
-    "model": {"path": "builtin-tiny", "max_position_embeddings": 2048},
-    "data": {"num_objectives": 2, "questions_per_step": 4, "seed": 0, "world_seed": 0, "world_entities": 2000, "world_relations": ["birthplace", "alma_mater"], "world_names": "short", "world_article_style": "facts", "article_fillers": [4, 4], "world_chronicles": False, "world_distractor_ratio": 0.0, "world_question_hops": [1], "world_prompt_style": "bare"},
-    "env": {"topk": 1, "doc_chars": 600},
-    "rollout": {"group_size": 8, "max_turns": 6, "max_new_tokens_per_round": 96, "max_response_tokens": 1024, "temperature": 1.0, "context_policy": "memory", "system_prompt": ""},
-    "scoring": {"threshold": None},
-    "actor": {"lr": 5e-05, "kl_coef": 0.0, "micro_batch_tokens": 8192},
-    "trainer": {"total_steps": 60, "save_every": 0, "eval_every": 0, "log_every": 1, "resume": "never", "tensorboard": False, "out_dir": "demo_out/rl"},
-    "eval": {"objectives": [2, 4], "max_turns": 8, "policies": ["memory"], "episodes": 64, "temperature": 0.0}
-}
+def _demo_config_path() -> Path:
+    """configs/demo.yaml: from the installed package (``mempo.configs``, setup.py's package_dir), else
+    from the source tree this module sits in."""
+    if importlib.util.find_spec("mempo.configs") is not None:
+        return Path(importlib.resources.files("mempo.configs") / "demo.yaml")
+    return Path(__file__).resolve().parents[2] / "configs" / "demo.yaml"
+
+
+#: The demo's configuration file, read when no other is given.
+DEMO_CONFIG: Path = _demo_config_path()
 
 
 def load_demo_config(path: Optional[PathLike] = None, overrides: Sequence[str] = ()) -> MempoConfig:
-    """The demo's configuration: a YAML file (None: `DEFAULT_CONFIG`) plus dotted overrides."""
-    data = copy.deepcopy(DEFAULT_CONFIG) if path is None else read_yaml_mapping(path)
-    return config_from_dict(data, overrides)
+    """The demo's configuration: a YAML file (None: `DEMO_CONFIG`) plus dotted overrides."""
+    return load_config(DEMO_CONFIG if path is None else path, overrides)
 
 
 def _check_demo_config(cfg: MempoConfig) -> None:
-    """ConfigError for ``sft`` settings the demo cannot follow (module docstring)."""
-    if cfg.sft.objectives is None:
-        raise ConfigError("sft.objectives", "the demo draws its cold-start episodes per number of objectives; "
-                                            "list them, e.g. sft.objectives=[1,2]")
+    """ConfigError unless ``synthetic.oracle_objectives`` is set and ``sft.trajectories`` is null (the
+    demo draws its cold-start episodes per number of objectives and makes them with the oracle)."""
+    if cfg.synthetic.oracle_objectives is None:
+        raise ConfigError("synthetic.oracle_objectives", "the demo draws its cold-start episodes per number of "
+                                                         "objectives; list them, e.g. synthetic.oracle_objectives=[1,2]")
     if cfg.sft.trajectories is not None:
         raise ConfigError("sft.trajectories", "the demo makes its cold-start data with the oracle; leave it null "
                                               "(mempo sft --trajectories trains on a file)")
@@ -170,44 +171,44 @@ def _world_stage(cfg: MempoConfig) -> Staged[SyntheticEnv]:
 def _oracle_stage(cfg: MempoConfig, env: SyntheticEnv, held_out: set[str], show_progress: bool) -> Staged[ColdStart]:
     cold = oracle_cold_start(env.world, build_tools(cfg, env.retriever), cfg, held_out, show_progress=show_progress)
     correct = sum(float(t.score.get("score", 0.0)) == 1.0 for t in cold.trajectories)
-    if cfg.sft.keep == "all":
+    if cfg.synthetic.oracle_keep == "all":
         what = (f"oracle trajectories kept, all ({correct} correct; the teacher drops a needed fact with "
-                f"probability {cfg.sft.oracle_drop_fact_prob:g})")
+                f"probability {cfg.synthetic.oracle_drop_fact_prob:g})")
     else:
         what = ("oracle trajectories kept (none was correct: all kept)" if cold.all_kept
                 else "correct oracle trajectories kept")
     rounds = sum(t.num_rounds for t in cold.trajectories)
     return Staged(cold, f"{len(cold.trajectories)}/{cold.ran} {what} ({rounds} rounds; objectives "
-                        f"{list(cfg.sft.objectives)}; {cold.dropped} episodes sharing a question with the "
+                        f"{list(cfg.synthetic.oracle_objectives)}; {cold.dropped} episodes sharing a question with the "
                         f"evaluation dropped)")
 
 
 def _tokenizer_stage(cfg: MempoConfig, world: Any, trajectories: Sequence[Any]) -> Staged[Any]:
-    texts = default_corpus_texts(world, limit=cfg.demo.tokenizer_documents)
+    texts = default_corpus_texts(world, limit=cfg.synthetic.tokenizer_documents)
     for t in trajectories:
         texts.append(t.prompt)
         texts.append(t.response_text)
-    tokenizer = train_tokenizer(texts, cfg.demo.vocab_size)
+    tokenizer = train_tokenizer(texts, cfg.synthetic.vocab_size)
     return Staged(tokenizer, f"byte-level BPE, {len(tokenizer)} ids, trained on {len(texts)} texts")
 
 
 def _model_stage(cfg: MempoConfig, tokenizer: Any) -> Staged[Any]:
-    d = cfg.demo
-    model = tiny_model(tokenizer, d.model_size, d.seed, max_position_embeddings=d.max_position_embeddings,
+    d = cfg.synthetic
+    model = tiny_model(tokenizer, d.model_size, d.model_seed, max_position_embeddings=d.max_position_embeddings,
                        tie_word_embeddings=d.tie_embeddings)
     c = model.config
     params = sum(p.numel() for p in model.parameters())
     return Staged(model, f"Qwen2 '{d.model_size}': {c.num_hidden_layers} layers x {c.hidden_size}, "
                          f"{params / 1e6:.2f} M parameters{' (tied embeddings)' if d.tie_embeddings else ''}, "
-                         f"random init (seed {d.seed})")
+                         f"random init (seed {d.model_seed})")
 
 
 def _copy_stage(cfg: MempoConfig, model: Any, tokenizer: Any, world: Any) -> Staged[CopyWarmup]:
-    """The copy warm-up (`mempo.train.copy_warmup`) on the ids of the world's one-id names."""
-    d = cfg.demo
+    """The copy warm-up (`mempo.synthetic.copy_warmup`) on the ids of the world's one-id names."""
+    d = cfg.synthetic
     ids = [tokenizer.encode(" " + e.name, add_special_tokens=False) for e in world.entities]
     pool = sorted({x[0] for x in ids if len(x) == 1})
-    result = copy_warmup(model, pool, steps=d.copy_warmup_steps, lr=d.copy_warmup_lr, seed=d.seed)
+    result = copy_warmup(model, pool, steps=d.copy_warmup_steps, lr=d.copy_warmup_lr, seed=d.model_seed)
     return Staged(result, f"{result.steps} steps on random sequences of {len(pool)} name ids, loss "
                           f"{result.first_loss:.3f} -> {result.last_loss:.3f}")
 
@@ -216,7 +217,7 @@ def _sft_stage(cfg: MempoConfig, model: Any, tokenizer: Any, trajectories: Seque
                out: Path) -> Staged[dict[str, Any]]:
     """SFT in place on `model`; its metrics and the saved ``model_sft``."""
     with MetricsLogger(out / "sft", tensorboard=False) as logger:
-        metrics = run_sft(cfg, model, tokenizer, trajectories, seed=cfg.demo.seed, logger=logger)
+        metrics = run_sft(cfg, model, tokenizer, trajectories, seed=cfg.synthetic.model_seed, logger=logger)
     _save_model(out / "model_sft", model, tokenizer)
     shown = [(name, metrics[name]) for name in ("first_loss", "last_loss", "steps", "tokens", "examples", "epochs",
                                                 "seconds") if metrics[name] is not None]
@@ -281,7 +282,7 @@ def episode_pair(before: EvalReport, after: EvalReport, episodes_by_k: dict[int,
 def memory_outcome_section(before: EvalReport, after: EvalReport, episodes_by_k: dict[int, list], tokenizer: Any,
                            system_prompt: str) -> list[str]:
     """The report's table of what the agent's last ``<mem>`` held for each objective
-    (`mempo.env.oracle.memory_line_kinds`), per k, before and after RL, from the kept trajectories
+    (`mempo.synthetic.oracle_memory.memory_line_kinds`), per k, before and after RL, from the kept trajectories
     of the memory-context cells (no lines without them). The last round with a ``<mem>`` block is
     read: the answer round's in an answered episode. "answered right" is the share of the
     objectives whose line kept the gold that the answer also got right (exact match)."""
@@ -397,9 +398,9 @@ def run_demo(cfg: MempoConfig, out_dir: PathLike, *, echo: Callable[[str], None]
         shutil.rmtree(out / stage_dir, ignore_errors=True)
     cfg = dataclasses.replace(cfg, trainer=dataclasses.replace(cfg.trainer, out_dir=str(out / "rl")))
     dump_config(cfg, out / "config.yaml")
-    threads = _set_threads(cfg.demo.torch_threads)
+    threads = _set_threads(cfg.synthetic.torch_threads)
     echo(f"torch threads: {threads} (CPUs: {os.cpu_count()}, load average {os.getloadavg()[0]:.2f})")
-    stages = _Stages(out, 10 if cfg.demo.copy_warmup_steps else 9, echo)
+    stages = _Stages(out, 10 if cfg.synthetic.copy_warmup_steps else 9, echo)
 
     env = stages.run("world", _world_stage, cfg)
     episodes_by_k = eval_episodes(env.world, cfg)
@@ -407,7 +408,7 @@ def run_demo(cfg: MempoConfig, out_dir: PathLike, *, echo: Callable[[str], None]
     cold = stages.run("oracle", _oracle_stage, cfg, env, held_out, show_progress)
     tokenizer = stages.run("tokenizer", _tokenizer_stage, cfg, env.world, cold.trajectories)
     model = stages.run("model", _model_stage, cfg, tokenizer)
-    if cfg.demo.copy_warmup_steps:
+    if cfg.synthetic.copy_warmup_steps:
         stages.run("copy-warmup", _copy_stage, cfg, model, tokenizer, env.world)
     stages.run("sft", _sft_stage, cfg, model, tokenizer, cold.trajectories, out)
     before = stages.run("eval-before", _eval_stage, cfg, model, tokenizer, episodes_by_k, env.retriever, "before",

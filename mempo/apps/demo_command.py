@@ -2,8 +2,8 @@
 
     mempo demo [--config configs/demo.yaml] [--out demo_out] [--no-progress] [section.field=value ...]
 
-Without ``--config`` the built-in configuration (`mempo.apps.demo.DEFAULT_CONFIG`, equal to
-``configs/demo.yaml``). A bad config value or file is a `mempo.errors.MempoError`, printed by
+Without ``--config`` the demo reads ``configs/demo.yaml`` (`mempo.apps.demo.DEMO_CONFIG`, shipped in
+the package). A bad config value or file is a `mempo.errors.MempoError`, printed by
 `mempo.apps.cli.main` as one line (exit 2). The demo is imported inside `run`, so the parser stays
 light.
 """
@@ -18,8 +18,8 @@ HELP = "the CPU demo: world, tokenizer, tiny Qwen2, SFT, MemPO RL, before/after 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", default=None,
-                        help="demo YAML (MempoConfig sections: the demo's own settings in 'demo', its cold start "
-                             "in 'sft'); default: the built-in configuration (= configs/demo.yaml)")
+                        help="demo YAML (MempoConfig sections: the world, the oracle and the demo's model in "
+                             "'synthetic', its SFT stage in 'sft'); default: configs/demo.yaml")
     parser.add_argument("--out", default="demo_out", help="output directory (default demo_out)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars (stage lines only)")
     parser.add_argument("overrides", nargs="*", help="dotted overrides, e.g. eval.episodes=4 trainer.total_steps=2")

@@ -89,7 +89,8 @@ def run(args: argparse.Namespace) -> int:
     """Evaluate the model directory ``args.model`` and write ``<name>.json``, ``<name>.md`` and the
     trajectories under ``args.out``; returns 0 (a user error raises a `mempo.errors.MempoError`)."""
     # reason: the parser module stays light (`mempo --help` imports no torch)
-    from mempo.env.build import build_retriever, synthetic_world
+    from mempo.env.build import build_retriever
+    from mempo.synthetic.build import synthetic_world
     from mempo.eval import eval_episodes, evaluate, qa_eval_episodes
     from mempo.model.loading import load_model_dir
     from mempo.rollout.backends.factory import build_backend, check_backend_config

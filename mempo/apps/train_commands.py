@@ -23,9 +23,9 @@ __all__ = ["TRAIN_HELP", "SFT_HELP", "add_train_arguments", "add_sft_arguments",
 TRAIN_HELP = "MemPO RL training (rollout, rewards, memory scoring, advantages, update)"
 SFT_HELP = "SFT cold start on agent trajectories (loss on assistant tokens)"
 
-#: `mempo sft` flags that set a field of the ``sft`` section: flag attribute -> field.
-SFT_FLAGS = {"trajectories": "trajectories", "episodes": "episodes", "steps": "steps", "epochs": "epochs",
-             "lr": "lr", "batch_tokens": "batch_tokens"}
+#: `mempo sft` flags that set a config field: flag attribute -> "section.field".
+SFT_FLAGS = {"trajectories": "sft.trajectories", "episodes": "synthetic.oracle_episodes", "steps": "sft.steps",
+             "epochs": "sft.epochs", "lr": "sft.lr", "batch_tokens": "sft.batch_tokens"}
 
 
 
@@ -60,10 +60,11 @@ def _run_config(args: argparse.Namespace, sft_flags: Optional[Mapping[str, str]]
     raw = config_to_dict(cfg)
     if args.out:
         raw["trainer"]["out_dir"] = args.out
-    for flag, name in (sft_flags or {}).items():
+    for flag, dotted in (sft_flags or {}).items():
         value = getattr(args, flag)
         if value is not None:
-            raw["sft"][name] = value
+            section, name = dotted.split(".")
+            raw[section][name] = value
     cfg = config_from_dict(raw)
     if args.resume and cfg.trainer.resume.strip() == "never":
         cfg = dataclasses.replace(cfg, trainer=dataclasses.replace(cfg.trainer, resume="auto"))
@@ -103,7 +104,7 @@ def add_sft_arguments(parser: argparse.ArgumentParser) -> None:
     _common(parser)
     parser.add_argument("--trajectories", help="jsonl of oracle trajectories or {'messages': [...]} chats "
                                                "(sets sft.trajectories; default: the oracle makes them)")
-    parser.add_argument("--episodes", type=int, help="oracle episodes when no trajectories file (sets sft.episodes, "
+    parser.add_argument("--episodes", type=int, help="oracle episodes when no trajectories file (sets synthetic.oracle_episodes, "
                                                      "default 16)")
     parser.add_argument("--steps", type=int, help="optimiser steps (sets sft.steps)")
     parser.add_argument("--epochs", type=float, help="passes over the data (sets sft.epochs; default 1 when no "
@@ -115,28 +116,28 @@ def add_sft_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _oracle_records(cfg: MempoConfig, run: Any) -> tuple[list, str]:
-    """The oracle's SFT records for `run` (`mempo.config.SFTConfig`: by training episodes or by
-    ``sft.objectives``) and a phrase saying what they are."""
+    """The oracle's SFT records for `run` (`mempo.config.SyntheticConfig`: by training episodes or by
+    ``synthetic.oracle_objectives``) and a phrase saying what they are."""
     # reason: the parser module stays light (`mempo --help` imports no torch)
     from mempo.env.build import build_tools
-    from mempo.env.oracle import run_oracle
+    from mempo.synthetic.oracle import run_oracle
     from mempo.eval import eval_episodes
-    from mempo.train.sft import oracle_agent, oracle_cold_start
+    from mempo.synthetic.cold_start import oracle_agent, oracle_cold_start
 
-    s = cfg.sft
-    if s.objectives is None:
+    s = cfg.synthetic
+    if s.oracle_objectives is None:
         r = cfg.rollout
         tools = build_tools(cfg, run.retriever)
         records = [run_oracle(episode, tools, policy=r.context_policy, max_turns=r.max_turns,
                               agent=oracle_agent(cfg, max_turns=r.max_turns), system_prompt=r.system_prompt)
-                   for episode in run.episodes[:s.episodes]]
-        return records, f"oracle on {s.episodes} episodes"
+                   for episode in run.episodes[:s.oracle_episodes]]
+        return records, f"oracle on {s.oracle_episodes} episodes"
     if run.world is None:
-        raise ConfigError("sft.objectives", "draws synthetic-world episodes; it needs data.source 'synthetic' "
+        raise ConfigError("synthetic.oracle_objectives", "draws synthetic-world episodes; it needs data.source 'synthetic' "
                                             "(or null: the training episodes)")
     held_out = {q for episodes in eval_episodes(run.world, cfg).values() for e in episodes for q in e.questions}
     cold = oracle_cold_start(run.world, build_tools(cfg, run.retriever), cfg, held_out)
-    return cold.trajectories, f"oracle on {s.episodes} episodes of each of {list(s.objectives)} objectives"
+    return cold.trajectories, f"oracle on {s.oracle_episodes} episodes of each of {list(s.oracle_objectives)} objectives"
 
 
 def run_sft(args: argparse.Namespace) -> int:

@@ -10,13 +10,9 @@
 - `mempo.env.tools`: the `search` and `access` tools answering in ``<information>`` blocks.
 - `mempo.env.data`: Search-R1-style QA loaders (jsonl, parquet) and MEM1-style multi-objective
   `Episode` composition (import it directly).
-- `mempo.env.world`: the seeded synthetic world (entities, documents, k-objective multi-hop
-  questions with golds), tiny to 100,000+ documents (import it directly).
-- `mempo.env.build`: the world, the retriever and the tools from the configuration (one builder
-  each, for every command; import it directly); a retriever by name (`make_retriever("bm25" |
+- `mempo.env.build`: the retriever and the tools from the configuration (one builder each, for
+  every command; import it directly); a retriever by name (`make_retriever("bm25" |
   "http" | "dense", ...)`).
-- `mempo.env.oracle`: the oracle agent that solves synthetic episodes by the protocol under both
-  context policies: cold-start SFT data and fixtures (import it directly).
 
 Importing `mempo.env` is cheap: bm25s, numpy, fastapi and uvicorn are imported only where used.
 """

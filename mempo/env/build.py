@@ -1,12 +1,9 @@
-"""The environment a command runs in, from the configuration: the synthetic world, the retriever and
-the agent's tools. `mempo train`, `mempo sft`, `mempo eval` and the demo all build theirs here, so
-they agree on it.
+"""The environment a command runs in, from the configuration: the retriever and the agent's tools.
+`mempo train`, `mempo sft`, `mempo eval` and the demo all build theirs here, so they agree on it
+(the synthetic world itself: `mempo.synthetic.build`).
 
 Conventions
 -----------
-* World (`synthetic_world`): ``data.world_seed``, ``data.world_entities`` (or exactly
-  ``data.world_documents`` documents), ``data.article_fillers`` and the small-world options
-  ``data.world_*`` (`mempo.config.DataConfig`).
 * Retriever (`build_retriever`), by ``env``: ``retriever: http``: an `HTTPRetriever` at
   ``retriever_url`` that passed `HTTPRetriever.check_health` (a ConfigError naming
   ``env.retriever_url`` for a malformed URL, a `RetrieverUnavailableError` naming it when the server
@@ -23,7 +20,7 @@ Conventions
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Callable, NamedTuple, Optional
+from typing import Any, Callable, Optional
 
 from mempo.config import ConfigError, MempoConfig
 from mempo.env.bm25 import BM25Retriever, load_or_build_bm25
@@ -31,36 +28,15 @@ from mempo.env.client import HTTPRetriever
 from mempo.env.dense import DenseRetriever
 from mempo.env.retriever import RETRIEVERS, Retriever, RetrieverUnavailableError
 from mempo.env.tools import make_tools
-from mempo.env.world import World
 
-__all__ = ["SyntheticEnv", "synthetic_world", "build_retriever", "build_tools", "build_world", "make_retriever",
-           "available_retrievers"]
+__all__ = ["build_retriever", "build_tools", "make_retriever", "available_retrievers"]
 
 
-class SyntheticEnv(NamedTuple):
-    """`build_world`'s result: the synthetic world and the retriever of the ``env`` section."""
-
-    world: World
-    retriever: Retriever
-
-
-def synthetic_world(cfg: MempoConfig) -> World:
-    """The synthetic world ``cfg.data`` describes (module conventions)."""
-    data = cfg.data
-    fillers = tuple(data.article_fillers) if data.article_fillers is not None else None
-    return World.generate(data.world_seed, data.world_entities, num_documents=data.world_documents,
-                          article_fillers=fillers, relations=data.world_relations, names=data.world_names,
-                          article_style=data.world_article_style, chronicles=data.world_chronicles,
-                          chronicle_fraction=0.15 if data.world_chronicles else 0.0,
-                          distractor_ratio=data.world_distractor_ratio,
-                          question_hops=data.world_question_hops, prompt_style=data.world_prompt_style)
-
-
-def build_retriever(cfg: MempoConfig, world: Optional[World] = None, *,
+def build_retriever(cfg: MempoConfig, world: Any = None, *,
                     log: Optional[Callable[[str], None]] = None) -> Retriever:
-    """The retriever of ``cfg.env`` (module conventions). world: the synthetic world whose documents a
-    BM25 retriever indexes when ``env.corpus_path`` is not set (None: QA-file data). log: progress
-    lines of a BM25 index build or load (None: silent)."""
+    """The retriever of ``cfg.env`` (module conventions). world: the synthetic world (anything whose
+    ``documents()`` yields `Document` records) a BM25 retriever indexes when ``env.corpus_path`` is not
+    set (None: QA-file data). log: progress lines of a BM25 index build or load (None: silent)."""
     env = cfg.env
     if env.retriever == "http":
         try:
@@ -102,10 +78,3 @@ def build_tools(cfg: MempoConfig, retriever: Retriever) -> dict[str, Any]:
     env = cfg.env
     return make_tools(retriever, options={"search": {"topk": env.topk, "doc_chars": env.doc_chars},
                                           "access": {"page_chars": env.page_chars}})
-
-
-def build_world(cfg: MempoConfig, *, log: Optional[Callable[[str], None]] = None) -> SyntheticEnv:
-    """`synthetic_world(cfg)` and `build_retriever(cfg, world)` (BM25 over the world's documents
-    unless ``env`` names a corpus or a server)."""
-    world = synthetic_world(cfg)
-    return SyntheticEnv(world, build_retriever(cfg, world, log=log))

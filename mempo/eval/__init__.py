@@ -13,7 +13,7 @@ economy per (dataset, objectives k, context policy).
 * `mempo.eval.records`: `EvalRow`, `EpisodeRecord`, `EvalReport` (``<name>.json`` / ``<name>.md``;
   ``scalars()``: metrics ``eval/[<dataset>/]<field>@k<k>_<policy>`` for the `SCALAR_FIELDS`).
 
-The oracle as a policy is a backend like any other (`mempo.rollout.backends.oracle.OracleBackend`).
+The oracle as a policy is a backend like any other (`mempo.synthetic.backend.OracleBackend`).
 """
 from mempo.eval.episodes import QAEvalSets, eval_episodes, eval_rollout_config, qa_eval_episodes
 from mempo.eval.records import (

@@ -37,8 +37,8 @@ def eval_episodes(world: Any, cfg: MempoConfig, num_episodes: Optional[int] = No
         try:
             sets[int(k)] = world.episodes(int(k), n, seed=eval_question_seed(cfg.data.seed, k))
         except ValueError as error:
-            raise ConfigError("eval.episodes", f"{n} episodes of {k} objectives: {error} (data.world_entities / "
-                                               "data.world_documents set the world's size)") from None
+            raise ConfigError("eval.episodes", f"{n} episodes of {k} objectives: {error} (synthetic.world_entities / "
+                                               "synthetic.world_documents set the world's size)") from None
     return sets
 
 

@@ -50,7 +50,7 @@ def evaluate(model: Any, tokenizer: Any, episodes_by_k: Mapping[Any, Sequence[An
         retriever: what the search / access tools query.
         cfg: a `mempo.config.MempoConfig` (``eval``, ``rollout``, ``env`` sections).
         backend: a generation backend to use instead of the model (e.g.
-            `mempo.rollout.backends.oracle.OracleBackend`).
+            `mempo.synthetic.backend.OracleBackend`).
         policies: overrides ``cfg.eval.policies``.
         max_new_tokens: overrides ``cfg.rollout.max_new_tokens_per_round``.
         chunk_size: episodes per engine run (progress granularity; all of a chunk are batched).

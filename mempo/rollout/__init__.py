@@ -5,7 +5,7 @@ records. Import from the modules:
   built-in ChatML one; the forced `<mem>` prefix; tool segments).
 * `mempo.rollout.backends`: the backend interface and registry; `HFBackend` (transformers),
   `SGLangBackend` (SGLang offline engine), `SGLangServerBackend` (an SGLang server over HTTP),
-  `ScriptedBackend` (replays ids), `OracleBackend`; stop detection; `factory.build_backend` (from
+  `ScriptedBackend` (replays ids); stop detection; `factory.build_backend` (from
   the config).
 * `mempo.rollout.loop`: `RolloutEngine`, `RolloutTask`, `rollout` (G samples per question, full or
   memory context policy, concurrent tools), reading `mempo.config.RolloutConfig`.

@@ -2,7 +2,8 @@
 
 Conventions
 -----------
-* Inputs: `mempo.env.oracle.OracleTrajectory` objects (or their jsonl, `load_trajectories_jsonl`),
+* Inputs: trajectories (``episode_id`` and ``rounds`` of ``messages`` and ``assistant``, as the
+  synthetic world's oracle writes them, `mempo.synthetic.oracle.OracleTrajectory`, or their jsonl),
   or chat records ``{"messages": [{"role", "content"}, ...]}`` (a user's jsonl): every assistant
   message is a target, generated from the messages before it.
 * One training sequence per assistant turn, built exactly as the rollout builds a round
@@ -40,13 +41,6 @@ Conventions
   uninterrupted one does, with the same parameters (exactly so unless a ``"cosine"`` schedule
   follows ``max_seconds``, i.e. wall time). A checkpoint of other data (another seed or number of training sequences)
   is refused with a DataError.
-* Cold-start data by objectives (`oracle_cold_start`, ``sft.objectives`` set): ``sft.episodes``
-  synthetic-world episodes per number of objectives k, drawn with seed
-  `mempo.seeds.sft_question_seed` (``data.seed``, k); an episode sharing a question with a held-out
-  set (the evaluation's) is dropped (the world has finitely many questions, so another seed can draw
-  one again); the oracle (``sft.oracle_think``) runs each under the memory context with the
-  ``env`` section's tools; only correct trajectories (score 1) are kept, as the paper's cold-start
-  data, all of them when none is (a tiny world can defeat the oracle).
 * Logits are computed only where the loss needs them (`mempo.model.adapter.SelectiveLogits`: the
   output head on the selected rows of the decoder's hidden states when the model's logits are
   exactly that): the vocabulary projection of every prompt position would cost as much as a layer
@@ -58,25 +52,20 @@ import math
 import random
 import time
 from pathlib import Path
-from typing import Any, Collection, Iterable, Mapping, NamedTuple, Optional, Sequence, Union
+from typing import Any, Iterable, NamedTuple, Optional, Sequence, Union
 
 import torch
 
-from mempo.algo.contexts import DEFAULT_ANSWER_TEMPLATE
 from mempo.config import MempoConfig
 from mempo.env.data import DataError
-from mempo.env.oracle import OracleAgent, OracleTrajectory, run_oracle
 from mempo.model.adapter import SelectiveLogits
 from mempo.protocol.memory import MEM_PREFIX
 from mempo.rollout.chat import ChatFormat
-from mempo.seeds import sft_question_seed
 from mempo.train.checkpoint import load_checkpoint, save_checkpoint
-from mempo.utils.progress import progress
 from mempo.train.metric_names import SFT_LOSS
 from mempo.utils.jsonl import iter_jsonl_records
 
-__all__ = ["SFTExample", "ColdStart", "examples_from_trajectories", "load_sft_records", "oracle_cold_start",
-           "run_sft"]
+__all__ = ["SFTExample", "examples_from_trajectories", "load_sft_records", "run_sft"]
 
 
 class SFTExample(NamedTuple):
@@ -193,55 +182,6 @@ def _resume_position(state: Any, seed: int, num_examples: int) -> dict[str, Any]
                          f"sequences; this run has seed {seed} and {num_examples}: resume with the same data, "
                          f"tokenizer and seed")
     return data
-
-
-class ColdStart(NamedTuple):
-    """`oracle_cold_start`'s result: ``trajectories`` to train on; ``ran``: oracle runs;
-    ``dropped``: drawn episodes sharing a question with the held-out set; ``all_kept``: True when
-    no run was correct and every one was kept (``sft.keep: correct``)."""
-
-    trajectories: list[OracleTrajectory]
-    ran: int
-    dropped: int
-    all_kept: bool
-
-
-def oracle_agent(cfg: MempoConfig, max_turns: Optional[int] = None) -> OracleAgent:
-    """The SFT teacher the ``sft`` section describes (``oracle_*`` fields); max_turns: its turn
-    budget (None: the agent's default)."""
-    s = cfg.sft
-    extra = {} if max_turns is None else {"max_turns": max_turns}
-    return OracleAgent(think=s.oracle_think, memory_style=s.oracle_memory_style, query_style=s.oracle_query_style,
-                       drop_fact_prob=s.oracle_drop_fact_prob, drop_seed=s.oracle_drop_seed,
-                       answer_template=DEFAULT_ANSWER_TEMPLATE if s.oracle_answer_template else None, **extra)
-
-
-def oracle_cold_start(world: Any, tools: Mapping[str, Any], cfg: MempoConfig, held_out: Collection[str] = (), *,
-                      show_progress: bool = False) -> ColdStart:
-    """The oracle's cold-start trajectories for ``cfg.sft.objectives`` (module conventions).
-
-    world: the synthetic world (`mempo.env.build.synthetic_world`); tools: the agent's tools over
-    its retriever (`mempo.env.build.build_tools`); held_out: questions no kept episode may ask
-    (the evaluation's)."""
-    sft = cfg.sft
-    if sft.objectives is None:
-        raise ValueError("oracle_cold_start draws episodes per sft.objectives, which is null")
-    held = set(held_out)
-    drawn = [e for k in sft.objectives
-             for e in world.episodes(int(k), sft.episodes, seed=sft_question_seed(cfg.data.seed, k))]
-    episodes = [e for e in drawn if not set(e.questions) & held]
-    trajectories = []
-    with progress("oracle", total=len(episodes), enabled=show_progress) as bar:
-        for episode in episodes:
-            trajectories.append(run_oracle(episode, tools, policy="memory", agent=oracle_agent(cfg),
-                                           system_prompt=cfg.rollout.system_prompt))
-            bar.advance()
-    if sft.keep == "all":
-        return ColdStart(trajectories, len(trajectories), len(drawn) - len(episodes), False)
-    kept = [t for t in trajectories if float(t.score.get("score", 0.0)) == 1.0]
-    if kept:
-        return ColdStart(kept, len(trajectories), len(drawn) - len(episodes), False)
-    return ColdStart(trajectories, len(trajectories), len(drawn) - len(episodes), True)
 
 
 def run_sft(cfg: MempoConfig, model: Any, tokenizer: Any, trajectories: Sequence[Any], *, seed: int = 0,

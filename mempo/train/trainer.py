@@ -4,7 +4,7 @@ resume.
 Conventions
 -----------
 * Building (`build_run`, one small setup function per part, in this order). Determinism
-  (`configure_determinism`). World: the synthetic world (`mempo.env.build.synthetic_world`) when
+  (`configure_determinism`). World: the synthetic world (`mempo.synthetic.build.synthetic_world`) when
   ``data.source == "synthetic"`` and something needs it (episodes, retriever, tokenizer or the
   periodic evaluation not given). Retriever: given, else `mempo.env.build.build_retriever` (the
   one `mempo eval` uses: an HTTP server that passed its health check, BM25 over
@@ -81,7 +81,8 @@ import torch.distributed as dist
 from transformers import AutoTokenizer
 
 from mempo.config import ConfigError, MempoConfig, config_to_dict, dump_config, read_yaml_mapping
-from mempo.env.build import build_retriever, build_tools, synthetic_world
+from mempo.env.build import build_retriever, build_tools
+from mempo.synthetic.build import synthetic_world
 from mempo.env.corpus import iter_corpus
 from mempo.env.data import compose_episodes, load_qa
 from mempo.eval import eval_episodes, evaluate
@@ -274,7 +275,7 @@ def _episode_pool(cfg: MempoConfig, world: Any) -> list:
             return world.episodes(d.num_objectives, max(count, 1), seed=d.seed)
         except ValueError:
             continue
-    raise ValueError(f"the synthetic world (world_entities={d.world_entities}) cannot make "
+    raise ValueError(f"the synthetic world (world_entities={cfg.synthetic.world_entities}) cannot make "
                      f"{d.questions_per_step} episodes of {d.num_objectives} objectives")
 
 

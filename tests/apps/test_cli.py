@@ -69,7 +69,7 @@ def _cases(tmp: Path) -> dict[str, tuple[list[str], str]]:
                         "latin1.yaml:3: not valid UTF-8"),
         "duplicate_yaml_key": (["train", "--config", str(tmp / "dup.yaml"), "--out", str(tmp / "r7")],
                                "key 'trainer' appears twice in one mapping (lines 1 and 5)"),
-        "small_world": (train(tmp / "r8", "data.world_entities=8"), "data.world_entities: must be"),
+        "small_world": (train(tmp / "r8", "synthetic.world_entities=8"), "synthetic.world_entities: must be"),
         "eval_empty_model_dir": (["eval", "--model", str(tmp / "empty_model"), "--out", str(tmp / "e1")],
                                  "--model: " + str(tmp / "empty_model") + " holds no saved model"),
         "eval_non_model_dir": (["eval", "--model", str(tmp / "junk_model"), "--out", str(tmp / "e2")],

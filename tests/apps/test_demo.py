@@ -1,17 +1,16 @@
-"""mempo.apps.demo: the configuration file equals the built-in one; a drastically reduced demo completes."""
+"""mempo.apps.demo: without a file the demo reads configs/demo.yaml; a drastically reduced demo completes."""
 
 import pytest
-import yaml
 
 pytest.importorskip("transformers")
 pytest.importorskip("matplotlib")
 
-from mempo.apps.demo import DEFAULT_CONFIG, DemoTargets, load_demo_config, memory_outcome_section, target_lines
+from mempo.apps.demo import DEMO_CONFIG, DemoTargets, load_demo_config, memory_outcome_section, target_lines
 from mempo.config import config_from_dict
-from mempo.env.build import build_world
-from mempo.env.oracle import OracleAgent
+from mempo.synthetic.build import build_world
+from mempo.synthetic.oracle import OracleAgent
 from mempo.eval import EvalReport, EvalRow, eval_episodes, evaluate
-from mempo.rollout.backends.oracle import OracleBackend
+from mempo.synthetic.backend import OracleBackend
 from support.demo_smoke import SMOKE
 from support.paths import REPO
 
@@ -19,21 +18,21 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
 def test_config_file_equals_builtin_defaults():
-    assert yaml.safe_load((REPO / "configs" / "demo.yaml").read_text()) == DEFAULT_CONFIG
+    assert DEMO_CONFIG.read_text() == (REPO / "configs" / "demo.yaml").read_text()
     cfg = load_demo_config(REPO / "configs" / "demo.yaml")
     assert cfg == load_demo_config(None)
-    assert cfg.eval.objectives == [2, 4] and cfg.eval.policies == ["memory"] and cfg.demo.model_size == "mini"
-    assert cfg.sft.objectives == [1, 2, 3, 4] and cfg.sft.lr == 1e-3 and cfg.sft.oracle_think == "minimal"
-    assert cfg.sft.keep == "all" and 0 < cfg.sft.oracle_drop_fact_prob < 1 and cfg.demo.copy_warmup_steps > 0
+    assert cfg.eval.objectives == [2, 4] and cfg.eval.policies == ["memory"] and cfg.synthetic.model_size == "mini"
+    assert cfg.synthetic.oracle_objectives == [1, 2, 3, 4] and cfg.sft.lr == 1e-3 and cfg.synthetic.oracle_think == "minimal"
+    assert cfg.synthetic.oracle_keep == "all" and 0 < cfg.synthetic.oracle_drop_fact_prob < 1 and cfg.synthetic.copy_warmup_steps > 0
 
 
 def test_unknown_demo_key_is_an_error():
     from mempo.config import ConfigError
 
-    with pytest.raises(ConfigError, match="demo.nope"):
-        load_demo_config(None, ["demo.nope=1"])
-    with pytest.raises(ConfigError, match="demo.model_size"):
-        load_demo_config(None, ["demo.model_size=huge"])
+    with pytest.raises(ConfigError, match="synthetic.nope"):
+        load_demo_config(None, ["synthetic.nope=1"])
+    with pytest.raises(ConfigError, match="synthetic.model_size"):
+        load_demo_config(None, ["synthetic.model_size=huge"])
 
 
 def test_sft_settings_the_demo_cannot_follow_fail_before_anything_runs(tmp_path):
@@ -41,12 +40,12 @@ def test_sft_settings_the_demo_cannot_follow_fail_before_anything_runs(tmp_path)
     from mempo.apps.demo import run_demo
     from mempo.config import ConfigError
 
-    with pytest.raises(ConfigError, match="^sft.objectives: the demo draws"):
-        run_demo(load_demo_config(None, ["sft.objectives=null"]), tmp_path / "a")
+    with pytest.raises(ConfigError, match="^synthetic.oracle_objectives: the demo draws"):
+        run_demo(load_demo_config(None, ["synthetic.oracle_objectives=null"]), tmp_path / "a")
     with pytest.raises(ConfigError, match="^sft.trajectories: the demo makes"):
         run_demo(load_demo_config(None, [f"sft.trajectories={tmp_path / 'x.jsonl'}"]), tmp_path / "b")
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
-    assert main(["demo", "--out", str(tmp_path / "c"), "sft.objectives=null"]) == 2
+    assert main(["demo", "--out", str(tmp_path / "c"), "synthetic.oracle_objectives=null"]) == 2
 
 
 def test_smoke_demo(tmp_path):
@@ -112,7 +111,7 @@ def test_the_memory_table_counts_the_teachers_dropped_facts():
     from support.rollout_fixtures import chat_tokenizer
 
     cfg = config_from_dict({
-        "data": {"world_entities": 60, "world_relations": ["birthplace", "alma_mater"], "world_names": "short",
+        "synthetic": {"world_entities": 60, "world_relations": ["birthplace", "alma_mater"], "world_names": "short",
                  "world_article_style": "facts", "article_fillers": [0, 0], "world_chronicles": False,
                  "world_distractor_ratio": 0.0, "world_question_hops": [1]},
         "env": {"topk": 1}, "rollout": {"max_new_tokens_per_round": 400},

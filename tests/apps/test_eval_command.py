@@ -24,7 +24,7 @@ def test_eval_command(tmp_path):
     model.save_pretrained(model_dir)
     tok.save_pretrained(model_dir)
     out = tmp_path / "out"
-    rc = main(["eval", "--model", str(model_dir), "--out", str(out), "--no-progress", "data.world_entities=30",
+    rc = main(["eval", "--model", str(model_dir), "--out", str(out), "--no-progress", "synthetic.world_entities=30",
                "eval.objectives=[1]", "eval.episodes=1", "eval.max_turns=2", "rollout.max_new_tokens_per_round=8"])
     assert rc == 0
     report = EvalReport.load(out / "eval.json")
@@ -34,19 +34,19 @@ def test_eval_command(tmp_path):
 
 
 def test_synthetic_world_follows_the_data_section():
-    """train, eval and the demo build the world through `synthetic_world`: the data section's size
+    """train, eval and the demo build the world through `synthetic_world`: the synthetic section's size
     and filler options reach it (a demo config's world is rebuilt exactly by `mempo eval`)."""
     from mempo.config import load_config
-    from mempo.env.build import synthetic_world
+    from mempo.synthetic.build import synthetic_world
 
-    cfg = load_config(None, ["data.world_documents=120", "data.article_fillers=[0,1]", "data.world_seed=3"])
+    cfg = load_config(None, ["synthetic.world_documents=120", "synthetic.article_fillers=[0,1]", "synthetic.world_seed=3"])
     world = synthetic_world(cfg)
     assert world.num_documents == 120
     assert world.manifest()["params"]["article_fillers"] == [0, 1]
-    again = synthetic_world(load_config(None, ["data.world_documents=120", "data.article_fillers=[0,1]",
-                                               "data.world_seed=3"]))
+    again = synthetic_world(load_config(None, ["synthetic.world_documents=120", "synthetic.article_fillers=[0,1]",
+                                               "synthetic.world_seed=3"]))
     assert [d.text for d in again.documents()] == [d.text for d in world.documents()]
-    default = synthetic_world(load_config(None, ["data.world_entities=30"]))
+    default = synthetic_world(load_config(None, ["synthetic.world_entities=30"]))
     assert len(default.entities) == 30 and "article_fillers" not in default.manifest()["params"]
 
 

@@ -68,10 +68,10 @@ eval:
 def _user_files(root: Path) -> dict[str, Path]:
     """What a user brings: a corpus, QA files, oracle trajectories for SFT, a config and an HF model."""
     from mempo.model.builtin import default_corpus_texts, tiny_model, train_tokenizer
-    from mempo.env.oracle import run_oracle, write_trajectories_jsonl
+    from mempo.synthetic.oracle import run_oracle, write_trajectories_jsonl
     from mempo.env.bm25 import BM25Retriever
     from mempo.env.tools import make_tools
-    from mempo.env.world import World
+    from mempo.synthetic.world import World
 
     world = World.generate(seed=0, num_entities=25)
     files = {name: root / name for name in ("corpus.jsonl", "qa_train.jsonl", "qa_eval.jsonl", "oracle.jsonl",

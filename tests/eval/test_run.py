@@ -6,16 +6,16 @@ import pytest
 
 pytest.importorskip("transformers")
 
-from mempo.env.build import build_world
+from mempo.synthetic.build import build_world
 from mempo.eval import EvalReport, eval_episodes, evaluate, round_prompt_tokens
-from mempo.rollout.backends.oracle import OracleBackend
+from mempo.synthetic.backend import OracleBackend
 from mempo.config import config_from_dict
 from support.rollout_fixtures import chat_tokenizer, tiny_qwen2
 
 
 def _cfg(**eval_section):
     section = {"objectives": [1, 2], "episodes": 2, "policies": ["memory", "full"], **eval_section}
-    return config_from_dict({"data": {"world_entities": 30}, "env": {"topk": 3, "doc_chars": 600},
+    return config_from_dict({"synthetic": {"world_entities": 30}, "env": {"topk": 3, "doc_chars": 600},
                              "rollout": {"max_new_tokens_per_round": 400}, "eval": section})
 
 
@@ -30,7 +30,7 @@ def _chatml(messages):
 
 
 def test_oracle_backend_em_is_one_and_tokens_match_a_hand_count(world):
-    from mempo.env.oracle import run_oracle
+    from mempo.synthetic.oracle import run_oracle
     from mempo.env.tools import make_tools
 
     w, retriever = world

@@ -15,7 +15,7 @@ from mempo.model.export import PROVENANCE_FILE, save_model_dir
 
 @pytest.fixture(scope="module")
 def world():
-    from mempo.env.world import World
+    from mempo.synthetic.world import World
 
     return World.generate(seed=0, num_entities=25)
 

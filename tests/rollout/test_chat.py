@@ -70,8 +70,9 @@ def test_training_sft_and_eval_read_the_config_choice(tmp_path, qwen3_tok):
     the SFT examples the rollout's prompt ids."""
     import torch
 
-    from mempo.env.oracle import run_oracle
-    from mempo.env.build import build_tools, build_world
+    from mempo.synthetic.oracle import run_oracle
+    from mempo.env.build import build_tools
+    from mempo.synthetic.build import build_world
     from mempo.eval import eval_episodes, eval_rollout_config, evaluate
     from mempo.rollout.loop import RolloutEngine
     from mempo.rollout.backends import HFBackend
@@ -80,7 +81,7 @@ def test_training_sft_and_eval_read_the_config_choice(tmp_path, qwen3_tok):
 
     torch.set_num_threads(1)
     model = tiny_qwen2(len(qwen3_tok), seed=0)
-    base = ["data.world_entities=25", "eval.objectives=[1]", "eval.episodes=1", "eval.max_turns=2",
+    base = ["synthetic.world_entities=25", "eval.objectives=[1]", "eval.episodes=1", "eval.max_turns=2",
             "rollout.max_new_tokens_per_round=8", "sft.steps=1"]
     auto, builtin = load_config(None, base), load_config(None, base + ["rollout.chat_template=builtin"])
     world, retriever = build_world(auto)

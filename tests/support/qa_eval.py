@@ -1,7 +1,7 @@
 """QA files for the evaluation tests: records, a corpus, a rule-based reader agent, configs.
 
 The agent is a rule-based *reader* (`ReaderAgent`, behind
-`mempo.rollout.backends.oracle.OracleBackend`'s prompt decoding): it searches each question in turn
+`mempo.synthetic.backend.OracleBackend`'s prompt decoding): it searches each question in turn
 and answers with the title of the first search hit. It sees only its prompt (system, question, its
 memory, tool results), so it answers a question right exactly when the corpus holds a document
 titled with the gold answer that the question's words find: "answerable" questions below. The unanswerable ones have golds that appear nowhere in
@@ -15,7 +15,7 @@ from mempo.config import config_from_dict
 from mempo.env.corpus import Document, write_corpus
 from mempo.env.data import parse_episode_prompt
 from mempo.protocol.grammar import parse_round
-from mempo.rollout.backends.oracle import OracleBackend
+from mempo.synthetic.backend import OracleBackend
 
 FIRST_NAMES = ["Amberly", "Brannic", "Corvina", "Dastrel", "Elowen", "Fennick", "Galvia", "Horatz"]
 LAST_NAMES = ["Quist", "Marrow", "Velde", "Ostrand", "Pellin", "Tarrow", "Ibsk", "Wendle"]

@@ -32,7 +32,7 @@ from support.paths import REPO  # noqa: E402
 CONFIG = REPO / "configs" / "tiny.yaml"
 # The fewest steps that exercise a fallback: checkpoints at steps 1 and 2, kills in the second save.
 TINY = ["data.questions_per_step=1", "rollout.group_size=2", "rollout.max_turns=2",
-        "rollout.max_new_tokens_per_round=24", "data.world_entities=20", "trainer.tensorboard=false",
+        "rollout.max_new_tokens_per_round=24", "synthetic.world_entities=20", "trainer.tensorboard=false",
         "trainer.progress=false", "trainer.total_steps=2", "trainer.save_every=1", "trainer.keep_last=3"]
 PHASES = ["tokenizer", "config", "model@2", "optimizer@2", "rng@2", "state@2", "manifest@2", "rename@2",
           "latest@2", "final-model"]

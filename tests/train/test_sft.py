@@ -22,9 +22,9 @@ def _sft(model, tok, trajectories, *, seed=0, save_every=0, keep_last=None, chec
 
 @pytest.fixture(scope="module")
 def setup():
-    from mempo.env.oracle import run_oracle_episodes
+    from mempo.synthetic.oracle import run_oracle_episodes
     from mempo.env.bm25 import BM25Retriever
-    from mempo.env.world import World
+    from mempo.synthetic.world import World
 
     world = World.generate(seed=0, num_entities=25)
     tok = train_tokenizer(default_corpus_texts(world), vocab_size=768)
@@ -222,9 +222,9 @@ def test_sft_flags_set_the_sft_section(tmp_path):
     cfg = _run_config(parse(["sft", "--config", tiny, "--out", str(tmp_path), "--steps", "3", "--lr", "0.01",
                              "--trajectories", "t.jsonl", "sft.lr=0.5", "sft.schedule=cosine"]), SFT_FLAGS)
     assert (cfg.sft.steps, cfg.sft.lr, cfg.sft.schedule, cfg.sft.trajectories) == (3, 0.01, "cosine", "t.jsonl")
-    assert (cfg.sft.episodes, cfg.sft.batch_tokens, cfg.sft.epochs) == (16, 4096, None)  # the section's defaults
+    assert (cfg.synthetic.oracle_episodes, cfg.sft.batch_tokens, cfg.sft.epochs) == (16, 4096, None)  # the section's defaults
     assert cfg.trainer.out_dir == str(tmp_path)
-    assert _run_config(parse(["sft", "--config", tiny, "sft.episodes=5"]), SFT_FLAGS).sft.episodes == 5
+    assert _run_config(parse(["sft", "--config", tiny, "synthetic.oracle_episodes=5"]), SFT_FLAGS).synthetic.oracle_episodes == 5
     with pytest.raises(ConfigError, match=r"^sft\.steps: must be > 0"):
         _run_config(parse(["sft", "--config", tiny, "--steps", "0"]), SFT_FLAGS)
     with pytest.raises(ConfigError, match=r"^sft\.schedule: must be one of"):
@@ -232,8 +232,8 @@ def test_sft_flags_set_the_sft_section(tmp_path):
 
 
 def test_sft_oracle_data_by_training_episodes_or_by_objectives(tmp_path):
-    """`mempo sft` without a trajectories file: the first ``sft.episodes`` training episodes (every
-    trajectory kept), or with ``sft.objectives`` the demo's cold start (`oracle_cold_start`: per k,
+    """`mempo sft` without a trajectories file: the first ``synthetic.oracle_episodes`` training episodes (every
+    trajectory kept), or with ``synthetic.oracle_objectives`` the demo's cold start (`oracle_cold_start`: per k,
     questions held out from the evaluation, correct trajectories only)."""
     from mempo.apps.train_commands import _oracle_records
     from mempo.config import ConfigError, load_config
@@ -243,17 +243,17 @@ def test_sft_oracle_data_by_training_episodes_or_by_objectives(tmp_path):
 
     tiny = REPO / "configs" / "tiny.yaml"
     base = ["trainer.tensorboard=false", "trainer.progress=false", f"trainer.out_dir={tmp_path}"]
-    cfg = load_config(tiny, base + ["sft.episodes=3"])
+    cfg = load_config(tiny, base + ["synthetic.oracle_episodes=3"])
     run = build_run(cfg)
     records, source = _oracle_records(cfg, run)
     assert [r.episode_id for r in records] == [e.id for e in run.episodes[:3]] and source == "oracle on 3 episodes"
     assert all(r.policy == cfg.rollout.context_policy for r in records)
     # the tools are the env section's (`mempo.env.build.build_tools`), as in train and eval
-    records, _ = _oracle_records(load_config(tiny, base + ["sft.episodes=3", "env.topk=2"]), run)
+    records, _ = _oracle_records(load_config(tiny, base + ["synthetic.oracle_episodes=3", "env.topk=2"]), run)
     searches = [rnd for r in records for rnd in r.rounds if rnd.tool_kind == "search_results" and rnd.tool_ok]
     assert searches and all(rnd.tool_metadata["topk"] == 2 for rnd in searches)
 
-    by_k = load_config(tiny, base + ["sft.episodes=4", "sft.objectives=[1,2]", "sft.oracle_think=short",
+    by_k = load_config(tiny, base + ["synthetic.oracle_episodes=4", "synthetic.oracle_objectives=[1,2]", "synthetic.oracle_think=short",
                                      "eval.objectives=[1,2]", "eval.episodes=6"])  # what is held out
     records, source = _oracle_records(by_k, run)
     held_out = {q for episodes in eval_episodes(run.world, by_k).values() for e in episodes for q in e.questions}
@@ -264,5 +264,5 @@ def test_sft_oracle_data_by_training_episodes_or_by_objectives(tmp_path):
     assert source == "oracle on 4 episodes of each of [1, 2] objectives"
 
     run.world = None  # QA-file data: no world to draw from
-    with pytest.raises(ConfigError, match=r"^sft\.objectives: draws synthetic-world episodes"):
+    with pytest.raises(ConfigError, match=r"^synthetic\.oracle_objectives: draws synthetic-world episodes"):
         _oracle_records(by_k, run)

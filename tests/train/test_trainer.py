@@ -211,7 +211,7 @@ def test_periodic_eval_logs_eval_metrics_at_its_steps(tmp_path):
     """eval_every=2 over 3 steps: eval/ metrics on step 2 only (logged although log_every=3), equal to
     a direct `mempo.eval.evaluate` of the step-2 policy; training itself is unchanged by evaluating;
     eval_every=0 logs no eval/ metrics."""
-    from mempo.env.build import build_world
+    from mempo.synthetic.build import build_world
     from mempo.eval import eval_episodes, evaluate
     from mempo.model.loading import build_causal_lm
     from mempo.train.checkpoint import checkpoint_dir, load_checkpoint

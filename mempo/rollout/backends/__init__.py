@@ -4,7 +4,7 @@
 * ``"sglang"`` — :class:`SGLangBackend`: SGLang's offline engine, token ids in/out (GPU machines);
   :class:`SGLangServerBackend`: an SGLang server over HTTP.
 * ``"scripted"`` — :class:`ScriptedBackend`: replays given token sequences (tests, demos).
-* :class:`OracleBackend` (`oracle`): the rule-based oracle agent as a policy (the synthetic
+* The rule-based oracle agent as a policy: `mempo.synthetic.backend.OracleBackend` (the synthetic
   world's upper bound; tests). `scaffold.ProtocolScaffold`: the opt-in answer-blind logits
   processor of the HF backend (imported from its module: it needs torch).
 
@@ -18,7 +18,6 @@ from mempo.rollout.backends.base import (
     available_backends, make_backend, named_tensors, register_backend,
 )
 from mempo.rollout.backends.hf import HFBackend
-from mempo.rollout.backends.oracle import OracleBackend
 from mempo.rollout.backends.scripted import ScriptedBackend, round_script
 from mempo.rollout.backends.sglang import SGLangBackend, SGLangServerBackend
 from mempo.rollout.backends.stopping import (
@@ -27,7 +26,7 @@ from mempo.rollout.backends.stopping import (
 
 __all__ = [
     "BACKENDS", "GenerationBackend", "GenerationOutput", "GenerationRequest", "RequestKey", "SamplingParams",
-    "available_backends", "make_backend", "named_tensors", "register_backend", "HFBackend", "OracleBackend",
+    "available_backends", "make_backend", "named_tensors", "register_backend", "HFBackend",
     "SGLangBackend",
     "SGLangServerBackend", "ScriptedBackend", "round_script", "STOP_ACTION", "STOP_EOS", "STOP_LENGTH", "ActionStopScanner", "RoundCut",
     "TokenBytes", "action_closing_token_ids", "cut_round",

@@ -1,4 +1,4 @@
-"""`OracleBackend`: the rule-based oracle agent (`mempo.env.oracle.OracleAgent`) behind the
+"""`OracleBackend`: the rule-based oracle agent (`mempo.synthetic.oracle.OracleAgent`) behind the
 generation-backend interface.
 
 It plays the oracle as a policy: the upper bound of a policy on the synthetic world, and the
@@ -13,9 +13,9 @@ from __future__ import annotations
 import re
 from typing import Any, Optional, Sequence
 
-from mempo.env.oracle import OracleAgent
 from mempo.protocol.memory import MEM_PREFIX
 from mempo.rollout.backends.base import GenerationOutput, GenerationRequest, SamplingParams
+from mempo.synthetic.oracle import OracleAgent
 from mempo.utils.tokens import decode_ids, encode_text
 
 __all__ = ["OracleBackend"]

@@ -11,9 +11,8 @@ Conventions
   (``2L`` ids) and the loss the mean cross-entropy of the second half's ids (positions ``L-1 ..
   2L-2`` predict ids ``L .. 2L-1``); the first half cannot be predicted and is not trained on.
 * Optimiser: AdamW (``lr``, no weight decay), linear warm-up of the learning rate over the first
-  ``warmup_steps`` steps, constant after, grad-norm clip ``grad_clip``. The learning rate matters:
-  measured with a 2-layer, 128-wide Qwen2 on this task, 1e-3 forms the copy head in about 500
-  steps, 3e-3 had not after 1,500 (the demo's world options note in ``docs/DEMO.md``).
+  ``warmup_steps`` steps, constant after, grad-norm clip ``grad_clip``. The learning rate decides
+  whether the copy head forms at all (measurements: ``docs/DEMO.md``).
 * Randomness: ``random.Random(f"mempo-copy-warmup/{seed}")`` draws every row, so a run is a pure
   function of (model, token_ids, arguments).
 """
@@ -51,7 +50,8 @@ def copy_warmup(model: Any, token_ids: Sequence[int], *, steps: int, lr: float =
                 min_len: int = 8, max_len: int = 24, warmup_steps: int = 50, grad_clip: float = 1.0,
                 seed: int = 0) -> CopyWarmup:
     """Train `model` (a causal LM: ``model(input_ids=[rows, T]).logits`` is ``[rows, T, V]``) in place
-    on the copy task (module conventions) for `steps` steps; returns a `CopyWarmup`.
+    on the copy task for `steps` steps: each step ``rows`` rows ``s + s``, ``s`` of one length drawn
+    from ``[min_len, max_len]``, the loss on the second half only; returns a `CopyWarmup`.
 
     token_ids: the ids the sequences are drawn from (e.g. the ids of the names a world uses), at
     least 2 distinct. ValueError on an empty pool, steps < 0 or lengths out of order."""
@@ -72,7 +72,7 @@ def copy_warmup(model: Any, token_ids: Sequence[int], *, steps: int, lr: float =
     losses: list[float] = []
     began = time.perf_counter()
     for step in range(steps):
-        for group in optimizer.param_groups:
+        for group in optimizer.param_groups:  # linear warm-up, then constant
             group["lr"] = lr * min(1.0, (step + 1) / max(1, warmup_steps))
         length = rng.randint(min_len, max_len)
         halves = [[rng.choice(pool) for _ in range(length)] for _ in range(rows)]

@@ -12,13 +12,14 @@ import pytest
 from mempo.env.bm25 import BM25Retriever
 from mempo.env.client import HTTPRetriever
 from mempo.env.data import Episode, make_episode_prompt
-from mempo.env.oracle import (
-    UNKNOWN, OracleAgent, load_trajectories_jsonl, memory_line_kinds, parse_oracle_memory, run_oracle,
-    run_oracle_episodes, write_trajectories_jsonl,
+from mempo.synthetic.oracle import (
+    OracleAgent, load_trajectories_jsonl, run_oracle, run_oracle_episodes, write_trajectories_jsonl,
 )
+from mempo.synthetic.oracle_memory import UNKNOWN, memory_line_kinds, parse_oracle_memory
 from mempo.env.server import RetrieverServer
 from mempo.env.tools import make_tools
-from mempo.env.world import QuestionParse, World, parse_question
+from mempo.synthetic.grammar import QuestionParse, parse_question
+from mempo.synthetic.world import World
 from mempo.protocol.memory import ShortTextPolicy
 from mempo.protocol.grammar import parse_round, validate_format
 
@@ -190,7 +191,7 @@ def test_trajectories_round_trip_through_jsonl(tmp_path, world, tools):
 
 @pytest.mark.parametrize("k", (1, 2))
 def test_short_think_style(world, tools, k):
-    from mempo.env.oracle import OracleAgent
+    from mempo.synthetic.oracle import OracleAgent
 
     episodes = world.episodes(k, 3, seed=40 + k)
     full = run_oracle_episodes(episodes, tools, policy="memory")

@@ -11,9 +11,8 @@ import pytest
 
 from mempo.env.corpus import load_corpus
 from mempo.env.data import load_episodes_jsonl, load_qa_jsonl, parse_episode_prompt
-from mempo.env.world import (
-    RELATIONS, World, fact_pattern, gold_aliases, parse_question, pointer_pattern,
-)
+from mempo.synthetic.grammar import RELATIONS, fact_pattern, gold_aliases, parse_question, pointer_pattern
+from mempo.synthetic.world import World
 from mempo.protocol.reward import compute_score, normalize_answer
 
 
@@ -42,7 +41,7 @@ def test_same_seed_gives_identical_world_and_questions():
 
 
 def test_world_does_not_depend_on_the_hash_seed():
-    code = ("import hashlib, json; from mempo.env.world import World; "
+    code = ("import hashlib, json; from mempo.synthetic.world import World; "
             "w = World.generate(3, 40, chronicle_fraction=0.3); h = hashlib.sha256(); "
             "[h.update(json.dumps(d.to_json()).encode()) for d in w.documents()]; "
             "[h.update(json.dumps(e.to_json()).encode()) for e in w.episodes(3, 4, seed=2, hops=(1, 2, 3), "
@@ -169,7 +168,7 @@ def test_twenty_thousand_documents_are_quick():
 
 
 def test_import_is_light():
-    code = ("import sys, mempo.env.world, mempo.env.data; "
+    code = ("import sys, mempo.synthetic.world, mempo.env.data; "
             "heavy = [m for m in ('torch', 'numpy', 'bm25s', 'fastapi', 'transformers', 'pyarrow') "
             "if m in sys.modules]; "
             "assert not heavy, heavy")

@@ -1,11 +1,11 @@
-"""mempo.train.copy_warmup: the copy task is learned; bad arguments are refused."""
+"""mempo.synthetic.copy_warmup: the copy task is learned; bad arguments are refused."""
 import math
 
 import pytest
 import torch
 
 from mempo.model.builtin import tiny_model, train_tokenizer
-from mempo.train.copy_warmup import copy_warmup
+from mempo.synthetic.copy_warmup import copy_warmup
 
 
 def test_copy_warmup_teaches_copying():

@@ -1,0 +1,598 @@
+"""The typed sections of the configuration and `MempoConfig`, the tree of all of them.
+
+`MempoConfig` has one section per concern: ``model``, ``data``, ``env``, ``rollout`` (the agent
+loop reads it directly; evaluation derives its own from it and the ``eval`` section), ``scoring``,
+``algorithm``, ``actor`` (optimiser and policy loss), ``trainer``, ``eval``, ``sft`` (a cold start on
+data a user brings) and ``synthetic`` (the generated world, its oracle teacher and the demo's model).
+Every field has a default, so no file is a valid configuration. Each section validates itself in
+``__post_init__`` (types by `mempo.config.coerce.coerce_value`, ranges, choices, cross-field rules),
+so no invalid section can be built, whichever way it is built; a problem raises `ConfigError`
+naming the field's dotted path and what is allowed.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import typing
+from dataclasses import dataclass, field
+from typing import Any, Literal, Optional
+
+from mempo.config.coerce import ConfigError, build_section, coerce_value
+from mempo.protocol.memory import CONTEXT_POLICIES, DEFAULT_SYSTEM_PROMPT, MEM_PREFIX
+
+__all__ = [
+    "ModelConfig", "DataConfig", "EnvConfig", "RolloutConfig", "ScoringConfig", "AlgorithmConfig",
+    "ActorConfig", "TrainerConfig", "EvalConfig", "SFTConfig", "SyntheticConfig", "MempoConfig",
+    "LOSS_AGG_MODES", "KL_ESTIMATORS", "flash_attention_requested",
+]
+
+LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+KL_ESTIMATORS = ("k1", "k2", "k3", "low_var_kl")
+
+
+# ------------------------------------------------------------------------------------------------
+# checks used by the sections' __post_init__
+# ------------------------------------------------------------------------------------------------
+def _require(condition: bool, field_name: str, reason: str) -> None:
+    if not condition:
+        raise ConfigError(field_name, reason)
+
+
+def _positive(obj: Any, *names: str) -> None:
+    for name in names:
+        value = getattr(obj, name)
+        if value is not None:
+            _require(value > 0, name, f"must be > 0, got {value!r}")
+
+
+def _non_negative(obj: Any, *names: str) -> None:
+    for name in names:
+        value = getattr(obj, name)
+        if value is not None:
+            _require(value >= 0, name, f"must be >= 0, got {value!r}")
+
+
+def _finite(obj: Any) -> None:
+    for f in dataclasses.fields(obj):
+        value = getattr(obj, f.name)
+        if isinstance(value, float):
+            _require(math.isfinite(value), f.name, f"must be a finite number, got {value!r}")
+
+
+def _check_types(obj: Any) -> None:
+    """Convert every field of a section in place to its annotated type (raises ConfigError)."""
+    hints = typing.get_type_hints(type(obj))
+    for f in dataclasses.fields(obj):
+        setattr(obj, f.name, coerce_value(getattr(obj, f.name), hints[f.name], f.name))
+
+
+def flash_attention_requested(attn_implementation: Optional[str]) -> bool:
+    """Whether `attn_implementation` is a flash-attention one (transformers' own test,
+    ``utils.generic.is_flash_attention_requested``: "flash_attention_2", "flash_attention_3",
+    kernels-community flash kernels all contain "flash"); these take varlen kwargs and need
+    fp16/bf16 activations."""
+    return attn_implementation is not None and "flash" in attn_implementation
+
+
+# ------------------------------------------------------------------------------------------------
+# sections
+# ------------------------------------------------------------------------------------------------
+@dataclass
+class ModelConfig:
+    """The policy model.
+
+    path: a Hugging Face model id or local directory, or ``"builtin-tiny"``: a small random Qwen2
+    built from the size fields below (no download; for tests and the demo). tokenizer: a tokenizer
+    id/directory (None: the model's own; for builtin-tiny the trainer supplies one). vocab_size:
+    builtin-tiny only (None: the tokenizer's size). dtype: parameter dtype of the loaded model.
+    attn_implementation: passed to transformers ("sdpa", "eager", "flash_attention_2").
+
+    A flash-attention implementation (`flash_attention_requested`) needs dtype bfloat16 or
+    float16: flash-attn refuses fp32 ("FlashAttention only support fp16 and bf16"). The pair is
+    refused here rather than cast: a cast would silently change the precision of the weights and of
+    the optimiser's state, and ``actor.param_dtype`` does not cover it (it applies only to the
+    FSDP-sharded training forward, not to a single process, the rollout, evaluation or scoring).
+    """
+
+    path: str = "builtin-tiny"
+    tokenizer: Optional[str] = None
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    attn_implementation: str = "sdpa"
+    vocab_size: Optional[int] = None
+    hidden_size: int = 64
+    intermediate_size: int = 128
+    num_hidden_layers: int = 2
+    num_attention_heads: int = 4
+    num_key_value_heads: int = 2
+    max_position_embeddings: int = 8192
+
+    def __post_init__(self):
+        _check_types(self)
+        _require(self.path.strip() != "", "path", "must be a model id, a directory or 'builtin-tiny'")
+        _positive(self, "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                  "num_attention_heads", "num_key_value_heads", "max_position_embeddings")
+        _require(self.hidden_size % self.num_attention_heads == 0, "hidden_size",
+                 f"must be a multiple of num_attention_heads ({self.num_attention_heads}), got {self.hidden_size}")
+        _require(self.num_attention_heads % self.num_key_value_heads == 0, "num_key_value_heads",
+                 f"must divide num_attention_heads ({self.num_attention_heads}), got {self.num_key_value_heads}")
+        _require(not (flash_attention_requested(self.attn_implementation) and self.dtype == "float32"), "dtype",
+                 f"must be 'bfloat16' or 'float16' with attn_implementation={self.attn_implementation!r} "
+                 "(flash attention has no fp32 kernels); set model.dtype=bfloat16 or use "
+                 "model.attn_implementation=sdpa")
+
+
+@dataclass
+class DataConfig:
+    """Training / evaluation questions.
+
+    source: ``"synthetic"`` (the generated world the ``synthetic`` section describes,
+    `mempo.synthetic`) or ``"files"`` (QA jsonl / parquet files, `mempo.env.data.load_qa`; questions
+    from ``train_files``, the trainer's periodic evaluation and `mempo eval` from ``eval_files``,
+    documents from ``env.corpus_path`` or the ``env.retriever: http`` server; `mempo eval` reports
+    each dataset of ``eval_files`` apart). num_objectives: sub-questions per training episode (MEM1
+    composition; the paper trains on 2). questions_per_step: questions per training step (B; each is
+    rolled out `rollout.group_size` times). shuffle / seed: the order of the training questions and
+    the seed of the questions drawn from a synthetic world.
+    """
+
+    source: Literal["synthetic", "files"] = "synthetic"
+    train_files: list[str] = field(default_factory=list)
+    eval_files: list[str] = field(default_factory=list)
+    num_objectives: int = 2
+    questions_per_step: int = 8
+    shuffle: bool = True
+    seed: int = 0
+
+    def __post_init__(self):
+        _check_types(self)
+        _positive(self, "num_objectives", "questions_per_step")
+        # which files a source 'files' run needs is the command's to say: `mempo train` train_files
+        # (`mempo.train.trainer`), `mempo eval` eval_files only (`mempo.eval.qa_eval_episodes`)
+
+
+@dataclass
+class EnvConfig:
+    """The tool environment. retriever: ``"bm25"`` (in-process over the corpus) or ``"http"``
+    (a Search-R1 compatible server at `retriever_url`). topk / doc_chars: search results and their
+    cut; page_chars: access-tool page size."""
+
+    retriever: Literal["bm25", "http"] = "bm25"
+    retriever_url: Optional[str] = None
+    corpus_path: Optional[str] = None
+    topk: int = 5
+    doc_chars: int = 5000
+    page_chars: int = 25000
+
+    def __post_init__(self):
+        _check_types(self)
+        _positive(self, "topk", "doc_chars", "page_chars")
+        _require(self.retriever != "http" or bool(self.retriever_url), "retriever_url",
+                 "must be set (e.g. 'http://127.0.0.1:8000') when retriever is 'http'")
+
+
+@dataclass
+class RolloutConfig:
+    """Rollouts (ALGORITHM.md sections 1-2): the agent loop's settings (`mempo.rollout.loop.RolloutEngine`
+    reads this record directly), and the backend and chat template that training, SFT example
+    building, evaluation and the demo all use. Evaluation runs the loop with this section changed by
+    the ``eval`` section (`mempo.eval.eval_rollout_config`: memory / full context per
+    ``eval.policies``, one sample, ``eval.max_turns``, ``eval.temperature``, no response budget).
+
+    group_size: samples per question (G). max_turns: round limit of training rollouts.
+    max_new_tokens_per_round: generation limit of one round; max_response_tokens: limit of the
+    whole response (generated + tool ids; None: no limit). context_policy: ``"full"`` (growing
+    context, the reference's training rollouts) or ``"memory"`` (AgentMemory context).
+    temperature / top_p / top_k: sampling (top_k 0 = off); the same temperature divides the
+    logits when the actor computes log-probs, so a configuration needs it > 0 (0, greedy, only in
+    the derived evaluation record). seed: the rollout sampling seed (training step s samples with
+    `mempo.seeds.training_rollout_seed`).
+
+    system_prompt: the system message of every episode. forced_prefix: the text every round starts
+    with (``<mem>``); train_forced_prefix: whether its ids have loss mask 1 (the model learns to
+    open every turn with ``<mem>`` itself). stop_token_ids: ids that end a round (None: the
+    tokenizer's EOS, ``<|im_end|>``, ``<|endoftext|>``). tool_workers: threads running one step's
+    tool calls. score_mode: how per-objective EM becomes the outcome score
+    (`mempo.protocol.reward.compute_score`: ``"mean"``, ``"all"``, ``"sum"``).
+
+    backend (`mempo.rollout.backends.factory.build_backend`): ``"hf"`` (transformers generate,
+    CPU or GPU) or ``"sglang"``: with sglang_url null an ``sglang.Engine`` in this process,
+    colocated with the trainer (GPU; its memory, a sglang_mem_fraction share of the GPU, is
+    released around the trainer's stages); with sglang_url an SGLang server at that URL (started
+    with ``--skip-tokenizer-init``; weights reach it as checkpoints under ``<out>/sglang_weights``).
+
+    chat_template (`mempo.rollout.chat.ChatFormat`): ``"auto"`` (the tokenizer's own template,
+    refused when it rewrites assistant turns; ChatML when the tokenizer has none), ``"builtin"``
+    (ChatML) or the path of a Jinja template file.
+
+    protocol_scaffold: generate training rollouts through
+    `mempo.rollout.backends.scaffold.ProtocolScaffold` (tags forced, the answer a choice among
+    strings of the agent's own context; for random models in tests and tiny demos; HF backend only).
+    """
+
+    group_size: int = 16
+    max_turns: int = 8
+    max_new_tokens_per_round: int = 1024
+    max_response_tokens: Optional[int] = 4096
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    context_policy: Literal[CONTEXT_POLICIES] = "full"
+    backend: Literal["hf", "sglang"] = "hf"
+    sglang_url: Optional[str] = None
+    sglang_mem_fraction: float = 0.5
+    chat_template: str = "auto"
+    protocol_scaffold: bool = False
+    seed: int = 0
+    system_prompt: str = DEFAULT_SYSTEM_PROMPT
+    forced_prefix: str = MEM_PREFIX
+    train_forced_prefix: bool = True
+    stop_token_ids: Optional[list[int]] = None
+    tool_workers: int = 4
+    score_mode: Literal["mean", "all", "sum"] = "mean"
+
+    def __post_init__(self):
+        _check_types(self)
+        _finite(self)
+        _positive(self, "group_size", "max_turns", "max_new_tokens_per_round",
+                  "max_response_tokens", "tool_workers")
+        _non_negative(self, "top_k", "temperature")  # 0: greedy (evaluation's); training needs > 0
+        _require(0.0 < self.top_p <= 1.0, "top_p", f"must be in (0, 1], got {self.top_p!r}")
+        _require(0.0 < self.sglang_mem_fraction < 1.0, "sglang_mem_fraction",
+                 f"must be in (0, 1), got {self.sglang_mem_fraction!r}")
+        _require(self.sglang_url is None or self.sglang_url.startswith(("http://", "https://")), "sglang_url",
+                 f"must be an http(s) URL such as 'http://127.0.0.1:30000', or null; got {self.sglang_url!r}")
+        _require(self.sglang_url is None or self.backend == "sglang", "sglang_url",
+                 "is only used with backend 'sglang'")
+        _require(self.chat_template.strip() != "", "chat_template",
+                 "must be 'auto', 'builtin' or the path of a Jinja template file")
+        _require(not (self.protocol_scaffold and self.backend != "hf"), "protocol_scaffold",
+                 "needs backend 'hf' (the scaffold is a transformers logits processor)")
+        for i, token in enumerate(self.stop_token_ids or ()):
+            _require(token >= 0, f"stop_token_ids[{i}]", f"must be a token id >= 0, got {token!r}")
+
+
+@dataclass
+class ScoringConfig:
+    """Memory-reward teacher scoring (ALGORITHM.md section 4, `mempo.scoring`).
+
+    method: ``"packed"``, ``"reference"`` or ``"cached"``. threshold: keep answer tokens with
+    p > threshold (None: plain geometric mean). token_budget: token positions per scoring forward.
+    """
+
+    method: Literal["packed", "reference", "cached"] = "packed"
+    threshold: Optional[float] = 0.5
+    token_budget: int = 16384
+
+    def __post_init__(self):
+        _check_types(self)
+        _finite(self)
+        _positive(self, "token_budget")
+        _require(self.threshold is None or 0.0 < self.threshold <= 1.0, "threshold",
+                 f"must be in (0, 1] or null, got {self.threshold!r}")
+
+
+@dataclass
+class AlgorithmConfig:
+    """Advantages (ALGORITHM.md section 5, `mempo.algo.advantages.token_advantages`).
+
+    epsilon: added to the group std. norm_adv_by_std: divide by the std (False: Dr.GRPO centring).
+    memory_weight: A = A_out + memory_weight * A_mem. skip_zero_variance_groups: drop the outcome
+    part of groups whose scores are all equal from the policy loss (memory advantages still apply).
+    """
+
+    epsilon: float = 1e-6
+    norm_adv_by_std: bool = True
+    memory_weight: float = 1.0
+    skip_zero_variance_groups: bool = True
+
+    def __post_init__(self):
+        _check_types(self)
+        _finite(self)
+        _positive(self, "epsilon")
+        _non_negative(self, "memory_weight")
+
+
+@dataclass
+class ActorConfig:
+    """The policy update (`mempo.train.actor.Actor`, `mempo.train.losses`).
+
+    Optimiser: AdamW(lr, betas=(beta1, beta2), eps, weight_decay); grad_clip: max global grad norm
+    (None: no clipping, the norm is still reported). Loss: PPO-clip with clip-higher (ratio clipped
+    to [1 - clip_ratio_low, 1 + clip_ratio_high]) and dual-clip (clip_ratio_c > 1, None: off);
+    loss_agg_mode: one of LOSS_AGG_MODES; loss_norm_length: the constant divisor of
+    "seq-mean-token-sum-norm" (None: the padded length L of the update batch, which varies; set it to
+    the rollout's max response length for Dr.GRPO's constant). KL to the
+    reference policy: kl_coef * agg(kl_estimator(log_prob, ref_log_prob)) (kl_coef 0: no reference
+    model needed). entropy_coef: bonus subtracted from the loss. ppo_epochs: passes over the batch;
+    ppo_mini_batches: optimiser steps per pass. micro_batch_tokens: tokens per forward (padded:
+    rows x padded length; packed: real tokens; None: the whole mini-batch). logprob_chunk_tokens:
+    rows per lm_head chunk. gradient_checkpointing: recompute decoder layers in backward.
+    param_dtype: FSDP2 mixed precision compute dtype (None: the model's dtype; gradients are reduced
+    in float32).
+
+    packing: how a micro-batch reaches the model (`compute_log_probs` and `update`). "padded": a
+    ``[rows, L]`` batch with a padding mask. "packed": the rows' real tokens concatenated into one
+    ``[1, N]`` sequence, each row keeping its own position ids; under a flash-attention
+    implementation (``"flash" in attn_implementation``) attention runs through
+    ``flash_attn_varlen_func`` with explicit ``cu_seqlens`` (cost ~ sum of squared row lengths, no
+    padding), under "sdpa" / "eager" through transformers' block-diagonal causal mask built from the
+    position ids (a dense ``N x N`` mask: exact, but attention costs N^2 instead of rows x L^2).
+    "auto" (default): packed under flash attention, padded otherwise, because the dense packed
+    mask makes SDPA/eager slower, not faster (measured on CPU: the actor module docstring). The
+    update's `config` argument may switch packing per call.
+    """
+
+    lr: float = 1e-6
+    weight_decay: float = 0.01
+    beta1: float = 0.9
+    beta2: float = 0.999
+    eps: float = 1e-8
+    grad_clip: Optional[float] = 1.0
+    clip_ratio_low: float = 0.2
+    clip_ratio_high: float = 0.28
+    clip_ratio_c: Optional[float] = 3.0
+    loss_agg_mode: Literal[LOSS_AGG_MODES] = "token-mean"
+    loss_norm_length: Optional[int] = None
+    kl_coef: float = 0.001
+    kl_estimator: Literal[KL_ESTIMATORS] = "low_var_kl"
+    entropy_coef: float = 0.0
+    ppo_epochs: int = 1
+    ppo_mini_batches: int = 1
+    micro_batch_tokens: Optional[int] = 16384
+    logprob_chunk_tokens: int = 1024
+    gradient_checkpointing: bool = False
+    param_dtype: Optional[Literal["float32", "bfloat16", "float16"]] = None
+    packing: Literal["auto", "packed", "padded"] = "auto"
+
+    def __post_init__(self):
+        _check_types(self)
+        _finite(self)
+        _positive(self, "lr", "eps", "grad_clip", "clip_ratio_low", "clip_ratio_high", "loss_norm_length",
+                  "ppo_epochs", "ppo_mini_batches", "micro_batch_tokens", "logprob_chunk_tokens")
+        _non_negative(self, "weight_decay", "kl_coef", "entropy_coef")
+        _require(self.clip_ratio_low < 1.0, "clip_ratio_low", f"must be < 1 (ratio floor 1 - low > 0), "
+                                                             f"got {self.clip_ratio_low!r}")
+        for name in ("beta1", "beta2"):
+            _require(0.0 <= getattr(self, name) < 1.0, name, f"must be in [0, 1), got {getattr(self, name)!r}")
+        _require(self.clip_ratio_c is None or self.clip_ratio_c > 1.0, "clip_ratio_c",
+                 f"must be > 1 (dual-clip bound) or null, got {self.clip_ratio_c!r}")
+
+
+@dataclass
+class TrainerConfig:
+    """The run. total_steps: training steps; save_every / eval_every / log_every: in steps (0: never,
+    except a final checkpoint); eval_every runs the ``eval`` section's evaluation after every
+    eval_every-th step and logs it as ``eval/...`` metrics; keep_last: checkpoints kept (None:
+    all). out_dir: checkpoints, metrics.jsonl, TensorBoard runs. resume: "never" (default: a new
+    run; an out_dir that already holds checkpoints is refused, so an old run is never continued
+    under a new config by accident), "auto" (``--resume``: the newest intact checkpoint in out_dir,
+    a new run when there is none), or a checkpoint directory (that checkpoint, verified) (`mempo
+    sft` uses save_every, keep_last and resume for its own checkpoints too). seed: python / numpy /
+    torch seed (rank added per process). deterministic: deterministic torch algorithms
+    (`mempo.train.trainer.configure_determinism`); None (default): on for CPU runs, off when CUDA is
+    used (deterministic CUDA kernels cost speed); true on CUDA also sets
+    ``CUBLAS_WORKSPACE_CONFIG=:4096:8`` before CUDA starts."""
+
+    total_steps: int = 100
+    save_every: int = 50
+    eval_every: int = 0
+    log_every: int = 1
+    keep_last: Optional[int] = 3
+    out_dir: str = "runs/mempo"
+    seed: int = 0
+    resume: str = "never"
+    deterministic: Optional[bool] = None
+    tensorboard: bool = True
+    wandb: bool = False
+    wandb_project: Optional[str] = None
+    progress: bool = True
+
+    def __post_init__(self):
+        _check_types(self)
+        _positive(self, "total_steps", "log_every", "keep_last")
+        _non_negative(self, "save_every", "eval_every")
+        _require(self.out_dir.strip() != "", "out_dir", "must be a directory path")
+        _require(self.resume.strip() != "", "resume", "must be 'auto', 'never' or a checkpoint directory")
+
+
+@dataclass
+class EvalConfig:
+    """Multi-objective evaluation (`mempo eval` and the trainer's ``trainer.eval_every``).
+    objectives: numbers of sub-questions per episode to evaluate; max_turns: round limit; policies:
+    context policies to evaluate; episodes: per objective count; temperature: 0 is greedy. The
+    evaluation's rollouts run with the ``rollout`` section changed by these fields
+    (`mempo.eval.eval_rollout_config`: one sample, no response budget)."""
+
+    objectives: list[int] = field(default_factory=lambda: [2, 4, 6, 8, 10])
+    max_turns: int = 64
+    policies: list[Literal[CONTEXT_POLICIES]] = field(default_factory=lambda: ["memory"])
+    episodes: int = 64
+    temperature: float = 0.0
+
+    def __post_init__(self):
+        _check_types(self)
+        _finite(self)
+        _positive(self, "max_turns", "episodes")
+        _non_negative(self, "temperature")
+        _require(len(self.objectives) > 0, "objectives", "must list at least one number of objectives")
+        for i, k in enumerate(self.objectives):
+            _require(k >= 1, f"objectives[{i}]", f"must be >= 1, got {k!r}")
+        _require(len(self.policies) > 0, "policies", "must list at least one of 'full', 'memory'")
+
+
+@dataclass
+class SFTConfig:
+    """The SFT cold start (`mempo.train.sft.run_sft`): `mempo sft` and the demo's sft stage. The
+    `mempo sft` flags are shorthands for these fields (``--trajectories``, ``--steps``,
+    ``--epochs``, ``--lr``, ``--batch-tokens``); its checkpoints follow ``trainer.save_every`` /
+    ``keep_last`` / ``resume``.
+
+    Data. trajectories: a jsonl of trajectories or ``{"messages": [...]}`` chats
+    (`mempo.train.sft.load_sft_records`); null: the synthetic world's oracle makes them (the
+    ``synthetic`` section's ``oracle_*`` fields).
+
+    Optimisation. steps / epochs: optimiser steps / passes over the data (both null: one epoch);
+    max_seconds: a wall-time bound (null: none). lr: AdamW's learning rate (betas, weight decay and
+    grad clip from the ``actor`` section). batch_tokens: padded tokens per batch. schedule:
+    ``"constant"`` or ``"cosine"`` (linear warm-up over the first ``warmup`` fraction of the run,
+    then cosine decay to lr / 10). prompt_loss_weight: the loss also models the prompt tokens
+    (question, previous round, search results) with this weight (0: assistant tokens only); a model
+    from scratch learns to copy names from its context much sooner.
+    """
+
+    trajectories: Optional[str] = None
+    steps: Optional[int] = None
+    epochs: Optional[float] = None
+    max_seconds: Optional[float] = None
+    lr: float = 1e-4
+    batch_tokens: int = 4096
+    schedule: Literal["constant", "cosine"] = "constant"
+    warmup: float = 0.05
+    prompt_loss_weight: float = 0.0
+
+    def __post_init__(self):
+        _check_types(self)
+        _finite(self)
+        _positive(self, "steps", "epochs", "max_seconds", "lr", "batch_tokens")
+        _non_negative(self, "prompt_loss_weight")
+        _require(0.0 <= self.warmup < 1.0, "warmup", f"must be in [0, 1), got {self.warmup!r}")
+        _require(self.trajectories is None or self.trajectories.strip() != "", "trajectories",
+                 "must be the path of a jsonl file, or null (the oracle makes the data)")
+
+
+@dataclass
+class SyntheticConfig:
+    """The synthetic world and what is built on it (`mempo.synthetic`): the world, its oracle teacher,
+    the oracle's cold-start data, the copy warm-up and the demo's tokenizer and model. Every command
+    that builds the world (`mempo train`, `eval`, `sft`, `demo` with ``data.source: synthetic``)
+    reads this section, so they agree on it.
+
+    World (`mempo.synthetic.world.World.generate`; every default leaves the world as it was).
+    world_seed / world_entities: the seed and the size in entities; world_documents: when set, the
+    world has exactly this many documents instead (entities follow); article_fillers: ``[least,
+    most]`` filler sentences per entity article (None: 2 to 5; fewer give shorter search results).
+    For small worlds (small models): world_relations (the relations the world has, None: all),
+    world_names (``"default"`` or ``"short"``: one-word names), world_article_style (``"full"`` or
+    ``"facts"``: fact sentences only), world_chronicles (False: no chronicle documents, every fact in
+    its entity's article), world_distractor_ratio (distractor documents per entity),
+    world_question_hops (the hops of a question, e.g. [1]; None: 2) and world_prompt_style (the
+    episode prompt's layout, None: ``"numbered"``; ``"compact"``: a short instruction paragraph;
+    ``"bare"``: none).
+
+    Oracle cold start (`mempo.synthetic.cold_start`), when ``sft.trajectories`` is null. With
+    oracle_objectives null (`mempo sft`'s default) the oracle plays the first oracle_episodes
+    training episodes under ``rollout.context_policy`` and ``rollout.max_turns``, every trajectory
+    kept. With oracle_objectives a list (the demo's way): oracle_episodes episodes of each number of
+    objectives, drawn with `mempo.seeds.sft_question_seed`, those sharing a question with an
+    evaluation episode dropped, under the memory context; oracle_keep ``"correct"`` keeps only the
+    correct ones (score 1; all of them when none is), ``"all"`` every one. The teacher
+    (`mempo.synthetic.oracle.OracleAgent`): oracle_think its think style (``"full"`` sentences,
+    ``"short"`` one line, ``"minimal"`` the question number and the action); oracle_memory_style
+    (``"labels"``, ``"facts"``: the found sentences copied, or ``"listed"``: facts with a ``Qn: ?``
+    line for every question from step 1); oracle_query_style (``"words"`` or ``"question"``: the
+    question itself is the first query); oracle_drop_fact_prob: the teacher's ``<mem>`` loses a fact
+    a later round needs with this probability (the episode then fails for it, so a cold-started
+    agent fails the way the memory reward exists to fix); oracle_drop_seed: the seed of those draws;
+    oracle_answer_template: the answer round is exactly the teacher-scoring template
+    (`mempo.algo.contexts.DEFAULT_ANSWER_TEMPLATE`), so P(answer | context) is scored on text the
+    model was taught.
+
+    Copy warm-up (`mempo.synthetic.copy_warmup`, the demo before SFT): copy_warmup_steps steps on
+    random sequences of the world's name ids (0: none) at learning rate copy_warmup_lr.
+
+    The demo's tokenizer and model (`mempo demo`). vocab_size: the tokenizer's size.
+    tokenizer_documents: documents the tokenizer is trained on (plus every oracle text).
+    model_size: a `mempo.model.builtin.SIZES` name. max_position_embeddings: the model's context.
+    tie_embeddings: share the input embedding and the output head (`tiny_model`): the head row of a
+    name the SFT targets never contain is then that name's input embedding (trained wherever the
+    name is read) rather than a row only ever pushed down, which helps copying names from the
+    context. torch_threads: torch intra-op threads (0: the CPUs other processes leave idle, from
+    /proc/stat sampled over half a second, at least 1). model_seed: the model's initialisation, the
+    copy warm-up's and the SFT data order's seed.
+    """
+
+    world_seed: int = 0
+    world_entities: int = 200
+    world_documents: Optional[int] = None
+    article_fillers: Optional[list[int]] = None
+    world_relations: Optional[list[str]] = None
+    world_names: Literal["default", "short"] = "default"
+    world_article_style: Literal["full", "facts"] = "full"
+    world_chronicles: bool = True
+    world_distractor_ratio: float = 1.0
+    world_question_hops: Optional[list[int]] = None
+    world_prompt_style: Optional[Literal["numbered", "joined", "compact", "bare"]] = None
+    oracle_objectives: Optional[list[int]] = None
+    oracle_episodes: int = 16
+    oracle_keep: Literal["correct", "all"] = "correct"
+    oracle_think: Literal["full", "short", "minimal"] = "full"
+    oracle_memory_style: Literal["labels", "facts", "listed"] = "labels"
+    oracle_query_style: Literal["words", "question"] = "words"
+    oracle_drop_fact_prob: float = 0.0
+    oracle_drop_seed: int = 0
+    oracle_answer_template: bool = False
+    copy_warmup_steps: int = 1000
+    copy_warmup_lr: float = 1e-3
+    vocab_size: int = 4096
+    tokenizer_documents: int = 2000
+    model_size: Literal["tiny", "mini", "small"] = "mini"
+    max_position_embeddings: int = 2048
+    tie_embeddings: bool = True
+    torch_threads: int = 0
+    model_seed: int = 0
+
+    def __post_init__(self):
+        _check_types(self)
+        _finite(self)
+        _non_negative(self, "world_distractor_ratio", "torch_threads", "copy_warmup_steps")
+        _positive(self, "oracle_episodes", "vocab_size", "tokenizer_documents", "max_position_embeddings",
+                  "copy_warmup_lr")
+        _require(self.world_relations is None or len(self.world_relations) > 0, "world_relations",
+                 "must list at least one relation, or be null (all)")
+        _require(self.world_question_hops is None or (len(self.world_question_hops) > 0
+                                                      and all(h >= 1 for h in self.world_question_hops)),
+                 "world_question_hops", f"must be a non-empty list of hops >= 1, or null; got {self.world_question_hops}")
+        _require(self.world_entities >= 20, "world_entities",
+                 f"must be >= 20 (the synthetic world's smallest size), got {self.world_entities}")
+        _require(self.world_documents is None or self.world_documents > 0, "world_documents",
+                 f"must be a positive number of documents or null, got {self.world_documents}")
+        fillers = self.article_fillers
+        _require(fillers is None or (len(fillers) == 2 and 0 <= fillers[0] <= fillers[1]), "article_fillers",
+                 f"must be [least, most] with 0 <= least <= most, or null; got {fillers}")
+        _require(0.0 <= self.oracle_drop_fact_prob <= 1.0, "oracle_drop_fact_prob",
+                 f"must be in [0, 1], got {self.oracle_drop_fact_prob!r}")
+        if self.oracle_objectives is not None:
+            _require(len(self.oracle_objectives) > 0, "oracle_objectives",
+                     "must list at least one number of objectives, or be null")
+            for i, k in enumerate(self.oracle_objectives):
+                _require(k >= 1, f"oracle_objectives[{i}]", f"must be >= 1, got {k!r}")
+
+
+@dataclass
+class MempoConfig:
+    """The whole configuration (one field per section; see the module docstring)."""
+
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    env: EnvConfig = field(default_factory=EnvConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    scoring: ScoringConfig = field(default_factory=ScoringConfig)
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    actor: ActorConfig = field(default_factory=ActorConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    sft: SFTConfig = field(default_factory=SFTConfig)
+    synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
+
+    def __post_init__(self):
+        hints = typing.get_type_hints(type(self))
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if not isinstance(value, hints[f.name]):
+                setattr(self, f.name, build_section(hints[f.name], value, f.name))
+        _require(self.rollout.temperature > 0, "rollout.temperature",
+                 f"must be > 0, got {self.rollout.temperature!r} (training samples with it and divides the "
+                 "logits by it; evaluation's is eval.temperature, 0 for greedy)")
+        _require(not (self.trainer.eval_every and self.data.source == "files" and not self.data.eval_files),
+                 "data.eval_files", "must list at least one QA file when data.source is 'files' and "
+                                    "trainer.eval_every > 0 (the periodic evaluation's questions)")

@@ -1,0 +1,44 @@
+"""The synthetic world a configuration describes, and the retriever over it: `mempo train`, `sft`,
+`eval` and the demo build theirs here, so they agree on it.
+
+The world is `World.generate` with the ``synthetic`` section's ``world_*`` fields and
+``article_fillers``; its chronicle fraction is 0.15 with chronicles, 0 without. The retriever is the
+``env`` section's (`mempo.env.build.build_retriever`: BM25 over the world's documents unless ``env``
+names a corpus or a server).
+"""
+from __future__ import annotations
+
+from typing import Callable, NamedTuple, Optional
+
+from mempo.config import MempoConfig
+from mempo.env.build import build_retriever
+from mempo.env.retriever import Retriever
+from mempo.synthetic.world import World
+
+__all__ = ["SyntheticEnv", "synthetic_world", "build_world"]
+
+
+class SyntheticEnv(NamedTuple):
+    """`build_world`'s result: the synthetic world and the retriever of the ``env`` section."""
+
+    world: World
+    retriever: Retriever
+
+
+def synthetic_world(cfg: MempoConfig) -> World:
+    """The synthetic world ``cfg.synthetic`` describes."""
+    s = cfg.synthetic
+    fillers = tuple(s.article_fillers) if s.article_fillers is not None else None
+    return World.generate(s.world_seed, s.world_entities, num_documents=s.world_documents,
+                          article_fillers=fillers, relations=s.world_relations, names=s.world_names,
+                          article_style=s.world_article_style, chronicles=s.world_chronicles,
+                          chronicle_fraction=0.15 if s.world_chronicles else 0.0,
+                          distractor_ratio=s.world_distractor_ratio,
+                          question_hops=s.world_question_hops, prompt_style=s.world_prompt_style)
+
+
+def build_world(cfg: MempoConfig, *, log: Optional[Callable[[str], None]] = None) -> SyntheticEnv:
+    """`synthetic_world(cfg)` and `build_retriever(cfg, world)` (BM25 over the world's documents
+    unless ``env`` names a corpus or a server). log: progress lines of a BM25 index build or load."""
+    world = synthetic_world(cfg)
+    return SyntheticEnv(world, build_retriever(cfg, world, log=log))

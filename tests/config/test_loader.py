@@ -1,0 +1,87 @@
+"""mempo.config.loader: YAML round trip, dotted overrides with type conversion, file errors naming the file."""
+import subprocess
+import sys
+
+import pytest
+
+from mempo.config import ConfigError, MempoConfig, dump_config, load_config
+
+
+def test_yaml_round_trip(tmp_path):
+    cfg = load_config(None, ["actor.lr=3e-6", "eval.objectives=[2, 8]", "scoring.threshold=null",
+                             "rollout.context_policy=memory", "trainer.wandb=yes"])
+    path = tmp_path / "run.yaml"
+    text = dump_config(cfg, path)
+    assert "lr: 3.0e-06" in text or "lr: 3e-06" in text
+    again = load_config(path)
+    assert again == cfg
+    assert dump_config(again) == text
+
+
+def test_load_yaml_with_overrides(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("actor:\n  lr: 1e-6\n  loss_agg_mode: seq-mean-token-mean\nrollout:\n  group_size: 4\n")
+    cfg = load_config(path, overrides=["actor.lr=1e-5", "rollout.group_size=8", "actor.clip_ratio_c=none",
+                                       "actor.micro_batch_tokens=4_096", "eval.policies=full,memory"])
+    assert cfg.actor.lr == 1e-5 and isinstance(cfg.actor.lr, float)  # YAML 1.1 reads "1e-6" as a string
+    assert cfg.rollout.group_size == 8 and cfg.actor.loss_agg_mode == "seq-mean-token-mean"
+    assert cfg.actor.clip_ratio_c is None and cfg.actor.micro_batch_tokens == 4096
+    assert cfg.eval.policies == ["full", "memory"]
+    assert load_config(tmp_path / "c.yaml").actor.lr == 1e-6
+
+
+def test_empty_yaml_is_all_defaults(tmp_path):
+    path = tmp_path / "empty.yaml"
+    path.write_text("")
+    assert load_config(path) == MempoConfig()
+
+
+def test_errors_from_yaml_name_nested_fields(tmp_path):
+    path = tmp_path / "bad.yaml"
+    path.write_text("actor:\n  ppo_epochs: 0\n")
+    with pytest.raises(ConfigError, match=r"^actor\.ppo_epochs: must be > 0"):
+        load_config(path)
+    path.write_text("model:\n  hidden_size: 30\n")
+    with pytest.raises(ConfigError, match=r"^model\.hidden_size: must be a multiple"):
+        load_config(path)
+    path.write_text("- a\n- b\n")
+    with pytest.raises(ConfigError, match="top level must be a mapping"):
+        load_config(path)
+    path.write_text("actor: 3\n")
+    with pytest.raises(ConfigError, match=r"^actor: expected a mapping of ActorConfig"):
+        load_config(path)
+
+
+def test_importing_config_is_light():
+    code = ("import sys, mempo.config, mempo.train; "
+            "print('torch' in sys.modules, 'transformers' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["False", "False"]
+
+
+def test_a_duplicated_key_is_an_error_naming_it_and_both_lines(tmp_path):
+    path = tmp_path / "dup.yaml"
+    path.write_text("actor:\n  lr: 1.0e-5\ntrainer:\n  total_steps: 3\nactor:\n  kl_coef: 0.0\n")
+    with pytest.raises(ConfigError, match=r"dup.yaml: key 'actor' appears twice in one mapping \(lines 1 and 5\)"):
+        load_config(path)
+    path.write_text("actor:\n  lr: 1.0e-5\n  kl_coef: 0.1\n  lr: 2.0e-5\n")  # nested too
+    with pytest.raises(ConfigError, match=r"key 'lr' appears twice in one mapping \(lines 2 and 4\)"):
+        load_config(path)
+    from mempo.config import read_yaml_mapping
+
+    path.write_text("x: &b {lr: 1.0e-5, kl_coef: 0.1}\ny:\n  <<: *b\n  lr: 3.0e-5\n")
+    assert read_yaml_mapping(path)["y"] == {"lr": 3.0e-5, "kl_coef": 0.1}  # a merged key may be overridden
+
+
+def test_unreadable_config_files_are_one_line_config_errors(tmp_path):
+    latin = tmp_path / "latin.yaml"
+    latin.write_bytes(b"actor:\n  lr: 1.0e-5\n# caf\xe9\n")
+    with pytest.raises(ConfigError, match=r"latin.yaml:3: not valid UTF-8"):
+        load_config(latin)
+    with pytest.raises(ConfigError, match=r"nope.yaml: config file not found"):
+        load_config(tmp_path / "nope.yaml")
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("actor:\n  lr: [1,\n")
+    with pytest.raises(ConfigError, match=r"broken.yaml: not valid YAML: .* at line \d+") as error:
+        load_config(broken)
+    assert "\n" not in str(error.value)
