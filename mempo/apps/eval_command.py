@@ -7,7 +7,7 @@
 The model directory holds a saved HF causal LM and its tokenizer (``save_pretrained``; e.g.
 ``demo_out/model_rl``); it generates through the backend ``rollout.backend`` names
 (`mempo.rollout.backends.factory.build_backend`: HF, or SGLang loading the directory). The data are
-the config's: ``data.source: synthetic`` (the world of ``cfg.data``, episodes from ``cfg.eval``:
+the config's: ``data.source: synthetic`` (the world of ``cfg.synthetic``, episodes from ``cfg.eval``:
 `mempo.eval.eval_episodes`) or ``files`` (the QA files ``data.eval_files``, one table per dataset
 and k: `mempo.eval.qa_eval_episodes`), the retriever the config's ``env`` section
 (`mempo.env.build.build_retriever`, as in training). The flags are shorthands applied over the
