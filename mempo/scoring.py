@@ -19,16 +19,21 @@ only (no transformers).
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
 import torch
 
-from mempo.records.scoring import ScoringRequest, ScoringResult
+from mempo.algo.contexts import scoring_requests
+from mempo.algo.memory_reward import RoundMemoryReward, round_memory_rewards
+from mempo.config.schema import ScoringConfig
 from mempo.model.adapter import ScoringModel, crop_cache, inference
+from mempo.records.scoring import ScoringRequest, ScoringResult
+from mempo.records.trajectory import Trajectory
 
-__all__ = ["METHODS", "DEFAULT_TOKEN_BUDGET", "ScoringStats", "score", "score_cached", "score_packed",
-           "score_reference"]
+__all__ = ["METHODS", "DEFAULT_TOKEN_BUDGET", "ScoringStats", "compute_memory_rewards", "score", "score_cached",
+           "score_packed", "score_reference"]
 
 METHODS = ("packed", "cached", "reference")
 DEFAULT_TOKEN_BUDGET = 16384
@@ -74,6 +79,17 @@ def _validate(requests: Sequence[ScoringRequest], vocab_size: Optional[int]) -> 
         if len(req.answer_mask) != A:
             raise ValueError(f"request {i}: answer_mask has {len(req.answer_mask)} entries, "
                              f"answer_ids {A}")
+        if req.answer_objectives is not None:
+            K = req.num_objectives
+            if isinstance(K, bool) or not isinstance(K, int) or K < 1:
+                raise ValueError(f"request {i}: num_objectives must be an int >= 1, got {K!r}")
+            if len(req.answer_objectives) != A:
+                raise ValueError(f"request {i}: answer_objectives has {len(req.answer_objectives)} entries, "
+                                 f"answer_ids {A}")
+            for t, (j, m) in enumerate(zip(req.answer_objectives, req.answer_mask)):
+                if (m and not 0 <= j < K) or (not m and j != -1):
+                    raise ValueError(f"request {i}: answer_objectives[{t}] = {j} must be in [0, {K}) on a "
+                                     f"gold token and -1 elsewhere (answer_mask {m})")
         L = len(req.sequence_ids)
         for k, rnd in enumerate(req.rounds):
             if not 1 <= rnd.full_end <= L:
@@ -130,16 +146,26 @@ class _Rows:
         self.count += len(picks)
         return cache
 
+    def _segments(self, req_i: int) -> list[list[int]]:
+        """The answer indices of each CSR segment of one context of request `req_i`: all gold tokens
+        (no objectives), or one segment per objective (its gold tokens in answer order)."""
+        req = self.requests[req_i]
+        if req.answer_objectives is None:
+            return [self.gold[req_i]]
+        return [[i for i in self.gold[req_i] if req.answer_objectives[i] == j] for j in range(req.num_objectives)]
+
     def results(self, model: ScoringModel, threshold, temperature, empty_value, backend) -> list[ScoringResult]:
         order, targets, cu = [], [], [0]
+        segments = [self._segments(req_i) for req_i in range(len(self.requests))]
         for req_i, req in enumerate(self.requests):
             for rnd in range(len(req.rounds)):
                 for kind in (0, 1):
                     where = self.where[self.ctx(req_i, rnd, kind)]
-                    for i in self.gold[req_i]:
-                        order.append(where[i])
-                        targets.append(req.answer_ids[i])
-                    cu.append(len(order))
+                    for segment in segments[req_i]:
+                        for i in segment:
+                            order.append(where[i])
+                            targets.append(req.answer_ids[i])
+                        cu.append(len(order))
         dev = model.device
         if self.chunks:
             states = torch.cat(self.chunks, 0)
@@ -150,18 +176,43 @@ class _Rows:
                            torch.tensor(cu, dtype=torch.int64, device=dev),
                            threshold, temperature, empty_value, backend)
         p = out.p.cpu().tolist()
-        kept = out.num_kept.cpu().tolist()
+        kept = [int(n) for n in out.num_kept.cpu().tolist()]
+        mean = out.mean_logp.cpu().tolist()
         results = []
+        at = 0  # the first segment of the next context
         for req_i, req in enumerate(self.requests):
             res = ScoringResult()
+            k = len(segments[req_i])
             for rnd in range(len(req.rounds)):
-                c = self.ctx(req_i, rnd, 0)
-                res.p_full.append(p[c])
-                res.p_mem.append(p[c + 1])
-                res.num_kept_full.append(int(kept[c]))
-                res.num_kept_mem.append(int(kept[c + 1]))
+                for kind, name in ((0, "full"), (1, "mem")):
+                    seg = slice(at, at + k)
+                    at += k
+                    if req.answer_objectives is None:
+                        ctx_p, ctx_mean, ctx_kept = p[seg.start], mean[seg.start], kept[seg.start]
+                    else:
+                        ctx_p, ctx_mean, ctx_kept = _merge_segments(p[seg], mean[seg], kept[seg], empty_value)
+                        getattr(res, f"objective_p_{name}").append(p[seg])
+                        getattr(res, f"objective_mean_logp_{name}").append(mean[seg])
+                        getattr(res, f"objective_num_kept_{name}").append(kept[seg])
+                    getattr(res, f"p_{name}").append(ctx_p)
+                    getattr(res, f"mean_logp_{name}").append(ctx_mean)
+                    getattr(res, f"num_kept_{name}").append(ctx_kept)
             results.append(res)
         return results
+
+
+def _merge_segments(p: list[float], mean: list[float], kept: list[int], empty_value: float):
+    """(P, mean kept log-prob, kept count) of a context from its per-objective segments:
+    mean = sum_j mean_j * n_j / sum_j n_j (fp64; -inf when a segment's mean is -inf), P = exp(mean),
+    or (empty_value, 0.0, 0) when no token is kept. Equals one segment over all of them up to fp32
+    rounding."""
+    n = sum(kept)
+    if n == 0:
+        return float(empty_value), 0.0, 0
+    if any(m == -math.inf for m, c in zip(mean, kept) if c):
+        return 0.0, -math.inf, n
+    total = math.fsum(m * c for m, c in zip(mean, kept) if c)
+    return math.exp(total / n), total / n, n
 
 
 # ------------------------------------------------------------------------------------------------
@@ -499,3 +550,40 @@ def score(
     return fns[method](model, requests, threshold=threshold, token_budget=token_budget,
                        temperature=temperature, empty_value=empty_value, fused=fused,
                        backend=backend, stats=stats)
+
+
+# ------------------------------------------------------------------------------------------------
+# the memory rewards of a batch, by the configured definition
+# ------------------------------------------------------------------------------------------------
+def compute_memory_rewards(
+    model,
+    tokenizer,
+    trajectories: Sequence[Trajectory],
+    scoring_cfg: ScoringConfig,
+    *,
+    stats: Optional[ScoringStats] = None,
+) -> tuple[list[list[Optional[float]]], list[list[RoundMemoryReward]]]:
+    """Teacher-score `trajectories` with `model` and turn the results into memory rewards, by the
+    definition of `scoring_cfg` (the ``scoring`` section: method, threshold, token_budget, comparator,
+    scored_objectives, reward, log_clip; `mempo.algo.memory_reward`). The one entry point of the
+    training step, the signal benchmark and integrations. The golds reach the scored answer only;
+    nothing is generated.
+
+    Returns:
+        (rewards, details): per trajectory, one entry per `Trajectory.scored_rounds` in order:
+        ``rewards[b][k]`` the memory reward (float), or None for a round that is not scored
+        (scored_objectives "retrieved" with no objective retrieved before it), and ``details[b][k]``
+        its `RoundMemoryReward` (P and mean log-prob of both contexts, whole answer and per objective).
+    """
+    per_objective = scoring_cfg.scored_objectives == "retrieved"
+    requests = scoring_requests(trajectories, tokenizer, comparator=scoring_cfg.comparator,
+                                per_objective=per_objective)
+    results = score(model, requests, scoring_cfg.method, threshold=scoring_cfg.threshold,
+                    token_budget=scoring_cfg.token_budget, stats=stats)
+    details = []
+    for trajectory, result in zip(trajectories, results):
+        retrieved = trajectory.retrieved_objectives(tokenizer) if per_objective else None
+        details.append(round_memory_rewards(trajectory, result, retrieved,
+                                            scored_objectives=scoring_cfg.scored_objectives,
+                                            reward=scoring_cfg.reward, log_clip=scoring_cfg.log_clip))
+    return [[item.reward for item in rounds] for rounds in details], details

@@ -65,13 +65,15 @@ class TokenAdvantages(NamedTuple):
 
 
 def advantage_inputs(trajectories: Sequence[Trajectory], *,
-                     memory_rewards: Optional[Sequence[Optional[Sequence[float]]]] = None,
+                     memory_rewards: Optional[Sequence[Optional[Sequence[Optional[float]]]]] = None,
                      pad_to: Optional[int] = None, require_memory_rewards: bool = True) -> AdvantageInputs:
     """The `AdvantageInputs` of a batch of scored trajectories (one row each, in order).
 
     scores: each trajectory's outcome score (``Trajectory.score``); memory_rewards: per trajectory
-    its memory rewards, one float per scored round in round order (`mempo.algo.memory_reward.
-    memory_rewards_of`), or None for a trajectory (or the whole batch) without them. index: numpy
+    its memory rewards, one entry per scored round in round order (`mempo.scoring.
+    compute_memory_rewards`), or None for a trajectory (or the whole batch) without them; an entry
+    None is a round the reward's definition does not score: it and its ``<mem>`` span are left out
+    of the memory inputs, so it gets no memory advantage and joins no pool. index: numpy
     object array of the trajectories' ``uid`` (verl's ``uid``); response_mask int64, right-padded
     with 0. A trajectory with scored rounds but no memory rewards raises ValueError, unless
     ``require_memory_rewards=False`` (its scored rounds are then left out: plain GRPO for it).
@@ -103,8 +105,10 @@ def advantage_inputs(trajectories: Sequence[Trajectory], *,
             if len(row_rewards) != len(scored):
                 raise ValueError(f"trajectory {row}: {len(row_rewards)} memory rewards for "
                                  f"{len(scored)} scored rounds")
-            rewards.extend(row_rewards)
-            spans.extend(r.mem_span for r in scored)
+            for reward, round_ in zip(row_rewards, scored):
+                if reward is not None:  # None: a round the definition does not score (no memory advantage)
+                    rewards.append(float(reward))
+                    spans.append(round_.mem_span)
         offsets.append(len(rewards))
     mem_rewards = torch.tensor(rewards, dtype=torch.float32)
     mem_offsets = torch.tensor(offsets, dtype=torch.int64)

@@ -253,22 +253,39 @@ class RolloutConfig:
 
 @dataclass
 class ScoringConfig:
-    """Memory-reward teacher scoring (ALGORITHM.md section 4, `mempo.scoring`).
+    """Memory-reward teacher scoring and the memory reward's definition (ALGORITHM.md section 4,
+    `mempo.scoring`, `mempo.algo.memory_reward.compute_memory_rewards`).
 
     method: ``"packed"``, ``"reference"`` or ``"cached"``. threshold: keep answer tokens with
     p > threshold (None: plain geometric mean). token_budget: token positions per scoring forward.
+
+    The definition (defaults: the paper's, mem_reward = P(answer | mem_ctx) - P(answer | full_ctx)):
+    comparator: the full context, ``"paper"`` (everything before the round's own output) or
+    ``"history_mem"`` (everything through the round's ``</mem>``, so both contexts end in
+    ``</mem>``). scored_objectives: ``"all"`` (one P over every objective's gold, the paper's) or
+    ``"retrieved"`` (P per objective, the reward averaged over the objectives whose gold appeared in
+    a tool result before the round; a round with none gets no memory reward). reward: ``"prob"``
+    (P_mem - P_cmp) or ``"log"`` (clip(mean log-prob_mem - mean log-prob_cmp, -log_clip, log_clip),
+    which needs threshold null). log_clip: c of the ``"log"`` reward, in nats.
     """
 
     method: Literal["packed", "reference", "cached"] = "packed"
     threshold: Optional[float] = 0.5
     token_budget: int = 16384
+    comparator: Literal["paper", "history_mem"] = "paper"
+    scored_objectives: Literal["all", "retrieved"] = "all"
+    reward: Literal["prob", "log"] = "prob"
+    log_clip: float = 1.0
 
     def __post_init__(self):
         _check_types(self)
         _finite(self)
-        _positive(self, "token_budget")
+        _positive(self, "token_budget", "log_clip")
         _require(self.threshold is None or 0.0 < self.threshold <= 1.0, "threshold",
                  f"must be in (0, 1] or null, got {self.threshold!r}")
+        _require(self.reward != "log" or self.threshold is None, "threshold",
+                 f"must be null with reward 'log' (a mean log-prob over thresholded tokens is 0 when none "
+                 f"passes), got {self.threshold!r}")
 
 
 @dataclass

@@ -25,6 +25,7 @@ __all__ = [
     "objectives_from_golds",
     "compute_score",
     "memory_keeps",
+    "retrieved_objectives",
 ]
 
 SCORE_MODES = ("mean", "all", "sum")
@@ -236,15 +237,24 @@ def _word_text(text: str) -> str:
     return f" {normalize_answer(spaced)} | {normalize_answer(text)} "
 
 
+def retrieved_objectives(seen_text: str, golds: Any) -> list[int]:
+    """The indices (into `objectives_from_golds`) of the objectives with an alias in ``seen_text``, in
+    order: an alias is "in" a text when its `normalize_answer` form occurs there as whole words
+    (``"paris"`` in ``"capital is paris"``, not in ``"parisian"``; an alias that normalises to
+    nothing never is)."""
+    seen = _word_text(seen_text)
+    return [j for j, aliases in enumerate(objectives_from_golds(golds))
+            if any(f" {normalize_answer(a)} " in seen for a in aliases if normalize_answer(a))]
+
+
 def memory_keeps(mem_text: str, seen_text: str, golds: Any) -> Optional[bool]:
-    """Whether a ``<mem>`` keeps the facts a later round needs: the objectives (`objectives_from_golds`)
-    with an alias in ``seen_text`` (what the agent had read before writing the ``<mem>``) are needed;
-    True when every needed one has an alias in ``mem_text`` too, False when one has none, None when
-    nothing is needed yet. An alias is "in" a text when its `normalize_answer` form occurs there as
-    whole words (``"paris"`` in ``"capital is paris"``, not in ``"parisian"``)."""
-    seen, mem = _word_text(seen_text), _word_text(mem_text)
-    needed = [aliases for aliases in objectives_from_golds(golds)
-              if any(f" {normalize_answer(a)} " in seen for a in aliases if normalize_answer(a))]
+    """Whether a ``<mem>`` keeps the facts a later round needs: the objectives with an alias in
+    ``seen_text`` (what the agent had read before writing the ``<mem>``; `retrieved_objectives`) are
+    needed; True when every needed one has an alias in ``mem_text`` too, False when one has none,
+    None when nothing is needed yet (aliases found as in `retrieved_objectives`)."""
+    objectives = objectives_from_golds(golds)
+    needed = retrieved_objectives(seen_text, golds)
     if not needed:
         return None
-    return all(any(f" {normalize_answer(a)} " in mem for a in aliases if normalize_answer(a)) for aliases in needed)
+    mem = _word_text(mem_text)
+    return all(any(f" {normalize_answer(a)} " in mem for a in objectives[j] if normalize_answer(a)) for j in needed)

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator, NamedTuple, Optional, Union
 
 from mempo.protocol.memory import CONTEXT_POLICIES
-from mempo.protocol.reward import memory_keeps
+from mempo.protocol.reward import memory_keeps, retrieved_objectives
 from mempo.records.rounds import is_scored
 from mempo.utils.jsonl import iter_jsonl_records, write_jsonl
 from mempo.utils.tokens import decode_ids
@@ -167,6 +167,16 @@ class Trajectory:
                 parts.append(decode_ids(tokenizer, self.response_ids[r.information[0]:r.information[1]]))
         return "".join(parts)
 
+    def _scored_mems_and_seen(self, tokenizer: Any) -> Iterator[tuple[str, str]]:
+        """Per scored round, in order: its decoded ``<mem>`` text and the ``<information>`` texts of the
+        rounds before it (joined by spaces): what the agent had read before writing that ``<mem>``."""
+        seen = []
+        for r in self.rounds:
+            if r.scored:
+                yield decode_ids(tokenizer, self.response_ids[r.mem_span[0]:r.mem_span[1]]), " ".join(seen)
+            if r.information is not None:
+                seen.append(decode_ids(tokenizer, self.response_ids[r.information[0]:r.information[1]]))
+
     def memory_keeps(self, tokenizer: Any) -> list[Optional[bool]]:
         """Per scored round (`Round.scored`, in order): whether its ``<mem>`` keeps every gold already
         retrieved (`mempo.protocol.reward.memory_keeps` of the ``<mem>`` text and the
@@ -174,14 +184,16 @@ class Trajectory:
         Empty without golds."""
         if self.golds is None:
             return []
-        keeps, seen = [], []
-        for r in self.rounds:
-            if r.scored:
-                mem = decode_ids(tokenizer, self.response_ids[r.mem_span[0]:r.mem_span[1]])
-                keeps.append(memory_keeps(mem, " ".join(seen), self.golds))
-            if r.information is not None:
-                seen.append(decode_ids(tokenizer, self.response_ids[r.information[0]:r.information[1]]))
-        return keeps
+        return [memory_keeps(mem, seen, self.golds) for mem, seen in self._scored_mems_and_seen(tokenizer)]
+
+    def retrieved_objectives(self, tokenizer: Any) -> list[list[int]]:
+        """Per scored round (`Round.scored`, in order): the objectives (indices into
+        `mempo.protocol.reward.objectives_from_golds`) whose gold appeared in an ``<information>`` of
+        the rounds before it (`mempo.protocol.reward.retrieved_objectives`; the same "retrieved" as
+        `memory_keeps`). Empty without golds."""
+        if self.golds is None:
+            return []
+        return [retrieved_objectives(seen, self.golds) for _, seen in self._scored_mems_and_seen(tokenizer)]
 
     # -- checks ------------------------------------------------------------------------------------
     def validate(self) -> None:

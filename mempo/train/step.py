@@ -24,14 +24,12 @@ import torch
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
 from mempo.algo.advantages import TokenAdvantages, advantage_inputs, token_advantages
-from mempo.algo.contexts import scoring_requests
-from mempo.algo.memory_reward import memory_rewards_of
 from mempo.algo.outcome import score_outcomes
 from mempo.config import MempoConfig
 from mempo.records.trajectory import Trajectory, round_training_inputs
 from mempo.rollout.backends.hf import load_weights_into
 from mempo.rollout.loop import RolloutEngine, RolloutStats
-from mempo.scoring import score
+from mempo.scoring import compute_memory_rewards
 from mempo.seeds import training_rollout_seed
 from mempo.train import metric_names as names
 from mempo.train.logging import StageTimer
@@ -89,13 +87,14 @@ class TrainBatch:
 @dataclass
 class StepResult:
     """`train_step` output, each value as its stage made it: metrics; the scored trajectories; their
-    memory rewards (one list per trajectory, one float per scored round); the token advantages in
+    memory rewards (one list per trajectory, one entry per scored round, None where the definition
+    does not score it); the token advantages in
     response coordinates ``[B, Lr]`` (`TokenAdvantages`: advantages, loss mask, ...); the training
     batch (row coordinates, advantages inside)."""
 
     metrics: dict[str, float]
     trajectories: list[Trajectory]
-    memory_rewards: list[list[float]]
+    memory_rewards: list[list[Optional[float]]]
     token_advantages: TokenAdvantages
     batch: TrainBatch
 
@@ -134,20 +133,19 @@ def reward_metrics(scored: Sequence[Trajectory], stats: RolloutStats) -> dict[st
     }
 
 
-def memory_rewards(ctx: StepContext, trajectories: Sequence[Trajectory]) -> tuple[list[list[float]], dict[str, float]]:
-    """Teacher scoring of every scored round with the current policy (`mempo.scoring.score`, the
-    ``scoring`` section): per trajectory its memory rewards P(mem_ctx) - P(full_ctx), one per scored
-    round; and their means (over all scored rounds of this rank)."""
-    s = ctx.cfg.scoring
-    requests = scoring_requests(trajectories, ctx.tokenizer)
-    results = score(ctx.scoring_model, requests, method=s.method, threshold=s.threshold, token_budget=s.token_budget)
-    mem_rewards = memory_rewards_of(trajectories, results)
-    flat = [v for rewards_ in mem_rewards for v in rewards_]
-    k = max(len(flat), 1)
-    p_mem = [v for r in results for v in r.p_mem]
-    p_full = [v for r in results for v in r.p_full]
-    metrics = {names.MEM_REWARD: sum(flat) / k, names.P_MEM: sum(p_mem) / k, names.P_FULL: sum(p_full) / k,
-               "memory/scored_rounds": float(len(flat))}
+def memory_rewards(ctx: StepContext,
+                   trajectories: Sequence[Trajectory]) -> tuple[list[list[Optional[float]]], dict[str, float]]:
+    """Teacher scoring of every scored round with the current policy and its memory rewards by the
+    ``scoring`` section's definition (`mempo.scoring.compute_memory_rewards`; the paper's
+    P(mem_ctx) - P(full_ctx) by default): per trajectory one entry per scored round (None: a round
+    the definition does not score); and their means (over the rounds it scores, this rank)."""
+    mem_rewards, details = compute_memory_rewards(ctx.scoring_model, ctx.tokenizer, trajectories, ctx.cfg.scoring)
+    rounds = [item for per_trajectory in details for item in per_trajectory if item.reward is not None]
+    k = max(len(rounds), 1)
+    metrics = {names.MEM_REWARD: sum(item.reward for item in rounds) / k,
+               names.P_MEM: sum(item.p_mem for item in rounds) / k, names.P_FULL: sum(item.p_cmp for item in rounds) / k,
+               "memory/scored_rounds": float(len(rounds)),
+               "memory/unscored_rounds": float(sum(len(d) for d in details) - len(rounds))}
     return mem_rewards, metrics
 
 
@@ -159,7 +157,7 @@ def memory_keeps_metrics(ctx: StepContext, trajectories: Sequence[Trajectory]) -
 
 
 def advantages(ctx: StepContext, scored: Sequence[Trajectory],
-               mem_rewards: Sequence[Sequence[float]]) -> tuple[TokenAdvantages, dict[str, float]]:
+               mem_rewards: Sequence[Sequence[Optional[float]]]) -> tuple[TokenAdvantages, dict[str, float]]:
     """Token advantages and loss mask in response coordinates ``[B, Lr]`` (`token_advantages` with the
     ``algorithm`` section and its zero-variance policy), and their metrics."""
     a = ctx.cfg.algorithm
