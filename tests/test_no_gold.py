@@ -67,6 +67,25 @@ def test_the_checker_catches_a_gold_told_to_a_processor_or_a_prompt(tok):
     assert any("prompt outside" in v for v in violations([task, hinted], tok))
 
 
+#: every non-default memory-reward option at once (ALGORITHM.md section 4): the per-objective answer,
+#: the retrieved-objective gate and the in-distribution comparator all read the golds, for scoring only
+REWARD_DEFINITION = ["scoring.comparator=history_mem", "scoring.scored_objectives=retrieved", "scoring.reward=log",
+                     "scoring.threshold=null"]
+
+
+def test_training_under_every_memory_reward_option_never_shows_a_gold(tmp_path, trace):
+    from mempo.train.trainer import train
+
+    torch.set_num_threads(1)
+    cfg = load_config(TINY, FAST + REWARD_DEFINITION + [f"trainer.out_dir={tmp_path / 'rl'}"])
+    result = train(cfg)
+    counts = summary(trace)
+    assert counts["tasks"] == 2 and counts["generate_calls"] >= 2, counts
+    assert violations(trace, result.tokenizer) == []
+    step = result.metrics[-1]  # the memory-reward stage ran with these options
+    assert "memory/unscored_rounds" in step and "memory/scored_rounds" in step
+
+
 def test_train_eval_and_demo_never_show_a_gold(tmp_path, trace):
     from mempo.synthetic.build import build_world
     from mempo.eval import eval_episodes, evaluate

@@ -22,7 +22,7 @@ import torch
 from mempo.algo.contexts import DEFAULT_ANSWER_TEMPLATE, build_answer
 from mempo.records.scoring import ScoredRound, ScoringRequest, ScoringResult
 from mempo.algo.memory_reward import memory_rewards
-from mempo.scoring import METHODS, ScoringStats, score, score_cached, score_packed
+from mempo.scoring import METHODS, ScoringStats, compute_memory_rewards, score, score_cached, score_packed
 
 transformers = pytest.importorskip("transformers")
 tokenizers = pytest.importorskip("tokenizers")
@@ -493,3 +493,187 @@ def test_build_answer_end_to_end(bpe, qwen2):
     want = ground_truth(qwen2, [req], None)
     for method in METHODS:
         assert_same(score(qwen2, [req], method, threshold=None), want)
+
+
+# ------------------------------------------------------------------------------------------------
+# per-objective scoring (answer_objectives: one CSR segment per objective's gold tokens)
+# ------------------------------------------------------------------------------------------------
+def _mean_from_logps(logps, labels, j, threshold):
+    vals = [lp for lp, o in zip(logps, labels) if o == j]
+    if threshold is not None:
+        vals = [lp for lp in vals if lp > math.log(threshold)]
+    return (sum(vals) / len(vals) if vals else 0.0), len(vals)
+
+
+def objective_requests(requests):
+    """The fixture's requests with objective labels: each maximal run of gold tokens is one objective
+    (request 4 gets 3 runs), plus one objective with no token at all (an empty alias) at the end."""
+    out = []
+    for req in requests:
+        labels, j, before = [], -1, 0
+        for m in req.answer_mask:
+            if m and not before:
+                j += 1
+            labels.append(j if m else -1)
+            before = m
+        out.append(ScoringRequest(req.sequence_ids, req.rounds, req.answer_ids, req.answer_mask,
+                                  answer_objectives=labels, num_objectives=j + 2))
+    return out
+
+
+@pytest.mark.parametrize("threshold", [0.5, None])
+@pytest.mark.parametrize("method", METHODS)
+def test_per_objective_segments_match_ground_truth(qwen2, qwen2_requests, method, threshold):
+    """Every objective of every context reduced apart matches a hand reduction of the float64 log-probs;
+    the whole-context values (merged from the segments) match the plain call's, and the methods agree."""
+    requests = objective_requests(qwen2_requests)
+    assert max(r.num_objectives for r in requests) >= 4
+    got = score(qwen2, requests, method, threshold=threshold)
+    assert_same(got, ground_truth(qwen2, qwen2_requests, threshold))  # p, num_kept of the whole answer
+    plain = score(qwen2, qwen2_requests, method, threshold=threshold)
+    for req, g, w in zip(requests, got, plain):
+        for k, rnd in enumerate(req.rounds):
+            for name, ctx in (("full", req.sequence_ids[:rnd.full_end]), ("mem", rnd.mem_ctx_ids)):
+                assert abs(getattr(g, f"mean_logp_{name}")[k] - getattr(w, f"mean_logp_{name}")[k]) <= TOL
+                logps = _answer_logps(qwen2, ctx, req.answer_ids)
+                p = getattr(g, f"objective_p_{name}")[k]
+                mean = getattr(g, f"objective_mean_logp_{name}")[k]
+                kept = getattr(g, f"objective_num_kept_{name}")[k]
+                assert len(p) == len(mean) == len(kept) == req.num_objectives
+                for j in range(req.num_objectives):
+                    want_mean, want_kept = _mean_from_logps(logps, req.answer_objectives, j, threshold)
+                    assert kept[j] == want_kept, (k, name, j)
+                    assert abs(mean[j] - want_mean) <= 1e-4, (k, name, j)
+                    assert abs(p[j] - (math.exp(want_mean) if want_kept else 0.0)) <= TOL
+                assert kept[-1] == 0 and p[-1] == 0.0 and mean[-1] == 0.0  # the objective without tokens
+        assert g.objective_p_full and not w.objective_p_full or not req.rounds
+
+
+def test_mean_logp_matches_ground_truth(qwen2, qwen2_requests):
+    for method in METHODS:
+        got = score(qwen2, qwen2_requests, method, threshold=None)
+        for req, g in zip(qwen2_requests, got):
+            assert len(g.mean_logp_full) == len(g.mean_logp_mem) == len(req.rounds)
+            for k, rnd in enumerate(req.rounds):
+                want, _ = _mean_from_logps(_answer_logps(qwen2, rnd.mem_ctx_ids, req.answer_ids),
+                                           [0 if m else -1 for m in req.answer_mask], 0, None)
+                assert abs(g.mean_logp_mem[k] - want) <= 1e-4
+                assert abs(math.exp(g.mean_logp_mem[k]) - g.p_mem[k]) <= TOL
+
+
+def test_rejects_bad_objective_labels(qwen2):
+    base = dict(sequence_ids=[1, 2, 3, 4], rounds=[ScoredRound(2, [1, 9])], answer_ids=[5, 6, 7],
+                answer_mask=[1, 0, 1])
+    score(qwen2, [ScoringRequest(**base, answer_objectives=[0, -1, 1], num_objectives=2)], "packed")
+    for labels, k, match in (([0, -1], 2, "answer_objectives has 2"), ([0, -1, 2], 2, r"answer_objectives\[2\] = 2"),
+                             ([0, 1, 1], 2, r"answer_objectives\[1\] = 1"), ([-1, -1, 0], 1, r"answer_objectives\[0\]"),
+                             ([0, -1, 0], 0, "num_objectives")):
+        with pytest.raises(ValueError, match=match):
+            score(qwen2, [ScoringRequest(**base, answer_objectives=labels, num_objectives=k)], "packed")
+
+
+# ------------------------------------------------------------------------------------------------
+# compute_memory_rewards: the configured definition over real trajectories
+# ------------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def agent_batch():
+    from support.rollout_fixtures import chat_tokenizer, text_trajectory, tiny_qwen2
+
+    tok = chat_tokenizer()
+    model = tiny_qwen2(len(tok), seed=3)
+    with torch.no_grad():
+        model.lm_head.weight.mul_(8.0)  # spread P over several orders of magnitude
+    golds = [["Paris", "paris"], ["Rome"]]
+    first = [("q", "<search>a</search>", "<information>nothing here</information>"),
+             ("none yet", "<search>b</search>", "<information>Tamor lives in Paris.</information>"),
+             ("Paris", "<search>c</search>", "<information>the river is the Rome.</information>"),
+             ("Paris and Rome", "<answer>Paris; Rome</answer>", None)]
+    second = [("q", "<search>b</search>", "<information>Tamor lives in Paris.</information>"),
+              ("I forgot", "<answer>Rome</answer>", None)]
+    trajectories = [text_trajectory(tok, "Where and which river?", first, golds),
+                    text_trajectory(tok, "Where and which river?", second, golds, sample_index=1),
+                    text_trajectory(tok, "Where?", first[:1] + [("x", "<answer>Oslo</answer>", None)], "Oslo", uid="p")]
+    return model, tok, trajectories
+
+
+def _cfg(**fields):
+    from mempo.config.schema import ScoringConfig
+
+    return ScoringConfig(**fields)
+
+
+def _p_after(model, ctx, answer_ids, answer_mask):
+    mean, n = _mean_from_logps(_answer_logps(model, ctx, answer_ids), [0 if m else -1 for m in answer_mask], 0, None)
+    return math.exp(mean) if n else 0.0, mean
+
+
+DEFINITIONS = [dict(), dict(comparator="history_mem"), dict(scored_objectives="retrieved"),
+               dict(reward="log", threshold=None, log_clip=2.0),
+               dict(comparator="history_mem", scored_objectives="retrieved", reward="log", threshold=None)]
+
+
+@pytest.mark.parametrize("definition", DEFINITIONS, ids=lambda d: ",".join(f"{k}={v}" for k, v in d.items()) or "paper")
+def test_compute_memory_rewards_by_definition(agent_batch, definition):
+    from mempo.algo.contexts import build_answer, comparator_end, scoring_requests
+    from mempo.algo.memory_reward import memory_rewards_of
+
+    model, tok, trajectories = agent_batch
+    cfg = _cfg(**definition)
+    by_method = {m: compute_memory_rewards(model, tok, trajectories, _cfg(**definition, method=m)) for m in METHODS}
+    rewards, details = by_method[cfg.method]
+    assert [len(r) for r in rewards] == [len(t.scored_rounds()) for t in trajectories] == [3, 1, 1]
+    for method, (other, _) in by_method.items():  # every method, the same rewards (None in the same places)
+        for a, b in zip(rewards, other):
+            assert [x is None for x in a] == [x is None for x in b], method
+            assert all(abs(x - y) <= TOL for x, y in zip(a, b) if x is not None), method
+    if not definition:  # the default is the paper's P(mem_ctx) - P(full_ctx), as before
+        want = memory_rewards_of(trajectories, score(model, scoring_requests(trajectories, tok)))
+        assert rewards == want
+    # independent check of each round: one plain forward per context
+    for t, per_round, items in zip(trajectories, rewards, details):
+        objectives = [["Paris"], ["Rome"]] if isinstance(t.golds, list) else [["Oslo"]]
+        answer_ids, answer_mask = build_answer(tok, [o[0] for o in objectives] if len(objectives) > 1 else "Oslo")
+        retrieved = t.retrieved_objectives(tok)
+        for k, (round_, reward, item) in enumerate(zip(t.scored_rounds(), per_round, items)):
+            cmp_ctx = t.sequence_ids[:comparator_end(t, round_, cfg.comparator)]
+            mem_ctx = t.prompt_ids + t.response_ids[round_.mem_span[0]:round_.mem_span[1]]
+            if cfg.threshold is None:
+                assert abs(item.p_cmp - _p_after(model, cmp_ctx, answer_ids, answer_mask)[0]) <= TOL
+                assert abs(item.logp_mem - _p_after(model, mem_ctx, answer_ids, answer_mask)[1]) <= 1e-4
+            if cfg.scored_objectives == "retrieved":
+                assert item.objectives == retrieved[k]
+                if not retrieved[k]:
+                    assert reward is None
+                    continue
+                gaps = []
+                for j in retrieved[k]:
+                    gold = [int(m) for m in tok_objective_mask(tok, objectives, j)]
+                    pm, lm = _p_after(model, mem_ctx, answer_ids, gold)
+                    pc, lc = _p_after(model, cmp_ctx, answer_ids, gold)
+                    gaps.append(pm - pc if cfg.reward == "prob" else max(-cfg.log_clip, min(cfg.log_clip, lm - lc)))
+                want = sum(gaps) / len(gaps)
+            elif cfg.reward == "log":
+                want = max(-cfg.log_clip, min(cfg.log_clip, item.logp_mem - item.logp_cmp))
+            else:
+                want = item.p_mem - item.p_cmp
+            assert reward is not None and abs(reward - want) <= 1e-4, (k, reward, want)
+    if cfg.scored_objectives == "retrieved":
+        assert rewards[0][0] is None and rewards[2] == [None]  # nothing retrieved before those rounds
+        assert rewards[0][1] is not None and details[0][2].objectives == [0, 1]
+
+
+def tok_objective_mask(tok, objectives, j):
+    from mempo.algo.contexts import build_objective_answer
+
+    _, labels = build_objective_answer(tok, [o[0] for o in objectives])
+    return [int(o == j) for o in labels]
+
+
+def test_the_comparators_differ(agent_batch):
+    """history_mem continues from the round's </mem>, the paper's from before the round: other numbers."""
+    model, tok, trajectories = agent_batch
+    _, paper = compute_memory_rewards(model, tok, trajectories, _cfg(threshold=None))
+    _, ours = compute_memory_rewards(model, tok, trajectories, _cfg(threshold=None, comparator="history_mem"))
+    flat = [(a.logp_cmp, b.logp_cmp, a.logp_mem, b.logp_mem) for x, y in zip(paper, ours) for a, b in zip(x, y)]
+    assert all(abs(pm - qm) <= 1e-5 for _, _, pm, qm in flat)  # mem_ctx is the same
+    assert sum(abs(pc - qc) > 1e-3 for pc, qc, _, _ in flat) >= len(flat) - 1

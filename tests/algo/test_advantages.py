@@ -111,3 +111,26 @@ def test_advantage_inputs_of_trajectories():
     with pytest.raises(ValueError, match="no memory rewards"):
         advantage_inputs([scored])
     assert advantage_inputs([scored], require_memory_rewards=False).mem_offsets.tolist() == [0, 0]
+
+
+def test_a_round_the_definition_does_not_score_gets_no_memory_advantage():
+    """A None memory reward (scoring.scored_objectives: retrieved, nothing retrieved before the round)
+    leaves the round and its <mem> span out of the memory inputs: the same advantages as a batch where
+    that round had no <mem> at all, and no memory-mask tokens on its span."""
+    def batch(second_mem):
+        a, b = trajectory(second_mem=second_mem), trajectory()
+        a.outcome, b.outcome = {"score": 1.0}, {"score": 0.0}
+        return a, b
+
+    a, b = batch((5, 7))
+    got = advantage_inputs([a, b], memory_rewards=[[None], [0.5]])
+    assert got.mem_rewards.tolist() == [0.5] and got.mem_offsets.tolist() == [0, 0, 1]
+    assert got.mem_spans.tolist() == [[5, 7]]
+    a0, b0 = batch(None)  # a has no scored round at all
+    want = advantage_inputs([a0, b0], memory_rewards=[[], [0.5]])
+    for skip in (False, True):
+        g, w = token_advantages(got, skip_zero_variance_groups=skip), token_advantages(want, skip_zero_variance_groups=skip)
+        assert torch.equal(g.advantages, w.advantages) and torch.equal(g.memory_mask, w.memory_mask)
+        assert not g.memory_mask[0].any()
+    with pytest.raises(ValueError, match="2 memory rewards for 1 scored rounds"):
+        advantage_inputs([a, b], memory_rewards=[[None, 0.1], [0.5]])

@@ -14,6 +14,8 @@ def test_defaults_match_the_brief():
     assert (a.loss_agg_mode, a.kl_coef, a.kl_estimator, a.entropy_coef, a.ppo_epochs) == \
         ("token-mean", 0.001, "low_var_kl", 0.0, 1)
     assert cfg.eval.max_turns == 64 and cfg.eval.objectives[:2] == [2, 4]
+    s = cfg.scoring  # the memory reward's definition: the paper's by default
+    assert (s.comparator, s.scored_objectives, s.reward, s.log_clip) == ("paper", "all", "prob", 1.0)
 
 
 @pytest.mark.parametrize("override, field, allowed", [
@@ -26,6 +28,10 @@ def test_defaults_match_the_brief():
     ("rollout.context_policy=window", "rollout.context_policy", "'memory', 'full'"),
     ("rollout.backend=vllm", "rollout.backend", "'hf', 'sglang'"),
     ("scoring.method=fast", "scoring.method", "'packed', 'reference', 'cached'"),
+    ("scoring.comparator=before", "scoring.comparator", "'paper', 'history_mem'"),
+    ("scoring.scored_objectives=seen", "scoring.scored_objectives", "'all', 'retrieved'"),
+    ("scoring.reward=ratio", "scoring.reward", "'prob', 'log'"),
+    ("scoring.log_clip=0", "scoring.log_clip", "must be > 0"),
     ("actor.loss_agg_mode=mean", "actor.loss_agg_mode", "'token-mean'"),
     ("actor.kl_estimator=k4", "actor.kl_estimator", "'low_var_kl'"),
     ("actor.clip_ratio_low=-0.1", "actor.clip_ratio_low", "must be > 0"),
@@ -52,6 +58,7 @@ def test_errors_name_the_field_and_what_is_allowed(override, field, allowed):
 @pytest.mark.parametrize("overrides, field, allowed", [
     (["rollout.backend=sglang", "rollout.sglang_url=127.0.0.1:30000"], "rollout.sglang_url", "http(s) URL"),
     (["rollout.backend=sglang", "rollout.protocol_scaffold=true"], "rollout.protocol_scaffold", "needs backend 'hf'"),
+    (["scoring.reward=log"], "scoring.threshold", "must be null with reward 'log'"),
 ])
 def test_cross_field_errors_name_the_field(overrides, field, allowed):
     with pytest.raises(ConfigError) as info:
@@ -97,3 +104,10 @@ def test_flash_attention_refuses_fp32_weights(impl):
         assert load_config(None, [f"model.attn_implementation={impl}", f"model.dtype={dtype}"]).model.dtype == dtype
     assert load_config(None, ["model.attn_implementation=sdpa", "model.dtype=float32"]).model.dtype == "float32"
 
+
+
+def test_every_memory_reward_definition_builds():
+    for overrides in (["scoring.comparator=history_mem"], ["scoring.scored_objectives=retrieved"],
+                      ["scoring.reward=log", "scoring.threshold=null", "scoring.log_clip=2.5"]):
+        load_config(None, overrides)
+    assert load_config(None, ["scoring.reward=log", "scoring.threshold=null"]).scoring.log_clip == 1.0

@@ -3,6 +3,7 @@ import numpy as np
 import pytest
 
 from mempo.protocol.reward import memory_keeps as reward_memory_keeps
+from mempo.protocol.reward import retrieved_objectives
 from mempo.protocol.reward import (
     compute_score,
     em_check,
@@ -181,3 +182,12 @@ def test_memory_keeps():
     assert reward_memory_keeps("Q1: Belisar", seen, golds) is False  # whole words only
     assert reward_memory_keeps("Q1: ?", "<information>nothing yet</information>", golds) is None
     assert reward_memory_keeps("Belis and Rome", seen + " Rome", golds) is True
+
+
+def test_retrieved_objectives():
+    golds = [["Belis"], ["Rome", "Roma"], ["New York"]]
+    assert retrieved_objectives("<information>Tamor was born in Belis.</information>", golds) == [0]
+    assert retrieved_objectives("born in Belis; later Roma and new york", golds) == [0, 1, 2]
+    assert retrieved_objectives("Belisar of Romans", golds) == []  # whole words only
+    assert retrieved_objectives("", "Paris") == []
+    assert retrieved_objectives("the capital is Paris", ["Paris", "paris"]) == [0]  # one objective, two aliases

@@ -35,3 +35,21 @@ def test_round_training_inputs_of_the_full_policy():
     assert second.input_ids == t.sequence_ids and second.context_len == 8
     assert second.loss_mask == [0] * 8 + [1] * 5
     assert [r.index for r in t.scored_rounds()] == [1]
+
+
+def test_retrieved_objectives_per_scored_round():
+    """The objectives whose gold an <information> showed before each scored round (the `seen` of
+    memory_keeps): round 2 saw nothing yet, round 3 saw Paris, round 4 both."""
+    from support.rollout_fixtures import chat_tokenizer, text_trajectory
+
+    tok = chat_tokenizer()
+    rounds = [("q", "<search>a</search>", "<information>nothing here</information>"),
+              ("none yet", "<search>b</search>", "<information>Tamor lives in Paris.</information>"),
+              ("Paris", "<search>c</search>", "<information>the river is the Rome.</information>"),
+              ("Paris and Rome", "<answer>Paris; Rome</answer>", None)]
+    t = text_trajectory(tok, "Where and which river?", rounds, [["Paris", "paris"], ["Rome"]])
+    assert len(t.scored_rounds()) == 3
+    assert t.retrieved_objectives(tok) == [[], [0], [0, 1]]
+    assert t.memory_keeps(tok) == [None, True, True]
+    t.golds = None
+    assert t.retrieved_objectives(tok) == [] and t.memory_keeps(tok) == []

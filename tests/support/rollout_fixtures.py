@@ -114,3 +114,30 @@ def trajectory(golds=("x",), second_mem=(5, 7)):
                    rounds=rounds, finish_reason="answer", golds=list(golds))
     t.validate()
     return t
+
+
+def text_trajectory(tok, question: str, rounds, golds, policy: str = "full", uid: str = "q", sample_index: int = 0):
+    """A full-policy `Trajectory` from texts: ``rounds`` = [(mem, rest, information or None)], each
+    round's ids = encode("<mem>" + mem + "</mem>") + encode(rest), its mem_span the first part; the
+    tool segment holds encode(information) alone. The prompt is a ChatML user turn."""
+    def encode(text):
+        return list(tok.encode(text, add_special_tokens=False))
+
+    prompt = encode(f"<|im_start|>user\n{question}<|im_end|>\n<|im_start|>assistant\n")
+    response, made = [], []
+    for index, (mem, rest, information) in enumerate(rounds):
+        start = len(response)
+        response += encode(f"<mem>{mem}</mem>")
+        mem_end = len(response)
+        response += encode(rest)
+        end = len(response)
+        info = None
+        if information is not None:
+            response += encode(information)
+            info = (end, len(response))
+        made.append(Round(index=index, start=start, end=end, tool_end=len(response), full_end=len(prompt) + start,
+                          mem_span=(start, mem_end), information=info))
+    t = Trajectory(uid=uid, sample_index=sample_index, policy=policy, prompt_ids=prompt, response_ids=response,
+                   response_mask=[1] * len(response), rounds=made, finish_reason="answer", golds=golds)
+    t.validate()
+    return t
