@@ -22,7 +22,10 @@ batch under the keys below (padded per trajectory, so they survive verl's batch 
     batch["mempo_mem_spans"]    int64 [B, K, 2] (start, end) of the round's <mem> span, response coords
     batch["mempo_mem_valid"]    bool  [B, K]    which of the K slots hold a scored round
 
-`pack_memory_fields` builds these from the CSR form used by `mempo.ops`.
+`pack_memory_fields` builds these from the CSR form used by `mempo.ops`: compute the rewards with
+`mempo.scoring.compute_memory_rewards` (the ``scoring`` section's definition), then
+`mempo.algo.advantages.advantage_inputs` (which leaves out the rounds the definition does not score),
+and pack its ``mem_rewards, mem_offsets, mem_spans``.
 
 Configuration (the OmegaConf `algorithm` node): `norm_adv_by_std_in_grpo` (default True) and
 `mempo.memory_weight` (default 1.0), `mempo.epsilon` (default 1e-6).

@@ -47,7 +47,7 @@ evaluation rollout (8 doors x 16 samples, fixed codes and seed) before and after
 (4 doors x 8 samples each): the share of scored round-2 ``<mem>`` blocks holding "code X" with
 the gold X, and the mean P(answer | mem_ctx) of the scored rounds (the library's teacher scoring).
 Broken variants (test-local wrappers, no library option): "flip" negates the memory rewards
-`memory_rewards_of` returns; "move" moves every ``<mem>`` span onto round 1's ``<mem>``
+`mempo.scoring.compute_memory_rewards` returns; "move" moves every ``<mem>`` span onto round 1's ``<mem>``
 tokens (response start) in `advantage_inputs`. Measured over seeds 0-9
 (``cd tests && python train/test_learning.py memory 10``, same date and tokenizer), rises after - before:
 
@@ -167,8 +167,9 @@ def _flip_token_advantages(original):
 
 
 def _flip_memory_rewards(original):
-    def flipped(trajectories, results):
-        return [[-v for v in rewards] for rewards in original(trajectories, results)]
+    def flipped(*args, **kwargs):
+        rewards, details = original(*args, **kwargs)
+        return [[None if v is None else -v for v in per_round] for per_round in rewards], details
     return flipped
 
 
@@ -180,7 +181,7 @@ def _move_memory_spans(original):
     return moved
 
 
-BROKEN = {"flip": ("memory_rewards_of", _flip_memory_rewards),
+BROKEN = {"flip": ("compute_memory_rewards", _flip_memory_rewards),
           "move": ("advantage_inputs", _move_memory_spans)}
 
 
