@@ -12,7 +12,10 @@ The reduction is `mempo.ops.answer_logprob`'s, fused from the final hidden state
 weight when the model allows it, else from the model's logits on the answer rows
 (`mempo.model.adapter.ScoringModel`). The row predicting a_0 is the context's last row; a_i (i >= 1)
 is predicted at the row of a_{i-1}, so an answer copy after a context needs only ``a' = a[:-1]``.
-The memory reward itself is `mempo.algo.memory_reward`. `token_budget` (tokens per forward,
+The memory reward itself is `mempo.algo.memory_reward`; `compute_memory_rewards` goes from
+trajectories to rewards by the ``scoring`` section's definition in one call. With
+``ScoringRequest.answer_objectives`` every context is also reduced per objective (one CSR segment per
+objective's gold tokens, in the same reduction call). `token_budget` (tokens per forward,
 default 16384) bounds every forward; a unit or context longer than it runs alone. Everything runs in
 eval mode under ``torch.no_grad()`` (the mode is restored); results are Python floats. Imports torch
 only (no transformers).
