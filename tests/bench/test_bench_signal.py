@@ -167,3 +167,79 @@ def test_definitions_start_from_the_library_scoring_defaults(tmp_path):
         bench.definition_config(cfg, {"scoring.threshold": 2.0})
     with pytest.raises(ConfigError, match="threshold"):
         bench.definition_config(cfg, {"threshold": 0.5})
+
+
+# ------------------------------------------------------------------------------------------------
+# the script end to end on a smoke demo's output
+# ------------------------------------------------------------------------------------------------
+#: room for the oracle's rounds (the smoke demo's own rollout settings cut them at 16 ids and 2 rounds)
+ORACLE_ROOM = ["rollout.max_new_tokens_per_round=96", "rollout.max_turns=6", "rollout.max_response_tokens=2048"]
+
+
+def test_the_benchmark_rolls_out_held_out_episodes_once_and_scores_every_definition(tmp_path, capsys):
+    pytest.importorskip("transformers")
+    from transformers import AutoTokenizer
+
+    from mempo.apps.cli import main as mempo_main
+    from mempo.config import load_config
+    from mempo.eval import eval_episodes
+    from mempo.records.trajectory import read_trajectories_jsonl
+    from mempo.scoring import score
+    from mempo.algo.contexts import scoring_requests
+    from mempo.synthetic.backend import OracleBackend
+    from mempo.synthetic.build import build_world
+    from mempo.synthetic.cold_start import oracle_agent
+    from support.demo_smoke import SMOKE
+
+    demo_out = tmp_path / "demo_out"
+    assert mempo_main(["demo", "--out", str(demo_out), "--no-progress", *SMOKE]) == 0
+
+    # 1. the command line, the SFT model generating (the override stands after a list option)
+    out = tmp_path / "signal"
+    assert bench.main(["--demo-out", str(demo_out), "--out", str(out), "--questions", "2", "--samples", "2",
+                       "--ks", "2", "4", "rollout.temperature=0.7"]) == 0
+    results = json.loads((out / "results.json").read_text())
+    assert results["ks"] == [2, 4] and results["samples"] == 2 and set(results["signal"]) == set(bench.DEFINITIONS)
+    cfg = load_config(demo_out / "config.yaml")
+    world = build_world(cfg).world
+    held_out = eval_episodes(world, cfg)  # the demo's draw, whose questions its SFT left out
+    for k in (2, 4):
+        meta = json.loads((out / f"rollouts_k{k}.json").read_text())
+        assert meta["episode_ids"] == [e.id for e in held_out[k][:2]] and meta["rollout"]["temperature"] == 0.7
+        trajectories = read_trajectories_jsonl(out / f"rollouts_k{k}.jsonl")
+        assert [t.uid for t in trajectories] == [e.id for e in held_out[k][:2] for _ in range(2)]
+    assert results["held_out"]["questions_in_sft_episodes"] == 0
+    assert (out / "results.md").read_text().startswith("| k | definition |")
+    # another setting over saved rollouts: refused (exit 2, one line) unless --reroll; a k the demo trained on too
+    assert bench.main(["--demo-out", str(demo_out), "--out", str(out), "--questions", "2", "--samples", "3",
+                       "--ks", "2"]) == 2
+    assert "holds rollouts of another setting (samples, rollout differ)" in capsys.readouterr().err
+    assert bench.main(["--demo-out", str(demo_out), "--out", str(out), "--ks", "6"]) == 2
+    assert "eval.objectives" in capsys.readouterr().err
+
+    # 2. oracle rollouts (deterministic; its <mem> keeps or drops facts): the metrics on real rewards
+    tokenizer = AutoTokenizer.from_pretrained(demo_out / "model_sft")
+    oracle_cfg = load_config(demo_out / "config.yaml", ORACLE_ROOM)
+    oracle = OracleBackend(tokenizer, agent=oracle_agent(oracle_cfg))
+    out = tmp_path / "oracle"
+    results = bench.run(demo_out, out, questions=2, samples=2, ks=[4], overrides=ORACLE_ROOM, backend=oracle,
+                        log=lambda line: None)
+    rows = [bench.RoundRow(**r) for r in map(json.loads, (out / "rounds.jsonl").read_text().splitlines())]
+    assert {r.keeps for r in rows} >= {True, False}, "the oracle's rollouts should hold both classes"
+    assert results["signal"] == json.loads(json.dumps(bench.signal_table(rows, list(bench.DEFINITIONS))))
+    assert results["signal"]["paper"]["k=4"]["all"]["auc"] is not None
+    # "paper" is the library's threshold 0.5, although the demo's config sets none
+    from transformers import AutoModelForCausalLM
+    trajectories = read_trajectories_jsonl(out / "rollouts_k4.jsonl")
+    model = AutoModelForCausalLM.from_pretrained(demo_out / "model_sft")
+    for name, threshold in (("paper", 0.5), ("paper_nothresh", None)):
+        expected = [p_mem - p_full for result in score(model, scoring_requests(trajectories, tokenizer),
+                                                       threshold=threshold) for p_mem, p_full in
+                    zip(result.p_mem, result.p_full)]
+        assert [r.rewards[name] for r in rows] == pytest.approx(expected, abs=1e-6)
+    # a rerun with the same setting reuses the saved rollouts (the file is not rewritten)
+    before = (out / "rollouts_k4.jsonl").stat().st_mtime_ns
+    again = bench.run(demo_out, out, questions=2, samples=2, ks=[4], overrides=ORACLE_ROOM, backend=oracle,
+                      definitions=["paper"], log=lambda line: None)
+    assert again["rollouts"]["k=4"]["reused"] and (out / "rollouts_k4.jsonl").stat().st_mtime_ns == before
+    assert again["signal"]["paper"] == results["signal"]["paper"]
