@@ -24,7 +24,8 @@ Run (after the demo, whose output holds the SFT model and the configuration):
 Options: --questions (episodes per k, default 32), --samples (G per episode, default 8), --ks (default
 2 4), --definitions (default all of `DEFINITIONS`), --seed (rollout seed, default the config's
 rollout.seed), --reroll (roll out again over saved rollouts of another setting), --device, --threads,
-and dotted config overrides (``key=value``, anywhere). Writes ``<out>/rollouts_k<k>.jsonl`` with
+and dotted config overrides (``key=value``, anywhere; not of the ``synthetic``, ``data`` and ``eval``
+sections, which fix the world and the held-out draw). Writes ``<out>/rollouts_k<k>.jsonl`` with
 ``<out>/rollouts_k<k>.json`` (the trajectories, scored, and the setting they were made with: a rerun
 with the same setting reuses them; another setting is refused unless --reroll), ``<out>/rounds.jsonl``
 (one row per scored round: k, group, sample, round index, keeps, every definition's reward),
@@ -79,6 +80,7 @@ from mempo.seeds import sft_question_seed
 from mempo.synthetic.build import build_world
 from mempo.utils.atomic import replace_file_atomically
 from mempo.utils.jsonl import write_jsonl
+from mempo.utils.machine import machine_facts
 
 #: Each memory-reward definition: dotted config overrides on top of the library's scoring defaults.
 DEFINITIONS: dict[str, dict[str, Any]] = {
@@ -90,6 +92,8 @@ SCORING_INHERITED = ("method", "token_budget")
 #: The fields of the setting a saved rollout file must match to be reused.
 ROLLOUT_KEY_FIELDS = ("format", "k", "episode_ids", "samples", "seed", "chunk", "model_sha256", "rollout", "backend")
 ROLLOUT_FORMAT = "mempo-bench-signal-rollouts/1"
+#: Sections no override may change: they fix the world and the held-out draw the SFT model was made with.
+FIXED_SECTIONS = ("synthetic", "data", "eval")
 
 
 class BenchError(MempoError):
@@ -417,6 +421,10 @@ def run(demo_out: Path, out: Path, *, questions: int = 32, samples: int = 8, ks:
     unknown = [name for name in definitions if name not in DEFINITIONS]
     if unknown:
         raise BenchError(f"--definitions: unknown {unknown}; known: {list(DEFINITIONS)}")
+    fixed = [o for o in overrides if o.split("=", 1)[0].strip().split(".")[0] in FIXED_SECTIONS]
+    if fixed:
+        raise BenchError(f"{', '.join(fixed)}: the {'/'.join(FIXED_SECTIONS)} sections fix the world and the "
+                         "held-out episodes the demo's SFT model was made with; they cannot be overridden here")
     sft_model = demo_out / "model_sft"
     if not (demo_out / "config.yaml").is_file() or not sft_model.is_dir():
         raise BenchError(f"{demo_out}: not a demo output (config.yaml and model_sft/ are needed; run mempo demo)")
@@ -463,6 +471,7 @@ def run(demo_out: Path, out: Path, *, questions: int = 32, samples: int = 8, ks:
                      "eval_episodes_per_k": cfg.eval.episodes, "questions": len(asked),
                      "questions_in_sft_episodes": shared},
         "rollouts": made, "scoring_seconds": dict(seconds), "seconds": time.perf_counter() - began,
+        "machine": machine_facts(), "device": device,
         "signal": table, "table": markdown_table(table),
     }
     replace_file_atomically(out / "results.json", json.dumps(results, indent=2) + "\n")

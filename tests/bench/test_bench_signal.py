@@ -216,6 +216,8 @@ def test_the_benchmark_rolls_out_held_out_episodes_once_and_scores_every_definit
     assert "holds rollouts of another setting (samples, rollout differ)" in capsys.readouterr().err
     assert bench.main(["--demo-out", str(demo_out), "--out", str(out), "--ks", "6"]) == 2
     assert "eval.objectives" in capsys.readouterr().err
+    assert bench.main(["--demo-out", str(demo_out), "--out", str(out), "eval.episodes=1"]) == 2
+    assert "eval.episodes=1: the synthetic/data/eval sections fix" in capsys.readouterr().err
 
     # 2. oracle rollouts (deterministic; its <mem> keeps or drops facts): the metrics on real rewards
     tokenizer = AutoTokenizer.from_pretrained(demo_out / "model_sft")
