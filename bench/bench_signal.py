@@ -384,11 +384,16 @@ def rollouts(backend: Any, model: Any, tokenizer: Any, cfg: MempoConfig, retriev
         differing = [f for f in ROLLOUT_KEY_FIELDS if saved.get(f) != setting.get(f)]
         if not differing:
             trajectories = read_trajectories_jsonl(path)
+            expected = [e.id for e in episodes for _ in range(setting["samples"])]
+            if [t.uid for t in trajectories] != expected:
+                raise BenchError(f"{path}: its trajectories are not the {len(expected)} its setting says "
+                                 "(a damaged file?); use --reroll to roll out again")
             log(f"k={k}: {len(trajectories)} saved trajectories reused ({path})")
             return trajectories, {**saved, "reused": True}
         if not reroll:
             raise BenchError(f"{path} holds rollouts of another setting ({', '.join(differing)} differ); use another "
                              "--out, or --reroll to replace them")
+    meta_path.unlink(missing_ok=True)  # no setting names a file being replaced
     rollout_cfg = cfg.rollout
     log(f"k={k}: rolling out {len(episodes)} episodes x {rollout_cfg.group_size} samples ({setting['backend']})")
     engine = RolloutEngine(backend, tokenizer, build_tools(cfg, retriever),

@@ -245,3 +245,9 @@ def test_the_benchmark_rolls_out_held_out_episodes_once_and_scores_every_definit
                       definitions=["paper"], log=lambda line: None)
     assert again["rollouts"]["k=4"]["reused"] and (out / "rollouts_k4.jsonl").stat().st_mtime_ns == before
     assert again["signal"]["paper"] == results["signal"]["paper"]
+    # a saved file that lost trajectories is not reused silently
+    path = out / "rollouts_k4.jsonl"
+    path.write_text(path.read_text().splitlines()[0] + "\n")
+    with pytest.raises(bench.BenchError, match="damaged"):
+        bench.run(demo_out, out, questions=2, samples=2, ks=[4], overrides=ORACLE_ROOM, backend=oracle,
+                  definitions=["paper"], log=lambda line: None)
