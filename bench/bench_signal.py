@@ -223,12 +223,14 @@ def signal_metrics(rows: Sequence[RoundRow], definition: str) -> dict[str, Any]:
     }
 
 
-def signal_table(rows: Sequence[RoundRow], definitions: Sequence[str]) -> dict[str, dict[str, dict[str, Any]]]:
-    """``{definition: {"k=<k>": {"all": metrics, "round <i>": metrics, ...}}}`` (`signal_metrics`)."""
+def signal_table(rows: Sequence[RoundRow], definitions: Sequence[str],
+                 ks: Optional[Sequence[int]] = None) -> dict[str, dict[str, dict[str, Any]]]:
+    """``{definition: {"k=<k>": {"all": metrics, "round <i>": metrics, ...}}}`` (`signal_metrics`) for
+    every k of `ks` (None: the rows' ks; a k without rows has an "all" cell of no rounds)."""
     table: dict[str, dict[str, dict[str, Any]]] = {}
     for name in definitions:
         per_k = {}
-        for k in sorted({r.k for r in rows}):
+        for k in sorted(set(ks) if ks is not None else {r.k for r in rows}):
             of_k = [r for r in rows if r.k == k]
             cells = {"all": signal_metrics(of_k, name)}
             for index in sorted({r.round_index for r in of_k}):
@@ -467,7 +469,7 @@ def run(demo_out: Path, out: Path, *, questions: int = 32, samples: int = 8, ks:
             log(f"k={k}: {name} scored ({time.perf_counter() - start:.0f} s)")
         rows.extend(round_rows(trajectories, k, tokenizer, rewards))
     write_jsonl(out / "rounds.jsonl", (dataclasses.asdict(r) for r in rows))
-    table = signal_table(rows, definitions)
+    table = signal_table(rows, definitions, ks)
     results = {
         "demo_out": str(demo_out), "model_sha256": digest, "questions": questions, "samples": samples,
         "ks": list(ks), "seed": seed, "definitions": {name: DEFINITIONS[name] for name in definitions},
@@ -480,8 +482,24 @@ def run(demo_out: Path, out: Path, *, questions: int = 32, samples: int = 8, ks:
         "signal": table, "table": markdown_table(table),
     }
     replace_file_atomically(out / "results.json", json.dumps(results, indent=2) + "\n")
-    replace_file_atomically(out / "results.md", results["table"] + "\n")
+    replace_file_atomically(out / "results.md", "\n".join(setting_lines(results)) + "\n\n" + results["table"] + "\n")
     return results
+
+
+def setting_lines(results: Mapping[str, Any]) -> list[str]:
+    """What the table was measured on, for the lines above it: episodes, samples, model, rollouts,
+    definitions, machine."""
+    machine = results["machine"]
+    made = "; ".join(f"{k}: {m['trajectories']} trajectories, {m['scored_rounds']} scored rounds, rollout EM "
+                     f"{m['em']:.3f}" for k, m in results["rollouts"].items())
+    return [f"{results['questions']} held-out episodes x {results['samples']} samples per k (rollout seed "
+            f"{results['seed']}) from `{results['demo_out']}/model_sft` (weights sha256 "
+            f"{results['model_sha256'][:12]}); {made}. Questions of these episodes in SFT episodes: "
+            f"{results['held_out']['questions_in_sft_episodes']}.",
+            "Definitions (overrides on the library's scoring defaults): " +
+            ", ".join(f"`{name}` {json.dumps(o)}" for name, o in results["definitions"].items()) + ".",
+            f"Machine: {machine.get('cpu_count')} CPUs, {machine.get('platform')}, device {results['device']}; "
+            f"{results['seconds']:.0f} s."]
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

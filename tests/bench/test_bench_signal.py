@@ -144,6 +144,8 @@ def test_signal_metrics_leave_out_unknown_keeps_and_unscored_rounds():
     assert table["round 2"]["auc"] is None and table["round 2"]["spearman"] is None  # keeps only
     assert (table["round 2"]["no_spread"], table["round 2"]["pools"]) == (None, 0)  # one reward per (group, round)
     table = bench.signal_table(rows, ["d"])
+    no_rows = bench.signal_table([], ["d"], ks=[4])["d"]["k=4"]
+    assert list(no_rows) == ["all"] and no_rows["all"]["rounds"] == 0 and no_rows["all"]["auc"] is None
     empty = bench.signal_metrics([], "d")
     assert empty["auc"] is None and empty["spearman"] is None and empty["no_spread"] is None
     json.dumps(table, allow_nan=False)  # None, never NaN
@@ -209,7 +211,8 @@ def test_the_benchmark_rolls_out_held_out_episodes_once_and_scores_every_definit
         trajectories = read_trajectories_jsonl(out / f"rollouts_k{k}.jsonl")
         assert [t.uid for t in trajectories] == [e.id for e in held_out[k][:2] for _ in range(2)]
     assert results["held_out"]["questions_in_sft_episodes"] == 0
-    assert (out / "results.md").read_text().startswith("| k | definition |")
+    text = (out / "results.md").read_text()
+    assert text.startswith("2 held-out episodes x 2 samples per k") and "\n| k | definition |" in text
     # another setting over saved rollouts: refused (exit 2, one line) unless --reroll; a k the demo trained on too
     assert bench.main(["--demo-out", str(demo_out), "--out", str(out), "--questions", "2", "--samples", "3",
                        "--ks", "2"]) == 2
@@ -228,7 +231,7 @@ def test_the_benchmark_rolls_out_held_out_episodes_once_and_scores_every_definit
                         log=lambda line: None)
     rows = [bench.RoundRow(**r) for r in map(json.loads, (out / "rounds.jsonl").read_text().splitlines())]
     assert {r.keeps for r in rows} >= {True, False}, "the oracle's rollouts should hold both classes"
-    assert results["signal"] == json.loads(json.dumps(bench.signal_table(rows, list(bench.DEFINITIONS))))
+    assert results["signal"] == json.loads(json.dumps(bench.signal_table(rows, list(bench.DEFINITIONS), [4])))
     assert results["signal"]["paper"]["k=4"]["all"]["auc"] is not None
     # "paper" is the library's threshold 0.5, although the demo's config sets none
     from transformers import AutoModelForCausalLM
