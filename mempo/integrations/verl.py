@@ -122,7 +122,8 @@ def compute_mempo_advantage(token_level_rewards: torch.Tensor, response_mask: to
                             epsilon: Optional[float] = None, norm_adv_by_std_in_grpo: Optional[bool] = None,
                             config: Any = None, mem_rewards: Optional[torch.Tensor] = None,
                             mem_spans: Optional[torch.Tensor] = None, mem_valid: Optional[torch.Tensor] = None,
-                            mem_stages: Optional[torch.Tensor] = None, **unused: Any) -> tuple[torch.Tensor, torch.Tensor]:
+                            mem_stages: Optional[torch.Tensor] = None,
+                            **unused: Any) -> tuple[torch.Tensor, torch.Tensor]:
     """verl estimator contract: (token_level_rewards [B, L], response_mask [B, L], index (uid array),
     config) -> (advantages [B, L], returns [B, L]); memory inputs in the padded form of MEMORY_KEYS
     (and `STAGES_KEY`'s ``mem_stages`` [B, K] for a pooling other than "group": ValueError without).

@@ -528,8 +528,8 @@ def test_stage_pools_split_groups_only(backend, device):
     # gives -1/sqrt(2), +1/sqrt(2) (up to epsilon)
     want = torch.tensor([[-1.0, 1.0], [1.0, -1.0], [-1.0, 1.0], [1.0, -1.0]]) / 2 ** 0.5
     torch.testing.assert_close(mem, want, rtol=1e-5, atol=1e-5)
-    same, _ = mempo_advantage(scores, index, mask, rewards, offsets, spans, mem_stages=torch.zeros(8, dtype=torch.long),
-                              backend=backend)
+    one_stage = torch.zeros(8, dtype=torch.long)
+    same, _ = mempo_advantage(scores, index, mask, rewards, offsets, spans, mem_stages=one_stage, backend=backend)
     default, _ = mempo_advantage(scores, index, mask, rewards, offsets, spans, backend=backend)
     assert torch.equal(same, default)  # one stage = the group pool
 
