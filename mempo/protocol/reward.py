@@ -25,6 +25,7 @@ __all__ = [
     "objectives_from_golds",
     "compute_score",
     "memory_keeps",
+    "objectives_seen",
 ]
 
 SCORE_MODES = ("mean", "all", "sum")
@@ -236,15 +237,27 @@ def _word_text(text: str) -> str:
     return f" {normalize_answer(spaced)} | {normalize_answer(text)} "
 
 
+def _objectives_in(text: str, golds: Any) -> list[list[str]]:
+    """The objectives (alias lists, `objectives_from_golds`) with an alias in `text` as whole words."""
+    words = _word_text(text)
+    return [aliases for aliases in objectives_from_golds(golds)
+            if any(f" {normalize_answer(a)} " in words for a in aliases if normalize_answer(a))]
+
+
+def objectives_seen(seen_text: str, golds: Any) -> int:
+    """How many objectives (`objectives_from_golds`) have an alias in ``seen_text`` as whole words:
+    the objectives `memory_keeps` counts as needed, by the same rule."""
+    return len(_objectives_in(seen_text, golds))
+
+
 def memory_keeps(mem_text: str, seen_text: str, golds: Any) -> Optional[bool]:
     """Whether a ``<mem>`` keeps the facts a later round needs: the objectives (`objectives_from_golds`)
     with an alias in ``seen_text`` (what the agent had read before writing the ``<mem>``) are needed;
     True when every needed one has an alias in ``mem_text`` too, False when one has none, None when
     nothing is needed yet. An alias is "in" a text when its `normalize_answer` form occurs there as
     whole words (``"paris"`` in ``"capital is paris"``, not in ``"parisian"``)."""
-    seen, mem = _word_text(seen_text), _word_text(mem_text)
-    needed = [aliases for aliases in objectives_from_golds(golds)
-              if any(f" {normalize_answer(a)} " in seen for a in aliases if normalize_answer(a))]
+    mem = _word_text(mem_text)
+    needed = _objectives_in(seen_text, golds)
     if not needed:
         return None
     return all(any(f" {normalize_answer(a)} " in mem for a in aliases if normalize_answer(a)) for aliases in needed)

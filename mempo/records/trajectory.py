@@ -167,21 +167,26 @@ class Trajectory:
                 parts.append(decode_ids(tokenizer, self.response_ids[r.information[0]:r.information[1]]))
         return "".join(parts)
 
+    def read_before_scored(self, tokenizer: Any) -> list[str]:
+        """Per scored round (`Round.scored`, in order): the ``<information>`` texts of the rounds
+        before it, decoded and joined with spaces (what the agent had read when writing its ``<mem>``)."""
+        read, seen = [], []
+        for r in self.rounds:
+            if r.scored:
+                read.append(" ".join(seen))
+            if r.information is not None:
+                seen.append(decode_ids(tokenizer, self.response_ids[r.information[0]:r.information[1]]))
+        return read
+
     def memory_keeps(self, tokenizer: Any) -> list[Optional[bool]]:
         """Per scored round (`Round.scored`, in order): whether its ``<mem>`` keeps every gold already
         retrieved (`mempo.protocol.reward.memory_keeps` of the ``<mem>`` text and the
-        ``<information>`` texts of the rounds before it; None when no gold was retrieved yet).
-        Empty without golds."""
+        ``<information>`` texts of the rounds before it, `read_before_scored`; None when no gold was
+        retrieved yet). Empty without golds."""
         if self.golds is None:
             return []
-        keeps, seen = [], []
-        for r in self.rounds:
-            if r.scored:
-                mem = decode_ids(tokenizer, self.response_ids[r.mem_span[0]:r.mem_span[1]])
-                keeps.append(memory_keeps(mem, " ".join(seen), self.golds))
-            if r.information is not None:
-                seen.append(decode_ids(tokenizer, self.response_ids[r.information[0]:r.information[1]]))
-        return keeps
+        return [memory_keeps(decode_ids(tokenizer, self.response_ids[r.mem_span[0]:r.mem_span[1]]), seen, self.golds)
+                for r, seen in zip(self.scored_rounds(), self.read_before_scored(tokenizer))]
 
     # -- checks ------------------------------------------------------------------------------------
     def validate(self) -> None:
