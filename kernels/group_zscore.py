@@ -4,9 +4,9 @@ One program per group; deterministic (no atomics). Items of group g are
 `values[perm[group_offsets[g] : group_offsets[g + 1]]]`, i.e. `perm` lists item indices sorted by
 group. Conventions (shared with the torch path in `mempo.ops.advantage`): fp64 statistics (values
 of any float dtype are loaded and widened, so sums of values near the fp32 limit cannot overflow),
-unbiased (Bessel) std, `epsilon` added to the std, a group of one either passes its value through
-with mean 0 / std 1 (verl GRPO) or gives 0 (memory-reward pools); results are saturated at
-+-`value_limit` and stored as fp32.
+unbiased (Bessel) std floored at `std_floor` (0: no floor), `epsilon` added to it, a group of one
+either passes its value through with mean 0 / std 1 (verl GRPO) or gives 0 (memory-reward pools);
+results are saturated at +-`value_limit` and stored as fp32.
 """
 import triton
 import triton.language as tl
@@ -21,6 +21,7 @@ def _group_zscore_kernel(
     group_offsets_ptr,   # [G + 1] int64, CSR offsets into perm
     out_ptr,             # [n] fp32, written at perm positions
     epsilon,             # a positive normal fp32 (validated by the op)
+    std_floor,           # >= 0, a finite fp32 (validated by the op); 0: no floor
     value_limit,         # results saturate at +-value_limit
     NORM_BY_STD: tl.constexpr,
     SINGLETON_ZERO: tl.constexpr,
@@ -65,9 +66,10 @@ def _group_zscore_kernel(
             acc2 += d * d
         denom = tl.maximum(count - 1, 1).to(tl.float64)
         std = tl.sqrt(tl.sum(acc2, axis=0) / denom)
-        # (x - mean) / (std + eps) = (y - mean_y) / (std_y + eps / a); a zero denominator (eps / a
-        # underflowed) comes only with std_y = 0, where every centred value is 0 and the result 0.
-        scale_den = std + epsilon / a
+        # (x - mean) / (max(std, floor) + eps) = (y - mean_y) / (max(std_y, floor / a) + eps / a); a
+        # zero denominator (eps / a underflowed, floor 0) comes only with std_y = 0, where every
+        # centred value is 0 and the result 0; floor / a may be inf (a tiny group): the result is 0.
+        scale_den = tl.maximum(std, std_floor / a) + epsilon / a
         scale_den = tl.where(scale_den > 0.0, scale_den, 1.0)
         single = count == 1
 
@@ -92,14 +94,14 @@ def _group_zscore_kernel(
 
 
 def group_zscore(values, perm, group_offsets, out, epsilon: float, norm_by_std: bool, singleton_zero: bool,
-                 value_limit: float = 1e18, block: int = 128):
+                 value_limit: float = 1e18, block: int = 128, std_floor: float = 0.0):
     """Launch one program per group. `out` must be a contiguous fp32 tensor of len(values)."""
     num_groups = group_offsets.numel() - 1
     if num_groups <= 0 or values.numel() == 0:
         return out
     with _launch.launch_device(values, perm, group_offsets, out):
         _group_zscore_kernel[(num_groups,)](
-            values, perm, group_offsets, out, float(epsilon), float(value_limit),
+            values, perm, group_offsets, out, float(epsilon), float(std_floor), float(value_limit),
             NORM_BY_STD=bool(norm_by_std), SINGLETON_ZERO=bool(singleton_zero), BLOCK=block,
         )
     return out

@@ -1,8 +1,9 @@
 """No rollout is ever told a gold answer: a tiny training run (with the opt-in protocol scaffold, the
-one logits processor the package has), an evaluation and a tiny demo run, with generation
-instrumented (tests/support/gold_trace.py): no request's prompt holds a gold string outside the tool
-results and the model's own turns, and no logits processor's state holds a gold string or its
-token ids unless the agent read it in that same generate call.
+one logits processor the package has), an evaluation, a tiny demo run and the signal benchmark's
+rollouts (bench/bench_signal.py), with generation instrumented (tests/support/gold_trace.py): no
+request's prompt holds a gold string outside the tool results and the model's own turns, and no
+logits processor's state holds a gold string or its token ids unless the agent read it in that same
+generate call.
 
 The first test checks the checker itself on the pattern the old scaffold had (a processor told
 the golds: ``set_answers``), so the clean results below cannot come from a checker that sees nothing.
@@ -121,4 +122,21 @@ def test_train_eval_and_demo_never_show_a_gold(tmp_path, trace):
     run_demo(demo_cfg, out, echo=lambda line: None, show_progress=False)
     counts = summary(trace)
     assert counts["tasks"] > 0 and counts["generate_calls"] > 0, counts
+    assert violations(trace, AutoTokenizer.from_pretrained(out / "model_sft")) == []
+    trace.clear()
+
+    # 4. the signal benchmark's rollouts from the demo's SFT model (bench/bench_signal.py), plain and
+    #    through the protocol scaffold (rollout.protocol_scaffold, as training builds it)
+    import importlib.util
+    import sys
+
+    spec = importlib.util.spec_from_file_location("bench_signal", REPO / "bench" / "bench_signal.py")
+    bench_signal = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = bench_signal
+    spec.loader.exec_module(bench_signal)
+    for name, extra in (("plain", []), ("scaffold", ["rollout.protocol_scaffold=true"])):
+        bench_signal.run(out, tmp_path / f"signal_{name}", questions=1, samples=2, ks=[2],
+                         definitions=["paper"], overrides=extra, log=lambda line: None)
+    counts = summary(trace)
+    assert counts["tasks"] == 2 and counts["generate_calls"] > 0 and counts["processor_int_lists"] > 0, counts
     assert violations(trace, AutoTokenizer.from_pretrained(out / "model_sft")) == []

@@ -209,6 +209,10 @@ def op_calls() -> Iterator[tuple[str, Callable[[], Any]]]:
                    lambda n=norm_by_std, s=singleton: adv_ops.group_zscore(
                        torch.randn(5, generator=_g(4)), torch.tensor([0, 0, 1, 1, 2]), 3, norm_by_std=n,
                        singleton=s, backend="triton"))
+    # The std floor is a runtime float (no new variant); memory pools by (group, stage) reuse the kernel.
+    yield ("group_zscore std_floor=0.05", lambda: adv_ops.group_zscore(
+        torch.randn(5, generator=_g(4)), torch.tensor([0, 0, 1, 1, 2]), 3, std_floor=0.05, singleton="zero",
+        backend="triton"))
 
 
 def record(sms: int = H200_SMS) -> list[Launch]:

@@ -4,9 +4,11 @@ Per group g (the G samples of one question), with outcome scores s and the poole
 of all scored rounds of all its trajectories (`mempo.ops.mempo_advantage`):
 
     A_out(b)    = (s_b - mean_g(s)) / (std_g(s) + eps)        on every response token of b
-    A_mem(b, r) = (m_br - mean_g(m)) / (std_g(m) + eps)       on the tokens of round r's <mem> span
+    A_mem(b, r) = (m_br - mean_p(m)) / (max(std_p(m), floor) + eps)  on the tokens of round r's <mem> span
     A           = A_out + memory_weight * A_mem               0 off the loss mask
 
+The memory pool p of round r is its group g (the default, the paper's) or, with ``mem_stages``,
+the pair (g, stage of r) (`mempo.algo.pooling`); floor = ``memory_std_floor`` (0 by default: none).
 Unbiased std; ``norm_adv_by_std=False`` only centres. A group of one, or a pool of at most one
 memory reward, follows `mempo.ops.advantage` (finite, never NaN).
 
@@ -152,11 +154,15 @@ def _span_mask(mem_offsets: Optional[torch.Tensor], mem_spans: Optional[torch.Te
 
 
 def token_advantages(inputs: AdvantageInputs, *, epsilon: float = 1e-6, norm_adv_by_std: bool = True,
-                     memory_weight: float = 1.0, skip_zero_variance_groups: bool = False) -> TokenAdvantages:
+                     memory_weight: float = 1.0, skip_zero_variance_groups: bool = False,
+                     mem_stages: Optional[torch.Tensor] = None, memory_std_floor: float = 0.0) -> TokenAdvantages:
     """The token advantages and loss mask of a batch: A = A_out + memory_weight * A_mem, 0 off the loss mask.
 
     inputs: `AdvantageInputs` ([B] rows, [B, L] response mask, CSR memory inputs or None).
     epsilon / norm_adv_by_std / memory_weight: as `mempo.ops.mempo_advantage` (validated there).
+    mem_stages: None (one memory pool per group, the default) or int64 [R], the stage of each scored
+        round (`mempo.algo.pooling.memory_stages`): one pool per (group, stage). memory_std_floor: the
+        floor under the memory pools' std (0: none). Both as `mempo.ops.mempo_advantage`.
     skip_zero_variance_groups: True: rows of a group with one distinct score keep in the loss only
         their scored ``<mem>`` tokens, with the memory part alone (``A - A_out``); False keeps every
         response token, and then ``advantages`` equals `mempo.ops.mempo_advantage`'s on the response
@@ -165,7 +171,8 @@ def token_advantages(inputs: AdvantageInputs, *, epsilon: float = 1e-6, norm_adv
     scores, index, response_mask = inputs.scores, inputs.index, inputs.response_mask
     memory = (inputs.mem_rewards, inputs.mem_offsets, inputs.mem_spans)
     adv, _ = mempo_advantage(scores, index, response_mask, *memory, epsilon=epsilon,
-                             norm_adv_by_std=norm_adv_by_std, memory_weight=memory_weight)
+                             norm_adv_by_std=norm_adv_by_std, memory_weight=memory_weight, mem_stages=mem_stages,
+                             memory_std_floor=memory_std_floor)
     in_response = response_mask.bool()
     memory_mask = _span_mask(inputs.mem_offsets, inputs.mem_spans, response_mask)
     has_variance = group_has_variance(scores, index)

@@ -295,18 +295,28 @@ class AlgorithmConfig:
     epsilon: added to the group std. norm_adv_by_std: divide by the std (False: Dr.GRPO centring).
     memory_weight: A = A_out + memory_weight * A_mem. skip_zero_variance_groups: drop the outcome
     part of groups whose scores are all equal from the policy loss (memory advantages still apply).
+    memory_pooling: which scored rounds are z-scored together for the memory advantage
+    (`mempo.algo.pooling`): ``"group"`` (default, the paper's: all rounds of a group), ``"group_round"``
+    (per group and round index) or ``"group_seen"`` (per group and number of objectives whose gold
+    was read before the round); the outcome advantage is per group whatever the choice.
+    memory_std_floor: the memory z-score divides by max(std, memory_std_floor) + epsilon (default
+    0.0: no floor, the paper's), so a pool whose rewards barely differ stays small.
     """
 
     epsilon: float = 1e-6
     norm_adv_by_std: bool = True
     memory_weight: float = 1.0
     skip_zero_variance_groups: bool = True
+    memory_pooling: Literal["group", "group_round", "group_seen"] = "group"
+    memory_std_floor: float = 0.0
 
     def __post_init__(self):
         _check_types(self)
         _finite(self)
         _positive(self, "epsilon")
-        _non_negative(self, "memory_weight")
+        _non_negative(self, "memory_weight", "memory_std_floor")
+        _require(self.memory_std_floor <= 3.4028234663852886e38, "memory_std_floor",
+                 f"must be at most 3.4e38 (a float32), got {self.memory_std_floor!r}")
 
 
 @dataclass

@@ -21,6 +21,8 @@ batch under the keys below (padded per trajectory, so they survive verl's batch 
     batch["mempo_mem_rewards"]  float [B, K]    memory reward of each scored round (K = max rounds)
     batch["mempo_mem_spans"]    int64 [B, K, 2] (start, end) of the round's <mem> span, response coords
     batch["mempo_mem_valid"]    bool  [B, K]    which of the K slots hold a scored round
+    batch["mempo_mem_stages"]   int64 [B, K]    the stage of each scored round (only for a pooling
+                                                other than "group"; `mempo.algo.pooling.memory_stages`)
 
 `pack_memory_fields` builds these from the CSR form used by `mempo.ops`: compute the rewards with
 `mempo.scoring.compute_memory_rewards` (the ``scoring`` section's definition), then
@@ -28,7 +30,11 @@ batch under the keys below (padded per trajectory, so they survive verl's batch 
 and pack its ``mem_rewards, mem_offsets, mem_spans``.
 
 Configuration (the OmegaConf `algorithm` node): `norm_adv_by_std_in_grpo` (default True) and
-`mempo.memory_weight` (default 1.0), `mempo.epsilon` (default 1e-6).
+`mempo.memory_weight` (default 1.0), `mempo.epsilon` (default 1e-6), `mempo.memory_std_floor`
+(default 0.0: no floor) and `mempo.memory_pooling` (default "group"; "group_round" and "group_seen"
+are accepted only when the batch carries ``mempo_mem_stages``: verl knows neither round indices nor
+golds, so the stages must be computed where the trajectories are, and without them the estimator
+raises ValueError naming the option), as in mempo's `algorithm` section.
 """
 from __future__ import annotations
 
@@ -40,9 +46,11 @@ import torch
 from verl.trainer.ppo import core_algos
 
 from mempo.algo.advantages import AdvantageInputs, token_advantages
+from mempo.algo.pooling import MEMORY_POOLINGS
 
 __all__ = [
     "MEMORY_KEYS",
+    "STAGES_KEY",
     "compute_mempo_advantage",
     "compute_advantage",
     "pack_memory_fields",
@@ -51,15 +59,19 @@ __all__ = [
 ]
 
 MEMORY_KEYS = ("mempo_mem_rewards", "mempo_mem_spans", "mempo_mem_valid")
+STAGES_KEY = "mempo_mem_stages"
 _warned_missing_memory = False
 
 
 def pack_memory_fields(mem_rewards: torch.Tensor, mem_offsets: torch.Tensor, mem_spans: torch.Tensor,
-                       num_slots: Optional[int] = None) -> dict[str, torch.Tensor]:
-    """CSR memory inputs -> the padded batch fields of `MEMORY_KEYS`.
+                       num_slots: Optional[int] = None, mem_stages: Optional[torch.Tensor] = None
+                       ) -> dict[str, torch.Tensor]:
+    """CSR memory inputs -> the padded batch fields of `MEMORY_KEYS` (and `STAGES_KEY` when
+    `mem_stages` is given).
 
-    mem_rewards [R] float, mem_offsets [B+1] int64, mem_spans [R, 2] int64 -> tensors of shape
-    [B, K], [B, K, 2], [B, K] with K = num_slots or the largest number of rounds per trajectory.
+    mem_rewards [R] float, mem_offsets [B+1] int64, mem_spans [R, 2] int64 (mem_stages [R] int64)
+    -> tensors of shape [B, K], [B, K, 2], [B, K] ([B, K]) with K = num_slots or the largest number
+    of rounds per trajectory.
     """
     offsets = torch.as_tensor(mem_offsets, dtype=torch.int64)
     rewards = torch.as_tensor(mem_rewards, dtype=torch.float32)
@@ -75,7 +87,14 @@ def pack_memory_fields(mem_rewards: torch.Tensor, mem_offsets: torch.Tensor, mem
     out_spans = torch.zeros(num_rows, k, 2, dtype=torch.int64)
     out_rewards[valid] = rewards
     out_spans[valid] = spans
-    return {"mempo_mem_rewards": out_rewards, "mempo_mem_spans": out_spans, "mempo_mem_valid": valid}
+    fields = {"mempo_mem_rewards": out_rewards, "mempo_mem_spans": out_spans, "mempo_mem_valid": valid}
+    if mem_stages is not None:
+        stages = torch.as_tensor(mem_stages, dtype=torch.int64).reshape(-1)
+        if stages.numel() != rewards.numel():
+            raise ValueError(f"mem_stages has {stages.numel()} entries for {rewards.numel()} scored rounds")
+        fields[STAGES_KEY] = torch.zeros(num_rows, k, dtype=torch.int64)
+        fields[STAGES_KEY][valid] = stages
+    return fields
 
 
 def unpack_memory_fields(mem_rewards: torch.Tensor, mem_spans: torch.Tensor, mem_valid: torch.Tensor
@@ -87,14 +106,18 @@ def unpack_memory_fields(mem_rewards: torch.Tensor, mem_spans: torch.Tensor, mem
     return mem_rewards[valid], offsets, mem_spans[valid]
 
 
-def _mempo_config(config: Any) -> tuple[bool, float, float]:
+def _mempo_config(config: Any) -> tuple[bool, float, float, float, str]:
+    """(norm_adv_by_std, epsilon, memory_weight, memory_std_floor, memory_pooling) of the `algorithm` node."""
     if config is None:
-        return True, 1e-6, 1.0
+        return True, 1e-6, 1.0, 0.0, "group"
     get = config.get if hasattr(config, "get") else lambda key, default=None: getattr(config, key, default)
     sub = get("mempo", None) or {}
     sub_get = sub.get if hasattr(sub, "get") else lambda key, default=None: getattr(sub, key, default)
+    pooling = sub_get("memory_pooling", "group")
+    if pooling not in MEMORY_POOLINGS:
+        raise ValueError(f"algorithm.mempo.memory_pooling must be one of {MEMORY_POOLINGS}, got {pooling!r}")
     return (bool(get("norm_adv_by_std_in_grpo", True)), float(sub_get("epsilon", 1e-6)),
-            float(sub_get("memory_weight", 1.0)))
+            float(sub_get("memory_weight", 1.0)), sub_get("memory_std_floor", 0.0), pooling)
 
 
 @core_algos.register_adv_est("mempo")
@@ -102,14 +125,20 @@ def compute_mempo_advantage(token_level_rewards: torch.Tensor, response_mask: to
                             epsilon: Optional[float] = None, norm_adv_by_std_in_grpo: Optional[bool] = None,
                             config: Any = None, mem_rewards: Optional[torch.Tensor] = None,
                             mem_spans: Optional[torch.Tensor] = None, mem_valid: Optional[torch.Tensor] = None,
+                            mem_stages: Optional[torch.Tensor] = None,
                             **unused: Any) -> tuple[torch.Tensor, torch.Tensor]:
     """verl estimator contract: (token_level_rewards [B, L], response_mask [B, L], index (uid array),
-    config) -> (advantages [B, L], returns [B, L]); memory inputs in the padded form of MEMORY_KEYS.
+    config) -> (advantages [B, L], returns [B, L]); memory inputs in the padded form of MEMORY_KEYS
+    (and `STAGES_KEY`'s ``mem_stages`` [B, K] for a pooling other than "group": ValueError without).
     """
     global _warned_missing_memory
     if index is None:
         raise ValueError("the 'mempo' estimator needs the 'uid' group index (non_tensor_batch['uid'])")
-    cfg_norm, cfg_eps, memory_weight = _mempo_config(config)
+    cfg_norm, cfg_eps, memory_weight, std_floor, pooling = _mempo_config(config)
+    if pooling != "group" and mem_stages is None:
+        raise ValueError(f"algorithm.mempo.memory_pooling={pooling!r} needs the stage of each scored round in the "
+                         f"batch (batch['{STAGES_KEY}'], pack_memory_fields(..., mem_stages=mempo.algo.pooling."
+                         "memory_stages(...))); verl's batch has none. Set memory_pooling to 'group' or add them.")
     norm = cfg_norm if norm_adv_by_std_in_grpo is None else bool(norm_adv_by_std_in_grpo)
     eps = cfg_eps if epsilon is None else float(epsilon)
     scores = token_level_rewards.sum(dim=-1)
@@ -119,11 +148,14 @@ def compute_mempo_advantage(token_level_rewards: torch.Tensor, response_mask: to
                           "uid); computing plain GRPO. Use mempo.integrations.verl.compute_advantage to pass "
                           "the batch's mempo_mem_* fields.", RuntimeWarning, stacklevel=2)
             _warned_missing_memory = True
-        result = token_advantages(AdvantageInputs(scores, index, response_mask), epsilon=eps, norm_adv_by_std=norm)
+        result = token_advantages(AdvantageInputs(scores, index, response_mask), epsilon=eps, norm_adv_by_std=norm,
+                                  memory_std_floor=std_floor)  # the floor is validated even without memory
     else:
         rewards, offsets, spans = unpack_memory_fields(mem_rewards, mem_spans, mem_valid)
+        stages = mem_stages[mem_valid.bool()] if pooling != "group" else None
         result = token_advantages(AdvantageInputs(scores, index, response_mask, rewards, offsets, spans),
-                                  epsilon=eps, norm_adv_by_std=norm, memory_weight=memory_weight)
+                                  epsilon=eps, norm_adv_by_std=norm, memory_weight=memory_weight, mem_stages=stages,
+                                  memory_std_floor=std_floor)
     return result.advantages, result.advantages
 
 
@@ -147,6 +179,8 @@ def compute_advantage(data: Any, adv_estimator: Any, gamma: float = 1.0, lam: fl
     if all(key in batch.keys() for key in MEMORY_KEYS):
         memory = dict(mem_rewards=batch["mempo_mem_rewards"], mem_spans=batch["mempo_mem_spans"],
                       mem_valid=batch["mempo_mem_valid"])
+        if STAGES_KEY in batch.keys():
+            memory["mem_stages"] = batch[STAGES_KEY]
     advantages, returns = compute_mempo_advantage(
         token_level_rewards=batch["token_level_rewards"], response_mask=batch["response_mask"],
         index=data.non_tensor_batch.get("uid"), norm_adv_by_std_in_grpo=norm_adv_by_std_in_grpo, config=config,

@@ -1,8 +1,9 @@
 """MemPO advantages: GRPO outcome advantage, pooled memory advantage, and their per-token sum.
 
 Numeric conventions (shared by the torch path, the Triton kernels and the loop references):
-group statistics (mean, unbiased N-1 std) are taken in fp64 of each group's values divided by the
-group's largest magnitude, so no sum or square overflows; outputs are fp32 [B, L], never NaN
+group statistics (mean, unbiased N-1 std, floored at `std_floor` for the memory pools when asked)
+are taken in fp64 of each group's values divided by the group's largest magnitude, so no sum or
+square overflows; outputs are fp32 [B, L], never NaN
 (degenerate groups give 0; values saturate at +-`VALUE_LIMIT`). `index` labels the group of each
 of the B trajectories (ints, strings, verl's `uid` object array, any hashables: only equality
 matters). Scored rounds come in CSR form: `mem_offsets` int64 [B+1] (rounds of trajectory b are
@@ -56,6 +57,14 @@ def _check_epsilon(epsilon: Any) -> float:
         raise ValueError(f"epsilon must be a finite number in [{low:.8g}, {high:.8g}] (a positive normal "
                          f"float32), got {epsilon!r}")
     return float(epsilon)
+
+
+def _check_std_floor(name: str, std_floor: Any) -> float:
+    high = _EPS_RANGE[1]
+    if not _is_real(std_floor) or not 0.0 <= float(std_floor) <= high:  # NaN fails the comparison too
+        raise ValueError(f"{name} must be a finite number in [0, {high:.8g}] (0: no floor; a float32 in the "
+                         f"kernels), got {std_floor!r}")
+    return float(std_floor)
 
 
 def _check_memory_weight(memory_weight: Any) -> float:
@@ -208,7 +217,7 @@ def _check_spans(mem_offsets: Any, mem_spans: Any, num_rows: int, num_rounds: in
 # Grouped z-score
 # --------------------------------------------------------------------------------------------
 def _group_zscore_torch(values: torch.Tensor, group: torch.Tensor, num_groups: int, epsilon: float,
-                        norm_by_std: bool, singleton_zero: bool) -> torch.Tensor:
+                        norm_by_std: bool, singleton_zero: bool, std_floor: float = 0.0) -> torch.Tensor:
     zeros = torch.zeros(num_groups, dtype=torch.float64, device=values.device)
     # 1. Per-group scale a = the largest |value| (1 for an all-zero group): the statistics are taken of
     #    y = x / a, in [-1, 1], so no sum or square overflows, not even for fp64 values near 1e308.
@@ -222,10 +231,11 @@ def _group_zscore_torch(values: torch.Tensor, group: torch.Tensor, num_groups: i
     mean = zeros.index_add(0, group, y) / count.clamp(min=1)
     centred = y - mean.index_select(0, group)
     std = torch.sqrt(zeros.index_add(0, group, centred * centred) / (count - 1).clamp(min=1))
-    # 3. (x - mean) / (std + eps) = (y - mean_y) / (std_y + eps / a); a zero denominator (eps / a
-    #    underflowed) only comes with std_y = 0, i.e. every centred value 0: the result is 0.
+    # 3. (x - mean) / (max(std, floor) + eps) = (y - mean_y) / (max(std_y, floor / a) + eps / a); a
+    #    zero denominator (eps / a underflowed, floor 0) only comes with std_y = 0, i.e. every centred
+    #    value 0: the result is 0. floor / a may overflow to inf (a tiny group): then the result is 0.
     if norm_by_std:
-        denom = std + epsilon / scale
+        denom = (torch.maximum(std, std_floor / scale) if std_floor > 0 else std) + epsilon / scale
         out = centred / torch.where(denom > 0, denom, torch.ones_like(denom)).index_select(0, group)
     else:
         out = centred * item_scale
@@ -239,17 +249,23 @@ def _group_zscore_torch(values: torch.Tensor, group: torch.Tensor, num_groups: i
 
 
 def group_zscore(values: torch.Tensor, group: torch.Tensor, num_groups: int, *, epsilon: float = 1e-6,
-                 norm_by_std: bool = True, singleton: str = "passthrough", backend: str = "auto") -> torch.Tensor:
-    """Normalise `values` within groups: ``z = (x - mean) / (std + epsilon)`` with the group's mean
-    and unbiased (N-1) std, or ``x - mean`` when not `norm_by_std`; all-equal values give 0.
+                 norm_by_std: bool = True, singleton: str = "passthrough", std_floor: float = 0.0,
+                 backend: str = "auto") -> torch.Tensor:
+    """Normalise `values` within groups: ``z = (x - mean) / (max(std, std_floor) + epsilon)`` with
+    the group's mean and unbiased (N-1) std, or ``x - mean`` when not `norm_by_std` (the floor then
+    plays no part); all-equal values give 0.
 
     values: [n] float or int (any dtype, finite); group: [n] int dense group ids in [0, num_groups).
     singleton: "passthrough" (a group of one keeps its value, mean 0 / std 1) or "zero".
+    std_floor: a finite number in [0, 3.4e38] (0, the default: no floor, ``(x - mean) / (std +
+    epsilon)``); a group whose spread is below it is divided by the floor, so near-constant groups
+    stay near 0 instead of becoming unit-size. Groups of one are not affected (`singleton` rules).
     Statistics in fp64; returns [n] fp32 on values' device, saturated at +-VALUE_LIMIT.
     """
     if singleton not in ("passthrough", "zero"):
         raise ValueError(f"singleton must be 'passthrough' or 'zero', got {singleton!r}")
     epsilon, norm_by_std = _check_epsilon(epsilon), _check_flag("norm_by_std", norm_by_std)
+    std_floor = _check_std_floor("std_floor", std_floor)
     if isinstance(num_groups, bool) or not isinstance(num_groups, Integral) or num_groups < 0:
         raise ValueError(f"num_groups must be an integer >= 0, got {num_groups!r}")
     values = _as_float_vector(values, "values").contiguous()
@@ -260,16 +276,16 @@ def group_zscore(values: torch.Tensor, group: torch.Tensor, num_groups: int, *, 
     if values.numel() and (int(group.min()) < 0 or int(group.max()) >= num_groups):
         raise ValueError(f"group ids must lie in [0, num_groups = {num_groups}), got ids in "
                          f"[{int(group.min())}, {int(group.max())}]")
-    return _group_zscore(values, group, num_groups, epsilon, norm_by_std, singleton == "zero", backend)
+    return _group_zscore(values, group, num_groups, epsilon, norm_by_std, singleton == "zero", backend, std_floor)
 
 
 def _group_zscore(values: torch.Tensor, group: torch.Tensor, num_groups: int, epsilon: float, norm_by_std: bool,
-                  singleton_zero: bool, backend: str) -> torch.Tensor:
+                  singleton_zero: bool, backend: str, std_floor: float = 0.0) -> torch.Tensor:
     """`group_zscore` on checked inputs: values fp64 [n], group int64 dense ids [n] on values' device."""
     if values.numel() == 0:
         return values.to(torch.float32)
     if resolve_backend(backend, values) == "torch":
-        return _group_zscore_torch(values, group, num_groups, epsilon, norm_by_std, singleton_zero)
+        return _group_zscore_torch(values, group, num_groups, epsilon, norm_by_std, singleton_zero, std_floor)
     # reason: `import mempo.ops` stays without triton (heavy; only the CUDA path launches kernels)
     from mempo.kernels import group_zscore as kernel
 
@@ -278,7 +294,7 @@ def _group_zscore(values: torch.Tensor, group: torch.Tensor, num_groups: int, ep
     group_offsets[1:] = torch.cumsum(torch.bincount(group, minlength=num_groups), 0)
     out = torch.empty(values.shape, dtype=torch.float32, device=values.device)
     return kernel.group_zscore(values, perm, group_offsets, out, epsilon, norm_by_std, singleton_zero,
-                               value_limit=VALUE_LIMIT)
+                               value_limit=VALUE_LIMIT, std_floor=std_floor)
 
 
 # --------------------------------------------------------------------------------------------
@@ -353,14 +369,38 @@ def _outcome_rows(scores, index, num_rows, device, epsilon, norm_adv_by_std, bac
     return adv, group, num_groups
 
 
+_STAGE_LIMIT = 2 ** 31  # mem_stages lie in [0, 2^31): (group, stage) pairs then fit one int64 key
+
+
+def _memory_pools(round_group: torch.Tensor, num_groups: int, mem_stages: Any) -> tuple[torch.Tensor, int]:
+    """Dense pool ids [R] and their count: the round's group, or (group, stage) when `mem_stages` is given."""
+    if mem_stages is None:
+        return round_group, num_groups
+    stages = torch.as_tensor(mem_stages)
+    num_rounds = round_group.numel()
+    if stages.dtype.is_floating_point or stages.dtype.is_complex or stages.dtype == torch.bool \
+            or stages.dim() != 1 or stages.numel() != num_rounds:
+        raise ValueError(f"mem_stages must be an integer vector of {num_rounds} entries (one stage per scored "
+                         f"round), got shape {tuple(stages.shape)} dtype {stages.dtype}")
+    stages = stages.to(device=round_group.device, dtype=torch.int64)
+    if num_rounds and (int(stages.min()) < 0 or int(stages.max()) >= _STAGE_LIMIT):
+        bad = int(((stages < 0) | (stages >= _STAGE_LIMIT)).nonzero()[0])
+        raise ValueError(f"mem_stages[{bad}] = {int(stages[bad])}: stages must lie in [0, 2^31)")
+    # 1. One int64 key per (group, stage) pair; 2. dense ids of the keys (sorted order: deterministic).
+    key = round_group * _STAGE_LIMIT + stages
+    uniq, pool = torch.unique(key, return_inverse=True)
+    return pool.reshape(-1), int(uniq.numel())
+
+
 def _memory_values(mem_rewards, mem_offsets, mem_spans, group, num_groups, length, device, epsilon,
-                   norm_adv_by_std, backend):
+                   norm_adv_by_std, backend, mem_stages=None, std_floor=0.0):
     num_rows = group.numel()
     rewards = _as_float_vector(mem_rewards, "mem_rewards").to(device)
     _check_round_counts(rewards.numel(), mem_offsets, mem_spans)
     offsets, start, end = _check_spans(mem_offsets, mem_spans, num_rows, rewards.numel(), length, device)
     round_group = group.index_select(0, _rows_of_csr(offsets, rewards.numel()))
-    normed = _group_zscore(rewards, round_group, num_groups, epsilon, norm_adv_by_std, True, backend)
+    pool, num_pools = _memory_pools(round_group, num_groups, mem_stages)
+    normed = _group_zscore(rewards, pool, num_pools, epsilon, norm_adv_by_std, True, backend, std_floor)
     return normed, start, end, offsets
 
 
@@ -386,25 +426,31 @@ def grpo_outcome_advantage(scores: torch.Tensor, index: Any, response_mask: torc
 @torch.no_grad()
 def memory_advantage(mem_rewards: torch.Tensor, mem_offsets: torch.Tensor, mem_spans: torch.Tensor, index: Any,
                      response_mask: torch.Tensor, epsilon: float = 1e-6, norm_adv_by_std: bool = True, *,
+                     mem_stages: Optional[torch.Tensor] = None, std_floor: float = 0.0,
                      backend: str = "auto") -> torch.Tensor:
-    """Memory advantage alone: group-pooled z-scored memory rewards written on their `<mem>` spans.
+    """Memory advantage alone: pooled z-scored memory rewards written on their `<mem>` spans.
 
-    Per group, the rewards of all scored rounds of all its trajectories form one pool, z-scored like
-    the outcome; a pool of zero or one values gives 0 (one value carries no relative signal). Each
-    value is written on the tokens ``[start, end)`` of its round's `<mem>` span times the mask.
-    Spans must satisfy ``0 <= start <= end <= L`` and not overlap within a trajectory (ValueError);
-    empty spans contribute nothing.
+    Pools: per group, the rewards of all scored rounds of all its trajectories form one pool (the
+    default, the paper's); with `mem_stages`, per (group, stage) pair, so a round competes only with
+    rounds of its group at the same stage. Each pool is z-scored like the outcome, with the std
+    floored: ``(m - mean) / (max(std, std_floor) + epsilon)`` (`group_zscore`); a pool of zero or
+    one values gives 0 (one value carries no relative signal). Each value is written on the tokens
+    ``[start, end)`` of its round's `<mem>` span times the mask. Spans must satisfy ``0 <= start <=
+    end <= L`` and not overlap within a trajectory (ValueError); empty spans contribute nothing.
 
     mem_rewards: [R] float, one per scored round; mem_offsets: [B+1] int CSR offsets (rounds of
     trajectory b are rows mem_offsets[b]:mem_offsets[b+1]); mem_spans: [R, 2] int (start, end) in
-    response-token coordinates; index: B group labels; response_mask: [B, L].
-    Returns [B, L] fp32, zero outside spans.
+    response-token coordinates; index: B group labels; response_mask: [B, L]; mem_stages: None or
+    [R] int in [0, 2^31), the stage of each scored round (e.g. its round index); std_floor: a finite
+    number >= 0 (0: no floor). Returns [B, L] fp32, zero outside spans.
     """
     epsilon, norm_adv_by_std = _check_epsilon(epsilon), _check_flag("norm_adv_by_std", norm_adv_by_std)
+    std_floor = _check_std_floor("std_floor", std_floor)
     mask = _check_mask(response_mask, len(mem_offsets) - 1)
     group, num_groups = group_ids(index, mask.shape[0], mask.device)
     normed, start, end, offsets = _memory_values(mem_rewards, mem_offsets, mem_spans, group, num_groups,
-                                                 mask.shape[1], mask.device, epsilon, norm_adv_by_std, backend)
+                                                 mask.shape[1], mask.device, epsilon, norm_adv_by_std, backend,
+                                                 mem_stages, std_floor)
     zeros = torch.zeros(mask.shape[0], dtype=torch.float32, device=mask.device)
     return _span_scatter(zeros, normed, start, end, offsets, mask, backend)
 
@@ -414,30 +460,39 @@ def mempo_advantage(scores: torch.Tensor, index: Any, response_mask: torch.Tenso
                     mem_rewards: Optional[torch.Tensor] = None, mem_offsets: Optional[torch.Tensor] = None,
                     mem_spans: Optional[torch.Tensor] = None, *, epsilon: float = 1e-6,
                     norm_adv_by_std: bool = True, memory_weight: float = 1.0,
+                    mem_stages: Optional[torch.Tensor] = None, memory_std_floor: float = 0.0,
                     backend: str = "auto") -> tuple[torch.Tensor, torch.Tensor]:
     """MemPO token advantage: outcome + memory_weight x memory, in verl's shapes.
 
     scores: [B] float outcome scores; index: B group labels; response_mask: [B, L];
     mem_rewards [R], mem_offsets [B+1], mem_spans [R, 2]: the scored rounds in CSR form (all three
-    or none; with none the result is plain GRPO).
+    or none; with none the result is plain GRPO). mem_stages: None (the default: one memory pool
+    per group) or [R] int in [0, 2^31), one pool per (group, stage) (`memory_advantage`);
+    memory_std_floor: the memory pools' std floor (`group_zscore`'s ``std_floor``; 0: none). Both
+    concern the memory part only: the outcome advantage is z-scored per group without a floor.
     Returns (advantages, returns), both the same [B, L] fp32 tensor, as verl's GRPO estimator does:
     ``A = A_out + memory_weight * A_mem`` per token.
     Raises ValueError naming the argument: `epsilon` outside [1.2e-38, 3.4e38], `memory_weight`
-    negative or not finite, `norm_adv_by_std` not a bool, scores or memory rewards not finite, a
-    float mask with a non-finite entry or one beyond 2^63 in magnitude (one min/max pass; bool and
-    integer masks need none), NaN labels in a float `index` array.
+    negative or not finite, `memory_std_floor` negative or not finite, `mem_stages` not [R] ints in
+    range (or given without memory inputs), `norm_adv_by_std` not a bool, scores or memory rewards
+    not finite, a float mask with a non-finite entry or one beyond 2^63 in magnitude (one min/max
+    pass; bool and integer masks need none), NaN labels in a float `index` array.
     """
     given = [x is not None for x in (mem_rewards, mem_offsets, mem_spans)]
     if any(given) and not all(given):
         raise ValueError("mem_rewards, mem_offsets and mem_spans must be given together (or none of them)")
+    if mem_stages is not None and not all(given):
+        raise ValueError("mem_stages needs the memory inputs (mem_rewards, mem_offsets, mem_spans)")
     epsilon, norm_adv_by_std = _check_epsilon(epsilon), _check_flag("norm_adv_by_std", norm_adv_by_std)
     memory_weight = _check_memory_weight(memory_weight)
+    memory_std_floor = _check_std_floor("memory_std_floor", memory_std_floor)
     mask = _check_mask(response_mask, len(scores))
     adv, group, num_groups = _outcome_rows(scores, index, mask.shape[0], mask.device, epsilon, norm_adv_by_std,
                                            backend)
     if all(given):
         normed, start, end, offsets = _memory_values(mem_rewards, mem_offsets, mem_spans, group, num_groups,
-                                                     mask.shape[1], mask.device, epsilon, norm_adv_by_std, backend)
+                                                     mask.shape[1], mask.device, epsilon, norm_adv_by_std, backend,
+                                                     mem_stages, memory_std_floor)
         # fp64 product, saturated like every value (a huge weight must not overflow fp32)
         span_value = (normed.double() * memory_weight).clamp_(-VALUE_LIMIT, VALUE_LIMIT).to(torch.float32)
     else:

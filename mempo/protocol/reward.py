@@ -25,6 +25,7 @@ __all__ = [
     "objectives_from_golds",
     "compute_score",
     "memory_keeps",
+    "objectives_seen",
     "retrieved_objectives",
 ]
 
@@ -245,6 +246,12 @@ def retrieved_objectives(seen_text: str, golds: Any) -> list[int]:
     seen = _word_text(seen_text)
     return [j for j, aliases in enumerate(objectives_from_golds(golds))
             if any(f" {normalize_answer(a)} " in seen for a in aliases if normalize_answer(a))]
+
+
+def objectives_seen(seen_text: str, golds: Any) -> int:
+    """How many objectives (`objectives_from_golds`) have an alias in ``seen_text`` as whole words:
+    the objectives `memory_keeps` counts as needed, by the same rule (`retrieved_objectives`)."""
+    return len(retrieved_objectives(seen_text, golds))
 
 
 def memory_keeps(mem_text: str, seen_text: str, golds: Any) -> Optional[bool]:

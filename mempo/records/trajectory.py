@@ -167,33 +167,35 @@ class Trajectory:
                 parts.append(decode_ids(tokenizer, self.response_ids[r.information[0]:r.information[1]]))
         return "".join(parts)
 
-    def _scored_mems_and_seen(self, tokenizer: Any) -> Iterator[tuple[str, str]]:
-        """Per scored round, in order: its decoded ``<mem>`` text and the ``<information>`` texts of the
-        rounds before it (joined by spaces): what the agent had read before writing that ``<mem>``."""
-        seen = []
+    def read_before_scored(self, tokenizer: Any) -> list[str]:
+        """Per scored round (`Round.scored`, in order): the ``<information>`` texts of the rounds
+        before it, decoded and joined with spaces (what the agent had read when writing its ``<mem>``)."""
+        read, seen = [], []
         for r in self.rounds:
             if r.scored:
-                yield decode_ids(tokenizer, self.response_ids[r.mem_span[0]:r.mem_span[1]]), " ".join(seen)
+                read.append(" ".join(seen))
             if r.information is not None:
                 seen.append(decode_ids(tokenizer, self.response_ids[r.information[0]:r.information[1]]))
+        return read
 
     def memory_keeps(self, tokenizer: Any) -> list[Optional[bool]]:
         """Per scored round (`Round.scored`, in order): whether its ``<mem>`` keeps every gold already
         retrieved (`mempo.protocol.reward.memory_keeps` of the ``<mem>`` text and the
-        ``<information>`` texts of the rounds before it; None when no gold was retrieved yet).
-        Empty without golds."""
+        ``<information>`` texts of the rounds before it, `read_before_scored`; None when no gold was
+        retrieved yet). Empty without golds."""
         if self.golds is None:
             return []
-        return [memory_keeps(mem, seen, self.golds) for mem, seen in self._scored_mems_and_seen(tokenizer)]
+        return [memory_keeps(decode_ids(tokenizer, self.response_ids[r.mem_span[0]:r.mem_span[1]]), seen, self.golds)
+                for r, seen in zip(self.scored_rounds(), self.read_before_scored(tokenizer))]
 
     def retrieved_objectives(self, tokenizer: Any) -> list[list[int]]:
         """Per scored round (`Round.scored`, in order): the objectives (indices into
         `mempo.protocol.reward.objectives_from_golds`) whose gold appeared in an ``<information>`` of
-        the rounds before it (`mempo.protocol.reward.retrieved_objectives`; the same "retrieved" as
-        `memory_keeps`). Empty without golds."""
+        the rounds before it (`mempo.protocol.reward.retrieved_objectives` of `read_before_scored`;
+        the same "retrieved" as `memory_keeps`). Empty without golds."""
         if self.golds is None:
             return []
-        return [retrieved_objectives(seen, self.golds) for _, seen in self._scored_mems_and_seen(tokenizer)]
+        return [retrieved_objectives(seen, self.golds) for seen in self.read_before_scored(tokenizer)]
 
     # -- checks ------------------------------------------------------------------------------------
     def validate(self) -> None:

@@ -24,6 +24,7 @@ import torch
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
 from mempo.algo.advantages import TokenAdvantages, advantage_inputs, token_advantages
+from mempo.algo.pooling import memory_stages
 from mempo.algo.outcome import score_outcomes
 from mempo.config import MempoConfig
 from mempo.records.trajectory import Trajectory, round_training_inputs
@@ -161,9 +162,11 @@ def advantages(ctx: StepContext, scored: Sequence[Trajectory],
     """Token advantages and loss mask in response coordinates ``[B, Lr]`` (`token_advantages` with the
     ``algorithm`` section and its zero-variance policy), and their metrics."""
     a = ctx.cfg.algorithm
+    stages = memory_stages(scored, a.memory_pooling, ctx.tokenizer, memory_rewards=mem_rewards)
     result = token_advantages(advantage_inputs(scored, memory_rewards=mem_rewards), epsilon=a.epsilon,
                               norm_adv_by_std=a.norm_adv_by_std, memory_weight=a.memory_weight,
-                              skip_zero_variance_groups=a.skip_zero_variance_groups)
+                              skip_zero_variance_groups=a.skip_zero_variance_groups, mem_stages=stages,
+                              memory_std_floor=a.memory_std_floor)
     adv, loss_mask = result.advantages, result.loss_mask
     on_mem = adv[result.memory_mask]
     metrics = {"adv/mean": float(adv[loss_mask].mean()) if loss_mask.any() else 0.0,

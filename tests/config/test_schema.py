@@ -1,7 +1,11 @@
 """mempo.config.schema: defaults, validation on construction, errors naming the field and what is allowed."""
+import typing
+
 import pytest
 
-from mempo.config import ActorConfig, ConfigError, EvalConfig, MempoConfig, config_from_dict, load_config
+from mempo.algo.pooling import MEMORY_POOLINGS
+from mempo.config import (ActorConfig, AlgorithmConfig, ConfigError, EvalConfig, MempoConfig, config_from_dict,
+                          load_config)
 
 
 def test_defaults_match_the_brief():
@@ -111,3 +115,19 @@ def test_every_memory_reward_definition_builds():
                       ["scoring.reward=log", "scoring.threshold=null", "scoring.log_clip=2.5"]):
         load_config(None, overrides)
     assert load_config(None, ["scoring.reward=log", "scoring.threshold=null"]).scoring.log_clip == 1.0
+
+
+def test_memory_pooling_and_std_floor():
+    """Defaults are the paper's (one pool per group, no floor); the choices are `mempo.algo.pooling`'s."""
+    a = MempoConfig().algorithm
+    assert (a.memory_pooling, a.memory_std_floor) == ("group", 0.0)
+    assert typing.get_args(typing.get_type_hints(AlgorithmConfig)["memory_pooling"]) == MEMORY_POOLINGS
+    cfg = load_config(None, ["algorithm.memory_pooling=group_seen", "algorithm.memory_std_floor=0.05"])
+    assert (cfg.algorithm.memory_pooling, cfg.algorithm.memory_std_floor) == ("group_seen", 0.05)
+    for override, allowed in [("algorithm.memory_pooling=round", "'group', 'group_round', 'group_seen'"),
+                              ("algorithm.memory_std_floor=-0.1", "must be >= 0"),
+                              ("algorithm.memory_std_floor=nan", "finite"),
+                              ("algorithm.memory_std_floor=1e39", "at most 3.4e38")]:
+        with pytest.raises(ConfigError) as error:
+            load_config(None, [override])
+        assert "algorithm.memory_" in str(error.value) and allowed in str(error.value)

@@ -89,3 +89,32 @@ def test_external_module_registration_in_a_fresh_process():
 def test_pack_rejects_too_few_slots():
     with pytest.raises(ValueError, match="num_slots=1"):
         plugin.pack_memory_fields(torch.zeros(2), torch.tensor([0, 2]), torch.zeros(2, 2, dtype=torch.long), 1)
+
+
+def test_memory_std_floor_and_stage_pooling_reach_the_op():
+    uid, mask, rewards, mem_rewards, offsets, spans = make_batch(seed=5)
+    stages = torch.arange(mem_rewards.numel()) % 2
+    tensors = {"token_level_rewards": rewards, "response_mask": mask,
+               **plugin.pack_memory_fields(mem_rewards, offsets, spans, mem_stages=stages)}
+    data = DataProto.from_dict(tensors=tensors, non_tensors={"uid": uid})
+    for pooling, floor in [("group", 0.3), ("group_round", 0.0), ("group_seen", 0.05)]:
+        config = {"mempo": {"memory_weight": 0.5, "memory_std_floor": floor, "memory_pooling": pooling}}
+        got = plugin.compute_advantage(data, "mempo", config=config).batch["advantages"]
+        want, _ = mempo_advantage(rewards.sum(-1), uid, mask, mem_rewards, offsets, spans, memory_weight=0.5,
+                                  memory_std_floor=floor, mem_stages=None if pooling == "group" else stages)
+        torch.testing.assert_close(got, want)
+
+
+def test_stage_pooling_without_stages_and_bad_options_are_refused_by_name():
+    uid, mask, rewards, mem_rewards, offsets, spans = make_batch(seed=6)
+    memory = plugin.pack_memory_fields(mem_rewards, offsets, spans)
+    fn = core_algos.get_adv_estimator_fn("mempo")
+    with pytest.raises(ValueError, match="memory_pooling='group_seen' needs the stage of each scored round"):
+        fn(token_level_rewards=rewards, response_mask=mask, index=uid,
+           config={"mempo": {"memory_pooling": "group_seen"}}, **{k[len("mempo_"):]: v for k, v in memory.items()})
+    with pytest.raises(ValueError, match="memory_pooling must be one of"):
+        fn(token_level_rewards=rewards, response_mask=mask, index=uid, config={"mempo": {"memory_pooling": "round"}})
+    with pytest.raises(ValueError, match="memory_std_floor must be a finite number"):
+        fn(token_level_rewards=rewards, response_mask=mask, index=uid, config={"mempo": {"memory_std_floor": -1.0}})
+    with pytest.raises(ValueError, match="mem_stages has 1 entries"):
+        plugin.pack_memory_fields(mem_rewards, offsets, spans, mem_stages=torch.zeros(1, dtype=torch.long))

@@ -432,3 +432,130 @@ def test_large_mask_weights_stay_finite(backend, device):
         got, _ = mempo_advantage(scores.to(device), index, mask.to(device), torch.tensor([1e38, -1e38, 0.0, 1.0]),
                                  offsets, spans, memory_weight=1e30, norm_adv_by_std=False, backend=backend)
         assert torch.isfinite(got).all()
+
+
+# ---------------------------------------------------------------------------------------------------
+# Memory pools by (group, stage) and the std floor (issue 20, weakness 3)
+# ---------------------------------------------------------------------------------------------------
+FLOORS = [0.0, 1e-3, 0.05, 0.3, 5.0]
+
+
+def _stages(seed, num_rounds, num_stages):
+    return torch.randint(0, num_stages, (num_rounds,), generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("num_groups,group_size,length,singletons", [(1, 1, 1, 0), (3, 5, 17, 2), (2, 2, 129, 3),
+                                                                    (0, 0, 7, 4), (5, 3, 1025, 1)])
+def test_stage_pools_and_floor_match_reference(backend, device, num_groups, group_size, length, singletons):
+    for seed, floor in enumerate(FLOORS):
+        batch = random_batch(seed, num_groups, group_size, length, singleton_groups=singletons,
+                             binary_scores=seed % 2 == 0)
+        scores, index, mask, rewards, offsets, spans = batch
+        stages = _stages(seed, rewards.numel(), 1 + seed % 3)
+        want = reference(*batch, memory_weight=0.7, mem_stages=stages.tolist(), memory_std_floor=floor)
+        got, _ = mempo_advantage(scores.to(device), index, mask.to(device), rewards.to(device), offsets, spans,
+                                 memory_weight=0.7, mem_stages=stages, memory_std_floor=floor, backend=backend)
+        assert torch.isfinite(got).all()
+        torch.testing.assert_close(got.cpu().double(), want, rtol=1e-5, atol=1e-5)
+        mem = memory_advantage(rewards, offsets, spans, index, mask.to(device), mem_stages=stages.to(device),
+                               std_floor=floor, backend=backend)
+        want = memory_advantage_reference(rewards.tolist(), offsets.tolist(), spans.tolist(), index, mask.tolist(),
+                                          mem_stages=stages.tolist(), std_floor=floor)
+        torch.testing.assert_close(mem.cpu().double(), torch.tensor(want, dtype=torch.float64).reshape(mask.shape),
+                                   rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float64, torch.int64])
+def test_group_zscore_floor_every_dtype(backend, device, dtype):
+    g = torch.Generator().manual_seed(11)
+    for n, num_groups, floor in [(1, 1, 0.3), (2, 2, 0.0), (37, 5, 1.0), (300, 3, 5.0), (64, 64, 0.05),
+                                 (129, 7, 2.5)]:
+        values = (torch.randn(n, generator=g) * 3 + 1).to(dtype)
+        groups = torch.randint(0, num_groups, (n,), generator=g)
+        dense, count = group_ids(groups, n)
+        for singleton, norm in [("passthrough", True), ("zero", True), ("zero", False)]:
+            got = group_zscore(values.to(device), dense.to(device), count, singleton=singleton, norm_by_std=norm,
+                               std_floor=floor, backend=backend)
+            want = group_zscore_reference(values.double().tolist(), groups.tolist(), singleton=singleton,
+                                          norm_by_std=norm, std_floor=floor)
+            torch.testing.assert_close(got.cpu().double(), torch.tensor(want, dtype=torch.float64), rtol=1e-5,
+                                       atol=1e-5)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_floor_degenerate_pools(backend, device):
+    """Zero-spread pools give 0 with or without a floor; single-item pools give 0 (memory) or pass
+    through (outcome); a pool spreading 1e-3 is unit-size without a floor, about 1e-3 / floor with one;
+    a pool of subnormal values gives 0."""
+    values = torch.tensor([0.3, 0.3, 0.3, 0.7, 0.1000, 0.1010, 0.1020, 0.0, 0.0, 1e-320, -1e-320],
+                          dtype=torch.float64)
+    groups = torch.tensor([0, 0, 0, 1, 2, 2, 2, 3, 3, 4, 4])
+    for floor in (0.0, 0.05):
+        for singleton in ("passthrough", "zero"):
+            got = group_zscore(values.to(device), groups.to(device), 5, singleton=singleton, std_floor=floor,
+                               backend=backend).cpu()
+            want = group_zscore_reference(values.tolist(), groups.tolist(), singleton=singleton,
+                                          std_floor=floor)
+            assert torch.isfinite(got).all()
+            torch.testing.assert_close(got.double(), torch.tensor(want, dtype=torch.float64), rtol=1e-5, atol=1e-6)
+            assert (got[:3] == 0).all() and (got[7:9] == 0).all()  # zero spread
+            assert got[3] == (0.0 if singleton == "zero" else pytest.approx(0.7 / (1 + 1e-6)))
+            if floor == 0.0:
+                # spread 1e-3: (x - mean) / (1e-3 + 1e-6), unit-size
+                torch.testing.assert_close(got[4:7], torch.tensor([-1.0, 0.0, 1.0]) / 1.001, rtol=1e-4, atol=1e-4)
+            else:
+                torch.testing.assert_close(got[4:7], torch.tensor([-0.02, 0.0, 0.02]), rtol=1e-4, atol=1e-6)
+            assert (got[9:] == 0).all()  # subnormal pool: eps / a and floor / a overflow to inf; 0, not NaN
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_stage_pools_split_groups_only(backend, device):
+    """Stages split a group's memory pool, never merge two groups; the outcome keeps the group."""
+    index = ["a", "a", "b", "b"]
+    scores = torch.tensor([1.0, 0.0, 1.0, 0.0])
+    mask = torch.ones(4, 8, dtype=torch.long)
+    offsets = torch.tensor([0, 2, 4, 6, 8])
+    spans = torch.tensor([[0, 2], [4, 6]] * 4)
+    rewards = torch.tensor([0.1, 0.9, 0.2, 0.5, 0.3, 0.8, 0.4, 0.6])
+    stages = torch.tensor([1, 2, 1, 2, 1, 2, 1, 2])
+    got, _ = mempo_advantage(scores.to(device), index, mask.to(device), rewards, offsets, spans, memory_weight=1.0,
+                             mem_stages=stages, backend=backend)
+    outcome = grpo_outcome_advantage(scores, index, mask, backend="torch")
+    mem = (got.cpu() - outcome)[:, [0, 4]]  # [row, stage]
+    # stage 1 of group a: 0.1 vs 0.2; stage 2: 0.9 vs 0.5; group b: 0.3 vs 0.4, 0.8 vs 0.6: each pool of two
+    # gives -1/sqrt(2), +1/sqrt(2) (up to epsilon)
+    want = torch.tensor([[-1.0, 1.0], [1.0, -1.0], [-1.0, 1.0], [1.0, -1.0]]) / 2 ** 0.5
+    torch.testing.assert_close(mem, want, rtol=1e-5, atol=1e-5)
+    one_stage = torch.zeros(8, dtype=torch.long)
+    same, _ = mempo_advantage(scores, index, mask, rewards, offsets, spans, mem_stages=one_stage, backend=backend)
+    default, _ = mempo_advantage(scores, index, mask, rewards, offsets, spans, backend=backend)
+    assert torch.equal(same, default)  # one stage = the group pool
+
+
+@pytest.mark.parametrize("floor", [-0.1, float("nan"), float("inf"), 1e39, "0.1", True, None])
+def test_bad_std_floor_is_rejected_by_name(floor):
+    scores, index, mask, rewards, offsets, spans = random_batch(1, 2, 3, 10)
+    with pytest.raises(ValueError, match=r"memory_std_floor must be a finite number in \[0, 3.4028235e\+38\]"):
+        mempo_advantage(scores, index, mask, rewards, offsets, spans, memory_std_floor=floor)
+    with pytest.raises(ValueError, match=r"std_floor must be a finite number in \[0, "):
+        memory_advantage(rewards, offsets, spans, index, mask, std_floor=floor)
+    with pytest.raises(ValueError, match=r"std_floor must be a finite number in \[0, "):
+        group_zscore(scores, torch.zeros(6, dtype=torch.long), 1, std_floor=floor)
+
+
+def test_bad_stages_are_rejected_by_name():
+    scores, index, mask, rewards, offsets, spans = random_batch(1, 2, 3, 10)
+    num_rounds = rewards.numel()
+    for bad in (torch.zeros(num_rounds + 1, dtype=torch.long), torch.zeros(num_rounds), torch.zeros(num_rounds, 1,
+                                                                                                  dtype=torch.long)):
+        with pytest.raises(ValueError, match=f"mem_stages must be an integer vector of {num_rounds} entries"):
+            mempo_advantage(scores, index, mask, rewards, offsets, spans, mem_stages=bad)
+    if num_rounds:
+        negative = torch.zeros(num_rounds, dtype=torch.long)
+        negative[-1] = -1
+        with pytest.raises(ValueError, match=rf"mem_stages\[{num_rounds - 1}\] = -1: stages must lie in \[0, 2\^31\)"):
+            mempo_advantage(scores, index, mask, rewards, offsets, spans, mem_stages=negative)
+    with pytest.raises(ValueError, match="mem_stages needs the memory inputs"):
+        mempo_advantage(scores, index, mask, mem_stages=torch.zeros(0, dtype=torch.long))

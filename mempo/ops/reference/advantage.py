@@ -27,8 +27,10 @@ def group_zscore_reference(
     epsilon: float = 1e-6,
     norm_by_std: bool = True,
     singleton: str = "passthrough",
+    std_floor: float = 0.0,
 ) -> list[float]:
-    """z-score of each value inside its group (unbiased std, eps added to std).
+    """z-score of each value inside its group: (x - mean) / (max(std, std_floor) + eps), unbiased
+    std (std_floor 0: no floor; not used when only centring).
 
     singleton="passthrough": a group of one uses mean 0, std 1 (verl's GRPO convention).
     singleton="zero": a group of one gives 0 (the memory-reward convention).
@@ -44,12 +46,12 @@ def group_zscore_reference(
                 out[rows[0]] = _saturate(x / (1.0 + epsilon) if norm_by_std else x)
             continue
         # Statistics of y = x / a, a = the group's largest |x| (no square of 1e300 overflows):
-        # (x - mean) / (std + eps) = (y - mean_y) / (std_y + eps / a).
+        # (x - mean) / (max(std, floor) + eps) = (y - mean_y) / (max(std_y, floor / a) + eps / a).
         a = max(abs(float(values[i])) for i in rows) or 1.0
         ys = [float(values[i]) / a for i in rows]
         mean = sum(ys) / len(ys)
         std = math.sqrt(sum((y - mean) ** 2 for y in ys) / (len(ys) - 1))
-        denom = std + epsilon / a
+        denom = max(std, std_floor / a) + epsilon / a  # floor / a may be inf (a tiny group): then z = 0
         for i, y in zip(rows, ys):
             centered = y - mean
             if norm_by_std:
@@ -70,20 +72,22 @@ def grpo_outcome_advantage_reference(scores, index, response_mask, epsilon=1e-6,
 
 
 def memory_advantage_reference(mem_rewards, mem_offsets, mem_spans, index, response_mask,
-                               epsilon=1e-6, norm_adv_by_std=True):
-    """Loop memory advantage: pool each group's memory rewards, z-score them (a pool of 0 or 1
-    values gives zeros), and write each value on its round's `<mem>` span tokens.
+                               epsilon=1e-6, norm_adv_by_std=True, mem_stages=None, std_floor=0.0):
+    """Loop memory advantage: pool the memory rewards by group (or by (group, stage) when
+    `mem_stages` gives each round a stage), z-score each pool with the std floored at `std_floor`
+    (a pool of 0 or 1 values gives zeros), and write each value on its round's `<mem>` span tokens.
 
     mem_rewards: R floats; mem_offsets: B+1 CSR offsets (rounds of trajectory b are
-    mem_offsets[b]:mem_offsets[b+1]); mem_spans: R (start, end) pairs in response-token coordinates.
-    Returns B rows of L floats (0 outside spans, times response_mask).
+    mem_offsets[b]:mem_offsets[b+1]); mem_spans: R (start, end) pairs in response-token coordinates;
+    mem_stages: None or R ints. Returns B rows of L floats (0 outside spans, times response_mask).
     """
     num_traj = len(mem_offsets) - 1
-    round_group = []
+    round_pool = []
     for b in range(num_traj):
-        for _ in range(mem_offsets[b], mem_offsets[b + 1]):
-            round_group.append(index[b])
-    normed = group_zscore_reference(mem_rewards, round_group, epsilon, norm_adv_by_std, singleton="zero")
+        for r in range(mem_offsets[b], mem_offsets[b + 1]):
+            round_pool.append(index[b] if mem_stages is None else (index[b], int(mem_stages[r])))
+    normed = group_zscore_reference(mem_rewards, round_pool, epsilon, norm_adv_by_std, singleton="zero",
+                                    std_floor=std_floor)
     out = [[0.0] * len(row) for row in response_mask]
     for b in range(num_traj):
         for r in range(mem_offsets[b], mem_offsets[b + 1]):
@@ -94,14 +98,17 @@ def memory_advantage_reference(mem_rewards, mem_offsets, mem_spans, index, respo
 
 
 def mempo_advantage_reference(scores, index, response_mask, mem_rewards=None, mem_offsets=None, mem_spans=None,
-                              epsilon=1e-6, norm_adv_by_std=True, memory_weight=1.0):
-    """Loop composition: outcome advantage plus memory_weight x memory advantage, per token."""
+                              epsilon=1e-6, norm_adv_by_std=True, memory_weight=1.0, mem_stages=None,
+                              memory_std_floor=0.0):
+    """Loop composition: outcome advantage plus memory_weight x memory advantage, per token (the
+    memory pools by (group, stage) when `mem_stages` is given, their std floored at `memory_std_floor`)."""
     out = grpo_outcome_advantage_reference(scores, index, response_mask, epsilon, norm_adv_by_std)
     if mem_rewards is None:
         return out
     # memory_weight x (memory value): saturated per span value (the mask factor is <= 1 for 0/1 masks)
     mem_values = memory_advantage_reference(mem_rewards, mem_offsets, mem_spans, index,
-                                            [[1.0] * len(row) for row in response_mask], epsilon, norm_adv_by_std)
+                                            [[1.0] * len(row) for row in response_mask], epsilon, norm_adv_by_std,
+                                            mem_stages, memory_std_floor)
     return [[o + _saturate(memory_weight * v) * float(m) for o, v, m in zip(orow, vrow, mrow)]
             for orow, vrow, mrow in zip(out, mem_values, response_mask)]
 

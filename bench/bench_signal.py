@@ -1,0 +1,528 @@
+"""Signal quality of the memory reward, before any RL: from one SFT model, roll out held-out episodes
+once, then compute every memory-reward definition of `DEFINITIONS` on the same rollouts and measure how
+well each separates the ``<mem>`` blocks that keep the facts retrieved so far from those that drop one
+(`mempo.records.trajectory.Trajectory.memory_keeps`: True / False / None; None rows are excluded).
+
+Per definition, per k, overall and per round index (`Round.index`, 0-based; round 1 is the first
+scored one):
+
+    auc            P(reward of a keeping <mem> > reward of a dropping one), ties counting 1/2
+                   (Mann-Whitney, `auc`); None without both classes
+    spearman       within-group Spearman rank correlation of reward with keeps (`spearman`), averaged
+                   over the groups (the G samples of one episode) holding both classes
+                   (`within_group_spearman`: a group whose rewards are all equal counts 0); None when
+                   no group holds both classes
+    no_spread      the share of pools whose rewards are all equal (`no_spread_share`; pools of >= 2
+                   rewards; overall a pool is a group's scored rounds, per round index the group's
+                   rounds of that index); None without such a pool
+
+Run (after the demo, whose output holds the SFT model and the configuration):
+
+    bash tools/demo.sh                                   # writes demo_out/ (model_sft, config.yaml)
+    .venv-test/bin/python bench/bench_signal.py --demo-out demo_out --out bench_signal_out
+
+Options: --questions (episodes per k, default 32), --samples (G per episode, default 8), --ks (default
+2 4), --definitions (default all of `DEFINITIONS`), --seed (rollout seed, default the config's
+rollout.seed), --reroll (roll out again over saved rollouts of another setting), --device, --threads,
+and dotted config overrides (``key=value``, anywhere; not of the ``synthetic``, ``data`` and ``eval``
+sections, which fix the world and the held-out draw). Writes ``<out>/rollouts_k<k>.jsonl`` with
+``<out>/rollouts_k<k>.json`` (the trajectories, scored, and the setting they were made with: a rerun
+with the same setting reuses them; another setting is refused unless --reroll), ``<out>/rounds.jsonl``
+(one row per scored round: k, group, sample, round index, keeps, every definition's reward),
+``<out>/results.json`` and ``<out>/results.md`` (the table for bench/RESULTS.md).
+
+Held out: the episodes are the demo's evaluation episodes (`mempo.eval.eval_episodes` with the demo's
+configuration: ``eval.episodes`` per k of ``eval.objectives``, the first ``--questions`` of each). The
+demo drops every cold-start (SFT) episode sharing a question with them (`mempo.apps.demo.run_demo`,
+`mempo.synthetic.cold_start.oracle_cold_start`), so the SFT model never trained on these questions;
+a k outside ``eval.objectives`` is refused, and the results record how many of the rollout questions
+an SFT episode of this configuration asks (0 unless the demo changed). The rollouts use the
+``rollout`` section (the RL rollouts' settings: the memory reward is computed on those in training)
+with ``group_size`` = --samples; the golds reach the outcome and the teacher scoring only.
+
+A definition is a set of dotted config overrides applied on top of the run's configuration whose
+``scoring`` section is reset to the library's defaults (the paper's definition) except
+``SCORING_INHERITED`` (how scoring runs, not what it computes): ``"paper": {}`` is the paper's
+definition whatever the demo's config sets (the demo's own ``scoring.threshold`` is null; that one is
+``paper_nothresh``). A key the configuration lacks is a ConfigError naming it. Rewards come from ONE
+function, `definition_rewards`.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import hashlib
+import json
+import math
+import statistics
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any, Iterable, Mapping, Optional, Sequence
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from mempo.algo.outcome import score_outcomes
+from mempo.config import ConfigError, MempoConfig, config_from_dict, config_to_dict, load_config, split_overrides
+from mempo.env.build import build_tools
+from mempo.errors import MempoError
+from mempo.eval import eval_episodes
+from mempo.records.trajectory import Trajectory, read_trajectories_jsonl, write_trajectories_jsonl
+from mempo.rollout.backends.factory import build_backend
+from mempo.rollout.backends.scaffold import ProtocolScaffold
+from mempo.rollout.loop import RolloutEngine
+from mempo.scoring import compute_memory_rewards
+from mempo.seeds import sft_question_seed
+from mempo.synthetic.build import build_world
+from mempo.utils.atomic import replace_file_atomically
+from mempo.utils.jsonl import write_jsonl
+from mempo.utils.machine import machine_facts
+
+#: Each memory-reward definition: dotted config overrides on top of the library's scoring defaults.
+DEFINITIONS: dict[str, dict[str, Any]] = {
+    "paper": {},                                   # the library default: P(mem) - P(full), threshold 0.5
+    "paper_nothresh": {"scoring.threshold": None},  # every gold token counts (the demo config's setting)
+}
+#: Fields of the run's ``scoring`` section a definition inherits (how scoring runs, not what it computes).
+SCORING_INHERITED = ("method", "token_budget")
+#: The fields of the setting a saved rollout file must match to be reused.
+ROLLOUT_KEY_FIELDS = ("format", "k", "episode_ids", "samples", "seed", "chunk", "model_sha256", "rollout", "backend")
+ROLLOUT_FORMAT = "mempo-bench-signal-rollouts/1"
+#: Sections no override may change: they fix the world and the held-out draw the SFT model was made with.
+FIXED_SECTIONS = ("synthetic", "data", "eval")
+
+
+class BenchError(MempoError):
+    """Bad input to the benchmark (printed as one ``bench_signal: ...`` line, exit 2)."""
+
+
+# ------------------------------------------------------------------------------------------------
+# metrics: pure functions of floats and booleans
+# ------------------------------------------------------------------------------------------------
+def average_ranks(values: Sequence[float]) -> list[float]:
+    """1-based ranks of `values` in ascending order; tied values share the mean of their ranks
+    (``[3, 1, 3] -> [2.5, 1.0, 2.5]``). ValueError for a non-finite value."""
+    if not all(math.isfinite(v) for v in values):
+        raise ValueError(f"ranks need finite values, got {list(values)}")
+    order = sorted(range(len(values)), key=lambda i: values[i])
+    ranks = [0.0] * len(values)
+    i = 0
+    while i < len(order):
+        j = i
+        while j + 1 < len(order) and values[order[j + 1]] == values[order[i]]:
+            j += 1
+        for m in range(i, j + 1):
+            ranks[order[m]] = (i + j) / 2 + 1  # positions i..j (0-based) share the mean 1-based rank
+        i = j + 1
+    return ranks
+
+
+def auc(scores: Sequence[float], labels: Sequence[bool]) -> Optional[float]:
+    """The area under the ROC curve of `scores` separating ``labels`` True from False:
+    P(score of a True > score of a False) + 1/2 P(equal), by the Mann-Whitney U statistic
+    ``(sum of the True ranks - n1 (n1 + 1) / 2) / (n1 n0)`` on `average_ranks`. In [0, 1]; 0.5 when
+    every score is equal. None when either class is empty (also for empty input). ValueError when
+    the lengths differ or a score is not finite."""
+    if len(scores) != len(labels):
+        raise ValueError(f"{len(scores)} scores but {len(labels)} labels")
+    n1 = sum(1 for y in labels if y)
+    n0 = len(labels) - n1
+    if n1 == 0 or n0 == 0:
+        return None
+    ranks = average_ranks(scores)
+    rank_sum = sum(r for r, y in zip(ranks, labels) if y)
+    return (rank_sum - n1 * (n1 + 1) / 2) / (n1 * n0)
+
+
+def spearman(x: Sequence[float], y: Sequence[float]) -> Optional[float]:
+    """Spearman's rank correlation: the Pearson correlation of `average_ranks` (ties averaged), in
+    [-1, 1]. None when either sequence has fewer than 2 distinct values (no ranking: empty input, one
+    element, all equal). ValueError when the lengths differ or a value is not finite."""
+    if len(x) != len(y):
+        raise ValueError(f"{len(x)} x values but {len(y)} y values")
+    if len(set(x)) < 2 or len(set(y)) < 2:
+        return None
+    rx, ry = average_ranks(x), average_ranks(y)
+    mx, my = statistics.fmean(rx), statistics.fmean(ry)
+    cov = sum((a - mx) * (b - my) for a, b in zip(rx, ry))
+    vx = sum((a - mx) ** 2 for a in rx)
+    vy = sum((b - my) ** 2 for b in ry)
+    return max(-1.0, min(1.0, cov / math.sqrt(vx * vy)))
+
+
+def within_group_spearman(groups: Iterable[tuple[Sequence[float], Sequence[bool]]]) -> tuple[Optional[float], int]:
+    """(mean, count) of `spearman` (rewards, keeps as 0/1) over the groups holding both keeps
+    classes; a group whose rewards are all equal (no ranking of what differs) counts 0.0. Groups with
+    one class only are left out; (None, 0) when none is left."""
+    values = []
+    for rewards, keeps in groups:
+        if len(set(bool(k) for k in keeps)) < 2:
+            continue
+        rho = spearman(list(rewards), [float(bool(k)) for k in keeps])
+        values.append(0.0 if rho is None else rho)
+    return (statistics.fmean(values) if values else None), len(values)
+
+
+def no_spread_share(pools: Iterable[Sequence[float]], tolerance: float = 0.0) -> tuple[Optional[float], int]:
+    """(share, count) of the pools of at least 2 rewards whose spread ``max - min`` is at most
+    `tolerance` (0.0: all exactly equal); pools of fewer than 2 rewards are left out; (None, 0) when
+    none is left."""
+    sized = [list(p) for p in pools if len(p) >= 2]
+    if not sized:
+        return None, 0
+    flat = sum(1 for p in sized if max(p) - min(p) <= tolerance)
+    return flat / len(sized), len(sized)
+
+
+# ------------------------------------------------------------------------------------------------
+# rows: one per scored round
+# ------------------------------------------------------------------------------------------------
+@dataclasses.dataclass
+class RoundRow:
+    """One scored round: objectives k, group (the episode's uid), sample, round index, whether its
+    ``<mem>`` keeps the retrieved golds (None: none retrieved yet), and each definition's reward
+    (None: the definition does not score the round)."""
+
+    k: int
+    group: str
+    sample: int
+    round_index: int
+    keeps: Optional[bool]
+    rewards: dict[str, Optional[float]]
+
+
+def signal_metrics(rows: Sequence[RoundRow], definition: str) -> dict[str, Any]:
+    """The metrics of one definition on `rows` (module docstring); pools are per group within
+    `rows` (pass one round index's rows for (group, round) pools). Plain JSON (None, never NaN)."""
+    labelled = [(r.rewards[definition], bool(r.keeps)) for r in rows
+                if r.keeps is not None and r.rewards[definition] is not None]
+    by_group: dict[str, list[tuple[float, bool]]] = defaultdict(list)
+    pools: dict[str, list[float]] = defaultdict(list)
+    for r in rows:
+        value = r.rewards[definition]
+        if value is None:
+            continue
+        pools[r.group].append(value)
+        if r.keeps is not None:
+            by_group[r.group].append((value, bool(r.keeps)))
+    rho, groups = within_group_spearman(([v for v, _ in g], [y for _, y in g]) for g in by_group.values())
+    flat, num_pools = no_spread_share(pools.values())
+    keep_values = [v for v, y in labelled if y]
+    drop_values = [v for v, y in labelled if not y]
+    return {
+        "rounds": len(rows), "scored": sum(1 for r in rows if r.rewards[definition] is not None),
+        "keeps": len(keep_values), "drops": len(drop_values),
+        "auc": auc([v for v, _ in labelled], [y for _, y in labelled]),
+        "spearman": rho, "spearman_groups": groups, "no_spread": flat, "pools": num_pools,
+        "mean_reward_keeps": statistics.fmean(keep_values) if keep_values else None,
+        "mean_reward_drops": statistics.fmean(drop_values) if drop_values else None,
+    }
+
+
+def signal_table(rows: Sequence[RoundRow], definitions: Sequence[str],
+                 ks: Optional[Sequence[int]] = None) -> dict[str, dict[str, dict[str, Any]]]:
+    """``{definition: {"k=<k>": {"all": metrics, "round <i>": metrics, ...}}}`` (`signal_metrics`) for
+    every k of `ks` (None: the rows' ks; a k without rows has an "all" cell of no rounds)."""
+    table: dict[str, dict[str, dict[str, Any]]] = {}
+    for name in definitions:
+        per_k = {}
+        for k in sorted(set(ks) if ks is not None else {r.k for r in rows}):
+            of_k = [r for r in rows if r.k == k]
+            cells = {"all": signal_metrics(of_k, name)}
+            for index in sorted({r.round_index for r in of_k}):
+                cells[f"round {index}"] = signal_metrics([r for r in of_k if r.round_index == index], name)
+            per_k[f"k={k}"] = cells
+        table[name] = per_k
+    return table
+
+
+def _fmt(value: Optional[float], spec: str = "{:.3f}") -> str:
+    return "n/a" if value is None else spec.format(value)
+
+
+def markdown_table(table: Mapping[str, Mapping[str, Mapping[str, Mapping[str, Any]]]]) -> str:
+    """The signal table as markdown: one line per (k, definition, round split)."""
+    lines = ["| k | definition | rounds | AUC keeps vs drops | keeps / drops | within-group Spearman (groups) | "
+             "pools with no spread (pools) | mean reward keeps / drops |",
+             "|---|---|---|---|---|---|---|---|"]
+    ks = sorted({k for per_k in table.values() for k in per_k}, key=lambda s: int(s.split("=")[1]))
+    for k in ks:
+        for name, per_k in table.items():
+            for split, m in per_k.get(k, {}).items():
+                lines.append(
+                    f"| {k.split('=')[1]} | {name} | {split} | {_fmt(m['auc'])} | {m['keeps']} / {m['drops']} | "
+                    f"{_fmt(m['spearman'], '{:+.3f}')} ({m['spearman_groups']}) | {_fmt(m['no_spread'], '{:.2f}')} "
+                    f"({m['pools']}) | {_fmt(m['mean_reward_keeps'], '{:.4f}')} / "
+                    f"{_fmt(m['mean_reward_drops'], '{:.4f}')} |")
+    return "\n".join(lines)
+
+
+# ------------------------------------------------------------------------------------------------
+# definitions and the one reward adapter
+# ------------------------------------------------------------------------------------------------
+def definition_config(cfg: MempoConfig, overrides: Mapping[str, Any]) -> MempoConfig:
+    """`cfg` with its ``scoring`` section reset to the library defaults except `SCORING_INHERITED`,
+    then `overrides` (``{"section.field": value}``, values as Python objects) applied and the whole
+    configuration validated again. ConfigError naming a key the configuration lacks or a bad value."""
+    data = config_to_dict(cfg)
+    data["scoring"] = {key: value for key, value in data["scoring"].items() if key in SCORING_INHERITED}
+    for dotted, value in overrides.items():
+        section, _, field = dotted.partition(".")
+        if not field or "." in field or not isinstance(data.get(section), dict):
+            raise ConfigError(dotted, "a definition's override must be 'section.field' of the configuration")
+        data[section][field] = value
+    return config_from_dict(data)
+
+
+def definition_rewards(model: Any, tokenizer: Any, trajectories: Sequence[Trajectory],
+                       cfg: MempoConfig) -> list[list[Optional[float]]]:
+    """THE adapter: the memory reward of every scored round under ``cfg.scoring``, one list per
+    trajectory aligned with its ``scored_rounds()`` (None: the definition leaves that round unscored):
+    ``mempo.scoring.compute_memory_rewards(model, tokenizer, trajectories, cfg.scoring)[0]``, the call
+    `mempo.train.step.memory_rewards` makes."""
+    rewards, _ = compute_memory_rewards(model, tokenizer, trajectories, cfg.scoring)
+    return [list(per_round) for per_round in rewards]
+
+
+def round_rows(trajectories: Sequence[Trajectory], k: int, tokenizer: Any,
+               rewards: Mapping[str, Sequence[Sequence[Optional[float]]]]) -> list[RoundRow]:
+    """One `RoundRow` per scored round of every trajectory (`rewards`: per definition, as
+    `definition_rewards` returns them). ValueError when a definition's lists do not line up."""
+    rows = []
+    for i, t in enumerate(trajectories):
+        scored = t.scored_rounds()
+        keeps = t.memory_keeps(tokenizer) or [None] * len(scored)  # [] without golds
+        for name, per_trajectory in rewards.items():
+            if len(per_trajectory) != len(trajectories) or len(per_trajectory[i]) != len(scored):
+                raise ValueError(f"definition {name!r}: its rewards do not line up with the scored rounds of "
+                                 f"trajectory {t.uid}/{t.sample_index}")
+        for j, (round_, keep) in enumerate(zip(scored, keeps)):
+            rows.append(RoundRow(k, t.uid, t.sample_index, round_.index, keep,
+                                 {name: (None if v[i][j] is None else float(v[i][j])) for name, v in rewards.items()}))
+    return rows
+
+
+# ------------------------------------------------------------------------------------------------
+# held-out episodes and their rollouts, made once
+# ------------------------------------------------------------------------------------------------
+def held_out_episodes(world: Any, cfg: MempoConfig, ks: Sequence[int], questions: int) -> dict[int, list[Any]]:
+    """The first `questions` of the demo's evaluation episodes of each k (module docstring). BenchError
+    for a k outside ``eval.objectives`` or more questions than ``eval.episodes``."""
+    outside = [k for k in ks if k not in cfg.eval.objectives]
+    if outside:
+        raise BenchError(f"--ks: k={outside} is not among the demo's evaluation objectives "
+                         f"{list(cfg.eval.objectives)} (eval.objectives), whose episodes alone are held out of SFT")
+    if questions > cfg.eval.episodes:
+        raise BenchError(f"--questions {questions}: the demo held out {cfg.eval.episodes} episodes per k "
+                         f"(eval.episodes); ask for at most that many")
+    drawn = eval_episodes(world, cfg)  # exactly the demo's draw: the held-out set of its SFT
+    return {k: drawn[k][:questions] for k in ks}
+
+
+def sft_questions_shared(world: Any, cfg: MempoConfig, questions: set[str]) -> Optional[int]:
+    """How many of `questions` an SFT (cold-start) episode of this configuration asks: the demo's
+    draw (``synthetic.oracle_objectives`` x ``oracle_episodes``, seed `sft_question_seed`) less the
+    episodes sharing a question with its whole evaluation set. None without ``oracle_objectives``."""
+    s = cfg.synthetic
+    if s.oracle_objectives is None:
+        return None
+    held = {q for eps in eval_episodes(world, cfg).values() for e in eps for q in e.questions}
+    kept = [e for k in s.oracle_objectives
+            for e in world.episodes(int(k), s.oracle_episodes, seed=sft_question_seed(cfg.data.seed, k))
+            if not set(e.questions) & held]
+    return len({q for e in kept for q in e.questions} & questions)
+
+
+def model_digest(model_dir: Path) -> str:
+    """sha256 over the names and bytes of the model directory's weight files (safetensors / bin)."""
+    digest = hashlib.sha256()
+    files = sorted(p for p in model_dir.iterdir() if p.suffix in (".safetensors", ".bin"))
+    if not files:
+        raise BenchError(f"{model_dir}: no weight files (*.safetensors, *.bin); is it a saved model directory?")
+    for path in files:
+        digest.update(path.name.encode())
+        with open(path, "rb") as handle:
+            for block in iter(lambda: handle.read(1 << 20), b""):
+                digest.update(block)
+    return digest.hexdigest()
+
+
+def rollout_backend(cfg: MempoConfig, model: Any, tokenizer: Any, model_dir: Path) -> Any:
+    """The generation backend of training rollouts (`build_backend`, ``rollout.backend``), through the
+    answer-blind `ProtocolScaffold` when ``rollout.protocol_scaffold`` is on, as the trainer builds it;
+    an SGLang backend loads `model_dir`."""
+    processors = [ProtocolScaffold(tokenizer, turns=min(cfg.rollout.max_turns, 3))] if cfg.rollout.protocol_scaffold \
+        else []
+    return build_backend(cfg, model, tokenizer, model_path=str(model_dir), logits_processors=processors)
+
+
+def rollout_setting(k: int, episodes: Sequence[Any], samples: int, seed: int, chunk: int, digest: str,
+                    rollout_cfg: Any, backend: Any) -> dict[str, Any]:
+    """What a saved rollout file was made with (`ROLLOUT_KEY_FIELDS`)."""
+    return {"format": ROLLOUT_FORMAT, "k": k, "episode_ids": [e.id for e in episodes], "samples": samples,
+            "seed": seed, "chunk": chunk, "model_sha256": digest, "rollout": dataclasses.asdict(rollout_cfg),
+            "backend": getattr(backend, "name", type(backend).__name__)}
+
+
+def rollouts(backend: Any, model: Any, tokenizer: Any, cfg: MempoConfig, retriever: Any, k: int,
+             episodes: Sequence[Any], *, out: Path, setting: dict[str, Any], reroll: bool, chunk: int,
+             log=print) -> tuple[list[Trajectory], dict[str, Any]]:
+    """The scored trajectories of `episodes` (``samples`` each), read from ``<out>/rollouts_k<k>.jsonl``
+    when its setting matches `setting`, else rolled out (`RolloutEngine`, the ``rollout`` section,
+    engine seed ``setting["seed"]``, `chunk` episodes per engine run) and saved. BenchError for saved
+    rollouts of another setting unless `reroll`. Returns (trajectories, facts of how they were made)."""
+    path, meta_path = out / f"rollouts_k{k}.jsonl", out / f"rollouts_k{k}.json"
+    if path.is_file() and meta_path.is_file():
+        saved = json.loads(meta_path.read_text())
+        differing = [f for f in ROLLOUT_KEY_FIELDS if saved.get(f) != setting.get(f)]
+        if not differing:
+            trajectories = read_trajectories_jsonl(path)
+            expected = [e.id for e in episodes for _ in range(setting["samples"])]
+            if [t.uid for t in trajectories] != expected:
+                raise BenchError(f"{path}: its trajectories are not the {len(expected)} its setting says "
+                                 "(a damaged file?); use --reroll to roll out again")
+            log(f"k={k}: {len(trajectories)} saved trajectories reused ({path})")
+            return trajectories, {**saved, "reused": True}
+        if not reroll:
+            raise BenchError(f"{path} holds rollouts of another setting ({', '.join(differing)} differ); use another "
+                             "--out, or --reroll to replace them")
+    meta_path.unlink(missing_ok=True)  # no setting names a file being replaced
+    rollout_cfg = cfg.rollout
+    log(f"k={k}: rolling out {len(episodes)} episodes x {rollout_cfg.group_size} samples ({setting['backend']})")
+    engine = RolloutEngine(backend, tokenizer, build_tools(cfg, retriever),
+                           config=rollout_cfg, seed=setting["seed"],
+                           max_context_tokens=getattr(model.config, "max_position_embeddings", None))
+    began = time.perf_counter()
+    trajectories: list[Trajectory] = []
+    for i in range(0, len(episodes), chunk):
+        trajectories.extend(score_outcomes(engine.run(list(episodes[i:i + chunk])), mode=rollout_cfg.score_mode))
+        log(f"k={k}: rolled out {min(i + chunk, len(episodes))}/{len(episodes)} episodes "
+            f"({time.perf_counter() - began:.0f} s)")
+    write_trajectories_jsonl(path, trajectories)
+    meta = {**setting, "seconds": time.perf_counter() - began, "created": time.strftime("%Y-%m-%dT%H:%M:%S")}
+    replace_file_atomically(meta_path, json.dumps(meta, indent=2) + "\n")
+    return trajectories, {**meta, "reused": False}
+
+
+# ------------------------------------------------------------------------------------------------
+# the benchmark
+# ------------------------------------------------------------------------------------------------
+def run(demo_out: Path, out: Path, *, questions: int = 32, samples: int = 8, ks: Sequence[int] = (2, 4),
+        definitions: Sequence[str] = tuple(DEFINITIONS), seed: Optional[int] = None, reroll: bool = False,
+        chunk: int = 8, device: str = "cpu", overrides: Sequence[str] = (), backend: Any = None,
+        log=print) -> dict[str, Any]:
+    """Roll out (or reuse) and measure every definition (module docstring); writes the outputs and
+    returns the results. backend: the generation backend (None: the model's, `rollout_backend`; tests
+    pass `mempo.synthetic.backend.OracleBackend` for rollouts whose ``<mem>`` blocks keep and drop)."""
+    if questions < 1 or samples < 1 or chunk < 1:
+        raise BenchError(f"--questions, --samples and --chunk must be >= 1, got {questions}, {samples}, {chunk}")
+    unknown = [name for name in definitions if name not in DEFINITIONS]
+    if unknown:
+        raise BenchError(f"--definitions: unknown {unknown}; known: {list(DEFINITIONS)}")
+    fixed = [o for o in overrides if o.split("=", 1)[0].strip().split(".")[0] in FIXED_SECTIONS]
+    if fixed:
+        raise BenchError(f"{', '.join(fixed)}: the {'/'.join(FIXED_SECTIONS)} sections fix the world and the "
+                         "held-out episodes the demo's SFT model was made with; they cannot be overridden here")
+    sft_model = demo_out / "model_sft"
+    if not (demo_out / "config.yaml").is_file() or not sft_model.is_dir():
+        raise BenchError(f"{demo_out}: not a demo output (config.yaml and model_sft/ are needed; run mempo demo)")
+    cfg = load_config(demo_out / "config.yaml", list(overrides))
+    seed = int(cfg.rollout.seed if seed is None else seed)
+    cfg = dataclasses.replace(cfg, rollout=dataclasses.replace(cfg.rollout, group_size=samples, seed=seed))
+    configs = {name: definition_config(cfg, DEFINITIONS[name]) for name in definitions}  # bad ones fail first
+    env = build_world(cfg)
+    episodes_by_k = held_out_episodes(env.world, cfg, ks, questions)
+    asked = {q for eps in episodes_by_k.values() for e in eps for q in e.questions}
+    shared = sft_questions_shared(env.world, cfg, asked)
+    tokenizer = AutoTokenizer.from_pretrained(sft_model)
+    model = AutoModelForCausalLM.from_pretrained(sft_model).to(device)
+    model.eval()
+    digest = model_digest(sft_model)
+    backend = backend if backend is not None else rollout_backend(cfg, model, tokenizer, sft_model)
+    out.mkdir(parents=True, exist_ok=True)
+    began = time.perf_counter()
+    rows: list[RoundRow] = []
+    made: dict[str, Any] = {}
+    seconds: dict[str, float] = defaultdict(float)
+    for k, episodes in episodes_by_k.items():
+        setting = rollout_setting(k, episodes, samples, seed, chunk, digest, cfg.rollout, backend)
+        trajectories, facts = rollouts(backend, model, tokenizer, cfg, env.retriever, k, episodes, out=out, setting=setting,
+                                       reroll=reroll, chunk=chunk, log=log)
+        made[f"k={k}"] = {"trajectories": len(trajectories), "reused": facts["reused"],
+                          "rollout_seconds": facts.get("seconds"),
+                          "em": statistics.fmean(float(t.outcome.get("em", 0.0)) for t in trajectories),
+                          "scored_rounds": sum(len(t.scored_rounds()) for t in trajectories)}
+        rewards = {}
+        for name in definitions:
+            start = time.perf_counter()
+            rewards[name] = definition_rewards(model, tokenizer, trajectories, configs[name])
+            seconds[name] += time.perf_counter() - start
+            log(f"k={k}: {name} scored ({time.perf_counter() - start:.0f} s)")
+        rows.extend(round_rows(trajectories, k, tokenizer, rewards))
+    write_jsonl(out / "rounds.jsonl", (dataclasses.asdict(r) for r in rows))
+    table = signal_table(rows, definitions, ks)
+    results = {
+        "demo_out": str(demo_out), "model_sha256": digest, "questions": questions, "samples": samples,
+        "ks": list(ks), "seed": seed, "definitions": {name: DEFINITIONS[name] for name in definitions},
+        "scoring": {name: dataclasses.asdict(configs[name].scoring) for name in definitions},
+        "held_out": {"episodes": "the first --questions of mempo.eval.eval_episodes(world, demo config) per k",
+                     "eval_episodes_per_k": cfg.eval.episodes, "questions": len(asked),
+                     "questions_in_sft_episodes": shared},
+        "rollouts": made, "scoring_seconds": dict(seconds), "seconds": time.perf_counter() - began,
+        "machine": machine_facts(), "device": device,
+        "signal": table, "table": markdown_table(table),
+    }
+    replace_file_atomically(out / "results.json", json.dumps(results, indent=2) + "\n")
+    replace_file_atomically(out / "results.md", "\n".join(setting_lines(results)) + "\n\n" + results["table"] + "\n")
+    return results
+
+
+def setting_lines(results: Mapping[str, Any]) -> list[str]:
+    """What the table was measured on, for the lines above it: episodes, samples, model, rollouts,
+    definitions, machine."""
+    machine = results["machine"]
+    made = "; ".join(f"{k}: {m['trajectories']} trajectories, {m['scored_rounds']} scored rounds, rollout EM "
+                     f"{m['em']:.3f}" for k, m in results["rollouts"].items())
+    return [f"{results['questions']} held-out episodes x {results['samples']} samples per k (rollout seed "
+            f"{results['seed']}) from `{results['demo_out']}/model_sft` (weights sha256 "
+            f"{results['model_sha256'][:12]}); {made}. Questions of these episodes in SFT episodes: "
+            f"{results['held_out']['questions_in_sft_episodes']}.",
+            "Definitions (overrides on the library's scoring defaults): " +
+            ", ".join(f"`{name}` {json.dumps(o)}" for name, o in results["definitions"].items()) + ".",
+            f"Machine: {machine.get('cpu_count')} CPUs, {machine.get('platform')}, device {results['device']}; "
+            f"{results['seconds']:.0f} s."]
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--demo-out", type=Path, default=Path("demo_out"))
+    parser.add_argument("--out", type=Path, default=Path("bench_signal_out"))
+    parser.add_argument("--questions", type=int, default=32, help="held-out episodes per k")
+    parser.add_argument("--samples", type=int, default=8, help="samples per episode (G)")
+    parser.add_argument("--ks", type=int, nargs="+", default=[2, 4])
+    parser.add_argument("--definitions", nargs="+", default=list(DEFINITIONS), choices=list(DEFINITIONS))
+    parser.add_argument("--seed", type=int, default=None, help="rollout seed (default: the config's rollout.seed)")
+    parser.add_argument("--chunk", type=int, default=8, help="episodes per rollout engine run")
+    parser.add_argument("--reroll", action="store_true", help="replace saved rollouts of another setting")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    overrides, rest = split_overrides(sys.argv[1:] if argv is None else argv)
+    args = parser.parse_args(rest)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    try:
+        results = run(args.demo_out, args.out, questions=args.questions, samples=args.samples, ks=args.ks,
+                      definitions=args.definitions, seed=args.seed, reroll=args.reroll, chunk=args.chunk,
+                      device=args.device, overrides=overrides, log=lambda line: print(line, flush=True))
+    except MempoError as error:
+        print(f"bench_signal: {error}", file=sys.stderr)
+        return 2
+    print(results["table"])
+    print(f"{results['seconds']:.0f} s; {args.out / 'results.md'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
