@@ -84,6 +84,13 @@ from mempo.utils.machine import machine_facts
 DEFINITIONS: dict[str, dict[str, Any]] = {
     "paper": {},                                   # the library default: P(mem) - P(full), threshold 0.5
     "paper_nothresh": {"scoring.threshold": None},  # every gold token counts (the demo config's setting)
+    # docs/ALGORITHM.md section 4e: each weakness of the paper's definition fixed alone, then together
+    "history_mem": {"scoring.comparator": "history_mem"},          # comparator ends in this round's </mem>
+    "retrieved": {"scoring.scored_objectives": "retrieved"},       # per objective, only those retrieved
+    "log": {"scoring.reward": "log", "scoring.threshold": None},   # clip(mean logp gap, -1, 1) nats
+    "retrieved_log": {"scoring.scored_objectives": "retrieved", "scoring.reward": "log", "scoring.threshold": None},
+    "all_fixes": {"scoring.comparator": "history_mem", "scoring.scored_objectives": "retrieved",
+                  "scoring.reward": "log", "scoring.threshold": None},
 }
 #: Fields of the run's ``scoring`` section a definition inherits (how scoring runs, not what it computes).
 SCORING_INHERITED = ("method", "token_budget")
