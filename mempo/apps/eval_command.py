@@ -18,7 +18,9 @@ sets ``env.retriever: http`` and ``env.retriever_url`` (a Search-R1 retrieval se
 Overrides go before the flags (``--files`` takes every word after it). Writes
 ``OUT_DIR/<name>.json``, ``OUT_DIR/<name>.md`` (tables and example episodes) and, unless
 ``--no-trajectories``, ``OUT_DIR/<name>_trajectories.jsonl`` (one `mempo.eval.EpisodeRecord` per
-episode and policy). A user error (a missing or empty file, a bad field, k above a dataset's size,
+episode and policy). Every row counts its tool calls and the failed ones; when every call failed
+the report is written and the command exits with code 2 saying so, unless ``eval.allow_failed_tools``.
+A user error (a missing or empty file, a bad field, k above a dataset's size,
 no corpus for BM25, an unreachable retriever, a bad flag) is a `mempo.errors.MempoError`:
 `mempo.apps.cli.main` prints it as one line ``mempo eval: ...`` and exits with code 2. The
 evaluation library is imported inside `run`, so the parser stays light.
@@ -132,4 +134,9 @@ def run(args: argparse.Namespace) -> int:
         paths["trajectories"] = report.metadata["trajectories"]["path"]
     print(report.markdown(f"Evaluation of {args.model}", examples=False))
     print(f"wrote {', '.join(str(p) for p in paths.values())}")
+    if report.all_tool_calls_failed() and not cfg.eval.allow_failed_tools:
+        raise ConfigError("eval.allow_failed_tools", f"every tool call failed ({report.metadata['tool_calls']} "
+                          f"calls, retriever: {report.metadata['retriever_name']}); the numbers in "
+                          f"{paths['json']} measure the model without retrieval (set "
+                          "eval.allow_failed_tools=true to accept them)")
     return 0

@@ -40,7 +40,10 @@ class EvalRow:
     ``prompt_tokens_per_episode`` (sum over an episode's rounds of the prompt each was generated
     from), ``peak_prompt_tokens`` (the largest single round prompt), ``mean_prompt_tokens_per_turn``,
     ``generated_tokens_per_episode`` (mask-1 ids), ``full_context_tokens_per_episode`` (the full
-    context of the same rounds). ``finish_reasons``: episodes per finish reason.
+    context of the same rounds). ``finish_reasons``: episodes per finish reason. ``tool_calls`` /
+    ``failed_tool_calls``: the cell's tool calls and those that failed (``Round.tool_ok`` False: the
+    retriever answered an error or nothing; a cell whose calls all failed measures a model without
+    retrieval, and `evaluate` says so).
     """
 
     objectives: int
@@ -62,6 +65,8 @@ class EvalRow:
     em_se: float = 0.0
     f1_se: float = 0.0
     full_context_tokens_per_episode: float = 0.0
+    tool_calls: int = 0
+    failed_tool_calls: int = 0
 
     @property
     def token_ratio(self) -> Optional[float]:
@@ -82,7 +87,8 @@ _TABLE_COLUMNS = (
     ("EM", "em", "{:.3f}"), ("F1", "f1", "{:.3f}"), ("score", "score", "{:.3f}"),
     ("format", "format_rate", "{:.2f}"), ("answered", "answer_rate", "{:.2f}"), ("turns", "mean_turns", "{:.1f}"),
     ("prompt tok/episode", "prompt_tokens_per_episode", "{:.0f}"), ("peak prompt tok/turn", "peak_prompt_tokens", "{}"),
-    ("gen tok/episode", "generated_tokens_per_episode", "{:.0f}"), ("seconds", "seconds", "{:.1f}"),
+    ("gen tok/episode", "generated_tokens_per_episode", "{:.0f}"), ("tool calls", "tool_calls", "{}"),
+    ("failed calls", "failed_tool_calls", "{}"), ("seconds", "seconds", "{:.1f}"),
 )
 
 
@@ -209,6 +215,11 @@ class EvalReport:
     def datasets(self) -> list[str]:
         """The datasets of the rows, in row order."""
         return list(dict.fromkeys(r.dataset for r in self.rows))
+
+    def all_tool_calls_failed(self) -> bool:
+        """True when the rows' episodes made tool calls and every one of them failed."""
+        calls = sum(r.tool_calls for r in self.rows)
+        return calls > 0 and sum(r.failed_tool_calls for r in self.rows) == calls
 
     def to_dict(self) -> dict[str, Any]:
         return {"rows": [asdict(r) for r in self.rows], "metadata": self.metadata}
