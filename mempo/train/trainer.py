@@ -84,7 +84,7 @@ from mempo.config import ConfigError, MempoConfig, config_to_dict, dump_config, 
 from mempo.env.build import build_retriever, build_tools
 from mempo.synthetic.build import synthetic_world
 from mempo.env.corpus import iter_corpus
-from mempo.env.data import compose_episodes, load_qa
+from mempo.env.data import check_qa_files, compose_episodes, load_qa
 from mempo.eval import eval_episodes, evaluate
 from mempo.model.builtin import default_corpus_texts, train_tokenizer
 from mempo.model.loading import build_causal_lm, load_pretrained
@@ -257,7 +257,8 @@ def _setup_model(cfg: MempoConfig, tokenizer: Any):
 
 
 def _qa_pool(paths: Sequence[str]) -> list:
-    return [record for path in paths for record in load_qa(path)]
+    """The records of the QA files in order (each file once, none a directory: `check_qa_files`)."""
+    return [record for path in (check_qa_files(paths) if paths else []) for record in load_qa(path)]
 
 
 def _episode_pool(cfg: MempoConfig, world: Any) -> list:
