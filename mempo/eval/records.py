@@ -156,7 +156,8 @@ class EpisodeRecord:
 
     def render(self, tool_chars: int = TOOL_RESULT_CHARS, text_chars: int = TEXT_CHARS) -> str:
         """The episode as plain text: messages, each round's assistant text and tool result (cut to
-        ``tool_chars``; other texts to ``text_chars``), answers against golds, scores."""
+        ``tool_chars``, as are each objective's prediction and gold aliases; other texts, the final
+        answer included, to ``text_chars``), answers against golds, scores."""
         lines = [f"[system] {_shorten(self.system, text_chars)}", f"[user] {_shorten(self.user, text_chars)}"]
         for r in self.rounds:
             lines.append(f"[assistant, turn {r.index + 1}] {_shorten(r.assistant, text_chars)}")
@@ -164,9 +165,10 @@ class EpisodeRecord:
                 lines.append(f"[{r.action or 'tool'} result{'' if r.tool_ok is not False else ', failed'}] "
                              f"{_shorten(r.tool_result, tool_chars)}")
         lines.append(f"[end] {self.finish_reason} after {len(self.rounds)} turn(s); final answer: "
-                     f"{self.final_answer!r}")
+                     f"{_shorten(repr(self.final_answer), text_chars)}")
         for i, (prediction, golds) in enumerate(zip(self.predictions, self.golds), 1):
-            lines.append(f"  {i}. predicted {prediction!r}; gold {' | '.join(golds)}")
+            lines.append(f"  {i}. predicted {_shorten(repr(prediction), tool_chars)}; gold "
+                         f"{_shorten(' | '.join(golds), tool_chars)}")
         rules = f" (failed rules: {', '.join(self.failed_rules)})" if self.failed_rules else ""
         lines.append(f"[score] EM {self.em:.2f}, F1 {self.f1:.2f}, score {self.score:.2f}, "
                      f"format {'ok' if self.format_ok else 'invalid'}{rules}")
