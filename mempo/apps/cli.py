@@ -65,9 +65,17 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 130
 
 
+#: The longest error line the command line prints (a value quoted in an error can be huge).
+MAX_ERROR_CHARS = 1000
+
+
 def _one_line(message: str) -> str:
-    """`message` with its white space (newlines included) collapsed to single spaces."""
-    return " ".join(message.split())
+    """`message` with its white space (newlines included) collapsed to single spaces, cut to
+    `MAX_ERROR_CHARS` characters (the cut says how many more there were)."""
+    line = " ".join(message.split())
+    if len(line) <= MAX_ERROR_CHARS:
+        return line
+    return f"{line[:MAX_ERROR_CHARS]} [... {len(line) - MAX_ERROR_CHARS} more characters]"
 
 
 if __name__ == "__main__":

@@ -18,7 +18,10 @@ sets ``env.retriever: http`` and ``env.retriever_url`` (a Search-R1 retrieval se
 Overrides go before the flags (``--files`` takes every word after it). Writes
 ``OUT_DIR/<name>.json``, ``OUT_DIR/<name>.md`` (tables and example episodes) and, unless
 ``--no-trajectories``, ``OUT_DIR/<name>_trajectories.jsonl`` (one `mempo.eval.EpisodeRecord` per
-episode and policy). A user error (a missing or empty file, a bad field, k above a dataset's size,
+episode and policy); ``--out`` must be a directory or not exist and ``--name`` a plain visible stem,
+checked before anything slow. Every row counts its tool calls and the failed ones; when every call failed
+the report is written and the command exits with code 2 saying so, unless ``eval.allow_failed_tools``.
+A user error (a missing or empty file, a bad field, k above a dataset's size,
 no corpus for BM25, an unreachable retriever, a bad flag) is a `mempo.errors.MempoError`:
 `mempo.apps.cli.main` prints it as one line ``mempo eval: ...`` and exits with code 2. The
 evaluation library is imported inside `run`, so the parser stays light.
@@ -42,7 +45,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", required=True, help="directory with a saved HF causal LM and its tokenizer")
     parser.add_argument("--out", required=True, help="output directory for <name>.json, <name>.md and "
                                                      "<name>_trajectories.jsonl")
-    parser.add_argument("--name", default="eval", help="output file stem (default eval)")
+    parser.add_argument("--name", default="eval", help="output file stem (default eval; not empty, no leading dot "
+                                                       "or path separator)")
     parser.add_argument("--data", choices=["synthetic", "files"], default=None,
                         help="what to evaluate on: the synthetic world or QA files (sets data.source)")
     parser.add_argument("--files", nargs="+", default=None, metavar="QA_FILE",
@@ -85,6 +89,22 @@ def _eval_config(args: argparse.Namespace) -> MempoConfig:
     return config_from_dict(raw)
 
 
+def _check_outputs(args: argparse.Namespace) -> None:
+    """``--out`` must be a directory or not exist yet (it is made), and ``--name`` a plain visible
+    file stem (not empty, no path separator, not starting with a dot); the files it names must not be
+    directories. A ConfigError otherwise, before the model loads."""
+    name = args.name
+    if not name.strip() or name != name.strip() or name.startswith(".") or any(c in name for c in "/\\\0"):
+        raise ConfigError("--name", f"{name!r} is not a plain file stem (not empty, no leading dot, no "
+                                    "path separator or surrounding spaces)")
+    if os.path.exists(args.out) and not os.path.isdir(args.out):
+        raise ConfigError("--out", f"{args.out} exists and is not a directory")
+    for suffix in (".json", ".md", "_trajectories.jsonl"):
+        path = os.path.join(args.out, name + suffix)
+        if os.path.isdir(path):
+            raise ConfigError("--out", f"{path} is a directory; the report writes a file there")
+
+
 def run(args: argparse.Namespace) -> int:
     """Evaluate the model directory ``args.model`` and write ``<name>.json``, ``<name>.md`` and the
     trajectories under ``args.out``; returns 0 (a user error raises a `mempo.errors.MempoError`)."""
@@ -92,10 +112,11 @@ def run(args: argparse.Namespace) -> int:
     from mempo.env.build import build_retriever
     from mempo.synthetic.build import synthetic_world
     from mempo.eval import eval_episodes, evaluate, qa_eval_episodes
-    from mempo.model.loading import load_model_dir
+    from mempo.model.loading import check_model_fits, load_model_dir
     from mempo.rollout.backends.factory import build_backend, check_backend_config
 
     cfg = _eval_config(args)
+    _check_outputs(args)  # a path that cannot be written fails before any slow work
     check_backend_config(cfg)  # a backend that cannot work here fails before any slow work
     if not os.path.isdir(args.model):
         raise ConfigError("--model", f"{args.model!r} is not a directory")
@@ -112,6 +133,7 @@ def run(args: argparse.Namespace) -> int:
         episodes, datasets = eval_episodes(world, cfg, args.episodes), {}
         retriever = build_retriever(cfg, world, log=log)
     model, tokenizer = load_model_dir(args.model, cfg.model.dtype)
+    check_model_fits(model, tokenizer, vocab_field="--model")  # before any rollout (eval bounds the context)
     backend = build_backend(cfg, model, tokenizer, model_path=args.model)  # as in training
     trajectories = None if args.no_trajectories else os.path.join(args.out, f"{args.name}_trajectories.jsonl")
     try:
@@ -132,4 +154,9 @@ def run(args: argparse.Namespace) -> int:
         paths["trajectories"] = report.metadata["trajectories"]["path"]
     print(report.markdown(f"Evaluation of {args.model}", examples=False))
     print(f"wrote {', '.join(str(p) for p in paths.values())}")
+    if report.all_tool_calls_failed() and not cfg.eval.allow_failed_tools:
+        raise ConfigError("eval.allow_failed_tools", f"every tool call failed ({report.metadata['tool_calls']} "
+                          f"calls, retriever: {report.metadata['retriever_name']}); the numbers in "
+                          f"{paths['json']} measure the model without retrieval (set "
+                          "eval.allow_failed_tools=true to accept them)")
     return 0

@@ -4,7 +4,9 @@
 refuses a key given twice in one mapping, naming it and both lines), applies the overrides
 (``"actor.lr=1e-5"``, ``"eval.objectives=[2,4,8]"``: keys checked against the tree, values kept as
 text), then builds the tree, converting every value to its field's type and validating it
-(`mempo.config.schema`). `dump_config` writes plain YAML; loading it back gives an equal config.
+(`mempo.config.schema`). A config file is bounded before anything is built from it: at most
+`MAX_YAML_DEPTH` levels of nesting and `MAX_YAML_NODES` values counted with every alias expanded
+(a YAML "alias bomb" of nine levels expands to 10^9), else a ConfigError naming the file and line. `dump_config` writes plain YAML; loading it back gives an equal config.
 """
 from __future__ import annotations
 
@@ -19,8 +21,14 @@ from mempo.config.coerce import ConfigError, build_section, type_name
 from mempo.config.schema import MempoConfig
 from mempo.utils.atomic import replace_file_atomically
 
-__all__ = ["load_config", "read_yaml_mapping", "config_from_dict", "config_to_dict", "dump_config", "apply_overrides",
+__all__ = ["MAX_YAML_DEPTH", "MAX_YAML_NODES", "load_config", "read_yaml_mapping", "config_from_dict", "config_to_dict", "dump_config", "apply_overrides",
            "split_overrides"]
+
+
+#: The deepest nesting a config file may have (a real config nests three levels).
+MAX_YAML_DEPTH = 64
+#: The most values (scalars, lists and mappings, every alias expanded) a config file may hold.
+MAX_YAML_NODES = 100_000
 
 
 def _section_fields(cls: type) -> dict[str, Any]:
@@ -79,7 +87,29 @@ def config_from_dict(data: Optional[Mapping[str, Any]] = None, overrides: Sequen
 class _UniqueKeyLoader(yaml.SafeLoader):
     """`yaml.SafeLoader` that refuses a mapping with the same key twice (PyYAML keeps the last one
     silently, so a duplicated section would drop the first). Keys brought in by a merge (``<<``)
-    may be overridden, as YAML intends."""
+    may be overridden, as YAML intends. Nesting deeper than `MAX_YAML_DEPTH` and a document of more
+    than `MAX_YAML_NODES` values with its aliases expanded are refused (`_TooLarge`) before anything
+    is constructed."""
+
+    def __init__(self, stream):
+        super().__init__(stream)
+        self._depth = 0
+
+    def compose_node(self, parent, index):
+        self._depth += 1
+        try:
+            if self._depth > MAX_YAML_DEPTH:
+                line = self.peek_event().start_mark.line + 1
+                raise _TooLarge(f"nested deeper than {MAX_YAML_DEPTH} levels (line {line})")
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+
+    def compose_document(self):
+        node = super().compose_document()
+        if node is not None:
+            _check_expanded_size(node)
+        return node
 
     def construct_mapping(self, node, deep=False):
         if isinstance(node, yaml.MappingNode):
@@ -95,6 +125,33 @@ class _UniqueKeyLoader(yaml.SafeLoader):
                 if first != key_node.start_mark.line + 1:
                     raise _DuplicateKey(key, first, key_node.start_mark.line + 1)
         return super().construct_mapping(node, deep=deep)
+
+
+class _TooLarge(Exception):
+    """A config document over `MAX_YAML_DEPTH` or `MAX_YAML_NODES` (the message says which and where)."""
+
+
+def _check_expanded_size(root: yaml.Node) -> None:
+    """Raise `_TooLarge` when `root` holds more than `MAX_YAML_NODES` nodes with every alias expanded.
+
+    Aliases share their node, so each node's expanded size is computed once (post-order over an
+    explicit stack, no recursion) and reused wherever the node is referenced again."""
+    sizes: dict[int, int] = {}
+    stack = [(root, False)]
+    while stack:
+        node, children_done = stack.pop()
+        if id(node) in sizes:
+            continue
+        children = [part for pair in node.value for part in pair] if isinstance(node, yaml.MappingNode) \
+            else list(node.value) if isinstance(node, yaml.SequenceNode) else []
+        if children_done or not children:
+            sizes[id(node)] = 1 + sum(sizes.get(id(child), 1) for child in children)  # a cycle counts 1
+            if sizes[id(node)] > MAX_YAML_NODES:
+                raise _TooLarge(f"more than {MAX_YAML_NODES} values with its aliases expanded (the value at "
+                                f"line {node.start_mark.line + 1})")
+            continue
+        stack.append((node, True))
+        stack.extend((child, False) for child in children if id(child) not in sizes)
 
 
 class _DuplicateKey(Exception):
@@ -115,7 +172,8 @@ def _yaml_error_text(error: yaml.YAMLError) -> str:
 def read_yaml_mapping(path: Union[str, Path]) -> dict[str, Any]:
     """The top-level mapping of a YAML file (empty file: {}); ConfigError naming the file for a
     missing or unreadable file, bytes that are not UTF-8, invalid YAML, a duplicated key (with
-    both lines) or a top level that is not a mapping."""
+    both lines), a document over `MAX_YAML_DEPTH` / `MAX_YAML_NODES` or a top level that is not a
+    mapping."""
     path = Path(path)
     try:
         raw = path.read_bytes()
@@ -132,6 +190,10 @@ def read_yaml_mapping(path: Union[str, Path]) -> dict[str, Any]:
         raise ConfigError("", f"{path}:{line}: not valid UTF-8 (byte {error.start}: {error.reason})") from None
     try:
         data = yaml.load(text, Loader=_UniqueKeyLoader)
+    except _TooLarge as error:
+        raise ConfigError("", f"{path}: too large a config: {error}") from None
+    except RecursionError:
+        raise ConfigError("", f"{path}: too large a config: nested too deeply") from None
     except _DuplicateKey as dup:
         raise ConfigError("", f"{path}: key {dup.key!r} appears twice in one mapping (lines {dup.first} "
                                         f"and {dup.again}); YAML would keep only the last") from None

@@ -428,13 +428,17 @@ class EvalConfig:
     objectives: numbers of sub-questions per episode to evaluate; max_turns: round limit; policies:
     context policies to evaluate; episodes: per objective count; temperature: 0 is greedy. The
     evaluation's rollouts run with the ``rollout`` section changed by these fields
-    (`mempo.eval.eval_rollout_config`: one sample, no response budget)."""
+    (`mempo.eval.eval_rollout_config`: one sample, no response budget). allow_failed_tools: when
+    every tool call of a `mempo eval` run failed (the retriever is down or answers errors), the
+    command still writes its report but exits with code 2 and a line saying so, unless this is true
+    (then it exits 0; the failed calls are counted in every row either way)."""
 
     objectives: list[int] = field(default_factory=lambda: [2, 4, 6, 8, 10])
     max_turns: int = 64
     policies: list[Literal[CONTEXT_POLICIES]] = field(default_factory=lambda: ["memory"])
     episodes: int = 64
     temperature: float = 0.0
+    allow_failed_tools: bool = False
 
     def __post_init__(self):
         _check_types(self)

@@ -27,6 +27,7 @@ __all__ = [
     "EPISODE_INSTRUCTIONS",
     "COMPACT_INSTRUCTIONS",
     "GOLD_KEYS",
+    "MAX_QUESTION_CHARS",
     "qa_record_from_json",
     "iter_qa_jsonl",
     "load_qa_jsonl",
@@ -35,6 +36,7 @@ __all__ = [
     "dataset_name",
     "QADataset",
     "load_qa_datasets",
+    "check_qa_files",
     "write_qa_jsonl",
     "make_episode_prompt",
     "parse_episode_prompt",
@@ -62,6 +64,12 @@ COMPACT_INSTRUCTIONS = (
 )
 
 _NUMBERED_RE = re.compile(r"^(\d+)\. (.+)$")
+#: Every character `str.splitlines` breaks a line at (a question must stay one line of the prompt).
+_LINE_BREAK_RE = re.compile("[\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029]")
+
+#: The longest question a QA record may hold (characters); a longer one is refused at load (a
+#: question is copied into every round's prompt; real benchmark questions are under 1,000).
+MAX_QUESTION_CHARS = 4096
 
 
 class DataError(MempoError, ValueError):
@@ -176,14 +184,27 @@ def _aliases(value: Any, key: str) -> list[str]:
         item = str(item)
         if not item.strip():
             raise DataError(f"field {key!r}[{i}] is blank")
+        _check_encodable(item, f"{key}[{i}]")
         aliases.append(item)
     return aliases
+
+
+def _check_encodable(text: str, name: str) -> None:
+    """DataError when `text` cannot be written as UTF-8 (a lone surrogate, e.g. JSON's ``"\\ud800"``)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise DataError(f"field {name!r} is not encodable text ({exc.reason} at character {exc.start + 1})") \
+            from None
 
 
 def qa_record_from_json(obj: Any, default_id: Optional[str] = None) -> QARecord:
     """Build a `QARecord` from one decoded record; raises `DataError`.
 
-    Fields: ``question`` (required): a non-blank string. The gold aliases, from the first of
+    Fields: ``question`` (required): a non-blank string of one line (no line break of any kind:
+    the prompt lists one question a line), at most `MAX_QUESTION_CHARS` characters, encodable as
+    UTF-8 (no lone surrogate). ``data_source`` (optional): a string or null (it names the dataset).
+    The gold aliases, from the first of
     `GOLD_KEYS` present (``golden_answers``, ``answers``, ``answer``,
     ``reward_model.ground_truth.target``, Search-R1's processed parquet): one string or a list of
     strings (a tuple or a parquet array counts as a list; integers become ``str``, a bare year); not
@@ -200,6 +221,18 @@ def qa_record_from_json(obj: Any, default_id: Optional[str] = None) -> QARecord:
         raise DataError(f"field 'question' must be a string, got {type(question).__name__}")
     if not question.strip():
         raise DataError("field 'question' is blank")
+    if len(question) > MAX_QUESTION_CHARS:
+        raise DataError(f"field 'question' is {len(question)} characters long; the limit is {MAX_QUESTION_CHARS}")
+    line_break = _LINE_BREAK_RE.search(question)
+    if line_break is not None:
+        raise DataError(f"field 'question' holds a line break ({line_break.group()!r} at character "
+                        f"{line_break.start() + 1}); a question must be one line")
+    _check_encodable(question, "question")
+    source = obj.get("data_source")
+    if source is not None and not isinstance(source, str):
+        raise DataError(f"field 'data_source' must be a string, got {type(source).__name__}")
+    if isinstance(source, str):
+        _check_encodable(source, "data_source")
     golds: Optional[list[str]] = None
     used_key = None
     for key in GOLD_KEYS:
@@ -214,6 +247,7 @@ def qa_record_from_json(obj: Any, default_id: Optional[str] = None) -> QARecord:
         if isinstance(record_id, bool) or not isinstance(record_id, (str, int)):
             raise DataError(f"field 'id' must be a string or an integer, got {type(record_id).__name__}")
         record_id = str(record_id)
+        _check_encodable(record_id, "id")
     elif default_id is not None:
         record_id = default_id
     else:
@@ -289,6 +323,8 @@ def load_qa_parquet(path: PathLike) -> list[QARecord]:
 
 def load_qa(path: PathLike) -> list[QARecord]:
     """QA records from ``.jsonl`` / ``.json`` (one object per line) or ``.parquet`` by file suffix."""
+    if Path(path).is_dir():
+        raise DataError(f"{path}: is a directory, not a QA file")
     suffix = Path(path).suffix.lower()
     if suffix == ".parquet":
         return load_qa_parquet(path)
@@ -312,21 +348,36 @@ class QADataset:
     files: list[str]
 
 
+def check_qa_files(paths: Sequence[PathLike]) -> list[Path]:
+    """`paths` as Paths, each an existing file given once; `DataError` naming the path for an empty
+    list, a missing path, a directory, or a file given twice (by any path: it would double its
+    questions silently)."""
+    if not paths:
+        raise DataError("no QA files given")
+    given: dict[Path, Path] = {}
+    for path in map(Path, paths):
+        if path.is_dir():
+            raise DataError(f"{path}: is a directory, not a QA file")
+        if not path.is_file():
+            raise DataError(f"{path}: QA file not found")
+        first = given.setdefault(path.resolve(), path)
+        if first is not path:
+            raise DataError(f"{path}: the same QA file is given twice (also as {first}); give each file once")
+    return list(given.values())
+
+
 def load_qa_datasets(paths: Sequence[PathLike]) -> dict[str, QADataset]:
     """The records of QA files grouped by dataset (`dataset_name`, default: the file's stem).
     Evaluation composes and reports each dataset apart.
 
     Datasets are in first-seen order, records in file order; one file may hold several datasets
     (Search-R1's merged ``test.parquet``) and several files one. Raises `DataError` when no file is
-    given, for a missing or malformed file (naming it) and for a file without records.
+    given, for a missing file, a directory or a malformed file (naming it), for a file without
+    records and for a file given twice (the same file, by any path: it would double its questions
+    silently).
     """
-    if not paths:
-        raise DataError("no QA files given")
     groups: dict[str, QADataset] = {}
-    for path in paths:
-        path = Path(path)
-        if not path.is_file():
-            raise DataError(f"{path}: QA file not found")
+    for path in check_qa_files(paths):
         records = load_qa(path)
         if not records:
             raise DataError(f"{path}: no QA records (the file is empty)")

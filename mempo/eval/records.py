@@ -40,7 +40,10 @@ class EvalRow:
     ``prompt_tokens_per_episode`` (sum over an episode's rounds of the prompt each was generated
     from), ``peak_prompt_tokens`` (the largest single round prompt), ``mean_prompt_tokens_per_turn``,
     ``generated_tokens_per_episode`` (mask-1 ids), ``full_context_tokens_per_episode`` (the full
-    context of the same rounds). ``finish_reasons``: episodes per finish reason.
+    context of the same rounds). ``finish_reasons``: episodes per finish reason. ``tool_calls`` /
+    ``failed_tool_calls``: the cell's tool calls and those that failed (``Round.tool_ok`` False: the
+    retriever answered an error or nothing; a cell whose calls all failed measures a model without
+    retrieval, and `evaluate` says so).
     """
 
     objectives: int
@@ -62,6 +65,8 @@ class EvalRow:
     em_se: float = 0.0
     f1_se: float = 0.0
     full_context_tokens_per_episode: float = 0.0
+    tool_calls: int = 0
+    failed_tool_calls: int = 0
 
     @property
     def token_ratio(self) -> Optional[float]:
@@ -82,7 +87,8 @@ _TABLE_COLUMNS = (
     ("EM", "em", "{:.3f}"), ("F1", "f1", "{:.3f}"), ("score", "score", "{:.3f}"),
     ("format", "format_rate", "{:.2f}"), ("answered", "answer_rate", "{:.2f}"), ("turns", "mean_turns", "{:.1f}"),
     ("prompt tok/episode", "prompt_tokens_per_episode", "{:.0f}"), ("peak prompt tok/turn", "peak_prompt_tokens", "{}"),
-    ("gen tok/episode", "generated_tokens_per_episode", "{:.0f}"), ("seconds", "seconds", "{:.1f}"),
+    ("gen tok/episode", "generated_tokens_per_episode", "{:.0f}"), ("tool calls", "tool_calls", "{}"),
+    ("failed calls", "failed_tool_calls", "{}"), ("seconds", "seconds", "{:.1f}"),
 )
 
 
@@ -150,7 +156,8 @@ class EpisodeRecord:
 
     def render(self, tool_chars: int = TOOL_RESULT_CHARS, text_chars: int = TEXT_CHARS) -> str:
         """The episode as plain text: messages, each round's assistant text and tool result (cut to
-        ``tool_chars``; other texts to ``text_chars``), answers against golds, scores."""
+        ``tool_chars``, as are each objective's prediction and gold aliases; other texts, the final
+        answer included, to ``text_chars``), answers against golds, scores."""
         lines = [f"[system] {_shorten(self.system, text_chars)}", f"[user] {_shorten(self.user, text_chars)}"]
         for r in self.rounds:
             lines.append(f"[assistant, turn {r.index + 1}] {_shorten(r.assistant, text_chars)}")
@@ -158,9 +165,10 @@ class EpisodeRecord:
                 lines.append(f"[{r.action or 'tool'} result{'' if r.tool_ok is not False else ', failed'}] "
                              f"{_shorten(r.tool_result, tool_chars)}")
         lines.append(f"[end] {self.finish_reason} after {len(self.rounds)} turn(s); final answer: "
-                     f"{self.final_answer!r}")
+                     f"{_shorten(repr(self.final_answer), text_chars)}")
         for i, (prediction, golds) in enumerate(zip(self.predictions, self.golds), 1):
-            lines.append(f"  {i}. predicted {prediction!r}; gold {' | '.join(golds)}")
+            lines.append(f"  {i}. predicted {_shorten(repr(prediction), tool_chars)}; gold "
+                         f"{_shorten(' | '.join(golds), tool_chars)}")
         rules = f" (failed rules: {', '.join(self.failed_rules)})" if self.failed_rules else ""
         lines.append(f"[score] EM {self.em:.2f}, F1 {self.f1:.2f}, score {self.score:.2f}, "
                      f"format {'ok' if self.format_ok else 'invalid'}{rules}")
@@ -209,6 +217,11 @@ class EvalReport:
     def datasets(self) -> list[str]:
         """The datasets of the rows, in row order."""
         return list(dict.fromkeys(r.dataset for r in self.rows))
+
+    def all_tool_calls_failed(self) -> bool:
+        """True when the rows' episodes made tool calls and every one of them failed."""
+        calls = sum(r.tool_calls for r in self.rows)
+        return calls > 0 and sum(r.failed_tool_calls for r in self.rows) == calls
 
     def to_dict(self) -> dict[str, Any]:
         return {"rows": [asdict(r) for r in self.rows], "metadata": self.metadata}

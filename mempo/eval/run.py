@@ -7,7 +7,10 @@ history) with `mempo.rollout.loop.RolloutEngine` and `eval_rollout_config`'s set
 context is the model's ``max_position_embeddings`` (a round that would not fit ends the episode
 with ``"token_budget"``). Generation sees only the prompt ids and the tool results: the golds go to
 scoring and to the written records, nowhere else. Per (dataset, k) the report keeps the first
-correct and the first failed episode (policies in order) as its examples.
+correct and the first failed episode (policies in order) as its examples. Every row counts its
+tool calls and the failed ones; a cell with failed calls logs a warning naming the retriever, and
+an evaluation whose every call failed says so in one line (`mempo eval` then exits with code 2
+unless ``eval.allow_failed_tools``).
 """
 from __future__ import annotations
 
@@ -30,7 +33,7 @@ from mempo.utils.machine import machine_facts
 from mempo.utils.progress import progress
 from mempo.utils.types import PathLike
 
-__all__ = ["evaluate"]
+__all__ = ["evaluate", "retriever_name"]
 
 
 def evaluate(model: Any, tokenizer: Any, episodes_by_k: Mapping[Any, Sequence[Any]], retriever: Any,
@@ -87,6 +90,9 @@ def evaluate(model: Any, tokenizer: Any, episodes_by_k: Mapping[Any, Sequence[An
                 found = _record_episodes(episodes, trajectories, tokenizer, dataset=dataset,
                                          system_prompt=rollout_cfg.system_prompt, records=records, found=found)
                 log(_cell_line(name, row))
+                if row.failed_tool_calls:
+                    log(f"eval{' ' + name if name else ''}: k={k} {policy}: warning: {row.failed_tool_calls} of "
+                        f"{row.tool_calls} tool calls failed (retriever: {retriever_name(retriever)})")
             examples[(dataset, k)] = found
     metadata = {
         "label": label, "max_turns": cfg.eval.max_turns, "max_new_tokens": max_new,
@@ -96,9 +102,22 @@ def evaluate(model: Any, tokenizer: Any, episodes_by_k: Mapping[Any, Sequence[An
         "seconds": time.perf_counter() - started, "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
         "machine": machine_facts(), **_model_facts(model, tokenizer),
     }
+    metadata["tool_calls"] = sum(r.tool_calls for r in rows)
+    metadata["failed_tool_calls"] = sum(r.failed_tool_calls for r in rows)
+    metadata["retriever_name"] = retriever_name(retriever)
+    report = EvalReport(rows, metadata, kept, examples)
+    if report.all_tool_calls_failed():
+        log(f"eval{' ' + label if label else ''}: every tool call failed ({metadata['tool_calls']} calls, "
+            f"retriever: {metadata['retriever_name']}): these numbers measure the model without retrieval")
     if records is not None:
         metadata["trajectories"] = {"path": str(records.path), "episodes": records.count}
-    return EvalReport(rows, metadata, kept, examples)
+    return report
+
+
+def retriever_name(retriever: Any) -> str:
+    """How warnings name a retriever: its class, and its URL when it has one (`HTTPRetriever`)."""
+    url = getattr(retriever, "base_url", None)
+    return f"{type(retriever).__name__}{' at ' + str(url) if url else ''}"
 
 
 def _cells(episodes_by_k: Mapping[Any, Sequence[Any]]) -> list[tuple[str, int, list[Any]]]:

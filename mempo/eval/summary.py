@@ -78,6 +78,8 @@ def summarize(trajectories: Sequence[Any], objectives: int, policy: str, seconds
         full_context_tokens_per_episode=_mean([sum(len(t.prompt_ids) + r.start for r in t.rounds)
                                                for t in trajectories]),
         seconds=float(seconds), finish_reasons=reasons, dataset=dataset,
+        tool_calls=sum(r.tool_ok is not None for t in trajectories for r in t.rounds),
+        failed_tool_calls=sum(r.tool_ok is False for t in trajectories for r in t.rounds),
     )
 
 

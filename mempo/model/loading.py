@@ -18,7 +18,7 @@ from mempo.config import ConfigError, ModelConfig
 from mempo.model.adapter import DTYPES
 from mempo.utils.types import PathLike
 
-__all__ = ["build_causal_lm", "load_pretrained", "load_model_dir"]
+__all__ = ["build_causal_lm", "load_pretrained", "load_model_dir", "check_model_fits"]
 
 _PRETRAINED_FILES = {"model": ("config.json",),
                      "tokenizer": ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")}
@@ -75,3 +75,30 @@ def load_model_dir(path: PathLike, dtype: str = "float32"):
     tokenizer = load_pretrained(transformers.AutoTokenizer.from_pretrained, source, "--model", "tokenizer")
     model.eval()
     return model, tokenizer
+
+
+def check_model_fits(model: Any, tokenizer: Any, sequence_tokens: Optional[int] = None, *,
+                     vocab_field: str = "model.vocab_size",
+                     context_field: str = "model.max_position_embeddings") -> None:
+    """Refuse, before any rollout, a model that cannot take the tokenizer's ids or the run's sequences:
+    a ConfigError naming `vocab_field` when the model has fewer token embeddings than the tokenizer
+    has tokens (an id past the table is an IndexError mid-rollout), and naming `context_field` when
+    its ``max_position_embeddings`` is below `sequence_tokens` (positions past it are unseen; with
+    rotary embeddings transformers only warns). A model without those facts passes."""
+    embeddings = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    rows = getattr(embeddings, "num_embeddings", None)
+    if rows is None:
+        rows = getattr(getattr(model, "config", None), "vocab_size", None)
+    try:
+        tokens = len(tokenizer)
+    except TypeError:
+        tokens = None
+    if rows is not None and tokens is not None and int(rows) < tokens:
+        raise ConfigError(vocab_field, f"the model has {int(rows)} token embeddings but the tokenizer has {tokens} "
+                                       f"tokens (ids {int(rows)}..{tokens - 1} would index past the table); use a "
+                                       f"vocabulary of at least {tokens} or the model's own tokenizer")
+    context = getattr(getattr(model, "config", None), "max_position_embeddings", None)
+    if sequence_tokens is not None and context is not None and int(context) < sequence_tokens:
+        raise ConfigError(context_field, f"the model's context is {int(context)} positions, below the "
+                                         f"{sequence_tokens} ids a sequence of this run may hold; raise it or "
+                                         "lower rollout.max_response_tokens")

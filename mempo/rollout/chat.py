@@ -36,11 +36,23 @@ def check_template(render) -> None:
     probe's assistant turn (``<mem>…</mem><think>…</think><search>…</search>``) and the tool result
     after it verbatim and in order: the protocol keeps every turn's ``<mem>`` and builds the memory
     context from the last turn's text (Qwen3's template, for one, drops everything before
-    ``</think>`` of earlier assistant turns). The error names ``rollout.chat_template`` and
-    suggests ``builtin``."""
+    ``</think>`` of earlier assistant turns). A template that fails to render the probe at all (a
+    Jinja syntax error, ``raise_exception(...)``, an unknown filter or test, anything it raises) is a
+    `ChatTemplateError` too, with the template's own message on one line. The error names
+    ``rollout.chat_template`` and suggests ``builtin``."""
     messages = [{"role": "system", "content": "probe system"}, {"role": "user", "content": "probe question?"},
                 {"role": "assistant", "content": PROBE_ASSISTANT}, {"role": "user", "content": _PROBE_TOOL}]
-    text = render(messages, add_generation_prompt=True)
+    try:
+        text = render(messages, add_generation_prompt=True)
+    except Exception as error:  # jinja2's TemplateSyntaxError / TemplateError / UndefinedError, whatever it raises
+        detail = " ".join(f"{type(error).__name__}: {error}".split())[:500]
+        line = getattr(error, "lineno", None)
+        raise ChatTemplateError(
+            f"rollout.chat_template: the chat template fails on a probe conversation "
+            f"({detail}{f', template line {line}' if line else ''}); fix it or set "
+            "rollout.chat_template=builtin (ChatML)") from None
+    if not isinstance(text, str):
+        raise ChatTemplateError(f"rollout.chat_template: the chat template rendered {type(text).__name__}, not text")
     at = text.find(PROBE_ASSISTANT)
     if at < 0:
         got = text[text.find("MEMPO0PROBE0") - 60:][:240] if "MEMPO0PROBE0" in text else text[-240:]

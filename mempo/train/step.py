@@ -105,9 +105,13 @@ class StepResult:
 # ------------------------------------------------------------------------------------------------
 def rollout(ctx: StepContext, episodes: Sequence[Any], step: int) -> tuple[list[Trajectory], RolloutStats]:
     """G trajectories of every episode (`RolloutEngine`, seeded per step), grouped by episode, without
-    outcome, and the engine's `mempo.rollout.loop.RolloutStats` (tool calls and failed tool calls)."""
+    outcome, and the engine's `mempo.rollout.loop.RolloutStats` (tool calls and failed tool calls).
+    No backend context exceeds the model's ``max_position_embeddings`` (a round that would not fit
+    ends its trajectory with ``"token_budget"``)."""
+    context = getattr(getattr(ctx.scoring_model, "config", None), "max_position_embeddings", None)
     engine = RolloutEngine(ctx.backend, ctx.tokenizer, ctx.tools, config=ctx.cfg.rollout,
-                           seed=training_rollout_seed(ctx.cfg.rollout.seed, step))
+                           seed=training_rollout_seed(ctx.cfg.rollout.seed, step),
+                           max_context_tokens=int(context) if context else None)  # as evaluation bounds it
     trajectories = engine.run(list(episodes))
     return trajectories, engine.stats
 

@@ -84,10 +84,10 @@ from mempo.config import ConfigError, MempoConfig, config_to_dict, dump_config, 
 from mempo.env.build import build_retriever, build_tools
 from mempo.synthetic.build import synthetic_world
 from mempo.env.corpus import iter_corpus
-from mempo.env.data import compose_episodes, load_qa
+from mempo.env.data import check_qa_files, compose_episodes, load_qa
 from mempo.eval import eval_episodes, evaluate
 from mempo.model.builtin import default_corpus_texts, train_tokenizer
-from mempo.model.loading import build_causal_lm, load_pretrained
+from mempo.model.loading import build_causal_lm, check_model_fits, load_pretrained
 from mempo.rollout.backends.factory import build_backend
 from mempo.rollout.backends.scaffold import ProtocolScaffold
 from mempo.seeds import eval_question_seed
@@ -251,13 +251,24 @@ def _setup_tokenizer(cfg: MempoConfig, out_dir: Path, world: Any):
     return tokenizer
 
 
+def _sequence_tokens(cfg: MempoConfig) -> int:
+    """The positions a training sequence may need besides its prompt: the response budget
+    (``rollout.max_response_tokens``, else ``max_turns`` rounds of ``max_new_tokens_per_round``);
+    a model with a shorter context is refused at start-up, and the rollout engine ends any round
+    that would not fit the model's context with its prompt (``max_context_tokens``), as evaluation
+    does."""
+    r = cfg.rollout
+    return r.max_response_tokens if r.max_response_tokens is not None else r.max_turns * r.max_new_tokens_per_round
+
+
 def _setup_model(cfg: MempoConfig, tokenizer: Any):
     torch.manual_seed(cfg.trainer.seed)  # the same initial weights on every rank
     return build_causal_lm(cfg.model, len(tokenizer))
 
 
 def _qa_pool(paths: Sequence[str]) -> list:
-    return [record for path in paths for record in load_qa(path)]
+    """The records of the QA files in order (each file once, none a directory: `check_qa_files`)."""
+    return [record for path in (check_qa_files(paths) if paths else []) for record in load_qa(path)]
 
 
 def _episode_pool(cfg: MempoConfig, world: Any) -> list:
@@ -330,6 +341,7 @@ def build_run(cfg: MempoConfig, *, model=None, tokenizer=None, episodes=None, re
         tokenizer = _setup_tokenizer(cfg, out, world)
     if model is None:
         model = _setup_model(cfg, tokenizer)
+    check_model_fits(model, tokenizer, _sequence_tokens(cfg))  # before anything slow
     episodes = list(episodes) if episodes is not None else _episode_pool(cfg, world)
     eval_sets = _eval_episode_sets(cfg, world) if evaluating else {}
     actors = _setup_actors(cfg, model, info)

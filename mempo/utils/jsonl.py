@@ -5,14 +5,16 @@
   error) the target is left untouched and the temporary file removed. `write_jsonl` writes an
   iterable; `jsonl_writer` is the same writer held open while objects arrive one at a time.
 * Reading streams the file; blank lines are skipped; every error names the file and the 1-based
-  line (missing file, invalid UTF-8, invalid JSON, and whatever the record parser rejects), raised
-  as the caller's error type.
+  line (missing file, invalid UTF-8, invalid JSON with its column or "the line ends before its value
+  does" for a truncated line, nesting deeper than `MAX_JSON_DEPTH`, and whatever the record parser
+  rejects), raised as the caller's error type.
 """
 from __future__ import annotations
 
 import contextlib
 import json
 import os
+import re
 import secrets
 from pathlib import Path
 from typing import IO, Any, Callable, Iterable, Iterator, Optional, TypeVar
@@ -20,7 +22,7 @@ from typing import IO, Any, Callable, Iterable, Iterator, Optional, TypeVar
 from mempo.utils.types import PathLike
 T = TypeVar("T")
 
-__all__ = ["iter_jsonl", "iter_jsonl_records", "write_jsonl", "jsonl_writer", "JsonlWriter"]
+__all__ = ["MAX_JSON_DEPTH", "iter_jsonl", "iter_jsonl_records", "write_jsonl", "jsonl_writer", "JsonlWriter"]
 
 
 class JsonlWriter:
@@ -84,10 +86,42 @@ def iter_jsonl(path: PathLike, error: type[Exception] = ValueError, *,
                     from None
             if not line.strip():
                 continue
-            try:
-                yield lineno, json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise error(f"{path}:{lineno}: not valid JSON ({exc.msg} at column {exc.colno})") from None
+            yield lineno, _decode_line(line.rstrip("\r\n"), path, lineno, error)
+
+
+#: The deepest nesting of arrays and objects a jsonl line may have (records nest a few levels).
+MAX_JSON_DEPTH = 100
+_NESTING_RE = re.compile(r'"(?:[^"\\]|\\.)*"|[\[\]{}]')
+
+
+def _decode_line(line: str, path: Path, lineno: int, error: type[Exception]) -> Any:
+    """One line's JSON value; `error` naming file, line and column for invalid JSON (a line that ends
+    before its value does says so, instead of pointing past its end), and for nesting deeper than
+    `MAX_JSON_DEPTH` (checked before decoding: the decoder would recurse once per level)."""
+    if line.count("[") + line.count("{") > MAX_JSON_DEPTH:
+        depth = deepest = 0
+        for match in _NESTING_RE.finditer(line):
+            token = match.group()
+            if token in "[{":
+                depth += 1
+                deepest = max(deepest, depth)
+                if deepest > MAX_JSON_DEPTH:
+                    raise error(f"{path}:{lineno}: JSON nested deeper than {MAX_JSON_DEPTH} levels "
+                                f"(at column {match.start() + 1})")
+            elif token in "]}":
+                depth -= 1
+    try:
+        return json.loads(line)
+    except json.JSONDecodeError as exc:
+        if exc.msg.startswith("Unterminated string"):
+            raise error(f"{path}:{lineno}: not valid JSON: the line ends (column {len(line) + 1}) inside the "
+                        f"string that starts at column {exc.colno} (a truncated line?)") from None
+        if exc.pos >= len(line.rstrip()):
+            raise error(f"{path}:{lineno}: not valid JSON: the line ends (column {len(line) + 1}) before its "
+                        f"value does ({exc.msg}; a truncated line?)") from None
+        raise error(f"{path}:{lineno}: not valid JSON ({exc.msg} at column {exc.colno})") from None
+    except RecursionError:
+        raise error(f"{path}:{lineno}: JSON nested too deeply") from None
 
 
 def iter_jsonl_records(path: PathLike, parse: Callable[[Any, int], T], error: type[Exception] = ValueError, *,

@@ -37,6 +37,11 @@ def _cases(tmp: Path) -> dict[str, tuple[list[str], str]]:
     (tmp / "no_assistant.jsonl").write_text(json.dumps({"messages": [{"role": "user", "content": "q"}]}) + "\n")
     (tmp / "latin1.yaml").write_bytes(b"trainer:\n  total_steps: 2\n# r\xe9sum\xe9\n")
     (tmp / "dup.yaml").write_text("trainer:\n  total_steps: 2\nactor:\n  lr: 0.001\ntrainer:\n  save_every: 1\n")
+    anchors = ["&a [1,1,1,1,1,1,1,1,1,1]"] + [f"&{n} [{','.join(['*' + p] * 10)}]" for p, n in zip("abc", "bcd")]
+    bomb = "trainer:\n  seed: [" + ", ".join(anchors) + "]\n"  # 11,110 values: under the node bound, a long value
+    (tmp / "bomb_in_field.yaml").write_text(bomb)
+    (tmp / "qa_dir.jsonl").mkdir()
+    (tmp / "newline.jsonl").write_text(json.dumps({"question": "who\nwrote it?", "answer": "x"}) + "\n")
     used = tmp / "used_run" / "checkpoints" / "step_00000002"
     used.mkdir(parents=True)
     index = tmp / "index"
@@ -75,6 +80,31 @@ def _cases(tmp: Path) -> dict[str, tuple[list[str], str]]:
         "eval_non_model_dir": (["eval", "--model", str(tmp / "junk_model"), "--out", str(tmp / "e2")],
                                "holds no saved model (none of config.json)"),
         "corrupt_index": (["serve-retriever", "--index-dir", str(index), "--port", "0"], "damaged BM25 index"),
+        # issue 21 case 4: output paths are checked before the model loads (empty_model would fail that)
+        "eval_out_is_a_file": (["eval", "--model", str(tmp / "empty_model"), "--out", str(a_file)],
+                               f"--out: {a_file} exists and is not a directory"),
+        "eval_empty_name": (["eval", "--model", str(tmp / "empty_model"), "--out", str(tmp / "e3"), "--name", ""],
+                            "--name: '' is not a plain file stem"),
+        "eval_hidden_name": (["eval", "--model", str(tmp / "empty_model"), "--out", str(tmp / "e4"), "--name",
+                              ".x"], "--name: '.x' is not a plain file stem"),
+        # issue 21 case 6: a value of 10^4 aliased items in one field: the one line stays short
+        "alias_bomb_in_a_field": (["train", "--config", str(tmp / "bomb_in_field.yaml"), "--out", str(tmp / "r9")],
+                                  "trainer.seed: expected int"),
+        # issue 21 case 5: loaders check what later stages assume, before the model loads
+        "train_files_directory": (train(tmp / "r10", "data.source=files", f"data.train_files=[{tmp / 'qa_dir.jsonl'}]",
+                                        f"env.corpus_path={tmp / 'corpus.jsonl'}", "trainer.eval_every=0"),
+                                  "qa_dir.jsonl: is a directory, not a QA file"),
+        "eval_question_with_newline": (["eval", "--model", str(tmp / "empty_model"), "--out", str(tmp / "e5"),
+                                        "eval.objectives=[1]", "--files", str(tmp / "newline.jsonl"), "--corpus",
+                                        str(tmp / "corpus.jsonl")], "newline.jsonl:1: field 'question' holds a line "
+                                                                    "break"),
+        # issue 21 cases 5 and 6: model / tokenizer size mismatches refused at start-up (tiny.yaml:
+        # rollout.max_response_tokens 1024)
+        "vocab_below_tokenizer": (train(tmp / "r11", "model.vocab_size=16"),
+                                  "model.vocab_size: the model has 16 token embeddings but the tokenizer has"),
+        "context_below_sequence": (train(tmp / "r12", "model.max_position_embeddings=512"),
+                                   "model.max_position_embeddings: the model's context is 512 positions, below the "
+                                   "1024 ids"),
         "sft_empty_file": (["sft", "--config", TINY, "--out", str(tmp / "s1"), "--trajectories",
                             str(tmp / "empty.jsonl")], "empty.jsonl: no records"),
         "sft_no_assistant_turns": (["sft", "--config", TINY, "--out", str(tmp / "s2"), "--trajectories",
@@ -85,7 +115,9 @@ def _cases(tmp: Path) -> dict[str, tuple[list[str], str]]:
 CASE_NAMES = ["threads", "out_is_a_file", "missing_model_path", "missing_corpus", "resume_nonexistent",
               "used_run_dir", "dead_retriever", "latin1_yaml", "duplicate_yaml_key", "small_world",
               "eval_empty_model_dir", "eval_non_model_dir", "corrupt_index", "sft_empty_file",
-              "sft_no_assistant_turns"]
+              "sft_no_assistant_turns", "eval_out_is_a_file", "eval_empty_name", "eval_hidden_name",
+              "alias_bomb_in_a_field", "train_files_directory", "eval_question_with_newline",
+              "vocab_below_tokenizer", "context_below_sequence"]
 
 
 @pytest.fixture(scope="module")
@@ -115,3 +147,4 @@ def test_user_error_is_one_line_and_exit_2(outcomes, name):
     assert len(lines) == 1, done.stderr[-3000:]
     assert lines[0].startswith("mempo"), lines[0]
     assert expected in lines[0], lines[0]
+    assert len(lines[0]) < 1200, lines[0][:3000]

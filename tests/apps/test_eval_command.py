@@ -134,3 +134,29 @@ def test_an_unreachable_retriever_fails_before_any_episode(tmp_path, qa_files, c
                           "check") in err
     with pytest.raises(ConfigError, match="env.retriever_url"):
         build_retriever(make_cfg(tmp_path, qa_files, retriever="http", retriever_url="ftp://x"))
+
+
+def test_every_tool_call_failed_is_exit_2_unless_accepted(tmp_path, qa_files, model_dir, capsys, monkeypatch):
+    """Issue 21, case 1: the report is written, then one line saying every call failed and exit 2;
+    ``eval.allow_failed_tools=true`` accepts it (exit 0)."""
+    import mempo.eval
+    from mempo.eval import EvalRow
+
+    def all_failed(model, tokenizer, episodes, retriever, cfg, **kwargs):
+        row = EvalRow(objectives=1, policy="memory", episodes=1, em=0.0, f1=0.0, score=0.0, format_rate=1.0,
+                      answer_rate=1.0, mean_turns=2.0, prompt_tokens_per_episode=10.0, peak_prompt_tokens=10,
+                      mean_prompt_tokens_per_turn=5.0, generated_tokens_per_episode=4.0, dataset="alpha",
+                      tool_calls=3, failed_tool_calls=3)
+        return EvalReport([row], {"tool_calls": 3, "failed_tool_calls": 3, "retriever_name": "HTTPRetriever at u"})
+
+    monkeypatch.setattr(mempo.eval, "evaluate", all_failed)
+    base = ["--model", str(model_dir), "--no-progress", "--no-trajectories", "--corpus", str(tmp_path / "corpus.jsonl"),
+            "--files", str(qa_files[0])]
+    code, err = _run(["--out", str(tmp_path / "o1"), "eval.objectives=[1]", *base], capsys)
+    last = err.strip().splitlines()[-1]
+    assert code == 2 and last.startswith("mempo eval: eval.allow_failed_tools: every tool call failed (3 calls, "
+                                         "retriever: HTTPRetriever at u)"), err
+    assert (tmp_path / "o1" / "eval.json").is_file()  # the numbers are kept, with their counts
+    code, err = _run(["--out", str(tmp_path / "o2"), "eval.objectives=[1]", "eval.allow_failed_tools=true", *base],
+                     capsys)
+    assert code == 0, err

@@ -85,3 +85,36 @@ def test_unreadable_config_files_are_one_line_config_errors(tmp_path):
     with pytest.raises(ConfigError, match=r"broken.yaml: not valid YAML: .* at line \d+") as error:
         load_config(broken)
     assert "\n" not in str(error.value)
+
+
+def _alias_bomb(levels: int, field_value: str) -> str:
+    """A config whose fields nest `levels` lists of ten aliases each (10^levels values expanded), the
+    last one given as the value of ``trainer.`` `field_value`."""
+    names = "abcdefghij"[:levels]
+    lines = ["bomb:", f"  - &{names[0]} [1,1,1,1,1,1,1,1,1,1]"]
+    for previous, name in zip(names, names[1:]):
+        lines.append(f"  - &{name} [" + ",".join([f"*{previous}"] * 10) + "]")
+    return "\n".join(lines).replace("bomb:", "x:") + f"\ntrainer:\n  {field_value}: *{names[-1]}\n"
+
+
+def test_nesting_and_alias_expansion_are_bounded(tmp_path):
+    """Issue 21, cases 5 and 6: YAML nested 50,000 deep was a RecursionError; an alias bomb of nine
+    levels ran out of memory (or made a 39 MB error line)."""
+    from mempo.config.loader import MAX_YAML_DEPTH, MAX_YAML_NODES
+
+    deep = tmp_path / "deep.yaml"
+    deep.write_text("trainer:\n  seed: " + "[" * 50_000 + "]" * 50_000 + "\n")
+    with pytest.raises(ConfigError, match=f"deep.yaml: too large a config: nested deeper than {MAX_YAML_DEPTH} "
+                                          r"levels \(line 2\)"):
+        load_config(deep)
+    bomb = tmp_path / "bomb.yaml"
+    bomb.write_text(_alias_bomb(9, "total_steps"))
+    assert len(bomb.read_bytes()) < 600
+    with pytest.raises(ConfigError, match=f"bomb.yaml: too large a config: more than {MAX_YAML_NODES} values") as error:
+        load_config(bomb)
+    assert len(str(error.value)) < 200
+    # a deep mapping / sequence under the bound is still a config (here: a list where an int is wanted)
+    ok = tmp_path / "ok.yaml"
+    ok.write_text("trainer:\n  seed: " + "[" * 20 + "1" + "]" * 20 + "\n")
+    with pytest.raises(ConfigError, match="trainer.seed: expected int"):
+        load_config(ok)

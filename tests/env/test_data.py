@@ -64,6 +64,20 @@ def test_jsonl_accepts_search_r1_fields_and_aliases(tmp_path):
     (json.dumps({"question": "q", "golden_answers": [["nested"]]}), "must be a string"),
     (json.dumps({"question": "q", "answer": {"text": "x"}}), "must be a string or a list"),
     (json.dumps({"id": "first", "question": "q", "answer": "x"}), "duplicate id 'first'"),
+    # issue 21, case 5: these passed the loader and failed later (a ValueError when drawn, an
+    # unhashable data_source, a UnicodeEncodeError after the model loaded)
+    (json.dumps({"question": "who\nwrote it?", "answer": "x"}), "field 'question' holds a line break ('\\n' at "
+                                                                 "character 4)"),
+    (json.dumps({"question": "who\u2028wrote it?", "answer": "x"}), "field 'question' holds a line break"),
+    (json.dumps({"question": "q", "answer": "x", "data_source": ["nq"]}), "field 'data_source' must be a string, "
+                                                                        "got list"),
+    (json.dumps({"question": "q", "answer": "x", "data_source": {"a": 1}}), "'data_source' must be a string, got dict"),
+    ('{"question": "caf\\ud800", "answer": "x"}', "field 'question' is not encodable text (surrogates not allowed "
+                                                  "at character 4)"),
+    ('{"question": "q", "answer": ["ok", "\\udfff"]}', "field 'answer[1]' is not encodable text"),
+    # issue 21, case 6: a 50 MB question ran for minutes; the bound is MAX_QUESTION_CHARS
+    (json.dumps({"question": "why " * 2000, "answer": "x"}), "field 'question' is 8000 characters long; the limit "
+                                                             "is 4096"),
 ])
 def test_bad_jsonl_lines_name_file_and_line(tmp_path, line, message):
     path = write_lines(tmp_path / "bad.jsonl", [json.dumps({"id": "first", "question": "q", "answer": "a"}), "", line])
@@ -228,3 +242,24 @@ def test_ids_are_unique_per_data_source_and_records_group_into_datasets(tmp_path
         load_qa_datasets([tmp_path / "absent.parquet"])
     with pytest.raises(DataError, match="no QA files given"):
         load_qa_datasets([])
+
+
+def test_a_directory_or_a_file_given_twice_is_refused(tmp_path):
+    """Issue 21: ``data.train_files`` naming a directory was a traceback (case 5); the same QA file
+    given twice doubled the question pool silently (case 7: refused, by any path)."""
+    from mempo.env.data import check_qa_files, load_qa_datasets
+
+    path = write_lines(tmp_path / "qa.jsonl", [json.dumps({"question": "q1", "answer": "a"})])
+    other = write_lines(tmp_path / "other.jsonl", [json.dumps({"question": "q2", "answer": "b"})])
+    folder = tmp_path / "folder.jsonl"
+    folder.mkdir()
+    for load in (load_qa, lambda p: load_qa_datasets([p]), lambda p: check_qa_files([p])):
+        with pytest.raises(DataError, match=r"folder\.jsonl: is a directory, not a QA file"):
+            load(folder)
+    again = tmp_path / "sub" / ".." / "qa.jsonl"
+    (tmp_path / "sub").mkdir()
+    for paths in ([path, path], [path, other, again]):
+        with pytest.raises(DataError, match=r"qa\.jsonl: the same QA file is given twice \(also as .*qa\.jsonl\)"):
+            load_qa_datasets(paths)
+    assert check_qa_files([str(path), other]) == [path, other]
+    assert len(load_qa_datasets([path, other])) == 2

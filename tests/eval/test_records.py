@@ -40,3 +40,21 @@ def test_examples_and_the_markdown_report(tmp_path, qa_files):
     assert f"[score] EM 1.00, F1 1.00, score 1.00, format ok" in rendered
     assert rendered in text
     assert "A correct episode" not in report.markdown("Files", examples=False)
+
+
+def test_golds_and_answers_are_shortened_like_the_other_fields():
+    """Issue 21, case 7: eval.md printed every gold alias whole (a 100 kB alias list, a 100 kB line)."""
+    from mempo.eval import TOOL_RESULT_CHARS, EpisodeRecord, EvalReport, Examples, EvalRow
+
+    golds = [[f"alias number {i} " + "x" * 50 for i in range(2000)]]
+    record = EpisodeRecord(dataset="d", objectives=1, policy="memory", episode_id="e0", questions=["q?"], golds=golds,
+                           system="s", user="q?", rounds=[], finish_reason="answer", final_answer="y" * 5000,
+                           predictions=["y" * 5000], em=0.0, f1=0.0, score=0.0, format_ok=True)
+    row = EvalRow(objectives=1, policy="memory", episodes=1, em=0.0, f1=0.0, score=0.0, format_rate=1.0,
+                  answer_rate=1.0, mean_turns=1.0, prompt_tokens_per_episode=1.0, peak_prompt_tokens=1,
+                  mean_prompt_tokens_per_turn=1.0, generated_tokens_per_episode=1.0, dataset="d")
+    text = EvalReport([row], examples={("d", 1): Examples(None, record)}).markdown("t")
+    gold_line = next(line for line in text.splitlines() if line.startswith("  1. predicted"))
+    assert len(gold_line) < 3 * TOOL_RESULT_CHARS and gold_line.count("more characters]") == 2
+    assert "alias number 0 " in gold_line and "alias number 1999" not in text
+    assert max(len(line) for line in text.splitlines()) < 2000

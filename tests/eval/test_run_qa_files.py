@@ -12,6 +12,7 @@ pytest.importorskip("transformers")
 
 from mempo.env.bm25 import BM25Retriever
 from mempo.env.build import build_retriever
+from mempo.env.retriever import Retriever, RetrieverUnavailableError
 from mempo.eval import EpisodeRecord, EvalReport, evaluate, qa_eval_episodes, render_episode
 from mempo.rollout.backends.base import GenerationRequest
 from mempo.records.trajectory import Trajectory
@@ -231,3 +232,40 @@ def test_a_random_hf_model_is_told_no_gold(tmp_path, qa_files, model_dir):
         assert all(math.isfinite(v) for v in vars(row).values() if isinstance(v, float))
     for request in backend.requests:
         assert not UNFINDABLE.search(tok.decode(request.prompt_ids))
+
+
+class _FailingRetriever(Retriever):
+    """Every call fails, as against a server whose /health answers and /retrieve returns HTTP 500."""
+
+    def num_docs(self):
+        return 1
+
+    def search(self, queries, topk=3):
+        raise RetrieverUnavailableError("retriever at http://x/retrieve answered HTTP 500")
+
+    def access(self, doc_id, page=0, page_chars=None):
+        raise RetrieverUnavailableError("retriever at http://x/access answered HTTP 500")
+
+
+def test_failed_tool_calls_are_counted_warned_and_written(tmp_path, qa_files):
+    """Issue 21, case 1: every call failing used to give "EM 0.000, format 1.00" and no word about it."""
+    tok = chat_tokenizer()
+    cfg = make_cfg(tmp_path, qa_files[:1], policies=["memory"], objectives=[1])
+    lines = []
+    report = evaluate(None, tok, qa_eval_episodes(cfg).episodes, _FailingRetriever(), cfg,
+                      backend=reader_backend(tok), show_progress=False, log=lines.append)
+    assert all(r.tool_calls > 0 and r.failed_tool_calls == r.tool_calls for r in report.rows), report.rows
+    assert report.all_tool_calls_failed()
+    warnings = [line for line in lines if "tool calls failed" in line]
+    assert len(warnings) == len(report.rows) and all("_FailingRetriever" in line for line in warnings)
+    assert "every tool call failed" in lines[-1] and "_FailingRetriever" in lines[-1]
+    paths = report.write(tmp_path / "out", "eval")
+    rows = json.loads(paths["json"].read_text())["rows"]
+    assert all(r["failed_tool_calls"] == r["tool_calls"] > 0 for r in rows)
+    assert "| failed calls |" in paths["markdown"].read_text()
+    # the same run against the working retriever: calls counted, none failed, no warning
+    lines.clear()
+    good = evaluate(None, tok, qa_eval_episodes(cfg).episodes, build_retriever(cfg), cfg,
+                    backend=reader_backend(tok), show_progress=False, log=lines.append)
+    assert all(r.tool_calls > 0 and r.failed_tool_calls == 0 for r in good.rows)
+    assert not good.all_tool_calls_failed() and not any("failed" in line for line in lines)

@@ -64,6 +64,26 @@ def test_a_template_file_is_used_and_checked(tmp_path, qwen3_tok):
         ChatFormat(chat_tokenizer(), template="nope.jinja")
 
 
+@pytest.mark.parametrize("template, detail", [
+    ("{% for m in messages %}{{ m['content'] }", "TemplateSyntaxError"),
+    ("{{ raise_exception('this template wants alternating roles') }}", "this template wants alternating roles"),
+    ("{% for m in messages %}{{ m['content'] | no_such_filter }}{% endfor %}", "no_such_filter"),
+])
+def test_a_template_that_cannot_render_is_one_clear_error(tmp_path, template, detail):
+    """Issue 21, case 5: a Jinja syntax error, raise_exception() or an unknown filter was a jinja2
+    traceback; the probe conversation is rendered at start-up and its error named."""
+    path = tmp_path / "bad.jinja"
+    path.write_text(template)
+    with pytest.raises(ChatTemplateError, match=r"^rollout\.chat_template: the chat template fails on a probe "
+                                                r"conversation \(.*rollout\.chat_template=builtin") as error:
+        ChatFormat(chat_tokenizer(), template=str(path))
+    assert detail in str(error.value) and "\n" not in str(error.value)
+    tok = copy.deepcopy(chat_tokenizer())
+    tok.chat_template = template  # the tokenizer's own template under "auto" alike
+    with pytest.raises(ChatTemplateError, match=detail):
+        ChatFormat(tok, template="auto")
+
+
 def test_training_sft_and_eval_read_the_config_choice(tmp_path, qwen3_tok):
     """The same model and Qwen3-like tokenizer: the config's "auto" is refused by the training
     rollout, the SFT example builder and the evaluation; "builtin" works in all three and gives

@@ -44,3 +44,30 @@ def test_a_failed_block_keeps_the_old_file_and_removes_the_temporary_one(tmp_pat
         write_jsonl(path, objects())
     assert path.read_text(encoding="utf-8") == '{"old": true}\n'
     assert sorted(p.name for p in tmp_path.iterdir()) == ["records.jsonl"]
+
+
+def test_deep_nesting_and_truncated_lines_name_line_and_column(tmp_path):
+    """Issue 21: JSON nested 30,000 deep was a RecursionError (case 5); a truncated line's error said
+    "column 1" (the position after its newline) instead of where and why it ends (case 7)."""
+    from mempo.utils.jsonl import MAX_JSON_DEPTH
+
+    def error_of(line):
+        path = tmp_path / "a.jsonl"
+        path.write_text('{"ok": 1}\n' + line + "\n", encoding="utf-8")
+        with pytest.raises(ValueError) as error:
+            list(iter_jsonl(path))
+        return str(error.value)
+
+    message = error_of("[" * 30_000 + "]" * 30_000)
+    assert message == f"{tmp_path / 'a.jsonl'}:2: JSON nested deeper than {MAX_JSON_DEPTH} levels (at column " \
+                      f"{MAX_JSON_DEPTH + 1})"
+    assert error_of('{"id": "q1", "question": "who') == (
+        f"{tmp_path / 'a.jsonl'}:2: not valid JSON: the line ends (column 30) inside the string that starts at "
+        "column 26 (a truncated line?)")
+    message = error_of('{"id": "q1", "golden_answers": [')
+    assert "the line ends (column 33) before its value does" in message and "column 1)" not in message
+    assert "(Extra data at column 9)" in error_of('{"a": 1}}')
+    # brackets inside strings do not count as nesting; real nesting under the bound decodes
+    path = tmp_path / "ok.jsonl"
+    path.write_text(json.dumps({"q": "[" * 500, "n": [[[[1]]]]}) + "\n", encoding="utf-8")
+    assert [obj for _, obj in iter_jsonl(path)] == [{"q": "[" * 500, "n": [[[[1]]]]}]
