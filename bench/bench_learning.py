@@ -6,8 +6,14 @@
     mempo_nothresh  memory_weight = 1, scoring.threshold = null (every answer token counts)
 
 for several seeds each, equal RL steps and questions, then evaluation under the memory context at
-k = 2, 4, 6 objectives (beyond the trained k, as the paper does): EM, F1, prompt tokens per
-episode; means and standard deviations over seeds; one plot.
+the demo's evaluated k (its ``eval.objectives``; with k = 6 in it, beyond the trained k, as the
+paper does): EM, F1, prompt tokens per episode; means and standard deviations over seeds; one plot.
+
+Held out: the evaluation asks only about entities no SFT or RL question asks about
+(`mempo.synthetic.heldout`). The SFT model is the demo's, whose data left out the subjects of the
+demo's evaluation (``eval.objectives`` x ``eval.episodes``); an evaluation here (``--ks``,
+``--episodes``) asking about any other entity is refused before anything runs (run the demo with
+``eval.objectives=[2,4,6]`` to evaluate k = 6 here), and the RL questions leave out both sets.
 
 Run (after the demo, whose output holds the SFT model and the configuration):
 
@@ -15,7 +21,7 @@ Run (after the demo, whose output holds the SFT model and the configuration):
     .venv-test/bin/python bench/bench_learning.py --demo-out demo_out --out bench_learning_out
 
 Options: --seeds (default 0 1 2), --steps (RL steps per run; default the demo config's
-trainer.total_steps), --ks (default 2 4 6), --episodes (evaluation episodes per k; default the
+trainer.total_steps), --ks (default the demo config's eval.objectives), --episodes (evaluation episodes per k; default the
 config's eval.episodes), --variants, and dotted config overrides (``key=value``, anywhere). Writes
 ``<out>/results.json`` (every run's rows and training totals), ``<out>/results.md`` (the table) and
 ``<out>/ablation.png``.
@@ -43,6 +49,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from mempo.apps.demo import rl_episodes
 from mempo.config import MempoConfig, load_config, split_overrides
 from mempo.synthetic.build import build_world
+from mempo.synthetic.heldout import held_out_subjects
 from mempo.eval import eval_episodes, evaluate
 from mempo.train.logging import read_metrics
 from mempo.train.metric_names import TOKENS
@@ -80,15 +87,33 @@ def _mean_std(values: Sequence[float]) -> tuple[float, float]:
     return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
 
 
-def run(demo_out: Path, out: Path, *, seeds: Sequence[int], steps: Optional[int], ks: Sequence[int],
+class NotHeldOut(ValueError):
+    """The evaluation asks about entities the demo's SFT data may have asked about."""
+
+
+def check_held_out(sft_held_out: frozenset[str], eval_held_out: frozenset[str]) -> None:
+    """NotHeldOut unless every subject of this evaluation (`eval_held_out`) was held out of the SFT
+    data (`sft_held_out`: the demo's evaluation subjects)."""
+    missing = eval_held_out - sft_held_out
+    if missing:
+        raise NotHeldOut(f"{len(missing)} of the {len(eval_held_out)} entities this evaluation asks about were not "
+                         "held out of the demo's SFT data (its eval.objectives x eval.episodes); evaluate the demo's "
+                         "k and episodes (--ks / --episodes) or rerun the demo with them in eval.objectives / "
+                         "eval.episodes")
+
+
+def run(demo_out: Path, out: Path, *, seeds: Sequence[int], steps: Optional[int], ks: Optional[Sequence[int]],
         episodes: Optional[int], variants: Sequence[str], overrides: Sequence[str] = ()) -> dict[str, Any]:
     cfg = load_config(demo_out / "config.yaml", list(overrides))
     sft_model = demo_out / "model_sft"
     steps = int(steps if steps is not None else cfg.trainer.total_steps)
+    ks = [int(k) for k in (ks if ks is not None else cfg.eval.objectives)]
     env = build_world(cfg)
     episodes_by_k = eval_episodes(env.world, cfg, num_episodes=episodes, objectives=ks)
-    held_out = {q for eps in episodes_by_k.values() for e in eps for q in e.questions}
-    training = rl_episodes(cfg, env.world, held_out, steps)
+    sft_held_out = held_out_subjects(eval_episodes(env.world, cfg))  # what the demo's SFT data left out
+    eval_held_out = held_out_subjects(episodes_by_k)
+    check_held_out(sft_held_out, eval_held_out)
+    training = rl_episodes(cfg, env.world, sft_held_out | eval_held_out, steps)
     tokenizer = AutoTokenizer.from_pretrained(sft_model)
     out.mkdir(parents=True, exist_ok=True)
     results: dict[str, Any] = {"demo_out": str(demo_out), "steps": steps, "seeds": list(seeds), "ks": list(ks),
@@ -185,7 +210,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--out", type=Path, default=Path("bench_learning_out"))
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--steps", type=int, default=None)
-    parser.add_argument("--ks", type=int, nargs="+", default=[2, 4, 6])
+    parser.add_argument("--ks", type=int, nargs="+", default=None, help="default: the config's eval.objectives")
     parser.add_argument("--episodes", type=int, default=None)
     parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
@@ -195,8 +220,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args.overrides = overrides
     if args.threads:
         torch.set_num_threads(args.threads)
-    results = run(args.demo_out, args.out, seeds=args.seeds, steps=args.steps, ks=args.ks, episodes=args.episodes,
-                  variants=args.variants, overrides=args.overrides)
+    try:
+        results = run(args.demo_out, args.out, seeds=args.seeds, steps=args.steps, ks=args.ks,
+                      episodes=args.episodes, variants=args.variants, overrides=args.overrides)
+    except NotHeldOut as error:
+        print(f"bench_learning: {error}", file=sys.stderr)
+        return 2
     print(results["table"])
     print(f"{results['seconds']:.0f} s; {args.out / 'results.md'}")
     return 0

@@ -33,10 +33,10 @@ with the same setting reuses them; another setting is refused unless --reroll), 
 
 Held out: the episodes are the demo's evaluation episodes (`mempo.eval.eval_episodes` with the demo's
 configuration: ``eval.episodes`` per k of ``eval.objectives``, the first ``--questions`` of each). The
-demo drops every cold-start (SFT) episode sharing a question with them (`mempo.apps.demo.run_demo`,
-`mempo.synthetic.cold_start.oracle_cold_start`), so the SFT model never trained on these questions;
-a k outside ``eval.objectives`` is refused, and the results record how many of the rollout questions
-an SFT episode of this configuration asks (0 unless the demo changed). The rollouts use the
+demo's SFT and RL questions never have a subject of them (`mempo.synthetic.heldout`), so the SFT
+model never trained on these questions' entities; a k outside ``eval.objectives`` is refused, and the
+results record how many of the rollout episodes' subjects an SFT episode of this configuration asks
+about (0 unless the demo changed). The rollouts use the
 ``rollout`` section (the RL rollouts' settings: the memory reward is computed on those in training)
 with ``group_size`` = --samples; the golds reach the outcome and the teacher scoring only.
 
@@ -76,6 +76,7 @@ from mempo.rollout.loop import RolloutEngine
 from mempo.scoring import compute_memory_rewards
 from mempo.seeds import sft_question_seed
 from mempo.synthetic.build import build_world
+from mempo.synthetic.heldout import held_out_subjects, training_episodes
 from mempo.utils.atomic import replace_file_atomically
 from mempo.utils.jsonl import write_jsonl
 from mempo.utils.machine import machine_facts
@@ -328,18 +329,19 @@ def held_out_episodes(world: Any, cfg: MempoConfig, ks: Sequence[int], questions
     return {k: drawn[k][:questions] for k in ks}
 
 
-def sft_questions_shared(world: Any, cfg: MempoConfig, questions: set[str]) -> Optional[int]:
-    """How many of `questions` an SFT (cold-start) episode of this configuration asks: the demo's
-    draw (``synthetic.oracle_objectives`` x ``oracle_episodes``, seed `sft_question_seed`) less the
-    episodes sharing a question with its whole evaluation set. None without ``oracle_objectives``."""
+def sft_subjects_shared(world: Any, cfg: MempoConfig, asked: Mapping[int, Sequence[Any]]) -> Optional[int]:
+    """How many hop subjects of the `asked` episodes an SFT (cold-start) episode of this configuration
+    asks about: the demo's draw (`mempo.synthetic.heldout.training_episodes`, ``synthetic.oracle_objectives``
+    x ``oracle_episodes``, seed `sft_question_seed`, the evaluation's subjects held out). 0 unless the
+    demo changed; None without ``oracle_objectives``."""
     s = cfg.synthetic
     if s.oracle_objectives is None:
         return None
-    held = {q for eps in eval_episodes(world, cfg).values() for e in eps for q in e.questions}
-    kept = [e for k in s.oracle_objectives
-            for e in world.episodes(int(k), s.oracle_episodes, seed=sft_question_seed(cfg.data.seed, k))
-            if not set(e.questions) & held]
-    return len({q for e in kept for q in e.questions} & questions)
+    held = held_out_subjects(eval_episodes(world, cfg))
+    sft = held_out_subjects([e for k in s.oracle_objectives
+                             for e in training_episodes(world, int(k), s.oracle_episodes,
+                                                        sft_question_seed(cfg.data.seed, k), held)])
+    return len(held_out_subjects(asked) & sft)
 
 
 def model_digest(model_dir: Path) -> str:
@@ -442,7 +444,7 @@ def run(demo_out: Path, out: Path, *, questions: int = 32, samples: int = 8, ks:
     env = build_world(cfg)
     episodes_by_k = held_out_episodes(env.world, cfg, ks, questions)
     asked = {q for eps in episodes_by_k.values() for e in eps for q in e.questions}
-    shared = sft_questions_shared(env.world, cfg, asked)
+    shared = sft_subjects_shared(env.world, cfg, episodes_by_k)
     tokenizer = AutoTokenizer.from_pretrained(sft_model)
     model = AutoModelForCausalLM.from_pretrained(sft_model).to(device)
     model.eval()
@@ -476,7 +478,7 @@ def run(demo_out: Path, out: Path, *, questions: int = 32, samples: int = 8, ks:
         "scoring": {name: dataclasses.asdict(configs[name].scoring) for name in definitions},
         "held_out": {"episodes": "the first --questions of mempo.eval.eval_episodes(world, demo config) per k",
                      "eval_episodes_per_k": cfg.eval.episodes, "questions": len(asked),
-                     "questions_in_sft_episodes": shared},
+                     "subjects_in_sft_episodes": shared},
         "rollouts": made, "scoring_seconds": dict(seconds), "seconds": time.perf_counter() - began,
         "machine": machine_facts(), "device": device,
         "signal": table, "table": markdown_table(table),
@@ -495,7 +497,7 @@ def setting_lines(results: Mapping[str, Any]) -> list[str]:
     return [f"{results['questions']} held-out episodes x {results['samples']} samples per k (rollout seed "
             f"{results['seed']}) from `{results['demo_out']}/model_sft` (weights sha256 "
             f"{results['model_sha256'][:12]}); {made}. Questions of these episodes in SFT episodes: "
-            f"{results['held_out']['questions_in_sft_episodes']}.",
+            f"{results['held_out']['subjects_in_sft_episodes']}.",
             "Definitions (overrides on the library's scoring defaults): " +
             ", ".join(f"`{name}` {json.dumps(o)}" for name, o in results["definitions"].items()) + ".",
             f"Machine: {machine.get('cpu_count')} CPUs, {machine.get('platform')}, device {results['device']}; "

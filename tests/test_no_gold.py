@@ -102,16 +102,17 @@ def test_train_eval_and_demo_never_show_a_gold(tmp_path, trace):
     assert violations(trace, result.tokenizer) == []
     trace.clear()
 
-    # 2. evaluation of the trained policy (both context policies)
+    # 2. evaluation of the trained policy (both context policies, each also closed-book)
     eval_cfg = load_config(TINY, ["eval.objectives=[2]", "eval.episodes=2", "eval.max_turns=3",
-                                  "eval.policies=[memory,full]", "rollout.max_new_tokens_per_round=48"])
+                                  "eval.policies=[memory,full]", "eval.closed_book=true",
+                                  "rollout.max_new_tokens_per_round=48"])
     world, retriever = build_world(eval_cfg)
     evaluate(result.model, result.tokenizer, eval_episodes(world, eval_cfg), retriever, eval_cfg, show_progress=False)
-    assert summary(trace)["tasks"] == 4 and summary(trace)["generate_calls"] > 0
+    assert summary(trace)["tasks"] == 8 and summary(trace)["generate_calls"] > 0
     assert violations(trace, result.tokenizer) == []
     trace.clear()
 
-    # 3. a tiny demo: SFT, evaluation before and after, RL
+    # 3. a tiny demo: SFT, evaluation before and after (with the closed-book pass of configs/demo.yaml), RL
     from support.demo_smoke import SMOKE
     from transformers import AutoTokenizer
 

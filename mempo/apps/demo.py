@@ -7,20 +7,25 @@ long it took; timings go to ``stages.json``, `mempo.apps.report.StageTimes`):
               ``env`` section's retriever over it (`mempo.synthetic.build.build_world`: BM25 by default);
 2. oracle     oracle trajectories (`mempo.synthetic.cold_start.oracle_cold_start`: memory context, think style
               ``synthetic.oracle_think``) on ``synthetic.oracle_episodes`` episodes of each of ``synthetic.oracle_objectives``
-              objectives; only correct ones (score 1) are kept, as the paper's cold-start data. SFT
-              and RL episodes are drawn with other question seeds than the evaluation's
-              (`mempo.seeds`), and any that shares a question with an evaluation episode is dropped,
-              so the evaluation questions are never trained on;
+              objectives; ``synthetic.oracle_keep`` says which are kept (``correct``: score 1 only,
+              as the paper's cold-start data; ``all``, the demo's: every one, the teacher's failures
+              too). SFT and RL episodes are drawn with other question seeds than the evaluation's
+              (`mempo.seeds`) and by `mempo.synthetic.heldout.training_episodes`: no SFT or RL
+              question is about an entity an evaluation question asks about (the held-out subjects);
 3. tokenizer  a byte-level BPE (`mempo.model.builtin.train_tokenizer`, ``synthetic.vocab_size``) trained on the
               documents and the oracle texts;
 4. model      a randomly initialised Qwen2 (`mempo.model.builtin.tiny_model`, ``synthetic.model_size``),
               then, with ``synthetic.copy_warmup_steps`` > 0, a copy warm-up stage (`mempo.synthetic.copy_warmup`:
               the model learns to copy ids from its context, on random sequences of the world's name ids);
 5. sft        supervised cold start on the oracle trajectories (`mempo.train.sft.run_sft` with the ``sft``
-              section; with ``sft.prompt_loss_weight`` > 0 the prompt tokens are modelled too); the
-              model is saved to ``<out>/model_sft``;
+              section; with ``sft.prompt_loss_weight`` > 0 the prompt tokens are modelled too): ``sft.steps``
+              optimiser steps, so that the model does not depend on the machine's speed;
+              ``sft.max_seconds`` is a safety net, and when it cuts SFT short the log and the report
+              say so (`sft_bound_line`); the model is saved to ``<out>/model_sft``;
 6. eval-before  evaluation (`mempo.eval.evaluate`) of ``eval.episodes`` episodes for each of
-              ``eval.objectives`` under ``eval.policies`` (the memory context) -> ``eval_before.json`` / ``.md``;
+              ``eval.objectives`` under ``eval.policies`` (the memory context), and with
+              ``eval.closed_book`` the same model closed-book (every search finds nothing: how much of
+              the EM comes from retrieval) -> ``eval_before.json`` / ``.md``;
 7. rl         MemPO RL (`mempo.train.trainer.train`, ``trainer.total_steps`` steps) into
               ``<out>/rl`` (``metrics.jsonl``); the model is saved to ``<out>/model_rl``;
 8. eval-after the same evaluation -> ``eval_after.json`` / ``.md``;
@@ -68,12 +73,13 @@ from mempo.synthetic.copy_warmup import CopyWarmup, copy_warmup
 from mempo.train.logging import MetricsLogger
 from mempo.train.sft import run_sft
 from mempo.synthetic.cold_start import ColdStart, oracle_cold_start
+from mempo.synthetic.heldout import held_out_subjects, training_episodes
 from mempo.train.trainer import TrainResult, prepare_out_dir, train
 from mempo.utils.machine import machine_facts
 from mempo.utils.types import PathLike
 
 __all__ = ["DEMO_CONFIG", "load_demo_config", "run_demo", "rl_episodes", "DemoResult", "DemoTargets",
-           "target_lines"]
+           "target_lines", "sft_bound_line"]
 T = TypeVar("T")
 
 def _demo_config_path() -> Path:
@@ -168,7 +174,8 @@ def _world_stage(cfg: MempoConfig) -> Staged[SyntheticEnv]:
     return Staged(env, f"{env.world.num_documents} documents ({len(env.world.entities)} entities), {index}")
 
 
-def _oracle_stage(cfg: MempoConfig, env: SyntheticEnv, held_out: set[str], show_progress: bool) -> Staged[ColdStart]:
+def _oracle_stage(cfg: MempoConfig, env: SyntheticEnv, held_out: frozenset[str],
+                  show_progress: bool) -> Staged[ColdStart]:
     cold = oracle_cold_start(env.world, build_tools(cfg, env.retriever), cfg, held_out, show_progress=show_progress)
     correct = sum(float(t.score.get("score", 0.0)) == 1.0 for t in cold.trajectories)
     if cfg.synthetic.oracle_keep == "all":
@@ -179,8 +186,8 @@ def _oracle_stage(cfg: MempoConfig, env: SyntheticEnv, held_out: set[str], show_
                 else "correct oracle trajectories kept")
     rounds = sum(t.num_rounds for t in cold.trajectories)
     return Staged(cold, f"{len(cold.trajectories)}/{cold.ran} {what} ({rounds} rounds; objectives "
-                        f"{list(cfg.synthetic.oracle_objectives)}; {cold.dropped} episodes sharing a question with the "
-                        f"evaluation dropped)")
+                        f"{list(cfg.synthetic.oracle_objectives)}; no question about the {cold.held_out} entities the "
+                        f"evaluation asks about)")
 
 
 def _tokenizer_stage(cfg: MempoConfig, world: Any, trajectories: Sequence[Any]) -> Staged[Any]:
@@ -220,10 +227,20 @@ def _sft_stage(cfg: MempoConfig, model: Any, tokenizer: Any, trajectories: Seque
         metrics = run_sft(cfg, model, tokenizer, trajectories, seed=cfg.synthetic.model_seed, logger=logger)
     _save_model(out / "model_sft", model, tokenizer)
     shown = [(name, metrics[name]) for name in ("first_loss", "last_loss", "steps", "tokens", "examples", "epochs",
-                                                "seconds") if metrics[name] is not None]
+                                                "seconds", "time_bound") if metrics[name] is not None]
     numbers = ", ".join(f"{name}={value:.4g}" if isinstance(value, float) else f"{name}={value}"
                         for name, value in shown)
     return Staged(metrics, f"{numbers}; saved to {out / 'model_sft'}")
+
+
+def sft_bound_line(cfg: MempoConfig, metrics: dict[str, Any]) -> Optional[str]:
+    """The line the log and the report carry when the SFT time bound (``sft.max_seconds``) ended SFT
+    before ``sft.steps`` did (`mempo.train.sft.run_sft`'s ``time_bound``), else None."""
+    if not metrics.get("time_bound"):
+        return None
+    return (f"SFT was cut by the time bound sft.max_seconds={cfg.sft.max_seconds:g} after {metrics['steps']} of "
+            f"sft.steps={cfg.sft.steps} steps: this machine was slower than the demo assumes, and the numbers below "
+            "depend on its speed")
 
 
 def _eval_stage(cfg: MempoConfig, model: Any, tokenizer: Any, episodes_by_k: dict[int, list], retriever: Any,
@@ -236,21 +253,17 @@ def _eval_stage(cfg: MempoConfig, model: Any, tokenizer: Any, episodes_by_k: dic
     return Staged(report, cells)
 
 
-def rl_episodes(cfg: MempoConfig, world: Any, held_out: set[str], steps: int) -> list[Any]:
+def rl_episodes(cfg: MempoConfig, world: Any, held_out: frozenset[str], steps: int) -> list[Any]:
     """The RL stage's training episodes: ``steps * data.questions_per_step`` episodes of
-    ``data.num_objectives`` objectives (question seed ``data.seed``) sharing no question with
-    `held_out` (the first draws when the world is too small to avoid it)."""
-    wanted = steps * cfg.data.questions_per_step
-    drawn = world.episodes(cfg.data.num_objectives, 2 * wanted, seed=cfg.data.seed)
-    episodes = [e for e in drawn if not set(e.questions) & held_out][:wanted]
-    if len(episodes) < wanted:  # a tiny world: fall back to the first draws
-        episodes = drawn[:wanted]
-    return episodes
+    ``data.num_objectives`` objectives (question seed ``data.seed``), none asking about a held-out
+    subject (`mempo.synthetic.heldout.training_episodes`; `held_out`: entity names)."""
+    return training_episodes(world, cfg.data.num_objectives, steps * cfg.data.questions_per_step, cfg.data.seed,
+                             held_out)
 
 
-def _rl_stage(cfg: MempoConfig, model: Any, tokenizer: Any, env: SyntheticEnv, held_out: set[str],
+def _rl_stage(cfg: MempoConfig, model: Any, tokenizer: Any, env: SyntheticEnv, held_out: frozenset[str],
               out: Path) -> Staged[TrainResult]:
-    """MemPO RL from `model` on training episodes that share no question with the evaluation."""
+    """MemPO RL from `model` on training episodes that ask about no entity the evaluation asks about."""
     steps = cfg.trainer.total_steps
     episodes = rl_episodes(cfg, env.world, held_out, steps)
     result = train(cfg, model=model, tokenizer=tokenizer, episodes=episodes, retriever=env.retriever,
@@ -371,18 +384,20 @@ def target_lines(before: Optional[EvalReport], after: Optional[EvalReport], seco
 
 
 def _report(out: Path, stages: _Stages, before: EvalReport, after: EvalReport,
-            pair: Optional[tuple[EpisodeRecord, EpisodeRecord]] = None, memory: Sequence[str] = ()) -> ReportResult:
+            pair: Optional[tuple[EpisodeRecord, EpisodeRecord]] = None, memory: Sequence[str] = (),
+            notes: Sequence[str] = ()) -> ReportResult:
     stages.save()
     metrics_path = out / "rl" / "metrics.jsonl"
     return write_report(out, before=before, after=after, metrics_path=metrics_path if metrics_path.is_file() else None,
                         stages=stages.times, machine=stages.times.machine, title="MemPO CPU demo report",
-                        episode_pair=pair, notes=target_lines(before, after, stages.times.total_seconds),
+                        episode_pair=pair, notes=[*notes, *target_lines(before, after, stages.times.total_seconds)],
                         sections=[memory] if memory else [])
 
 
 def _report_stage(out: Path, stages: _Stages, before: EvalReport, after: EvalReport,
-                  pair: Optional[tuple[EpisodeRecord, EpisodeRecord]], memory: Sequence[str]) -> Staged[ReportResult]:
-    result = _report(out, stages, before, after, pair, memory)
+                  pair: Optional[tuple[EpisodeRecord, EpisodeRecord]], memory: Sequence[str],
+                  notes: Sequence[str]) -> Staged[ReportResult]:
+    result = _report(out, stages, before, after, pair, memory, notes)
     return Staged(result, f"{result.path} and {len(result.plots)} plots ({', '.join(sorted(result.plots))})")
 
 
@@ -404,13 +419,17 @@ def run_demo(cfg: MempoConfig, out_dir: PathLike, *, echo: Callable[[str], None]
 
     env = stages.run("world", _world_stage, cfg)
     episodes_by_k = eval_episodes(env.world, cfg)
-    held_out = {q for episodes in episodes_by_k.values() for e in episodes for q in e.questions}
+    held_out = held_out_subjects(episodes_by_k)
     cold = stages.run("oracle", _oracle_stage, cfg, env, held_out, show_progress)
     tokenizer = stages.run("tokenizer", _tokenizer_stage, cfg, env.world, cold.trajectories)
     model = stages.run("model", _model_stage, cfg, tokenizer)
     if cfg.synthetic.copy_warmup_steps:
         stages.run("copy-warmup", _copy_stage, cfg, model, tokenizer, env.world)
-    stages.run("sft", _sft_stage, cfg, model, tokenizer, cold.trajectories, out)
+    sft_metrics = stages.run("sft", _sft_stage, cfg, model, tokenizer, cold.trajectories, out)
+    bound = sft_bound_line(cfg, sft_metrics)
+    notes = [bound] if bound else []
+    if bound:
+        echo(bound)
     before = stages.run("eval-before", _eval_stage, cfg, model, tokenizer, episodes_by_k, env.retriever, "before",
                         out, echo, show_progress)
     trained = stages.run("rl", _rl_stage, cfg, model, tokenizer, env, held_out, out)
@@ -418,8 +437,8 @@ def run_demo(cfg: MempoConfig, out_dir: PathLike, *, echo: Callable[[str], None]
                        "after", out, echo, show_progress)
     pair = episode_pair(before, after, episodes_by_k, tokenizer, cfg.rollout.system_prompt)
     memory = memory_outcome_section(before, after, episodes_by_k, tokenizer, cfg.rollout.system_prompt)
-    report = stages.run("report", _report_stage, out, stages, before, after, pair, memory)
-    _report(out, stages, before, after, pair, memory)  # again, so that the stage table includes the report stage itself
+    report = stages.run("report", _report_stage, out, stages, before, after, pair, memory, notes)
+    _report(out, stages, before, after, pair, memory, notes)  # again, so that the stage table includes the report stage itself
     echo(f"done in {time.perf_counter() - stages.started:.1f} s; report: {report.path}")
     return DemoResult(out, report.path, list(stages.times.stages), before, after)
 

@@ -19,7 +19,8 @@ Conventions
 * The report states the measured numbers: machine facts (CPU count, torch version, ...), stage wall
   times, a before/after table (EM, F1, prompt tokens per episode, peak prompt tokens per turn) for
   every evaluated number of objectives under the memory context (and the full context when
-  evaluated), the training curve (per step, the main metrics) and a first/last/mean summary of every
+  evaluated; and closed-book, ``eval.closed_book``: the same model with a search that finds nothing,
+  with the EM that retrieval adds, `closed_book_lines`), the training curve (per step, the main metrics) and a first/last/mean summary of every
   numeric metric.
 """
 from __future__ import annotations
@@ -32,14 +33,14 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence, Union
 
-from mempo.eval import EpisodeRecord, EvalReport, standard_error
+from mempo.eval import CLOSED_BOOK_SUFFIX, EpisodeRecord, EvalReport, standard_error
 from mempo.train import metric_names as names
 from mempo.train.logging import METRICS_FILE, read_metrics
 from mempo.utils.machine import machine_facts
 from mempo.utils.types import PathLike
 
 __all__ = ["write_report", "ReportResult", "RunFiles", "StageRecord", "StageTimes", "CURVE", "metric_series",
-           "load_run", "em_change"]
+           "load_run", "em_change", "closed_book_lines"]
 
 #: The training curve's metrics: (label, metric name), in table order.
 CURVE: tuple[tuple[str, str], ...] = (
@@ -297,6 +298,28 @@ def em_change(before: Any, after: Any, objectives: int, policy: str = "memory") 
     return a.em - b.em, (math.hypot(b.em_se, a.em_se) if se is None else se)
 
 
+def closed_book_lines(before: Any, after: Any) -> list[str]:
+    """Per evaluation, policy and k with a closed-book row (`mempo.eval.closed_book_policy`): EM with
+    search, EM closed-book and their difference (what retrieval adds); no lines without such rows."""
+    lines = []
+    for which, report in (("before", before), ("after", after)):
+        for closed in (report.rows if report is not None else []):
+            if not closed.policy.endswith(CLOSED_BOOK_SUFFIX):
+                continue
+            policy = closed.policy[:-len(CLOSED_BOOK_SUFFIX)]
+            opened = report.row(closed.objectives, policy, closed.dataset)
+            if opened is None:
+                continue
+            where = f"{closed.dataset} " if closed.dataset else ""
+            lines.append(f"* {which} RL, {where}k={closed.objectives}, {policy} context: EM with search "
+                         f"{opened.em:.3f} ± {opened.em_se:.3f}, closed-book {closed.em:.3f} ± {closed.em_se:.3f}: "
+                         f"retrieval adds {opened.em - closed.em:+.3f}")
+    if not lines:
+        return []
+    return ["### Closed book", "", "The same model, every search answered with no results "
+            "(`eval.closed_book`): how much of the EM comes from retrieval.", "", *lines, ""]
+
+
 def _before_after_section(before: Any, after: Any) -> list[str]:
     lines = ["## Before / after RL", "",
              "Means over the held-out episodes ± their standard errors (sample std / sqrt(episodes)). The EM "
@@ -338,6 +361,7 @@ def _before_after_section(before: Any, after: Any) -> list[str]:
         lines.append("")
         if policy == "memory":
             lines += _token_economy_lines(before, after, ks)
+    lines += closed_book_lines(before, after)
     for which, report in (("before", before), ("after", after)):
         if report is not None:
             meta = report.metadata

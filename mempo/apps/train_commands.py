@@ -122,6 +122,7 @@ def _oracle_records(cfg: MempoConfig, run: Any) -> tuple[list, str]:
     from mempo.env.build import build_tools
     from mempo.synthetic.oracle import run_oracle
     from mempo.eval import eval_episodes
+    from mempo.synthetic.heldout import held_out_subjects
     from mempo.synthetic.cold_start import oracle_agent, oracle_cold_start
 
     s = cfg.synthetic
@@ -135,8 +136,8 @@ def _oracle_records(cfg: MempoConfig, run: Any) -> tuple[list, str]:
     if run.world is None:
         raise ConfigError("synthetic.oracle_objectives", "draws synthetic-world episodes; it needs data.source 'synthetic' "
                                             "(or null: the training episodes)")
-    held_out = {q for episodes in eval_episodes(run.world, cfg).values() for e in episodes for q in e.questions}
-    cold = oracle_cold_start(run.world, build_tools(cfg, run.retriever), cfg, held_out)
+    cold = oracle_cold_start(run.world, build_tools(cfg, run.retriever), cfg,
+                             held_out_subjects(eval_episodes(run.world, cfg)))
     return cold.trajectories, f"oracle on {s.oracle_episodes} episodes of each of {list(s.oracle_objectives)} objectives"
 
 

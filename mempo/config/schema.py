@@ -426,12 +426,15 @@ class TrainerConfig:
 class EvalConfig:
     """Multi-objective evaluation (`mempo eval` and the trainer's ``trainer.eval_every``).
     objectives: numbers of sub-questions per episode to evaluate; max_turns: round limit; policies:
-    context policies to evaluate; episodes: per objective count; temperature: 0 is greedy. The
-    evaluation's rollouts run with the ``rollout`` section changed by these fields
-    (`mempo.eval.eval_rollout_config`: one sample, no response budget). allow_failed_tools: when
-    every tool call of a `mempo eval` run failed (the retriever is down or answers errors), the
-    command still writes its report but exits with code 2 and a line saying so, unless this is true
-    (then it exits 0; the failed calls are counted in every row either way)."""
+    context policies to evaluate; episodes: per objective count; temperature: 0 is greedy;
+    closed_book: also evaluate every policy with a search that finds nothing
+    (`mempo.env.closed_book.ClosedBookRetriever`), rows of policy ``"<policy>-closed-book"``: how
+    much of the EM comes from retrieval. The evaluation's rollouts run with the ``rollout`` section
+    changed by these fields (`mempo.eval.eval_rollout_config`: one sample, no response budget).
+    allow_failed_tools: when every tool call of a `mempo eval` run failed (the retriever is down or
+    answers errors), the command still writes its report but exits with code 2 and a line saying
+    so, unless this is true (then it exits 0; the failed calls are counted in every row either
+    way)."""
 
     objectives: list[int] = field(default_factory=lambda: [2, 4, 6, 8, 10])
     max_turns: int = 64
@@ -439,6 +442,7 @@ class EvalConfig:
     episodes: int = 64
     temperature: float = 0.0
     allow_failed_tools: bool = False
+    closed_book: bool = False
 
     def __post_init__(self):
         _check_types(self)
@@ -463,7 +467,8 @@ class SFTConfig:
     ``synthetic`` section's ``oracle_*`` fields).
 
     Optimisation. steps / epochs: optimiser steps / passes over the data (both null: one epoch);
-    max_seconds: a wall-time bound (null: none). lr: AdamW's learning rate (betas, weight decay and
+    max_seconds: a wall-time bound (null: none); with steps or epochs set it is a safety net (the
+    schedule follows the steps) and a run it cuts short says so (`run_sft`'s ``time_bound``). lr: AdamW's learning rate (betas, weight decay and
     grad clip from the ``actor`` section). batch_tokens: padded tokens per batch. schedule:
     ``"constant"`` or ``"cosine"`` (linear warm-up over the first ``warmup`` fraction of the run,
     then cosine decay to lr / 10). prompt_loss_weight: the loss also models the prompt tokens
@@ -514,8 +519,8 @@ class SyntheticConfig:
     oracle_objectives null (`mempo sft`'s default) the oracle plays the first oracle_episodes
     training episodes under ``rollout.context_policy`` and ``rollout.max_turns``, every trajectory
     kept. With oracle_objectives a list (the demo's way): oracle_episodes episodes of each number of
-    objectives, drawn with `mempo.seeds.sft_question_seed`, those sharing a question with an
-    evaluation episode dropped, under the memory context; oracle_keep ``"correct"`` keeps only the
+    objectives, drawn with `mempo.seeds.sft_question_seed`, none asking about an entity an
+    evaluation question asks about (`mempo.synthetic.heldout`), under the memory context; oracle_keep ``"correct"`` keeps only the
     correct ones (score 1; all of them when none is), ``"all"`` every one. The teacher
     (`mempo.synthetic.oracle.OracleAgent`): oracle_think its think style (``"full"`` sentences,
     ``"short"`` one line, ``"minimal"`` the question number and the action); oracle_memory_style

@@ -6,7 +6,9 @@ economy per (dataset, objectives k, context policy).
   (`eval_rollout_config`: the ``rollout`` section with G = 1, ``eval.max_turns``,
   ``eval.temperature``, no response budget).
 * `mempo.eval.run`: `evaluate` rolls every episode out once per policy of ``cfg.eval.policies`` and
-  summarises each cell; it can write every episode's record to a jsonl file.
+  summarises each cell; it can write every episode's record to a jsonl file; with
+  ``eval.closed_book`` every policy also runs with a search that finds nothing (rows of policy
+  `closed_book_policy` (policy): how much of the EM comes from retrieval).
 * `mempo.eval.summary`: scored trajectories to records: `summarize` (a cell's `EvalRow`: means over
   episodes, standard errors sample std / sqrt(n), prompt tokens counted on the exact ids each round
   was generated from) and `render_episode` (an `EpisodeRecord`: the episode as text).
@@ -20,9 +22,9 @@ from mempo.eval.records import (
     SCALAR_FIELDS, TEXT_CHARS, TOOL_RESULT_CHARS, EpisodeRecord, EvalReport, EvalRow, Examples, RoundRecord,
     finite_report,
 )
-from mempo.eval.run import evaluate
+from mempo.eval.run import CLOSED_BOOK_SUFFIX, closed_book_policy, evaluate
 from mempo.eval.summary import render_episode, round_prompt_tokens, standard_error, summarize
 
 __all__ = ["EvalRow", "EvalReport", "RoundRecord", "EpisodeRecord", "Examples", "evaluate", "summarize",
            "standard_error", "round_prompt_tokens", "render_episode", "eval_episodes", "qa_eval_episodes",
-           "QAEvalSets", "eval_rollout_config", "SCALAR_FIELDS", "TOOL_RESULT_CHARS", "TEXT_CHARS", "finite_report"]
+           "QAEvalSets", "eval_rollout_config", "closed_book_policy", "CLOSED_BOOK_SUFFIX", "SCALAR_FIELDS", "TOOL_RESULT_CHARS", "TEXT_CHARS", "finite_report"]

@@ -3,7 +3,11 @@
 Cells are (dataset, k): a key of ``episodes_by_k`` is k (dataset ``""``) or (dataset, k); they run
 in the order datasets first appear, k ascending, and each runs once per policy of
 ``cfg.eval.policies`` (``"memory"``: the paper's inference context, ``"full"``: the growing
-history) with `mempo.rollout.loop.RolloutEngine` and `eval_rollout_config`'s settings. The backend
+history) with `mempo.rollout.loop.RolloutEngine` and `eval_rollout_config`'s settings; with
+``cfg.eval.closed_book`` each policy runs a second time with tools over
+`mempo.env.closed_book.ClosedBookRetriever` (every search finds nothing), a row of policy
+``closed_book_policy(policy)`` (``"memory-closed-book"``: not written to the episode records, no
+examples; its trajectories kept under that name). The backend
 context is the model's ``max_position_embeddings`` (a round that would not fit ends the episode
 with ``"token_budget"``). Generation sees only the prompt ids and the tool results: the golds go to
 scoring and to the written records, nowhere else. Per (dataset, k) the report keeps the first
@@ -23,6 +27,7 @@ from typing import Any, Callable, Iterator, Mapping, Optional, Sequence
 from mempo.algo.outcome import score_outcomes
 from mempo.config import MempoConfig
 from mempo.env.build import build_tools
+from mempo.env.closed_book import ClosedBookRetriever
 from mempo.eval.episodes import eval_rollout_config
 from mempo.eval.records import EvalReport, EvalRow, Examples, is_correct, json_default
 from mempo.eval.summary import render_episode, summarize
@@ -33,7 +38,15 @@ from mempo.utils.machine import machine_facts
 from mempo.utils.progress import progress
 from mempo.utils.types import PathLike
 
-__all__ = ["evaluate", "retriever_name"]
+__all__ = ["evaluate", "retriever_name", "closed_book_policy", "CLOSED_BOOK_SUFFIX"]
+
+#: What a closed-book row's policy adds to the policy it ran under.
+CLOSED_BOOK_SUFFIX = "-closed-book"
+
+
+def closed_book_policy(policy: str) -> str:
+    """The row policy of `policy` evaluated closed-book: ``"memory"`` -> ``"memory-closed-book"``."""
+    return policy + CLOSED_BOOK_SUFFIX
 
 
 def evaluate(model: Any, tokenizer: Any, episodes_by_k: Mapping[Any, Sequence[Any]], retriever: Any,
@@ -71,6 +84,7 @@ def evaluate(model: Any, tokenizer: Any, episodes_by_k: Mapping[Any, Sequence[An
         backend = hf_backend(model, tokenizer)
     max_context = _max_context(model)
     tools = build_tools(cfg, retriever)
+    closed_tools = build_tools(cfg, ClosedBookRetriever()) if cfg.eval.closed_book else None
     rows, kept, examples = [], {}, {}
     started = time.perf_counter()
     with _eval_mode(model), _record_file(trajectories_path) as records:
@@ -79,24 +93,28 @@ def evaluate(model: Any, tokenizer: Any, episodes_by_k: Mapping[Any, Sequence[An
             name = " ".join(part for part in (label, dataset) if part)
             for policy in policies:
                 rollout_cfg = eval_rollout_config(cfg, policy, max_new)
-                engine = RolloutEngine(backend, tokenizer, tools, config=rollout_cfg, max_context_tokens=max_context)
-                cell_start = time.perf_counter()
-                trajectories = _roll_out(engine, episodes, chunk_size, f"eval{' ' + name if name else ''} k={k} "
-                                                                        f"{policy}", show_progress)
-                row = summarize(trajectories, k, policy, time.perf_counter() - cell_start, dataset=dataset)
-                rows.append(row)
-                if keep_trajectories:
-                    kept[(dataset, k, policy)] = trajectories
-                found = _record_episodes(episodes, trajectories, tokenizer, dataset=dataset,
-                                         system_prompt=rollout_cfg.system_prompt, records=records, found=found)
-                log(_cell_line(name, row))
-                if row.failed_tool_calls:
-                    log(f"eval{' ' + name if name else ''}: k={k} {policy}: warning: {row.failed_tool_calls} of "
-                        f"{row.tool_calls} tool calls failed (retriever: {retriever_name(retriever)})")
+                passes = [(policy, tools)] + ([(closed_book_policy(policy), closed_tools)] if closed_tools else [])
+                for row_policy, cell_tools in passes:
+                    engine = RolloutEngine(backend, tokenizer, cell_tools, config=rollout_cfg,
+                                           max_context_tokens=max_context)
+                    cell_start = time.perf_counter()
+                    trajectories = _roll_out(engine, episodes, chunk_size, f"eval{' ' + name if name else ''} k={k} "
+                                                                            f"{row_policy}", show_progress)
+                    row = summarize(trajectories, k, row_policy, time.perf_counter() - cell_start, dataset=dataset)
+                    rows.append(row)
+                    if keep_trajectories:
+                        kept[(dataset, k, row_policy)] = trajectories
+                    if cell_tools is tools:  # the closed-book pass adds its row only (module docstring)
+                        found = _record_episodes(episodes, trajectories, tokenizer, dataset=dataset,
+                                                 system_prompt=rollout_cfg.system_prompt, records=records, found=found)
+                    log(_cell_line(name, row))
+                    if row.failed_tool_calls:
+                        log(f"eval{' ' + name if name else ''}: k={k} {row_policy}: warning: {row.failed_tool_calls} of "
+                            f"{row.tool_calls} tool calls failed (retriever: {retriever_name(retriever)})")
             examples[(dataset, k)] = found
     metadata = {
         "label": label, "max_turns": cfg.eval.max_turns, "max_new_tokens": max_new,
-        "temperature": cfg.eval.temperature, "policies": policies,
+        "temperature": cfg.eval.temperature, "policies": policies, "closed_book": cfg.eval.closed_book,
         "objectives": sorted({k for _, k, _ in cells}),
         "max_context_tokens": max_context, "backend": getattr(backend, "name", type(backend).__name__),
         "seconds": time.perf_counter() - started, "created": time.strftime("%Y-%m-%dT%H:%M:%S"),

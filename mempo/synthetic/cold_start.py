@@ -1,11 +1,12 @@
 """The oracle's cold-start data for SFT, from the ``synthetic`` section's ``oracle_*`` fields.
 
 `oracle_cold_start` draws ``oracle_episodes`` synthetic-world episodes per number of objectives k of
-``oracle_objectives``, with seed `mempo.seeds.sft_question_seed` (``data.seed``, k); an episode
-sharing a question with a held-out set (the evaluation's) is dropped (the world has finitely many
-questions, so another seed can draw one again); the teacher (`oracle_agent`) runs each under the
-memory context with the given tools; ``oracle_keep: correct`` keeps only correct trajectories (score
-1), as the paper's cold-start data, all of them when none is (a tiny world can defeat the oracle).
+``oracle_objectives``, with seed `mempo.seeds.sft_question_seed` (``data.seed``, k), by
+`mempo.synthetic.heldout.training_episodes`: no question is about a held-out subject (an entity the
+evaluation asks about); the teacher (`oracle_agent`) runs each under the memory context with the
+given tools; ``oracle_keep: correct`` keeps only correct trajectories (score 1), as the paper's
+cold-start data, all of them when none is (a tiny world can defeat the oracle); ``oracle_keep: all``
+keeps every trajectory, the teacher's failures too.
 """
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from typing import Any, Collection, Mapping, NamedTuple, Optional
 from mempo.algo.contexts import DEFAULT_ANSWER_TEMPLATE
 from mempo.config import MempoConfig
 from mempo.seeds import sft_question_seed
+from mempo.synthetic.heldout import training_episodes
 from mempo.synthetic.oracle import OracleAgent, OracleTrajectory, run_oracle
 from mempo.utils.progress import progress
 
@@ -22,12 +24,12 @@ __all__ = ["ColdStart", "oracle_agent", "oracle_cold_start"]
 
 class ColdStart(NamedTuple):
     """`oracle_cold_start`'s result: ``trajectories`` to train on; ``ran``: oracle runs;
-    ``dropped``: drawn episodes sharing a question with the held-out set; ``all_kept``: True when
-    no run was correct and every one was kept (``oracle_keep: correct``)."""
+    ``held_out``: the held-out subjects no episode asks about; ``all_kept``: True when no run was
+    correct and every one was kept (``oracle_keep: correct``)."""
 
     trajectories: list[OracleTrajectory]
     ran: int
-    dropped: int
+    held_out: int
     all_kept: bool
 
 
@@ -44,19 +46,19 @@ def oracle_agent(cfg: MempoConfig, max_turns: Optional[int] = None) -> OracleAge
 def oracle_cold_start(world: Any, tools: Mapping[str, Any], cfg: MempoConfig, held_out: Collection[str] = (), *,
                       show_progress: bool = False) -> ColdStart:
     """The oracle's cold-start trajectories: ``synthetic.oracle_episodes`` episodes per number of
-    objectives of ``synthetic.oracle_objectives``, those asking a held-out question dropped, each
-    played by `oracle_agent` under the memory context; ``oracle_keep`` says which are kept.
+    objectives of ``synthetic.oracle_objectives``, none asking about a held-out subject
+    (`mempo.synthetic.heldout.training_episodes`), each played by `oracle_agent` under the memory
+    context; ``oracle_keep`` says which are kept.
 
     world: the synthetic world (`mempo.synthetic.build.synthetic_world`); tools: the agent's tools
-    over its retriever (`mempo.env.build.build_tools`); held_out: questions no kept episode may ask
-    (the evaluation's)."""
+    over its retriever (`mempo.env.build.build_tools`); held_out: entity names no question may
+    have as a hop subject (the evaluation's: `mempo.synthetic.heldout.held_out_subjects`)."""
     s = cfg.synthetic
     if s.oracle_objectives is None:
         raise ValueError("oracle_cold_start draws episodes per synthetic.oracle_objectives, which is null")
-    held = set(held_out)
-    drawn = [e for k in s.oracle_objectives
-             for e in world.episodes(int(k), s.oracle_episodes, seed=sft_question_seed(cfg.data.seed, k))]
-    episodes = [e for e in drawn if not set(e.questions) & held]
+    held = frozenset(held_out)
+    episodes = [e for k in s.oracle_objectives
+                for e in training_episodes(world, int(k), s.oracle_episodes, sft_question_seed(cfg.data.seed, k), held)]
     trajectories = []
     with progress("oracle", total=len(episodes), enabled=show_progress) as bar:
         for episode in episodes:
@@ -64,8 +66,8 @@ def oracle_cold_start(world: Any, tools: Mapping[str, Any], cfg: MempoConfig, he
                                            system_prompt=cfg.rollout.system_prompt))
             bar.advance()
     if s.oracle_keep == "all":
-        return ColdStart(trajectories, len(trajectories), len(drawn) - len(episodes), False)
+        return ColdStart(trajectories, len(trajectories), len(held), False)
     kept = [t for t in trajectories if float(t.score.get("score", 0.0)) == 1.0]
     if kept:
-        return ColdStart(kept, len(trajectories), len(drawn) - len(episodes), False)
-    return ColdStart(trajectories, len(trajectories), len(drawn) - len(episodes), True)
+        return ColdStart(kept, len(trajectories), len(held), False)
+    return ColdStart(trajectories, len(trajectories), len(held), True)

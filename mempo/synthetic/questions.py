@@ -2,13 +2,14 @@
 
 The sampler of seed s draws from ``random.Random(f"mempo-world/{world seed}/questions/{s}")``: per
 question, its hops, whether it ends in a chronicle fact (then the walk runs backward from a drawn
-chronicle fact), then the walk, which is dropped at a dead end, a repeated entity or a question
-already drawn. A forward walk never uses a chronicle fact.
+chronicle fact), then the walk, which is dropped at a dead end, a repeated entity, an excluded
+subject (``exclude_subjects``: held-out entities, `mempo.synthetic.heldout`) or a question already
+drawn. A forward walk never uses a chronicle fact.
 """
 from __future__ import annotations
 
 import random
-from typing import Any, Optional, Sequence, Union
+from typing import Any, Collection, Optional, Sequence, Union
 
 from mempo.env.data import QARecord
 from mempo.synthetic.grammar import RELATIONS, check_hops, gold_aliases, mention, pointer_sentence, question_text
@@ -17,8 +18,12 @@ __all__ = ["draw_questions", "inverse_index", "chain_forward", "chain_backward"]
 
 
 def draw_questions(world: Any, num: int, hops: Union[int, Sequence[int], None] = None, seed: int = 0, *,
-              access_fraction: float = 0.0, id_prefix: Optional[str] = None) -> list[QARecord]:
-    """`World.questions` (its docstring)."""
+                   access_fraction: float = 0.0, id_prefix: Optional[str] = None,
+                   exclude_subjects: Collection[str] = (), allow_fewer: bool = False) -> list[QARecord]:
+    """`World.questions` (its docstring). exclude_subjects: entity names no hop of a drawn question
+    may have as its subject (a walk through one is dropped); allow_fewer: return the questions drawn
+    so far when the attempts run out or 20 x as many walks as questions drawn (plus 1,000) in a row
+    drew none (a world left with fewer than `num`) instead of raising."""
     hops = check_hops(world.default_hops if hops is None else hops)
     choices = [hops] if isinstance(hops, int) else list(hops)
     if not 0 <= access_fraction <= 1:
@@ -31,10 +36,15 @@ def draw_questions(world: Any, num: int, hops: Union[int, Sequence[int], None] =
     chronicle_keys = sorted(world.chronicle_facts)
     records: list[QARecord] = []
     seen: set[str] = set()
-    attempts = 0
+    excluded = frozenset(exclude_subjects)
+    attempts = last_drawn = 0
     while len(records) < num:
         attempts += 1
+        if allow_fewer and attempts - last_drawn > 20 * len(records) + 1000:
+            break  # new questions have become rare: keep what was drawn (a pool that may be reused)
         if attempts > 200 * num + 1000:
+            if allow_fewer:
+                break
             raise ValueError(f"could not draw {num} distinct questions from this world "
                              f"(got {len(records)}); use a larger world or fewer hops")
         target_hops = rng.choice(choices)
@@ -43,12 +53,13 @@ def draw_questions(world: Any, num: int, hops: Union[int, Sequence[int], None] =
             chain = chain_backward(world, rng, rng.choice(chronicle_keys), target_hops, inverse)
         else:
             chain = chain_forward(world, rng, target_hops)
-        if chain is None:
+        if chain is None or any(world.entities[subject].name in excluded for _, subject in chain):
             continue
         question = _chain_question(world, chain)
         if question in seen:
             continue
         seen.add(question)
+        last_drawn = attempts
         records.append(_record(world, f"{prefix}-{len(records)}", question, chain, needs_access))
     return records
 

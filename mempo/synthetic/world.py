@@ -15,7 +15,7 @@ import json
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, Optional, Sequence, Union
+from typing import Any, Collection, Iterator, Optional, Sequence, Union
 
 from mempo.env.corpus import Document, write_corpus
 from mempo.env.data import (
@@ -190,7 +190,8 @@ class World:
     # -- questions and episodes ---------------------------------------------------------------
 
     def questions(self, num: int, hops: Union[int, Sequence[int], None] = None, seed: int = 0, *,
-                  access_fraction: float = 0.0, id_prefix: Optional[str] = None) -> list[QARecord]:
+                  access_fraction: float = 0.0, id_prefix: Optional[str] = None,
+                  exclude_subjects: Collection[str] = (), allow_fewer: bool = False) -> list[QARecord]:
         """``num`` distinct multi-hop questions with their gold aliases.
 
         Args:
@@ -201,12 +202,17 @@ class World:
             access_fraction: the share of questions whose last fact is a chronicle fact (needs
                 an access); questions not drawn for access never end in a chronicle fact.
             id_prefix: question ids are ``f"{id_prefix}-{i}"`` (default ``"w<world seed>-q<seed>"``).
+            exclude_subjects: entity names no hop of a question may have as its subject (held-out
+                entities, `mempo.synthetic.heldout`).
+            allow_fewer: return fewer than ``num`` questions when the world has no more (else a
+                ValueError).
 
         Each record's metadata holds ``hops``, ``chain`` (per hop: relation, subject, value),
         ``support`` (per hop: the document id and the fact sentence it contains, plus the pointer
         sentence for a chronicle fact), ``needs_access`` and ``world_seed``.
         """
-        return draw_questions(self, num, hops, seed, access_fraction=access_fraction, id_prefix=id_prefix)
+        return draw_questions(self, num, hops, seed, access_fraction=access_fraction, id_prefix=id_prefix,
+                              exclude_subjects=exclude_subjects, allow_fewer=allow_fewer)
 
     def episodes(self, num_objectives: int, num_episodes: int, seed: int = 0, *,
                  hops: Union[int, Sequence[int], None] = None, access_fraction: float = 0.0,

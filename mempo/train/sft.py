@@ -1,4 +1,7 @@
-"""SFT cold start on agent trajectories: next-token loss on the assistant tokens only.
+"""SFT cold start on agent trajectories: next-token loss on the assistant tokens (and, with
+``sft.prompt_loss_weight`` > 0, on the prompt tokens too) of every trajectory it is given, correct or
+not: which are kept is the data's choice (``synthetic.oracle_keep``; the demo's ``all`` keeps the
+teacher's failed episodes too).
 
 Conventions
 -----------
@@ -23,9 +26,12 @@ Conventions
   ``actor.grad_clip``; batches of consecutive sequences (shuffled per epoch) holding
   at most ``batch_tokens`` padded tokens; loss = mean token cross-entropy over the batch's masked
   tokens. ``steps`` (optimiser steps) or ``epochs`` bounds the run, and ``max_seconds`` (wall
-  time) too when given. ``schedule``: ``"constant"`` (``lr`` throughout) or ``"cosine"`` (linear
-  warm-up over the first ``warmup`` fraction of the run, then cosine decay to ``lr / 10``; the
-  run's progress is the larger of steps done / ``steps`` and seconds spent / ``max_seconds``).
+  time) too when given: with ``steps`` or ``epochs`` set it is a safety net, and a run it cut says
+  so (``time_bound`` True in the result: the model then depends on the machine's speed).
+  ``schedule``: ``"constant"`` (``lr`` throughout) or ``"cosine"`` (linear warm-up over the first
+  ``warmup`` fraction of the run, then cosine decay to ``lr / 10``; the run's progress is steps
+  done / ``steps`` (or / the steps of ``epochs``), and seconds spent / ``max_seconds`` only when
+  neither is set, so the schedule of a run bounded by steps does not depend on the machine's speed).
 * Batches are length-bucketed: the shuffled order is cut into chunks of 32 sequences, each
   sorted by length, so a batch pads little; the batches are then shuffled again. Both shuffles of
   epoch e use ``random.Random(f"mempo-sft/{seed}/{e}")``, so an epoch's batches are a pure function
@@ -196,7 +202,7 @@ def run_sft(cfg: MempoConfig, model: Any, tokenizer: Any, trajectories: Sequence
     (module conventions). max_steps: stop after this many steps in this call (an interruption, for
     tests; the schedule is unchanged). Returns {"losses": [...] (this call's), "first_loss",
     "last_loss", "steps" (total), "tokens" (total), "examples", "epochs", "seconds" (total),
-    "resumed_from" (the step, or None), "checkpoint" (the last one written, or None)}.
+    "time_bound" (True when ``max_seconds`` ended the run before ``steps`` / ``epochs`` did), "resumed_from" (the step, or None), "checkpoint" (the last one written, or None)}.
     """
     s = cfg.sft
     steps, epochs, lr, batch_tokens = s.steps, s.epochs, s.lr, s.batch_tokens
@@ -232,11 +238,12 @@ def run_sft(cfg: MempoConfig, model: Any, tokenizer: Any, trajectories: Sequence
     last_step = min(step_limit, math.inf if max_steps is None else step + max_steps)  # of this call
 
     def progress_now() -> float:
-        done = 0.0
-        if total_for_schedule:
+        if total_for_schedule:  # steps (or epochs) bound the run: the time bound is a safety net only
             done = step / total_for_schedule
-        if max_seconds:
-            done = max(done, (time.perf_counter() - began) / max_seconds)
+        elif max_seconds:
+            done = (time.perf_counter() - began) / max_seconds
+        else:
+            done = 0.0
         return min(done, 1.0)
 
     def lr_now() -> float:
@@ -303,9 +310,11 @@ def run_sft(cfg: MempoConfig, model: Any, tokenizer: Any, trajectories: Sequence
                 checkpoint, saved_step = save(), step  # batch == len(batches) resumes at the next epoch
         if batch_index == len(batches):
             epoch, batch_index = epoch + 1, 0
+    time_bound = out_of_time() and step < last_step and epoch < max_epochs  # stopped by max_seconds alone
     if checkpoint_root is not None and saved_step != step:
         checkpoint = save()
     model.eval()
     return {"losses": losses, "first_loss": losses[0] if losses else None, "last_loss": losses[-1] if losses else None,
             "steps": step, "tokens": tokens, "examples": len(examples), "epochs": epoch + (1 if batch_index else 0),
-            "seconds": time.perf_counter() - began, "resumed_from": resumed_from, "checkpoint": checkpoint}
+            "seconds": time.perf_counter() - began, "time_bound": time_bound, "resumed_from": resumed_from,
+            "checkpoint": checkpoint}

@@ -16,8 +16,10 @@ Conventions
   (`mempo.model.builtin.train_tokenizer`, saved atomically to ``<out>/tokenizer`` and reloaded on
   resume; an unreadable saved one is retrained, with a warning: training it is deterministic).
   Model: given, else `build_causal_lm` (builtin-tiny: seeded with ``trainer.seed``). Episodes:
-  given, else ``data.source == "synthetic"``: ``world.episodes(data.num_objectives, pool,
-  data.seed)``; ``"files"``: the QA records of ``data.train_files`` composed into k-objective
+  given, else ``data.source == "synthetic"``: ``pool`` episodes of ``data.num_objectives``
+  questions, seed ``data.seed``, none about an entity the ``eval`` section's episodes ask about
+  (`mempo.synthetic.heldout.training_episodes`; a world too small to draw those episodes, which
+  `mempo eval` refuses too, holds nothing out); ``"files"``: the QA records of ``data.train_files`` composed into k-objective
   episodes (`mempo.env.data.compose_episodes`, k = ``data.num_objectives``, seed ``data.seed``).
   A ``model.path`` / ``model.tokenizer`` that is not a saved model is a ConfigError naming the
   field (`mempo.model.loading.load_pretrained`); a ``--out`` that is a file too
@@ -83,6 +85,7 @@ from transformers import AutoTokenizer
 from mempo.config import ConfigError, MempoConfig, config_to_dict, dump_config, read_yaml_mapping
 from mempo.env.build import build_retriever, build_tools
 from mempo.synthetic.build import synthetic_world
+from mempo.synthetic.heldout import held_out_subjects, training_episodes
 from mempo.env.corpus import iter_corpus
 from mempo.env.data import check_qa_files, compose_episodes, load_qa
 from mempo.eval import eval_episodes, evaluate
@@ -280,14 +283,15 @@ def _episode_pool(cfg: MempoConfig, world: Any) -> list:
                                                   f"data.num_objectives={d.num_objectives}")
         count = max(1, len(pool) // d.num_objectives)
         return compose_episodes(pool, d.num_objectives, count, d.seed)
-    wanted = max(d.questions_per_step * 4, 8)
-    for count in (wanted, wanted // 2, wanted // 4, d.questions_per_step):
-        try:
-            return world.episodes(d.num_objectives, max(count, 1), seed=d.seed)
-        except ValueError:
-            continue
-    raise ValueError(f"the synthetic world (world_entities={cfg.synthetic.world_entities}) cannot make "
-                     f"{d.questions_per_step} episodes of {d.num_objectives} objectives")
+    try:
+        held_out = held_out_subjects(eval_episodes(world, cfg))  # the evaluation's entities: never trained on
+    except ConfigError:  # a world too small for the ``eval`` section's episodes: no evaluation to keep them from
+        held_out = frozenset()
+    try:
+        return training_episodes(world, d.num_objectives, max(d.questions_per_step * 4, 8), d.seed, held_out)
+    except ValueError as error:
+        raise ValueError(f"the synthetic world (world_entities={cfg.synthetic.world_entities}) cannot make "
+                         f"episodes of {d.num_objectives} objectives: {error}") from None
 
 
 def _eval_episode_sets(cfg: MempoConfig, world: Any) -> dict[int, list]:

@@ -24,6 +24,9 @@ def test_config_file_equals_builtin_defaults():
     assert cfg.eval.objectives == [2, 4] and cfg.eval.policies == ["memory"] and cfg.synthetic.model_size == "mini"
     assert cfg.synthetic.oracle_objectives == [1, 2, 3, 4] and cfg.sft.lr == 1e-3 and cfg.synthetic.oracle_think == "minimal"
     assert cfg.synthetic.oracle_keep == "all" and 0 < cfg.synthetic.oracle_drop_fact_prob < 1 and cfg.synthetic.copy_warmup_steps > 0
+    # bounded by steps, the time bound a safety net; the report's closed-book line; RL on the k of the gain target
+    assert cfg.sft.steps == 3200 and cfg.sft.max_seconds is not None and cfg.eval.closed_book is True
+    assert cfg.data.num_objectives == DemoTargets().rl_k and cfg.eval.episodes >= 128
 
 
 def test_unknown_demo_key_is_an_error():
@@ -68,6 +71,8 @@ def test_smoke_demo(tmp_path):
     assert "## One held-out episode before and after RL" in text
     assert "## What the last `<mem>` held" in text and "| 2 | after RL | " in text
     assert "* target EM after SFT at k=2 >= 0.30: " in text and "* target the demo within 900 s: " in text
+    assert "### Closed book" in text and "| memory-closed-book |" in (out / "eval_after.md").read_text()
+    assert "SFT was cut by the time bound" not in text  # bounded by sft.steps
     for name in ("reward", "memory_reward", "tokens", "sft"):
         png = out / f"{name}.png"
         assert png.read_bytes()[:8] == PNG_MAGIC
@@ -131,3 +136,13 @@ def test_the_memory_table_counts_the_teachers_dropped_facts():
     assert "| 2 | after SFT | 8 | 0.50 | 0.50 | 0.00 | 0.00 | 1.00 |" in lines
     assert "| 2 | after RL | 8 | 1.00 | 0.00 | 0.00 | 0.00 | 1.00 |" in lines
     assert memory_outcome_section(EvalReport([], {}), EvalReport([], {}), episodes, tok, "") == []
+
+
+def test_the_sft_time_bound_says_when_it_bound():
+    from mempo.apps.demo import sft_bound_line
+
+    cfg = load_demo_config(None)
+    assert sft_bound_line(cfg, {"steps": 3200, "time_bound": False}) is None
+    assert sft_bound_line(cfg, {"steps": 2100, "time_bound": True}) == (
+        "SFT was cut by the time bound sft.max_seconds=600 after 2100 of sft.steps=3200 steps: this machine was "
+        "slower than the demo assumes, and the numbers below depend on its speed")

@@ -1,6 +1,7 @@
 """bench/bench_learning.py (the ablation command) end to end on a smoke demo's output: every variant
 and seed runs RL from the same SFT model, the overrides reach the runs wherever they stand on the
-command line, and the results, table and plot are written."""
+command line, and the results, table and plot are written; an evaluation of entities the demo's SFT
+data did not leave out is refused; `check_held_out` itself."""
 import importlib.util
 import json
 
@@ -44,6 +45,19 @@ def test_the_ablation_runs_every_variant_and_seed_from_one_sft_model(tmp_path, c
     table = (out / "results.md").read_text()
     assert "| SFT (no RL) | 2 |" in table and "| grpo | 2 |" in table and "| mempo_nothresh | 2 |" in table
     assert (out / "ablation.png").read_bytes()[:8] == PNG_MAGIC
+    # an evaluation asking about entities the demo's SFT data was not kept from is refused before anything runs
+    capsys.readouterr()
+    refused = tmp_path / "refused"
+    assert bench.main(["--demo-out", str(demo_out), "--out", str(refused), "--seeds", "0", "--steps", "1",
+                       "--ks", "6"]) == 2
+    assert "were not held out of the demo's SFT data" in capsys.readouterr().err and not refused.exists()
     with pytest.raises(SystemExit):  # a variant it does not know is an argparse error naming it
         bench.main(["--demo-out", str(demo_out), "--variants", "nope"])
     assert "invalid choice: 'nope'" in capsys.readouterr().err
+
+
+def test_check_held_out_names_how_many_subjects_were_not_held_out():
+    bench = _bench_learning()
+    bench.check_held_out(frozenset({"Tamor", "Belis"}), frozenset({"Tamor"}))
+    with pytest.raises(bench.NotHeldOut, match="^1 of the 2 entities"):
+        bench.check_held_out(frozenset({"Tamor"}), frozenset({"Tamor", "Nekat"}))

@@ -210,7 +210,7 @@ def test_the_benchmark_rolls_out_held_out_episodes_once_and_scores_every_definit
         assert meta["episode_ids"] == [e.id for e in held_out[k][:2]] and meta["rollout"]["temperature"] == 0.7
         trajectories = read_trajectories_jsonl(out / f"rollouts_k{k}.jsonl")
         assert [t.uid for t in trajectories] == [e.id for e in held_out[k][:2] for _ in range(2)]
-    assert results["held_out"]["questions_in_sft_episodes"] == 0
+    assert results["held_out"]["subjects_in_sft_episodes"] == 0
     text = (out / "results.md").read_text()
     assert text.startswith("2 held-out episodes x 2 samples per k") and "\n| k | definition |" in text
     # another setting over saved rollouts: refused (exit 2, one line) unless --reroll; a k the demo trained on too

@@ -7,7 +7,7 @@ import pytest
 pytest.importorskip("transformers")
 
 from mempo.synthetic.build import build_world
-from mempo.eval import EvalReport, eval_episodes, evaluate, round_prompt_tokens
+from mempo.eval import EvalReport, closed_book_policy, eval_episodes, evaluate, round_prompt_tokens
 from mempo.synthetic.backend import OracleBackend
 from mempo.config import config_from_dict
 from support.rollout_fixtures import chat_tokenizer, tiny_qwen2
@@ -106,3 +106,28 @@ def test_tiny_random_model_reports_finite_numbers(world, tmp_path):
     table = paths["markdown"].read_text()
     assert "| k | policy |" in table and table.count("\n| ") >= 5
     assert json.loads(paths["json"].read_text())["metadata"]["max_new_tokens"] == 12
+
+
+def test_closed_book_adds_a_row_per_policy_where_no_search_finds_anything(world, tmp_path):
+    w, retriever = world
+    cfg = _cfg(closed_book=True)
+    tok = chat_tokenizer()
+    lines = []
+    report = evaluate(None, tok, eval_episodes(w, cfg), retriever, cfg, backend=OracleBackend(tok),
+                      show_progress=False, log=lines.append, keep_trajectories=True, label="before RL")
+    assert [(r.objectives, r.policy) for r in report.rows] == [
+        (k, p) for k in (1, 2) for p in ("memory", "memory-closed-book", "full", "full-closed-book")]
+    assert report.metadata["label"] == "before RL" and all(line.startswith("eval before RL: k=") for line in lines)
+    for policy in ("memory", "full"):
+        opened, closed = report.row(2, policy), report.row(2, closed_book_policy(policy))
+        assert opened.em == 1.0 and closed.em < opened.em and closed.episodes == opened.episodes
+        results = [tok.decode(t.response_ids[r.end:r.tool_end]) for t in report.trajectories[
+            ("", 2, closed_book_policy(policy))] for r in t.rounds if r.action == "search"]
+        assert results and all("No results found" in text for text in results)
+    assert report.metadata["closed_book"] is True
+    assert "eval/em@k2_memory-closed-book" in report.scalars("eval/")
+    paths = report.write(tmp_path, "eval")
+    assert "memory-closed-book" in (tmp_path / "eval.md").read_text()
+    loaded = EvalReport.load(tmp_path / "eval.json")
+    assert loaded.row(2, "memory-closed-book").em == report.row(2, "memory-closed-book").em
+    assert paths

@@ -97,10 +97,10 @@ def test_cosine_schedule_and_time_bound(setup):
     model = tiny_model(tok, seed=0)
     metrics = _sft(model, tok, trajectories, steps=10, lr=1e-3, batch_tokens=2048, seed=0,
                       schedule="cosine", warmup=0.2)
-    assert metrics["steps"] == 10
+    assert metrics["steps"] == 10 and metrics["time_bound"] is False
     timed = _sft(tiny_model(tok, seed=0), tok, trajectories, steps=10_000, lr=1e-3, batch_tokens=2048,
                     seed=0, max_seconds=0.5, schedule="cosine")
-    assert 1 <= timed["steps"] < 10_000 and timed["seconds"] < 30
+    assert 1 <= timed["steps"] < 10_000 and timed["seconds"] < 30 and timed["time_bound"] is True
     with pytest.raises(ValueError):
         _sft(tiny_model(tok, seed=0), tok, trajectories, steps=1, schedule="linear")
 
@@ -234,7 +234,7 @@ def test_sft_flags_set_the_sft_section(tmp_path):
 def test_sft_oracle_data_by_training_episodes_or_by_objectives(tmp_path):
     """`mempo sft` without a trajectories file: the first ``synthetic.oracle_episodes`` training episodes (every
     trajectory kept), or with ``synthetic.oracle_objectives`` the demo's cold start (`oracle_cold_start`: per k,
-    questions held out from the evaluation, correct trajectories only)."""
+    no question about an entity the evaluation asks about, correct trajectories only)."""
     from mempo.apps.train_commands import _oracle_records
     from mempo.config import ConfigError, load_config
     from mempo.env.data import parse_episode_prompt
@@ -254,15 +254,32 @@ def test_sft_oracle_data_by_training_episodes_or_by_objectives(tmp_path):
     assert searches and all(rnd.tool_metadata["topk"] == 2 for rnd in searches)
 
     by_k = load_config(tiny, base + ["synthetic.oracle_episodes=4", "synthetic.oracle_objectives=[1,2]", "synthetic.oracle_think=short",
-                                     "eval.objectives=[1,2]", "eval.episodes=6"])  # what is held out
+                                     "eval.objectives=[1,2]", "eval.episodes=2"])  # what is held out
     records, source = _oracle_records(by_k, run)
-    held_out = {q for episodes in eval_episodes(run.world, by_k).values() for e in episodes for q in e.questions}
+    evaluated = eval_episodes(run.world, by_k)
+    held_out = {step["subject"] for eps in evaluated.values() for e in eps for r in e.metadata["records"]
+                for step in r["chain"]}
+    named = {q for eps in evaluated.values() for e in eps for q in e.questions}
     assert records and all(r.score["score"] == 1.0 and r.policy == "memory" for r in records)
     assert {len(r.golds) for r in records} <= {1, 2} and len(records) <= 8
     asked = {q for r in records for q in parse_episode_prompt(r.prompt)}
-    assert asked and not asked & held_out
+    assert asked and not asked & named and not [s for s in held_out for q in asked if s in q]
     assert source == "oracle on 4 episodes of each of [1, 2] objectives"
 
     run.world = None  # QA-file data: no world to draw from
     with pytest.raises(ConfigError, match=r"^synthetic\.oracle_objectives: draws synthetic-world episodes"):
         _oracle_records(by_k, run)
+
+
+def test_a_time_bound_that_does_not_bind_leaves_the_steps_schedule(setup):
+    """Bounded by steps, the learning rates (so the model) do not depend on the wall time the
+    safety-net bound allows: a far bound gives exactly the unbounded run's parameters."""
+    tok, trajectories = setup
+    runs = []
+    for max_seconds in (None, 3600):
+        model = tiny_model(tok, seed=0)
+        metrics = _sft(model, tok, trajectories, steps=6, lr=1e-3, batch_tokens=2048, seed=0, schedule="cosine",
+                       warmup=0.2, max_seconds=max_seconds)
+        assert metrics["steps"] == 6 and metrics["time_bound"] is False
+        runs.append([p.detach().clone() for p in model.parameters()])
+    assert all(torch.equal(a, b) for a, b in zip(*runs))
