@@ -439,6 +439,108 @@ class _Trickler:
         self.listener.close()
 
 
+class _Flood:
+    """A raw socket server whose every answer is a huge body: `head` (status line and headers),
+    then `prefix`, then spaces in 64 kB chunks, at most `total` bytes (a bounded stand-in for a 1 GB
+    body), then `suffix`. Counts the body bytes it managed to send before the client hung up."""
+
+    def __init__(self, head: bytes, prefix: bytes, suffix: bytes, total: int):
+        self.head, self.prefix, self.suffix, self.total = head, prefix, suffix, total
+        self.sent: list[int] = []
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.listener.getsockname()[1]}"
+        self.thread = threading.Thread(target=self._serve_one, daemon=True)
+        self.thread.start()
+
+    def _serve_one(self):
+        self.listener.settimeout(10)
+        try:
+            conn, _ = self.listener.accept()
+        except OSError:
+            return
+        sent = 0
+        with conn:
+            conn.settimeout(10)
+            try:
+                conn.recv(65536)
+                conn.sendall(self.head + self.prefix)
+                chunk = b" " * 65536
+                while sent < self.total:
+                    conn.sendall(chunk)
+                    sent += len(chunk)
+                conn.sendall(self.suffix)
+            except OSError:  # the client stopped reading and closed the connection
+                pass
+        self.sent.append(sent)
+
+    def stop(self):
+        self.listener.close()
+        self.thread.join(10)
+
+
+_HEALTH_OK = b'{"status": "ok", "num_docs": 3'
+_FLOOD_BYTES = 16 << 20
+
+
+@pytest.mark.parametrize("framing", ["close-delimited", "chunked"])
+def test_client_bounds_a_huge_health_body(framing):
+    """Issue 21, case 6: a /health body of 16 MB (standing in for 1 GB; no Content-Length to refuse
+    it by) used to be read whole (and here, being valid JSON, accepted); now reading stops after
+    MAX_HEALTH_BYTES with one clear error."""
+    from mempo.env.client import MAX_HEALTH_BYTES
+
+    if framing == "close-delimited":
+        head = b"HTTP/1.0 200 OK\r\nContent-Type: application/json\r\n\r\n"
+        prefix, suffix = _HEALTH_OK, b"}"
+    else:  # one chunk holding the whole body
+        head = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
+        prefix = f"{len(_HEALTH_OK) + _FLOOD_BYTES + 1:x}\r\n".encode() + _HEALTH_OK
+        suffix = b"}\r\n0\r\n\r\n"
+    flood = _Flood(head, prefix, suffix, _FLOOD_BYTES)
+    try:
+        client = HTTPRetriever(flood.url, timeout=20, retries=2, backoff=0.01)
+        with pytest.raises(RetrieverUnavailableError, match=f"over the client's limit of {MAX_HEALTH_BYTES} bytes "
+                                                            f"for /health") as info:
+            client.health()
+        assert flood.url in str(info.value) and "\n" not in str(info.value)
+    finally:
+        flood.stop()
+    assert len(flood.sent) == 1  # not retried
+
+
+def test_client_refuses_a_declared_length_over_the_bound_without_reading():
+    """A Content-Length of 1 GB is refused at once (the old client waited to read it all: a timeout)."""
+    head = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 1073741824\r\n\r\n"
+    flood = _Flood(head, b'{"result": [[]]', b"", 0)
+    try:
+        client = HTTPRetriever(flood.url, timeout=5, retries=0)
+        started = time.monotonic()
+        with pytest.raises(RetrieverUnavailableError, match=r"limit of \d+ bytes for /retrieve \(its Content-Length"):
+            client.search(["river"])
+        assert time.monotonic() - started < 4  # answered before the attempt's timeout (not by it)
+    finally:
+        flood.stop()
+
+
+def test_client_bounds_retrieve_and_access_bodies_by_max_response_bytes():
+    body = json.dumps({"result": [[{"document": {"id": "a", "title": "A", "contents": "A\n" + "x" * 5000},
+                                    "score": 1.0}]]}).encode()
+    with stand_in(200, body) as (httpd, url):
+        assert HTTPRetriever(url, retries=0).search(["q"])[0][0].text == "x" * 5000
+        client = HTTPRetriever(url, retries=3, backoff=0.01, max_response_bytes=1000)
+        with pytest.raises(RetrieverUnavailableError, match="limit of 1000 bytes for /retrieve.*max_response_bytes"):
+            client.search(["q"])
+        with pytest.raises(RetrieverUnavailableError, match="limit of 1000 bytes for /access"):
+            client.access("a")
+        assert httpd.hits == 3  # one each, never retried
+    with stand_in(500, b"x" * (1 << 20)) as (httpd, url):  # an error body is read up to MAX_ERROR_BYTES only
+        with pytest.raises(RetrieverUnavailableError, match="HTTP 500: x{200}"):
+            HTTPRetriever(url, retries=0).search(["q"])
+    for bad in (0, -1, True, 1.5):
+        with pytest.raises(ValueError, match="max_response_bytes must be an integer >= 1"):
+            HTTPRetriever("http://127.0.0.1:1", max_response_bytes=bad)
+
+
 @pytest.mark.parametrize("headers_first", [True, False], ids=["trickled-body", "trickled-status-line"])
 def test_call_deadline_bounds_a_trickling_server(headers_first):
     """A per-read timeout restarts with every byte; the wall-clock limits do not (issue 10, case 4)."""
