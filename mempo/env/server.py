@@ -13,6 +13,7 @@ import threading
 import time
 from typing import Any, Callable, Optional
 
+from mempo.env.local import LocalRetriever
 from mempo.env.retriever import (
     DEFAULT_TOPK, MAX_QUERY_CHARS, DocumentNotFoundError, InvalidRequestError, PageOutOfRangeError, Retriever,
     RetrieverError, check_doc_id, check_page, check_page_chars, check_queries, check_topk,
@@ -224,22 +225,38 @@ def create_app(retriever: Retriever, *, default_topk: int = DEFAULT_TOPK, topk_m
     # that split the first line off as the title work unchanged). Title and text are each cut to
     # max_doc_chars (default 25,000; keep it at least the search tool's ``doc_chars`` so its
     # "truncated" flags stay right); /access reads the rest.
+    # The size is checked before the answer is built: a local retriever (`LocalRetriever.rank`)
+    # ranks first and the documents' saved lengths give the answer's exact size, so a refused
+    # request reads no document, and an accepted one holds one whole document at a time besides
+    # the answer (at most max_response_chars characters of cut titles and texts). Any other
+    # retriever's hits are counted as they are cut, and the building stops at the bound.
+    advice = "ask for fewer queries per request or a smaller topk"
+
+    def sent_chars(title_chars: int, text_chars: int) -> int:  # the title is sent twice: "title", "contents"
+        return 2 * min(title_chars, max_doc_chars) + min(text_chars, max_doc_chars)
+
+    def ranked_hits(queries: list[str], topk: int) -> list:
+        """Per query, an iterable of its hits, built one at a time for a local retriever."""
+        if not isinstance(retriever, LocalRetriever):
+            return retriever.search(queries, topk)
+        ranked = retriever.rank(queries, topk)
+        check_response_size(sum(sent_chars(*retriever.doc_chars(row)) for rows in ranked for row, _ in rows), advice)
+        return [(retriever.hit(row, score) for row, score in rows) for rows in ranked]
+
     @app.post("/retrieve")
     def retrieve(request: RetrieveRequest):
         queries = check_queries(request.queries, max_queries=max_queries, max_query_chars=max_query_chars)
         topk = default_topk if request.topk is None else check_topk(request.topk, topk_max=topk_max)
         result, chars = [], 0
-        for hits in retriever.search(queries, topk):
-            documents = []
+        for hits in ranked_hits(queries, topk):
+            entries = []
             for hit in hits:
+                chars += sent_chars(len(hit.title), len(hit.text))
+                check_response_size(chars, advice)  # before the cut copies are made
                 title, text = hit.title[:max_doc_chars], hit.text[:max_doc_chars]
-                chars += 2 * len(title) + len(text)  # the title is sent twice: "title" and "contents"
-                documents.append({"id": hit.doc_id, "title": title, "contents": title + "\n" + text})
-            if request.return_scores:
-                result.append([{"document": d, "score": h.score} for d, h in zip(documents, hits)])
-            else:
-                result.append(documents)
-        check_response_size(chars, "ask for fewer queries per request or a smaller topk")
+                document = {"id": hit.doc_id, "title": title, "contents": title + "\n" + text}
+                entries.append({"document": document, "score": hit.score} if request.return_scores else document)
+            result.append(entries)
         return json_response({"result": result})
 
     # POST /access:

@@ -202,6 +202,55 @@ def test_response_bounds_per_document_and_per_response(big_doc_retriever):
         assert all(len(r[0]["contents"]) <= 2 * 25_000 + 1 for r in body["result"])
 
 
+class _CountingBM25:
+    """Wraps a BM25 retriever's document reads to count the characters of every Hit built (what a
+    request made the server allocate), whichever method builds them (`search`, or `hit`)."""
+
+    def __init__(self, retriever, monkeypatch):
+        self.built = 0
+        search, hit = retriever.search, getattr(retriever, "hit", None)
+
+        def counted_search(queries, topk=5):
+            hits = search(queries, topk)
+            self.built += sum(len(h.title) + len(h.text) for ranked in hits for h in ranked)
+            return hits
+
+        def counted_hit(row, score):
+            built = hit(row, score)
+            self.built += len(built.title) + len(built.text)
+            return built
+
+        monkeypatch.setattr(retriever, "search", counted_search)
+        if hit is not None:
+            monkeypatch.setattr(retriever, "hit", counted_hit)
+
+
+def test_response_bound_is_checked_before_any_document_is_built(big_doc_retriever, monkeypatch):
+    """Issue 21, case 3, bound by work: a request over max_response_chars used to build every hit
+    (here 8 queries x top-3, two of them 2 MB documents: ~32 M characters) before its 413; now the size comes
+    from the index's document lengths and a refused request builds no document at all. An accepted
+    request builds each hit's document once (the answer holds the cut copies)."""
+    counting = _CountingBM25(big_doc_retriever, monkeypatch)
+    with RetrieverServer(big_doc_retriever, max_doc_chars=1000, max_response_chars=20_000) as small:
+        status, body = post(small.url, "/retrieve", json.dumps({"queries": ["bigword"] * 8, "topk": 3}).encode())
+        assert status == 413 and body["error"] == "response_too_large"
+        assert "would hold 25784 characters" in body["detail"]  # 8 x ("small": 2 x 5 + 13, two big: 2 x 300 + 1000)
+        assert counting.built == 0
+        status, body = post(small.url, "/retrieve", json.dumps({"queries": ["bigword"] * 2, "topk": 2}).encode())
+        assert status == 200 and len(body["result"]) == 2
+        assert counting.built == 2 * (5 + 13 + 300 + 2_000_008)  # per query "small" and one big document, once
+
+
+def test_a_damaged_index_is_refused_before_serving(tmp_path, corpus, capsys):
+    from mempo.env.bm25 import BM25Retriever
+
+    index_dir = BM25Retriever.build(corpus).save(tmp_path / "index")
+    (index_dir / "bm25s" / "vocab.index.json").write_bytes(b"")
+    assert cli_main(["serve-retriever", "--index-dir", str(index_dir), "--port", "0"]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"mempo serve-retriever: {index_dir / 'bm25s' / 'vocab.index.json'}")
+
+
 def test_app_rejects_bad_limits(bm25):
     with pytest.raises(ValueError):
         create_app(bm25, default_topk=10, topk_max=5)
