@@ -127,9 +127,14 @@ def _index_files(index_dir: Path) -> dict[str, dict]:
             for name in names + list(_DOCUMENT_FILES)}
 
 
+def _damaged_index(file: Path, index_dir: Path, reason: str) -> CorpusError:
+    return CorpusError(f"{file}: damaged BM25 index in {index_dir} ({reason}); rebuild the index "
+                       f"(serve-retriever --rebuild)")
+
+
 def verify_index_files(index_dir: PathLike, manifest: dict) -> None:
-    """Check every file the manifest lists against its size and SHA-256 (reads each file once: about
-    1 s per GB). CorpusError naming the first file that is missing, not a regular file, of another
+    """Check every file the manifest lists against its size and SHA-256 (reads each file once more,
+    at start-up). CorpusError naming the first file that is missing, not a regular file, of another
     size or content, or a manifest entry of the wrong type; the message says to rebuild."""
     index_dir = Path(index_dir)
     where = index_dir / INDEX_MANIFEST
@@ -144,18 +149,22 @@ def verify_index_files(index_dir: PathLike, manifest: dict) -> None:
                 or not isinstance(record.get("sha256"), str) or not _HEX64.match(record["sha256"]):
             raise CorpusError(f"{where}: damaged index manifest (entry {name!r}); rebuild the index")
         file = index_dir / name
+        damaged = functools.partial(_damaged_index, file, index_dir)
         try:
             info = file.stat()
-            if not stat.S_ISREG(info.st_mode):
-                raise CorpusError(f"{file}: not a regular file (listed in {where}); rebuild the index")
-            if info.st_size != record["bytes"]:
-                raise CorpusError(f"{file}: {info.st_size} bytes, {where} records {record['bytes']} (index damaged); "
-                                  f"rebuild the index")
-            if _sha256(file) != record["sha256"]:
-                raise CorpusError(f"{file}: its SHA-256 differs from {where}'s (index damaged); rebuild the index")
         except OSError as error:
-            raise CorpusError(f"{file}: {'missing' if isinstance(error, FileNotFoundError) else 'unreadable'} "
-                              f"(listed in {where}); rebuild the index") from None
+            raise damaged(f"{'missing' if isinstance(error, FileNotFoundError) else 'unreadable'}, listed in "
+                          f"{INDEX_MANIFEST}") from None
+        if not stat.S_ISREG(info.st_mode):
+            raise damaged(f"not a regular file, listed in {INDEX_MANIFEST}")
+        if info.st_size != record["bytes"]:
+            raise damaged(f"{info.st_size} bytes, {INDEX_MANIFEST} records {record['bytes']}")
+        try:
+            digest = _sha256(file)
+        except OSError as error:
+            raise damaged(f"unreadable: {error.strerror}") from None
+        if digest != record["sha256"]:
+            raise damaged(f"its SHA-256 differs from the one {INDEX_MANIFEST} records")
 
 
 class BM25Retriever(LocalRetriever):
