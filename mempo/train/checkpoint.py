@@ -428,7 +428,8 @@ def _check_model_keys(file: Path, saved: Any, model: torch.nn.Module) -> None:
 
 def _check_optimizer_keys(file: Path, saved: Any, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
     """The saved full optimiser state names every parameter of `optimizer` once (by any of its FQNs),
-    no other; per-parameter states all hold the same entries (e.g. step, exp_avg, exp_avg_sq)."""
+    no other; the states of parameters of one dimensionality all hold the same entries (e.g. step,
+    exp_avg, exp_avg_sq)."""
     groups = saved.get("param_groups") if isinstance(saved, dict) else None
     states = saved.get("state") if isinstance(saved, dict) else None
     if not isinstance(groups, list) or not isinstance(states, dict) or not all(
@@ -449,12 +450,16 @@ def _check_optimizer_keys(file: Path, saved: Any, model: torch.nn.Module, optimi
         said = [f"missing parameter(s) {_name_keys(missing)}"] if missing else []
         said += [f"unexpected key(s) {_name_keys(sorted(set(unexpected)))}"] if unexpected else []
         raise CheckpointError(f"{file}: does not fit this optimizer ({'; '.join(said)})")
-    layouts = {name: tuple(sorted(entry)) if isinstance(entry, dict) else None for name, entry in states.items()}
-    common = set().union(*(set(layout) for layout in layouts.values() if layout is not None)) if layouts else set()
-    short = sorted(name for name, layout in layouts.items() if layout is None or set(layout) != common)
+    # every parameter of one dimensionality has the same state entries (an optimiser may keep other
+    # entries for vectors than for matrices, e.g. Adafactor's factored moments)
+    ndim = {name: parameter.ndim for name, parameter in model.named_parameters(remove_duplicate=False)}
+    layouts = {name: set(entry) if isinstance(entry, dict) else set() for name, entry in states.items()}
+    common: dict[int, set] = {}
+    for name, layout in layouts.items():
+        common.setdefault(ndim[name], set()).update(layout)
+    short = sorted(name for name, layout in layouts.items() if layout != common[ndim[name]])
     if short:
-        first = short[0]
-        lacks = sorted(common - set(layouts[first] or ()))
+        lacks = sorted(common[ndim[short[0]]] - layouts[short[0]])
         raise CheckpointError(f"{file}: does not fit this optimizer (the state of {_name_keys(short)} lacks "
                               f"{', '.join(lacks) or 'its entries'})")
 

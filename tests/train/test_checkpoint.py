@@ -528,6 +528,18 @@ def test_strict_false_loads_a_model_subset_but_still_checks_the_optimizer(tmp_pa
         load_checkpoint(path, model, torch.optim.AdamW(model.parameters()), strict=False)
 
 
+@pytest.mark.skipif(not hasattr(torch.optim, "Adafactor"), reason="torch.optim.Adafactor needs torch >= 2.5")
+def test_an_optimizer_with_per_shape_state_layouts_fits(tmp_path):
+    """Adafactor keeps factored moments for matrices and one for vectors: not a partial state."""
+    model = make_model(0)
+    optimizer = torch.optim.Adafactor(model.parameters())
+    model(torch.randn(4, 6)).square().mean().backward()
+    optimizer.step()
+    save_checkpoint(tmp_path, 1, model, optimizer)
+    fresh = make_model(1)
+    assert load_checkpoint(tmp_path, fresh, torch.optim.Adafactor(fresh.parameters())).step == 1
+
+
 def test_a_tied_parameter_fits_by_any_of_its_names(tmp_path):
     class Tied(torch.nn.Module):
         def __init__(self):
