@@ -368,9 +368,6 @@ def _protocol_with_request_timeout(request_timeout: float, max_connections: int)
             if self.conn.their_state not in receiving:  # the request is complete (or the connection done)
                 self._disarm()
 
-        def on_response_complete(self) -> None:
-            super().on_response_complete()  # arms uvicorn's keep-alive timer for the idle wait
-
         def connection_lost(self, exc) -> None:
             self._disarm()
             super().connection_lost(exc)
