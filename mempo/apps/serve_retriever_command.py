@@ -4,12 +4,16 @@
     mempo serve-retriever [--corpus CORPUS.jsonl] [--index-dir DIR] [--rebuild] [--host H] [--port P] ...
 
 The index is loaded from ``--index-dir`` when it holds one built from the same corpus file, else
-built (and saved there). A bad flag, a missing or malformed corpus or a damaged index is a
+built (and saved there); its files are checked against the digests in its manifest before the
+server says it is ready (an index of format 1, without digests, is rebuilt when --corpus is given,
+else refused: rebuild it with --rebuild). Connections are bounded (--request-timeout,
+--keep-alive, --max-connections; out of file descriptors: one log line per 10 s). A bad flag, a missing or malformed corpus or a damaged index is a
 `mempo.errors.MempoError` (one line, exit 2, printed by `mempo.apps.cli.main`).
 """
 from __future__ import annotations
 
 import argparse
+import math
 import time
 
 from mempo.config import ConfigError
@@ -17,8 +21,8 @@ from mempo.env.corpus import CorpusError
 from mempo.env.bm25 import load_or_build_bm25
 from mempo.env.retriever import DEFAULT_PAGE_CHARS, DEFAULT_TOPK, MAX_QUERY_CHARS
 from mempo.env.server import (
-    DEFAULT_HOST, DEFAULT_MAX_DOC_CHARS, DEFAULT_MAX_QUERIES, DEFAULT_MAX_RESPONSE_CHARS, DEFAULT_PORT,
-    DEFAULT_TOPK_MAX, serve,
+    DEFAULT_HOST, DEFAULT_KEEP_ALIVE, DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_DOC_CHARS, DEFAULT_MAX_QUERIES,
+    DEFAULT_MAX_RESPONSE_CHARS, DEFAULT_PORT, DEFAULT_REQUEST_TIMEOUT, DEFAULT_TOPK_MAX, serve,
 )
 from mempo.utils.log import log
 
@@ -53,6 +57,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-response-chars", type=int, default=DEFAULT_MAX_RESPONSE_CHARS,
                         help="a /retrieve or /access answer carrying more document characters than this is "
                              f"refused with HTTP 413 (default {DEFAULT_MAX_RESPONSE_CHARS})")
+    parser.add_argument("--request-timeout", type=float, default=DEFAULT_REQUEST_TIMEOUT,
+                        help="a connection that takes longer than this many seconds to send one whole request "
+                             f"is closed (default {DEFAULT_REQUEST_TIMEOUT:g})")
+    parser.add_argument("--keep-alive", type=int, default=DEFAULT_KEEP_ALIVE,
+                        help=f"seconds an idle keep-alive connection is kept open (default {DEFAULT_KEEP_ALIVE})")
+    parser.add_argument("--max-connections", type=int, default=DEFAULT_MAX_CONNECTIONS,
+                        help="requests arriving while this many connections are open are answered 503 "
+                             f"(default {DEFAULT_MAX_CONNECTIONS}, lowered to fit the file descriptor limit)")
     parser.add_argument("--log-level", default="warning", choices=["critical", "error", "warning", "info", "debug"],
                         help="uvicorn log level (default warning)")
 
@@ -68,6 +80,10 @@ def _check_flags(args: argparse.Namespace) -> None:
     if min(args.max_queries, args.max_query_chars, args.page_chars, args.max_doc_chars, args.max_response_chars) < 1:
         raise ConfigError("", "--max-queries, --max-query-chars, --page-chars, --max-doc-chars and "
                               "--max-response-chars must be >= 1")
+    if not (args.request_timeout > 0 and math.isfinite(args.request_timeout)):
+        raise ConfigError("--request-timeout", f"must be a number of seconds > 0, got {args.request_timeout}")
+    if min(args.keep_alive, args.max_connections) < 1:
+        raise ConfigError("", "--keep-alive and --max-connections must be >= 1")
 
 
 
@@ -91,7 +107,8 @@ def run(args: argparse.Namespace) -> int:
         serve(retriever, args.host, args.port, on_ready=ready, log_level=args.log_level,
               default_topk=args.topk_default, topk_max=args.topk_max, max_queries=args.max_queries,
               max_query_chars=args.max_query_chars, max_doc_chars=args.max_doc_chars,
-              max_response_chars=args.max_response_chars)
+              max_response_chars=args.max_response_chars, request_timeout=args.request_timeout,
+              keep_alive=args.keep_alive, max_connections=args.max_connections)
     except OSError as exc:
         log(f"cannot serve on {args.host}:{args.port}: {exc}")
         return 1

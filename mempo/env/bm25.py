@@ -6,8 +6,10 @@ A hit's score is the BM25 sum over the query's terms (> 0); documents sharing no
 returned. bm25s and numpy are imported inside the functions that use them.
 """
 import functools
+import hashlib
 import json
 import os
+import stat
 import re
 import time
 import unicodedata
@@ -18,12 +20,12 @@ from typing import Callable, Iterable, Optional, Sequence, Union
 from mempo.env.corpus import CorpusError, Document, corpus_fingerprint, iter_corpus
 from mempo.env.local import LocalRetriever, MappedDocuments, MemoryDocuments, save_documents, topk_rows
 from mempo.env.retriever import (
-    DEFAULT_PAGE_CHARS, DEFAULT_TOPK, Hit, check_page_chars, check_queries, check_topk, register_retriever,
+    DEFAULT_PAGE_CHARS, DEFAULT_TOPK, check_page_chars, check_queries, check_topk, register_retriever,
 )
 from mempo.utils.types import PathLike
 
 __all__ = ["LUCENE_STOPWORDS", "s_stem", "Tokenizer", "INDEX_MANIFEST", "BM25_FORMAT", "BM25_FORMAT_VERSION",
-           "BM25Retriever", "load_or_build_bm25"]
+           "BM25Retriever", "load_or_build_bm25", "verify_index_files"]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -105,7 +107,64 @@ class Tokenizer:
 
 INDEX_MANIFEST = "mempo_index.json"
 BM25_FORMAT = "mempo.bm25"
-BM25_FORMAT_VERSION = 1
+BM25_FORMAT_VERSION = 2  # 2: the manifest lists every file with its SHA-256; documents.lengths.npy
+_HEX64 = re.compile(r"^[0-9a-f]{64}$")
+_DOCUMENT_FILES = ("documents.jsonl", "documents.offsets.npy", "documents.lengths.npy", "ids.json")
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for chunk in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _index_files(index_dir: Path) -> dict[str, dict]:
+    """{relative path: {"bytes", "sha256"}} of the files an index consists of (bm25s/ and the documents)."""
+    names = sorted(f"bm25s/{entry.name}" for entry in (index_dir / "bm25s").iterdir() if entry.is_file())
+    return {name: {"bytes": (index_dir / name).stat().st_size, "sha256": _sha256(index_dir / name)}
+            for name in names + list(_DOCUMENT_FILES)}
+
+
+def _damaged_index(file: Path, index_dir: Path, reason: str) -> CorpusError:
+    return CorpusError(f"{file}: damaged BM25 index in {index_dir} ({reason}); rebuild the index "
+                       f"(serve-retriever --rebuild)")
+
+
+def verify_index_files(index_dir: PathLike, manifest: dict) -> None:
+    """Check every file the manifest lists against its size and SHA-256 (reads each file once more,
+    at start-up). CorpusError naming the first file that is missing, not a regular file, of another
+    size or content, or a manifest entry of the wrong type; the message says to rebuild."""
+    index_dir = Path(index_dir)
+    where = index_dir / INDEX_MANIFEST
+    files = manifest.get("files")
+    if not isinstance(files, dict) or not all(name in files for name in _DOCUMENT_FILES) \
+            or not any(isinstance(name, str) and name.startswith("bm25s/") for name in files):
+        raise CorpusError(f"{where}: damaged index manifest (no list of the index files); rebuild the index")
+    for name, record in files.items():
+        parts = name.split("/") if isinstance(name, str) else []
+        if not parts or any(part in ("", ".", "..") for part in parts) or not isinstance(record, dict) \
+                or isinstance(record.get("bytes"), bool) or not isinstance(record.get("bytes"), int) \
+                or not isinstance(record.get("sha256"), str) or not _HEX64.match(record["sha256"]):
+            raise CorpusError(f"{where}: damaged index manifest (entry {name!r}); rebuild the index")
+        file = index_dir / name
+        damaged = functools.partial(_damaged_index, file, index_dir)
+        try:
+            info = file.stat()
+        except OSError as error:
+            raise damaged(f"{'missing' if isinstance(error, FileNotFoundError) else 'unreadable'}, listed in "
+                          f"{INDEX_MANIFEST}") from None
+        if not stat.S_ISREG(info.st_mode):
+            raise damaged(f"not a regular file, listed in {INDEX_MANIFEST}")
+        if info.st_size != record["bytes"]:
+            raise damaged(f"{info.st_size} bytes, {INDEX_MANIFEST} records {record['bytes']}")
+        try:
+            digest = _sha256(file)
+        except OSError as error:
+            raise damaged(f"unreadable: {error.strerror}") from None
+        if digest != record["sha256"]:
+            raise damaged(f"its SHA-256 differs from the one {INDEX_MANIFEST} records")
 
 
 class BM25Retriever(LocalRetriever):
@@ -164,9 +223,11 @@ class BM25Retriever(LocalRetriever):
 
         Layout: ``bm25s/`` (the bm25s arrays and vocabulary), ``documents.jsonl`` +
         ``documents.offsets.npy`` (the documents in index order and their byte offsets, read through
-        a memory map on load), ``ids.json``, and ``mempo_index.json`` (format, tokenizer, BM25
-        parameters, document count, the corpus file's size, mtime and SHA-256 when built from a
-        file), written last: a directory without it is not an index.
+        a memory map on load), ``documents.lengths.npy`` (title and text characters per document,
+        so a server bounds an answer before reading it), ``ids.json``, and ``mempo_index.json``
+        (format, tokenizer, BM25 parameters, document count, the corpus file's size, mtime and
+        SHA-256 when built from a file, and "files": the size and SHA-256 of every other file, which
+        `load` checks), written last: a directory without it is not an index.
         """
         index_dir = Path(index_dir)
         index_dir.mkdir(parents=True, exist_ok=True)
@@ -182,6 +243,7 @@ class BM25Retriever(LocalRetriever):
             "tokenizer": self.tokenizer.to_json(),
             "bm25": {"k1": self._bm25.k1, "b": self._bm25.b, "method": self._bm25.method},
             "corpus": self.source, "bm25s_version": getattr(bm25s, "__version__", "unknown"),
+            "files": _index_files(index_dir),
         }
         tmp = manifest_path.with_suffix(".json.tmp")
         tmp.write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
@@ -189,8 +251,10 @@ class BM25Retriever(LocalRetriever):
         return index_dir
 
     @staticmethod
-    def read_manifest(index_dir: PathLike) -> Optional[dict]:
-        """The manifest of a saved BM25 index in `index_dir`, or None if the directory holds none."""
+    def read_manifest(index_dir: PathLike, *, any_version: bool = False) -> Optional[dict]:
+        """The manifest of a saved BM25 index in `index_dir`, or None if the directory holds none.
+        CorpusError for another format version (an index of format 1, without digests, must be
+        rebuilt) unless `any_version`."""
         path = Path(index_dir) / INDEX_MANIFEST
         if not path.is_file():
             return None
@@ -202,9 +266,10 @@ class BM25Retriever(LocalRetriever):
             raise CorpusError(f"{path}: damaged index manifest (not a JSON object); rebuild the index")
         if manifest.get("format") != BM25_FORMAT:
             raise CorpusError(f"{path}: not a mempo BM25 index (format {manifest.get('format')!r})")
-        if manifest.get("format_version") != BM25_FORMAT_VERSION:
+        if manifest.get("format_version") != BM25_FORMAT_VERSION and not any_version:
             raise CorpusError(f"{path}: index format version {manifest.get('format_version')} is not "
-                              f"{BM25_FORMAT_VERSION}; rebuild the index")
+                              f"{BM25_FORMAT_VERSION} (format 1 carries no digests of its files); rebuild the "
+                              f"index (serve-retriever --rebuild)")
         return manifest
 
     @classmethod
@@ -213,6 +278,8 @@ class BM25Retriever(LocalRetriever):
         """Reload an index written by `save`; documents are always read through a memory map.
 
         `mmap_arrays` memory-maps the BM25 arrays too (low resident memory, shared page cache).
+        Every file is checked against the manifest's digests first (`verify_index_files`), so an
+        emptied vocabulary or a zeroed array of the same size is refused, naming the file.
         """
         import bm25s  # reason: bm25s loads numpy; `import mempo.env` and `mempo --help` stay without it
 
@@ -220,11 +287,12 @@ class BM25Retriever(LocalRetriever):
         manifest = cls.read_manifest(index_dir)
         if manifest is None:
             raise CorpusError(f"{index_dir}: no saved index ({INDEX_MANIFEST} missing)")
+        verify_index_files(index_dir, manifest)
         store = None
         try:
             bm25 = bm25s.BM25.load(str(index_dir / "bm25s"), mmap=mmap_arrays, show_progress=False)
             store = MappedDocuments(index_dir / "documents.jsonl", index_dir / "documents.offsets.npy",
-                                     index_dir / "ids.json")
+                                     index_dir / "ids.json", index_dir / "documents.lengths.npy")
             if len(store) != manifest["num_docs"] or bm25.scores["num_docs"] != manifest["num_docs"]:
                 raise CorpusError(f"{index_dir}: document count does not match the manifest (index corrupted)")
             tokenizer = Tokenizer.from_json(manifest["tokenizer"])
@@ -239,7 +307,7 @@ class BM25Retriever(LocalRetriever):
                               f"rebuild it (serve-retriever --rebuild)") from None
         return cls(bm25, store, tokenizer, page_chars=page_chars, source=manifest.get("corpus"))
 
-    def search(self, queries: Sequence[str], topk: int = DEFAULT_TOPK) -> list[list[Hit]]:
+    def rank(self, queries: Sequence[str], topk: int = DEFAULT_TOPK) -> list[list[tuple[int, float]]]:
         queries = check_queries(queries)
         topk = check_topk(topk)
         results = []
@@ -249,11 +317,7 @@ class BM25Retriever(LocalRetriever):
                 results.append([])
                 continue
             scores = self._bm25.get_scores_from_ids(term_ids)
-            hits = []
-            for row in topk_rows(scores, topk):
-                doc = self._docs[int(row)]
-                hits.append(Hit(doc.id, doc.title, doc.text, float(scores[row])))
-            results.append(hits)
+            results.append([(int(row), float(scores[row])) for row in topk_rows(scores, topk)])
         return results
 
 
@@ -283,6 +347,8 @@ def load_or_build_bm25(corpus: Optional[PathLike] = None, index_dir: Optional[Pa
     - `index_dir` with a saved index and a `corpus` file: load it if it was built from that file
       (same size and modification time, or else same SHA-256), else rebuild from the file and
       overwrite the index (reported through `log`).
+    - `index_dir` with an index of an older format (1: no digests): rebuilt from `corpus` when
+      given (reported through `log`), else refused (CorpusError: rebuild the index).
     - no saved index (or `rebuild`): build from `corpus` (a jsonl path) or `documents`, then save to
       `index_dir` when given (and reload it memory-mapped, so serving uses little memory).
     `log` receives one-line progress messages (e.g. ``print`` to stderr); None stays silent.
@@ -293,8 +359,11 @@ def load_or_build_bm25(corpus: Optional[PathLike] = None, index_dir: Optional[Pa
     if corpus is not None and not os.path.isfile(corpus):
         raise CorpusError(f"{corpus}: corpus file not found")
     if index_dir is not None and not rebuild:
-        manifest = BM25Retriever.read_manifest(index_dir)
-        if manifest is not None:
+        manifest = BM25Retriever.read_manifest(index_dir, any_version=corpus is not None)
+        if manifest is not None and manifest.get("format_version") != BM25_FORMAT_VERSION:
+            say(f"index {index_dir} has format version {manifest.get('format_version')} (now "
+                f"{BM25_FORMAT_VERSION}); rebuilding it from {corpus}")
+        elif manifest is not None:
             if corpus is None or _same_corpus_file(corpus, manifest.get("corpus")):
                 started = time.perf_counter()
                 retriever = BM25Retriever.load(index_dir, mmap_arrays=mmap_arrays, page_chars=page_chars)

@@ -4,6 +4,14 @@ Requests (shapes: `mempo.env.server.create_app`): ``POST {base_url}/retrieve``, 
 {base_url}/access``, ``GET {base_url}/health``. Search also works against an original Search-R1
 ``retrieval_server.py`` (documents without a "title" field: the first line of "contents" is the
 title, outer double quotes removed). Every error is a `RetrieverError` whose message names the URL.
+
+Every body read is bounded: a `/health` answer by `MAX_HEALTH_BYTES` (1 MiB), a `/retrieve` or
+`/access` answer by the client's `max_response_bytes` (default `DEFAULT_MAX_RESPONSE_BYTES`, 64 MiB:
+the server's default cap of 10 M document characters as UTF-8 JSON with room to spare), an error
+answer (4xx/5xx) by `MAX_ERROR_BYTES` (64 kB, the rest unread). A larger answer is refused as soon as
+its Content-Length says so, or once that many bytes have arrived, with `RetrieverUnavailableError`
+naming the URL and the bound (not retried: asking again gives the same); reading allocates at most
+the bound plus one chunk of 1 MiB.
 """
 import heapq
 import http.client
@@ -23,7 +31,12 @@ from mempo.env.retriever import (
     check_topk, register_retriever,
 )
 
-__all__ = ["HTTPRetriever"]
+__all__ = ["HTTPRetriever", "MAX_HEALTH_BYTES", "MAX_ERROR_BYTES", "DEFAULT_MAX_RESPONSE_BYTES"]
+
+MAX_HEALTH_BYTES = 1 << 20
+MAX_ERROR_BYTES = 64 << 10
+DEFAULT_MAX_RESPONSE_BYTES = 64 << 20
+_READ_CHUNK = 1 << 20
 
 _ERROR_KINDS = {
     "invalid_request": InvalidRequestError,
@@ -35,6 +48,30 @@ _ERROR_BY_STATUS = {404: DocumentNotFoundError, 416: PageOutOfRangeError}
 
 class _Garbage(Exception):
     """The server answered 2xx with something that is not the expected JSON shape."""
+
+
+class _BodyTooLarge(Exception):
+    """The answer's body is over the bound for its path (the message says how it showed)."""
+
+
+def _read_bounded(response: http.client.HTTPResponse, limit: int, *, head_only: bool = False) -> tuple[bytes, bool]:
+    """(the body, complete) read in chunks of at most 1 MiB: the whole body when it is at most
+    `limit` bytes; else the first `limit` bytes and False, the rest left unread (the caller drops the
+    connection). A declared Content-Length over `limit` reads nothing, (b"", False), unless
+    `head_only` (an error answer: its first `limit` bytes are its message)."""
+    declared = response.getheader("Content-Length")
+    if not head_only and declared is not None and declared.strip().isdigit() and int(declared) > limit:
+        return b"", False
+    chunks, size = [], 0
+    while size <= limit:
+        chunk = response.read(min(_READ_CHUNK, limit + 1 - size))
+        if not chunk:
+            if response.length:  # read(amt) returns short at a closed socket, unlike read(): say so
+                raise http.client.IncompleteRead(b"".join(chunks), response.length)
+            return b"".join(chunks), True
+        chunks.append(chunk)
+        size += len(chunk)
+    return b"".join(chunks)[:limit], False
 
 
 class _Watchdog:
@@ -152,13 +189,15 @@ class HTTPRetriever(Retriever):
     deadline: seconds per call, every attempt and backoff sleep included (None: the worst case
     ``(retries + 1) * timeout`` plus the sleeps), so a call returns or raises within about
     `deadline` seconds whatever the server does. retries / backoff / max_backoff: the retry policy
-    (`_request`).
+    (`_request`). max_response_bytes: the most bytes a `/retrieve` or `/access` answer may hold
+    (the module docstring gives every bound on what is read).
     """
 
     name = "http"
 
     def __init__(self, base_url: str = "http://127.0.0.1:8000", *, timeout: float = 30.0, retries: int = 3,
-                 backoff: float = 0.25, max_backoff: float = 8.0, deadline: Optional[float] = None):
+                 backoff: float = 0.25, max_backoff: float = 8.0, deadline: Optional[float] = None,
+                 max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES):
         parsed = urllib.parse.urlsplit(base_url) if isinstance(base_url, str) else None
         if parsed is None or parsed.scheme not in ("http", "https") or not parsed.netloc:
             raise ValueError(f"base_url must be an http(s) URL like http://127.0.0.1:8000, got {base_url!r}")
@@ -168,6 +207,9 @@ class HTTPRetriever(Retriever):
         deadline = _check_seconds("deadline", deadline, positive=True, allow_none=True)
         if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
             raise ValueError(f"retries must be an integer >= 0, got {retries!r}")
+        if isinstance(max_response_bytes, bool) or not isinstance(max_response_bytes, int) or max_response_bytes < 1:
+            raise ValueError(f"max_response_bytes must be an integer >= 1, got {max_response_bytes!r}")
+        self.max_response_bytes = max_response_bytes
         self.base_url = base_url.rstrip("/")
         self.timeout, self.retries, self.backoff, self.max_backoff = timeout, retries, backoff, max_backoff
         sleeps = sum(min(backoff * 2 ** i, max_backoff) for i in range(retries))
@@ -202,6 +244,9 @@ class HTTPRetriever(Retriever):
 
     def _request(self, method: str, path: str, payload: Optional[dict] = None) -> Any:
         """One JSON request; returns the decoded body.
+
+        Size limits: the body read is bounded (module docstring): at most `MAX_HEALTH_BYTES` for
+        /health, `max_response_bytes` for other paths, `MAX_ERROR_BYTES` of an error answer.
 
         Time limits (wall clock, `time.monotonic`): an attempt gets ``min(timeout, time left)``; a
         watchdog thread shuts its socket down when its time is up, so a server that trickles bytes
@@ -255,7 +300,9 @@ class HTTPRetriever(Retriever):
                     token = _WATCHDOG.arm(conn.sock, attempt_end)
                     conn.request(method, self._path_prefix + path, body=data, headers=headers)
                     response = conn.getresponse()
-                    body = response.read()
+                    limit = MAX_ERROR_BYTES if response.status >= 400 else (
+                        MAX_HEALTH_BYTES if path == "/health" else self.max_response_bytes)
+                    body, complete = _read_bounded(response, limit, head_only=response.status >= 400)
                 finally:
                     if token is not None:
                         fired = _WATCHDOG.disarm(token)  # before any close: see _Watchdog
@@ -275,9 +322,16 @@ class HTTPRetriever(Retriever):
                     last_cause = f"connection failed ({type(exc).__name__}: {exc})"
                 attempt += 1
                 continue
-            if fired or response.will_close:  # a fired watchdog shut the socket down, answer complete or not
-                self._drop_connection()
+            if not complete:  # a body left unread: the response holds the socket open until closed
+                response.close()
+            if fired or response.will_close or not complete:  # a fired watchdog shut the socket down, answer
+                self._drop_connection()                           # complete or not; or a body left unread
             status = response.status
+            if not complete and status < 400:
+                what = "its Content-Length" if not body else f"more than {limit} bytes arrived"
+                raise RetrieverUnavailableError(
+                    f"retriever at {url} answered a body over the client's limit of {limit} bytes for {path} "
+                    f"({what}; {'MAX_HEALTH_BYTES' if path == '/health' else 'max_response_bytes'})")
             if status >= 500:
                 last_cause = f"HTTP {status}: {self._error_detail(body, response.reason)[1][:200]}"
                 attempt += 1

@@ -8,7 +8,7 @@ from typing import Any, Callable, Iterable, Sequence
 from mempo.env.corpus import CorpusError, Document
 from mempo.env.local import LocalRetriever, MemoryDocuments
 from mempo.env.retriever import (
-    DEFAULT_PAGE_CHARS, DEFAULT_TOPK, Hit, RetrieverError, check_page_chars, check_queries, check_topk,
+    DEFAULT_PAGE_CHARS, DEFAULT_TOPK, RetrieverError, check_page_chars, check_queries, check_topk,
     register_retriever,
 )
 
@@ -76,7 +76,7 @@ class DenseRetriever(LocalRetriever):
         model = SentenceTransformer(model_path, device=device, local_files_only=True)
         return cls(documents, lambda texts: model.encode(texts, convert_to_numpy=True), **kwargs)
 
-    def search(self, queries: Sequence[str], topk: int = DEFAULT_TOPK) -> list[list[Hit]]:
+    def rank(self, queries: Sequence[str], topk: int = DEFAULT_TOPK) -> list[list[tuple[int, float]]]:
         import numpy as np  # reason: `import mempo.env` and `mempo --help` stay without numpy
 
         queries = check_queries(queries)
@@ -88,13 +88,5 @@ class DenseRetriever(LocalRetriever):
             all_scores = vectors @ self._embeddings.T
             rows = np.argsort(-all_scores, axis=1, kind="stable")[:, :k]
             scores = np.take_along_axis(all_scores, rows, axis=1)
-        results = []
-        for query_rows, query_scores in zip(rows, scores):
-            hits = []
-            for row, score in zip(query_rows, query_scores):
-                if row < 0:
-                    continue
-                doc = self._docs[int(row)]
-                hits.append(Hit(doc.id, doc.title, doc.text, float(score)))
-            results.append(hits)
-        return results
+        return [[(int(row), float(score)) for row, score in zip(query_rows, query_scores) if row >= 0]
+                for query_rows, query_scores in zip(rows, scores)]

@@ -1,8 +1,11 @@
 """What retrievers holding their documents locally share: the document stores (`MemoryDocuments`, a
 list in memory; `MappedDocuments`, a saved jsonl read through a memory map by byte offsets, written by
-`save_documents`), `LocalRetriever` (id lookup and paged `access`) and `topk_rows` (exact top-k).
+`save_documents`), `LocalRetriever` (id lookup, paged `access`, and `rank` / `hit`: a search in two
+halves, so that a server can bound an answer by the documents' lengths before it reads them) and
+`topk_rows` (exact top-k).
 
-Rows are 0-based positions in index order; offsets are int64 byte positions (n + 1 of them).
+Rows are 0-based positions in index order; offsets are int64 byte positions (n + 1 of them);
+lengths are int64 (title characters, text characters) per row (``documents.lengths.npy``).
 numpy is imported inside the functions that use it, so `import mempo.env` stays light.
 """
 import json
@@ -13,7 +16,7 @@ from typing import Iterable, Optional, Sequence, Union
 
 from mempo.env.corpus import CorpusError, Document
 from mempo.env.retriever import (
-    DocumentNotFoundError, Page, Retriever, check_doc_id, check_page, check_page_chars, paginate,
+    DEFAULT_TOPK, DocumentNotFoundError, Hit, Page, Retriever, check_doc_id, check_page, check_page_chars, paginate,
 )
 
 __all__ = ["MemoryDocuments", "MappedDocuments", "save_documents", "LocalRetriever", "topk_rows"]
@@ -38,6 +41,11 @@ class MemoryDocuments:
     def row_of(self, doc_id: str) -> Optional[int]:
         return self._row_of.get(doc_id)
 
+    def chars(self, row: int) -> tuple[int, int]:
+        """(title characters, text characters) of document `row`, without building anything."""
+        doc = self._docs[row]
+        return len(doc.title), len(doc.text)
+
     def __iter__(self):
         return iter(self._docs)
 
@@ -48,10 +56,14 @@ class MemoryDocuments:
 class MappedDocuments:
     """Documents read on demand from a saved jsonl through a read-only memory map (thread-safe)."""
 
-    def __init__(self, jsonl_path: Path, offsets_path: Path, ids_path: Path):
+    def __init__(self, jsonl_path: Path, offsets_path: Path, ids_path: Path, lengths_path: Path):
         import numpy as np  # reason: `import mempo.env` and `mempo --help` stay without numpy
 
         self._offsets = np.load(offsets_path)
+        self._lengths = np.load(lengths_path, mmap_mode="r")
+        if self._lengths.shape != (len(self._offsets) - 1, 2) or self._lengths.dtype != np.int64:
+            raise CorpusError(f"{lengths_path}: shape {self._lengths.shape} {self._lengths.dtype}, expected "
+                              f"({len(self._offsets) - 1}, 2) int64 (index corrupted)")
         with open(ids_path, "r", encoding="utf-8") as handle:
             ids = json.load(handle)
         if len(ids) + 1 != len(self._offsets):
@@ -74,6 +86,11 @@ class MappedDocuments:
     def row_of(self, doc_id: str) -> Optional[int]:
         return self._row_of.get(doc_id)
 
+    def chars(self, row: int) -> tuple[int, int]:
+        """(title characters, text characters) of document `row`, from the saved lengths (nothing read)."""
+        title, text = self._lengths[row]
+        return int(title), int(text)
+
     def __iter__(self):
         return (self[row] for row in range(len(self)))
 
@@ -83,17 +100,20 @@ class MappedDocuments:
 
 
 def save_documents(documents: Iterable[Document], index_dir: Path) -> int:
-    """Write documents.jsonl, documents.offsets.npy and ids.json; returns the document count."""
+    """Write documents.jsonl, documents.offsets.npy, documents.lengths.npy and ids.json; returns the
+    document count."""
     import numpy as np  # reason: `import mempo.env` and `mempo --help` stay without numpy
 
-    offsets, ids = [0], []
+    offsets, ids, lengths = [0], [], []
     with open(index_dir / "documents.jsonl", "wb") as handle:
         for doc in documents:
             line = (json.dumps(doc.to_json(), ensure_ascii=False) + "\n").encode("utf-8")
             handle.write(line)
             offsets.append(offsets[-1] + len(line))
             ids.append(doc.id)
+            lengths.append((len(doc.title), len(doc.text)))
     np.save(index_dir / "documents.offsets.npy", np.asarray(offsets, dtype=np.int64))
+    np.save(index_dir / "documents.lengths.npy", np.asarray(lengths, dtype=np.int64).reshape(-1, 2))
     with open(index_dir / "ids.json", "w", encoding="utf-8") as handle:
         json.dump(ids, handle, ensure_ascii=False)
     return len(ids)
@@ -114,6 +134,24 @@ class LocalRetriever(Retriever):
         if row is None:
             raise DocumentNotFoundError(f"unknown document id {doc_id!r}")
         return self._docs[row]
+
+    def rank(self, queries: Sequence[str], topk: int = DEFAULT_TOPK) -> list[list[tuple[int, float]]]:
+        """The first half of `search`: per query, (row, score) of its hits, best first; no document
+        is read. `search(queries, topk)` equals ``[[self.hit(r, s) for r, s in ranked] for ranked in
+        self.rank(queries, topk)]``."""
+        raise NotImplementedError
+
+    def hit(self, row: int, score: float) -> Hit:
+        """The second half of `search`: the Hit of document `row` (reads it)."""
+        doc = self._docs[row]
+        return Hit(doc.id, doc.title, doc.text, float(score))
+
+    def doc_chars(self, row: int) -> tuple[int, int]:
+        """(title characters, text characters) of document `row`, known without reading it."""
+        return self._docs.chars(row)
+
+    def search(self, queries: Sequence[str], topk: int = DEFAULT_TOPK) -> list[list[Hit]]:
+        return [[self.hit(row, score) for row, score in ranked] for ranked in self.rank(queries, topk)]
 
     def access(self, doc_id: str, page: int = 0, page_chars: Optional[int] = None) -> Page:
         page_chars = self.page_chars if page_chars is None else page_chars

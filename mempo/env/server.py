@@ -4,8 +4,11 @@ each endpoint in `create_app`). Binds 127.0.0.1 by default; port 0 picks a free 
 line and `RetrieverServer.url` say which). fastapi and uvicorn are imported inside the functions
 that need them.
 """
+import asyncio
+import errno
 import ipaddress
 import json
+import resource
 import socket
 import signal
 import sys
@@ -13,6 +16,7 @@ import threading
 import time
 from typing import Any, Callable, Optional
 
+from mempo.env.local import LocalRetriever
 from mempo.env.retriever import (
     DEFAULT_TOPK, MAX_QUERY_CHARS, DocumentNotFoundError, InvalidRequestError, PageOutOfRangeError, Retriever,
     RetrieverError, check_doc_id, check_page, check_page_chars, check_queries, check_topk,
@@ -20,7 +24,8 @@ from mempo.env.retriever import (
 
 __all__ = ["create_app", "RetrieverServer", "serve", "is_loopback", "DEFAULT_HOST", "DEFAULT_PORT",
            "DEFAULT_TOPK_MAX", "DEFAULT_MAX_QUERIES", "DEFAULT_MAX_PAGE_CHARS", "DEFAULT_MAX_BODY_BYTES",
-           "DEFAULT_MAX_DOC_CHARS", "DEFAULT_MAX_RESPONSE_CHARS"]
+           "DEFAULT_MAX_DOC_CHARS", "DEFAULT_MAX_RESPONSE_CHARS", "DEFAULT_REQUEST_TIMEOUT", "DEFAULT_KEEP_ALIVE",
+           "DEFAULT_MAX_CONNECTIONS", "FD_LOG_INTERVAL", "max_connections_for"]
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8000
@@ -30,6 +35,10 @@ DEFAULT_MAX_PAGE_CHARS = 1_000_000
 DEFAULT_MAX_BODY_BYTES = 4 << 20
 DEFAULT_MAX_DOC_CHARS = 25_000
 DEFAULT_MAX_RESPONSE_CHARS = 10_000_000
+DEFAULT_REQUEST_TIMEOUT = 10.0  # seconds a connection may take to send one whole request (headers and body)
+DEFAULT_KEEP_ALIVE = 5          # seconds an idle keep-alive connection is kept (uvicorn timeout_keep_alive)
+DEFAULT_MAX_CONNECTIONS = 1000  # open connections beyond which requests get 503 (uvicorn limit_concurrency)
+FD_LOG_INTERVAL = 10.0          # out of file descriptors: at most one log line per this many seconds
 
 
 class _ResponseTooLarge(Exception):
@@ -224,22 +233,38 @@ def create_app(retriever: Retriever, *, default_topk: int = DEFAULT_TOPK, topk_m
     # that split the first line off as the title work unchanged). Title and text are each cut to
     # max_doc_chars (default 25,000; keep it at least the search tool's ``doc_chars`` so its
     # "truncated" flags stay right); /access reads the rest.
+    # The size is checked before the answer is built: a local retriever (`LocalRetriever.rank`)
+    # ranks first and the documents' saved lengths give the answer's exact size, so a refused
+    # request reads no document, and an accepted one holds one whole document at a time besides
+    # the answer (at most max_response_chars characters of cut titles and texts). Any other
+    # retriever's hits are counted as they are cut, and the building stops at the bound.
+    advice = "ask for fewer queries per request or a smaller topk"
+
+    def sent_chars(title_chars: int, text_chars: int) -> int:  # the title is sent twice: "title", "contents"
+        return 2 * min(title_chars, max_doc_chars) + min(text_chars, max_doc_chars)
+
+    def ranked_hits(queries: list[str], topk: int) -> list:
+        """Per query, an iterable of its hits, built one at a time for a local retriever."""
+        if not isinstance(retriever, LocalRetriever):
+            return retriever.search(queries, topk)
+        ranked = retriever.rank(queries, topk)
+        check_response_size(sum(sent_chars(*retriever.doc_chars(row)) for rows in ranked for row, _ in rows), advice)
+        return [(retriever.hit(row, score) for row, score in rows) for rows in ranked]
+
     @app.post("/retrieve")
     def retrieve(request: RetrieveRequest):
         queries = check_queries(request.queries, max_queries=max_queries, max_query_chars=max_query_chars)
         topk = default_topk if request.topk is None else check_topk(request.topk, topk_max=topk_max)
         result, chars = [], 0
-        for hits in retriever.search(queries, topk):
-            documents = []
+        for hits in ranked_hits(queries, topk):
+            entries = []
             for hit in hits:
+                chars += sent_chars(len(hit.title), len(hit.text))
+                check_response_size(chars, advice)  # before the cut copies are made
                 title, text = hit.title[:max_doc_chars], hit.text[:max_doc_chars]
-                chars += 2 * len(title) + len(text)  # the title is sent twice: "title" and "contents"
-                documents.append({"id": hit.doc_id, "title": title, "contents": title + "\n" + text})
-            if request.return_scores:
-                result.append([{"document": d, "score": h.score} for d, h in zip(documents, hits)])
-            else:
-                result.append(documents)
-        check_response_size(chars, "ask for fewer queries per request or a smaller topk")
+                document = {"id": hit.doc_id, "title": title, "contents": title + "\n" + text}
+                entries.append({"document": document, "score": hit.score} if request.return_scores else document)
+            result.append(entries)
         return json_response({"result": result})
 
     # POST /access:
@@ -288,16 +313,137 @@ def _url(sock: socket.socket) -> str:
     return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
-def _uvicorn_server(app, log_level: str):
+def max_connections_for(requested: Optional[int] = None) -> int:
+    """The connection limit actually used: `requested` (default DEFAULT_MAX_CONNECTIONS), lowered so
+    that half of the process's file descriptors (RLIMIT_NOFILE soft limit; at most 64) stay
+    free for the index, the logs and accepting the connections that are answered 503."""
+    wanted = DEFAULT_MAX_CONNECTIONS if requested is None else requested
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return wanted
+    return max(1, min(wanted, soft - min(64, soft // 2)))
+
+
+_BUSY = (b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\nconnection: close\r\n"
+         b"content-length: %d\r\n\r\n%s")
+
+
+def _protocol_with_request_timeout(request_timeout: float, max_connections: int):
+    """uvicorn's h11 protocol, closing a connection that takes over `request_timeout` seconds to send
+    one whole request (uvicorn times out idle keep-alive connections only: a connection that never
+    sends, or trickles its headers or body, would hold its file descriptor for ever), and answering
+    a connection past `max_connections` open ones with 503 at once, then closing it (its descriptor
+    is free again before the process runs out)."""
+    # reason: as fastapi in `create_app` (h11 comes with uvicorn)
+    from uvicorn.protocols.http.h11_impl import H11Protocol, h11
+
+    receiving = (h11.IDLE, h11.SEND_BODY)
+
+    class TimedH11Protocol(H11Protocol):
+        _request_timer = None
+
+        def connection_made(self, transport) -> None:
+            super().connection_made(transport)
+            if len(self.connections) > max_connections:
+                body = _error_body("server_busy", f"{max_connections} connections are open (max_connections); "
+                                                  f"retry later")
+                transport.write(_BUSY % (len(body), body))
+                transport.close()
+                return
+            self._arm()
+
+        def _arm(self) -> None:
+            if self._request_timer is None:
+                self._request_timer = self.loop.call_later(request_timeout, self._request_timed_out)
+
+        def _disarm(self) -> None:
+            if self._request_timer is not None:
+                self._request_timer.cancel()
+                self._request_timer = None
+
+        def data_received(self, data: bytes) -> None:
+            if self.conn.their_state in receiving:
+                self._arm()  # a new request (on a kept-alive connection too) starts its clock
+            super().data_received(data)
+            if self.conn.their_state not in receiving:  # the request is complete (or the connection done)
+                self._disarm()
+
+        def connection_lost(self, exc) -> None:
+            self._disarm()
+            super().connection_lost(exc)
+
+        def _request_timed_out(self) -> None:
+            self._request_timer = None
+            if not self.transport.is_closing():
+                self.transport.close()
+
+    return TimedH11Protocol
+
+
+def _fd_exhaustion_handler(interval: float = FD_LOG_INTERVAL):
+    """An asyncio exception handler: errors of running out of file descriptors (accept() failing
+    with EMFILE/ENFILE, which asyncio reports with a traceback per attempt, and the retries of
+    accepting it schedules, one per attempt, failing in turn) become one stderr line per `interval`
+    seconds with their count; every other error goes to the default handler."""
+    state = {"last": -float("inf"), "count": 0}
+
+    def handle(loop, context) -> None:
+        error = context.get("exception")
+        exhausted = isinstance(error, OSError) and error.errno in (errno.EMFILE, errno.ENFILE)
+        if not exhausted and "_start_serving" not in repr(context.get("handle")):
+            loop.default_exception_handler(context)
+            return
+        state["count"] += 1
+        now = time.monotonic()
+        if now - state["last"] >= interval:
+            print(f"mempo serve-retriever: out of file descriptors ({state['count']} failure(s) to accept a "
+                  f"connection since the last such line); waiting connections are refused until others close "
+                  f"(requests past the connection limit get 503; raise `ulimit -n` or lower --max-connections)",
+                  file=sys.stderr, flush=True)
+            state["last"], state["count"] = now, 0
+
+    return handle
+
+
+def _uvicorn_server(app, log_level: str, *, request_timeout: float = DEFAULT_REQUEST_TIMEOUT,
+                    keep_alive: int = DEFAULT_KEEP_ALIVE, max_connections: Optional[int] = None):
+    """A uvicorn server for `app` with the connection bounds: `request_timeout` seconds to send one
+    request, `keep_alive` seconds idle between requests, at most `max_connections_for(max_connections)`
+    connections (one more is answered 503 and closed at once), request headers of at most 16 kB (h11's default,
+    kept: answered 400 beyond), and out-of-descriptor errors logged once per FD_LOG_INTERVAL seconds."""
     import uvicorn  # reason: as fastapi in `create_app`
 
+    if isinstance(request_timeout, bool) or not isinstance(request_timeout, (int, float)) or not request_timeout > 0:
+        raise ValueError(f"request_timeout must be a number of seconds > 0, got {request_timeout!r}")
+    for name, value in (("keep_alive", keep_alive), ("max_connections", max_connections)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+    limit = max_connections_for(max_connections)
     config = uvicorn.Config(app, log_level=log_level, access_log=False, lifespan="off",
-                            timeout_graceful_shutdown=5)
-    return uvicorn.Server(config)
+                            timeout_graceful_shutdown=5, timeout_keep_alive=keep_alive, limit_concurrency=limit,
+                            http=_protocol_with_request_timeout(float(request_timeout), limit), backlog=128)
+    handler = _fd_exhaustion_handler()
+
+    class Server(uvicorn.Server):
+        async def serve(self, sockets=None) -> None:
+            asyncio.get_running_loop().set_exception_handler(handler)
+            await super().serve(sockets=sockets)
+
+    return Server(config)
+
+
+_SERVER_OPTIONS = ("request_timeout", "keep_alive", "max_connections")
+
+
+def _split_options(options: dict) -> tuple[dict, dict]:
+    """(create_app keywords, `_uvicorn_server` keywords) from one dict of options."""
+    server = {key: options[key] for key in _SERVER_OPTIONS if key in options}
+    return {key: value for key, value in options.items() if key not in server}, server
 
 
 class RetrieverServer:
-    """`create_app(retriever)` served by uvicorn on a background thread (tests, benchmarks, notebooks).
+    """`create_app(retriever)` served by uvicorn on a background thread (tests, benchmarks, notebooks);
+    `app_options` as `serve` takes them.
 
     ``with RetrieverServer(retriever) as server: HTTPRetriever(server.url)...``; the default port 0
     picks a free port. `stop` shuts the server down and joins its thread.
@@ -318,7 +464,8 @@ class RetrieverServer:
             raise RuntimeError("server already started")
         sock = self._sock = _bind(self.host, self.port)
         self.url = _url(sock)
-        self._server = _uvicorn_server(create_app(self.retriever, **self.app_options), self.log_level)
+        app_options, server_options = _split_options(self.app_options)
+        self._server = _uvicorn_server(create_app(self.retriever, **app_options), self.log_level, **server_options)
         self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [sock]},
                                         name=f"mempo-retriever {self.url}", daemon=True)
         self._thread.start()
@@ -356,14 +503,17 @@ def serve(retriever: Retriever, host: str = DEFAULT_HOST, port: int = DEFAULT_PO
     it raises KeyboardInterrupt, so `mempo serve-retriever` always exits 130 then).
 
     `on_ready(url)` is called once the socket accepts requests. Raises OSError if the address is
-    taken. Warns on stderr when `host` is not a loopback address.
+    taken. Warns on stderr when `host` is not a loopback address. `app_options`: `create_app`'s
+    keywords and the connection bounds request_timeout (default DEFAULT_REQUEST_TIMEOUT s),
+    keep_alive (DEFAULT_KEEP_ALIVE s) and max_connections (`max_connections_for`).
     """
     if not is_loopback(host):
         print(f"warning: serving the retriever on non-loopback address {host}: anyone who can reach "
               f"this machine can query it", file=sys.stderr, flush=True)
     sock = _bind(host, port)
     url = _url(sock)
-    server = _uvicorn_server(create_app(retriever, **app_options), log_level)
+    app_options, server_options = _split_options(app_options)
+    server = _uvicorn_server(create_app(retriever, **app_options), log_level, **server_options)
     finished = threading.Event()
     received: list[int] = []
     handle_exit = server.handle_exit

@@ -25,6 +25,7 @@ import os
 import random
 import re
 import shutil
+import stat
 import time
 import warnings
 from dataclasses import dataclass
@@ -45,7 +46,7 @@ __all__ = [
     "CheckpointError", "CheckpointState", "capture_rng_state", "restore_rng_state", "checkpoint_dir",
     "list_checkpoints", "has_checkpoints", "latest_checkpoint", "verify_checkpoint", "newest_intact_checkpoint",
     "resolve_checkpoint", "resume_checkpoint", "checkpoint_step", "save_checkpoint", "load_checkpoint",
-    "prune_checkpoints", "model_state_dict", "optimizer_state_dict", "load_model_state", "load_optimizer_state",
+    "prune_checkpoints", "check_fits", "model_state_dict", "optimizer_state_dict", "load_model_state", "load_optimizer_state",
 ]
 CHECKPOINT_FORMAT = 2  # 2: COMPLETE is a manifest of digests; 1: COMPLETE was a bare marker
 COMPLETE_MARKER = "COMPLETE"
@@ -306,15 +307,59 @@ def _read_json(path: Path, what: str) -> Any:
         raise CheckpointError(f"{path}: unreadable {what} ({_short(error)})") from None
 
 
-def verify_checkpoint(path: PathLike, *, log: Optional[Callable[[str], None]] = None) -> dict:
+_HEX64 = re.compile(r"^[0-9a-f]{64}$")
+
+
+def _manifest_entry(path: Path, relative: Any, record: Any) -> Path:
+    """The file one manifest entry names, after checking the entry's types: a relative POSIX path
+    inside the checkpoint, {"bytes": int >= 0, "sha256": 64 hex digits}; CheckpointError otherwise."""
+    manifest = path / COMPLETE_MARKER
+    parts = relative.split("/") if isinstance(relative, str) else []
+    if not parts or any(part in ("", ".", "..") for part in parts) or relative.startswith("/"):
+        raise CheckpointError(f"{manifest}: damaged manifest (entry {relative!r} is not a path inside the checkpoint)")
+    if not isinstance(record, dict):
+        raise CheckpointError(f"{manifest}: damaged manifest (entry of {relative} is not an object)")
+    size, digest = record.get("bytes"), record.get("sha256")
+    if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+        raise CheckpointError(f"{manifest}: damaged manifest ('bytes' of {relative} is {size!r}, "
+                              f"not a non-negative integer)")
+    if not isinstance(digest, str) or not _HEX64.match(digest):
+        raise CheckpointError(f"{manifest}: damaged manifest ('sha256' of {relative} is not 64 hex digits)")
+    return path / relative
+
+
+def _checked_step(path: Path, manifest: dict) -> int:
+    """The step of checkpoint `path`, which its directory name, its manifest and its state.json must
+    all record alike (a checkpoint copied or edited into another step's place is damaged)."""
+    named = int(_STEP_DIR.match(path.name).group(1)) if _STEP_DIR.match(path.name) else None
+    recorded = manifest.get("step")
+    if not isinstance(recorded, int) or isinstance(recorded, bool):
+        raise CheckpointError(f"{path / COMPLETE_MARKER}: damaged manifest ('step' is {recorded!r}, not an integer)")
+    state_step = _read_state(path)["step"]
+    if named is not None and recorded != named:
+        raise CheckpointError(f"{path / COMPLETE_MARKER}: records step {recorded}, its directory {path.name} "
+                              f"step {named}")
+    if state_step != recorded:
+        raise CheckpointError(f"{path / 'state.json'}: records step {state_step}, the manifest step {recorded}")
+    return recorded
+
+
+def verify_checkpoint(path: PathLike, *, log: Optional[Callable[[str], None]] = None,
+                      model: Optional[torch.nn.Module] = None,
+                      optimizer: Optional[torch.optim.Optimizer] = None) -> dict:
     """Check a ``step_N`` directory against its manifest (COMPLETE); returns the manifest.
 
     The manifest holds the size and SHA-256 of every other file, read back from disk after it was
     fsynced. Checking reads every file once more (a 7B model with its fp32 AdamW state takes minutes;
-    accepted for the guarantee). Only rank 0 hashes when distributed.
-    Raises CheckpointError naming the first file that is missing, truncated, damaged or unreadable.
-    A format-1 checkpoint (no digests) is checked for its files' presence only, with a warning
-    (through `log`, default `warnings.warn`)."""
+    accepted for the guarantee). Only rank 0 hashes when distributed (a model given here: only rank
+    0's is read, its parameter names, no collective).
+    Also checked: every manifest field's type (an entry is a relative path to a regular file with
+    an integer ``bytes`` and a hex ``sha256``), and that the directory name, the manifest and
+    state.json record the same step. With `model` / `optimizer`: that model.pt / optimizer.pt hold
+    exactly their keys (`check_fits`).
+    Raises CheckpointError naming the first file that is missing, truncated, damaged, unreadable
+    or inconsistent. A format-1 checkpoint (no digests) is checked for its files' presence and its
+    steps only, with a warning (through `log`, default `warnings.warn`)."""
     path = Path(path)
     if not path.is_dir():
         raise CheckpointError(f"{path}: no such checkpoint directory")
@@ -327,41 +372,134 @@ def verify_checkpoint(path: PathLike, *, log: Optional[Callable[[str], None]] = 
         say(f"{path}: written before checkpoints carried digests (format 1); its files cannot be verified")
         if not (path / "state.json").is_file():
             raise CheckpointError(f"{path / 'state.json'}: missing")
+        _checked_step(path, manifest)
+        check_fits(path, model, optimizer)
         return manifest
     if not isinstance(files, dict) or "state.json" not in files:
         raise CheckpointError(f"{path / COMPLETE_MARKER}: damaged manifest (no file list with state.json)")
     for relative, record in files.items():
-        file = path / relative
+        file = _manifest_entry(path, relative, record)
         try:
-            size = file.stat().st_size
+            info = file.stat()
         except FileNotFoundError:
             raise CheckpointError(f"{file}: missing (listed in the manifest)") from None
         except OSError as error:
             raise CheckpointError(f"{file}: unreadable ({_short(error)})") from None
-        if not isinstance(record, dict) or not isinstance(record.get("sha256"), str):
-            raise CheckpointError(f"{path / COMPLETE_MARKER}: damaged manifest (entry of {relative})")
-        if size != record.get("bytes"):
-            state = "empty" if size == 0 else "truncated" if size < int(record.get("bytes") or 0) else "changed"
-            raise CheckpointError(f"{file}: {state}: {size} bytes, the manifest records {record.get('bytes')}")
-        if _sha256(file) != record["sha256"]:
+        if not stat.S_ISREG(info.st_mode):
+            raise CheckpointError(f"{file}: not a regular file (listed in the manifest)")
+        size = info.st_size
+        if size != record["bytes"]:
+            state = "empty" if size == 0 else "truncated" if size < record["bytes"] else "changed"
+            raise CheckpointError(f"{file}: {state}: {size} bytes, the manifest records {record['bytes']}")
+        try:
+            digest = _sha256(file)
+        except OSError as error:
+            raise CheckpointError(f"{file}: unreadable ({_short(error)})") from None
+        if digest != record["sha256"]:
             raise CheckpointError(f"{file}: damaged: its SHA-256 differs from the manifest's")
+    _checked_step(path, manifest)
+    check_fits(path, model, optimizer)
     return manifest
 
 
-def newest_intact_checkpoint(root: PathLike, *, log: Optional[Callable[[str], None]] = None) -> Optional[Path]:
+def _param_names(model: torch.nn.Module) -> dict[int, set[str]]:
+    """{id(parameter): every FQN it has in `model`} (a tied parameter has several)."""
+    names: dict[int, set[str]] = {}
+    for name, parameter in model.named_parameters(remove_duplicate=False):
+        names.setdefault(id(parameter), set()).add(name)
+    return names
+
+
+def _name_keys(keys: list[str], limit: int = 8) -> str:
+    shown = ", ".join(sorted(keys)[:limit])
+    return shown + (f" and {len(keys) - limit} more" if len(keys) > limit else "")
+
+
+def _check_model_keys(file: Path, saved: Any, model: torch.nn.Module) -> None:
+    if not isinstance(saved, dict):
+        raise CheckpointError(f"{file}: damaged (not a state dict: {type(saved).__name__})")
+    expected = set(model.state_dict().keys())
+    missing, unexpected = expected - set(saved), set(saved) - expected
+    if missing or unexpected:
+        said = [f"missing key(s) {_name_keys(list(missing))}"] if missing else []
+        said += [f"unexpected key(s) {_name_keys(list(unexpected))}"] if unexpected else []
+        raise CheckpointError(f"{file}: does not fit this model ({'; '.join(said)})")
+
+
+def _check_optimizer_keys(file: Path, saved: Any, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+    """The saved full optimiser state names every parameter of `optimizer` once (by any of its FQNs),
+    no other; the states of parameters of one dimensionality all hold the same entries (e.g. step,
+    exp_avg, exp_avg_sq)."""
+    groups = saved.get("param_groups") if isinstance(saved, dict) else None
+    states = saved.get("state") if isinstance(saved, dict) else None
+    if not isinstance(groups, list) or not isinstance(states, dict) or not all(
+            isinstance(group, dict) and isinstance(group.get("params"), list) for group in groups):
+        raise CheckpointError(f"{file}: damaged (not an optimizer state dict with 'state' and 'param_groups')")
+    names = _param_names(model)
+    owner = {name: index for index, fqns in names.items() for name in fqns}
+    listed = [name for group in groups for name in group["params"]]
+    unexpected = [str(name) for name in listed if name not in owner]
+    unexpected += [str(name) for name in states if name not in owner]
+    covered = {owner[name] for name in listed if name in owner}
+    missing = [min(names[id(p)]) for group in optimizer.param_groups for p in group["params"]
+               if id(p) in names and id(p) not in covered]
+    if len(groups) != len(optimizer.param_groups):
+        raise CheckpointError(f"{file}: does not fit this optimizer ({len(groups)} parameter group(s), "
+                              f"the optimizer has {len(optimizer.param_groups)})")
+    if missing or unexpected:
+        said = [f"missing parameter(s) {_name_keys(missing)}"] if missing else []
+        said += [f"unexpected key(s) {_name_keys(sorted(set(unexpected)))}"] if unexpected else []
+        raise CheckpointError(f"{file}: does not fit this optimizer ({'; '.join(said)})")
+    # every parameter of one dimensionality has the same state entries (an optimiser may keep other
+    # entries for vectors than for matrices, e.g. Adafactor's factored moments)
+    ndim = {name: parameter.ndim for name, parameter in model.named_parameters(remove_duplicate=False)}
+    layouts = {name: set(entry) if isinstance(entry, dict) else set() for name, entry in states.items()}
+    common: dict[int, set] = {}
+    for name, layout in layouts.items():
+        common.setdefault(ndim[name], set()).update(layout)
+    short = sorted(name for name, layout in layouts.items() if layout != common[ndim[name]])
+    if short:
+        lacks = sorted(common[ndim[short[0]]] - layouts[short[0]])
+        raise CheckpointError(f"{file}: does not fit this optimizer (the state of {_name_keys(short)} lacks "
+                              f"{', '.join(lacks) or 'its entries'})")
+
+
+def check_fits(path: PathLike, model: Optional[torch.nn.Module] = None,
+               optimizer: Optional[torch.optim.Optimizer] = None, *, model_keys: bool = True) -> None:
+    """CheckpointError naming the file and the keys when the checkpoint's model.pt does not hold
+    exactly `model`'s state dict keys, or its optimizer.pt not exactly `optimizer`'s parameters
+    (missing and unexpected keys named, up to 8 of each). Reads the files memory-mapped; not
+    collective (rank 0's call is the one that counts). Nothing given: nothing checked. model_keys
+    False: the model names the optimizer's parameters only, model.pt is not checked."""
+    path = Path(path)
+    if model is not None and model_keys:
+        file = path / "model.pt"
+        _check_model_keys(file, _torch_load(file, "model state", mmap=True), model)
+    if optimizer is not None:
+        if model is None:
+            raise ValueError("checking an optimizer needs its model (parameter names come from the model)")
+        file = path / "optimizer.pt"
+        _check_optimizer_keys(file, _torch_load(file, "optimizer state", mmap=True), model, optimizer)
+
+
+def newest_intact_checkpoint(root: PathLike, *, log: Optional[Callable[[str], None]] = None,
+                             model: Optional[torch.nn.Module] = None,
+                             optimizer: Optional[torch.optim.Optimizer] = None) -> Optional[Path]:
     """The newest verified checkpoint under `root`, None when `root` holds none.
 
     Tries the checkpoint the ``latest`` pointer names, then the older ones, newest first.
     Checkpoints newer than the pointer's are skipped (a save that did not move the pointer, or a run
     abandoned by resuming from an older checkpoint). Every checkpoint skipped is reported through
     `log` (default `warnings.warn`) with the file and reason; several checkpoints and none intact:
-    CheckpointError listing the reasons. Collective when distributed (rank 0 verifies; the others
-    get its answer)."""
+    CheckpointError listing the reasons. With `model` / `optimizer`, a checkpoint whose files do not
+    hold exactly their keys is skipped too (`verify_checkpoint`). Collective when distributed (rank
+    0 verifies; the others get its answer)."""
     say = log or (lambda message: warnings.warn(message, RuntimeWarning, stacklevel=3))
-    return _from_rank0(lambda: _newest_intact(Path(root), say))
+    return _from_rank0(lambda: _newest_intact(Path(root), say, model, optimizer))
 
 
-def _newest_intact(root: Path, say: Callable[[str], None]) -> Optional[Path]:
+def _newest_intact(root: Path, say: Callable[[str], None], model: Optional[torch.nn.Module],
+                   optimizer: Optional[torch.optim.Optimizer]) -> Optional[Path]:
     dirs = _step_dirs(root)
     if not dirs:
         return None
@@ -380,7 +518,7 @@ def _newest_intact(root: Path, say: Callable[[str], None]) -> Optional[Path]:
     reasons = []
     for path in order:
         try:
-            verify_checkpoint(path, log=notes.append)
+            verify_checkpoint(path, log=notes.append, model=model, optimizer=optimizer)
         except CheckpointError as error:
             notes.append(f"skipping checkpoint {path.name}: {error}")
             reasons.append(str(error))
@@ -392,37 +530,38 @@ def _newest_intact(root: Path, say: Callable[[str], None]) -> Optional[Path]:
                           + " (remove the damaged checkpoints to start over there)")
 
 
-def _verified(path: Path, log: Optional[Callable[[str], None]]) -> None:
-    verify_checkpoint(path, log=log)
-
-
-def resolve_checkpoint(path: PathLike, *, log: Optional[Callable[[str], None]] = None) -> Path:
-    """A checkpoint directory itself (verified), or the newest intact checkpoint under a root;
-    CheckpointError when there is none."""
+def resolve_checkpoint(path: PathLike, *, log: Optional[Callable[[str], None]] = None,
+                       model: Optional[torch.nn.Module] = None,
+                       optimizer: Optional[torch.optim.Optimizer] = None) -> Path:
+    """A checkpoint directory itself (verified, with `model` / `optimizer` as `verify_checkpoint`
+    takes them), or the newest intact checkpoint under a root; CheckpointError when there is none."""
     path = Path(path)
     if _STEP_DIR.match(path.name) and path.is_dir():
-        _from_rank0(lambda: _verified(path, log))
+        _from_rank0(lambda: verify_checkpoint(path, log=log, model=model, optimizer=optimizer) and None)
         return path
     if not path.exists():
         raise CheckpointError(f"{path}: no such checkpoint directory")
     if not path.is_dir():
         raise CheckpointError(f"{path}: not a checkpoint directory (a file)")
-    found = newest_intact_checkpoint(path, log=log)
+    found = newest_intact_checkpoint(path, log=log, model=model, optimizer=optimizer)
     if found is None:
         raise CheckpointError(f"{path}: no checkpoint in it (expected step_N directories or a checkpoint root)")
     return found
 
 
-def resume_checkpoint(mode: str, root: PathLike, *, log: Optional[Callable[[str], None]] = None) -> Optional[Path]:
+def resume_checkpoint(mode: str, root: PathLike, *, log: Optional[Callable[[str], None]] = None,
+                      model: Optional[torch.nn.Module] = None,
+                      optimizer: Optional[torch.optim.Optimizer] = None) -> Optional[Path]:
     """The checkpoint a run resumes from, by a ``trainer.resume`` value (RL trainer and SFT alike):
     ``"never"`` (None), ``"auto"`` (the newest intact checkpoint under `root`, None when there is
-    none) or a path (`resolve_checkpoint`). CheckpointError when nothing intact is found."""
+    none) or a path (`resolve_checkpoint`). With `model` / `optimizer`, only a checkpoint holding
+    exactly their keys is intact. CheckpointError when nothing intact is found."""
     mode = mode.strip()
     if mode == "never":
         return None
     if mode == "auto":
-        return newest_intact_checkpoint(root, log=log)
-    return resolve_checkpoint(mode, log=log)
+        return newest_intact_checkpoint(root, log=log, model=model, optimizer=optimizer)
+    return resolve_checkpoint(mode, log=log, model=model, optimizer=optimizer)
 
 
 def _read_state(path: Path) -> dict:
@@ -579,8 +718,11 @@ def load_checkpoint(path: PathLike, model: Optional[torch.nn.Module] = None,
     """Restore a checkpoint (a ``step_N`` directory or a root: its newest intact one) into `model` /
     `optimizer`.
 
-    Applies this rank's RNG state when `restore_rng`. strict: every model key must match. verify:
-    check the manifest's digests first (False: the caller just did, e.g. through
+    Applies this rank's RNG state when `restore_rng`. strict: model.pt must hold exactly the
+    model's keys (missing and unexpected ones are named); optimizer.pt must name exactly the
+    optimizer's parameters, whatever `strict`. Both are checked before anything is loaded, so a
+    refused checkpoint leaves `model` and `optimizer` as they were. verify: check the manifest's
+    digests, field types and steps first (False: the caller just did, e.g. through
     `resume_checkpoint`). Collective when torch.distributed is initialised: rank 0 reads the
     model/optimiser files and broadcasts, so a checkpoint loads at any world size, including into a
     plain single-process model. A rank without an RNG file (another world size) keeps its RNG state,
@@ -589,8 +731,13 @@ def load_checkpoint(path: PathLike, model: Optional[torch.nn.Module] = None,
     does not fit `model` / `optimizer`.
     """
     path = Path(path)
+    if optimizer is not None and model is None:
+        raise ValueError("loading an optimizer needs its model (parameter names come from the model)")
     if verify or not (_STEP_DIR.match(path.name) and path.is_dir()):
-        path = resolve_checkpoint(path, log=log)
+        path = resolve_checkpoint(path, log=log, model=model if strict else None,
+                                  optimizer=optimizer if strict else None)
+    if not strict or not verify:  # resolve_checkpoint checked the keys when strict and verifying
+        _from_rank0(lambda: check_fits(path, model, optimizer, model_keys=strict))
     rank = _rank()
     state = _read_state(path)
     if model is not None:
@@ -602,8 +749,6 @@ def load_checkpoint(path: PathLike, model: Optional[torch.nn.Module] = None,
             raise CheckpointError(f"{model_file}: does not fit this model ({_short(error)})") from None
         del full
     if optimizer is not None:
-        if model is None:
-            raise ValueError("loading an optimizer needs its model (parameter names come from the model)")
         optim_file = path / "optimizer.pt"
         full_optim = _torch_load(optim_file, "optimizer state") if rank == 0 else {}
         try:

@@ -40,8 +40,10 @@ Conventions
   ``<out>/checkpoints``. Resume: ``trainer.resume`` "never" (the default: a run directory that
   already holds checkpoints is refused with a ConfigError offering ``--resume`` or a new
   ``--out``, before anything is written), "auto" (``--resume``: the newest intact checkpoint,
-  skipping damaged ones with a line naming the file; a new run when there is none), or a checkpoint
-  path. Resuming under a config that differs from the saved ``config.yaml`` says which fields
+  skipping damaged ones with a line naming the file and the reason: a digest, a manifest field of
+  the wrong type, a step on which the directory name, manifest and state.json disagree, a model or
+  optimiser state with missing or unexpected keys; a new run when there is none), or a checkpoint
+  path. A restore is all or nothing: the keys are checked before anything is loaded. Resuming under a config that differs from the saved ``config.yaml`` says which fields
   differ. The metrics file is cut back to the resumed step (`MetricsLogger(resume_step=...)`), so a
   resumed run's metrics.jsonl equals an uninterrupted run's (timing values aside).
   ``config.yaml`` and the tokenizer are written atomically (`mempo.utils.atomic`).
@@ -376,7 +378,8 @@ def train(cfg: MempoConfig, *, model=None, tokenizer=None, episodes=None, retrie
     run = build_run(cfg, model=model, tokenizer=tokenizer, episodes=episodes, retriever=retriever, out_dir=out_dir)
     ckpt_root = run.out_dir / "checkpoints"
     start, resumed = 0, None
-    path = resume_checkpoint(t.resume, ckpt_root, log=log)  # collective; rank 0 verifies and says what it skips
+    path = resume_checkpoint(t.resume, ckpt_root, log=log, model=run.ctx.actor.module,
+                             optimizer=run.ctx.actor.optimizer)  # collective; rank 0 verifies, says what it skips
     if path is not None:
         state = load_checkpoint(path, run.ctx.actor.module, run.ctx.actor.optimizer, verify=False)
         start = resumed = int(state.step)

@@ -142,3 +142,82 @@ def test_concurrent_searches_match_sequential(bm25):
     for t in threads:
         t.join()
     assert got == expected
+
+
+# ------------------------------------------------------------------------------------------------
+# index integrity (issue 21, case 3): digests in the manifest, checked before the index is used
+# ------------------------------------------------------------------------------------------------
+def _zero_array(path):
+    """Zero the values of a saved numpy array, keeping its header and size (np.load still works)."""
+    import numpy as np
+
+    array = np.load(path)
+    np.save(path, np.zeros_like(array))
+
+
+def _empty(path):
+    path.write_bytes(b"")
+
+
+def _blank_vocabulary(path):  # the same size, every term renamed: valid JSON, no query term found
+    path.write_bytes(b" " * path.stat().st_size)
+
+
+@pytest.mark.parametrize("name,damage", [
+    ("bm25s/vocab.index.json", _empty),
+    ("bm25s/data.csc.index.npy", _zero_array),
+    ("documents.lengths.npy", _zero_array),
+    ("ids.json", _blank_vocabulary),
+], ids=["emptied-vocabulary", "zeroed-scores", "zeroed-lengths", "blanked-ids"])
+def test_a_damaged_index_file_is_refused_naming_it(tmp_path, corpus, name, damage):
+    """An emptied vocabulary or a zeroed array of the same size used to load and answer no hits
+    for every query; now loading refuses in one line naming the file, before anything is served."""
+    index_dir = BM25Retriever.build(corpus).save(tmp_path / "index")
+    damage(index_dir / name)
+    with pytest.raises(CorpusError) as error:
+        BM25Retriever.load(index_dir).close()
+    message = str(error.value)
+    assert message.startswith(str(index_dir / name)) and "rebuild the index" in message and "\n" not in message
+
+
+def test_the_manifest_lists_every_index_file_with_its_digest(tmp_path, corpus):
+    import hashlib
+    import json
+
+    index_dir = BM25Retriever.build(corpus).save(tmp_path / "index")
+    manifest = json.loads((index_dir / "mempo_index.json").read_text())
+    assert manifest["format_version"] == 2
+    on_disk = sorted(p.relative_to(index_dir).as_posix() for p in index_dir.rglob("*")
+                     if p.is_file() and p.name != "mempo_index.json")
+    assert sorted(manifest["files"]) == on_disk
+    for name, record in manifest["files"].items():
+        data = (index_dir / name).read_bytes()
+        assert record == {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    manifest["files"]["ids.json"]["bytes"] = "many"
+    (index_dir / "mempo_index.json").write_text(json.dumps(manifest))
+    with pytest.raises(CorpusError, match=r"damaged index manifest \(entry 'ids.json'\)"):
+        BM25Retriever.load(index_dir)
+
+
+def test_a_format_1_index_is_rebuilt_from_its_corpus_or_refused(tmp_path, corpus):
+    """Indexes written before digests (format 1): with the corpus given they are rebuilt (saying
+    so); without it they are refused with one line that says to rebuild."""
+    import json
+
+    path = tmp_path / "corpus.jsonl"
+    write_corpus(path, corpus)
+    index_dir = tmp_path / "index"
+    load_or_build_bm25(path, index_dir).close()
+    manifest_path = index_dir / "mempo_index.json"
+    manifest = json.loads(manifest_path.read_text())
+    manifest["format_version"] = 1
+    del manifest["files"]
+    manifest_path.write_text(json.dumps(manifest))
+    with pytest.raises(CorpusError, match=r"format version 1 is not 2 \(format 1 carries no digests.*--rebuild"):
+        load_or_build_bm25(None, index_dir)
+    said = []
+    retriever = load_or_build_bm25(path, index_dir, log=said.append)
+    assert any("format version 1" in line and "rebuilding" in line for line in said)
+    assert retriever.num_docs == len(corpus)
+    retriever.close()
+    assert json.loads(manifest_path.read_text())["format_version"] == 2

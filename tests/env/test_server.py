@@ -202,6 +202,153 @@ def test_response_bounds_per_document_and_per_response(big_doc_retriever):
         assert all(len(r[0]["contents"]) <= 2 * 25_000 + 1 for r in body["result"])
 
 
+class _CountingBM25:
+    """Wraps a BM25 retriever's document reads to count the characters of every Hit built (what a
+    request made the server allocate), whichever method builds them (`search`, or `hit`)."""
+
+    def __init__(self, retriever, monkeypatch):
+        self.built = 0
+        search, hit = retriever.search, getattr(retriever, "hit", None)
+
+        def counted_search(queries, topk=5):
+            hits = search(queries, topk)
+            self.built += sum(len(h.title) + len(h.text) for ranked in hits for h in ranked)
+            return hits
+
+        def counted_hit(row, score):
+            built = hit(row, score)
+            self.built += len(built.title) + len(built.text)
+            return built
+
+        monkeypatch.setattr(retriever, "search", counted_search)
+        if hit is not None:
+            monkeypatch.setattr(retriever, "hit", counted_hit)
+
+
+def test_response_bound_is_checked_before_any_document_is_built(big_doc_retriever, monkeypatch):
+    """Issue 21, case 3, bound by work: a request over max_response_chars used to build every hit
+    (here 8 queries x top-3, two of them 2 MB documents: ~32 M characters) before its 413; now the size comes
+    from the index's document lengths and a refused request builds no document at all. An accepted
+    request builds each hit's document once (the answer holds the cut copies)."""
+    counting = _CountingBM25(big_doc_retriever, monkeypatch)
+    with RetrieverServer(big_doc_retriever, max_doc_chars=1000, max_response_chars=20_000) as small:
+        status, body = post(small.url, "/retrieve", json.dumps({"queries": ["bigword"] * 8, "topk": 3}).encode())
+        assert status == 413 and body["error"] == "response_too_large"
+        assert "would hold 25784 characters" in body["detail"]  # 8 x ("small": 2 x 5 + 13, two big: 2 x 300 + 1000)
+        assert counting.built == 0
+        status, body = post(small.url, "/retrieve", json.dumps({"queries": ["bigword"] * 2, "topk": 2}).encode())
+        assert status == 200 and len(body["result"]) == 2
+        assert counting.built == 2 * (5 + 13 + 300 + 2_000_008)  # per query "small" and one big document, once
+
+
+def test_a_damaged_index_is_refused_before_serving(tmp_path, corpus, capsys):
+    from mempo.env.bm25 import BM25Retriever
+
+    index_dir = BM25Retriever.build(corpus).save(tmp_path / "index")
+    (index_dir / "bm25s" / "vocab.index.json").write_bytes(b"")
+    assert cli_main(["serve-retriever", "--index-dir", str(index_dir), "--port", "0"]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"mempo serve-retriever: {index_dir / 'bm25s' / 'vocab.index.json'}")
+
+
+@pytest.mark.parametrize("sent", [b"", b"GET /health HTTP/1.1\r\nHo", b"POST /retrieve HTTP/1.1\r\nHost: x\r\n"
+                                              b"Content-Length: 100\r\n\r\n{\"queries\""],
+                         ids=["silent", "half-headers", "half-body"])
+def test_slow_and_silent_connections_are_closed_after_the_request_timeout(bm25, sent):
+    """Issue 21, case 3: a connection that never sends, or stops mid-request, used to be kept open
+    for ever (uvicorn times out idle keep-alive connections only); now it is closed once
+    request_timeout has passed, and a connection that sends its request in time is answered."""
+    with RetrieverServer(bm25, request_timeout=0.5) as small:
+        port = int(small.url.rsplit(":", 1)[1])
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as slow:
+            slow.sendall(sent)
+            started = time.monotonic()
+            assert slow.recv(1024) == b""  # closed by the server (a timeout here raises socket.timeout)
+            assert 0.3 < time.monotonic() - started < 4
+        assert HTTPRetriever(small.url, retries=0).health()["num_docs"] == bm25.num_docs
+
+
+def test_connection_bounds_are_validated(bm25):
+    from mempo.env.server import max_connections_for
+
+    for options, fragment in [({"request_timeout": 0}, "request_timeout must be"),
+                              ({"keep_alive": 0}, "keep_alive must be"), ({"max_connections": True}, "max_connections")]:
+        with pytest.raises(ValueError, match=fragment):
+            RetrieverServer(bm25, **options).start()
+    assert 1 <= max_connections_for(10**9) < 10**9 or max_connections_for(10**9) == 10**9
+    assert max_connections_for(5) == 5
+
+
+_FD_PROBE = """
+import socket, sys, time
+port, count = int(sys.argv[1]), int(sys.argv[2])
+held = []
+for _ in range(count):
+    try:
+        held.append(socket.create_connection(("127.0.0.1", port), timeout=2))
+    except OSError:
+        break
+
+def health():
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=3) as probe:
+            probe.sendall(b"GET /health HTTP/1.1\\r\\nHost: x\\r\\nConnection: close\\r\\n\\r\\n")
+            return probe.recv(64).split(b"\\r\\n")[0].decode()
+    except OSError as error:
+        return type(error).__name__
+
+time.sleep(0.5)
+busy = 0
+for held_one in held:  # connections past the limit were answered 503 and closed at once
+    held_one.settimeout(0.01)
+    try:
+        busy += held_one.recv(64).startswith(b"HTTP/1.1 503")
+    except OSError:
+        pass
+print(len(held), busy, flush=True)
+print(health(), flush=True)  # the idle connections hold the descriptors: an answer, not a hang
+time.sleep(3)                # past the request timeout: the idle connections are closed
+print(health(), flush=True)
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="needs bash ulimit -n")
+def test_out_of_file_descriptors_degrades_to_503_and_logs_one_line(tmp_path):
+    """Issue 21, case 3: with `ulimit -n 64`, 100 idle connections used to make /health hang and
+    fill stderr with thousands of "Too many open files" tracebacks; now a connection past the limit
+    is answered 503 and closed, /health answers within seconds (503 or, once the idle connections
+    have timed out, 200), and the exhaustion is logged in at most one line per interval."""
+    from mempo.env.corpus import Document
+
+    corpus = tmp_path / "corpus.jsonl"
+    write_corpus(corpus, [Document(f"d{i}", f"T{i}", f"river word {i}") for i in range(20)])
+    port = closed_port()
+    command = (f"ulimit -n 64; exec {sys.executable} -m mempo.apps.cli serve-retriever --corpus {corpus} "
+               f"--port {port} --request-timeout 1.5")
+    server = subprocess.Popen(["bash", "-c", command], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              env={**os.environ, "PYTHONPATH": os.environ.get("PYTHONPATH", "")})
+    try:
+        assert "mempo-retriever ready" in server.stdout.readline()
+        probe = subprocess.run([sys.executable, "-c", _FD_PROBE, str(port), "100"], capture_output=True, text=True,
+                               timeout=60)
+        counts, during, after = probe.stdout.splitlines()
+        held, busy = map(int, counts.split())
+        # limit 32 at 64 descriptors: the connections accepted past it got 503; those a burst left in the
+        # kernel's queue once the descriptors ran out wait there until the idle ones time out
+        assert held == 100 and busy >= 20, probe
+        assert during in ("HTTP/1.1 503 Service Unavailable", "HTTP/1.1 200 OK") and after == "HTTP/1.1 200 OK", probe
+    finally:
+        server.terminate()
+        try:
+            _, err = server.communicate(timeout=20)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            _, err = server.communicate()
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert "Traceback" not in err and len(lines) <= 4, err[-2000:]
+    assert all(line.startswith(("mempo: built", "mempo serve-retriever: out of file descriptors")) for line in lines)
+
+
 def test_app_rejects_bad_limits(bm25):
     with pytest.raises(ValueError):
         create_app(bm25, default_topk=10, topk_max=5)
@@ -437,6 +584,108 @@ class _Trickler:
         for thread in self.threads:
             thread.join(5)
         self.listener.close()
+
+
+class _Flood:
+    """A raw socket server whose every answer is a huge body: `head` (status line and headers),
+    then `prefix`, then spaces in 64 kB chunks, at most `total` bytes (a bounded stand-in for a 1 GB
+    body), then `suffix`. Counts the body bytes it managed to send before the client hung up."""
+
+    def __init__(self, head: bytes, prefix: bytes, suffix: bytes, total: int):
+        self.head, self.prefix, self.suffix, self.total = head, prefix, suffix, total
+        self.sent: list[int] = []
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.listener.getsockname()[1]}"
+        self.thread = threading.Thread(target=self._serve_one, daemon=True)
+        self.thread.start()
+
+    def _serve_one(self):
+        self.listener.settimeout(10)
+        try:
+            conn, _ = self.listener.accept()
+        except OSError:
+            return
+        sent = 0
+        with conn:
+            conn.settimeout(10)
+            try:
+                conn.recv(65536)
+                conn.sendall(self.head + self.prefix)
+                chunk = b" " * 65536
+                while sent < self.total:
+                    conn.sendall(chunk)
+                    sent += len(chunk)
+                conn.sendall(self.suffix)
+            except OSError:  # the client stopped reading and closed the connection
+                pass
+        self.sent.append(sent)
+
+    def stop(self):
+        self.listener.close()
+        self.thread.join(10)
+
+
+_HEALTH_OK = b'{"status": "ok", "num_docs": 3'
+_FLOOD_BYTES = 16 << 20
+
+
+@pytest.mark.parametrize("framing", ["close-delimited", "chunked"])
+def test_client_bounds_a_huge_health_body(framing):
+    """Issue 21, case 6: a /health body of 16 MB (standing in for 1 GB; no Content-Length to refuse
+    it by) used to be read whole (and here, being valid JSON, accepted); now reading stops after
+    MAX_HEALTH_BYTES with one clear error."""
+    from mempo.env.client import MAX_HEALTH_BYTES
+
+    if framing == "close-delimited":
+        head = b"HTTP/1.0 200 OK\r\nContent-Type: application/json\r\n\r\n"
+        prefix, suffix = _HEALTH_OK, b"}"
+    else:  # one chunk holding the whole body
+        head = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
+        prefix = f"{len(_HEALTH_OK) + _FLOOD_BYTES + 1:x}\r\n".encode() + _HEALTH_OK
+        suffix = b"}\r\n0\r\n\r\n"
+    flood = _Flood(head, prefix, suffix, _FLOOD_BYTES)
+    try:
+        client = HTTPRetriever(flood.url, timeout=20, retries=2, backoff=0.01)
+        with pytest.raises(RetrieverUnavailableError, match=f"over the client's limit of {MAX_HEALTH_BYTES} bytes "
+                                                            f"for /health") as info:
+            client.health()
+        assert flood.url in str(info.value) and "\n" not in str(info.value)
+    finally:
+        flood.stop()
+    assert len(flood.sent) == 1  # not retried
+
+
+def test_client_refuses_a_declared_length_over_the_bound_without_reading():
+    """A Content-Length of 1 GB is refused at once (the old client waited to read it all: a timeout)."""
+    head = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 1073741824\r\n\r\n"
+    flood = _Flood(head, b'{"result": [[]]', b"", 0)
+    try:
+        client = HTTPRetriever(flood.url, timeout=5, retries=0)
+        started = time.monotonic()
+        with pytest.raises(RetrieverUnavailableError, match=r"limit of \d+ bytes for /retrieve \(its Content-Length"):
+            client.search(["river"])
+        assert time.monotonic() - started < 4  # answered before the attempt's timeout (not by it)
+    finally:
+        flood.stop()
+
+
+def test_client_bounds_retrieve_and_access_bodies_by_max_response_bytes():
+    body = json.dumps({"result": [[{"document": {"id": "a", "title": "A", "contents": "A\n" + "x" * 5000},
+                                    "score": 1.0}]]}).encode()
+    with stand_in(200, body) as (httpd, url):
+        assert HTTPRetriever(url, retries=0).search(["q"])[0][0].text == "x" * 5000
+        client = HTTPRetriever(url, retries=3, backoff=0.01, max_response_bytes=1000)
+        with pytest.raises(RetrieverUnavailableError, match="limit of 1000 bytes for /retrieve.*max_response_bytes"):
+            client.search(["q"])
+        with pytest.raises(RetrieverUnavailableError, match="limit of 1000 bytes for /access"):
+            client.access("a")
+        assert httpd.hits == 3  # one each, never retried
+    with stand_in(500, b"x" * (1 << 20)) as (httpd, url):  # an error body is read up to MAX_ERROR_BYTES only
+        with pytest.raises(RetrieverUnavailableError, match="HTTP 500: x{200}"):
+            HTTPRetriever(url, retries=0).search(["q"])
+    for bad in (0, -1, True, 1.5):
+        with pytest.raises(ValueError, match="max_response_bytes must be an integer >= 1"):
+            HTTPRetriever("http://127.0.0.1:1", max_response_bytes=bad)
 
 
 @pytest.mark.parametrize("headers_first", [True, False], ids=["trickled-body", "trickled-status-line"])

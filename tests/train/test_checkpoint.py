@@ -5,6 +5,7 @@ import json
 import math
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -426,6 +427,136 @@ def test_format_1_checkpoints_load_with_a_warning(tmp_path):
     _damage(path / "model.pt", "truncate")
     with pytest.warns(RuntimeWarning), pytest.raises(CheckpointError, match=r"step_00000004/model.pt: cannot be loaded"):
         load_checkpoint(path, make_model(3))
+
+
+# ------------------------------------------------------------------------------------------------
+# all or nothing: keys, steps and manifest fields (issue 21, case 2)
+# ------------------------------------------------------------------------------------------------
+def _rewrite(path, name, change):
+    """Rewrite checkpoint file `name` (a torch file: `change` edits its loaded object; state.json:
+    its dict) and its manifest entry so that the digests match: damage the digests cannot see."""
+    file = path / name
+    if name.endswith(".json"):
+        data = json.loads(file.read_text())
+        change(data)
+        file.write_text(json.dumps(data))
+    else:
+        data = torch.load(file, weights_only=True)
+        change(data)
+        torch.save(data, file)
+    manifest = json.loads((path / "COMPLETE").read_text())
+    payload = file.read_bytes()
+    import hashlib
+
+    manifest["files"][name] = {"bytes": len(payload), "sha256": hashlib.sha256(payload).hexdigest()}
+    (path / "COMPLETE").write_text(json.dumps(manifest))
+
+
+def _edit_manifest(path, change):
+    manifest = json.loads((path / "COMPLETE").read_text())
+    change(manifest)
+    (path / "COMPLETE").write_text(json.dumps(manifest))
+
+
+def _drop_exp_avg(state):
+    del state["state"]["0.bias"]["exp_avg"]
+
+
+def _drop_param(state):
+    del state["state"]["2.weight"]
+    for group in state["param_groups"]:
+        group["params"].remove("2.weight")
+
+
+INCONSISTENT = [  # (file the reason names, what it says, how the checkpoint is edited)
+    ("model.pt", r"missing key\(s\) 0\.bias", lambda p: _rewrite(p, "model.pt", lambda d: d.pop("0.bias"))),
+    ("model.pt", r"unexpected key\(s\) stray", lambda p: _rewrite(p, "model.pt", lambda d: d.update(stray=torch.ones(1)))),
+    ("optimizer.pt", r"missing parameter\(s\) 2\.weight", lambda p: _rewrite(p, "optimizer.pt", _drop_param)),
+    ("optimizer.pt", r"state of 0\.bias lacks exp_avg", lambda p: _rewrite(p, "optimizer.pt", _drop_exp_avg)),
+    ("state.json", r"records step 99, the manifest step 2",
+     lambda p: _rewrite(p, "state.json", lambda d: d.update(step=99))),
+    ("COMPLETE", r"records step 7, its directory step_00000002 step 2",
+     lambda p: _edit_manifest(p, lambda m: m.update(step=7))),
+    ("COMPLETE", r"'step' is '2', not an integer", lambda p: _edit_manifest(p, lambda m: m.update(step="2"))),
+    ("COMPLETE", r"'bytes' of model.pt is 'many', not a non-negative integer",
+     lambda p: _edit_manifest(p, lambda m: m["files"]["model.pt"].update(bytes="many"))),
+    ("COMPLETE", r"'bytes' of model.pt is True", lambda p: _edit_manifest(p, lambda m: m["files"]["model.pt"].update(bytes=True))),
+    ("COMPLETE", r"'sha256' of model.pt is not 64 hex digits",
+     lambda p: _edit_manifest(p, lambda m: m["files"]["model.pt"].update(sha256=5))),
+    ("COMPLETE", r"entry '\.\./step_00000001/model\.pt' is not a path inside",
+     lambda p: _edit_manifest(p, lambda m: m["files"].update({"../step_00000001/model.pt": m["files"]["model.pt"]}))),
+    ("rng", r"rng: not a regular file", lambda p: _edit_manifest(
+        p, lambda m: m["files"].update(rng={"bytes": (p / "rng").stat().st_size, "sha256": "0" * 64}))),
+]
+
+
+@pytest.mark.parametrize("name,reason,edit", INCONSISTENT, ids=[f"{n}:{r[:24]}" for n, r, _ in INCONSISTENT])
+def test_an_inconsistent_checkpoint_is_skipped_with_its_reason(tmp_path, name, reason, edit):
+    """Damage the digests cannot see (the file and its manifest entry rewritten together, or a
+    manifest field of the wrong type) makes a checkpoint damaged: the fallback skips it, naming
+    the file and the keys or steps; asked for by path it is refused and nothing is loaded."""
+    first = _two_checkpoints(tmp_path)
+    edit(tmp_path / "step_00000002")
+    model = make_model(5)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    notes = []
+    chosen = ckpt.resume_checkpoint("auto", tmp_path, log=notes.append, model=model, optimizer=optimizer)
+    assert chosen.name == "step_00000001"
+    assert len(notes) == 1 and notes[0].startswith("skipping checkpoint step_00000002")
+    assert str(tmp_path / "step_00000002" / name) in notes[0]
+    assert re.search(reason, notes[0]), notes[0]
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    with pytest.raises(CheckpointError, match=reason) as error:
+        load_checkpoint(tmp_path / "step_00000002", model, optimizer)
+    assert "\n" not in str(error.value)
+    assert all(torch.equal(model.state_dict()[k], v) for k, v in before.items())  # nothing half-loaded
+    assert optimizer.state_dict()["state"] == {}
+    assert load_checkpoint(chosen, model, optimizer).step == 1
+    assert all(torch.equal(model.state_dict()[k], v) for k, v in first.items())
+
+
+def test_strict_false_loads_a_model_subset_but_still_checks_the_optimizer(tmp_path):
+    _two_checkpoints(tmp_path)
+    path = tmp_path / "step_00000002"
+    _rewrite(path, "model.pt", lambda d: d.pop("0.bias"))
+    model = make_model(5)
+    bias = model[0].bias.detach().clone()
+    assert load_checkpoint(path, model, strict=False).step == 2
+    assert torch.equal(model[0].bias, bias) and not torch.equal(model[0].weight, make_model(5)[0].weight)
+    _rewrite(path, "optimizer.pt", _drop_param)
+    with pytest.raises(CheckpointError, match=r"optimizer.pt: does not fit this optimizer \(missing parameter"):
+        load_checkpoint(path, model, torch.optim.AdamW(model.parameters()), strict=False)
+
+
+@pytest.mark.skipif(not hasattr(torch.optim, "Adafactor"), reason="torch.optim.Adafactor needs torch >= 2.5")
+def test_an_optimizer_with_per_shape_state_layouts_fits(tmp_path):
+    """Adafactor keeps factored moments for matrices and one for vectors: not a partial state."""
+    model = make_model(0)
+    optimizer = torch.optim.Adafactor(model.parameters())
+    model(torch.randn(4, 6)).square().mean().backward()
+    optimizer.step()
+    save_checkpoint(tmp_path, 1, model, optimizer)
+    fresh = make_model(1)
+    assert load_checkpoint(tmp_path, fresh, torch.optim.Adafactor(fresh.parameters())).step == 1
+
+
+def test_a_tied_parameter_fits_by_any_of_its_names(tmp_path):
+    class Tied(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed = torch.nn.Embedding(5, 4)
+            self.head = torch.nn.Linear(4, 5, bias=False)
+            self.head.weight = self.embed.weight
+
+    model = Tied()
+    optimizer = torch.optim.AdamW(model.parameters())
+    model.head(model.embed(torch.tensor([1, 2]))).sum().backward()
+    optimizer.step()
+    save_checkpoint(tmp_path, 1, model, optimizer)
+    fresh = Tied()
+    fresh_optimizer = torch.optim.AdamW(fresh.parameters())
+    assert load_checkpoint(tmp_path, fresh, fresh_optimizer).step == 1
+    assert torch.equal(fresh.embed.weight, model.embed.weight)
 
 
 # ------------------------------------------------------------------------------------------------
