@@ -6,7 +6,6 @@ A hit's score is the BM25 sum over the query's terms (> 0); documents sharing no
 returned. bm25s and numpy are imported inside the functions that use them.
 """
 import functools
-import hashlib
 import json
 import os
 import stat
@@ -22,6 +21,7 @@ from mempo.env.local import LocalRetriever, MappedDocuments, MemoryDocuments, sa
 from mempo.env.retriever import (
     DEFAULT_PAGE_CHARS, DEFAULT_TOPK, check_page_chars, check_queries, check_topk, register_retriever,
 )
+from mempo.utils.digest import sha256_file
 from mempo.utils.types import PathLike
 
 __all__ = ["LUCENE_STOPWORDS", "s_stem", "Tokenizer", "INDEX_MANIFEST", "BM25_FORMAT", "BM25_FORMAT_VERSION",
@@ -112,18 +112,10 @@ _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 _DOCUMENT_FILES = ("documents.jsonl", "documents.offsets.npy", "documents.lengths.npy", "ids.json")
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for chunk in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 def _index_files(index_dir: Path) -> dict[str, dict]:
     """{relative path: {"bytes", "sha256"}} of the files an index consists of (bm25s/ and the documents)."""
     names = sorted(f"bm25s/{entry.name}" for entry in (index_dir / "bm25s").iterdir() if entry.is_file())
-    return {name: {"bytes": (index_dir / name).stat().st_size, "sha256": _sha256(index_dir / name)}
+    return {name: {"bytes": (index_dir / name).stat().st_size, "sha256": sha256_file(index_dir / name)}
             for name in names + list(_DOCUMENT_FILES)}
 
 
@@ -160,7 +152,7 @@ def verify_index_files(index_dir: PathLike, manifest: dict) -> None:
         if info.st_size != record["bytes"]:
             raise damaged(f"{info.st_size} bytes, {INDEX_MANIFEST} records {record['bytes']}")
         try:
-            digest = _sha256(file)
+            digest = sha256_file(file)
         except OSError as error:
             raise damaged(f"unreadable: {error.strerror}") from None
         if digest != record["sha256"]:

@@ -5,12 +5,12 @@ records (fields: `document_from_json`)::
 
 A bad line raises `CorpusError` naming the file and the 1-based line number.
 """
-import hashlib
 from dataclasses import dataclass
 from typing import Iterable, Iterator
 
 from mempo.errors import MempoError
 from mempo.utils.jsonl import iter_jsonl_records, write_jsonl
+from mempo.utils.digest import sha256_file
 from mempo.utils.types import PathLike
 
 __all__ = ["Document", "CorpusError", "load_corpus", "iter_corpus", "write_corpus", "document_from_json",
@@ -107,8 +107,4 @@ def write_corpus(path: PathLike, documents: Iterable[Document]) -> int:
 
 def corpus_fingerprint(path: PathLike) -> str:
     """SHA-256 of a corpus file's bytes (hex), used to tell whether a saved index is stale."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
+    return sha256_file(path)

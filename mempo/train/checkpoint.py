@@ -19,7 +19,6 @@ Files are loaded with ``torch.load(weights_only=True)``; data_state and extra ar
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import random
@@ -40,6 +39,7 @@ from torch.distributed.checkpoint.state_dict import (
 
 from mempo.utils.atomic import TEMP_PREFIX, fault_point, fsync_dir, replace_file_atomically, write_bytes_durably
 from mempo.errors import MempoError
+from mempo.utils.digest import sha256_file
 from mempo.utils.types import PathLike
 
 __all__ = [
@@ -52,7 +52,6 @@ CHECKPOINT_FORMAT = 2  # 2: COMPLETE is a manifest of digests; 1: COMPLETE was a
 COMPLETE_MARKER = "COMPLETE"
 LATEST_FILE = "latest"
 _STEP_DIR = re.compile(r"^step_(\d{8,})$")
-_HASH_CHUNK = 1 << 20
 
 
 class CheckpointError(MempoError):
@@ -210,15 +209,6 @@ def _json_save(obj: Any, path: Path, phase: str) -> None:
     write_bytes_durably(path, lambda handle: handle.write(data), phase)
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        while True:
-            chunk = handle.read(_HASH_CHUNK)
-            if not chunk:
-                return digest.hexdigest()
-            digest.update(chunk)
-
 
 def _file_records(directory: Path) -> dict[str, dict[str, Any]]:
     """{relative path: {"bytes", "sha256"}} of every file under `directory` except the manifest."""
@@ -229,7 +219,7 @@ def _file_records(directory: Path) -> dict[str, dict[str, Any]]:
             relative = path.relative_to(directory).as_posix()
             if relative == COMPLETE_MARKER or name.startswith(TEMP_PREFIX):
                 continue
-            records[relative] = {"bytes": path.stat().st_size, "sha256": _sha256(path)}
+            records[relative] = {"bytes": path.stat().st_size, "sha256": sha256_file(path)}
     return dict(sorted(records.items()))
 
 
@@ -392,7 +382,7 @@ def verify_checkpoint(path: PathLike, *, log: Optional[Callable[[str], None]] = 
             state = "empty" if size == 0 else "truncated" if size < record["bytes"] else "changed"
             raise CheckpointError(f"{file}: {state}: {size} bytes, the manifest records {record['bytes']}")
         try:
-            digest = _sha256(file)
+            digest = sha256_file(file)
         except OSError as error:
             raise CheckpointError(f"{file}: unreadable ({_short(error)})") from None
         if digest != record["sha256"]:

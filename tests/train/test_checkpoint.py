@@ -23,6 +23,7 @@ from mempo.train.checkpoint import (CheckpointError, latest_checkpoint, list_che
                                     prune_checkpoints, save_checkpoint)
 from mempo.train.logging import MetricsLogger, StageTimer, read_metrics
 from mempo.utils.progress import progress
+from support.checkpoints import rewrite_with_manifest
 
 
 def make_model(seed=0):
@@ -432,26 +433,6 @@ def test_format_1_checkpoints_load_with_a_warning(tmp_path):
 # ------------------------------------------------------------------------------------------------
 # all or nothing: keys, steps and manifest fields (issue 21, case 2)
 # ------------------------------------------------------------------------------------------------
-def _rewrite(path, name, change):
-    """Rewrite checkpoint file `name` (a torch file: `change` edits its loaded object; state.json:
-    its dict) and its manifest entry so that the digests match: damage the digests cannot see."""
-    file = path / name
-    if name.endswith(".json"):
-        data = json.loads(file.read_text())
-        change(data)
-        file.write_text(json.dumps(data))
-    else:
-        data = torch.load(file, weights_only=True)
-        change(data)
-        torch.save(data, file)
-    manifest = json.loads((path / "COMPLETE").read_text())
-    payload = file.read_bytes()
-    import hashlib
-
-    manifest["files"][name] = {"bytes": len(payload), "sha256": hashlib.sha256(payload).hexdigest()}
-    (path / "COMPLETE").write_text(json.dumps(manifest))
-
-
 def _edit_manifest(path, change):
     manifest = json.loads((path / "COMPLETE").read_text())
     change(manifest)
@@ -469,12 +450,12 @@ def _drop_param(state):
 
 
 INCONSISTENT = [  # (file the reason names, what it says, how the checkpoint is edited)
-    ("model.pt", r"missing key\(s\) 0\.bias", lambda p: _rewrite(p, "model.pt", lambda d: d.pop("0.bias"))),
-    ("model.pt", r"unexpected key\(s\) stray", lambda p: _rewrite(p, "model.pt", lambda d: d.update(stray=torch.ones(1)))),
-    ("optimizer.pt", r"missing parameter\(s\) 2\.weight", lambda p: _rewrite(p, "optimizer.pt", _drop_param)),
-    ("optimizer.pt", r"state of 0\.bias lacks exp_avg", lambda p: _rewrite(p, "optimizer.pt", _drop_exp_avg)),
+    ("model.pt", r"missing key\(s\) 0\.bias", lambda p: rewrite_with_manifest(p, "model.pt", lambda d: d.pop("0.bias"))),
+    ("model.pt", r"unexpected key\(s\) stray", lambda p: rewrite_with_manifest(p, "model.pt", lambda d: d.update(stray=torch.ones(1)))),
+    ("optimizer.pt", r"missing parameter\(s\) 2\.weight", lambda p: rewrite_with_manifest(p, "optimizer.pt", _drop_param)),
+    ("optimizer.pt", r"state of 0\.bias lacks exp_avg", lambda p: rewrite_with_manifest(p, "optimizer.pt", _drop_exp_avg)),
     ("state.json", r"records step 99, the manifest step 2",
-     lambda p: _rewrite(p, "state.json", lambda d: d.update(step=99))),
+     lambda p: rewrite_with_manifest(p, "state.json", lambda d: d.update(step=99))),
     ("COMPLETE", r"records step 7, its directory step_00000002 step 2",
      lambda p: _edit_manifest(p, lambda m: m.update(step=7))),
     ("COMPLETE", r"'step' is '2', not an integer", lambda p: _edit_manifest(p, lambda m: m.update(step="2"))),
@@ -518,12 +499,12 @@ def test_an_inconsistent_checkpoint_is_skipped_with_its_reason(tmp_path, name, r
 def test_strict_false_loads_a_model_subset_but_still_checks_the_optimizer(tmp_path):
     _two_checkpoints(tmp_path)
     path = tmp_path / "step_00000002"
-    _rewrite(path, "model.pt", lambda d: d.pop("0.bias"))
+    rewrite_with_manifest(path, "model.pt", lambda d: d.pop("0.bias"))
     model = make_model(5)
     bias = model[0].bias.detach().clone()
     assert load_checkpoint(path, model, strict=False).step == 2
     assert torch.equal(model[0].bias, bias) and not torch.equal(model[0].weight, make_model(5)[0].weight)
-    _rewrite(path, "optimizer.pt", _drop_param)
+    rewrite_with_manifest(path, "optimizer.pt", _drop_param)
     with pytest.raises(CheckpointError, match=r"optimizer.pt: does not fit this optimizer \(missing parameter"):
         load_checkpoint(path, model, torch.optim.AdamW(model.parameters()), strict=False)
 

@@ -27,6 +27,7 @@ import mempo.train.actor  # noqa: E402,F401
 import mempo.train.step  # noqa: E402,F401
 import mempo.train.trainer  # noqa: E402,F401
 from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM  # noqa: E402,F401
+from support.checkpoints import rewrite_with_manifest  # noqa: E402
 from support.paths import REPO  # noqa: E402
 
 CONFIG = REPO / "configs" / "tiny.yaml"
@@ -174,25 +175,6 @@ def test_a_zero_byte_tokenizer_left_by_an_old_crash_is_rebuilt(reference, tmp_pa
     _assert_same_run(out, reference)
 
 
-def _rewrite_with_manifest(checkpoint: Path, name: str, change) -> None:
-    """Edit a checkpoint file and rewrite its manifest entry to match (damage no digest sees)."""
-    import hashlib
-
-    file = checkpoint / name
-    if name.endswith(".json"):
-        data = json.loads(file.read_text())
-        change(data)
-        file.write_text(json.dumps(data))
-    else:
-        data = torch.load(file, weights_only=True)
-        change(data)
-        torch.save(data, file)
-    manifest = json.loads((checkpoint / "COMPLETE").read_text())
-    payload = file.read_bytes()
-    manifest["files"][name] = {"bytes": len(payload), "sha256": hashlib.sha256(payload).hexdigest()}
-    (checkpoint / "COMPLETE").write_text(json.dumps(manifest))
-
-
 def _drop_first_key(state: dict) -> None:
     state.pop(sorted(state)[0])
 
@@ -208,7 +190,7 @@ def test_a_partial_or_misnumbered_checkpoint_is_skipped_and_the_resume_is_exact(
     parameter left at its initial value; "trained to step 99", nothing trained). Now the checkpoint
     is skipped with its reason and the run resumes from step 1, ending where the reference did."""
     out = _copy_run(reference, tmp_path / "run")
-    _rewrite_with_manifest(out / "checkpoints" / "step_00000002", name, change)
+    rewrite_with_manifest(out / "checkpoints" / "step_00000002", name, change)
     code, log = _run(out, "--resume")
     assert code == 0, log[-3000:]
     assert "Traceback" not in log and "step 99" not in log.replace(reason, "")
