@@ -302,9 +302,10 @@ def build_run(cfg: MempoConfig, *, model=None, tokenizer=None, episodes=None, re
     """Assemble, in this order, determinism, world, retriever, process group, run directory, seeds,
     tokenizer, model, episodes, actors, backends and the step context; given parts are used as they
     are. The synthetic world (``data.source == "synthetic"``) is built only when something needs
-    it. Retriever: `mempo.env.build.build_retriever`, the one `mempo eval` uses (files source with
-    neither corpus nor server: a ConfigError naming ``env.corpus_path``). A ``--out`` that is a
-    file is a ConfigError (`prepare_out_dir`)."""
+    it (episodes, retriever or tokenizer not given, or the periodic evaluation on). Retriever:
+    `mempo.env.build.build_retriever`, the one `mempo eval` uses (files source with neither corpus
+    nor server: a ConfigError naming ``env.corpus_path``). A ``--out`` that is a file is a
+    ConfigError (`prepare_out_dir`)."""
     configure_determinism(cfg.trainer.deterministic)
     evaluating = cfg.trainer.eval_every > 0
     world = None
