@@ -607,8 +607,8 @@ class SyntheticConfig:
 
 @dataclass
 class MempoConfig:
-    """The whole configuration: one field per section, each with defaults (so no file is a valid
-    configuration) and validated when built (a `ConfigError` names the dotted field)."""
+    """The whole configuration: one field per section, every field with a default (so no file at all
+    is a valid configuration), each section validated when built (a `ConfigError` names the field)."""
 
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
