@@ -1,50 +1,10 @@
-"""`mempo demo`: MemPO end to end on CPU, from nothing, in minutes.
+"""`mempo demo`: MemPO end to end on CPU, from nothing, in minutes (`run_demo`).
 
-Stages, in order, each a function of the previous stages' values (each prints what it did and how
-long it took; timings go to ``stages.json``, `mempo.apps.report.StageTimes`):
-
-1. world      the synthetic world (`mempo.synthetic.world.World`, ``synthetic.world_documents`` documents) and the
-              ``env`` section's retriever over it (`mempo.synthetic.build.build_world`: BM25 by default);
-2. oracle     oracle trajectories (`mempo.synthetic.cold_start.oracle_cold_start`: memory context, think style
-              ``synthetic.oracle_think``) on ``synthetic.oracle_episodes`` episodes of each of ``synthetic.oracle_objectives``
-              objectives; ``synthetic.oracle_keep`` says which are kept (``correct``: score 1 only,
-              as the paper's cold-start data; ``all``, the demo's: every one, the teacher's failures
-              too). SFT and RL episodes are drawn with other question seeds than the evaluation's
-              (`mempo.seeds`) and by `mempo.synthetic.heldout.training_episodes`: no SFT or RL
-              question is about an entity an evaluation question asks about (the held-out subjects);
-3. tokenizer  a byte-level BPE (`mempo.model.builtin.train_tokenizer`, ``synthetic.vocab_size``) trained on the
-              documents and the oracle texts;
-4. model      a randomly initialised Qwen2 (`mempo.model.builtin.tiny_model`, ``synthetic.model_size``),
-              then, with ``synthetic.copy_warmup_steps`` > 0, a copy warm-up stage (`mempo.synthetic.copy_warmup`:
-              the model learns to copy ids from its context, on random sequences of the world's name ids);
-5. sft        supervised cold start on the oracle trajectories (`mempo.train.sft.run_sft` with the ``sft``
-              section; with ``sft.prompt_loss_weight`` > 0 the prompt tokens are modelled too): ``sft.steps``
-              optimiser steps, so that the model does not depend on the machine's speed;
-              ``sft.max_seconds`` is a safety net, and when it cuts SFT short the log and the report
-              say so (`sft_bound_line`); the model is saved to ``<out>/model_sft``;
-6. eval-before  evaluation (`mempo.eval.evaluate`) of ``eval.episodes`` episodes for each of
-              ``eval.objectives`` under ``eval.policies`` (the memory context), and with
-              ``eval.closed_book`` the same model closed-book (every search finds nothing: how much of
-              the EM comes from retrieval) -> ``eval_before.json`` / ``.md``;
-7. rl         MemPO RL (`mempo.train.trainer.train`, ``trainer.total_steps`` steps) into
-              ``<out>/rl`` (``metrics.jsonl``); the model is saved to ``<out>/model_rl``;
-8. eval-after the same evaluation -> ``eval_after.json`` / ``.md``;
-9. report     ``report.md`` + PNG plots (`mempo.apps.report.write_report`); its first lines are the
-              run against the demo's targets (`DemoTargets`, `target_lines`).
-
-Re-running into the same ``--out``: the demo owns its output directory. It first removes its own
-stage directories there (``rl/``: the RL run with its checkpoints, ``sft/``: the SFT metrics) and
-then rewrites every file it writes (``model_sft/`` and ``model_rl/`` are replaced atomically), so
-a second run starts fresh instead of being refused as a used run directory (``trainer.resume``
-stays "never"). Nothing else in ``--out`` is touched.
-
-Configuration: one `mempo.config.MempoConfig` (written to ``<out>/config.yaml``): the world, the
-oracle teacher, the copy warm-up and the demo's tokenizer and model are its ``synthetic`` section
-(`mempo.config.SyntheticConfig`; ``synthetic.oracle_objectives`` must be set: the demo draws its
-cold-start episodes per number of objectives), its SFT stage the ``sft`` section
-(``sft.trajectories`` must be null: the oracle makes the data). Without a file the demo reads
-``configs/demo.yaml``, shipped in the package as ``mempo.configs`` (`DEMO_CONFIG`). Overrides are
-dotted (``eval.episodes=4``, ``sft.steps=100``, ``synthetic.model_size=tiny``).
+One `mempo.config.MempoConfig` (default ``configs/demo.yaml``, `DEMO_CONFIG`; dotted overrides such as
+``sft.steps=100``) drives every stage; the world, oracle, copy warm-up and the demo's tokenizer and
+model are its ``synthetic`` section. Each stage is a function of the previous stages' values and
+prints what it did and how long it took (``stages.json``). No SFT or RL question is about an entity
+an evaluation question asks about (the held-out subjects).
 """
 from __future__ import annotations
 
@@ -95,7 +55,9 @@ DEMO_CONFIG: Path = _demo_config_path()
 
 
 def load_demo_config(path: Optional[PathLike] = None, overrides: Sequence[str] = ()) -> MempoConfig:
-    """The demo's configuration: a YAML file (None: `DEMO_CONFIG`) plus dotted overrides."""
+    """The demo's configuration: a YAML file (None: `DEMO_CONFIG`, ``configs/demo.yaml`` shipped in
+    the package as ``mempo.configs``) plus dotted overrides (``eval.episodes=4``, ``sft.steps=100``,
+    ``synthetic.model_size=tiny``)."""
     return load_config(DEMO_CONFIG if path is None else path, overrides)
 
 
@@ -169,6 +131,8 @@ def _echo(line: str) -> None:
 # the stages
 # ------------------------------------------------------------------------------------------------
 def _world_stage(cfg: MempoConfig) -> Staged[SyntheticEnv]:
+    """The synthetic world (``synthetic.world_documents`` documents) and the ``env`` section's
+    retriever over it (`mempo.synthetic.build.build_world`: BM25 by default)."""
     env = build_world(cfg)
     index = "BM25 index built" if cfg.env.retriever == "bm25" else f"retriever at {cfg.env.retriever_url}"
     return Staged(env, f"{env.world.num_documents} documents ({len(env.world.entities)} entities), {index}")
@@ -176,6 +140,11 @@ def _world_stage(cfg: MempoConfig) -> Staged[SyntheticEnv]:
 
 def _oracle_stage(cfg: MempoConfig, env: SyntheticEnv, held_out: frozenset[str],
                   show_progress: bool) -> Staged[ColdStart]:
+    """Oracle trajectories (`oracle_cold_start`: memory context, think style ``synthetic.oracle_think``)
+    on ``synthetic.oracle_episodes`` episodes of each of ``synthetic.oracle_objectives`` objectives,
+    drawn with other question seeds than the evaluation's (`mempo.seeds`) and about no held-out
+    subject. ``synthetic.oracle_keep``: ``correct`` keeps score 1 only (the paper's cold-start
+    data); ``all`` (the demo's) keeps every one, the teacher's failures too."""
     cold = oracle_cold_start(env.world, build_tools(cfg, env.retriever), cfg, held_out, show_progress=show_progress)
     correct = sum(float(t.score.get("score", 0.0)) == 1.0 for t in cold.trajectories)
     if cfg.synthetic.oracle_keep == "all":
@@ -191,6 +160,7 @@ def _oracle_stage(cfg: MempoConfig, env: SyntheticEnv, held_out: frozenset[str],
 
 
 def _tokenizer_stage(cfg: MempoConfig, world: Any, trajectories: Sequence[Any]) -> Staged[Any]:
+    """A byte-level BPE (``synthetic.vocab_size``) trained on the documents and the oracle texts."""
     texts = default_corpus_texts(world, limit=cfg.synthetic.tokenizer_documents)
     for t in trajectories:
         texts.append(t.prompt)
@@ -200,6 +170,7 @@ def _tokenizer_stage(cfg: MempoConfig, world: Any, trajectories: Sequence[Any]) 
 
 
 def _model_stage(cfg: MempoConfig, tokenizer: Any) -> Staged[Any]:
+    """A randomly initialised Qwen2 (`tiny_model`, ``synthetic.model_size``, seed ``synthetic.model_seed``)."""
     d = cfg.synthetic
     model = tiny_model(tokenizer, d.model_size, d.model_seed, max_position_embeddings=d.max_position_embeddings,
                        tie_word_embeddings=d.tie_embeddings)
@@ -211,7 +182,8 @@ def _model_stage(cfg: MempoConfig, tokenizer: Any) -> Staged[Any]:
 
 
 def _copy_stage(cfg: MempoConfig, model: Any, tokenizer: Any, world: Any) -> Staged[CopyWarmup]:
-    """The copy warm-up (`mempo.synthetic.copy_warmup`) on the ids of the world's one-id names."""
+    """The copy warm-up (`mempo.synthetic.copy_warmup`, run when ``synthetic.copy_warmup_steps`` > 0):
+    the model learns to copy ids from its context, on random sequences of the world's one-id names."""
     d = cfg.synthetic
     ids = [tokenizer.encode(" " + e.name, add_special_tokens=False) for e in world.entities]
     pool = sorted({x[0] for x in ids if len(x) == 1})
@@ -222,7 +194,9 @@ def _copy_stage(cfg: MempoConfig, model: Any, tokenizer: Any, world: Any) -> Sta
 
 def _sft_stage(cfg: MempoConfig, model: Any, tokenizer: Any, trajectories: Sequence[Any],
                out: Path) -> Staged[dict[str, Any]]:
-    """SFT in place on `model`; its metrics and the saved ``model_sft``."""
+    """SFT in place on `model` (`run_sft` with the ``sft`` section): ``sft.steps`` optimiser steps, so
+    the model does not depend on the machine's speed (``sft.max_seconds`` is a safety net, reported by
+    `sft_bound_line`); returns its metrics, the model saved to ``<out>/model_sft``."""
     with MetricsLogger(out / "sft", tensorboard=False) as logger:
         metrics = run_sft(cfg, model, tokenizer, trajectories, seed=cfg.synthetic.model_seed, logger=logger)
     _save_model(out / "model_sft", model, tokenizer)
@@ -245,6 +219,9 @@ def sft_bound_line(cfg: MempoConfig, metrics: dict[str, Any]) -> Optional[str]:
 
 def _eval_stage(cfg: MempoConfig, model: Any, tokenizer: Any, episodes_by_k: dict[int, list], retriever: Any,
                 which: str, out: Path, echo: Callable[[str], None], show_progress: bool) -> Staged[EvalReport]:
+    """`mempo.eval.evaluate` of ``eval.episodes`` episodes per k in ``eval.objectives`` under
+    ``eval.policies``; with ``eval.closed_book`` the same model closed-book too (every search finds
+    nothing: how much of the EM comes from retrieval). Writes ``eval_<which>.json`` / ``.md``."""
     report = evaluate(model, tokenizer, episodes_by_k, retriever, cfg, label=f"{which} RL", log=echo,
                       show_progress=show_progress, keep_trajectories=True)
     report.write(out, f"eval_{which}", title=f"Evaluation {which} RL")
@@ -263,7 +240,9 @@ def rl_episodes(cfg: MempoConfig, world: Any, held_out: frozenset[str], steps: i
 
 def _rl_stage(cfg: MempoConfig, model: Any, tokenizer: Any, env: SyntheticEnv, held_out: frozenset[str],
               out: Path) -> Staged[TrainResult]:
-    """MemPO RL from `model` on training episodes that ask about no entity the evaluation asks about."""
+    """MemPO RL (`train`, ``trainer.total_steps`` steps) from `model` into ``<out>/rl``
+    (``metrics.jsonl``) on training episodes that ask about no entity the evaluation asks about;
+    the model is saved to ``<out>/model_rl``."""
     steps = cfg.trainer.total_steps
     episodes = rl_episodes(cfg, env.world, held_out, steps)
     result = train(cfg, model=model, tokenizer=tokenizer, episodes=episodes, retriever=env.retriever,
@@ -397,6 +376,8 @@ def _report(out: Path, stages: _Stages, before: EvalReport, after: EvalReport,
 def _report_stage(out: Path, stages: _Stages, before: EvalReport, after: EvalReport,
                   pair: Optional[tuple[EpisodeRecord, EpisodeRecord]], memory: Sequence[str],
                   notes: Sequence[str]) -> Staged[ReportResult]:
+    """``report.md`` + PNG plots (`write_report`); its first lines are the run against the demo's
+    targets (`DemoTargets`, `target_lines`)."""
     result = _report(out, stages, before, after, pair, memory, notes)
     return Staged(result, f"{result.path} and {len(result.plots)} plots ({', '.join(sorted(result.plots))})")
 
@@ -406,10 +387,17 @@ def _report_stage(out: Path, stages: _Stages, before: EvalReport, after: EvalRep
 # ------------------------------------------------------------------------------------------------
 def run_demo(cfg: MempoConfig, out_dir: PathLike, *, echo: Callable[[str], None] = _echo,
              show_progress: bool = True) -> DemoResult:
-    """Run every stage (module docstring) into `out_dir`; returns a `DemoResult`."""
+    """Run the stages into `out_dir` (world, oracle, tokenizer, model, [copy-warmup], sft,
+    eval-before, rl, eval-after, report); returns a `DemoResult`. The config is written to
+    ``<out>/config.yaml``; it needs ``synthetic.oracle_objectives`` set and ``sft.trajectories`` null.
+
+    The demo owns `out_dir`: a re-run first removes its stage directories (``rl/``: the RL run with
+    its checkpoints, ``sft/``: the SFT metrics) and rewrites every file it writes (``model_sft/`` and
+    ``model_rl/`` replaced atomically), so it starts fresh instead of being refused as a used run
+    directory (``trainer.resume`` stays "never"). Nothing else there is touched."""
     _check_demo_config(cfg)
     out = prepare_out_dir(out_dir, "--out")
-    for stage_dir in ("rl", "sft"):  # the demo's own stage directories (module docstring: re-running)
+    for stage_dir in ("rl", "sft"):  # the demo's own stage directories: a re-run starts fresh
         shutil.rmtree(out / stage_dir, ignore_errors=True)
     cfg = dataclasses.replace(cfg, trainer=dataclasses.replace(cfg.trainer, out_dir=str(out / "rl")))
     dump_config(cfg, out / "config.yaml")

@@ -4,27 +4,10 @@
                [--data synthetic|files] [--files QA_FILE ...] [--corpus CORPUS.jsonl | --retriever-url URL]
                [--name NAME] [--episodes N] [--no-trajectories] [--no-progress]
 
-The model directory holds a saved HF causal LM and its tokenizer (``save_pretrained``; e.g.
-``demo_out/model_rl``); it generates through the backend ``rollout.backend`` names
-(`mempo.rollout.backends.factory.build_backend`: HF, or SGLang loading the directory). The data are
-the config's: ``data.source: synthetic`` (the world of ``cfg.synthetic``, episodes from ``cfg.eval``:
-`mempo.eval.eval_episodes`) or ``files`` (the QA files ``data.eval_files``, one table per dataset
-and k: `mempo.eval.qa_eval_episodes`), the retriever the config's ``env`` section
-(`mempo.env.build.build_retriever`, as in training). The flags are shorthands applied over the
-config file and the overrides: ``--data`` sets ``data.source``; ``--files`` sets
-``data.eval_files`` (and ``data.source: files`` unless ``--data`` says otherwise, which is an
-error); ``--corpus`` sets ``env.retriever: bm25`` and ``env.corpus_path``; ``--retriever-url``
-sets ``env.retriever: http`` and ``env.retriever_url`` (a Search-R1 retrieval server works as is).
-Overrides go before the flags (``--files`` takes every word after it). Writes
-``OUT_DIR/<name>.json``, ``OUT_DIR/<name>.md`` (tables and example episodes) and, unless
-``--no-trajectories``, ``OUT_DIR/<name>_trajectories.jsonl`` (one `mempo.eval.EpisodeRecord` per
-episode and policy); ``--out`` must be a directory or not exist and ``--name`` a plain visible stem,
-checked before anything slow. Every row counts its tool calls and the failed ones; when every call failed
-the report is written and the command exits with code 2 saying so, unless ``eval.allow_failed_tools``.
-A user error (a missing or empty file, a bad field, k above a dataset's size,
-no corpus for BM25, an unreachable retriever, a bad flag) is a `mempo.errors.MempoError`:
-`mempo.apps.cli.main` prints it as one line ``mempo eval: ...`` and exits with code 2. The
-evaluation library is imported inside `run`, so the parser stays light.
+Overrides go before the flags (``--files`` takes every word after it); the flags are shorthands
+applied over the config file and the overrides (`_eval_config`). A user error is a
+`mempo.errors.MempoError`: `mempo.apps.cli.main` prints it as one line ``mempo eval: ...`` and exits
+with code 2.
 """
 from __future__ import annotations
 
@@ -66,7 +49,8 @@ def _eval_config(args: argparse.Namespace) -> MempoConfig:
     """The config file and the overrides, then the shorthand flags over them: ``--data`` sets
     ``data.source``, ``--files`` ``data.eval_files`` (and ``data.source: files``), ``--corpus``
     ``env.retriever: bm25`` and ``env.corpus_path``, ``--retriever-url`` ``env.retriever: http`` and
-    ``env.retriever_url``. Contradicting flags are a ConfigError."""
+    ``env.retriever_url`` (a Search-R1 retrieval server works as is). Contradicting flags are a
+    ConfigError (``--files`` with ``--data synthetic``; ``--corpus`` with ``--retriever-url``)."""
     for path in args.files or []:
         if "=" in path and "." in path.split("=", 1)[0] and not path.endswith((".jsonl", ".json", ".parquet")):
             raise ConfigError("data.eval_files", f"--files {path!r} looks like a config override; put the "
@@ -106,8 +90,20 @@ def _check_outputs(args: argparse.Namespace) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Evaluate the model directory ``args.model`` and write ``<name>.json``, ``<name>.md`` and the
-    trajectories under ``args.out``; returns 0 (a user error raises a `mempo.errors.MempoError`)."""
+    """Evaluate the model directory ``args.model`` and write ``<name>.json``, ``<name>.md`` (tables
+    and example episodes) and, unless ``--no-trajectories``, ``<name>_trajectories.jsonl`` (one
+    `mempo.eval.EpisodeRecord` per episode and policy) under ``args.out``; returns 0.
+
+    The model directory holds a saved HF causal LM and its tokenizer (``save_pretrained``, e.g.
+    ``demo_out/model_rl``); it generates through the backend ``rollout.backend`` names (`build_backend`:
+    HF, or SGLang loading the directory). Data: ``data.source: synthetic`` (the world of
+    ``cfg.synthetic``, episodes from ``cfg.eval``: `eval_episodes`) or ``files`` (``data.eval_files``,
+    one table per dataset and k: `qa_eval_episodes`); the retriever is the ``env`` section's
+    (`build_retriever`, as in training). Outputs, flags, data and retriever are checked before the
+    slow model load. Every row counts its tool calls and the failed ones; when every call failed the
+    report is written and a ConfigError (exit code 2) says so, unless ``eval.allow_failed_tools``.
+    A user error (a missing or empty file, a bad field, k above a dataset's size, no corpus for BM25,
+    an unreachable retriever, a bad flag) raises a `mempo.errors.MempoError`."""
     # reason: the parser module stays light (`mempo --help` imports no torch)
     from mempo.env.build import build_retriever
     from mempo.synthetic.build import synthetic_world

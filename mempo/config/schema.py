@@ -345,7 +345,8 @@ class ActorConfig:
     padding), under "sdpa" / "eager" through transformers' block-diagonal causal mask built from the
     position ids (a dense ``N x N`` mask: exact, but attention costs N^2 instead of rows x L^2).
     "auto" (default): packed under flash attention, padded otherwise, because the dense packed
-    mask makes SDPA/eager slower, not faster (measured on CPU: the actor module docstring). The
+    mask makes SDPA/eager slower, not faster (SDPA computes every block of a dense mask, no causal
+    skipping: bench/RESULTS.md, "Teacher scoring", measured it for packed scoring on CPU). The
     update's `config` argument may switch packing per call.
     """
 
@@ -606,7 +607,8 @@ class SyntheticConfig:
 
 @dataclass
 class MempoConfig:
-    """The whole configuration (one field per section; see the module docstring)."""
+    """The whole configuration: one field per section, every field with a default (so no file at all
+    is a valid configuration), each section validated when built (a `ConfigError` names the field)."""
 
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)

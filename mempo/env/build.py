@@ -1,21 +1,6 @@
-"""The environment a command runs in, from the configuration: the retriever and the agent's tools.
-`mempo train`, `mempo sft`, `mempo eval` and the demo all build theirs here, so they agree on it
-(the synthetic world itself: `mempo.synthetic.build`).
-
-Conventions
------------
-* Retriever (`build_retriever`), by ``env``: ``retriever: http``: an `HTTPRetriever` at
-  ``retriever_url`` that passed `HTTPRetriever.check_health` (a ConfigError naming
-  ``env.retriever_url`` for a malformed URL, a `RetrieverUnavailableError` naming it when the server
-  does not answer); else BM25 over ``corpus_path`` (`load_or_build_bm25`; a ConfigError naming
-  ``env.corpus_path`` when the file does not exist); else BM25 over the given world's documents (a
-  ConfigError naming ``env.corpus_path`` when there is no world, i.e. QA-file data). Every check runs
-  before any index is built.
-* By name (`make_retriever`): the factory registered under the name (`mempo.env.retriever.RETRIEVERS`:
-  "bm25" from `mempo.env.bm25`, "dense" from `mempo.env.dense`, "http" from `mempo.env.client`; this
-  module imports all three).
-* Tools (`build_tools`): ``search`` (``env.topk`` results cut to ``env.doc_chars``) and ``access``
-  (pages of ``env.page_chars``) over the retriever.
+"""The environment a command runs in, from the configuration: the retriever (`build_retriever`,
+`make_retriever`) and the agent's tools (`build_tools`). `mempo train`, `mempo sft`, `mempo eval` and
+the demo all build theirs here, so they agree on it (the synthetic world itself: `mempo.synthetic.build`).
 """
 from __future__ import annotations
 
@@ -34,9 +19,17 @@ __all__ = ["build_retriever", "build_tools", "make_retriever", "available_retrie
 
 def build_retriever(cfg: MempoConfig, world: Any = None, *,
                     log: Optional[Callable[[str], None]] = None) -> Retriever:
-    """The retriever of ``cfg.env`` (module conventions). world: the synthetic world (anything whose
-    ``documents()`` yields `Document` records) a BM25 retriever indexes when ``env.corpus_path`` is not
-    set (None: QA-file data). log: progress lines of a BM25 index build or load (None: silent)."""
+    """The retriever of ``cfg.env``; every check runs before any index is built.
+
+    ``retriever: http``: an `HTTPRetriever` at ``retriever_url`` that passed
+    `HTTPRetriever.check_health` (a ConfigError naming ``env.retriever_url`` for a malformed URL, a
+    `RetrieverUnavailableError` naming it when the server does not answer); else BM25 over
+    ``corpus_path`` (`load_or_build_bm25`; a ConfigError naming ``env.corpus_path`` when the file
+    does not exist); else BM25 over `world`'s documents (a ConfigError naming ``env.corpus_path``
+    when there is no world, i.e. QA-file data).
+
+    world: the synthetic world (anything whose ``documents()`` yields `Document` records; None:
+    QA-file data). log: progress lines of a BM25 index build or load (None: silent)."""
     env = cfg.env
     if env.retriever == "http":
         try:
@@ -64,7 +57,9 @@ _REGISTERING = (load_or_build_bm25, DenseRetriever, HTTPRetriever)  # imported f
 
 
 def make_retriever(name: str, **kwargs: Any) -> Retriever:
-    """Build the retriever registered under `name` with keyword arguments `kwargs` (module conventions)."""
+    """Build the retriever registered under `name` (`mempo.env.retriever.RETRIEVERS`: "bm25" from
+    `mempo.env.bm25`, "dense" from `mempo.env.dense`, "http" from `mempo.env.client`; this module
+    imports all three) with keyword arguments `kwargs`."""
     return RETRIEVERS.get(name)(**kwargs)
 
 
@@ -74,7 +69,8 @@ def available_retrievers() -> list[str]:
 
 
 def build_tools(cfg: MempoConfig, retriever: Retriever) -> dict[str, Any]:
-    """The ``search`` / ``access`` tools over `retriever` with the ``env`` section's limits."""
+    """The ``search`` / ``access`` tools over `retriever` with the ``env`` section's limits: search
+    returns ``env.topk`` results cut to ``env.doc_chars``; access returns pages of ``env.page_chars``."""
     env = cfg.env
     return make_tools(retriever, options={"search": {"topk": env.topk, "doc_chars": env.doc_chars},
                                           "access": {"page_chars": env.page_chars}})

@@ -104,7 +104,7 @@ def evaluate(model: Any, tokenizer: Any, episodes_by_k: Mapping[Any, Sequence[An
                     rows.append(row)
                     if keep_trajectories:
                         kept[(dataset, k, row_policy)] = trajectories
-                    if cell_tools is tools:  # the closed-book pass adds its row only (module docstring)
+                    if cell_tools is tools:  # a closed-book pass adds its row only: no records, no examples
                         found = _record_episodes(episodes, trajectories, tokenizer, dataset=dataset,
                                                  system_prompt=rollout_cfg.system_prompt, records=records, found=found)
                     log(_cell_line(name, row))

@@ -1,40 +1,13 @@
-"""verl drop-in: the "mempo" advantage estimator.
-
-Use without forking verl:
+"""verl drop-in: the "mempo" advantage estimator, without forking verl:
 
     VERL_USE_EXTERNAL_MODULES=mempo.integrations.verl  python -m verl.trainer.main_ppo \\
         algorithm.adv_estimator=mempo +algorithm.mempo.memory_weight=1.0 ...
 
-Importing this module registers `compute_mempo_advantage` under the name "mempo" with verl's
-`register_adv_est`. The advantages are `mempo.algo.advantages.token_advantages` (every response
-token in the loss: verl applies its own masks). It imports only verl submodules and mempo modules
-that import no verl (it may run while `verl/__init__` is still executing).
-
-What reaches the estimator. verl's `compute_advantage` (ray_trainer.py, v0.6-v0.9) passes a
-registered estimator only `token_level_rewards`, `response_mask`, `config` and `index` (the `uid`
-array). With only those, "mempo" equals verl's GRPO (outcome advantage, same conventions) and
-warns once that the memory inputs were absent. To bring the memory rewards along, store them in the
-batch under the keys below (padded per trajectory, so they survive verl's batch splitting) and call
-`compute_advantage` from this module instead of verl's (or `patch_ray_trainer()` once, which makes
-`RayPPOTrainer.fit` use it):
-
-    batch["mempo_mem_rewards"]  float [B, K]    memory reward of each scored round (K = max rounds)
-    batch["mempo_mem_spans"]    int64 [B, K, 2] (start, end) of the round's <mem> span, response coords
-    batch["mempo_mem_valid"]    bool  [B, K]    which of the K slots hold a scored round
-    batch["mempo_mem_stages"]   int64 [B, K]    the stage of each scored round (only for a pooling
-                                                other than "group"; `mempo.algo.pooling.memory_stages`)
-
-`pack_memory_fields` builds these from the CSR form used by `mempo.ops`: compute the rewards with
-`mempo.scoring.compute_memory_rewards` (the ``scoring`` section's definition), then
-`mempo.algo.advantages.advantage_inputs` (which leaves out the rounds the definition does not score),
-and pack its ``mem_rewards, mem_offsets, mem_spans``.
-
-Configuration (the OmegaConf `algorithm` node): `norm_adv_by_std_in_grpo` (default True) and
-`mempo.memory_weight` (default 1.0), `mempo.epsilon` (default 1e-6), `mempo.memory_std_floor`
-(default 0.0: no floor) and `mempo.memory_pooling` (default "group"; "group_round" and "group_seen"
-are accepted only when the batch carries ``mempo_mem_stages``: verl knows neither round indices nor
-golds, so the stages must be computed where the trajectories are, and without them the estimator
-raises ValueError naming the option), as in mempo's `algorithm` section.
+Importing this module registers `compute_mempo_advantage` under "mempo" (verl's `register_adv_est`).
+Conventions: shapes [B, L] are verl's response tokens; memory inputs travel in the batch padded to
+[B, K] per trajectory (`MEMORY_KEYS`, so they survive verl's batch splitting); mempo's own ops use
+the CSR form (`pack_memory_fields` / `unpack_memory_fields` convert). It imports only verl
+submodules and mempo modules that import no verl (it may run while `verl/__init__` is executing).
 """
 from __future__ import annotations
 
@@ -58,7 +31,12 @@ __all__ = [
     "patch_ray_trainer",
 ]
 
+# batch["mempo_mem_rewards"]  float [B, K]    memory reward of each scored round (K = max rounds)
+# batch["mempo_mem_spans"]    int64 [B, K, 2] (start, end) of the round's <mem> span, response coords
+# batch["mempo_mem_valid"]    bool  [B, K]    which of the K slots hold a scored round
 MEMORY_KEYS = ("mempo_mem_rewards", "mempo_mem_spans", "mempo_mem_valid")
+# batch["mempo_mem_stages"]   int64 [B, K]    the stage of each scored round (only for a pooling other
+#                                             than "group"; `mempo.algo.pooling.memory_stages`)
 STAGES_KEY = "mempo_mem_stages"
 _warned_missing_memory = False
 
@@ -72,6 +50,10 @@ def pack_memory_fields(mem_rewards: torch.Tensor, mem_offsets: torch.Tensor, mem
     mem_rewards [R] float, mem_offsets [B+1] int64, mem_spans [R, 2] int64 (mem_stages [R] int64)
     -> tensors of shape [B, K], [B, K, 2], [B, K] ([B, K]) with K = num_slots or the largest number
     of rounds per trajectory.
+
+    Recipe: compute the rewards with `mempo.scoring.compute_memory_rewards` (the ``scoring``
+    section's definition), then `mempo.algo.advantages.advantage_inputs` (which leaves out the rounds
+    the definition does not score), and pack its ``mem_rewards, mem_offsets, mem_spans``.
     """
     offsets = torch.as_tensor(mem_offsets, dtype=torch.int64)
     rewards = torch.as_tensor(mem_rewards, dtype=torch.float32)
@@ -107,7 +89,12 @@ def unpack_memory_fields(mem_rewards: torch.Tensor, mem_spans: torch.Tensor, mem
 
 
 def _mempo_config(config: Any) -> tuple[bool, float, float, float, str]:
-    """(norm_adv_by_std, epsilon, memory_weight, memory_std_floor, memory_pooling) of the `algorithm` node."""
+    """(norm_adv_by_std, epsilon, memory_weight, memory_std_floor, memory_pooling) of the OmegaConf
+    `algorithm` node, as in mempo's `algorithm` section: ``norm_adv_by_std_in_grpo`` (default True),
+    ``mempo.epsilon`` (1e-6), ``mempo.memory_weight`` (1.0), ``mempo.memory_std_floor`` (0.0: no
+    floor), ``mempo.memory_pooling`` ("group"; "group_round" and "group_seen" need the batch's
+    ``mempo_mem_stages``: verl knows neither round indices nor golds, so the stages must be computed
+    where the trajectories are)."""
     if config is None:
         return True, 1e-6, 1.0, 0.0, "group"
     get = config.get if hasattr(config, "get") else lambda key, default=None: getattr(config, key, default)
@@ -130,6 +117,12 @@ def compute_mempo_advantage(token_level_rewards: torch.Tensor, response_mask: to
     """verl estimator contract: (token_level_rewards [B, L], response_mask [B, L], index (uid array),
     config) -> (advantages [B, L], returns [B, L]); memory inputs in the padded form of MEMORY_KEYS
     (and `STAGES_KEY`'s ``mem_stages`` [B, K] for a pooling other than "group": ValueError without).
+
+    The advantages are `mempo.algo.advantages.token_advantages` over every response token (verl
+    applies its own masks). verl's `compute_advantage` (ray_trainer.py, v0.6-v0.9) passes a
+    registered estimator only the rewards, mask, config and ``index``; with only those, "mempo"
+    equals verl's GRPO (outcome advantage, same conventions) and warns once. To bring the memory
+    rewards along, call `compute_advantage` below instead of verl's (or `patch_ray_trainer()` once).
     """
     global _warned_missing_memory
     if index is None:

@@ -1,33 +1,10 @@
-"""An oracle agent that solves synthetic-world episodes by the MemPO protocol, and its trajectories.
+"""An oracle agent that solves synthetic-world episodes by the MemPO protocol (`OracleAgent`), and
+its trajectories (`run_oracle`, `OracleTrajectory`, jsonl round trip).
 
-Conventions
------------
-* The oracle is a policy on chat messages: `OracleAgent.respond(messages)` returns one assistant
-  round ``<mem>...</mem>\\n<think>...</think>\\n<action>...</action>``. It reads only
-  (1) the sub-questions in the user prompt (`mempo.env.data.parse_episode_prompt`), (2) the
-  ``<mem>`` of the *last* assistant message and (3) the tool result right after it. Everything
-  else it knows travels inside its own ``<mem>``, which it parses back every round; so under the
-  memory context policy (`AgentMemory.messages(policy="memory")`) it works exactly as under the
-  full policy, and older rounds are never consulted under either.
-* It understands the synthetic world's grammar only (`mempo.synthetic.grammar.parse_question`,
-  `fact_pattern`, `pointer_pattern`), never the world itself: facts come from retrieved text. A
-  question outside the grammar is answered ``unknown``.
-* Memory: `mempo.synthetic.oracle_memory` (one line per question, parsed back every round).
-* Policy: work on the first unresolved question; search ``"<subject> <relation words>"``
-  (then ``"<subject>"``, then ``"<subject> <label>"`` after failed searches; give up after
-  ``max_search_attempts``); after every tool result, scan it for the pending fact of *every*
-  question; reuse a fact another question already found; open a chronicle page once when an
-  article points to it (not found there: give up); answer when all questions are resolved, or at
-  round ``max_turns`` with ``unknown`` for the open ones. Answers are joined with ``"; "``.
-* Web pages under the memory policy: `AgentMemory` shows even the *last* tool result as its
-  short text, and the default `ShortTextPolicy` cuts web pages to 100 characters, so a fact on a
-  chronicle page is invisible to a memory-policy agent unless the page short text keeps it (e.g.
-  ``ShortTextPolicy(webpage_chars=None)``). The oracle then gives up on that question honestly.
-* `run_oracle` drives one episode against real tools (`SearchTool`/`AccessTool` over any
-  retriever, in-process or HTTP) and returns an `OracleTrajectory`: per round the exact
-  ``messages`` it was generated from, the assistant text and the tool result; the response text
-  (rounds and ``<information>`` blocks, separated by blank lines), and
-  `mempo.protocol.reward.compute_score` of it. Trajectories round-trip through jsonl.
+Conventions: the oracle is a policy on chat messages that understands the synthetic world's grammar
+only (`mempo.synthetic.grammar`), never the world itself: facts come from retrieved text, and a
+question outside the grammar is answered ``unknown``. Everything it knows travels in its own
+``<mem>`` (`mempo.synthetic.oracle_memory`: one line per question, parsed back every round).
 """
 from __future__ import annotations
 
@@ -73,12 +50,30 @@ def _found_hops(objectives: Sequence[ObjectiveState]) -> set[tuple[int, int]]:
 
 
 def _query(hop: HopState) -> str:
+    # the retry ladder: relation words, then the subject alone, then subject and label
     variants = (f"{hop.subject} {RELATIONS[hop.relation].query}", f"{hop.subject}", f"{hop.subject} {hop.label}")
     return variants[min(hop.tried, len(variants) - 1)]
 
 
 class OracleAgent:
-    """The rule-based policy described in the module docstring.
+    """A rule-based policy on chat messages: `respond(messages)` returns one assistant round
+    ``<mem>...</mem>\\n<think>...</think>\\n<action>...</action>``.
+
+    It reads only (1) the sub-questions in the user prompt (`mempo.env.data.parse_episode_prompt`),
+    (2) the ``<mem>`` of the *last* assistant message and (3) the tool result right after it; so
+    under the memory context policy it works exactly as under the full policy, and older rounds are
+    never consulted under either. Policy: work on the first unresolved question; search
+    ``"<subject> <relation words>"`` (then ``"<subject>"``, then ``"<subject> <label>"`` after
+    failed searches; give up after ``max_search_attempts``); after every tool result, scan it for
+    the pending fact of *every* question; reuse a fact another question already found; open a
+    chronicle page once when an article points to it (not found there: give up); answer when all
+    questions are resolved, or at round ``max_turns`` with ``unknown`` for the open ones. Answers
+    are joined with ``"; "``.
+
+    Web pages under the memory policy: `AgentMemory` shows even the *last* tool result as its short
+    text, and the default `ShortTextPolicy` cuts web pages to 100 characters, so a fact on a
+    chronicle page is invisible unless the page short text keeps it (e.g.
+    ``ShortTextPolicy(webpage_chars=None)``); the oracle then gives up on that question honestly.
 
     Args:
         max_turns: the turn budget it plans for (it answers at round ``max_turns`` at the latest).
@@ -315,7 +310,9 @@ class OracleRound:
 
 @dataclass
 class OracleTrajectory:
-    """An oracle episode under one context policy (see the module docstring)."""
+    """An oracle episode under one context policy: per round the exact ``messages`` it was generated
+    from, the assistant text and the tool result (`OracleRound`); the final answer and
+    `mempo.protocol.reward.compute_score` of the response text."""
 
     episode_id: str
     policy: str
@@ -379,7 +376,9 @@ def run_oracle(episode: Episode, tools: Union[ToolMap, Any], *, policy: str = "m
                max_turns: int = DEFAULT_MAX_TURNS, system_prompt: str = DEFAULT_SYSTEM_PROMPT,
                short_text_policy: Optional[ShortTextPolicy] = None, agent: Optional[OracleAgent] = None,
                score_mode: str = "mean") -> OracleTrajectory:
-    """Run the oracle on one episode under ``policy`` (``"memory"`` or ``"full"``).
+    """Run the oracle on one episode under ``policy`` (``"memory"`` or ``"full"``) against real
+    tools (`SearchTool` / `AccessTool` over any retriever, in-process or HTTP); returns an
+    `OracleTrajectory`.
 
     Args:
         episode: the episode (its ``prompt`` is the user message, its ``golds`` the answers).

@@ -35,7 +35,8 @@ __all__ = ["Entity", "World"]
 
 @dataclass
 class World:
-    """A generated world (build it with `World.generate`; see the module docstring).
+    """A generated world (build it with `World.generate`: deterministic from the seed and the sizes;
+    documents and questions are rendered from it on demand).
 
     ``facts[relation][subject_index]`` is the value: an entity index for entity-valued relations,
     an int for years and numbers. ``chronicle_facts[(relation, subject_index)]`` gives the

@@ -1,56 +1,12 @@
-"""SFT cold start on agent trajectories: next-token loss on the assistant tokens (and, with
+"""SFT cold start on agent trajectories: next-token cross-entropy on the assistant tokens (and, with
 ``sft.prompt_loss_weight`` > 0, on the prompt tokens too) of every trajectory it is given, correct or
 not: which are kept is the data's choice (``synthetic.oracle_keep``; the demo's ``all`` keeps the
 teacher's failed episodes too).
 
-Conventions
------------
-* Inputs: trajectories (``episode_id`` and ``rounds`` of ``messages`` and ``assistant``, as the
-  synthetic world's oracle writes them, `mempo.synthetic.oracle.OracleTrajectory`, or their jsonl),
-  or chat records ``{"messages": [{"role", "content"}, ...]}`` (a user's jsonl): every assistant
-  message is a target, generated from the messages before it.
-* One training sequence per assistant turn, built exactly as the rollout builds a round
-  (`mempo.rollout.chat.ChatFormat` with ``cfg.rollout.chat_template``, the template the rollouts
-  and the evaluation use): ``prompt_ids(messages)`` (chat rendering with the generation
-  prompt, no forced prefix) + the forced prefix ids (``<mem>``, encoded alone) + the ids of the rest
-  of the assistant text (the text after its leading ``<mem>``; a turn not starting with ``<mem>``
-  is encoded whole after the prefix-less prompt). No end-of-turn token is appended: rollout rounds
-  end at the action's closing tag. ``loss_mask`` is 1 exactly on the assistant ids (prefix
-  included, as the rollout trains the forced prefix by default) and 0 on the prompt.
-* Settings: the ``sft`` section (`mempo.config.SFTConfig`: ``steps``, ``epochs``, ``max_seconds``,
-  ``lr``, ``batch_tokens``, ``schedule``, ``warmup``, ``prompt_loss_weight``; below without the
-  prefix), the ``actor`` section's optimiser fields, ``rollout.chat_template``, and
-  ``trainer.save_every`` / ``trainer.keep_last`` for checkpoints. `run_sft`'s other arguments are
-  runtime objects (the model, the data, a logger, where checkpoints go) and the data-order seed.
-* Loop: plain AdamW (``lr``, ``actor.weight_decay``, betas from ``actor``), grad-norm clip
-  ``actor.grad_clip``; batches of consecutive sequences (shuffled per epoch) holding
-  at most ``batch_tokens`` padded tokens; loss = mean token cross-entropy over the batch's masked
-  tokens. ``steps`` (optimiser steps) or ``epochs`` bounds the run, and ``max_seconds`` (wall
-  time) too when given: with ``steps`` or ``epochs`` set it is a safety net, and a run it cut says
-  so (``time_bound`` True in the result: the model then depends on the machine's speed).
-  ``schedule``: ``"constant"`` (``lr`` throughout) or ``"cosine"`` (linear warm-up over the first
-  ``warmup`` fraction of the run, then cosine decay to ``lr / 10``; the run's progress is steps
-  done / ``steps`` (or / the steps of ``epochs``), and seconds spent / ``max_seconds`` only when
-  neither is set, so the schedule of a run bounded by steps does not depend on the machine's speed).
-* Batches are length-bucketed: the shuffled order is cut into chunks of 32 sequences, each
-  sorted by length, so a batch pads little; the batches are then shuffled again. Both shuffles of
-  epoch e use ``random.Random(f"mempo-sft/{seed}/{e}")``, so an epoch's batches are a pure function
-  of (examples, batch_tokens, seed, e) and the data position is just (epoch, batch index).
-* Checkpoints (``checkpoint_root``; `mempo.train.checkpoint`, atomic): every ``trainer.save_every`` steps
-  (0: none on the way) and at the end: model, optimiser (its state and the learning rate), the RNG
-  states, ``data_state = {"kind": "sft", "step", "epoch", "batch", "tokens", "seconds"}`` (the
-  next batch to train, and the totals so far) and ``extra = {"seed", "examples"}``.
-  ``resume_from`` (a checkpoint or a root: its latest) restores all of it and continues: the
-  learning-rate schedule's position is the step (and, with ``max_seconds``, the wall time spent
-  before, carried in ``seconds``), ``steps`` / ``epochs`` / ``max_seconds`` bound the whole run,
-  not this call, so an interrupted run resumed with the same arguments ends where an
-  uninterrupted one does, with the same parameters (exactly so unless a ``"cosine"`` schedule
-  follows ``max_seconds``, i.e. wall time). A checkpoint of other data (another seed or number of training sequences)
-  is refused with a DataError.
-* Logits are computed only where the loss needs them (`mempo.model.adapter.SelectiveLogits`: the
-  output head on the selected rows of the decoder's hidden states when the model's logits are
-  exactly that): the vocabulary projection of every prompt position would cost as much as a layer
-  of a small model.
+Conventions: one training sequence per assistant turn, tokenised exactly as the rollout builds a
+round; ids are int64, the loss mask bool (1 on assistant ids). Steps are optimiser steps; the data
+position is (epoch, batch index), a pure function of the seed, so a resumed run ends where an
+uninterrupted one does.
 """
 from __future__ import annotations
 
@@ -82,6 +38,9 @@ class SFTExample(NamedTuple):
 
 
 def _turns(record: Any) -> Iterable[tuple[list[dict], str]]:
+    """``(messages before, assistant text)`` per assistant turn of a trajectory (``episode_id`` and
+    ``rounds`` of ``messages`` and ``assistant``, as `mempo.synthetic.oracle.OracleTrajectory` or its
+    jsonl) or of a chat record ``{"messages": [{"role", "content"}, ...]}`` (a user's jsonl)."""
     if hasattr(record, "rounds") and hasattr(record, "episode_id"):  # OracleTrajectory
         for round_ in record.rounds:
             yield [dict(m) for m in round_.messages], round_.assistant
@@ -97,7 +56,13 @@ def _turns(record: Any) -> Iterable[tuple[list[dict], str]]:
 
 
 def examples_from_trajectories(records: Iterable[Any], tokenizer: Any, *, chat_template: str = "auto") -> list[SFTExample]:
-    """One `SFTExample` per assistant turn (module conventions)."""
+    """One `SFTExample` per assistant turn, built as the rollout builds a round (`ChatFormat` with
+    `chat_template`, the template rollouts and evaluation use): ``prompt_ids(messages)`` (chat
+    rendering with the generation prompt, no forced prefix) + the forced prefix ids (``<mem>``,
+    encoded alone) + the ids of the assistant text after its leading ``<mem>`` (a turn not starting
+    with ``<mem>`` is encoded whole after the prefix-less prompt). No end-of-turn token: rollout
+    rounds end at the action's closing tag. ``loss_mask`` is 1 exactly on the assistant ids (prefix
+    included, as the rollout trains the forced prefix by default), 0 on the prompt."""
     chat = ChatFormat(tokenizer, forced_prefix=MEM_PREFIX, template=chat_template)
     examples = []
     for record in records:
@@ -151,6 +116,8 @@ def load_sft_records(path: Union[str, Path]) -> list[Any]:
 
 def _batches(order: Sequence[int], examples: Sequence[SFTExample], batch_tokens: int,
              rng: Optional[random.Random] = None, bucket: int = 32) -> list[list[int]]:
+    """Consecutive sequences of `order` grouped into batches of at most `batch_tokens` padded tokens
+    (rows x longest). With `rng`: length-bucketed, so a batch pads little."""
     if rng is not None and bucket > 1:  # length buckets: sort chunks of the shuffled order, shuffle the batches
         chunks = [sorted(order[i:i + bucket], key=lambda j: len(examples[j].input_ids))
                   for i in range(0, len(order), bucket)]
@@ -171,7 +138,10 @@ def _batches(order: Sequence[int], examples: Sequence[SFTExample], batch_tokens:
 
 
 def _epoch_batches(examples: Sequence[SFTExample], batch_tokens: int, seed: int, epoch: int) -> list[list[int]]:
-    """The batches of epoch `epoch`, in training order (module conventions)."""
+    """The batches of epoch `epoch`, in training order: the shuffled order cut into chunks of 32
+    sequences, each sorted by length, then the batches shuffled again; both shuffles use
+    ``random.Random(f"mempo-sft/{seed}/{epoch}")``, so the batches are a pure function of
+    (examples, batch_tokens, seed, epoch)."""
     rng = random.Random(f"mempo-sft/{seed}/{epoch}")
     order = list(range(len(examples)))
     rng.shuffle(order)
@@ -179,7 +149,8 @@ def _epoch_batches(examples: Sequence[SFTExample], batch_tokens: int, seed: int,
 
 
 def _resume_position(state: Any, seed: int, num_examples: int) -> dict[str, Any]:
-    """The data_state of an SFT checkpoint, checked against this run's data (DataError otherwise)."""
+    """The data_state of an SFT checkpoint, checked against this run's data: a checkpoint of other
+    data (another seed or number of training sequences) is a DataError."""
     data, extra = state.data_state, state.extra or {}
     if not isinstance(data, dict) or data.get("kind") != "sft":
         raise DataError(f"{state.path} is not an SFT checkpoint (its data_state is {data!r})")
@@ -194,12 +165,27 @@ def run_sft(cfg: MempoConfig, model: Any, tokenizer: Any, trajectories: Sequence
             logger: Any = None, checkpoint_root: Union[str, Path, None] = None,
             resume_from: Union[str, Path, None] = None, max_steps: Optional[int] = None) -> dict[str, Any]:
     """Fine-tune `model` in place on the assistant tokens of `trajectories` with the settings of
-    ``cfg`` (module conventions: the ``sft`` section, the ``actor`` optimiser fields,
-    ``rollout.chat_template``, ``trainer.save_every`` / ``keep_last``).
+    ``cfg``: the ``sft`` section (``steps``, ``epochs``, ``max_seconds``, ``lr``, ``batch_tokens``,
+    ``schedule``, ``warmup``, ``prompt_loss_weight``), the ``actor`` optimiser fields,
+    ``rollout.chat_template``, ``trainer.save_every`` / ``keep_last``.
 
+    Loop: plain AdamW (``sft.lr``, ``actor.weight_decay``, betas from ``actor``), grad-norm clip
+    ``actor.grad_clip``. ``steps`` (optimiser steps) or ``epochs`` bounds the run, and
+    ``max_seconds`` (wall time) too when given: with ``steps`` or ``epochs`` set it is a safety net,
+    and a run it cut says so (``time_bound``: the model then depends on the machine's speed).
+
+    trajectories: trajectories or chat records (`_turns`); every assistant message is a target.
     seed: the data order's seed. logger: a `MetricsLogger` (``sft/loss`` per step).
-    checkpoint_root: where checkpoints go (None: none); resume_from: a checkpoint to continue from
-    (module conventions). max_steps: stop after this many steps in this call (an interruption, for
+    checkpoint_root: where checkpoints go (None: none; `mempo.train.checkpoint`, atomic): every
+    ``trainer.save_every`` steps (0: none on the way) and at the end: model, optimiser (state and
+    learning rate), RNG states, ``data_state = {"kind": "sft", "step", "epoch", "batch", "tokens",
+    "seconds"}`` (the next batch to train and the totals so far), ``extra = {"seed", "examples"}``.
+    resume_from: a checkpoint or a root (its latest); restores all of it and continues: the
+    schedule's position is the step (and, with ``max_seconds``, the wall time spent before, carried
+    in ``seconds``); ``steps`` / ``epochs`` / ``max_seconds`` bound the whole run, not this call,
+    so an interrupted run resumed with the same arguments ends with the same parameters as an
+    uninterrupted one (exactly so unless a ``"cosine"`` schedule follows ``max_seconds``).
+    max_steps: stop after this many steps in this call (an interruption, for
     tests; the schedule is unchanged). Returns {"losses": [...] (this call's), "first_loss",
     "last_loss", "steps" (total), "tokens" (total), "examples", "epochs", "seconds" (total),
     "time_bound" (True when ``max_seconds`` ended the run before ``steps`` / ``epochs`` did), "resumed_from" (the step, or None), "checkpoint" (the last one written, or None)}.
@@ -221,7 +207,9 @@ def run_sft(cfg: MempoConfig, model: Any, tokenizer: Any, trajectories: Sequence
     pad = getattr(tokenizer, "pad_token_id", None) or 0
     step_limit = steps if steps is not None else math.inf
     max_epochs = epochs if epochs is not None else (math.inf if steps is not None else 1)
-    lm = SelectiveLogits(model)  # logits at the loss positions only (`mempo.model.adapter`)
+    # logits at the loss positions only (`mempo.model.adapter`: the output head on the selected rows
+    # of the hidden states): projecting every prompt position would cost a layer of a small model
+    lm = SelectiveLogits(model)
     if schedule == "cosine" and steps is None and max_seconds is None:
         per_epoch = len(_batches(list(range(len(examples))), examples, batch_tokens))
         total_for_schedule = max(1, int(per_epoch * max_epochs))
@@ -238,6 +226,9 @@ def run_sft(cfg: MempoConfig, model: Any, tokenizer: Any, trajectories: Sequence
     last_step = min(step_limit, math.inf if max_steps is None else step + max_steps)  # of this call
 
     def progress_now() -> float:
+        """The run's progress in [0, 1]: steps done / ``steps`` (or / the steps of ``epochs``);
+        seconds spent / ``max_seconds`` only when neither is set, so a run bounded by steps has a
+        schedule that does not depend on the machine's speed."""
         if total_for_schedule:  # steps (or epochs) bound the run: the time bound is a safety net only
             done = step / total_for_schedule
         elif max_seconds:
@@ -247,6 +238,8 @@ def run_sft(cfg: MempoConfig, model: Any, tokenizer: Any, trajectories: Sequence
         return min(done, 1.0)
 
     def lr_now() -> float:
+        """"constant": ``lr`` throughout. "cosine": linear warm-up over the first ``warmup`` fraction
+        (at least 2% of ``lr``), then cosine decay from ``lr`` to ``lr / 10``."""
         if schedule == "constant":
             return lr
         done = progress_now()
@@ -286,6 +279,7 @@ def run_sft(cfg: MempoConfig, model: Any, tokenizer: Any, trajectories: Sequence
             ids, attention, mask = ids.to(device), attention.to(device), mask.to(device)
             targets, target_mask = ids[:, 1:], mask[:, 1:]
             states = lm.states(ids, attention)[:, :-1]
+            # mean token cross-entropy over the batch's assistant tokens; logits [n_masked, V]
             loss = torch.nn.functional.cross_entropy(lm.logits(states, target_mask), targets[target_mask])
             if prompt_loss_weight:
                 context = attention[:, 1:].bool() & ~target_mask

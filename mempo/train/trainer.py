@@ -1,71 +1,10 @@
-"""The MemPO training loop: build what is missing, run `mempo.train.step.train_step`, log, checkpoint,
-resume.
+"""The MemPO training loop: `build_run` assembles the run, `train` runs `mempo.train.step.train_step`
+per step, logs, evaluates, checkpoints and resumes.
 
-Conventions
------------
-* Building (`build_run`, one small setup function per part, in this order). Determinism
-  (`configure_determinism`). World: the synthetic world (`mempo.synthetic.build.synthetic_world`) when
-  ``data.source == "synthetic"`` and something needs it (episodes, retriever, tokenizer or the
-  periodic evaluation not given). Retriever: given, else `mempo.env.build.build_retriever` (the
-  one `mempo eval` uses: an HTTP server that passed its health check, BM25 over
-  ``env.corpus_path``, or BM25 over the world's documents; ``data.source == "files"`` without a
-  corpus or server is a ConfigError naming ``env.corpus_path``), before anything is written.
-  Then the process group, the run directory and the seeds. Tokenizer: given, else
-  ``model.tokenizer``, else the model directory's, else for ``model.path == "builtin-tiny"`` a
-  byte-level BPE trained on the world's (or the corpus's) documents
-  (`mempo.model.builtin.train_tokenizer`, saved atomically to ``<out>/tokenizer`` and reloaded on
-  resume; an unreadable saved one is retrained, with a warning: training it is deterministic).
-  Model: given, else `build_causal_lm` (builtin-tiny: seeded with ``trainer.seed``). Episodes:
-  given, else ``data.source == "synthetic"``: ``pool`` episodes of ``data.num_objectives``
-  questions, seed ``data.seed``, none about an entity the ``eval`` section's episodes ask about
-  (`mempo.synthetic.heldout.training_episodes`; a world too small to draw those episodes, which
-  `mempo eval` refuses too, holds nothing out); ``"files"``: the QA records of ``data.train_files`` composed into k-objective
-  episodes (`mempo.env.data.compose_episodes`, k = ``data.num_objectives``, seed ``data.seed``).
-  A ``model.path`` / ``model.tokenizer`` that is not a saved model is a ConfigError naming the
-  field (`mempo.model.loading.load_pretrained`); a ``--out`` that is a file too
-  (`prepare_out_dir`). Actors: the reference policy is a frozen copy of the initial model (skipped
-  when ``actor.kl_coef == 0``); under torchrun an unsharded copy generates and scores.
-* Backend: `mempo.rollout.backends.factory.build_backend` from ``rollout.backend`` /
-  ``rollout.sglang_url`` (SGLang loads ``model.path``; a server's weight versions go to
-  ``<out>/sglang_weights``). Only the config chooses: a model directory is used the same way
-  whoever wrote it. ``rollout.protocol_scaffold`` (default off) adds the answer-blind
-  `mempo.rollout.backends.scaffold.ProtocolScaffold` to the HF backend of training rollouts
-  (tests, tiny demos).
-* Data order: step s (1-based) takes questions ``[(s-1)*B, s*B)`` of an endless stream made of
-  epochs over the episode pool, each epoch shuffled with ``random.Random(data.seed, epoch)`` when
-  ``data.shuffle``; a pure function of s, so the data position is exactly the step
-  (``data_state = {"step", "position"}``). Distributed: rank k takes every world_size-th question.
-* Checkpoints (`mempo.train.checkpoint`, atomic, with a manifest of digests) every
-  ``trainer.save_every`` steps and at the end: model, optimiser, RNG states, data state; under
-  ``<out>/checkpoints``. Resume: ``trainer.resume`` "never" (the default: a run directory that
-  already holds checkpoints is refused with a ConfigError offering ``--resume`` or a new
-  ``--out``, before anything is written), "auto" (``--resume``: the newest intact checkpoint,
-  skipping damaged ones with a line naming the file and the reason: a digest, a manifest field of
-  the wrong type, a step on which the directory name, manifest and state.json disagree, a model or
-  optimiser state with missing or unexpected keys; a new run when there is none), or a checkpoint
-  path. A restore is all or nothing: the keys are checked before anything is loaded. Resuming under a config that differs from the saved ``config.yaml`` says which fields
-  differ. The metrics file is cut back to the resumed step (`MetricsLogger(resume_step=...)`), so a
-  resumed run's metrics.jsonl equals an uninterrupted run's (timing values aside).
-  ``config.yaml`` and the tokenizer are written atomically (`mempo.utils.atomic`).
-* Periodic evaluation (``trainer.eval_every`` > 0): after every eval_every-th step (and before that
-  step's checkpoint), `periodic_eval` runs `mempo.eval.evaluate` with the ``eval`` section
-  (objectives, policies, episodes, max_turns, temperature) on the current policy's own generation
-  (the configured backend, never the protocol scaffold) and the run's retriever. Its episodes are
-  drawn once by `build_run`: synthetic source: `mempo.eval.eval_episodes` (question seeds apart
-  from training's); files source: the QA records
-  of ``data.eval_files`` composed per k with seed `mempo.seeds.eval_question_seed`. The numbers
-  join that step's metrics row (logged even off the ``log_every`` grid) as
-  ``eval/<field>@k<k>_<policy>`` (`mempo.eval.EvalReport.scalars`, e.g. ``eval/em@k2_memory``) plus
-  ``time/eval``. Rank 0 evaluates (on the unsharded rollout copy when distributed). Generation
-  reseeds torch per request, so evaluating does not change the training run's numbers.
-* Determinism (`configure_determinism`, ``trainer.deterministic``): deterministic torch algorithms
-  (``warn_only``: an op without a deterministic kernel warns, naming itself), on by default for CPU
-  runs and off by default on CUDA; switched on for CUDA, ``CUBLAS_WORKSPACE_CONFIG=:4096:8`` is set
-  before CUDA starts (cuBLAS is otherwise not deterministic) and new tensors are not NaN-filled
-  (``torch.utils.deterministic.fill_uninitialized_memory = False``: a memset of every new CUDA
-  tensor costs bandwidth, and mempo's kernels write every output element). Seeds from
-  ``trainer.seed`` (+ rank); the rollout of step s is seeded by (rollout.seed, s) only
-  (`mempo.seeds.training_rollout_seed`).
+Conventions: steps are 1-based; step s takes questions ``[(s-1)*B, s*B)`` (B =
+``data.questions_per_step``) of an endless, seeded stream over the episode pool, so the data position
+is exactly the step. Seeds: ``trainer.seed`` (+ rank); the rollout of step s is seeded by
+(rollout.seed, s) only (`mempo.seeds.training_rollout_seed`). Rank 0 writes and evaluates.
 """
 from __future__ import annotations
 
@@ -169,9 +108,12 @@ def seed_everything(seed: int) -> None:
 
 
 def configure_determinism(enabled: Optional[bool] = None, *, cuda: Optional[bool] = None) -> bool:
-    """Deterministic torch algorithms per ``trainer.deterministic`` (module conventions); returns
-    whether they are on. enabled None: on unless CUDA is used. cuda: whether the run uses CUDA
-    (None: ``torch.cuda.is_available()``). Call it before CUDA starts (`build_run` does, first)."""
+    """Deterministic torch algorithms per ``trainer.deterministic``; returns whether they are on.
+
+    enabled None: on unless CUDA is used (on by default for CPU runs, off on CUDA). cuda: whether
+    the run uses CUDA (None: ``torch.cuda.is_available()``). ``warn_only``: an op without a
+    deterministic kernel warns, naming itself. Call it before CUDA starts (`build_run` does, first).
+    """
     cuda = torch.cuda.is_available() if cuda is None else bool(cuda)
     on = (not cuda) if enabled is None else bool(enabled)
     if on and cuda and "CUBLAS_WORKSPACE_CONFIG" not in os.environ:
@@ -179,8 +121,10 @@ def configure_determinism(enabled: Optional[bool] = None, *, cuda: Optional[bool
             warnings.warn("trainer.deterministic: CUDA started before CUBLAS_WORKSPACE_CONFIG was set; cuBLAS "
                           "may stay non-deterministic (set CUBLAS_WORKSPACE_CONFIG=:4096:8 in the environment)",
                           RuntimeWarning, stacklevel=2)
-        os.environ["CUBLAS_WORKSPACE_CONFIG"] = ":4096:8"
+        os.environ["CUBLAS_WORKSPACE_CONFIG"] = ":4096:8"  # cuBLAS is otherwise not deterministic
     torch.use_deterministic_algorithms(on, warn_only=True)
+    # no NaN-fill of new CUDA tensors: a memset of each costs bandwidth, and mempo's kernels write
+    # every output element
     torch.utils.deterministic.fill_uninitialized_memory = not cuda
     return on
 
@@ -200,8 +144,14 @@ def prepare_out_dir(path: Any, field_name: str = "trainer.out_dir") -> Path:
 
 def refuse_used_run_dir(resume: str, checkpoints: Path, command: str = "train") -> None:
     """Refuse a run before anything is built or written: a ConfigError when ``trainer.resume`` is
-    "never" and `checkpoints` already holds checkpoints (module conventions), a CheckpointError
-    when it names a path that does not exist."""
+    "never" (the default) and `checkpoints` already holds checkpoints, offering ``--resume`` or a
+    new ``--out``; a CheckpointError when it names a path that does not exist. (The other values:
+    "auto", ``--resume``, takes the newest intact checkpoint, skipping damaged ones with a line
+    naming the file and the reason: a digest, a manifest field of the wrong type, a step on which the
+    directory name, manifest and state.json disagree, a model or optimiser state with missing or
+    unexpected keys; it starts a new run when there is none; a path resumes from that checkpoint. A
+    restore is all or nothing: the keys are checked before anything is loaded.)
+    """
     mode = resume.strip()
     if mode == "never" and has_checkpoints(checkpoints):
         raise ConfigError("trainer.resume", f"{checkpoints} already holds checkpoints of an earlier run; continue it "
@@ -212,7 +162,10 @@ def refuse_used_run_dir(resume: str, checkpoints: Path, command: str = "train") 
 
 def step_episodes(episodes: Sequence[Any], step: int, batch_size: int, *, shuffle: bool = True, seed: int = 0,
                   rank: int = 0, world_size: int = 1) -> list:
-    """The questions of (1-based) step `step` (module conventions), this rank's share."""
+    """The questions of (1-based) step `step`, this rank's share: positions ``[(step-1)*batch_size,
+    step*batch_size)`` of an endless stream of epochs over `episodes`, each epoch's order shuffled
+    (when `shuffle`) by a ``random.Random`` seeded with `seed` and the epoch. A pure function of
+    `step`, so a resumed run sees the same questions. Rank k takes every world_size-th question."""
     n = len(episodes)
     if n == 0:
         raise ValueError("no training episodes")
@@ -229,13 +182,17 @@ def step_episodes(episodes: Sequence[Any], step: int, batch_size: int, *, shuffl
 
 
 # ------------------------------------------------------------------------------------------------
-# setup: one function per part of the run (module conventions: Building)
+# setup: one function per part of the run, called by `build_run` in order
 # ------------------------------------------------------------------------------------------------
 def _rank() -> int:
     return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
 
 
 def _setup_tokenizer(cfg: MempoConfig, out_dir: Path, world: Any):
+    """``model.tokenizer``, else ``model.path``'s (not a saved model: a ConfigError naming the field,
+    `load_pretrained`); for ``model.path == "builtin-tiny"`` a byte-level BPE trained on the world's
+    (or the corpus's) documents, saved atomically to ``<out>/tokenizer`` and reloaded on resume (an
+    unreadable saved one is retrained, with a warning: training it is deterministic)."""
     if cfg.model.tokenizer:
         return load_pretrained(AutoTokenizer.from_pretrained, cfg.model.tokenizer, "model.tokenizer", "tokenizer")
     if cfg.model.path != "builtin-tiny":
@@ -267,6 +224,7 @@ def _sequence_tokens(cfg: MempoConfig) -> int:
 
 
 def _setup_model(cfg: MempoConfig, tokenizer: Any):
+    """`build_causal_lm` from the ``model`` section (builtin-tiny: seeded with ``trainer.seed``)."""
     torch.manual_seed(cfg.trainer.seed)  # the same initial weights on every rank
     return build_causal_lm(cfg.model, len(tokenizer))
 
@@ -277,6 +235,11 @@ def _qa_pool(paths: Sequence[str]) -> list:
 
 
 def _episode_pool(cfg: MempoConfig, world: Any) -> list:
+    """The training episodes. ``data.source == "files"``: the QA records of ``data.train_files``
+    composed into episodes of k = ``data.num_objectives`` questions (seed ``data.seed``).
+    "synthetic": ``max(4 * questions_per_step, 8)`` episodes of the world, seed ``data.seed``, none
+    about an entity the ``eval`` section's episodes ask about (a world too small to draw those,
+    which `mempo eval` refuses too, holds nothing out)."""
     d = cfg.data
     if d.source == "files":
         pool = _qa_pool(d.train_files)
@@ -297,7 +260,9 @@ def _episode_pool(cfg: MempoConfig, world: Any) -> list:
 
 
 def _eval_episode_sets(cfg: MempoConfig, world: Any) -> dict[int, list]:
-    """``{k: episodes}`` of the periodic evaluation (module conventions)."""
+    """``{k: episodes}`` of the periodic evaluation, drawn once. Synthetic source:
+    `mempo.eval.eval_episodes` (question seeds apart from training's); files source: the QA records
+    of ``data.eval_files`` composed per k with seed `mempo.seeds.eval_question_seed`."""
     if cfg.data.source == "synthetic":
         return eval_episodes(world, cfg)
     pool = _qa_pool(cfg.data.eval_files)
@@ -312,6 +277,8 @@ def _eval_episode_sets(cfg: MempoConfig, world: Any) -> dict[int, list]:
 
 
 def _setup_actors(cfg: MempoConfig, model: Any, info: DistInfo) -> _Actors:
+    """The reference policy is a frozen copy of the initial model (skipped when ``actor.kl_coef ==
+    0``); under torchrun an unsharded copy generates and scores."""
     ref_actor = Actor(copy.deepcopy(model), cfg.actor, trainable=False) if cfg.actor.kl_coef > 0 else None
     # an unsharded copy under torchrun: HF generation and teacher scoring run per rank on it
     rollout_model = copy.deepcopy(model) if info.distributed else None
@@ -322,6 +289,10 @@ def _setup_actors(cfg: MempoConfig, model: Any, info: DistInfo) -> _Actors:
 
 
 def _setup_backends(cfg: MempoConfig, model: Any, tokenizer: Any, out_dir: Path) -> _Backends:
+    """`build_backend` from ``rollout.backend`` / ``rollout.sglang_url`` (SGLang loads ``model.path``;
+    a server's weight versions go to ``<out>/sglang_weights``): only the config chooses, whoever
+    wrote the model directory. ``rollout.protocol_scaffold`` (default off; tests, tiny demos) adds
+    the answer-blind `ProtocolScaffold` to the training backend only; evaluation never gets it."""
     processors = [ProtocolScaffold(tokenizer, turns=min(cfg.rollout.max_turns, 3))] if cfg.rollout.protocol_scaffold \
         else []
     options = dict(model_path=cfg.model.path, weights_dir=out_dir / "sglang_weights")
@@ -331,8 +302,13 @@ def _setup_backends(cfg: MempoConfig, model: Any, tokenizer: Any, out_dir: Path)
 
 
 def build_run(cfg: MempoConfig, *, model=None, tokenizer=None, episodes=None, retriever=None, out_dir=None) -> Run:
-    """Assemble world, retriever, tokenizer, model, episodes, actors, backends and the step context
-    (module conventions: Building); given parts are used as they are."""
+    """Assemble, in this order, determinism, world, retriever, process group, run directory, seeds,
+    tokenizer, model, episodes, actors, backends and the step context; given parts are used as they
+    are. The synthetic world (``data.source == "synthetic"``) is built only when something needs
+    it (episodes, retriever or tokenizer not given, or the periodic evaluation on). Retriever:
+    `mempo.env.build.build_retriever`, the one `mempo eval` uses (files source with neither corpus
+    nor server: a ConfigError naming ``env.corpus_path``). A ``--out`` that is a file is a
+    ConfigError (`prepare_out_dir`)."""
     configure_determinism(cfg.trainer.deterministic)
     evaluating = cfg.trainer.eval_every > 0
     world = None
@@ -360,8 +336,12 @@ def build_run(cfg: MempoConfig, *, model=None, tokenizer=None, episodes=None, re
 
 
 def periodic_eval(run: Run, step: int) -> dict[str, float]:
-    """The ``eval`` section's evaluation of the current policy after step `step` (module
-    conventions): ``eval/<field>@k<k>_<policy>`` metrics and ``time/eval``."""
+    """The ``eval`` section's evaluation (objectives, policies, episodes, max_turns, temperature) of
+    the current policy after step `step`, on its own generation (the configured backend, never the
+    protocol scaffold) and the run's retriever. Returns ``eval/<field>@k<k>_<policy>`` metrics
+    (`mempo.eval.EvalReport.scalars`, e.g. ``eval/em@k2_memory``) and ``time/eval``. Generation
+    reseeds torch per request, so evaluating does not change the training run's numbers. Under
+    torchrun it runs on the unsharded rollout copy."""
     began = time.perf_counter()
     report = evaluate(run.ctx.scoring_model, run.tokenizer, run.eval_episodes, run.retriever, run.cfg,
                       backend=run.eval_backend, label=f"step {step}", log=log, show_progress=False)
@@ -370,7 +350,16 @@ def periodic_eval(run: Run, step: int) -> dict[str, float]:
 
 def train(cfg: MempoConfig, *, model=None, tokenizer=None, episodes=None, retriever=None, out_dir=None,
           max_steps: Optional[int] = None) -> TrainResult:
-    """Train for ``trainer.total_steps`` steps (module conventions); returns a TrainResult.
+    """Train for ``trainer.total_steps`` steps; returns a TrainResult.
+
+    Checkpoints (`mempo.train.checkpoint`: atomic, with a manifest of digests; model, optimiser,
+    RNG states, ``data_state = {"step", "position"}``) go under ``<out>/checkpoints`` every
+    ``trainer.save_every`` steps and at the end. Resume per ``trainer.resume`` (`refuse_used_run_dir`);
+    a resumed run under a config that differs from the saved ``config.yaml`` says which fields
+    differ, and its metrics.jsonl is cut back to the resumed step, so it equals an uninterrupted
+    run's (timing values aside). ``config.yaml`` is written atomically. Every ``trainer.eval_every``-th
+    step (before that step's checkpoint) rank 0 runs `periodic_eval`; its numbers join that step's
+    metrics row, logged even off the ``log_every`` grid.
 
     max_steps: stop after this many steps in this call (tests; the schedule is unchanged)."""
     t = cfg.trainer

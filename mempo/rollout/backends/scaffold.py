@@ -1,29 +1,11 @@
-"""The answer-blind protocol scaffold: a generation-time logits processor (HF backend).
+"""The answer-blind protocol scaffold (`ProtocolScaffold`): a transformers logits processor that shapes
+each round of a random (or barely trained) model into a well-formed protocol turn (HF backend).
 
-`ProtocolScaffold`: a transformers logits processor for random (or barely trained) models, which
-do not follow the turn protocol and whose every rollout would end after one malformed round. It
-is an explicit opt-in (``rollout.protocol_scaffold: true``, default off; HF backend only) for
-tests and tiny demos; real models follow the protocol themselves. Each round is shaped into
-
-    <mem>[free x mem_tokens]</mem>\\n<think>\\n[free x think_tokens]\\n</think>\\n
-      rounds < turns-1:  <search>[free x query_tokens]</search>
-      last round:        <answer>{answer}</answer>
-
-"free" tokens are sampled from the model (tokens whose bytes contain ``<`` or ``>`` and the
-special tokens are banned, and a mem's first token must hold a non-space byte, so every ``<mem>``
-is well formed and non-blank); tags are forced. The answer is answer-blind: it is a choice among
-`context_candidates` of the round's own prompt (the text the agent has read in this trajectory:
-its ``<information>`` results), one to ``max_parts`` of them joined by ``"; "``; at each answer
-position only the next tokens of the candidates still consistent with what was generated (or the
-separator / the closing tag where a candidate is complete) are allowed, so which string the model
-answers is its own (learnable) probability. With no candidate in the context the answer is
-``query_tokens`` free tokens. The scaffold is never told the episodes or their gold answers: its
-only input is each request's prompt ids (``begin(requests)``, called by `HFBackend` before each
-``generate`` chunk). Every token (forced or free) is a real generated token, scored by the actor
-like any other.
-
-`context_candidates` is the scaffold's whole view of a round: a pure function of the round's prompt
-text.
+Conventions: an explicit opt-in (``rollout.protocol_scaffold: true``, default off) for tests and tiny
+demos; real models follow the protocol themselves. It is never told the episodes or their gold
+answers: its only input is each request's prompt ids, and `context_candidates` (a pure function of
+the round's prompt text) is its whole view of a round. Every token, forced or free, is a real
+generated token, scored by the actor like any other.
 """
 from __future__ import annotations
 
@@ -79,8 +61,21 @@ def context_candidates(text: str, *, max_words: int = 4, limit: int = 32) -> lis
 
 
 class ProtocolScaffold:
-    """A logits processor shaping each round into a well-formed protocol turn, answer-blind (module
-    docstring).
+    """A logits processor shaping each round into a well-formed protocol turn, answer-blind.
+
+    Without it, a random model's every rollout would end after one malformed round. Each round is
+
+        <mem>[free x mem_tokens]</mem>\\n<think>\\n[free x think_tokens]\\n</think>\\n
+          rounds < turns-1:  <search>[free x query_tokens]</search>
+          last round:        <answer>{answer}</answer>
+
+    Tags are forced; "free" tokens are sampled from the model, with tokens whose bytes contain ``<``
+    or ``>`` and the special tokens banned, and a mem's first token holding a non-space byte (so
+    every ``<mem>`` is well formed and non-blank). The answer is one to ``max_parts`` of the round's
+    `context_candidates` joined by ``"; "``: at each answer position only the next tokens of the
+    candidates still consistent with what was generated (or the separator / the closing tag where a
+    candidate is complete) are allowed, so which string the model answers is its own (learnable)
+    probability. With no candidate in the context the answer is ``query_tokens`` free tokens.
 
     Args:
         tokenizer: the policy's tokenizer.
@@ -218,6 +213,8 @@ class ProtocolScaffold:
         return None
 
     def __call__(self, input_ids, scores):
+        """Mask ``scores`` [rows, V] (float) in place to each row's constraint on its next token
+        (banned ids -inf, or only the allowed ids kept); ``input_ids`` [rows, T] int64."""
         if self.width is None:
             self.width = input_ids.shape[1]
         new = input_ids[:, self.width:].tolist()

@@ -1,34 +1,13 @@
 """SGLang generation: the offline engine in-process (`SGLangBackend`) or a server over HTTP
 (`SGLangServerBackend`), token ids in and out (GPU machines).
 
-What this code follows (read in SGLang's source, 0.5.x line, ``sgl-project/sglang``):
-
-* ``python/sglang/srt/entrypoints/engine.py`` (``Engine``): ``generate(input_ids=[[...]],
-  sampling_params=[{...}])`` returns one dict per request with ``output_ids`` and ``meta_info``
-  (``finish_reason``: ``{"type": "stop" | "length" | "abort", "matched": id}``) when the engine
-  runs with ``skip_tokenizer_init=True``; ``update_weights_from_tensor(named_tensors,
-  load_format=None, flush_cache=True)`` and ``begin_weight_update()`` / ``end_weight_update()``
-  return ``(success, message)`` (``tokenizer_communicator_mixin.py``: ``Tuple[bool, str]``);
-  ``release_memory_occupation(tags)`` / ``resume_memory_occupation(tags)`` free and re-allocate
-  the engine's GPU memory (``tags``: ``"weights"``, ``"kv_cache"``; it needs
-  ``enable_memory_saver=True``).
-* ``python/sglang/srt/managers/scheduler_components/weight_updater.py``
-  (``SchedulerWeightUpdaterManager``): ``update_weights_from_tensor`` outside a session answers
-  ``success=False, "update_weights_from_tensor must run between begin_weight_update() and
-  end_weight_update()"``; ``begin_weight_update`` refuses a second open session, ``end`` one that
-  is not open; ``update_weights_from_disk`` is not session-gated; ``release_memory_occupation``
-  asserts the engine is idle; weights released are not kept (``resume`` re-allocates them, so the
-  trainer's weights must be loaded again before generating).
-* ``python/sglang/srt/entrypoints/http_server.py``: ``POST /generate`` takes a
-  ``GenerateReqInput`` as JSON (``input_ids``, ``sampling_params``); ``GET /get_model_info``;
-  ``POST /update_weights_from_disk`` ``{"model_path": dir}`` answers ``{"success", "message",
-  "num_paused_requests"}`` (HTTP 400 on failure).
-
-Token-in/token-out: requests are ``input_ids``, results are read from ``output_ids``; text never
-crosses the boundary (the engine runs with ``skip_tokenizer_init=True``; a server must be started
-with ``--skip-tokenizer-init``). sglang is imported when an engine is started, never at
-``import mempo.rollout``; the server backend needs no sglang package (stdlib HTTP). Every status
-SGLang returns is checked (`check_status`).
+Conventions: token-in/token-out (requests are ``input_ids``, results ``output_ids``; text never
+crosses: the engine runs with ``skip_tokenizer_init=True``, a server with ``--skip-tokenizer-init``).
+Every status SGLang returns is checked (`check_status`). sglang is imported when an engine is
+started, never at ``import mempo.rollout``; the server backend needs no sglang package (stdlib HTTP).
+Follows SGLang 0.5.x source (``sgl-project/sglang``, ``python/sglang/srt/``):
+``entrypoints/engine.py``, ``managers/scheduler_components/weight_updater.py``,
+``entrypoints/http_server.py``; what each says is noted where it is used.
 """
 from __future__ import annotations
 
@@ -64,7 +43,8 @@ class SGLangError(RuntimeError):
 def check_status(result: Any, what: str) -> str:
     """The message of a successful SGLang status; raise `SGLangError` on a failure.
 
-    Accepts ``(success, message)`` (the engine's methods), a mapping with ``success`` (HTTP
+    Accepts ``(success, message)`` (the engine's methods, ``Tuple[bool, str]`` in SGLang's
+    ``tokenizer_communicator_mixin.py``), a mapping with ``success`` (HTTP
     replies) or an object with ``success`` / ``message`` attributes (SGLang's output records).
     Anything else is an unexpected reply and raises too."""
     if isinstance(result, (tuple, list)) and len(result) >= 1 and isinstance(result[0], bool):
@@ -105,7 +85,9 @@ def sampling_params(request: GenerationRequest, sampling: SamplingParams, positi
 def outputs_from_results(requests: Sequence[GenerationRequest], results: Any) -> list[GenerationOutput]:
     """`GenerationOutput` s from SGLang's per-request result dicts (``output_ids``; a reply without
     them is an error naming ``--skip-tokenizer-init``); a matched stop id the engine trimmed from
-    ``output_ids`` is put back (``meta_info.finish_reason.matched``)."""
+    ``output_ids`` is put back. engine.py: ``generate(input_ids=[[...]], sampling_params=[{...}])``
+    under ``skip_tokenizer_init=True`` returns one dict per request with ``output_ids`` and
+    ``meta_info`` (``finish_reason``: ``{"type": "stop" | "length" | "abort", "matched": id}``)."""
     if isinstance(results, Mapping):
         results = [results]
     results = list(results)
@@ -219,7 +201,10 @@ class SGLangBackend:
         """Free the engine's KV cache and weights while the trainer uses the GPU (the trainer calls it
         after each rollout; only with ``release_memory=True`` and an engine that offers
         ``release_memory_occupation``). Generating before the weights are loaded again raises
-        `SGLangError` (they would be garbage)."""
+        `SGLangError` (they would be garbage). engine.py: ``release_memory_occupation(tags)`` /
+        ``resume_memory_occupation(tags)`` free and re-allocate the GPU memory (``tags``:
+        ``"weights"``, ``"kv_cache"``; needs ``enable_memory_saver=True``); weight_updater.py: it
+        asserts the engine is idle, and released weights are not kept (resume re-allocates them)."""
         release = getattr(self.engine, "release_memory_occupation", None)
         if not self.release_memory_enabled or not callable(release):
             return
@@ -243,7 +228,11 @@ class SGLangBackend:
         most ``bucket_bytes`` (the radix cache flushed with the last: cached prefixes used the old
         weights), ``end_weight_update()`` (also after a failed bucket, so no session stays open; the
         first failure is raised); then the KV cache is resumed. An engine without the session API
-        gets the buckets alone; ``None`` is a no-op."""
+        gets the buckets alone; ``None`` is a no-op. weight_updater.py: ``update_weights_from_tensor``
+        outside a session answers ``success=False`` ("must run between begin_weight_update() and
+        end_weight_update()"); ``begin_weight_update`` refuses a second open session, ``end`` one
+        that is not open; ``update_weights_from_disk`` is not session-gated. Each call returns
+        ``(success, message)``."""
         if weights is None:
             return
         buckets = weight_buckets(weights, self.bucket_bytes)
@@ -293,6 +282,9 @@ class SGLangServerBackend:
         seed_requests: send ``sampling_seed`` per request.
         timeout: seconds per HTTP call.
     The constructor checks that a server answers ``GET /get_model_info`` (`SGLangError` otherwise).
+    http_server.py: ``POST /generate`` takes a ``GenerateReqInput`` as JSON (``input_ids``,
+    ``sampling_params``); ``POST /update_weights_from_disk`` ``{"model_path": dir}`` answers
+    ``{"success", "message", "num_paused_requests"}`` (HTTP 400 on failure).
     """
 
     name = "sglang-server"
