@@ -190,7 +190,7 @@ class HTTPRetriever(Retriever):
     ``(retries + 1) * timeout`` plus the sleeps), so a call returns or raises within about
     `deadline` seconds whatever the server does. retries / backoff / max_backoff: the retry policy
     (`_request`). max_response_bytes: the most bytes a `/retrieve` or `/access` answer may hold
-    (the module docstring gives every bound on what is read).
+    (a larger answer is refused with `RetrieverUnavailableError` naming the bound, not retried).
     """
 
     name = "http"
@@ -245,7 +245,7 @@ class HTTPRetriever(Retriever):
     def _request(self, method: str, path: str, payload: Optional[dict] = None) -> Any:
         """One JSON request; returns the decoded body.
 
-        Size limits: the body read is bounded (module docstring): at most `MAX_HEALTH_BYTES` for
+        Size limits: the body read is bounded: at most `MAX_HEALTH_BYTES` for
         /health, `max_response_bytes` for other paths, `MAX_ERROR_BYTES` of an error answer.
 
         Time limits (wall clock, `time.monotonic`): an attempt gets ``min(timeout, time left)``; a
