@@ -1,9 +1,14 @@
-"""bench/bench_learning.py (the ablation command) end to end on a smoke demo's output: every variant
-and seed runs RL from the same SFT model, the overrides reach the runs wherever they stand on the
-command line, and the results, table and plot are written; an evaluation of entities the demo's SFT
-data did not leave out is refused; `check_held_out` itself."""
+"""bench/bench_learning.py (the pre-registered ablation's runner) end to end on a smoke demo's output:
+every arm (grpo, mempo, a --best arm with its own pooling overrides) and seed runs RL from the same SFT
+model, paired by seed; the overrides reach the runs wherever they stand on the command line; the
+run files, results, paired differences, table and plot are written; a rerun with the same settings
+skips every finished run; a run file of other settings is refused (exit 2) unless --rerun; an
+evaluation of entities the demo's SFT data did not leave out is refused; the statistics and
+`check_held_out` themselves."""
 import importlib.util
 import json
+import math
+import sys
 
 import pytest
 
@@ -19,41 +24,118 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 def _bench_learning():
     spec = importlib.util.spec_from_file_location("bench_learning", REPO / "bench" / "bench_learning.py")
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up there
     spec.loader.exec_module(module)
     return module
 
 
-def test_the_ablation_runs_every_variant_and_seed_from_one_sft_model(tmp_path, capsys):
+def test_the_ablation_runs_paired_arms_resumes_and_refuses_other_settings(tmp_path, capsys, monkeypatch):
     from mempo.apps.cli import main as mempo_main
 
     demo_out = tmp_path / "demo_out"
     assert mempo_main(["demo", "--out", str(demo_out), "--no-progress", *SMOKE]) == 0
     bench = _bench_learning()
     out = tmp_path / "ablation"
-    # the override stands after a list option: it must not be read as a value of --ks
-    assert bench.main(["--demo-out", str(demo_out), "--out", str(out), "--seeds", "0", "1", "--steps", "1",
-                       "--variants", "grpo", "mempo_nothresh", "--ks", "2", "rollout.group_size=4"]) == 0
+    # the override stands after a list option: it must not be read as a value of --ks; the --best
+    # arm's overrides are that arm's only
+    argv = ["--demo-out", str(demo_out), "--out", str(out), "--seeds", "0", "1", "--steps", "1", "--episodes", "2",
+            "--best", "all_fixes", "--best-overrides", "algorithm.memory_pooling=group_seen",
+            "algorithm.memory_std_floor=0.05", "--ks", "2", "rollout.group_size=4"]
+    assert bench.main(argv) == 0
     results = json.loads((out / "results.json").read_text())
-    assert results["steps"] == 1 and results["ks"] == [2] and results["group_size"] == 4
-    assert [(r["variant"], r["seed"]) for r in results["runs"]] == [
-        ("grpo", 0), ("grpo", 1), ("mempo_nothresh", 0), ("mempo_nothresh", 1)]
-    for run in results["runs"]:
-        row = run["rows"]["2"]
+    assert results["steps"] == 1 and results["ks"] == [2] and results["group_size"] == 4 and results["rl_k"] == 2
+    assert results["episodes"] == 2 and results["reused_runs"] == 0
+    arms = ["grpo", "mempo", "mempo_all_fixes"]
+    assert [(r["arm"], r["seed"]) for r in results["runs"]] == [(a, s) for a in arms for s in (0, 1)]
+    configs = {(r["arm"], r["seed"]): r["settings"]["config"] for r in results["runs"]}
+    for seed in (0, 1):  # paired: the same rollout / torch seed, questions and model in every arm
+        assert {configs[(a, seed)]["rollout"]["seed"] for a in arms} == {seed}
+        assert {configs[(a, seed)]["trainer"]["seed"] for a in arms} == {seed}
+        assert len({json.dumps(r["settings"]["rl_episodes_sha256"]) + r["settings"]["model_sha256"]
+                    for r in results["runs"]}) == 1
+    assert configs[("grpo", 0)]["algorithm"]["memory_weight"] == 0.0
+    assert configs[("mempo", 0)]["algorithm"]["memory_weight"] == 1.0
+    assert configs[("mempo", 0)]["scoring"]["threshold"] == 0.5  # the paper's, though the demo's is null
+    assert configs[("mempo", 0)]["algorithm"]["memory_pooling"] == "group"
+    best = configs[("mempo_all_fixes", 0)]
+    assert best["scoring"]["comparator"] == "history_mem" and best["scoring"]["reward"] == "log"
+    assert best["algorithm"]["memory_pooling"] == "group_seen" and best["algorithm"]["memory_std_floor"] == 0.05
+    for record in results["runs"]:
+        row = record["rows"]["2"]
         assert 0.0 <= row["em"] <= 1.0 and row["prompt_tokens_per_episode"] > 0
-        metrics = (out / run["variant"] / f"seed{run['seed']}" / "metrics.jsonl").read_text().splitlines()
+        assert record["training"]["steps"] == 1 and record["training"]["trained_tokens"] > 0
+        saved = json.loads((out / "runs" / f"{record['arm']}_s{record['seed']}.json").read_text())
+        assert saved == record
+        metrics = (out / record["arm"] / f"seed{record['seed']}" / "metrics.jsonl").read_text().splitlines()
         assert len(metrics) == 1  # one RL step each
+    # the paired differences are the per-seed differences to grpo, their mean and SE
+    em = {(r["arm"], r["seed"]): r["rows"]["2"]["em"] for r in results["runs"]}
+    for arm in ("mempo", "mempo_all_fixes"):
+        paired = results["paired"][arm]["2"]["em"]
+        diffs = [em[(arm, s)] - em[("grpo", s)] for s in (0, 1)]
+        assert paired["per_seed"] == {"0": pytest.approx(diffs[0]), "1": pytest.approx(diffs[1])}
+        assert paired["n"] == 2 and paired["mean"] == pytest.approx(sum(diffs) / 2)
+        assert paired["se"] == pytest.approx(abs(diffs[0] - diffs[1]) / 2)
+    assert "grpo" not in results["paired"]
     table = (out / "results.md").read_text()
-    assert "| SFT (no RL) | 2 |" in table and "| grpo | 2 |" in table and "| mempo_nothresh | 2 |" in table
+    assert "| SFT (no RL) | 2 |" in table and "| grpo | 2 |" in table and "| mempo_all_fixes | 2 |" in table
+    assert "Paired difference to grpo" in table and "RL: 1 steps on k = 2" in table
     assert (out / "ablation.png").read_bytes()[:8] == PNG_MAGIC
+    capsys.readouterr()
+
+    # a rerun with the same settings runs nothing: every run is finished
+    def no_training(*args, **kwargs):
+        raise AssertionError("a finished run was trained again")
+
+    monkeypatch.setattr(bench, "train", no_training)
+    assert bench.main(argv) == 0
+    again = json.loads((out / "results.json").read_text())
+    assert again["reused_runs"] == 6 and again["runs"] == results["runs"] and again["paired"] == results["paired"]
+    assert capsys.readouterr().out.count("finished before") == 6
+    # a finished run of other settings is refused before anything runs, naming what differs
+    other = [w if w != "rollout.group_size=4" else "rollout.group_size=2" for w in argv]
+    assert bench.main(other) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("bench_learning: ") and "made with other settings" in err and "config.rollout" in err
+    monkeypatch.undo()
+    # --rerun replaces it (one arm, one seed: only that run)
+    assert bench.main(["--demo-out", str(demo_out), "--out", str(out), "--seeds", "1", "--steps", "1", "--episodes",
+                       "2", "--variants", "grpo", "--ks", "2", "rollout.group_size=2", "--rerun"]) == 0
+    assert json.loads((out / "runs" / "grpo_s1.json").read_text())["settings"]["config"]["rollout"]["group_size"] == 2
+    assert json.loads((out / "results.json").read_text())["paired"] == {}  # grpo alone: nothing to pair
+
     # an evaluation asking about entities the demo's SFT data was not kept from is refused before anything runs
     capsys.readouterr()
     refused = tmp_path / "refused"
     assert bench.main(["--demo-out", str(demo_out), "--out", str(refused), "--seeds", "0", "--steps", "1",
-                       "--ks", "6"]) == 2
+                       "--ks", "6", "--episodes", "2"]) == 2
     assert "were not held out of the demo's SFT data" in capsys.readouterr().err and not refused.exists()
+    assert bench.main(["--demo-out", str(demo_out), "--best-overrides", "algorithm.memory_pooling=group_seen"]) == 2
+    assert "--best-overrides needs --best" in capsys.readouterr().err
+    assert bench.main(["--demo-out", str(demo_out), "--best", "log", "--best-overrides", "data.seed=3"]) == 2
+    assert "only 'section.field=value' of the algorithm/scoring sections" in capsys.readouterr().err
     with pytest.raises(SystemExit):  # a variant it does not know is an argparse error naming it
         bench.main(["--demo-out", str(demo_out), "--variants", "nope"])
     assert "invalid choice: 'nope'" in capsys.readouterr().err
+
+
+def test_mean_se_and_paired_differences():
+    bench = _bench_learning()
+    assert bench.mean_se([]) == (None, None)
+    assert bench.mean_se([0.25]) == (0.25, None)  # one seed: no SE, never NaN
+    mean, se = bench.mean_se([0.1, 0.3, 0.2])
+    assert mean == pytest.approx(0.2) and se == pytest.approx(0.1 / math.sqrt(3))
+
+    def record(arm, seed, em):
+        return {"arm": arm, "seed": seed, "rows": {"2": {m: em for m in bench.METRICS}}}
+
+    runs = [record("grpo", 0, 0.5), record("grpo", 1, 0.4), record("grpo", 2, 0.3),
+            record("mempo", 0, 0.7), record("mempo", 1, 0.6), record("mempo", 3, 0.9)]  # seed 3 has no grpo
+    paired = bench.paired_differences(runs, "mempo", [2])["2"]["em"]
+    assert paired["per_seed"] == {"0": pytest.approx(0.2), "1": pytest.approx(0.2)} and paired["n"] == 2
+    assert paired["mean"] == pytest.approx(0.2) and paired["se"] == pytest.approx(0.0) and paired["ahead"] is True
+    one = bench.paired_differences(runs[:1] + runs[3:4], "mempo", [2])["2"]["em"]
+    assert one["n"] == 1 and one["se"] is None and one["ahead"] is None
 
 
 def test_check_held_out_names_how_many_subjects_were_not_held_out():
