@@ -287,6 +287,8 @@ def run(demo_out: Path, out: Path, *, seeds: Sequence[int] = tuple(range(8)), st
         raise AblationError(f"the arms must be distinct and at least one, got {names}")
     if len(set(seeds)) != len(seeds) or not seeds:
         raise AblationError(f"--seeds must be distinct and at least one, got {list(seeds)}")
+    if episodes < 1 or (steps is not None and steps < 1):
+        raise AblationError(f"--episodes and --steps must be >= 1, got {episodes} and {steps}")
     sft_model = demo_out / "model_sft"
     if not (demo_out / "config.yaml").is_file() or not sft_model.is_dir():
         raise AblationError(f"{demo_out}: not a demo output (config.yaml and model_sft/ are needed; run mempo demo)")

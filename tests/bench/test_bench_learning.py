@@ -110,6 +110,8 @@ def test_the_ablation_runs_paired_arms_resumes_and_refuses_other_settings(tmp_pa
     assert bench.main(["--demo-out", str(demo_out), "--out", str(refused), "--seeds", "0", "--steps", "1",
                        "--ks", "6", "--episodes", "2"]) == 2
     assert "were not held out of the demo's SFT data" in capsys.readouterr().err and not refused.exists()
+    assert bench.main(["--demo-out", str(demo_out), "--episodes", "0"]) == 2
+    assert "--episodes and --steps must be >= 1, got 0" in capsys.readouterr().err
     assert bench.main(["--demo-out", str(demo_out), "--best-overrides", "algorithm.memory_pooling=group_seen"]) == 2
     assert "--best-overrides needs --best" in capsys.readouterr().err
     assert bench.main(["--demo-out", str(demo_out), "--best", "log", "--best-overrides", "data.seed=3"]) == 2
