@@ -376,7 +376,7 @@ def run(demo_out: Path, out: Path, *, seeds: Sequence[int] = tuple(range(8)), st
 def _pm(mean: Optional[float], se: Optional[float], spec: str = "{:.3f}") -> str:
     if mean is None:
         return "-"
-    return spec.format(mean) + (" ± " + spec.format(se) if se is not None else " (one seed)")
+    return spec.format(mean) + (" ± " + spec.replace("+", "").format(se) if se is not None else " (one seed)")
 
 
 def _table(results: dict[str, Any], arms: Sequence[str], ks: Sequence[int]) -> str:
@@ -425,11 +425,13 @@ def _plot(results: dict[str, Any], arms: Sequence[str], ks: Sequence[int], path:
     import matplotlib.pyplot as plt  # reason: as above
 
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    colors = {arm: f"C{i}" for i, arm in enumerate(arms)}  # one colour per arm in both panels
     left.plot(ks, [results["sft"][str(k)]["em"] for k in ks], "k--", marker="o", label="SFT (no RL)")
     for arm in arms:
         stats = [results["summary"][arm][str(k)]["em"] for k in ks]
         left.errorbar(ks, [s["mean"] for s in stats], yerr=[s["se"] or 0.0 for s in stats], marker="o", capsize=3,
-                      label=arm)
+                      color=colors[arm], label=arm)
+    left.set_xticks(ks)
     left.set_xlabel("objectives k (memory context)")
     left.set_ylabel("EM (mean ± SE over seeds)")
     left.set_title(f"RL on k = {results['rl_k']}, {len(results['seeds'])} seeds, {results['steps']} steps")
@@ -439,9 +441,10 @@ def _plot(results: dict[str, Any], arms: Sequence[str], ks: Sequence[int], path:
         x = [k + 0.08 * (i - (len(results["paired"]) - 1) / 2) for k in ks]
         em = [paired[str(k)]["em"] for k in ks]
         right.errorbar(x, [p["mean"] if p["mean"] is not None else math.nan for p in em],
-                       yerr=[p["se"] or 0.0 for p in em], marker="o", capsize=3, label=arm)
+                       yerr=[p["se"] or 0.0 for p in em], marker="o", capsize=3, color=colors[arm], label=arm)
         for xi, p in zip(x, em):
             right.plot([xi] * len(p["per_seed"]), list(p["per_seed"].values()), ".", color="grey", alpha=0.6)
+    right.set_xticks(ks)
     right.set_xlabel("objectives k (memory context)")
     right.set_ylabel(f"EM - {results['baseline']} (paired by seed; mean ± SE, dots: seeds)")
     right.set_title("paired difference to GRPO")
