@@ -83,6 +83,11 @@ def _check_outputs(args: argparse.Namespace) -> None:
                                     "path separator or surrounding spaces)")
     if os.path.exists(args.out) and not os.path.isdir(args.out):
         raise ConfigError("--out", f"{args.out} exists and is not a directory")
+    parent = os.path.dirname(os.path.abspath(args.out))
+    while not os.path.exists(parent):  # the nearest existing folder above --out must be a folder
+        parent = os.path.dirname(parent)
+    if not os.path.isdir(parent):
+        raise ConfigError("--out", f"{args.out}: cannot be made, {parent} is not a directory")
     for suffix in (".json", ".md", "_trajectories.jsonl"):
         path = os.path.join(args.out, name + suffix)
         if os.path.isdir(path):

@@ -1,8 +1,8 @@
 """The configuration of every command: one typed tree of dataclasses (`mempo.config.schema`), loaded
 from YAML plus dotted overrides (`mempo.config.loader`; values converted by `mempo.config.coerce`).
 
-This package imports only the standard library, PyYAML and the protocol constants it uses as
-defaults (`mempo.protocol.memory`); no torch, no transformers.
+This package imports only the standard library, PyYAML, `mempo.utils` and the protocol constants it
+uses as defaults (`mempo.protocol.memory`); no torch, no transformers.
 """
 from mempo.config.coerce import ConfigError, coerce_value
 from mempo.config.loader import (

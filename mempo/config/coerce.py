@@ -15,8 +15,12 @@ from typing import Any, Literal, Mapping, Union
 import yaml
 
 from mempo.errors import MempoError
+from mempo.utils.jsonl import too_deep_at
 
-__all__ = ["ConfigError", "coerce_value", "build_section", "type_name"]
+__all__ = ["ConfigError", "MAX_YAML_DEPTH", "coerce_value", "build_section", "type_name"]
+
+#: The deepest nesting a config file or a list override may have (a real config nests three levels).
+MAX_YAML_DEPTH = 64
 
 _NONE_WORDS = ("null", "none", "~", "")
 _TRUE_WORDS = ("true", "yes", "on", "1")
@@ -95,10 +99,16 @@ def _coerce_scalar(value: Any, hint: type, path: str) -> Any:
     raise ConfigError(path, f"unsupported field type {hint!r}")
 
 
-def _parse_list_text(text: str) -> list[Any]:
+def _parse_list_text(text: str, path: str) -> list[Any]:
     stripped = text.strip()
     if stripped.startswith("["):
-        parsed = yaml.safe_load(stripped)
+        column = too_deep_at(stripped, MAX_YAML_DEPTH)  # before parsing: the YAML parser recurses per level
+        if column is not None:
+            raise ConfigError(path, f"nested deeper than {MAX_YAML_DEPTH} levels (at character {column})")
+        try:
+            parsed = yaml.safe_load(stripped)
+        except yaml.YAMLError as error:
+            raise ConfigError(path, f"not a valid list ({str(error).splitlines()[0]})") from None
         if isinstance(parsed, list):
             return parsed
     if stripped == "":
@@ -129,7 +139,7 @@ def coerce_value(value: Any, hint: Any, path: str) -> Any:
         raise ConfigError(path, f"must be one of {', '.join(repr(c) for c in choices)}, got {value!r}")
     if origin is list:
         item_hint = typing.get_args(hint)[0]
-        items = _parse_list_text(value) if isinstance(value, str) else value
+        items = _parse_list_text(value, path) if isinstance(value, str) else value
         if not isinstance(items, (list, tuple)):
             raise _bad(path, hint, value)
         return [coerce_value(item, item_hint, f"{path}[{i}]") for i, item in enumerate(items)]

@@ -17,7 +17,7 @@ from typing import Any, Mapping, Optional, Sequence, Union
 
 import yaml
 
-from mempo.config.coerce import ConfigError, build_section, type_name
+from mempo.config.coerce import MAX_YAML_DEPTH, ConfigError, build_section, type_name
 from mempo.config.schema import MempoConfig
 from mempo.utils.atomic import replace_file_atomically
 
@@ -25,8 +25,6 @@ __all__ = ["MAX_YAML_DEPTH", "MAX_YAML_NODES", "load_config", "read_yaml_mapping
            "split_overrides"]
 
 
-#: The deepest nesting a config file may have (a real config nests three levels).
-MAX_YAML_DEPTH = 64
 #: The most values (scalars, lists and mappings, every alias expanded) a config file may hold.
 MAX_YAML_NODES = 100_000
 

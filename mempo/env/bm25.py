@@ -22,6 +22,7 @@ from mempo.env.retriever import (
     DEFAULT_PAGE_CHARS, DEFAULT_TOPK, check_page_chars, check_queries, check_topk, register_retriever,
 )
 from mempo.utils.digest import sha256_file
+from mempo.utils.jsonl import loads_bounded
 from mempo.utils.types import PathLike
 
 __all__ = ["LUCENE_STOPWORDS", "s_stem", "Tokenizer", "INDEX_MANIFEST", "BM25_FORMAT", "BM25_FORMAT_VERSION",
@@ -251,7 +252,7 @@ class BM25Retriever(LocalRetriever):
         if not path.is_file():
             return None
         try:
-            manifest = json.loads(path.read_bytes().decode("utf-8"))
+            manifest = loads_bounded(path.read_bytes(), str(path))  # nesting bounded: no RecursionError
         except (OSError, UnicodeDecodeError, ValueError) as error:
             raise CorpusError(f"{path}: damaged index manifest ({type(error).__name__}); rebuild the index") from None
         if not isinstance(manifest, dict):

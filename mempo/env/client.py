@@ -30,6 +30,7 @@ from mempo.env.retriever import (
     Retriever, RetrieverError, RetrieverUnavailableError, check_doc_id, check_page, check_page_chars, check_queries,
     check_topk, register_retriever,
 )
+from mempo.utils.jsonl import loads_bounded
 
 __all__ = ["HTTPRetriever", "MAX_HEALTH_BYTES", "MAX_ERROR_BYTES", "DEFAULT_MAX_RESPONSE_BYTES"]
 
@@ -347,7 +348,7 @@ class HTTPRetriever(Retriever):
             if status >= 300 or status < 200:
                 raise RetrieverUnavailableError(f"retriever at {url} answered HTTP {status} {response.reason}")
             try:
-                return json.loads(body)
+                return loads_bounded(body, url)  # nesting bounded: a deep body is an error, not a RecursionError
             except ValueError:
                 snippet = body[:80].decode("utf-8", "replace")
                 raise RetrieverUnavailableError(f"retriever at {url} answered non-JSON: {snippet!r}") from None
@@ -359,7 +360,7 @@ class HTTPRetriever(Retriever):
     def _error_detail(raw: bytes, reason: str) -> tuple[Optional[str], str, Optional[int]]:
         """(error kind, message, num_pages) from an error answer's JSON body, else from its raw text."""
         try:
-            body = json.loads(raw)
+            body = loads_bounded(raw, "error answer")
         except ValueError:
             text = raw[:200].decode("utf-8", "replace").strip()
             return None, text or (reason or "no message"), None

@@ -71,6 +71,12 @@ def document_from_json(obj: object) -> Document:
             title = title[1:-1]
     else:
         raise CorpusError("missing field 'text' (or Search-R1 'contents')")
+    for name, value in (("id", doc_id), ("title", title), ("text", text)):
+        try:  # a lone surrogate (JSON's "\ud800") would fail later, when the text is tokenised or sent
+            value.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise CorpusError(f"field {name!r} is not encodable text ({exc.reason} at character {exc.start + 1})") \
+                from None
     return Document(doc_id, title, text)
 
 

@@ -40,6 +40,7 @@ from torch.distributed.checkpoint.state_dict import (
 from mempo.utils.atomic import TEMP_PREFIX, fault_point, fsync_dir, replace_file_atomically, write_bytes_durably
 from mempo.errors import MempoError
 from mempo.utils.digest import sha256_file
+from mempo.utils.jsonl import loads_bounded
 from mempo.utils.types import PathLike
 
 __all__ = [
@@ -290,11 +291,16 @@ def latest_checkpoint(root: PathLike) -> Optional[Path]:
 
 def _read_json(path: Path, what: str) -> Any:
     try:
-        return json.loads(path.read_bytes().decode("utf-8"))
+        data = path.read_bytes()
     except FileNotFoundError:
         raise CheckpointError(f"{path}: missing ({what})") from None
-    except (OSError, UnicodeDecodeError, ValueError) as error:
+    except OSError as error:
         raise CheckpointError(f"{path}: unreadable {what} ({_short(error)})") from None
+    try:
+        return loads_bounded(data, f"{path}: unreadable {what}")  # nesting bounded: no RecursionError
+    except (UnicodeDecodeError, ValueError) as error:
+        raise CheckpointError(str(error) if not isinstance(error, UnicodeDecodeError)
+                              else f"{path}: unreadable {what} ({_short(error)})") from None
 
 
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")

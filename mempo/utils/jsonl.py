@@ -17,12 +17,12 @@ import os
 import re
 import secrets
 from pathlib import Path
-from typing import IO, Any, Callable, Iterable, Iterator, Optional, TypeVar
+from typing import IO, Any, Callable, Iterable, Iterator, Optional, TypeVar, Union
 
 from mempo.utils.types import PathLike
 T = TypeVar("T")
 
-__all__ = ["MAX_JSON_DEPTH", "iter_jsonl", "iter_jsonl_records", "write_jsonl", "jsonl_writer", "JsonlWriter"]
+__all__ = ["MAX_JSON_DEPTH", "too_deep_at", "loads_bounded", "iter_jsonl", "iter_jsonl_records", "write_jsonl", "jsonl_writer", "JsonlWriter"]
 
 
 class JsonlWriter:
@@ -94,22 +94,45 @@ MAX_JSON_DEPTH = 100
 _NESTING_RE = re.compile(r'"(?:[^"\\]|\\.)*"|[\[\]{}]')
 
 
+def too_deep_at(text: str, limit: int = MAX_JSON_DEPTH) -> Optional[int]:
+    """The 1-based column where the ``[`` / ``{`` nesting of `text` (outside double-quoted strings)
+    first passes `limit`, or None: checked before decoding, since JSON and YAML decoders recurse once
+    per level (a deep enough document is a RecursionError deep inside them)."""
+    if text.count("[") + text.count("{") <= limit:
+        return None
+    depth = 0
+    for match in _NESTING_RE.finditer(text):
+        token = match.group()
+        if token in "[{":
+            depth += 1
+            if depth > limit:
+                return match.start() + 1
+        elif token in "]}":
+            depth -= 1
+    return None
+
+
+def loads_bounded(text: Union[str, bytes], what: str, error: type[Exception] = ValueError) -> Any:
+    """``json.loads(text)``, with `error` naming `what` for nesting deeper than `MAX_JSON_DEPTH` (no
+    RecursionError) and for invalid JSON."""
+    if isinstance(text, bytes):
+        text = text.decode("utf-8")
+    column = too_deep_at(text)
+    if column is not None:
+        raise error(f"{what}: JSON nested deeper than {MAX_JSON_DEPTH} levels (at column {column})")
+    try:
+        return json.loads(text)
+    except (ValueError, RecursionError) as exc:
+        raise error(f"{what}: not valid JSON ({exc})") from None
+
+
 def _decode_line(line: str, path: Path, lineno: int, error: type[Exception]) -> Any:
     """One line's JSON value; `error` naming file, line and column for invalid JSON (a line that ends
     before its value does says so, instead of pointing past its end), and for nesting deeper than
     `MAX_JSON_DEPTH` (checked before decoding: the decoder would recurse once per level)."""
-    if line.count("[") + line.count("{") > MAX_JSON_DEPTH:
-        depth = deepest = 0
-        for match in _NESTING_RE.finditer(line):
-            token = match.group()
-            if token in "[{":
-                depth += 1
-                deepest = max(deepest, depth)
-                if deepest > MAX_JSON_DEPTH:
-                    raise error(f"{path}:{lineno}: JSON nested deeper than {MAX_JSON_DEPTH} levels "
-                                f"(at column {match.start() + 1})")
-            elif token in "]}":
-                depth -= 1
+    column = too_deep_at(line)
+    if column is not None:
+        raise error(f"{path}:{lineno}: JSON nested deeper than {MAX_JSON_DEPTH} levels (at column {column})")
     try:
         return json.loads(line)
     except json.JSONDecodeError as exc:

@@ -83,6 +83,9 @@ def _cases(tmp: Path) -> dict[str, tuple[list[str], str]]:
         # issue 21 case 4: output paths are checked before the model loads (empty_model would fail that)
         "eval_out_is_a_file": (["eval", "--model", str(tmp / "empty_model"), "--out", str(a_file)],
                                f"--out: {a_file} exists and is not a directory"),
+        # a second round of probes: --out under a file crashed after the whole evaluation
+        "eval_out_under_a_file": (["eval", "--model", str(tmp / "empty_model"), "--out", str(a_file / "sub")],
+                                  f"--out: {a_file / 'sub'}: cannot be made, {a_file} is not a directory"),
         "eval_empty_name": (["eval", "--model", str(tmp / "empty_model"), "--out", str(tmp / "e3"), "--name", ""],
                             "--name: '' is not a plain file stem"),
         "eval_hidden_name": (["eval", "--model", str(tmp / "empty_model"), "--out", str(tmp / "e4"), "--name",
@@ -115,7 +118,7 @@ def _cases(tmp: Path) -> dict[str, tuple[list[str], str]]:
 CASE_NAMES = ["threads", "out_is_a_file", "missing_model_path", "missing_corpus", "resume_nonexistent",
               "used_run_dir", "dead_retriever", "latin1_yaml", "duplicate_yaml_key", "small_world",
               "eval_empty_model_dir", "eval_non_model_dir", "corrupt_index", "sft_empty_file",
-              "sft_no_assistant_turns", "eval_out_is_a_file", "eval_empty_name", "eval_hidden_name",
+              "sft_no_assistant_turns", "eval_out_is_a_file", "eval_out_under_a_file", "eval_empty_name", "eval_hidden_name",
               "alias_bomb_in_a_field", "train_files_directory", "eval_question_with_newline",
               "vocab_below_tokenizer", "context_below_sequence"]
 

@@ -113,6 +113,11 @@ def test_nesting_and_alias_expansion_are_bounded(tmp_path):
     with pytest.raises(ConfigError, match=f"bomb.yaml: too large a config: more than {MAX_YAML_NODES} values") as error:
         load_config(bomb)
     assert len(str(error.value)) < 200
+    # the same bound on an override's list text (it was a RecursionError with a 3,000-line traceback)
+    with pytest.raises(ConfigError, match=f"eval.objectives: nested deeper than {MAX_YAML_DEPTH} levels"):
+        load_config(None, ["eval.objectives=" + "[" * 5_000 + "]" * 5_000])
+    with pytest.raises(ConfigError, match="eval.objectives: not a valid list"):
+        load_config(None, ["eval.objectives=[2, 4"])
     # a deep mapping / sequence under the bound is still a config (here: a list where an int is wanted)
     ok = tmp_path / "ok.yaml"
     ok.write_text("trainer:\n  seed: " + "[" * 20 + "1" + "]" * 20 + "\n")

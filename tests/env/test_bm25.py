@@ -197,6 +197,10 @@ def test_the_manifest_lists_every_index_file_with_its_digest(tmp_path, corpus):
     (index_dir / "mempo_index.json").write_text(json.dumps(manifest))
     with pytest.raises(CorpusError, match=r"damaged index manifest \(entry 'ids.json'\)"):
         BM25Retriever.load(index_dir)
+    # a manifest nested 5,000 deep was a RecursionError traceback at serve-retriever's start-up
+    (index_dir / "mempo_index.json").write_text('{"format": "mempo.bm25", "x": ' + "[" * 5000 + "]" * 5000 + "}")
+    with pytest.raises(CorpusError, match=r"damaged index manifest \(ValueError\)"):
+        BM25Retriever.load(index_dir)
 
 
 def test_a_format_1_index_is_rebuilt_from_its_corpus_or_refused(tmp_path, corpus):

@@ -37,6 +37,9 @@ def test_corpus_accepts_search_r1_contents_and_integer_ids(tmp_path):
     (['{"id": "a", "text": 3}'], ":1: field 'text' must be a string"),
     (['{"id": "a", "text": "x", "title": null}'], ":1: field 'title' must be a string"),
     (['{"id": "a", "text": "x"}', "", '{"id": "a", "text": "y"}'], ":3: duplicate id 'a' (first seen on line 1)"),
+    # a lone surrogate was accepted, to fail later when the text is tokenised or sent
+    (['{"id": "a", "title": "A\\udc80", "text": "x"}'], ":1: field 'title' is not encodable text"),
+    (['{"id": "a", "text": "x\\ud800y"}'], ":1: field 'text' is not encodable text"),
 ])
 def test_corpus_errors_name_file_and_line(tmp_path, lines, message):
     path = tmp_path / "bad.jsonl"

@@ -23,6 +23,7 @@ from mempo.train.checkpoint import (CheckpointError, latest_checkpoint, list_che
                                     prune_checkpoints, save_checkpoint)
 from mempo.train.logging import MetricsLogger, StageTimer, read_metrics
 from mempo.utils.progress import progress
+from mempo.utils.digest import sha256_file
 from support.checkpoints import rewrite_with_manifest
 
 
@@ -449,7 +450,16 @@ def _drop_param(state):
         group["params"].remove("2.weight")
 
 
+def _deep_state(path):
+    """state.json with a value nested 5,000 deep (a RecursionError when decoded), its digest rewritten."""
+    file = path / "state.json"
+    file.write_text(file.read_text().rstrip()[:-1] + ', "x": ' + "[" * 5000 + "]" * 5000 + "}")
+    _edit_manifest(path, lambda m: m["files"]["state.json"].update(bytes=file.stat().st_size,
+                                                                    sha256=sha256_file(file)))
+
+
 INCONSISTENT = [  # (file the reason names, what it says, how the checkpoint is edited)
+    ("state.json", r"JSON nested deeper than 100 levels", _deep_state),
     ("model.pt", r"missing key\(s\) 0\.bias", lambda p: rewrite_with_manifest(p, "model.pt", lambda d: d.pop("0.bias"))),
     ("model.pt", r"unexpected key\(s\) stray", lambda p: rewrite_with_manifest(p, "model.pt", lambda d: d.update(stray=torch.ones(1)))),
     ("optimizer.pt", r"missing parameter\(s\) 2\.weight", lambda p: rewrite_with_manifest(p, "optimizer.pt", _drop_param)),

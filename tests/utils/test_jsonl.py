@@ -46,6 +46,20 @@ def test_a_failed_block_keeps_the_old_file_and_removes_the_temporary_one(tmp_pat
     assert sorted(p.name for p in tmp_path.iterdir()) == ["records.jsonl"]
 
 
+def test_loads_bounded_refuses_deep_documents_without_recursing():
+    """The checkpoint state, the index manifest and the HTTP client's bodies decode through
+    `loads_bounded`: a document nested 5,000 deep was a RecursionError in each of them."""
+    from mempo.utils.jsonl import MAX_JSON_DEPTH, loads_bounded, too_deep_at
+
+    deep = '{"step": 1, "x": ' + "[" * 5_000 + "]" * 5_000 + "}"
+    with pytest.raises(ValueError, match=f"state.json: JSON nested deeper than {MAX_JSON_DEPTH} levels"):
+        loads_bounded(deep, "state.json")
+    with pytest.raises(ValueError, match="b: not valid JSON"):
+        loads_bounded(b'{"a": ', "b")
+    assert loads_bounded(b'{"a": [[1]], "s": "[[[["}', "c") == {"a": [[1]], "s": "[[[["}
+    assert too_deep_at('"' + "[" * 500 + '"') is None and too_deep_at("[" * 101) == 101
+
+
 def test_deep_nesting_and_truncated_lines_name_line_and_column(tmp_path):
     """Issue 21: JSON nested 30,000 deep was a RecursionError (case 5); a truncated line's error said
     "column 1" (the position after its newline) instead of where and why it ends (case 7)."""
