@@ -8,6 +8,7 @@ Rows are 0-based positions in index order; offsets are int64 byte positions (n +
 lengths are int64 (title characters, text characters) per row (``documents.lengths.npy``).
 numpy is imported inside the functions that use it, so `import mempo.env` stays light.
 """
+import abc
 import json
 import mmap
 import os
@@ -135,11 +136,11 @@ class LocalRetriever(Retriever):
             raise DocumentNotFoundError(f"unknown document id {doc_id!r}")
         return self._docs[row]
 
+    @abc.abstractmethod
     def rank(self, queries: Sequence[str], topk: int = DEFAULT_TOPK) -> list[list[tuple[int, float]]]:
         """The first half of `search`: per query, (row, score) of its hits, best first; no document
         is read. `search(queries, topk)` equals ``[[self.hit(r, s) for r, s in ranked] for ranked in
-        self.rank(queries, topk)]``."""
-        raise NotImplementedError
+        self.rank(queries, topk)]``. Each local retriever implements it (BM25, dense)."""
 
     def hit(self, row: int, score: float) -> Hit:
         """The second half of `search`: the Hit of document `row` (reads it)."""
