@@ -31,14 +31,14 @@ import torch
 from mempo.algo.contexts import scoring_requests
 from mempo.algo.memory_reward import RoundMemoryReward, round_memory_rewards
 from mempo.config.schema import ScoringConfig
-from mempo.model.adapter import ScoringModel, crop_cache, inference
+from mempo.model.adapter import ScoringModel, check_dense_mask_support, crop_cache, inference
 from mempo.records.scoring import ScoringRequest, ScoringResult
 from mempo.records.trajectory import Trajectory
 
-__all__ = ["METHODS", "DEFAULT_TOKEN_BUDGET", "ScoringStats", "compute_memory_rewards", "score", "score_cached",
-           "score_packed", "score_reference"]
+__all__ = ["METHODS", "DEFAULT_TOKEN_BUDGET", "ScoringStats", "compute_memory_rewards", "resolve_method", "score",
+           "score_cached", "score_packed", "score_reference"]
 
-METHODS = ("packed", "cached", "reference")
+METHODS = ("packed", "cached", "reference")  # the ways to score; "auto" (`resolve_method`) picks one of them
 DEFAULT_TOKEN_BUDGET = 16384
 
 
@@ -528,10 +528,35 @@ def score_cached(
         return rows.results(runner, threshold, temperature, empty_value, backend)
 
 
+def resolve_method(model, method: str = "auto") -> str:
+    """The method `score` runs for `method` on `model`: a name of `METHODS` as given; "auto" picks by
+    the model's device, from bench/RESULTS.md "Teacher scoring":
+
+    1. "reference" when the model cannot take a dense 4-D mask (sliding-window or other non-full
+       attention layers; `check_dense_mask_support`): the other two raise for it.
+    2. "cached" on CPU: the fastest there in every quiet run (4.0-8.2x less time than "reference",
+       against 2.05-3.3x for "packed": its root runs on the causal fast path).
+    3. "packed" on any other device: not yet measured on a GPU (bench/RESULTS.md "GPU"); "packed"
+       needs no cache support from the model and was the default before "auto".
+
+    ValueError for a name that is neither "auto" nor in `METHODS`."""
+    if method != "auto":
+        if method not in METHODS:
+            raise ValueError(f"scoring method must be 'auto' or one of {METHODS}, got {method!r}")
+        return method
+    with inference(model, dense_mask=True):  # as packed / cached run it: flash attention runs "sdpa" there
+        try:
+            check_dense_mask_support(model)
+        except ValueError:
+            return "reference"
+    device = next(iter(model.parameters())).device
+    return "cached" if device.type == "cpu" else "packed"
+
+
 def score(
     model,
     requests: Sequence[ScoringRequest],
-    method: str = "packed",
+    method: str = "auto",
     *,
     threshold: Optional[float] = 0.5,
     token_budget: int = DEFAULT_TOKEN_BUDGET,
@@ -541,16 +566,15 @@ def score(
     backend: str = "auto",
     stats: Optional[ScoringStats] = None,
 ) -> list[ScoringResult]:
-    """Score every round of every request: `method` "packed" (default), "cached" or "reference".
+    """Score every round of every request: `method` "auto" (default: `resolve_method`), "packed",
+    "cached" or "reference".
 
     All three give the same numbers up to floating-point rounding; "cached" is the fastest on CPU
     (the root runs on the causal fast path), "packed" needs no cache support, "reference" works with
     any attention implementation. Arguments and result: as `score_reference`.
     """
     fns = {"packed": score_packed, "cached": score_cached, "reference": score_reference}
-    if method not in fns:
-        raise ValueError(f"method must be one of {METHODS}, got {method!r}")
-    return fns[method](model, requests, threshold=threshold, token_budget=token_budget,
+    return fns[resolve_method(model, method)](model, requests, threshold=threshold, token_budget=token_budget,
                        temperature=temperature, empty_value=empty_value, fused=fused,
                        backend=backend, stats=stats)
 

@@ -22,7 +22,8 @@ import torch
 from mempo.algo.contexts import DEFAULT_ANSWER_TEMPLATE, build_answer
 from mempo.records.scoring import ScoredRound, ScoringRequest, ScoringResult
 from mempo.algo.memory_reward import memory_rewards
-from mempo.scoring import METHODS, ScoringStats, compute_memory_rewards, score, score_cached, score_packed
+from mempo.scoring import (METHODS, ScoringStats, compute_memory_rewards, resolve_method, score, score_cached,
+                           score_packed)
 
 transformers = pytest.importorskip("transformers")
 tokenizers = pytest.importorskip("tokenizers")
@@ -368,6 +369,25 @@ def test_packed_needs_dense_mask_attention(qwen2):
     for method in ("packed", "cached"):
         with pytest.raises(ValueError, match="attn_implementation"):
             score(model, [req], method)
+
+
+def test_auto_method_by_device_and_attention(qwen2, qwen2_requests):
+    """"auto" is "cached" on CPU, "reference" for a model with non-full-attention layers (packed and
+    cached raise for it), "packed" on another device; it gives the methods' numbers; a bad name raises."""
+    assert resolve_method(qwen2) == "cached"
+    assert resolve_method(qwen2, "packed") == "packed"
+    assert_same(score(qwen2, qwen2_requests), score(qwen2, qwen2_requests, "reference"))
+    model = _qwen2()
+    model.config._attn_implementation = "flex_attention"
+    assert resolve_method(model) == "reference"
+    assert model.config._attn_implementation == "flex_attention"
+    model = _qwen2()
+    model.config.layer_types = ["sliding_attention"] * len(model.config.layer_types or [0] * 2)
+    assert resolve_method(model) == "reference"
+    meta = _qwen2().to("meta")
+    assert resolve_method(meta) == "packed"
+    with pytest.raises(ValueError, match="'auto' or one of"):
+        resolve_method(qwen2, "dense")
 
 
 @pytest.mark.parametrize("method", ["packed", "cached"])

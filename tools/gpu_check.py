@@ -666,7 +666,7 @@ def _scoring_requests(n: int, length: int, vocab: int, seed: int = 0):
 def sec_scoring(ctx: Ctx) -> None:
     import torch
 
-    from mempo.scoring import ScoringStats, score
+    from mempo.scoring import ScoringStats, resolve_method, score
 
     sz = ctx.sizes
     requests = _scoring_requests(sz.scoring_requests, sz.scoring_len, sz.scoring["vocab_size"])
@@ -687,6 +687,10 @@ def sec_scoring(ctx: Ctx) -> None:
                 d = max(abs(math.log(a) - math.log(b)) for a, b in zip(ps, base))
                 result("scoring", f"{method}_fused{fused}_{dname}", "PASS" if d < tol and nan == 0 else "FAIL",
                        max_abs_dlogP=d, s=secs, tokens=stats.tokens, forwards=stats.forwards, contexts=stats.contexts)
+            # what scoring.method "auto" picks on this device against the fastest fused method measured
+            fastest = min(("reference", "packed", "cached"), key=lambda m: out[(m, True)][1])
+            result("scoring", f"auto_pick_{dname}", "INFO", picks=resolve_method(model), fastest=fastest,
+                   fastest_s=out[(fastest, True)][1], picked_s=out[(resolve_method(model), True)][1])
         checked("scoring", f"methods_{dname}", run)
 
     fa_ok, fa_what = flash_attention_2()

@@ -256,7 +256,9 @@ class ScoringConfig:
     """Memory-reward teacher scoring and the memory reward's definition (ALGORITHM.md section 4,
     `mempo.scoring`, `mempo.algo.memory_reward.compute_memory_rewards`).
 
-    method: ``"packed"``, ``"reference"`` or ``"cached"``. threshold: keep answer tokens with
+    method: ``"auto"`` (default: "cached" on CPU, "packed" on other devices, "reference" for a model
+    without a dense-mask path; `mempo.scoring.resolve_method`), ``"packed"``, ``"reference"`` or
+    ``"cached"``. threshold: keep answer tokens with
     p > threshold (None: plain geometric mean). token_budget: token positions per scoring forward.
 
     The definition (defaults: the paper's, mem_reward = P(answer | mem_ctx) - P(answer | full_ctx)):
@@ -269,7 +271,7 @@ class ScoringConfig:
     which needs threshold null). log_clip: c of the ``"log"`` reward, in nats.
     """
 
-    method: Literal["packed", "reference", "cached"] = "packed"
+    method: Literal["auto", "packed", "reference", "cached"] = "auto"
     threshold: Optional[float] = 0.5
     token_budget: int = 16384
     comparator: Literal["paper", "history_mem"] = "paper"
