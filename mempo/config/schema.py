@@ -534,7 +534,10 @@ class SyntheticConfig:
     agent fails the way the memory reward exists to fix); oracle_drop_seed: the seed of those draws;
     oracle_answer_template: the answer round is exactly the teacher-scoring template
     (`mempo.algo.contexts.DEFAULT_ANSWER_TEMPLATE`), so P(answer | context) is scored on text the
-    model was taught.
+    model was taught. oracle_rename: every entity name of each kept trajectory replaced, consistently
+    within it, by a random name of the same kind that no evaluation question asks about
+    (`mempo.synthetic.rename`): SFT cannot learn facts or subjects by heart and learns to copy names
+    from the question and the results (the oracle_objectives way only).
 
     Copy warm-up (`mempo.synthetic.copy_warmup`, the demo before SFT): copy_warmup_steps steps on
     random sequences of the world's name ids (0: none) at learning rate copy_warmup_lr.
@@ -570,6 +573,7 @@ class SyntheticConfig:
     oracle_drop_fact_prob: float = 0.0
     oracle_drop_seed: int = 0
     oracle_answer_template: bool = False
+    oracle_rename: bool = False
     copy_warmup_steps: int = 1000
     copy_warmup_lr: float = 1e-3
     vocab_size: int = 4096
@@ -591,6 +595,8 @@ class SyntheticConfig:
         _require(self.world_question_hops is None or (len(self.world_question_hops) > 0
                                                       and all(h >= 1 for h in self.world_question_hops)),
                  "world_question_hops", f"must be a non-empty list of hops >= 1, or null; got {self.world_question_hops}")
+        _require(not self.oracle_rename or self.oracle_objectives is not None, "oracle_rename",
+                 "renames the cold start drawn per oracle_objectives, which is null: set oracle_objectives")
         _require(self.world_entities >= 20, "world_entities",
                  f"must be >= 20 (the synthetic world's smallest size), got {self.world_entities}")
         _require(self.world_documents is None or self.world_documents > 0, "world_documents",

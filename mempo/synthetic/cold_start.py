@@ -6,7 +6,8 @@
 evaluation asks about); the teacher (`oracle_agent`) runs each under the memory context with the
 given tools; ``oracle_keep: correct`` keeps only correct trajectories (score 1), as the paper's
 cold-start data, all of them when none is (a tiny world can defeat the oracle); ``oracle_keep: all``
-keeps every trajectory, the teacher's failures too.
+keeps every trajectory, the teacher's failures too. ``oracle_rename`` renames the kept trajectories'
+entities (`mempo.synthetic.rename`, seed ``data.seed``): SFT then teaches copying names, not facts.
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from mempo.config import MempoConfig
 from mempo.seeds import sft_question_seed
 from mempo.synthetic.heldout import training_episodes
 from mempo.synthetic.oracle import OracleAgent, OracleTrajectory, run_oracle
+from mempo.synthetic.rename import rename_trajectories
 from mempo.utils.progress import progress
 
 __all__ = ["ColdStart", "oracle_agent", "oracle_cold_start"]
@@ -65,9 +67,9 @@ def oracle_cold_start(world: Any, tools: Mapping[str, Any], cfg: MempoConfig, he
             trajectories.append(run_oracle(episode, tools, policy="memory", agent=oracle_agent(cfg),
                                            system_prompt=cfg.rollout.system_prompt))
             bar.advance()
-    if s.oracle_keep == "all":
-        return ColdStart(trajectories, len(trajectories), len(held), False)
-    kept = [t for t in trajectories if float(t.score.get("score", 0.0)) == 1.0]
-    if kept:
-        return ColdStart(kept, len(trajectories), len(held), False)
-    return ColdStart(trajectories, len(trajectories), len(held), True)
+    kept = [t for t in trajectories if s.oracle_keep == "all" or float(t.score.get("score", 0.0)) == 1.0]
+    all_kept = not kept
+    kept = kept or trajectories
+    if s.oracle_rename:
+        kept = rename_trajectories(kept, world.entities, held, seed=cfg.data.seed)
+    return ColdStart(kept, len(trajectories), len(held), all_kept)

@@ -1,0 +1,84 @@
+"""Renamed cold-start trajectories: every entity name in an oracle trajectory replaced, consistently
+within it, by the name of another entity of the same kind drawn at random, so that SFT cannot learn
+the world's facts or its question subjects by heart and must copy names from the question and the
+search results (the held-out evaluation asks about entities SFT never saw as subjects).
+
+Names are drawn from entities no evaluation question asks about (``held_out`` excluded), so the
+held-out split stays as it is. The renaming is a pure function of (trajectory index, seed).
+"""
+from __future__ import annotations
+
+import dataclasses
+import random
+import re
+from typing import Any, Collection, Optional, Sequence
+
+from mempo.synthetic.oracle import OracleTrajectory
+
+__all__ = ["rename_trajectories"]
+
+
+def _name_pattern(names: Collection[str]) -> re.Pattern:
+    """One regex matching any of `names` as whole words, longest first (a multi-word name before the
+    one-word name it starts with)."""
+    ordered = sorted(names, key=lambda name: (-len(name), name))
+    return re.compile(r"(?<!\w)(" + "|".join(re.escape(name) for name in ordered) + r")(?!\w)")
+
+
+def rename_trajectories(trajectories: Sequence[OracleTrajectory], entities: Sequence[Any],
+                        held_out: Collection[str] = (), seed: int = 0) -> list[OracleTrajectory]:
+    """New trajectories, one per `trajectories[i]`, whose text has every entity name replaced.
+
+    1. The names of `entities` (objects with ``name`` and ``kind``) found in trajectory i's texts
+       (prompt, system prompt, every round's messages, assistant text, tool argument and tool text,
+       the final answer, the golds) are collected.
+    2. Each is mapped to a distinct name of the same kind, drawn without replacement from the
+       entities of that kind not in `held_out`, with ``random.Random(f"mempo-rename/{seed}/{i}")``.
+    3. Every occurrence is replaced at once (one pass, so a name mapped onto another name found in
+       the same text is never renamed twice). The score, finish and round structure are kept: a
+       consistent renaming leaves an answer exactly as right or wrong as it was.
+
+    ``tool_metadata`` (document ids) is kept as it is. ValueError when a kind has fewer
+    non-held-out names than a trajectory needs."""
+    kind_of = {e.name: e.kind for e in entities}
+    pools: dict[str, list[str]] = {}
+    held = frozenset(held_out)
+    for e in entities:
+        if e.name not in held:
+            pools.setdefault(e.kind, []).append(e.name)
+    for names in pools.values():
+        names.sort()
+    pattern = _name_pattern(kind_of)
+    renamed = []
+    for i, trajectory in enumerate(trajectories):
+        texts = _texts(trajectory)
+        found = sorted({m.group(1) for text in texts for m in pattern.finditer(text)})
+        rng = random.Random(f"mempo-rename/{seed}/{i}")
+        mapping: dict[str, str] = {}
+        for kind in sorted({kind_of[name] for name in found}):
+            olds = [name for name in found if kind_of[name] == kind]
+            pool = pools.get(kind, [])
+            if len(pool) < len(olds):
+                raise ValueError(f"trajectory {trajectory.episode_id!r} names {len(olds)} entities of kind {kind!r}; "
+                                 f"only {len(pool)} such entities are not held out")
+            mapping.update(zip(olds, rng.sample(pool, len(olds))))
+        renamed.append(_renamed(trajectory, lambda text: pattern.sub(lambda m: mapping[m.group(1)], text)))
+    return renamed
+
+
+def _texts(t: OracleTrajectory) -> list[str]:
+    texts = [t.prompt, t.system_prompt, t.final_answer or ""] + [g for golds in t.golds for g in golds]
+    for r in t.rounds:
+        texts += [m.get("content", "") for m in r.messages] + [r.assistant, r.argument or "", r.tool_text or ""]
+    return texts
+
+
+def _renamed(t: OracleTrajectory, sub: Any) -> OracleTrajectory:
+    def opt(text: Optional[str]) -> Optional[str]:
+        return None if text is None else sub(text)
+
+    rounds = [dataclasses.replace(r, messages=[{**m, "content": sub(m.get("content", ""))} for m in r.messages],
+                                  assistant=sub(r.assistant), argument=opt(r.argument), tool_text=opt(r.tool_text))
+              for r in t.rounds]
+    return dataclasses.replace(t, prompt=sub(t.prompt), system_prompt=sub(t.system_prompt), rounds=rounds,
+                               golds=[[sub(g) for g in golds] for golds in t.golds], final_answer=opt(t.final_answer))
