@@ -156,7 +156,8 @@ def _oracle_stage(cfg: MempoConfig, env: SyntheticEnv, held_out: frozenset[str],
     rounds = sum(t.num_rounds for t in cold.trajectories)
     return Staged(cold, f"{len(cold.trajectories)}/{cold.ran} {what} ({rounds} rounds; objectives "
                         f"{list(cfg.synthetic.oracle_objectives)}; no question about the {cold.held_out} entities the "
-                        f"evaluation asks about{'; entity names replaced at random' if cfg.synthetic.oracle_rename else ''})")
+                        f"evaluation asks about{'; entity names replaced at random' if cfg.synthetic.oracle_rename else ''})"
+                        f"{f' + {len(cold.copy_records)} copy-task records' if cold.copy_records else ''}")
 
 
 def _tokenizer_stage(cfg: MempoConfig, world: Any, trajectories: Sequence[Any]) -> Staged[Any]:
@@ -419,7 +420,7 @@ def run_demo(cfg: MempoConfig, out_dir: PathLike, *, echo: Callable[[str], None]
     model = stages.run("model", _model_stage, cfg, tokenizer)
     if cfg.synthetic.copy_warmup_steps:
         stages.run("copy-warmup", _copy_stage, cfg, model, tokenizer, env.world)
-    sft_metrics = stages.run("sft", _sft_stage, cfg, model, tokenizer, cold.trajectories, out)
+    sft_metrics = stages.run("sft", _sft_stage, cfg, model, tokenizer, cold.trajectories + cold.copy_records, out)
     bound = sft_bound_line(cfg, sft_metrics)
     notes = [bound] if bound else []
     if bound:

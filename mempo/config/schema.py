@@ -541,6 +541,9 @@ class SyntheticConfig:
 
     Copy warm-up (`mempo.synthetic.copy_warmup`, the demo before SFT): copy_warmup_steps steps on
     random sequences of the world's name ids (0: none) at learning rate copy_warmup_lr.
+    copy_sft_examples: chat records of the copy task (repeat a random sequence of the world's names,
+    held-out ones too: a name carries no fact) added to the cold start's SFT data
+    (`mempo.synthetic.copy_warmup.copy_records`; 0: none), so SFT keeps every name trained.
 
     The demo's tokenizer and model (`mempo demo`). vocab_size: the tokenizer's size.
     tokenizer_documents: documents the tokenizer is trained on (plus every oracle text).
@@ -576,6 +579,7 @@ class SyntheticConfig:
     oracle_rename: bool = False
     copy_warmup_steps: int = 1000
     copy_warmup_lr: float = 1e-3
+    copy_sft_examples: int = 0
     vocab_size: int = 4096
     tokenizer_documents: int = 2000
     model_size: Literal["tiny", "mini", "small"] = "mini"
@@ -587,7 +591,7 @@ class SyntheticConfig:
     def __post_init__(self):
         _check_types(self)
         _finite(self)
-        _non_negative(self, "world_distractor_ratio", "torch_threads", "copy_warmup_steps")
+        _non_negative(self, "world_distractor_ratio", "torch_threads", "copy_warmup_steps", "copy_sft_examples")
         _positive(self, "oracle_episodes", "vocab_size", "tokenizer_documents", "max_position_embeddings",
                   "copy_warmup_lr")
         _require(self.world_relations is None or len(self.world_relations) > 0, "world_relations",
@@ -597,6 +601,8 @@ class SyntheticConfig:
                  "world_question_hops", f"must be a non-empty list of hops >= 1, or null; got {self.world_question_hops}")
         _require(not self.oracle_rename or self.oracle_objectives is not None, "oracle_rename",
                  "renames the cold start drawn per oracle_objectives, which is null: set oracle_objectives")
+        _require(not self.copy_sft_examples or self.oracle_objectives is not None, "copy_sft_examples",
+                 "adds to the cold start drawn per oracle_objectives, which is null: set oracle_objectives")
         _require(self.world_entities >= 20, "world_entities",
                  f"must be >= 20 (the synthetic world's smallest size), got {self.world_entities}")
         _require(self.world_documents is None or self.world_documents > 0, "world_documents",

@@ -7,7 +7,8 @@ evaluation asks about); the teacher (`oracle_agent`) runs each under the memory 
 given tools; ``oracle_keep: correct`` keeps only correct trajectories (score 1), as the paper's
 cold-start data, all of them when none is (a tiny world can defeat the oracle); ``oracle_keep: all``
 keeps every trajectory, the teacher's failures too. ``oracle_rename`` renames the kept trajectories'
-entities (`mempo.synthetic.rename`, seed ``data.seed``): SFT then teaches copying names, not facts.
+entities (`mempo.synthetic.rename`, seed ``data.seed``): SFT then teaches copying names, not facts;
+``copy_sft_examples`` copy-task records over every name go with them (`copy_records`).
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from typing import Any, Collection, Mapping, NamedTuple, Optional
 from mempo.algo.contexts import DEFAULT_ANSWER_TEMPLATE
 from mempo.config import MempoConfig
 from mempo.seeds import sft_question_seed
+from mempo.synthetic.copy_warmup import copy_records
 from mempo.synthetic.heldout import training_episodes
 from mempo.synthetic.oracle import OracleAgent, OracleTrajectory, run_oracle
 from mempo.synthetic.rename import rename_trajectories
@@ -27,12 +29,14 @@ __all__ = ["ColdStart", "oracle_agent", "oracle_cold_start"]
 class ColdStart(NamedTuple):
     """`oracle_cold_start`'s result: ``trajectories`` to train on; ``ran``: oracle runs;
     ``held_out``: the held-out subjects no episode asks about; ``all_kept``: True when no run was
-    correct and every one was kept (``oracle_keep: correct``)."""
+    correct and every one was kept (``oracle_keep: correct``); ``copy_records``: the copy task's chat
+    records to train on with them (``synthetic.copy_sft_examples``; `copy_records`)."""
 
     trajectories: list[OracleTrajectory]
     ran: int
     held_out: int
     all_kept: bool
+    copy_records: list[dict]
 
 
 def oracle_agent(cfg: MempoConfig, max_turns: Optional[int] = None) -> OracleAgent:
@@ -72,4 +76,6 @@ def oracle_cold_start(world: Any, tools: Mapping[str, Any], cfg: MempoConfig, he
     kept = kept or trajectories
     if s.oracle_rename:
         kept = rename_trajectories(kept, world.entities, held, seed=cfg.data.seed)
-    return ColdStart(kept, len(trajectories), len(held), all_kept)
+    copies = copy_records([e.name for e in world.entities], s.copy_sft_examples, seed=s.model_seed,
+                          system_prompt=cfg.rollout.system_prompt)
+    return ColdStart(kept, len(trajectories), len(held), all_kept, copies)

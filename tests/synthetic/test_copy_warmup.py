@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from mempo.model.builtin import tiny_model, train_tokenizer
-from mempo.synthetic.copy_warmup import copy_warmup
+from mempo.synthetic.copy_warmup import copy_records, copy_warmup
 
 
 def test_copy_warmup_teaches_copying():
@@ -24,3 +24,25 @@ def test_copy_warmup_teaches_copying():
         copy_warmup(model, [1, 10 ** 6], steps=1)
     with pytest.raises(ValueError, match="min_len"):
         copy_warmup(model, pool, steps=1, min_len=5, max_len=4)
+
+
+def test_copy_records_repeat_random_name_sequences():
+    names = ["Vefa", "Kido", "Sufun", "Tamor"]
+    records = copy_records(names, 50, seed=3, system_prompt="Be brief.", min_len=2, max_len=5)
+    assert len(records) == 50 and records == copy_records(names, 50, seed=3, system_prompt="Be brief.", min_len=2, max_len=5)
+    assert records != copy_records(names, 50, seed=4, system_prompt="Be brief.", min_len=2, max_len=5)
+    lengths = set()
+    for record in records:
+        system, user, assistant = record["messages"]
+        assert system == {"role": "system", "content": "Be brief."}
+        assert user["role"] == "user" and assistant["role"] == "assistant"
+        assert user["content"] == "Repeat: " + assistant["content"]
+        words = assistant["content"].split(" ")
+        assert set(words) <= set(names)
+        lengths.add(len(words))
+    assert lengths == {2, 3, 4, 5}
+    assert copy_records(names, 0) == []
+    with pytest.raises(ValueError, match="copy_records"):
+        copy_records([], 3)
+    with pytest.raises(ValueError, match="copy_records"):
+        copy_records(names, 3, min_len=4, max_len=2)

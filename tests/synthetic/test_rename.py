@@ -74,6 +74,18 @@ def test_the_cold_start_renames_when_configured_and_only_the_listed_way():
         load_config(None, SMALL + ["synthetic.oracle_rename=true"])
 
 
+def test_the_cold_start_adds_copy_records_over_every_name_when_configured():
+    cfg = load_config(None, OVERRIDES + ["synthetic.copy_sft_examples=30"])
+    env = build_world(cfg)
+    cold = oracle_cold_start(env.world, build_tools(cfg, env.retriever), cfg, ["Nobody"])
+    assert len(cold.copy_records) == 30
+    names = {e.name for e in env.world.entities}
+    assert all(set(r["messages"][-1]["content"].split(" ")) <= names for r in cold.copy_records)
+    assert oracle_cold_start(env.world, build_tools(cfg, env.retriever), load_config(None, OVERRIDES)).copy_records == []
+    with pytest.raises(ConfigError, match="copy_sft_examples"):
+        load_config(None, SMALL + ["synthetic.copy_sft_examples=3"])
+
+
 def test_multi_word_names_are_renamed_whole():
     """Default-style names have one to three words ("Tusi Varn", "<Word> River"): a name is replaced
     whole, never a word of it."""
