@@ -322,15 +322,17 @@ def memory_outcome_section(before: EvalReport, after: EvalReport, episodes_by_k:
 @dataclass(frozen=True)
 class DemoTargets:
     """The demo's targets (docs/DEMO.md): EM after SFT at ``sft_k``; the RL gain in EM at ``rl_k``
-    (at least ``rl_gain`` and more than ``rl_gain_se`` standard errors); memory-context prompt
+    (at least ``rl_gain`` and more than ``rl_gain_se`` standard errors); no EM drop at ``no_drop_k``
+    after RL (the change >= 0); memory-context prompt
     tokens at most ``token_ratio`` x the full context's of the same rounds at ``token_k``; the whole
     run within ``seconds`` (the README command's install is outside what the demo can time)."""
 
     sft_em: float = 0.30
     sft_k: int = 2
     rl_gain: float = 0.10
-    rl_gain_se: float = 2.0
+    rl_gain_se: float = 3.0
     rl_k: int = 2
+    no_drop_k: int = 4
     token_ratio: float = 0.5
     token_k: int = 4
     seconds: float = 900.0
@@ -357,6 +359,9 @@ def target_lines(before: Optional[EvalReport], after: Optional[EvalReport], seco
         z = gain / se if se > 0 else 0.0
         lines.append(f"target RL gain in EM at k={t.rl_k} >= +{t.rl_gain:.2f} and > {t.rl_gain_se:g} SE: "
                      f"{gain:+.3f} ({z:+.1f} SE), {verdict(gain >= t.rl_gain and z > t.rl_gain_se)}")
+    drop = em_change(before, after, t.no_drop_k)
+    lines.append(f"target no EM drop at k={t.no_drop_k} after RL: " +
+                 (f"{drop[0]:+.3f}, {verdict(drop[0] >= 0)}" if drop is not None else "no such evaluation cells"))
     for which, report in (("after SFT", before), ("after RL", after)):
         row = report.row(t.token_k, "memory") if report is not None else None
         if row is None or row.token_ratio is None:
