@@ -1,8 +1,10 @@
 """``mempo ask``: one question through the trained agent, each round printed as it finishes.
 
-    mempo ask "QUESTION" --model MODEL_DIR [--config CONFIG.yaml] [section.field=value ...]
+    mempo ask "QUESTION" [section.field=value ...] --model MODEL_DIR [--config CONFIG.yaml]
               [--corpus CORPUS.jsonl | --retriever-url URL | --index-dir DIR] [--max-turns N]
-              [--temperature T] [--json]
+              [--max-tokens N] [--temperature T] [--json]
+
+Overrides go right after the question, before the flags.
 
 The same loop as `mempo serve` and `mempo eval` (`mempo.serve.agent.AgentService`); the rounds go
 to stdout as they happen (memory, action, a result excerpt), then the answer (``--json``: one JSON
