@@ -168,7 +168,8 @@ class AgentService:
         deadline_s: default seconds a request may take (None: no deadline).
         gather_s: how long the model thread waits for more arrivals before a batch that has room.
 
-    ``batch_sizes`` counts every backend call's batch size (the benchmark and tests read it).
+    ``batch_sizes`` holds every backend call's batch size, in order (``/health``, the benchmark and
+    the tests read it; appended on the model thread only).
     """
 
     def __init__(self, engine: RolloutEngine, *, max_batch_size: Optional[int] = None,

@@ -249,11 +249,15 @@ def create_app(service: AgentService, *, model_id: str, max_in_flight: int = DEF
         return error_response(500, f"internal error: {type(exc).__name__}: {exc}", code="internal_error",
                               headers=_NO_RETRY)
 
-    # GET /health (no key): {"status": "ok", "model", "in_flight", "max_in_flight"}
+    # GET /health (no key): {"status": "ok", "model", "in_flight", "max_in_flight", "generation_batches",
+    # "generated_rounds"} (the last two: backend calls so far and the rounds they generated; their
+    # ratio is the mean batch size)
     @app.get("/health")
     def health():
+        sizes = service.batch_sizes
         return json_response({"status": "ok", "model": model_id, "in_flight": state["in_flight"],
-                              "max_in_flight": max_in_flight})
+                              "max_in_flight": max_in_flight, "generation_batches": len(sizes),
+                              "generated_rounds": sum(sizes)})
 
     # GET /v1/models: {"object": "list", "data": [{"id", "object": "model", "created", "owned_by"}]}
     @app.get("/v1/models")
