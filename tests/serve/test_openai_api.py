@@ -5,6 +5,7 @@ or a tiny random Qwen2 for batching through the HF backend."""
 import http.client
 import json
 import threading
+import time
 import urllib.parse
 
 import pytest
@@ -241,3 +242,30 @@ def test_concurrent_requests_share_hf_generation_batches(tok, bm25):
     assert all(r is not None and r.model_extra["agent"]["turns"] >= 1 for r in results)
     assert max(service.batch_sizes) > 1 and len(service.batch_sizes) < sum(r.model_extra["agent"]["turns"]
                                                                             for r in results)
+
+
+def test_a_client_that_goes_away_cancels_its_episode(tok, bm25):
+    """Streaming and not: the client closes its connection while the first round is generated; the
+    episode (three rounds if run out) stops at its next round and leaves the in-flight count."""
+    for stream in (True, False):
+        gated = GatedBackend(needle_backend(tok))
+        service = AgentService.from_config(_cfg(), None, tok, bm25, gated)
+        with AgentServer(service, model_id=MODEL, ping_s=0.05) as running:
+            parts = urllib.parse.urlsplit(running.url)
+            connection = http.client.HTTPConnection(parts.hostname, parts.port, timeout=30)
+            body = {"model": MODEL, "messages": _ask(7), "stream": stream}
+            connection.request("POST", "/v1/chat/completions", body=json.dumps(body),
+                               headers={"content-type": "application/json"})
+            assert gated.entered.wait(10)
+            if stream:
+                response = connection.getresponse()
+                assert response.status == 200 and response.readline().startswith(b"data: ")
+            connection.sock.shutdown(2)
+            connection.close()
+            threading.Timer(1.2, gated.gate.set).start()  # the round ends after the client has gone
+            deadline = time.monotonic() + 20
+            while _post(running.url, b"", path="/health", method="GET")[2]["in_flight"] and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert _post(running.url, b"", path="/health", method="GET")[2]["in_flight"] == 0
+            assert sum(service.batch_sizes) < 3, (stream, service.batch_sizes)  # not run to its end
+        service.close()
