@@ -28,7 +28,6 @@ import json
 import os
 import platform
 import signal
-import statistics
 import subprocess
 import sys
 import tempfile

@@ -23,6 +23,7 @@ import math
 import queue
 import threading
 import time
+from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
@@ -40,6 +41,9 @@ from mempo.seeds import generation_seed
 
 __all__ = ["AgentOptions", "AgentRound", "AgentAnswer", "AgentTicket", "AgentService", "AgentError",
            "DeadlineExceeded", "ServiceClosed", "serving_rollout_config"]
+
+#: How many recent batch sizes `AgentService.batch_sizes` keeps (a server runs for days).
+RECENT_BATCHES = 10_000
 
 #: A round callback: called on the model thread for each finished round, in order (keep it short).
 RoundCallback = Callable[["AgentRound"], None]
@@ -168,8 +172,9 @@ class AgentService:
         deadline_s: default seconds a request may take (None: no deadline).
         gather_s: how long the model thread waits for more arrivals before a batch that has room.
 
-    ``batch_sizes`` holds every backend call's batch size, in order (``/health``, the benchmark and
-    the tests read it; appended on the model thread only).
+    ``batch_sizes`` holds the batch sizes of the last `RECENT_BATCHES` backend calls, in order, and
+    ``generation_batches`` / ``generated_rounds`` count all calls and the rounds they generated
+    (``/health``, the benchmark and the tests read them; written on the model thread only).
     """
 
     def __init__(self, engine: RolloutEngine, *, max_batch_size: Optional[int] = None,
@@ -185,7 +190,9 @@ class AgentService:
         self.max_turns_limit = int(max_turns_limit or engine.config.max_turns)
         self.deadline_s = deadline_s
         self.gather_s = float(gather_s)
-        self.batch_sizes: list[int] = []
+        self.batch_sizes: deque[int] = deque(maxlen=RECENT_BATCHES)
+        self.generation_batches = 0
+        self.generated_rounds = 0
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._tools = ThreadPoolExecutor(max_workers=engine.config.tool_workers, thread_name_prefix="mempo-agent-tool")
         self._calls = itertools.count()
@@ -339,8 +346,10 @@ class AgentService:
             return
         temperature, top_p = sampling
         params = SamplingParams(temperature, top_p, self.config.top_k,
-                                seed=generation_seed(self.engine.seed, 0, len(self.batch_sizes)))
+                                seed=generation_seed(self.engine.seed, 0, self.generation_batches))
         self.batch_sizes.append(len(requests))
+        self.generation_batches += 1
+        self.generated_rounds += len(requests)
         try:
             outputs = self.engine.backend.generate(requests, params)
             if len(outputs) != len(requests):

@@ -254,10 +254,9 @@ def create_app(service: AgentService, *, model_id: str, max_in_flight: int = DEF
     # ratio is the mean batch size)
     @app.get("/health")
     def health():
-        sizes = service.batch_sizes
         return json_response({"status": "ok", "model": model_id, "in_flight": state["in_flight"],
-                              "max_in_flight": max_in_flight, "generation_batches": len(sizes),
-                              "generated_rounds": sum(sizes)})
+                              "max_in_flight": max_in_flight, "generation_batches": service.generation_batches,
+                              "generated_rounds": service.generated_rounds})
 
     # GET /v1/models: {"object": "list", "data": [{"id", "object": "model", "created", "owned_by"}]}
     @app.get("/v1/models")

@@ -88,7 +88,8 @@ def test_requests_share_batches_round_by_round(tok, bm25):
     assert sizes[0] == 2  # A and B together
     assert max(sizes[1:]) >= 2 and sum(sizes) == 3 + 2 + 2  # C rode along with A's later rounds
     assert answers["b"].seconds < answers["a"].seconds
-    assert service.batch_sizes == sizes
+    assert list(service.batch_sizes) == sizes and service.generation_batches == len(sizes)
+    assert service.generated_rounds == sum(sizes)
 
 
 def test_request_options_and_their_bounds(tok, bm25):
