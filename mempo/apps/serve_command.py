@@ -17,7 +17,8 @@ import os
 import time
 
 from mempo.config import ConfigError, MempoConfig, config_from_dict, config_to_dict, load_config
-from mempo.env.server import DEFAULT_HOST, DEFAULT_MAX_CONNECTIONS, DEFAULT_REQUEST_TIMEOUT
+from mempo.apps.serve_retriever_command import add_connection_arguments
+from mempo.env.server import DEFAULT_HOST
 from mempo.serve.defaults import (
     DEFAULT_KEEP_ALIVE, DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_IN_FLIGHT, DEFAULT_PORT, DEFAULT_REQUEST_DEADLINE,
 )
@@ -82,16 +83,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              f"{DEFAULT_REQUEST_DEADLINE:g}; set client timeouts above it)")
     parser.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES,
                         help=f"larger request bodies get HTTP 413 (default {DEFAULT_MAX_BODY_BYTES})")
-    parser.add_argument("--request-timeout", type=float, default=DEFAULT_REQUEST_TIMEOUT,
-                        help="a connection taking longer than this many seconds to send one request is closed "
-                             f"(default {DEFAULT_REQUEST_TIMEOUT:g})")
-    parser.add_argument("--keep-alive", type=int, default=DEFAULT_KEEP_ALIVE,
-                        help=f"seconds an idle keep-alive connection is kept (default {DEFAULT_KEEP_ALIVE}: above "
-                             "httpx's 5 s pool expiry)")
-    parser.add_argument("--max-connections", type=int, default=DEFAULT_MAX_CONNECTIONS,
-                        help=f"connections past this many get HTTP 503 (default {DEFAULT_MAX_CONNECTIONS})")
-    parser.add_argument("--log-level", default="warning", choices=["critical", "error", "warning", "info", "debug"],
-                        help="uvicorn log level (default warning)")
+    add_connection_arguments(parser, keep_alive=DEFAULT_KEEP_ALIVE)  # 30 s: above httpx's 5 s pool expiry
 
 
 def _check_flags(args: argparse.Namespace) -> None:

@@ -197,6 +197,7 @@ class AgentService:
         self._tools = ThreadPoolExecutor(max_workers=engine.config.tool_workers, thread_name_prefix="mempo-agent-tool")
         self._calls = itertools.count()
         self._closed = threading.Event()
+        self._live: list[_Episode] = []  # the model thread's only
         self._thread = threading.Thread(target=self._loop, name="mempo-agent-model", daemon=True)
         self._thread.start()
 
@@ -266,27 +267,39 @@ class AgentService:
 
     # -- the model thread --------------------------------------------------------------------------
     def _loop(self) -> None:
-        episodes: list[_Episode] = []
         while True:
-            ready = [e for e in episodes if not e.waiting_for_tool]
-            self._drain(episodes, block=not ready, timeout=self._next_deadline(episodes))
+            try:
+                self._pass()
+            except Exception as error:  # a bug must not leave requests waiting for ever: fail them, go on
+                for episode in self._live:
+                    self._fail(episode, AgentError(f"internal error: {type(error).__name__}: {error}"))
+            self._live = [e for e in self._live if not e.dropped]
             if self._closed.is_set():
-                for episode in episodes:
+                for episode in self._live:
                     self._fail(episode, ServiceClosed("the agent service was closed before the answer"))
                 return
-            episodes = self._expire(episodes)
-            ready = [e for e in episodes if not e.waiting_for_tool]
-            if not ready:
-                continue
-            if self.gather_s > 0 and (self.max_batch_size is None or len(ready) < self.max_batch_size):
-                time.sleep(self.gather_s)  # let requests arriving together share this batch
-                self._drain(episodes, block=False)
-                ready = [e for e in episodes if not e.waiting_for_tool]
-            for sampling, group in _groups(ready).items():
-                size = self.max_batch_size or len(group)
-                for begin in range(0, len(group), size):
-                    self._step(group[begin:begin + size], sampling)
-            episodes = [e for e in episodes if not e.dropped]
+
+    def _pass(self) -> None:
+        """One pass of the model thread: take new requests and tool results, drop expired or
+        cancelled episodes, generate the next round of every ready one (`_live`: the episodes not
+        yet answered or failed; new ones are appended to it as they arrive)."""
+        episodes = self._live
+        ready = [e for e in episodes if not e.waiting_for_tool]
+        self._drain(episodes, block=not ready, timeout=self._next_deadline(episodes))
+        if self._closed.is_set():
+            return
+        self._expire(episodes)
+        ready = [e for e in episodes if not e.waiting_for_tool and not e.dropped]
+        if not ready:
+            return
+        if self.gather_s > 0 and (self.max_batch_size is None or len(ready) < self.max_batch_size):
+            time.sleep(self.gather_s)  # let requests arriving together share this batch
+            self._drain(episodes, block=False)
+            ready = [e for e in episodes if not e.waiting_for_tool and not e.dropped]
+        for sampling, group in _groups(ready).items():
+            size = self.max_batch_size or len(group)
+            for begin in range(0, len(group), size):
+                self._step(group[begin:begin + size], sampling)
 
     def _drain(self, episodes: list[_Episode], *, block: bool, timeout: Optional[float] = None) -> None:
         """Take every message in the inbox (waiting for the first when `block`, at most `timeout` s)."""
@@ -320,7 +333,7 @@ class AgentService:
                     float(cfg.top_p if options.top_p is None else options.top_p))
         return _Episode(ticket, run, sampling)
 
-    def _expire(self, episodes: list[_Episode]) -> list[_Episode]:
+    def _expire(self, episodes: list[_Episode]) -> None:
         now = time.monotonic()
         for episode in episodes:
             ticket = episode.ticket
@@ -330,7 +343,6 @@ class AgentService:
                 self._fail(episode, DeadlineExceeded(
                     f"the request's deadline passed after {now - ticket.submitted:.1f} s and "
                     f"{len(episode.run.rounds)} round(s)"))
-        return [e for e in episodes if not e.dropped]
 
     def _step(self, group: list[_Episode], sampling: tuple[float, float]) -> None:
         """One backend call for `group`'s next rounds, then their tool calls submitted."""

@@ -144,3 +144,26 @@ def test_a_retriever_that_dies_is_a_tool_error_in_the_rounds(tok, bm25):
     first = answer.rounds[0]
     assert first.action == "search" and first.tool_ok is False and "Error" in first.tool_result
     assert first.tool_error and answer.answer == "Needle 6"  # the scripted agent answers anyway
+
+
+def test_an_unexpected_error_fails_the_requests_not_the_service(tok, bm25):
+    """A backend answering garbage (ids that are not ids) breaks the loop's step: the requests of that
+    pass fail with an AgentError naming it, and the model thread goes on serving."""
+    from mempo.rollout.backends.base import GenerationOutput
+
+    class Garbage:
+        name, calls = "garbage", 0
+
+        def generate(self, requests, sampling):
+            self.calls += 1
+            if self.calls == 1:
+                return [GenerationOutput(None) for _ in requests]
+            return needle_backend(tok).generate(requests, sampling)
+
+        def sync_weights(self, weights=None):
+            """Nothing to load."""
+
+    with _service(tok, bm25, backend=Garbage()) as service:
+        with pytest.raises(AgentError, match="internal error: TypeError"):
+            service.answer(question(2))
+        assert service.answer(question(2)).answer == "Needle 2"
