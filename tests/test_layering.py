@@ -30,7 +30,7 @@ LAYERS = (
     ("mempo.rollout",),
     ("mempo.scoring", "mempo.synthetic"),  # synthetic: the demo's world, its oracle agent and backend
     ("mempo.eval",),
-    ("mempo.train",),
+    ("mempo.train", "mempo.serve"),  # serve: the trained agent behind an OpenAI-compatible API
     ("mempo.integrations",),
     ("mempo.apps",),
     ("mempo.__main__",),

@@ -141,3 +141,35 @@ def test_train_eval_and_demo_never_show_a_gold(tmp_path, trace):
     counts = summary(trace)
     assert counts["tasks"] == 2 and counts["generate_calls"] > 0 and counts["processor_int_lists"] > 0, counts
     assert violations(trace, AutoTokenizer.from_pretrained(out / "model_sft")) == []
+
+
+def test_the_served_agent_never_shows_a_gold(trace, tok):
+    """`mempo serve`'s generation (the agent service behind the OpenAI app, HF backend): the requests
+    carry questions only; the prompts of every generate call hold no gold of the episodes asked."""
+    import openai
+
+    from mempo.eval import eval_episodes
+    from mempo.model.builtin import tiny_model
+    from mempo.protocol.reward import objectives_from_golds
+    from mempo.rollout.backends.factory import hf_backend
+    from mempo.serve.agent import AgentService
+    from mempo.serve.openai_api import AgentServer
+    from mempo.synthetic.build import build_world
+
+    torch.set_num_threads(1)
+    cfg = load_config(TINY, ["eval.objectives=[2]", "eval.episodes=3", "eval.max_turns=2",
+                             "rollout.max_new_tokens_per_round=24"])
+    world, retriever = build_world(cfg)
+    model = tiny_model(tok, seed=0)
+    service = AgentService.from_config(cfg, model, tok, retriever, hf_backend(model, tok))
+    episodes = eval_episodes(world, cfg)[2]
+    with AgentServer(service, model_id="tiny") as server:
+        client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
+        for episode in episodes:
+            golds = [alias for aliases in objectives_from_golds(episode.golds) for alias in aliases]
+            trace.append({"kind": "task", "question": episode.prompt, "golds": golds})
+            client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": episode.prompt}])
+    service.close()
+    counts = summary(trace)
+    assert counts["tasks"] == 3 and counts["generate_calls"] >= 3, counts
+    assert violations(trace, tok) == []

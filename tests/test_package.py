@@ -31,12 +31,14 @@ def test_the_cli_imports_its_commands_and_no_command_imports_the_cli():
     """`mempo.apps.cli` holds the table of commands; a command module never imports the CLI back (no
     register-on-import cycle), and building the parser imports no command's library."""
     code = ("import sys, mempo.apps.train_commands, mempo.apps.eval_command, mempo.apps.demo_command, "
-            "mempo.apps.serve_retriever_command\n"
+            "mempo.apps.serve_retriever_command, mempo.apps.serve_command, mempo.apps.ask_command\n"
             "print('mempo.apps.cli' in sys.modules)\n"
             "import mempo.apps.cli as cli\n"
             "cli.build_parser()\n"
             "print(sorted(c.name for c in cli.COMMANDS))\n"
-            "print([m for m in ('mempo.apps.demo', 'mempo.eval', 'mempo.train.trainer') if m in sys.modules])\n")
+            "print([m for m in ('mempo.apps.demo', 'mempo.eval', 'mempo.train.trainer', 'mempo.serve.agent', "
+            "'torch') if m in sys.modules])\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.split("\n")[:3] == ["False", "['demo', 'eval', 'serve-retriever', 'sft', 'train']", "[]"]
+    assert out.stdout.split("\n")[:3] == ["False", "['ask', 'demo', 'eval', 'serve', 'serve-retriever', 'sft', 'train']",
+                                          "[]"]

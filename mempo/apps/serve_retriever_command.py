@@ -26,7 +26,7 @@ from mempo.env.server import (
 )
 from mempo.utils.log import log
 
-__all__ = ["HELP", "add_arguments", "run"]
+__all__ = ["HELP", "add_arguments", "add_connection_arguments", "run"]
 
 HELP = "serve a BM25 index over a jsonl corpus (Search-R1 /retrieve API, plus /access and /health)"
 
@@ -57,11 +57,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-response-chars", type=int, default=DEFAULT_MAX_RESPONSE_CHARS,
                         help="a /retrieve or /access answer carrying more document characters than this is "
                              f"refused with HTTP 413 (default {DEFAULT_MAX_RESPONSE_CHARS})")
+    add_connection_arguments(parser)
+
+
+def add_connection_arguments(parser: argparse.ArgumentParser, *, keep_alive: int = DEFAULT_KEEP_ALIVE) -> None:
+    """The connection bounds and log level of a server command (`mempo.env.server.uvicorn_server`):
+    --request-timeout, --keep-alive (default `keep_alive`), --max-connections, --log-level."""
     parser.add_argument("--request-timeout", type=float, default=DEFAULT_REQUEST_TIMEOUT,
                         help="a connection that takes longer than this many seconds to send one whole request "
                              f"is closed (default {DEFAULT_REQUEST_TIMEOUT:g})")
-    parser.add_argument("--keep-alive", type=int, default=DEFAULT_KEEP_ALIVE,
-                        help=f"seconds an idle keep-alive connection is kept open (default {DEFAULT_KEEP_ALIVE})")
+    parser.add_argument("--keep-alive", type=int, default=keep_alive,
+                        help=f"seconds an idle keep-alive connection is kept open (default {keep_alive})")
     parser.add_argument("--max-connections", type=int, default=DEFAULT_MAX_CONNECTIONS,
                         help="requests arriving while this many connections are open are answered 503 "
                              f"(default {DEFAULT_MAX_CONNECTIONS}, lowered to fit the file descriptor limit)")

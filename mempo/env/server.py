@@ -3,6 +3,10 @@
 each endpoint in `create_app`). Binds 127.0.0.1 by default; port 0 picks a free port (the readiness
 line and `RetrieverServer.url` say which). fastapi and uvicorn are imported inside the functions
 that need them.
+
+The serving machinery is shared with the agent server (`mempo.serve`): `BodyLimit` (the request
+body bound, pure ASGI), `uvicorn_server` (the connection bounds), `bind_socket` / `socket_url`,
+`AppServer` (any ASGI app on a background thread) and `serve_app` (any app until SIGINT/SIGTERM).
 """
 import asyncio
 import errno
@@ -22,7 +26,8 @@ from mempo.env.retriever import (
     RetrieverError, check_doc_id, check_page, check_page_chars, check_queries, check_topk,
 )
 
-__all__ = ["create_app", "RetrieverServer", "serve", "is_loopback", "DEFAULT_HOST", "DEFAULT_PORT",
+__all__ = ["create_app", "RetrieverServer", "serve", "AppServer", "serve_app", "BodyLimit", "uvicorn_server",
+           "bind_socket", "socket_url", "SERVER_OPTIONS", "is_loopback", "DEFAULT_HOST", "DEFAULT_PORT",
            "DEFAULT_TOPK_MAX", "DEFAULT_MAX_QUERIES", "DEFAULT_MAX_PAGE_CHARS", "DEFAULT_MAX_BODY_BYTES",
            "DEFAULT_MAX_DOC_CHARS", "DEFAULT_MAX_RESPONSE_CHARS", "DEFAULT_REQUEST_TIMEOUT", "DEFAULT_KEEP_ALIVE",
            "DEFAULT_MAX_CONNECTIONS", "FD_LOG_INTERVAL", "max_connections_for"]
@@ -49,14 +54,22 @@ def _error_body(kind: str, message: str, **extra) -> bytes:
     return json.dumps({"detail": message, "error": kind, **extra}).encode("utf-8")
 
 
-class _BodyLimit:
-    """ASGI middleware: read a request body up to `limit` bytes (413 beyond), then replay it."""
+def _retriever_error(status: int, kind: str, message: str) -> bytes:
+    return _error_body(kind, message)
 
-    def __init__(self, app, limit: int):
-        self.app, self.limit = app, limit
+
+class BodyLimit:
+    """ASGI middleware: read a request body up to `limit` bytes (413 beyond), then replay it.
+
+    error_body(status, kind, message) -> bytes: the JSON body of a refusal (default: the retrieval
+    server's ``{"detail", "error"}``); kinds: ``invalid_request`` (400, malformed Content-Length),
+    ``request_too_large`` (413)."""
+
+    def __init__(self, app, limit: int, error_body: Callable[[int, str, str], bytes] = _retriever_error):
+        self.app, self.limit, self.error_body = app, limit, error_body
 
     async def _reject(self, send, status: int, kind: str, message: str) -> None:
-        body = _error_body(kind, message)
+        body = self.error_body(status, kind, message)
         await send({"type": "http.response.start", "status": status,
                     "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
         await send({"type": "http.response.body", "body": body})
@@ -171,7 +184,7 @@ def create_app(retriever: Retriever, *, default_topk: int = DEFAULT_TOPK, topk_m
         return Response(_error_body(kind, message, **extra), status_code=status, media_type="application/json")
 
     app = FastAPI(title="mempo retriever", docs_url=None, redoc_url=None, openapi_url=None)
-    app.add_middleware(_BodyLimit, limit=max_body_bytes)
+    app.add_middleware(BodyLimit, limit=max_body_bytes)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError):
@@ -293,7 +306,7 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def _bind(host: str, port: int) -> socket.socket:
+def bind_socket(host: str, port: int) -> socket.socket:
     """A listening TCP socket on (host, port); port 0 picks a free one."""
     family, type_, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
     sock = socket.socket(family, type_, proto)
@@ -308,7 +321,8 @@ def _bind(host: str, port: int) -> socket.socket:
     return sock
 
 
-def _url(sock: socket.socket) -> str:
+def socket_url(sock: socket.socket) -> str:
+    """The http URL a listening socket is reached at."""
     host, port = sock.getsockname()[:2]
     return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
@@ -328,7 +342,7 @@ _BUSY = (b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\
          b"content-length: %d\r\n\r\n%s")
 
 
-def _protocol_with_request_timeout(request_timeout: float, max_connections: int):
+def _protocol_with_request_timeout(request_timeout: float, max_connections: int, error_body: Callable):
     """uvicorn's h11 protocol, closing a connection that takes over `request_timeout` seconds to send
     one whole request (uvicorn times out idle keep-alive connections only: a connection that never
     sends, or trickles its headers or body, would hold its file descriptor for ever), and answering
@@ -345,8 +359,8 @@ def _protocol_with_request_timeout(request_timeout: float, max_connections: int)
         def connection_made(self, transport) -> None:
             super().connection_made(transport)
             if len(self.connections) > max_connections:
-                body = _error_body("server_busy", f"{max_connections} connections are open (max_connections); "
-                                                  f"retry later")
+                body = error_body(503, "server_busy", f"{max_connections} connections are open "
+                                                      f"(max_connections); retry later")
                 transport.write(_BUSY % (len(body), body))
                 transport.close()
                 return
@@ -380,7 +394,7 @@ def _protocol_with_request_timeout(request_timeout: float, max_connections: int)
     return TimedH11Protocol
 
 
-def _fd_exhaustion_handler(interval: float = FD_LOG_INTERVAL):
+def _fd_exhaustion_handler(interval: float = FD_LOG_INTERVAL, name: str = "mempo serve-retriever"):
     """An asyncio exception handler: errors of running out of file descriptors (accept() failing
     with EMFILE/ENFILE, which asyncio reports with a traceback per attempt, and the retries of
     accepting it schedules, one per attempt, failing in turn) become one stderr line per `interval`
@@ -396,7 +410,7 @@ def _fd_exhaustion_handler(interval: float = FD_LOG_INTERVAL):
         state["count"] += 1
         now = time.monotonic()
         if now - state["last"] >= interval:
-            print(f"mempo serve-retriever: out of file descriptors ({state['count']} failure(s) to accept a "
+            print(f"{name}: out of file descriptors ({state['count']} failure(s) to accept a "
                   f"connection since the last such line); waiting connections are refused until others close "
                   f"(requests past the connection limit get 503; raise `ulimit -n` or lower --max-connections)",
                   file=sys.stderr, flush=True)
@@ -405,24 +419,28 @@ def _fd_exhaustion_handler(interval: float = FD_LOG_INTERVAL):
     return handle
 
 
-def _uvicorn_server(app, log_level: str, *, request_timeout: float = DEFAULT_REQUEST_TIMEOUT,
-                    keep_alive: int = DEFAULT_KEEP_ALIVE, max_connections: Optional[int] = None):
+def uvicorn_server(app, log_level: str, *, request_timeout: float = DEFAULT_REQUEST_TIMEOUT,
+                   keep_alive: int = DEFAULT_KEEP_ALIVE, max_connections: Optional[int] = None,
+                   name: str = "mempo serve-retriever",
+                   error_body: Callable[[int, str, str], bytes] = _retriever_error):
     """A uvicorn server for `app` with the connection bounds: `request_timeout` seconds to send one
     request, `keep_alive` seconds idle between requests, at most `max_connections_for(max_connections)`
-    connections (one more is answered 503 and closed at once), request headers of at most 16 kB (h11's default,
-    kept: answered 400 beyond), and out-of-descriptor errors logged once per FD_LOG_INTERVAL seconds."""
+    connections (one more is answered 503, body ``error_body(503, "server_busy", message)``, and
+    closed at once), request headers of at most 16 kB (h11's default, kept: answered 400 beyond),
+    and out-of-descriptor errors logged (prefixed `name`) once per FD_LOG_INTERVAL seconds."""
     import uvicorn  # reason: as fastapi in `create_app`
 
     if isinstance(request_timeout, bool) or not isinstance(request_timeout, (int, float)) or not request_timeout > 0:
         raise ValueError(f"request_timeout must be a number of seconds > 0, got {request_timeout!r}")
-    for name, value in (("keep_alive", keep_alive), ("max_connections", max_connections)):
+    for option, value in (("keep_alive", keep_alive), ("max_connections", max_connections)):
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-            raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+            raise ValueError(f"{option} must be an integer >= 1, got {value!r}")
     limit = max_connections_for(max_connections)
     config = uvicorn.Config(app, log_level=log_level, access_log=False, lifespan="off",
                             timeout_graceful_shutdown=5, timeout_keep_alive=keep_alive, limit_concurrency=limit,
-                            http=_protocol_with_request_timeout(float(request_timeout), limit), backlog=128)
-    handler = _fd_exhaustion_handler()
+                            http=_protocol_with_request_timeout(float(request_timeout), limit, error_body),
+                            backlog=128)
+    handler = _fd_exhaustion_handler(name=name)
 
     class Server(uvicorn.Server):
         async def serve(self, sockets=None) -> None:
@@ -432,48 +450,46 @@ def _uvicorn_server(app, log_level: str, *, request_timeout: float = DEFAULT_REQ
     return Server(config)
 
 
-_SERVER_OPTIONS = ("request_timeout", "keep_alive", "max_connections")
+#: `uvicorn_server`'s connection-bound keywords (the rest of a server's options are its app's)
+SERVER_OPTIONS = ("request_timeout", "keep_alive", "max_connections")
 
 
 def _split_options(options: dict) -> tuple[dict, dict]:
-    """(create_app keywords, `_uvicorn_server` keywords) from one dict of options."""
-    server = {key: options[key] for key in _SERVER_OPTIONS if key in options}
+    """(create_app keywords, `uvicorn_server` keywords) from one dict of options."""
+    server = {key: options[key] for key in SERVER_OPTIONS if key in options}
     return {key: value for key, value in options.items() if key not in server}, server
 
 
-class RetrieverServer:
-    """`create_app(retriever)` served by uvicorn on a background thread (tests, benchmarks, notebooks);
-    `app_options` as `serve` takes them.
+class AppServer:
+    """An ASGI app served by uvicorn (`uvicorn_server`, its keywords in `server_options`) on a
+    background thread (tests, benchmarks, notebooks). `make_app()` builds the app when the server
+    starts. ``with AppServer(...) as server: server.url ...``; the default port 0 picks a free port.
+    `stop` shuts the server down and joins its thread."""
 
-    ``with RetrieverServer(retriever) as server: HTTPRetriever(server.url)...``; the default port 0
-    picks a free port. `stop` shuts the server down and joins its thread.
-    """
-
-    def __init__(self, retriever: Retriever, host: str = DEFAULT_HOST, port: int = 0, *,
-                 log_level: str = "warning", **app_options):
-        self.retriever, self.host, self.port = retriever, host, port
-        self.log_level, self.app_options = log_level, app_options
+    def __init__(self, make_app: Callable[[], Any], host: str = DEFAULT_HOST, port: int = 0, *,
+                 log_level: str = "warning", thread_name: str = "mempo-server", **server_options):
+        self.make_app, self.host, self.port = make_app, host, port
+        self.log_level, self.thread_name, self.server_options = log_level, thread_name, server_options
         self.url: Optional[str] = None
         self._server = None
         self._sock: Optional[socket.socket] = None
         self._thread: Optional[threading.Thread] = None
 
-    def start(self, timeout: float = 30.0) -> "RetrieverServer":
+    def start(self, timeout: float = 30.0) -> "AppServer":
         """Bind, start serving, and return once the server accepts requests (else RuntimeError)."""
         if self._thread is not None:
             raise RuntimeError("server already started")
-        sock = self._sock = _bind(self.host, self.port)
-        self.url = _url(sock)
-        app_options, server_options = _split_options(self.app_options)
-        self._server = _uvicorn_server(create_app(self.retriever, **app_options), self.log_level, **server_options)
+        sock = self._sock = bind_socket(self.host, self.port)
+        self.url = socket_url(sock)
+        self._server = uvicorn_server(self.make_app(), self.log_level, **self.server_options)
         self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [sock]},
-                                        name=f"mempo-retriever {self.url}", daemon=True)
+                                        name=f"{self.thread_name} {self.url}", daemon=True)
         self._thread.start()
         deadline = time.monotonic() + timeout
         while not self._server.started:
             if not self._thread.is_alive() or time.monotonic() > deadline:
                 self.stop()
-                raise RuntimeError(f"retriever server on {self.url} did not start within {timeout:g} s")
+                raise RuntimeError(f"server on {self.url} did not start within {timeout:g} s")
             time.sleep(0.01)
         return self
 
@@ -490,30 +506,49 @@ class RetrieverServer:
             self._sock.close()
         self._server, self._thread, self._sock = None, None, None
 
-    def __enter__(self) -> "RetrieverServer":
+    def __enter__(self) -> "AppServer":
         return self.start()
 
     def __exit__(self, *exc_info) -> None:
         self.stop()
 
 
-def serve(retriever: Retriever, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, *,
-          on_ready: Optional[Callable[[str], None]] = None, log_level: str = "warning", **app_options) -> None:
-    """Serve `retriever` in the calling thread until SIGINT/SIGTERM (graceful shutdown; after SIGINT
-    it raises KeyboardInterrupt, so `mempo serve-retriever` always exits 130 then).
+class RetrieverServer(AppServer):
+    """`create_app(retriever)` served by uvicorn on a background thread (tests, benchmarks, notebooks);
+    `app_options` as `serve` takes them.
+
+    ``with RetrieverServer(retriever) as server: HTTPRetriever(server.url)...``; the default port 0
+    picks a free port. `stop` shuts the server down and joins its thread.
+    """
+
+    def __init__(self, retriever: Retriever, host: str = DEFAULT_HOST, port: int = 0, *,
+                 log_level: str = "warning", **app_options):
+        self.retriever, self.app_options = retriever, app_options
+        app_keywords, server_options = _split_options(app_options)
+        super().__init__(lambda: create_app(retriever, **app_keywords), host, port, log_level=log_level,
+                         thread_name="mempo-retriever", **server_options)
+
+    def start(self, timeout: float = 30.0) -> "RetrieverServer":
+        super().start(timeout)
+        return self
+
+
+def serve_app(app: Any, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, *,
+              on_ready: Optional[Callable[[str], None]] = None, log_level: str = "warning",
+              what: str = "the retriever", **server_options) -> None:
+    """Serve the ASGI `app` in the calling thread until SIGINT/SIGTERM (graceful shutdown; after
+    SIGINT it raises KeyboardInterrupt, so the command always exits 130 then).
 
     `on_ready(url)` is called once the socket accepts requests. Raises OSError if the address is
-    taken. Warns on stderr when `host` is not a loopback address. `app_options`: `create_app`'s
-    keywords and the connection bounds request_timeout (default DEFAULT_REQUEST_TIMEOUT s),
-    keep_alive (DEFAULT_KEEP_ALIVE s) and max_connections (`max_connections_for`).
+    taken. Warns on stderr (naming `what` is served) when `host` is not a loopback address.
+    `server_options`: `uvicorn_server`'s keywords.
     """
     if not is_loopback(host):
-        print(f"warning: serving the retriever on non-loopback address {host}: anyone who can reach "
+        print(f"warning: serving {what} on non-loopback address {host}: anyone who can reach "
               f"this machine can query it", file=sys.stderr, flush=True)
-    sock = _bind(host, port)
-    url = _url(sock)
-    app_options, server_options = _split_options(app_options)
-    server = _uvicorn_server(create_app(retriever, **app_options), log_level, **server_options)
+    sock = bind_socket(host, port)
+    url = socket_url(sock)
+    server = uvicorn_server(app, log_level, **server_options)
     finished = threading.Event()
     received: list[int] = []
     handle_exit = server.handle_exit
@@ -531,7 +566,7 @@ def serve(retriever: Retriever, host: str = DEFAULT_HOST, port: int = DEFAULT_PO
         if on_ready is not None:
             on_ready(url)
 
-    watcher = threading.Thread(target=announce, name="mempo-retriever readiness", daemon=True)
+    watcher = threading.Thread(target=announce, name="mempo-server readiness", daemon=True)
     watcher.start()
     try:
         server.run(sockets=[sock])
@@ -543,3 +578,18 @@ def serve(retriever: Retriever, host: str = DEFAULT_HOST, port: int = DEFAULT_PO
         # uvicorn re-raises the signal after its graceful shutdown, but under asyncio.run that only
         # becomes a KeyboardInterrupt when it lands before the serving task has finished: make it one
         raise KeyboardInterrupt
+
+
+def serve(retriever: Retriever, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, *,
+          on_ready: Optional[Callable[[str], None]] = None, log_level: str = "warning", **app_options) -> None:
+    """Serve `retriever` in the calling thread until SIGINT/SIGTERM (`serve_app`: graceful shutdown;
+    after SIGINT it raises KeyboardInterrupt, so `mempo serve-retriever` always exits 130 then).
+
+    `on_ready(url)` is called once the socket accepts requests. Raises OSError if the address is
+    taken. Warns on stderr when `host` is not a loopback address. `app_options`: `create_app`'s
+    keywords and the connection bounds request_timeout (default DEFAULT_REQUEST_TIMEOUT s),
+    keep_alive (DEFAULT_KEEP_ALIVE s) and max_connections (`max_connections_for`).
+    """
+    app_keywords, server_options = _split_options(app_options)
+    serve_app(create_app(retriever, **app_keywords), host, port, on_ready=on_ready, log_level=log_level,
+              what="the retriever", **server_options)

@@ -38,7 +38,7 @@ from mempo.utils.machine import machine_facts
 from mempo.utils.progress import progress
 from mempo.utils.types import PathLike
 
-__all__ = ["evaluate", "retriever_name", "closed_book_policy", "CLOSED_BOOK_SUFFIX"]
+__all__ = ["evaluate", "retriever_name", "closed_book_policy", "model_context_tokens", "CLOSED_BOOK_SUFFIX"]
 
 #: What a closed-book row's policy adds to the policy it ran under.
 CLOSED_BOOK_SUFFIX = "-closed-book"
@@ -82,7 +82,7 @@ def evaluate(model: Any, tokenizer: Any, episodes_by_k: Mapping[Any, Sequence[An
     cells = _cells(episodes_by_k)
     if backend is None:
         backend = hf_backend(model, tokenizer)
-    max_context = _max_context(model)
+    max_context = model_context_tokens(model)
     tools = build_tools(cfg, retriever)
     closed_tools = build_tools(cfg, ClosedBookRetriever()) if cfg.eval.closed_book else None
     rows, kept, examples = [], {}, {}
@@ -148,7 +148,7 @@ def _cells(episodes_by_k: Mapping[Any, Sequence[Any]]) -> list[tuple[str, int, l
     return sorted(cells, key=lambda c: (order[c[0]], c[1]))
 
 
-def _max_context(model: Any) -> Optional[int]:
+def model_context_tokens(model: Any) -> Optional[int]:
     """The model's ``max_position_embeddings`` (None: no model, or it does not say)."""
     config = getattr(model, "config", None)
     if config is not None and getattr(config, "max_position_embeddings", None):

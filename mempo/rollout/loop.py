@@ -27,7 +27,7 @@ from mempo.rollout.backends.stopping import STOP_LENGTH, TokenBytes, cut_round
 from mempo.rollout.chat import ChatFormat, default_stop_token_ids
 from mempo.seeds import generation_seed
 
-__all__ = ["RolloutConfig", "RolloutTask", "RolloutStats", "RolloutEngine", "rollout", "as_task"]
+__all__ = ["RolloutConfig", "RolloutTask", "RolloutStats", "RolloutEngine", "EpisodeRun", "rollout", "as_task"]
 
 _TOOL_KINDS = {"search": "search_results", "access": "webpage"}
 
@@ -84,13 +84,16 @@ class RolloutStats:
     finish_reasons: Counter = field(default_factory=Counter)
 
 
-class _Run:
-    """One trajectory being sampled."""
+class EpisodeRun:
+    """One trajectory being sampled: its task, ids so far, rounds and memory. Made by
+    `RolloutEngine.start_run`; ``max_turns`` / ``max_new_tokens`` are its own round limits (the
+    engine's config unless the caller gave others, e.g. a served request's)."""
 
     def __init__(self, task: RolloutTask, uid: str, sample_index: int, memory: AgentMemory,
-                 prompt_ids: list[int]) -> None:
+                 prompt_ids: list[int], *, max_turns: int, max_new_tokens: int) -> None:
         self.task, self.uid, self.sample_index, self.memory = task, uid, sample_index, memory
         self.prompt_ids = prompt_ids
+        self.max_turns, self.max_new_tokens = int(max_turns), int(max_new_tokens)
         self.response_ids: list[int] = []
         self.response_mask: list[int] = []
         self.rounds: list[Round] = []
@@ -190,7 +193,7 @@ class RolloutEngine:
                 requests, waiting = [], []
                 for run in runs:
                     if not run.done:
-                        request = self._next_request(run)
+                        request = self.next_request(run)
                         if request is not None:
                             requests.append(request)
                             waiting.append(run)
@@ -206,45 +209,66 @@ class RolloutEngine:
                 stats.batch_sizes.append(len(requests))
                 calls = []
                 for run, output in zip(waiting, outputs):
-                    tool_call = self._accept_generation(run, output.token_ids)
+                    tool_call = self.accept_generation(run, output.token_ids)
                     if tool_call is not None:
                         calls.append((run, tool_call))
                 if calls:
                     t0 = time.perf_counter()
-                    futures = [pool.submit(self._call_tool, action, argument) for _, (action, argument) in calls]
+                    futures = [pool.submit(self.call_tool, action, argument) for _, (action, argument) in calls]
                     for (run, _), future in zip(calls, futures):
-                        self._accept_tool(run, future.result())
+                        self.accept_tool(run, future.result())
                     stats.tool_seconds += time.perf_counter() - t0
                 step += 1
-        trajectories = self._finish(runs)
+        trajectories = self.finish(runs)
         stats.trajectories = len(trajectories)
         stats.wall_seconds = time.perf_counter() - began
         return trajectories
 
     # -- steps -------------------------------------------------------------------------------------
-    def _start_runs(self, tasks: list[RolloutTask], group: int) -> list[_Run]:
-        cfg = self.config
+    def _start_runs(self, tasks: list[RolloutTask], group: int) -> list[EpisodeRun]:
         runs, seen = [], Counter()
         for task in tasks:
             seen[task.id] += 1
             uid = task.id if seen[task.id] == 1 else f"{task.id}#{seen[task.id] - 1}"
             prompt_ids = None
             for sample in range(group):
-                memory = AgentMemory(task.prompt, system_prompt=cfg.system_prompt,
-                                     short_text_policy=self.short_text_policy)
-                if prompt_ids is None:
-                    prompt_ids = self.chat.prompt_ids(memory.messages("full"))
-                runs.append(_Run(task, uid, sample, memory, list(prompt_ids)))
+                run = self.start_run(task, uid=uid, sample_index=sample, prompt_ids=prompt_ids)
+                prompt_ids = run.prompt_ids
+                runs.append(run)
         return runs
+
+    def start_run(self, task: Any, *, uid: Optional[str] = None, sample_index: int = 0,
+                  max_turns: Optional[int] = None, max_new_tokens: Optional[int] = None,
+                  prompt_ids: Optional[Sequence[int]] = None) -> EpisodeRun:
+        """A new trajectory of `task` (anything `as_task` takes), not yet generated.
+
+        The step API (what `run` does for a batch; a caller driving its own batches, such as
+        `mempo.serve.agent.AgentService`, calls the same steps): `next_request` (None: the run has
+        ended), the backend's ids to `accept_generation` (a tool call to make, or None: ended or
+        waiting for nothing), `call_tool` (any thread) then `accept_tool`, and at the end `finish`.
+        max_turns / max_new_tokens: this run's round limits (default: the config's ``max_turns`` and
+        ``max_new_tokens_per_round``); uid: default the task id; prompt_ids: the prompt's ids when
+        already encoded (the G samples of one task share them)."""
+        cfg = self.config
+        task = as_task(task)
+        memory = AgentMemory(task.prompt, system_prompt=cfg.system_prompt, short_text_policy=self.short_text_policy)
+        if prompt_ids is None:
+            prompt_ids = self.chat.prompt_ids(memory.messages("full"))
+        turns = cfg.max_turns if max_turns is None else int(max_turns)
+        new_tokens = cfg.max_new_tokens_per_round if max_new_tokens is None else int(max_new_tokens)
+        if turns < 1 or new_tokens < 1:
+            raise ValueError(f"max_turns and max_new_tokens must be >= 1, got {turns} and {new_tokens}")
+        return EpisodeRun(task, task.id if uid is None else uid, sample_index, memory, list(prompt_ids),
+                          max_turns=turns, max_new_tokens=new_tokens)
 
     def _step_seed(self, call: int, step: int) -> int:
         """Generation step k of the c-th `run` samples with `generation_seed` (engine seed, c, k)."""
         return generation_seed(self.seed, call, step)
 
-    def _next_request(self, run: _Run) -> Optional[GenerationRequest]:
+    def next_request(self, run: EpisodeRun) -> Optional[GenerationRequest]:
         """The round's context (full policy: ``prompt_ids + response_ids``; memory policy: the chat
         rendering of ``AgentMemory.messages("memory")``, kept as ``Round.prompt_ids``) + the forced
-        prefix ids. Its limit is ``min(max_new_tokens_per_round, room left)`` under both budgets; no
+        prefix ids. Its limit is ``min(run.max_new_tokens, room left)`` under both budgets; no
         room for one more id after the prefix ends the trajectory with ``"token_budget"``."""
         cfg = self.config
         prefix = self.chat.prefix_ids
@@ -254,7 +278,7 @@ class RolloutEngine:
         else:
             context = self.chat.prompt_ids(run.memory.messages("memory"))
             run.round_prompt = context
-        limit, limited = cfg.max_new_tokens_per_round, False
+        limit, limited = run.max_new_tokens, False
         if cfg.max_response_tokens is not None:
             room = cfg.max_response_tokens - len(run.response_ids) - len(prefix)
             if room < limit:
@@ -270,11 +294,11 @@ class RolloutEngine:
         key = RequestKey(run.uid, run.sample_index, len(run.rounds))
         return GenerationRequest(context + prefix, limit, len(prefix), self.stop_token_ids, key)
 
-    def _accept_generation(self, run: _Run, token_ids: Sequence[int]) -> Optional[tuple[str, str]]:
+    def accept_generation(self, run: EpisodeRun, token_ids: Sequence[int]) -> Optional[tuple[str, str]]:
         """Append the round (forced prefix, mask 1 when ``train_forced_prefix``, + the ids `cut_round`
         keeps) and its decoded text to the memory (``add_llm_gen`` stores the leading ``<mem>`` as is).
         Returns the (action, argument) tool call to make, or None when the trajectory ends:
-        ``<answer>``: "answer"; a search/access in round ``max_turns``: "turn_limit" (nothing would
+        ``<answer>``: "answer"; a search/access in round ``run.max_turns``: "turn_limit" (nothing would
         read the result); a round cut by the budget's room: "token_budget"; no closed action
         (stop id or token limit): "malformed" (the outcome's format check gives it 0)."""
         cfg = self.config
@@ -301,7 +325,7 @@ class RolloutEngine:
         if cut.action == "answer":
             self._finish_run(run, "answer")
         elif cut.action is not None:
-            if len(run.rounds) >= cfg.max_turns:
+            if len(run.rounds) >= run.max_turns:
                 self._finish_run(run, "turn_limit")
             else:
                 return cut.action, argument or ""
@@ -311,7 +335,7 @@ class RolloutEngine:
             self._finish_run(run, "malformed")
         return None
 
-    def _call_tool(self, action: str, argument: str) -> ToolResult:
+    def call_tool(self, action: str, argument: str) -> ToolResult:
         """The tool's `ToolResult`; a missing tool or one that raises gives an
         ``<information>Error: ...</information>`` result with ``ok=False`` (it never ends the rollout)."""
         kind = _TOOL_KINDS.get(action, "search_results")
@@ -329,7 +353,7 @@ class RolloutEngine:
             result = ToolResult(text, kind)
         return result
 
-    def _accept_tool(self, run: _Run, result: Any) -> None:
+    def accept_tool(self, run: EpisodeRun, result: Any) -> None:
         """Append the tool segment (`ChatFormat.tool_segment`, mask 0) and record the result in the
         memory (``add_webpage`` for kind "webpage", else ``add_search_results``); a segment cut to
         fit ``max_response_tokens`` is kept up to the budget and ends the trajectory ("token_budget")."""
@@ -358,12 +382,12 @@ class RolloutEngine:
         if truncated:
             self._finish_run(run, "token_budget")
 
-    def _finish_run(self, run: _Run, reason: str) -> None:
+    def _finish_run(self, run: EpisodeRun, reason: str) -> None:
         run.finish_reason = reason
         self.stats.finish_reasons[reason] += 1
 
     # -- after the loop ----------------------------------------------------------------------------
-    def _span_table(self, runs: list[_Run]):
+    def _span_table(self, runs: list[EpisodeRun]):
         table = self.token_bytes.table
         top = max((max(run.response_ids) for run in runs if run.response_ids), default=-1)
         if top >= table.vocab_size:  # a model vocabulary padded beyond the tokenizer's: no bytes
@@ -371,7 +395,7 @@ class RolloutEngine:
             table = TokenTable.from_token_bytes(pieces)
         return table
 
-    def _finish(self, runs: list[_Run]) -> list[Trajectory]:
+    def finish(self, runs: list[EpisodeRun]) -> list[Trajectory]:
         """The trajectories: one `find_spans` call over all responses gives each round's ``mem_span``
         (`round_mem_span`); each carries its ``protocol_text`` (the memory's round and tool texts, in
         order, no chat glue) and ``final_answer`` (its ``<answer>``); no outcome yet."""
