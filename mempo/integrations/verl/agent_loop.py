@@ -43,13 +43,14 @@ from mempo.env.build import build_retriever, build_tools
 from mempo.integrations.verl.fields import empty_extra_fields, memory_extra_fields
 from mempo.integrations.verl.server_scoring import ServerScorer
 from mempo.integrations.verl.version import check_verl_version
+from mempo.protocol.memory import AgentMemory
 from mempo.records.trajectory import Trajectory
 from mempo.rollout.backends.base import GenerationOutput, GenerationRequest, SamplingParams
 from mempo.rollout.backends.stopping import TokenBytes, action_closing_token_ids
 from mempo.rollout.loop import RolloutEngine, RolloutStats, RolloutTask
 
 __all__ = ["ROLLOUT_KEYS", "ENV_KEYS", "SCORING_KEYS", "LoopSettings", "MemPOAgentLoop", "MemPOEvalAgentLoop",
-           "loop_settings"]
+           "loop_settings", "response_logprobs"]
 
 #: the agent-loop YAML's accepted keys per section (everything else is verl's: sampling, lengths, n)
 ROLLOUT_KEYS = ("max_turns", "max_new_tokens_per_round", "context_policy", "chat_template", "system_prompt",
@@ -178,6 +179,7 @@ class _ServerBackend:
         self.action_stop_ids = tuple(action_stop_ids)
         self.seconds = 0.0
         self.calls = 0
+        self.generated: list[tuple[list[int], Optional[list[float]]]] = []  # (ids, log-probs) per call
 
     def generate(self, requests: Sequence[GenerationRequest], sampling: SamplingParams) -> list[GenerationOutput]:
         outputs = []
@@ -194,11 +196,34 @@ class _ServerBackend:
             if getattr(output, "stop_reason", None) == "aborted":
                 raise RuntimeError("the inference server aborted a generation request (a weight sync during the "
                                    "rollout?); mempo_agent supports verl's sync trainer modes only")
-            outputs.append(GenerationOutput(list(output.token_ids), str(getattr(output, "stop_reason", None))))
+            ids = list(output.token_ids)
+            self.generated.append((ids, None if output.log_probs is None else list(output.log_probs)))
+            outputs.append(GenerationOutput(ids, str(getattr(output, "stop_reason", None))))
         return outputs
 
     def sync_weights(self, weights: Any = None) -> None:
         raise RuntimeError("verl syncs the servers' weights itself")
+
+
+def response_logprobs(trajectory: Trajectory, generated: Sequence[tuple[list[int], Optional[list[float]]]]
+                      ) -> list[float]:
+    """The rollout log-prob of every response id (verl's ``response_logprobs``): round r's kept ids are
+    the first ids of generation call r, with the server's log-probs; the forced prefix and the tool
+    segments get 0.0 (not sampled: probability 1 under the policy that produced the trajectory).
+    RuntimeError when the server sent no log-probs or the ids do not line up."""
+    out = [0.0] * len(trajectory.response_ids)
+    if len(generated) < len(trajectory.rounds):
+        raise RuntimeError(f"{len(trajectory.rounds)} rounds but {len(generated)} generation calls")
+    for round_, (ids, logprobs) in zip(trajectory.rounds, generated):
+        lo = round_.start + round_.prefix_len
+        kept = trajectory.response_ids[lo:round_.end]
+        if logprobs is None or len(logprobs) < len(kept):
+            raise RuntimeError("actor_rollout_ref.rollout.calculate_log_probs is true but the inference server "
+                               "returned no log-probs for a generated round")
+        if ids[:len(kept)] != kept:
+            raise RuntimeError(f"round {round_.index}: the kept ids are not the first ids the server generated")
+        out[lo:round_.end] = [float(v) for v in logprobs[:len(kept)]]
+    return out
 
 
 def _question(raw_prompt: Any) -> tuple[str, Optional[str]]:
@@ -250,10 +275,6 @@ class MemPOAgentLoop(AgentLoopBase):
         check_verl_version()
         super().__init__(*args, **kwargs)
         entry = name or self.entry_name
-        if self.rollout_config.get("calculate_log_probs", False):
-            raise ConfigError("actor_rollout_ref.rollout.calculate_log_probs",
-                              f"must be false with {entry}: its rounds are cut and prefixed by the loop, so the "
-                              "servers' response log-probs do not line up with the trained ids")
         options = {"rollout": rollout, "env": env, "scoring": scoring,
                    "max_concurrent_scoring": max_concurrent_scoring,
                    "max_concurrent_trajectories": max_concurrent_trajectories}
@@ -300,6 +321,8 @@ class MemPOAgentLoop(AgentLoopBase):
         backend = _ServerBackend(self.server_manager, loop, request_id, sampling_params,
                                  action_closing_token_ids(token_bytes))
         engine = self._engine(backend, system_prompt)
+        memory = AgentMemory(question, system_prompt=engine.config.system_prompt)
+        self._check_prompt(engine.chat.prompt_ids(memory.messages("full")), "the prompt")  # before any generation
         task = RolloutTask(str(kwargs.get("uid", request_id)), question, golds)
         began = time.perf_counter()
         [trajectory] = await loop.run_in_executor(_executor(self.settings.max_concurrent_trajectories),
@@ -321,17 +344,18 @@ class MemPOAgentLoop(AgentLoopBase):
                                   "mempo_format_ok": float(bool(trajectory.outcome.get("format_ok", False)))},
         }
         scored = trajectory.scored_rounds()
+        logprobs = response_logprobs(trajectory, backend.generated) if sampling_params.get("logprobs") else None
         if not multi_output:
-            self._check_prompt(trajectory.prompt_ids, "the prompt")
             extra = {**empty_extra_fields(), **common,
                      **memory_extra_fields(rewards, [r.mem_span for r in scored][:len(rewards)])}
             return AgentLoopOutput(prompt_ids=trajectory.prompt_ids, response_ids=trajectory.response_ids,
-                                   response_mask=trajectory.response_mask, reward_score=trajectory.score,
+                                   response_mask=trajectory.response_mask, response_logprobs=logprobs,
+                                   reward_score=trajectory.score,
                                    num_turns=self._num_turns(trajectory), metrics=metrics, extra_fields=extra)
-        return self._round_outputs(trajectory, rewards, metrics, common)
+        return self._round_outputs(trajectory, rewards, metrics, common, logprobs)
 
     def _round_outputs(self, trajectory: Trajectory, rewards: Sequence[Optional[float]], metrics: AgentLoopMetrics,
-                       common: dict[str, Any]) -> list[AgentLoopOutput]:
+                       common: dict[str, Any], logprobs: Optional[list[float]]) -> list[AgentLoopOutput]:
         """One output per round: prompt = the round's memory context, response = the round's ids and its
         tool segment; the round's own scored ``<mem>`` span (if any) in that row's coordinates."""
         reward_of = {r.index: value for r, value in zip(trajectory.scored_rounds(), rewards)}
@@ -346,6 +370,7 @@ class MemPOAgentLoop(AgentLoopBase):
             outputs.append(AgentLoopOutput(
                 prompt_ids=prompt, response_ids=trajectory.response_ids[lo:hi],
                 response_mask=trajectory.response_mask[lo:hi], reward_score=trajectory.score,
+                response_logprobs=None if logprobs is None else logprobs[lo:hi],
                 num_turns=2 + int(hi > round_.end), metrics=metrics,
                 extra_fields={**empty_extra_fields(), **common, **memory}))
         return outputs

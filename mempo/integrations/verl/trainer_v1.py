@@ -57,6 +57,11 @@ def add_memory_advantage(advantages: torch.Tensor, response_mask: torch.Tensor, 
     return (advantages.float() + weight * memory.to(advantages.device)).float()
 
 
+def _as_list(values) -> list:
+    """A TransferQueue non-tensor field as a list (a NonTensorStack, or the list tensordict returns)."""
+    return values.tolist() if hasattr(values, "tolist") else list(values)
+
+
 @register_trainer(TRAINER_NAME)
 class MemPOTrainerSync(PPOTrainerSync):
     """verl's `PPOTrainerSync` whose advantage adds MemPO's memory part (module docstring)."""
@@ -79,8 +84,8 @@ class MemPOTrainerSync(PPOTrainerSync):
         nested_mask = data["response_mask"]
         mask = nested_mask.to_padded_tensor(0)
         advantages = data["advantages"].to_padded_tensor(0.0)
-        uid = np.array(data["uid"].tolist(), dtype=object)
-        extra_fields = data["extra_fields"].tolist()
+        uid = np.array(_as_list(data["uid"]), dtype=object)
+        extra_fields = _as_list(data["extra_fields"])
         total = add_memory_advantage(advantages, mask, uid, extra_fields, self.config.algorithm)
         on_spans = (total != advantages) & mask.bool()
         metrics["mempo/memory_tokens"] = float(on_spans.sum())
