@@ -11,44 +11,42 @@ from __future__ import annotations
 import sys
 from importlib import metadata
 
+import verl  # loads the plugin the way every verl process does
+
+from mempo.integrations.verl import AGENTS_YAML, registration_status
+from mempo.integrations.verl.version import VERL_VERSION
+
 __all__ = ["check", "main"]
 
 
 def check() -> tuple[list[str], bool]:
     """(report lines, every component registered)."""
-    import verl  # noqa: F401  reason: loads the plugin the way every verl process does
-
-    from mempo.integrations.verl import AGENTS_YAML, registration_status
-    from mempo.integrations.verl.version import VERL_VERSION, installed_verl_version
-
-    lines = [f"verl {installed_verl_version()} (built against {VERL_VERSION})"]
+    lines = [f"verl {verl.__version__} (built against {VERL_VERSION})"]
     points = [e for e in metadata.entry_points(group="verl.plugins") if e.value.startswith("mempo.integrations")]
     lines.append("entry point: " + (", ".join(f"{e.name} = {e.value}" for e in points) if points else
                                     "none installed (use VERL_USE_EXTERNAL_MODULES=mempo.integrations.verl)"))
     found = {}
+    # reason (each import below): verl's registries, imported one by one so that a part of verl that
+    # fails to import marks only its component missing
     try:
-        from verl.trainer.ppo.core_algos import ADV_ESTIMATOR_REGISTRY
-
+        from verl.trainer.ppo.core_algos import ADV_ESTIMATOR_REGISTRY  # reason: see above
         found["estimator 'mempo'"] = "mempo" in ADV_ESTIMATOR_REGISTRY
     except ImportError:
         found["estimator 'mempo'"] = False
     try:
-        from verl.experimental.agent_loop.agent_loop import _agent_loop_registry
-
+        from verl.experimental.agent_loop.agent_loop import _agent_loop_registry  # reason: see above
         found["agent loops 'mempo_agent', 'mempo_agent_eval'"] = all(
             name in _agent_loop_registry for name in ("mempo_agent", "mempo_agent_eval"))
     except ImportError:
         found["agent loops 'mempo_agent', 'mempo_agent_eval'"] = False
     try:
-        from verl.trainer.ppo.v1.trainer_base import TRAINER_REGISTRY
-
+        from verl.trainer.ppo.v1.trainer_base import TRAINER_REGISTRY  # reason: see above
         found["V1 trainer 'mempo_sync'"] = "mempo_sync" in TRAINER_REGISTRY
     except ImportError:
         found["V1 trainer 'mempo_sync'"] = False
     try:
-        from mempo.integrations.verl.legacy import is_installed
-
-        found["legacy compute_advantage patch"] = is_installed()
+        from verl.trainer.ppo import ray_trainer  # reason: see above
+        found["legacy compute_advantage patch"] = hasattr(ray_trainer, "_verl_compute_advantage")
     except ImportError:
         found["legacy compute_advantage patch"] = False
     status = registration_status()

@@ -27,6 +27,7 @@ import asyncio
 import copy
 import dataclasses
 import functools
+import json
 import os
 import threading
 import time
@@ -34,6 +35,7 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Mapping, Optional, Sequence
 
+from omegaconf import DictConfig, ListConfig, OmegaConf
 from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetrics, AgentLoopOutput, register
 
 from mempo.algo.outcome import score_outcomes
@@ -79,9 +81,7 @@ class LoopSettings:
 
 def _plain(value: Any) -> Any:
     """A hydra/OmegaConf node as plain Python containers."""
-    if hasattr(value, "_content") or type(value).__name__ in ("DictConfig", "ListConfig"):
-        from omegaconf import OmegaConf  # reason: only for values that already are OmegaConf nodes
-
+    if isinstance(value, (DictConfig, ListConfig)):
         return OmegaConf.to_container(value, resolve=True)
     return value
 
@@ -103,8 +103,6 @@ def _positive_int(value: Any, name: str) -> int:
 
 @functools.lru_cache(maxsize=64)
 def _settings_cached(key: str, entry: str, score_memory: bool, response_length: int) -> LoopSettings:
-    import json
-
     options = json.loads(key)
     rollout = _section(RolloutConfig, options.get("rollout"), ROLLOUT_KEYS, f"{entry}.rollout", group_size=1,
                        max_response_tokens=response_length)
@@ -130,8 +128,6 @@ def _settings_cached(key: str, entry: str, score_memory: bool, response_length: 
 def loop_settings(options: Mapping[str, Any], *, entry: str, score_memory: bool, response_length: int) -> LoopSettings:
     """`LoopSettings` of one agent-loop entry's YAML options (cached: verl builds a loop per trajectory).
     ConfigError naming ``<entry>.<section>.<key>`` for an unknown key or a bad value."""
-    import json
-
     try:
         key = json.dumps({k: _plain(v) for k, v in options.items()}, sort_keys=True)
     except TypeError as error:
@@ -324,7 +320,6 @@ class MemPOAgentLoop(AgentLoopBase):
         memory = AgentMemory(question, system_prompt=engine.config.system_prompt)
         self._check_prompt(engine.chat.prompt_ids(memory.messages("full")), "the prompt")  # before any generation
         task = RolloutTask(str(kwargs.get("uid", request_id)), question, golds)
-        began = time.perf_counter()
         [trajectory] = await loop.run_in_executor(_executor(self.settings.max_concurrent_trajectories),
                                                   functools.partial(engine.run, [task], group_size=1))
         [trajectory] = score_outcomes([trajectory], mode=rollout.score_mode)

@@ -10,7 +10,6 @@ request holding a gold.
 """
 import json
 
-import numpy as np
 import pytest
 import torch
 
