@@ -36,7 +36,8 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Mapping, Optional, Sequence
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
-from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetrics, AgentLoopOutput, register
+from verl.experimental.agent_loop.agent_loop import (AgentLoopBase, AgentLoopMetrics, AgentLoopOutput,
+                                                     _agent_loop_registry, register)
 
 from mempo.algo.outcome import score_outcomes
 from mempo.config import ConfigError, EnvConfig, MempoConfig, RolloutConfig, ScoringConfig
@@ -391,5 +392,6 @@ class MemPOEvalAgentLoop(MemPOAgentLoop):
     entry_name = "mempo_agent_eval"
 
 
-register("mempo_agent")(MemPOAgentLoop)
-register("mempo_agent_eval")(MemPOEvalAgentLoop)
+for _name, _cls in (("mempo_agent", MemPOAgentLoop), ("mempo_agent_eval", MemPOEvalAgentLoop)):
+    if _name not in _agent_loop_registry:  # an agent_loop_config_path entry of that name (with options) wins
+        register(_name)(_cls)
