@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # MemPO with verl 0.9.1 (no fork): Qwen2.5-3B-Instruct, 8 GPUs on one node, SGLang rollout, V1 trainer.
 #
-#   pip install 'mempo[verl]' 'sglang>=0.5'     # SGLang in the same environment as verl (see README "verl")
+#   pip install 'verl[sglang]==0.9.1' 'mempo[verl]'   # verl's own SGLang pins (sglang 0.5.12, torch 2.11)
 #   python -m mempo.integrations.verl           # lists the registered estimator / loops / trainer
 #   mempo serve-retriever --corpus wiki.jsonl --index-dir wiki-index/ --port 8000 &
 #   python -m mempo.integrations.verl.data --train nq_train.jsonl --val nq_dev.jsonl --out data/
