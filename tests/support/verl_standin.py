@@ -107,13 +107,28 @@ class FakeTQ:
         fields = {}
         for name in select_fields:
             values = [self.rows[k][name] for k in keys if name in self.rows[k]]
+            if not values:
+                continue  # a field no row has is left out (verl's trainer checks `in`)
             if len(values) != len(keys):
-                continue  # an absent field is left out (verl's trainer checks `in`)
+                raise ValueError(f"field {name!r} is empty for some keys")  # what TransferQueue raises
             if all(isinstance(v, torch.Tensor) and v.dim() == 1 for v in values):
                 fields[name] = torch.nested.as_nested_tensor(values, layout=torch.jagged)
             else:
                 fields[name] = NonTensorStack(*values)
         return TensorDict(fields, batch_size=[len(keys)])
+
+    async def async_kv_batch_put(self, keys, fields=None, tags=None, partition_id=None):
+        """What `AgentLoopWorkerTQ._agent_loop_postprocess` calls: one row per key from a TensorDict."""
+        for i, key in enumerate(keys):
+            row = {}
+            for name in fields.keys():
+                value = fields.get(name)
+                if isinstance(value, torch.Tensor):
+                    row[name] = value.unbind()[i] if value.is_nested else value[i]
+                else:
+                    row[name] = fields[name][i]
+            self.rows[key] = row
+        self.tags = dict(getattr(self, "tags", {}), **dict(zip(keys, tags or [{}] * len(keys))))
 
     def kv_batch_put(self, keys, partition_id=None, fields=None, tags=None):
         from transfer_queue import KVBatchMeta
@@ -166,11 +181,11 @@ def dummy_worker(config, tokenizer, server):
     return worker
 
 
-def needle_script(tokenizer) -> Callable[[str, list[int]], list[int]]:
+def needle_script(tokenizer, first_variant: int = 0) -> Callable[[str, list[int]], list[int]]:
     """A scripted policy over the needle corpus (`support.rollout_fixtures.needle_scripts`): the k-th
     generation request of a trajectory (its request id) gets round k; trajectories take the four
     variants (correct or not, one or two searches) in turn, so a group has distinct memories and
-    outcomes."""
+    outcomes (``first_variant``: the variant of the first trajectory; 2 and 3 search twice)."""
     import itertools
     import re
 
@@ -178,7 +193,7 @@ def needle_script(tokenizer) -> Callable[[str, list[int]], list[int]]:
 
     rounds: dict[str, int] = {}
     variants: dict[str, int] = {}
-    turn = itertools.count()
+    turn = itertools.count(first_variant)
 
     def script(request_id: str, prompt_ids: list[int]) -> list[int]:
         k = rounds.get(request_id, 0)

@@ -130,33 +130,55 @@ def test_legacy_path_advantages_equal_the_training_stage(scripted):
     assert (got != _stage_advantages(loops, 0.0)).any()  # the memory part is there
 
 
-def test_v1_trainer_advantages_equal_the_training_stage(scripted, monkeypatch):
+def _v1_rows(worker, seen, monkeypatch, uid="q0"):
+    """The outputs through verl's V1 `AgentLoopWorkerTQ._agent_loop_postprocess` into a TransferQueue
+    stand-in (one row per output, keys {uid}_{session}_{i}); old_log_probs as the actor would add them."""
+    import asyncio
+    import inspect
+
+    from verl.trainer.ppo.v1 import agent_loop_tq
+    from verl.trainer.ppo.v1.agent_loop_tq import AgentLoopWorkerTQ
+
+    fake = FakeTQ()
+    monkeypatch.setattr(agent_loop_tq, "tq", fake)
+    postprocess = inspect.unwrap(AgentLoopWorkerTQ._agent_loop_postprocess)  # the class is a @ray.remote actor
+    for session, (_, output) in sorted(seen.items()):
+        sample = {"uid": uid, "session_id": session, "global_steps": 1, "raw_prompt": [], "extra_info": {}}
+        asyncio.run(postprocess(worker, output, False, **sample))
+    for row in fake.rows.values():
+        if "rollout_log_probs" in row:
+            row["old_log_probs"] = row["rollout_log_probs"].clone()
+    return fake
+
+
+def _v1_advantages(config, fake, monkeypatch, memory_weight):
     from omegaconf import open_dict
     from transfer_queue import KVBatchMeta
     from verl.trainer.ppo.v1 import trainer_base
 
     from mempo.integrations.verl import trainer_v1
 
-    config, _, _, seen, loops = scripted
-    fake = FakeTQ()
-    keys, rows = [], []
-    for i in range(N):
-        row = seen[i][1].as_dict()
-        row.update(uid="q0")
-        row.pop("rollout_log_probs", None)  # no rollout correction in this check
-        keys.append(f"q0_{i}_0")
-        rows.append(row)
-    fake.put_rows(keys, rows)
     monkeypatch.setattr(trainer_base, "tq", fake)
     monkeypatch.setattr(trainer_v1, "tq", fake)
     trainer = trainer_v1.MemPOTrainerSync.__new__(trainer_v1.MemPOTrainerSync)
     trainer.config = config.copy()
     with open_dict(trainer.config):
-        trainer.config.algorithm.mempo = {"memory_weight": 0.5}
+        trainer.config.algorithm.adv_estimator = "grpo"
+        trainer.config.algorithm.mempo = {"memory_weight": memory_weight}
+    keys = sorted(fake.rows)
     metrics = {}
     trainer._compute_advantage(KVBatchMeta(keys=keys, tags=[{} for _ in keys], partition_id="train"), metrics)
+    return keys, metrics
+
+
+def test_v1_trainer_advantages_equal_the_training_stage(scripted, parts, monkeypatch):
+    config, server, _, seen, loops = scripted
+    fake = _v1_rows(dummy_worker(config, parts[2], server), seen, monkeypatch)
+    keys, metrics = _v1_advantages(config, fake, monkeypatch, 0.5)
+    assert keys == [f"q0_{i}_0" for i in range(N)]
     got = torch.zeros(N, RESPONSE_LENGTH)
     for i, key in enumerate(keys):
+        assert fake.rows[key]["extra_fields"]["mempo_mem_spans"] == seen[i][1].extra_fields["mempo_mem_spans"]
         value = fake.rows[key]["advantages"]
         got[i, :value.numel()] = value
     torch.testing.assert_close(got, _stage_advantages(loops, 0.5), rtol=1e-5, atol=1e-5)
@@ -196,11 +218,12 @@ def test_random_policy_stays_within_verls_lengths(parts):
     assert logprobs.shape == (2, 48) and (logprobs <= 0).all() and (logprobs < 0).any()
 
 
-def test_memory_context_gives_one_row_per_round_under_v1_and_is_refused_by_legacy(parts):
+def _memory_context_rows(parts):
+    """context_policy memory: refused without V1's session_id; under V1 one output per round."""
     tmp, corpus, tok, model = parts
     config = verl_config(write_agents_yaml(tmp / "agents_memory.yaml", corpus, rollout="context_policy: memory"),
                          prompt_length=PROMPT_LENGTH * 4, response_length=RESPONSE_LENGTH, n=2)
-    worker = dummy_worker(config, tok, HFServer(model, script=needle_script(tok)))
+    worker = dummy_worker(config, tok, HFServer(model, script=needle_script(tok, first_variant=2)))
     import asyncio
 
     from hydra.utils import instantiate
@@ -228,6 +251,26 @@ def test_memory_context_gives_one_row_per_round_under_v1_and_is_refused_by_legac
         own = output.extra_fields["mempo_mem_spans"]
         assert own == ([[spans[round_.index][0] - round_.start, spans[round_.index][1] - round_.start]]
                        if round_.index in spans else [])
+    return config, worker, outputs, loop
+
+
+def test_memory_context_gives_a_row_per_round_through_verls_v1_postprocess_and_trainer(parts, monkeypatch):
+    config, worker, outputs, loop = _memory_context_rows(parts)  # and legacy (no session_id) refuses it
+    fake = _v1_rows(worker, {0: (loop, outputs)}, monkeypatch)
+    keys, metrics = _v1_advantages(config, fake, monkeypatch, 1.0)
+    assert keys == [f"q0_0_{i}" for i in range(len(outputs))]  # one session, one row per round
+    assert all(float(fake.rows[k]["rm_scores"].sum()) == loop.trajectory.score for k in keys)
+    # one session in its group: GRPO's outcome part is s / (1 + eps) on every row; the memory part is the
+    # pooled z-score of the session's scored rounds on each row's own span
+    scored = [k for k, out in zip(keys, outputs) if out.extra_fields["mempo_mem_spans"]]
+    assert len(scored) >= 2 and metrics["mempo/scored_rounds"] == len(scored)
+    for key, output in zip(keys, outputs):
+        adv, mask = fake.rows[key]["advantages"], fake.rows[key]["response_mask"]
+        base = loop.trajectory.score / (1 + 1e-6)
+        off_span = torch.ones_like(mask, dtype=torch.bool)
+        for start, end in output.extra_fields["mempo_mem_spans"]:
+            off_span[start:end] = False
+        torch.testing.assert_close(adv[off_span], base * mask[off_span].float(), rtol=1e-5, atol=1e-6)
 
 
 def test_bad_options_are_refused_by_name(parts):
