@@ -278,6 +278,10 @@ class MemPOAgentLoop(AgentLoopBase):
         self.settings = loop_settings(options, entry=entry, score_memory=self.score_memory,
                                       response_length=int(self.rollout_config.response_length))
         self.prompt_length = int(self.rollout_config.prompt_length)
+        trainer = self.config.get("trainer", None) or {}
+        if self.score_memory and self.settings.rollout.context_policy == "memory" and not trainer.get("use_v1", True):
+            raise ConfigError(f"{entry}.rollout.context_policy", "'memory' trains one row per round, which needs "
+                                                                 "verl's V1 trainer (trainer.use_v1=true)")
         self.trajectory: Optional[Trajectory] = None
         self.memory_rewards: list[Optional[float]] = []
 
