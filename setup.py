@@ -23,7 +23,7 @@ packages = find_packages(include=["mempo", "mempo.*"]) + ["mempo.kernels", "memp
 setup(
     packages=packages,
     package_dir={"mempo": "mempo", "mempo.kernels": "kernels", "mempo.configs": "configs"},
-    package_data={"mempo.configs": ["*.yaml"]},
+    package_data={"mempo.configs": ["*.yaml"], "mempo.integrations.verl": ["*.yaml"]},
     ext_modules=ext_modules,
     cmdclass={"build_ext": build_ext},
 )

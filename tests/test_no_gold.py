@@ -173,3 +173,35 @@ def test_the_served_agent_never_shows_a_gold(trace, tok):
     counts = summary(trace)
     assert counts["tasks"] == 3 and counts["generate_calls"] >= 3, counts
     assert violations(trace, tok) == []
+
+
+def test_verl_agent_loop_generation_requests_never_show_a_gold(tmp_path):
+    """The verl integration's rollout path (mempo_agent inside verl's own AgentLoopWorker, against an
+    HF stand-in server): its generation requests hold no gold outside what the agent read; only its
+    scoring requests (prompt_logprobs) carry the gold answer."""
+    pytest.importorskip("verl", reason="verl is not installed (pip install .[verl])")
+    import json
+
+    from support.corpus import make_corpus
+    from support.rollout_fixtures import chat_tokenizer, tiny_qwen2
+    from support.verl_standin import (HFServer, dummy_worker, needle_script, question_batch, run_worker,
+                                      verl_config, write_agents_yaml)
+
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text("".join(json.dumps(d.to_json()) + "\n" for d in make_corpus(40)))
+    tok = chat_tokenizer()
+    server = HFServer(tiny_qwen2(len(tok)), script=needle_script(tok))
+    config = verl_config(write_agents_yaml(tmp_path / "agents.yaml", corpus), prompt_length=128,
+                         response_length=384, n=2)
+    question = "Which document mentions zebulon5? Give its title."
+    run_worker(dummy_worker(config, tok, server), question_batch(question, ["Needle 5"], 2))
+    generation = [r for r in server.requests if "prompt_logprobs" not in r["sampling_params"]]
+    scoring = [r for r in server.requests if "prompt_logprobs" in r["sampling_params"]]
+    assert generation and scoring
+    records = [{"kind": "task", "question": question, "golds": ["Needle 5"]}]
+    records += [{"kind": "generate", "prompts": [r["prompt_ids"]], "strings": [], "int_lists": []} for r in generation]
+    assert violations(records, tok) == []
+    # the check sees a gold placed where only scoring puts it (the answer template after the context)
+    leaked = dict(records[1], prompts=[scoring[0]["prompt_ids"][:-3] + tok.encode(
+        "<|im_end|>\n<|im_start|>user\nthe answer is Needle 5<|im_end|>\n", add_special_tokens=False)])
+    assert violations(records[:1] + [leaked], tok)

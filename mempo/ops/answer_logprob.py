@@ -21,7 +21,7 @@ import torch
 
 from mempo.ops._dispatch import interpreting, resolve_backend
 
-__all__ = ["AnswerLogProb", "answer_logprob", "answer_logprob_from_hidden"]
+__all__ = ["AnswerLogProb", "answer_logprob", "answer_logprob_from_hidden", "answer_logprob_from_token_logp"]
 
 _FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
@@ -436,3 +436,45 @@ def answer_logprob_from_hidden(
         keep, p, mean_logp, num_kept = _triton_segments(
             token_logp, mask_u8, cu, seq_len, C, log_threshold, empty_value)
     return AnswerLogProb(token_logp.view(row_shape), keep.view(row_shape), p, mean_logp, num_kept)
+
+
+@torch.no_grad()
+def answer_logprob_from_token_logp(
+    token_logp: torch.Tensor,
+    answer_mask: torch.Tensor,
+    cu_seqlens: Optional[torch.Tensor] = None,
+    *,
+    threshold: Optional[float] = 0.5,
+    empty_value: float = 0.0,
+) -> AnswerLogProb:
+    """The same mask / threshold / geometric-mean reduction from log-probs computed elsewhere (an
+    inference server's ``prompt_logprobs``, say), torch path (the rows are few).
+
+    Args:
+        token_logp: float `[M]`, log p(target) of every row (contexts concatenated; context c owns
+            rows ``cu_seqlens[c]:cu_seqlens[c+1]``); read in fp32. -inf allowed, NaN not (ValueError)
+            on a masked-in row; +inf is not a log-probability (ValueError).
+        answer_mask: bool or integer `[M]`, nonzero on gold-answer rows.
+        cu_seqlens: integer `[C + 1]` CSR offsets (None: one context), as `answer_logprob`.
+        threshold / empty_value: as `answer_logprob`.
+
+    Returns:
+        AnswerLogProb with token_logp fp32 `[M]` (0.0 on masked rows), keep, p, mean_logp, num_kept;
+        for the same per-row log-probs the numbers are `answer_logprob`'s.
+    """
+    log_threshold, _, empty_value = _check_scalars(threshold, 1.0, empty_value)
+    if not isinstance(token_logp, torch.Tensor) or token_logp.dim() != 1:
+        raise ValueError("token_logp must be a 1-D [M] tensor")
+    if not token_logp.dtype.is_floating_point:
+        raise ValueError(f"token_logp must be a float tensor, got {token_logp.dtype}")
+    values = token_logp.to(torch.float32)
+    _, _, mask, cu, _, _ = _flatten_rows("token_logp", values[:, None], torch.zeros_like(values, dtype=torch.int64),
+                                         answer_mask, cu_seqlens)
+    values = torch.where(mask, values, torch.zeros_like(values))
+    _check_token_logp(values, tuple(values.shape), "the given log-probs")
+    if bool((values > 0).any()):
+        i = int((values > 0).nonzero()[0, 0])
+        raise ValueError(f"token_logp[{i}] = {float(values[i])} is not a log-probability (> 0)")
+    keep, p, mean_logp, num_kept = _torch_segments(values, mask, cu, None, cu.numel() - 1, log_threshold,
+                                                   empty_value)
+    return AnswerLogProb(values, keep, p, mean_logp, num_kept)

@@ -20,7 +20,8 @@ import sys
 import pytest
 import torch
 
-from mempo.ops.answer_logprob import AnswerLogProb, answer_logprob, answer_logprob_from_hidden
+from mempo.ops.answer_logprob import (AnswerLogProb, answer_logprob, answer_logprob_from_hidden,
+                                      answer_logprob_from_token_logp)
 from mempo.ops.reference.answer_logprob import (
     answer_logprob_from_hidden_reference,
     answer_logprob_reference,
@@ -829,3 +830,30 @@ def test_extreme_finite_logits_match_the_reference(backend, device, dtype):
             torch.testing.assert_close(lp[representable], rlp[representable], rtol=2e-6, atol=2e-5)
             assert torch.equal(out.keep.cpu(), ref.keep) and torch.equal(out.num_kept.cpu(), ref.num_kept)
             torch.testing.assert_close(out.p.cpu().double(), ref.p, rtol=1e-5, atol=2e-5)
+
+
+def test_from_token_logp_equals_the_logits_path_and_refuses_bad_values():
+    g = torch.Generator().manual_seed(3)
+    logits = torch.randn(9, 13, generator=g) * 3
+    targets = torch.randint(0, 13, (9,), generator=g)
+    mask = torch.tensor([1, 1, 0, 1, 1, 1, 0, 1, 1])
+    cu = torch.tensor([0, 4, 4, 9])
+    token_logp = torch.log_softmax(logits, -1).gather(1, targets[:, None])[:, 0]
+    for threshold in (None, 0.05, 0.5):
+        want = answer_logprob(logits, targets, mask, cu, threshold=threshold, backend="torch")
+        got = answer_logprob_from_token_logp(token_logp, mask, cu, threshold=threshold)
+        torch.testing.assert_close(got.p, want.p)
+        torch.testing.assert_close(got.mean_logp, want.mean_logp)
+        assert torch.equal(got.num_kept, want.num_kept) and torch.equal(got.keep, want.keep)
+    bad = token_logp.clone()
+    bad[3] = float("nan")
+    with pytest.raises(ValueError, match="row 3"):
+        answer_logprob_from_token_logp(bad, mask, cu)
+    bad[3] = 0.5
+    with pytest.raises(ValueError, match=r"token_logp\[3\] = 0.5 is not a log-probability"):
+        answer_logprob_from_token_logp(bad, mask, cu)
+    bad[2] = float("nan")  # a masked-out row is not read
+    bad[3] = -1.0
+    answer_logprob_from_token_logp(bad, mask, cu)
+    with pytest.raises(ValueError, match="cu_seqlens must end at M = 9"):
+        answer_logprob_from_token_logp(token_logp, mask, torch.tensor([0, 4]))

@@ -1,7 +1,5 @@
-"""The verl plugin against the real verl package (pip install .[verl]); skipped when verl is absent."""
-import os
-import subprocess
-import sys
+"""The "mempo" estimator and the legacy compute_advantage against the real verl (pip install .[verl]);
+skipped when verl is absent."""
 import warnings
 
 import numpy as np
@@ -14,7 +12,7 @@ pytestmark = pytest.mark.verl
 from verl import DataProto  # noqa: E402
 from verl.trainer.ppo import core_algos  # noqa: E402
 
-from mempo.integrations import verl as plugin  # noqa: E402
+from mempo.integrations.verl import estimator as plugin  # noqa: E402
 from mempo.ops.advantage import csr_offsets_from_rows, mempo_advantage  # noqa: E402
 
 
@@ -75,17 +73,6 @@ def test_compute_advantage_passes_memory_fields_from_dataproto():
     assert torch.equal(r, mem_rewards) and torch.equal(o, offsets) and torch.equal(s, spans)
 
 
-def test_external_module_registration_in_a_fresh_process():
-    code = ("import verl\n"
-            "from verl.trainer.ppo.core_algos import get_adv_estimator_fn\n"
-            "fn = get_adv_estimator_fn('mempo')\n"
-            "print(fn.__module__)\n")
-    env = dict(os.environ, VERL_USE_EXTERNAL_MODULES="mempo.integrations.verl")
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stderr[-2000:]
-    assert out.stdout.strip().splitlines()[-1] == "mempo.integrations.verl"
-
-
 def test_pack_rejects_too_few_slots():
     with pytest.raises(ValueError, match="num_slots=1"):
         plugin.pack_memory_fields(torch.zeros(2), torch.tensor([0, 2]), torch.zeros(2, 2, dtype=torch.long), 1)
@@ -118,3 +105,23 @@ def test_stage_pooling_without_stages_and_bad_options_are_refused_by_name():
         fn(token_level_rewards=rewards, response_mask=mask, index=uid, config={"mempo": {"memory_std_floor": -1.0}})
     with pytest.raises(ValueError, match="mem_stages has 1 entries"):
         plugin.pack_memory_fields(mem_rewards, offsets, spans, mem_stages=torch.zeros(1, dtype=torch.long))
+
+
+def test_compute_advantage_reads_the_agent_loops_per_row_lists():
+    """The legacy trainer's batch from a mempo agent loop: object arrays of lists per row."""
+    uid, mask, rewards, mem_rewards, offsets, spans = make_batch(seed=4)
+    rows_rewards = np.empty(len(uid), dtype=object)
+    rows_spans = np.empty(len(uid), dtype=object)
+    for b in range(len(uid)):
+        lo, hi = int(offsets[b]), int(offsets[b + 1])
+        rows_rewards[b] = [float(v) for v in mem_rewards[lo:hi]]
+        rows_spans[b] = [[int(s), int(e)] for s, e in spans[lo:hi]]
+    data = DataProto.from_dict(tensors={"token_level_rewards": rewards, "response_mask": mask},
+                               non_tensors={"uid": uid, "mempo_mem_rewards": rows_rewards,
+                                            "mempo_mem_spans": rows_spans})
+    got = plugin.compute_advantage(data, "mempo", config={"mempo": {"memory_weight": 0.7}}).batch["advantages"]
+    want, _ = mempo_advantage(rewards.sum(-1), uid, mask, mem_rewards, offsets, spans, memory_weight=0.7)
+    torch.testing.assert_close(got, want)
+    rows_spans[1] = [[0, 1], [2, 3], [4, 5]]  # more spans than rewards in one row: refused by row
+    with pytest.raises(ValueError, match="row 1: mempo_mem_rewards has"):
+        plugin.compute_advantage(data, "mempo", config=None)

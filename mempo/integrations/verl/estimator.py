@@ -1,13 +1,14 @@
-"""verl drop-in: the "mempo" advantage estimator, without forking verl:
+"""The "mempo" advantage estimator and the legacy trainer's `compute_advantage` that feeds it.
 
-    VERL_USE_EXTERNAL_MODULES=mempo.integrations.verl  python -m verl.trainer.main_ppo \\
-        algorithm.adv_estimator=mempo +algorithm.mempo.memory_weight=1.0 ...
+    algorithm.adv_estimator=mempo +algorithm.mempo.memory_weight=1.0 ...   (trainer.use_v1=false)
 
 Importing this module registers `compute_mempo_advantage` under "mempo" (verl's `register_adv_est`).
-Conventions: shapes [B, L] are verl's response tokens; memory inputs travel in the batch padded to
-[B, K] per trajectory (`MEMORY_KEYS`, so they survive verl's batch splitting); mempo's own ops use
-the CSR form (`pack_memory_fields` / `unpack_memory_fields` convert). It imports only verl
-submodules and mempo modules that import no verl (it may run while `verl/__init__` is executing).
+Conventions: shapes [B, L] are verl's response tokens. Memory inputs reach `compute_advantage` in
+either form: the lists a mempo agent loop writes (``non_tensor_batch["mempo_mem_rewards"]`` /
+``["mempo_mem_spans"]``, one list per row, `mempo.integrations.verl.fields`), or tensors padded to
+[B, K] per trajectory (`MEMORY_KEYS`, `pack_memory_fields`) for a batch built elsewhere; mempo's
+own ops use the CSR form (`unpack_memory_fields` converts). It imports only verl submodules and
+mempo modules that import no verl (it may run while ``verl/__init__`` is executing).
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from verl.trainer.ppo import core_algos
 
 from mempo.algo.advantages import AdvantageInputs, token_advantages
 from mempo.algo.pooling import MEMORY_POOLINGS
+from mempo.integrations.verl.fields import memory_inputs
 
 __all__ = [
     "MEMORY_KEYS",
@@ -28,7 +30,7 @@ __all__ = [
     "compute_advantage",
     "pack_memory_fields",
     "unpack_memory_fields",
-    "patch_ray_trainer",
+    "memory_config",
 ]
 
 # batch["mempo_mem_rewards"]  float [B, K]    memory reward of each scored round (K = max rounds)
@@ -88,7 +90,7 @@ def unpack_memory_fields(mem_rewards: torch.Tensor, mem_spans: torch.Tensor, mem
     return mem_rewards[valid], offsets, mem_spans[valid]
 
 
-def _mempo_config(config: Any) -> tuple[bool, float, float, float, str]:
+def memory_config(config: Any) -> tuple[bool, float, float, float, str]:
     """(norm_adv_by_std, epsilon, memory_weight, memory_std_floor, memory_pooling) of the OmegaConf
     `algorithm` node, as in mempo's `algorithm` section: ``norm_adv_by_std_in_grpo`` (default True),
     ``mempo.epsilon`` (1e-6), ``mempo.memory_weight`` (1.0), ``mempo.memory_std_floor`` (0.0: no
@@ -127,7 +129,7 @@ def compute_mempo_advantage(token_level_rewards: torch.Tensor, response_mask: to
     global _warned_missing_memory
     if index is None:
         raise ValueError("the 'mempo' estimator needs the 'uid' group index (non_tensor_batch['uid'])")
-    cfg_norm, cfg_eps, memory_weight, std_floor, pooling = _mempo_config(config)
+    cfg_norm, cfg_eps, memory_weight, std_floor, pooling = memory_config(config)
     if pooling != "group" and mem_stages is None:
         raise ValueError(f"algorithm.mempo.memory_pooling={pooling!r} needs the stage of each scored round in the "
                          f"batch (batch['{STAGES_KEY}'], pack_memory_fields(..., mem_stages=mempo.algo.pooling."
@@ -169,7 +171,15 @@ def compute_advantage(data: Any, adv_estimator: Any, gamma: float = 1.0, lam: fl
                        norm_adv_by_std_in_grpo=norm_adv_by_std_in_grpo, config=config)
     batch = data.batch
     memory = {}
-    if all(key in batch.keys() for key in MEMORY_KEYS):
+    if "mempo_mem_rewards" in data.non_tensor_batch:  # a mempo agent loop's lists, one per row
+        columns = [data.non_tensor_batch.get(key) for key in ("mempo_mem_rewards", "mempo_mem_spans")]
+        rows = [{"mempo_mem_rewards": columns[0][i], "mempo_mem_spans": None if columns[1] is None else columns[1][i]}
+                for i in range(len(data))]
+        rewards, offsets, spans = memory_inputs(rows)
+        padded = pack_memory_fields(rewards, offsets, spans)
+        memory = dict(mem_rewards=padded["mempo_mem_rewards"], mem_spans=padded["mempo_mem_spans"],
+                      mem_valid=padded["mempo_mem_valid"])
+    elif all(key in batch.keys() for key in MEMORY_KEYS):
         memory = dict(mem_rewards=batch["mempo_mem_rewards"], mem_spans=batch["mempo_mem_spans"],
                       mem_valid=batch["mempo_mem_valid"])
         if STAGES_KEY in batch.keys():
@@ -183,11 +193,3 @@ def compute_advantage(data: Any, adv_estimator: Any, gamma: float = 1.0, lam: fl
     batch["returns"] = returns
     return data
 
-
-def patch_ray_trainer() -> None:
-    """Make `RayPPOTrainer.fit` use `compute_advantage` above (idempotent). Imports verl's trainer."""
-    from verl.trainer.ppo import ray_trainer  # reason: heavy (ray); only when patching
-
-    if not hasattr(ray_trainer, "_verl_compute_advantage"):
-        ray_trainer._verl_compute_advantage = ray_trainer.compute_advantage
-        ray_trainer.compute_advantage = compute_advantage

@@ -1,0 +1,401 @@
+"""MemPO's agent loop inside verl: ``mempo_agent`` (training) and ``mempo_agent_eval`` (validation).
+
+verl builds one loop per trajectory (``hydra.utils.instantiate`` of the ``agents.yaml`` entry, or of
+the ``@register`` name, with the worker's ``trainer_config``, ``server_manager``, ``tokenizer``, ...)
+and awaits ``run(sampling_params, **dataset_fields)``. ``run`` drives mempo's own agent loop
+(`mempo.rollout.loop.RolloutEngine`: forced ``<mem>``, ``<search>`` / ``<access>`` through mempo's
+retriever tools, ``<information>`` ids with loss mask 0, the memory context, token budgets, the C++
+scanner's ``<mem>`` spans) on a worker thread, with a generation backend that sends every round to
+verl's ``server_manager.generate`` (token ids in, token ids out) on the worker's event loop. Then:
+
+* the outcome (`mempo.algo.outcome.score_outcomes`, the golds of ``reward_model.ground_truth``) is the
+  output's ``reward_score`` (verl's reward loop is then skipped for it);
+* ``mempo_agent`` teacher-scores the scored rounds through the same servers
+  (`mempo.integrations.verl.server_scoring`); the results go to ``extra_fields`` (`fields.EXTRA_KEYS`,
+  the same keys on every output, train or validation).
+
+Lengths: the response (rounds + tool segments) never exceeds ``rollout.response_length`` (mempo's
+``max_response_tokens``); a prompt longer than ``rollout.prompt_length`` is refused (verl would cut
+it silently). Context policy "memory" under the V1 trainer returns one output per round (prompt =
+that round's memory context, response = the round and its tool segment); the legacy trainer takes one
+row per trajectory, so it refuses "memory" for training. The golds reach only the outcome and the
+scoring requests, never a generation request.
+"""
+from __future__ import annotations
+
+import asyncio
+import copy
+import dataclasses
+import functools
+import json
+import os
+import threading
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Mapping, Optional, Sequence
+
+from omegaconf import DictConfig, ListConfig, OmegaConf
+from verl.experimental.agent_loop.agent_loop import (AgentLoopBase, AgentLoopMetrics, AgentLoopOutput,
+                                                     _agent_loop_registry, register)
+
+from mempo.algo.outcome import score_outcomes
+from mempo.config import ConfigError, EnvConfig, MempoConfig, RolloutConfig, ScoringConfig
+from mempo.config.coerce import build_section
+from mempo.env.build import build_retriever, build_tools
+from mempo.integrations.verl.fields import empty_extra_fields, memory_extra_fields
+from mempo.integrations.verl.server_scoring import ServerScorer
+from mempo.integrations.verl.version import check_verl_version
+from mempo.protocol.memory import AgentMemory
+from mempo.records.trajectory import Trajectory
+from mempo.rollout.backends.base import GenerationOutput, GenerationRequest, SamplingParams
+from mempo.rollout.backends.stopping import TokenBytes, action_closing_token_ids
+from mempo.rollout.loop import RolloutEngine, RolloutStats, RolloutTask
+
+__all__ = ["ROLLOUT_KEYS", "ENV_KEYS", "SCORING_KEYS", "LoopSettings", "MemPOAgentLoop", "MemPOEvalAgentLoop",
+           "loop_settings", "response_logprobs"]
+
+#: the agent-loop YAML's accepted keys per section (everything else is verl's: sampling, lengths, n)
+ROLLOUT_KEYS = ("max_turns", "max_new_tokens_per_round", "context_policy", "chat_template", "system_prompt",
+                "forced_prefix", "train_forced_prefix", "stop_token_ids", "tool_workers", "score_mode")
+ENV_KEYS = ("retriever", "retriever_url", "corpus_path", "topk", "doc_chars", "page_chars")
+SCORING_KEYS = ("threshold", "comparator", "reward", "log_clip")
+RETRIEVER_URL_ENV = "MEMPO_RETRIEVER_URL"
+
+
+@dataclasses.dataclass(frozen=True)
+class LoopSettings:
+    """The validated YAML options of one agent-loop entry.
+
+    rollout: mempo's rollout section (only `ROLLOUT_KEYS` come from the YAML; the lengths and the
+    sampling are verl's). env: the retriever and tool limits. scoring: the memory-reward definition
+    (None: no teacher scoring). max_concurrent_scoring: scoring requests in flight per trajectory.
+    max_concurrent_trajectories: worker threads running mempo's loop in one verl worker process.
+    """
+
+    rollout: RolloutConfig
+    env: EnvConfig
+    scoring: Optional[ScoringConfig]
+    max_concurrent_scoring: int
+    max_concurrent_trajectories: int
+
+
+def _plain(value: Any) -> Any:
+    """A hydra/OmegaConf node as plain Python containers."""
+    if isinstance(value, (DictConfig, ListConfig)):
+        return OmegaConf.to_container(value, resolve=True)
+    return value
+
+
+def _section(cls: type, data: Any, accepted: Sequence[str], path: str, **fixed: Any) -> Any:
+    data = dict(_plain(data) or {})
+    for key in data:
+        if key not in accepted:
+            raise ConfigError(f"{path}.{key}", f"is not an option of the verl agent loop; accepted: "
+                                               f"{', '.join(accepted)}")
+    return build_section(cls, {**data, **fixed}, path)
+
+
+def _positive_int(value: Any, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(name, f"must be an integer >= 1, got {value!r}")
+    return value
+
+
+@functools.lru_cache(maxsize=64)
+def _settings_cached(key: str, entry: str, score_memory: bool, response_length: int) -> LoopSettings:
+    options = json.loads(key)
+    rollout = _section(RolloutConfig, options.get("rollout"), ROLLOUT_KEYS, f"{entry}.rollout", group_size=1,
+                       max_response_tokens=response_length)
+    env_data = _plain(options.get("env"))
+    if env_data is None:
+        url = os.environ.get(RETRIEVER_URL_ENV)
+        if not url:
+            raise ConfigError(f"{entry}.env", f"no retriever: give env.retriever_url (or env.corpus_path) in the "
+                                              f"agent-loop YAML, or set {RETRIEVER_URL_ENV}")
+        env_data = {"retriever": "http", "retriever_url": url}
+    env = _section(EnvConfig, env_data, ENV_KEYS, f"{entry}.env")
+    scoring = None
+    if score_memory:
+        scoring = _section(ScoringConfig, options.get("scoring"), SCORING_KEYS, f"{entry}.scoring")
+    elif options.get("scoring") is not None:
+        raise ConfigError(f"{entry}.scoring", "is read only with score_memory: true (this entry does no scoring)")
+    return LoopSettings(rollout, env, scoring,
+                        _positive_int(options.get("max_concurrent_scoring", 8), f"{entry}.max_concurrent_scoring"),
+                        _positive_int(options.get("max_concurrent_trajectories", 256),
+                                      f"{entry}.max_concurrent_trajectories"))
+
+
+def loop_settings(options: Mapping[str, Any], *, entry: str, score_memory: bool, response_length: int) -> LoopSettings:
+    """`LoopSettings` of one agent-loop entry's YAML options (cached: verl builds a loop per trajectory).
+    ConfigError naming ``<entry>.<section>.<key>`` for an unknown key or a bad value."""
+    try:
+        key = json.dumps({k: _plain(v) for k, v in options.items()}, sort_keys=True)
+    except TypeError as error:
+        raise ConfigError(entry, f"options must be plain YAML values: {error}") from None
+    return _settings_cached(key, entry, bool(score_memory), int(response_length))
+
+
+# ------------------------------------------------------------------------------------------------
+# per-process shared state: the retrievers, the engines' tokenizer tables, the worker threads
+# ------------------------------------------------------------------------------------------------
+_LOCK = threading.Lock()
+_TOOLS: dict[str, dict[str, Any]] = {}
+_ENGINES: dict[tuple, RolloutEngine] = {}
+_EXECUTOR: list[ThreadPoolExecutor] = []
+
+
+def _tools(env: EnvConfig) -> dict[str, Any]:
+    """The search / access tools of `env`, built once per process (a BM25 index loads once)."""
+    key = repr(sorted(dataclasses.asdict(env).items()))
+    with _LOCK:
+        tools = _TOOLS.get(key)
+        if tools is None:
+            cfg = MempoConfig(env=env)
+            tools = _TOOLS[key] = build_tools(cfg, build_retriever(cfg))
+        return tools
+
+
+def _executor(threads: int) -> ThreadPoolExecutor:
+    with _LOCK:
+        if not _EXECUTOR:
+            _EXECUTOR.append(ThreadPoolExecutor(max_workers=threads, thread_name_prefix="mempo-verl-loop"))
+        return _EXECUTOR[0]
+
+
+class _ServerBackend:
+    """mempo's `GenerationBackend` over verl's ``server_manager.generate``, called from a worker thread:
+    each request is a coroutine on the verl worker's event loop (``max_tokens`` = the round's limit,
+    ``stop_token_ids`` = the loop's stop ids + the ids that close an action block; verl's sampling
+    parameters as given). The ids come back as generated (mempo's ``cut_round`` cuts the round)."""
+
+    def __init__(self, server_manager: Any, loop: asyncio.AbstractEventLoop, request_id: str,
+                 sampling_params: Mapping[str, Any], action_stop_ids: Sequence[int]) -> None:
+        self.server_manager, self.loop, self.request_id = server_manager, loop, request_id
+        self.sampling_params = dict(sampling_params)
+        self.action_stop_ids = tuple(action_stop_ids)
+        self.seconds = 0.0
+        self.calls = 0
+        self.generated: list[tuple[list[int], Optional[list[float]]]] = []  # (ids, log-probs) per call
+
+    def generate(self, requests: Sequence[GenerationRequest], sampling: SamplingParams) -> list[GenerationOutput]:
+        outputs = []
+        for request in requests:
+            params = dict(self.sampling_params, max_tokens=int(request.max_new_tokens),
+                          stop_token_ids=list(dict.fromkeys([*request.stop_token_ids, *self.action_stop_ids])))
+            began = time.perf_counter()
+            future = asyncio.run_coroutine_threadsafe(
+                self.server_manager.generate(self.request_id, prompt_ids=list(request.prompt_ids),
+                                             sampling_params=params), self.loop)
+            output = future.result()
+            self.seconds += time.perf_counter() - began
+            self.calls += 1
+            if getattr(output, "stop_reason", None) == "aborted":
+                raise RuntimeError("the inference server aborted a generation request (a weight sync during the "
+                                   "rollout?); mempo_agent supports verl's sync trainer modes only")
+            ids = list(output.token_ids)
+            self.generated.append((ids, None if output.log_probs is None else list(output.log_probs)))
+            outputs.append(GenerationOutput(ids, str(getattr(output, "stop_reason", None))))
+        return outputs
+
+    def sync_weights(self, weights: Any = None) -> None:
+        raise RuntimeError("verl syncs the servers' weights itself")
+
+
+def response_logprobs(trajectory: Trajectory, generated: Sequence[tuple[list[int], Optional[list[float]]]]
+                      ) -> list[float]:
+    """The rollout log-prob of every response id (verl's ``response_logprobs``): round r's kept ids are
+    the first ids of generation call r, with the server's log-probs; the forced prefix and the tool
+    segments get 0.0 (not sampled: probability 1 under the policy that produced the trajectory).
+    RuntimeError when the server sent no log-probs or the ids do not line up."""
+    out = [0.0] * len(trajectory.response_ids)
+    if len(generated) < len(trajectory.rounds):
+        raise RuntimeError(f"{len(trajectory.rounds)} rounds but {len(generated)} generation calls")
+    for round_, (ids, logprobs) in zip(trajectory.rounds, generated):
+        lo = round_.start + round_.prefix_len
+        kept = trajectory.response_ids[lo:round_.end]
+        if logprobs is None or len(logprobs) < len(kept):
+            raise RuntimeError("actor_rollout_ref.rollout.calculate_log_probs is true but the inference server "
+                               "returned no log-probs for a generated round")
+        if ids[:len(kept)] != kept:
+            raise RuntimeError(f"round {round_.index}: the kept ids are not the first ids the server generated")
+        out[lo:round_.end] = [float(v) for v in logprobs[:len(kept)]]
+    return out
+
+
+def _question(raw_prompt: Any) -> tuple[str, Optional[str]]:
+    """(question, system prompt or None) of the dataset's chat messages: at most one system message and
+    exactly one user message (the question); ValueError naming the field otherwise."""
+    messages = list(_plain(raw_prompt) or [])
+    users = [m for m in messages if m.get("role") == "user"]
+    systems = [m for m in messages if m.get("role") == "system"]
+    if len(users) != 1 or len(systems) > 1 or len(users) + len(systems) != len(messages):
+        roles = [m.get("role") for m in messages]
+        raise ValueError(f"raw_prompt must hold one user message (the question) and at most one system message, "
+                         f"got roles {roles}")
+    return str(users[0]["content"]), (str(systems[0]["content"]) if systems else None)
+
+
+def _golds(reward_model: Any) -> Any:
+    """The golds of ``reward_model.ground_truth``: aliases, per-objective alias lists, or Search-R1's
+    ``{"target": [aliases]}``; ValueError when there is none."""
+    reward_model = _plain(reward_model) or {}
+    truth = reward_model.get("ground_truth") if isinstance(reward_model, Mapping) else None
+    if isinstance(truth, Mapping):
+        truth = truth.get("target")
+    if truth is None:
+        raise ValueError("the sample has no reward_model.ground_truth (the gold answers the outcome is scored on)")
+    if hasattr(truth, "tolist"):
+        truth = truth.tolist()
+    return truth
+
+
+class MemPOAgentLoop(AgentLoopBase):
+    """``mempo_agent``: MemPO's protocol against verl's servers, with teacher scoring.
+
+    YAML options (each section validated by mempo's typed config; unknown keys refused by name):
+    ``rollout`` (`ROLLOUT_KEYS`: max_turns, max_new_tokens_per_round, context_policy, chat_template,
+    system_prompt, forced_prefix, train_forced_prefix, stop_token_ids, tool_workers, score_mode),
+    ``env`` (`ENV_KEYS`: retriever "http" + retriever_url, or "bm25" + corpus_path; topk, doc_chars,
+    page_chars; without it ``$MEMPO_RETRIEVER_URL``), ``scoring`` (`SCORING_KEYS`: threshold,
+    comparator, reward, log_clip), ``max_concurrent_scoring`` (8), ``max_concurrent_trajectories``
+    (256). After ``run`` the loop keeps ``trajectory`` (the mempo `Trajectory`, outcome set) and
+    ``memory_rewards`` (one entry per scored round).
+    """
+
+    score_memory = True
+    entry_name = "mempo_agent"
+
+    def __init__(self, *args: Any, rollout: Any = None, env: Any = None, scoring: Any = None,
+                 max_concurrent_scoring: int = 8, max_concurrent_trajectories: int = 256,
+                 name: Optional[str] = None, **kwargs: Any) -> None:
+        check_verl_version()
+        super().__init__(*args, **kwargs)
+        entry = name or self.entry_name
+        options = {"rollout": rollout, "env": env, "scoring": scoring,
+                   "max_concurrent_scoring": max_concurrent_scoring,
+                   "max_concurrent_trajectories": max_concurrent_trajectories}
+        self.settings = loop_settings(options, entry=entry, score_memory=self.score_memory,
+                                      response_length=int(self.rollout_config.response_length))
+        self.prompt_length = int(self.rollout_config.prompt_length)
+        trainer = self.config.get("trainer", None) or {}
+        if self.score_memory and self.settings.rollout.context_policy == "memory" and not trainer.get("use_v1", True):
+            raise ConfigError(f"{entry}.rollout.context_policy", "'memory' trains one row per round, which needs "
+                                                                 "verl's V1 trainer (trainer.use_v1=true)")
+        self.trajectory: Optional[Trajectory] = None
+        self.memory_rewards: list[Optional[float]] = []
+
+    # -- the engine --------------------------------------------------------------------------------
+    def _engine(self, backend: _ServerBackend, system_prompt: Optional[str]) -> RolloutEngine:
+        settings = self.settings
+        max_context = self.rollout_config.get("max_model_len", None) or (
+            self.prompt_length + int(self.rollout_config.response_length))
+        key = (id(self.tokenizer), repr(settings), int(max_context))
+        with _LOCK:
+            template = _ENGINES.get(key)
+        if template is None:  # the chat template check and the tokenizer's byte table, once per process
+            template = RolloutEngine(backend, self.tokenizer, _tools(settings.env), config=settings.rollout,
+                                     max_context_tokens=int(max_context))
+            with _LOCK:
+                _ENGINES[key] = template
+        engine = copy.copy(template)
+        engine.backend, engine.stats, engine._calls = backend, RolloutStats(), 0
+        if system_prompt is not None and system_prompt != settings.rollout.system_prompt:
+            engine.config = dataclasses.replace(settings.rollout, system_prompt=system_prompt)
+        return engine
+
+    # -- run ---------------------------------------------------------------------------------------
+    async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> AgentLoopOutput | list[AgentLoopOutput]:
+        """One trajectory of the sample (``raw_prompt``, ``reward_model.ground_truth``, ``uid``): one
+        `AgentLoopOutput`, or one per round (context policy "memory" under the V1 trainer)."""
+        rollout = self.settings.rollout
+        multi_output = rollout.context_policy == "memory" and self.score_memory
+        if multi_output and "session_id" not in kwargs:
+            raise ConfigError(f"{self.entry_name}.rollout.context_policy",
+                              "'memory' trains one row per round, which needs verl's V1 trainer (trainer.use_v1=true);"
+                              " the legacy trainer takes one row per trajectory")
+        question, system_prompt = _question(kwargs.get("raw_prompt"))
+        golds = _golds(kwargs.get("reward_model"))
+        request_id = uuid.uuid4().hex
+        loop = asyncio.get_running_loop()
+        token_bytes = TokenBytes.of(self.tokenizer)
+        backend = _ServerBackend(self.server_manager, loop, request_id, sampling_params,
+                                 action_closing_token_ids(token_bytes))
+        engine = self._engine(backend, system_prompt)
+        memory = AgentMemory(question, system_prompt=engine.config.system_prompt)
+        self._check_prompt(engine.chat.prompt_ids(memory.messages("full")), "the prompt")  # before any generation
+        task = RolloutTask(str(kwargs.get("uid", request_id)), question, golds)
+        [trajectory] = await loop.run_in_executor(_executor(self.settings.max_concurrent_trajectories),
+                                                  functools.partial(engine.run, [task], group_size=1))
+        [trajectory] = score_outcomes([trajectory], mode=rollout.score_mode)
+        rewards: list[Optional[float]] = []
+        details: list = []
+        if self.settings.scoring is not None:
+            scorer = ServerScorer(self.server_manager, self.tokenizer, self.settings.scoring,
+                                  self.settings.max_concurrent_scoring)
+            rewards, details = await scorer.score(trajectory, request_id)
+        self.trajectory, self.memory_rewards = trajectory, rewards
+        metrics = AgentLoopMetrics(generate_sequences=backend.seconds, tool_calls=engine.stats.tool_seconds)
+        common = {
+            "mempo_p_mem": [float(d.p_mem) for d in details], "mempo_p_full": [float(d.p_cmp) for d in details],
+            "mempo_scored_rounds": [int(d.round_index) for d in details], "mempo_rounds": len(trajectory.rounds),
+            "mempo_finish_reason": trajectory.finish_reason, "mempo_score": trajectory.score,
+            "reward_extra_info": {"acc": trajectory.score, "mempo_em": float(trajectory.outcome.get("em", 0.0)),
+                                  "mempo_format_ok": float(bool(trajectory.outcome.get("format_ok", False)))},
+        }
+        scored = trajectory.scored_rounds()
+        logprobs = response_logprobs(trajectory, backend.generated) if sampling_params.get("logprobs") else None
+        if not multi_output:
+            extra = {**empty_extra_fields(), **common,
+                     **memory_extra_fields(rewards, [r.mem_span for r in scored][:len(rewards)])}
+            return AgentLoopOutput(prompt_ids=trajectory.prompt_ids, response_ids=trajectory.response_ids,
+                                   response_mask=trajectory.response_mask, response_logprobs=logprobs,
+                                   reward_score=trajectory.score,
+                                   num_turns=self._num_turns(trajectory), metrics=metrics, extra_fields=extra)
+        return self._round_outputs(trajectory, rewards, metrics, common, logprobs)
+
+    def _round_outputs(self, trajectory: Trajectory, rewards: Sequence[Optional[float]], metrics: AgentLoopMetrics,
+                       common: dict[str, Any], logprobs: Optional[list[float]]) -> list[AgentLoopOutput]:
+        """One output per round: prompt = the round's memory context, response = the round's ids and its
+        tool segment; the round's own scored ``<mem>`` span (if any) in that row's coordinates."""
+        reward_of = {r.index: value for r, value in zip(trajectory.scored_rounds(), rewards)}
+        outputs = []
+        for round_ in trajectory.rounds:
+            prompt = trajectory.round_context_ids(round_)
+            self._check_prompt(prompt, f"the memory context of round {round_.index}")
+            lo, hi = round_.start, round_.tool_end
+            has = round_.index in reward_of
+            memory = memory_extra_fields([reward_of[round_.index]] if has else [],
+                                         [round_.mem_span] if has else [], offset=lo)
+            outputs.append(AgentLoopOutput(
+                prompt_ids=prompt, response_ids=trajectory.response_ids[lo:hi],
+                response_mask=trajectory.response_mask[lo:hi], reward_score=trajectory.score,
+                response_logprobs=None if logprobs is None else logprobs[lo:hi],
+                num_turns=2 + int(hi > round_.end), metrics=metrics,
+                extra_fields={**empty_extra_fields(), **common, **memory}))
+        return outputs
+
+    def _check_prompt(self, prompt_ids: Sequence[int], what: str) -> None:
+        if len(prompt_ids) > self.prompt_length:
+            raise ValueError(f"{what} has {len(prompt_ids)} ids, more than actor_rollout_ref.rollout.prompt_length="
+                             f"{self.prompt_length} (verl would cut it silently); raise data.max_prompt_length")
+
+    @staticmethod
+    def _num_turns(trajectory: Trajectory) -> int:
+        """verl's count: the user turn, every assistant round and every tool result."""
+        return 1 + len(trajectory.rounds) + sum(r.tool_end > r.end for r in trajectory.rounds)
+
+
+class MemPOEvalAgentLoop(MemPOAgentLoop):
+    """``mempo_agent_eval``: the same protocol for validation, without teacher scoring (verl does not
+    tell a loop whether its batch is validation, so it is a second name). Its outputs carry every
+    `fields.EXTRA_KEYS` key (empty memory lists) and a whole trajectory per output whatever the
+    context policy."""
+
+    score_memory = False
+    entry_name = "mempo_agent_eval"
+
+
+for _name, _cls in (("mempo_agent", MemPOAgentLoop), ("mempo_agent_eval", MemPOEvalAgentLoop)):
+    if _name not in _agent_loop_registry:  # an agent_loop_config_path entry of that name (with options) wins
+        register(_name)(_cls)

@@ -1,0 +1,105 @@
+"""Search-R1-style QA files -> verl's RL parquet for the mempo agent loops.
+
+    python -m mempo.integrations.verl.data --train nq_train.jsonl --val nq_dev.jsonl --out data/ \\
+        [--objectives 1] [--train-episodes N] [--val-episodes N] [--seed 0]
+
+Reads QA records (`mempo.env.data.load_qa`: jsonl or parquet of ``{"id", "question",
+"golden_answers"}``), composes episodes of ``--objectives`` questions (`compose_episodes`; 1: one
+question each, the prompt `make_episode_prompt`'s), and writes ``train.parquet`` / ``val.parquet``
+with one row per episode, the columns verl's ``RLHFDataset`` and the agent loops read::
+
+    data_source   the QA file's dataset name
+    agent_name    "mempo_agent" (train) / "mempo_agent_eval" (val): verl picks the loop per row
+    prompt        [{"role": "user", "content": <episode prompt>}]  (the system prompt is the loop's)
+    reward_model  {"style": "rule", "ground_truth": <aliases> or <one alias list per objective>}
+    extra_info    {"index", "split", "id"}
+
+The golds sit only in ``reward_model`` (verl hands them to the loop, which uses them for the outcome
+and the scoring requests only). Without ``--train-episodes`` every record is used once per split.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+from mempo.env.data import QARecord, compose_episodes, dataset_name, load_qa, make_episode_prompt
+from mempo.errors import MempoError
+
+__all__ = ["TRAIN_AGENT", "VAL_AGENT", "verl_rows", "write_parquet", "main"]
+
+TRAIN_AGENT, VAL_AGENT = "mempo_agent", "mempo_agent_eval"
+
+
+def verl_rows(records: Sequence[QARecord], *, split: str, agent_name: str, objectives: int = 1,
+              episodes: Optional[int] = None, seed: int = 0, source: str = "qa") -> list[dict[str, Any]]:
+    """One verl row per episode (module docstring). ``episodes`` None: one per record (objectives 1)
+    or ``len(records) // objectives`` disjoint episodes."""
+    if objectives < 1:
+        raise ValueError(f"--objectives must be >= 1, got {objectives}")
+    if episodes is None:
+        episodes = len(records) // objectives
+        reuse = False
+    else:
+        reuse = True
+    by_id = {record.id: record for record in records}
+    rows = []
+    for i, episode in enumerate(compose_episodes(list(records), objectives, episodes, seed, reuse_questions=reuse,
+                                                 id_prefix=split)):
+        golds = episode.golds[0] if objectives == 1 else episode.golds
+        prompt = make_episode_prompt(episode.questions)
+        first = by_id.get(episode.source_ids[0]) if episode.source_ids else None
+        rows.append({
+            "data_source": dataset_name(first, source) if first is not None else source,
+            "agent_name": agent_name,
+            "prompt": [{"role": "user", "content": prompt}],
+            "reward_model": {"style": "rule", "ground_truth": golds},
+            "extra_info": {"index": i, "split": split, "id": episode.id},
+        })
+    return rows
+
+
+def write_parquet(rows: Sequence[dict[str, Any]], path: Path) -> Path:
+    """Write `rows` with pyarrow (atomically: a temporary file renamed into place)."""
+    import pyarrow as pa  # reason: optional dependency ([verl] extra)
+    import pyarrow.parquet as pq  # reason: as above
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(path.name + ".partial")
+    pq.write_table(pa.Table.from_pylist(list(rows)), partial)
+    partial.replace(path)
+    return path
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m mempo.integrations.verl.data", description=__doc__.split("\n")[0])
+    parser.add_argument("--train", required=True, help="QA file (jsonl or parquet) for train.parquet")
+    parser.add_argument("--val", required=True, help="QA file for val.parquet")
+    parser.add_argument("--out", required=True, help="output folder")
+    parser.add_argument("--objectives", type=int, default=1, help="questions per episode (MEM1-style k)")
+    parser.add_argument("--train-episodes", type=int, default=None)
+    parser.add_argument("--val-episodes", type=int, default=None)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    try:
+        out = Path(args.out)
+        for split, source, agent, episodes in (("train", args.train, TRAIN_AGENT, args.train_episodes),
+                                               ("val", args.val, VAL_AGENT, args.val_episodes)):
+            records = load_qa(source)
+            if len(records) < args.objectives:
+                raise MempoError(f"--{split}: {source} has {len(records)} questions, fewer than "
+                                 f"--objectives={args.objectives}")
+            rows = verl_rows(records, split=split, agent_name=agent, objectives=args.objectives, episodes=episodes,
+                             seed=args.seed, source=Path(source).stem)
+            path = write_parquet(rows, out / f"{split}.parquet")
+            print(f"mempo: {len(rows)} {split} rows -> {path}")
+    except (MempoError, ValueError) as error:
+        print(f"mempo verl data: {error}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,128 @@
+"""Teacher scoring through the policy's own inference servers (verl's ``prompt_logprobs``).
+
+For every scored round of a trajectory, two requests go to ``server_manager.generate`` (the same
+servers that generated it, so the same weights in verl's sync modes)::
+
+    prompt_ids = full_ctx[r] + answer_ids     sampling_params = {"max_tokens": 1, "temperature": 1.0,
+    prompt_ids = mem_ctx[r]  + answer_ids                        "prompt_logprobs": 0}
+
+Both verl servers (vLLM ``extract_prompt_logprobs``, SGLang ``_extract_prompt_logprobs_sglang``)
+return ``TokenOutput.extra_fields["prompt_logprobs"]``: ``len(prompt_ids)`` rows, row k =
+``[log p(prompt_ids[k+1] | prompt_ids[:k+1])]``, the last row a dummy; ``extra_fields["prompt_ids"]``
+holds the matching ids (checked here when present). For a context of length Lc the answer token j
+is row ``Lc - 1 + j``. The contexts, the answer and its mask come from `mempo.algo.contexts`
+(`scoring_requests`), the reduction (mask, threshold, geometric mean) from
+`mempo.ops.answer_logprob.answer_logprob_from_token_logp`, the reward from
+`mempo.algo.memory_reward.round_memory_rewards`: the numbers are `mempo.scoring`'s for the same
+log-probs. These are the only requests that hold a gold answer; they generate one token that is
+thrown away. Prompt-logprob requests do not reuse the engines' prefix caches (both engines recompute
+the prefill), and the scorer cannot share prefixes as `mempo.scoring`'s packed method does.
+"""
+from __future__ import annotations
+
+import asyncio
+from typing import Any, Optional, Sequence
+
+import torch
+
+from mempo.algo.contexts import scoring_requests
+from mempo.algo.memory_reward import RoundMemoryReward, round_memory_rewards
+from mempo.config import ScoringConfig
+from mempo.ops.answer_logprob import answer_logprob_from_token_logp
+from mempo.records.scoring import ScoringResult
+from mempo.records.trajectory import Trajectory
+
+__all__ = ["SCORING_SAMPLING_PARAMS", "ServerScorer", "ServerScoringError", "answer_row_logprobs"]
+
+#: the sampling parameters of a scoring request (verl's distillation teacher sends the same)
+SCORING_SAMPLING_PARAMS = {"max_tokens": 1, "temperature": 1.0, "prompt_logprobs": 0}
+
+
+class ServerScoringError(RuntimeError):
+    """An inference server answered a scoring request without usable prompt log-probs."""
+
+
+def answer_row_logprobs(output: Any, prompt_ids: Sequence[int], context_len: int) -> list[float]:
+    """log p(answer token j | context, answer[:j]) for every answer token, read off a verl
+    ``TokenOutput`` of a ``prompt_logprobs=0`` request over ``prompt_ids`` (context + answer).
+    ServerScoringError naming what is wrong when the rows are missing, of the wrong count, for other
+    ids, or not finite-or--inf numbers."""
+    extra = getattr(output, "extra_fields", None) or {}
+    rows = extra.get("prompt_logprobs")
+    if rows is None:
+        raise ServerScoringError("the inference server returned no extra_fields['prompt_logprobs'] for a scoring "
+                                 "request (teacher scoring needs rollout.name vllm or sglang)")
+    if len(rows) != len(prompt_ids):
+        raise ServerScoringError(f"prompt_logprobs has {len(rows)} rows for a prompt of {len(prompt_ids)} ids "
+                                 "(verl's layout: one row per prompt id, the last a dummy)")
+    ids = extra.get("prompt_ids")
+    values = []
+    for k in range(context_len - 1, len(prompt_ids) - 1):
+        row = rows[k]
+        if not row:
+            raise ServerScoringError(f"prompt_logprobs row {k} is empty")
+        if ids is not None and int(ids[k][0]) != int(prompt_ids[k + 1]):
+            raise ServerScoringError(f"prompt_logprobs row {k} is for token {ids[k][0]}, not for prompt id "
+                                     f"{prompt_ids[k + 1]} at position {k + 1}")
+        value = float(row[0])
+        if value != value or value > 0:
+            raise ServerScoringError(f"prompt_logprobs row {k} holds {value!r}, not a log-probability")
+        values.append(value)
+    return values
+
+
+class ServerScorer:
+    """The memory rewards of one trajectory, scored through ``server_manager.generate``.
+
+    server_manager: verl's ``LLMServerClient`` (or anything with its async ``generate(request_id, *,
+    prompt_ids, sampling_params)``). tokenizer: the policy's (the answer template is tokenised with
+    character offsets). config: `mempo.config.ScoringConfig`; read: ``threshold``, ``comparator``,
+    ``reward``, ``log_clip`` (``scored_objectives`` must be "all"). max_concurrent: scoring requests
+    of this trajectory in flight at once.
+    """
+
+    def __init__(self, server_manager: Any, tokenizer: Any, config: ScoringConfig, max_concurrent: int = 8) -> None:
+        if config.scored_objectives != "all":
+            raise ValueError("scoring.scored_objectives: server scoring supports 'all' only, got "
+                             f"{config.scored_objectives!r}")
+        if isinstance(max_concurrent, bool) or not isinstance(max_concurrent, int) or max_concurrent < 1:
+            raise ValueError(f"max_concurrent_scoring must be an integer >= 1, got {max_concurrent!r}")
+        self.server_manager = server_manager
+        self.tokenizer = tokenizer
+        self.config = config
+        self.max_concurrent = max_concurrent
+
+    async def _answer_logps(self, request_id: str, context: list[int], answer: list[int],
+                            gate: asyncio.Semaphore) -> list[float]:
+        prompt_ids = context + answer
+        async with gate:
+            output = await self.server_manager.generate(request_id, prompt_ids=prompt_ids,
+                                                        sampling_params=dict(SCORING_SAMPLING_PARAMS))
+        return answer_row_logprobs(output, prompt_ids, len(context))
+
+    async def score(self, trajectory: Trajectory, request_id: str
+                    ) -> tuple[list[Optional[float]], list[RoundMemoryReward]]:
+        """(rewards, details) of the trajectory's scored rounds, in order, as
+        `mempo.scoring.compute_memory_rewards` returns them for one trajectory."""
+        cfg = self.config
+        [request] = scoring_requests([trajectory], self.tokenizer, comparator=cfg.comparator)
+        if not request.rounds:
+            return [], []
+        sequence = request.sequence_ids
+        contexts = []
+        for scored in request.rounds:
+            contexts.append(sequence[:scored.full_end])
+            contexts.append(list(scored.mem_ctx_ids))
+        gate = asyncio.Semaphore(self.max_concurrent)
+        answer = list(request.answer_ids)
+        rows = await asyncio.gather(*(self._answer_logps(request_id, ctx, answer, gate) for ctx in contexts))
+        token_logp = torch.tensor([v for row in rows for v in row], dtype=torch.float32)
+        mask = torch.tensor(list(request.answer_mask) * len(contexts), dtype=torch.bool)
+        cu = torch.arange(len(contexts) + 1, dtype=torch.int64) * len(answer)
+        out = answer_logprob_from_token_logp(token_logp, mask, cu, threshold=cfg.threshold)
+        p, mean, kept = out.p.tolist(), out.mean_logp.tolist(), [int(n) for n in out.num_kept.tolist()]
+        result = ScoringResult(p_full=p[0::2], p_mem=p[1::2], num_kept_full=kept[0::2], num_kept_mem=kept[1::2],
+                               mean_logp_full=mean[0::2], mean_logp_mem=mean[1::2])
+        details = round_memory_rewards(trajectory, result, None, scored_objectives="all", reward=cfg.reward,
+                                       log_clip=cfg.log_clip)
+        return [item.reward for item in details], details

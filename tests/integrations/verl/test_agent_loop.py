@@ -1,0 +1,292 @@
+"""The mempo agent loop inside the real verl 0.9.1, on CPU.
+
+verl's own `AgentLoopWorker.generate_sequences` (a worker built without Ray, as verl's CPU tests
+build one) instantiates the loop from an agent-loop YAML with hydra, runs it against an HF-backed
+stand-in for the inference server (tiny random Qwen2; a scripted policy for well-formed rounds) and
+post-processes the outputs into a `DataProto`. Checked: masks, spans, lengths, every key on every
+row, memory rewards equal to `mempo.scoring` on the same trajectories, advantages equal to `mempo
+train`'s advantage stage through the legacy path and through the V1 trainer, and no generation
+request holding a gold.
+"""
+import json
+
+import pytest
+import torch
+
+pytest.importorskip("verl", reason="verl is not installed (pip install .[verl])")
+pytestmark = pytest.mark.verl
+
+from support.corpus import make_corpus  # noqa: E402
+from support.gold_trace import violations  # noqa: E402
+from support.rollout_fixtures import chat_tokenizer, tiny_qwen2  # noqa: E402
+from support.verl_standin import (FakeTQ, HFServer, dummy_worker, needle_script, question_batch,  # noqa: E402
+                                  run_worker, verl_config, write_agents_yaml)
+
+from mempo.algo.advantages import advantage_inputs, token_advantages  # noqa: E402
+from mempo.config import ConfigError, ScoringConfig  # noqa: E402
+from mempo.integrations.verl import estimator  # noqa: E402
+from mempo.integrations.verl.fields import EXTRA_KEYS  # noqa: E402
+from mempo.ops.spans import find_spans  # noqa: E402
+from mempo.rollout.backends import TokenBytes  # noqa: E402
+from mempo.scoring import compute_memory_rewards  # noqa: E402
+
+QUESTION, GOLDS, N = "Which document mentions zebulon3? Give its title.", ["Needle 3"], 4
+PROMPT_LENGTH, RESPONSE_LENGTH = 128, 512
+
+
+@pytest.fixture(scope="module")
+def parts(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("verl_loop")
+    corpus = tmp / "corpus.jsonl"
+    corpus.write_text("".join(json.dumps(d.to_json()) + "\n" for d in make_corpus(60)))
+    tok = chat_tokenizer()
+    torch.manual_seed(0)
+    model = tiny_qwen2(len(tok))
+    return tmp, corpus, tok, model
+
+
+@pytest.fixture(scope="module")
+def scripted(parts):
+    tmp, corpus, tok, model = parts
+    config = verl_config(write_agents_yaml(tmp / "agents.yaml", corpus), prompt_length=PROMPT_LENGTH,
+                         response_length=RESPONSE_LENGTH, n=N)
+    server = HFServer(model, script=needle_script(tok))
+    data, seen = run_worker(dummy_worker(config, tok, server), question_batch(QUESTION, GOLDS, N))
+    loops = [seen[i][0] for i in range(N)]
+    return config, server, data, seen, loops
+
+
+def test_outputs_reach_a_dataproto_with_every_key_on_every_row(scripted):
+    _, _, data, seen, loops = scripted
+    assert len(data) == N and data.batch["responses"].shape == (N, RESPONSE_LENGTH)
+    for key in EXTRA_KEYS:
+        assert key in data.non_tensor_batch and len(data.non_tensor_batch[key]) == N
+    for i, loop in enumerate(loops):
+        t = loop.trajectory
+        assert set(EXTRA_KEYS) <= set(seen[i][1].extra_fields)
+        assert len(t.prompt_ids) <= PROMPT_LENGTH and len(t.response_ids) <= RESPONSE_LENGTH
+        length = len(t.response_ids)
+        assert data.batch["responses"][i, :length].tolist() == t.response_ids
+        assert data.batch["response_mask"][i, :length].tolist() == t.response_mask
+        assert int(data.batch["response_mask"][i, length:].sum()) == 0
+        assert float(data.batch["rm_scores"][i].sum()) == t.score == data.non_tensor_batch["mempo_score"][i]
+        assert data.non_tensor_batch["mempo_rounds"][i] == len(t.rounds) >= 2
+    # the script's four variants: two right answers, two wrong
+    assert sorted(loop.trajectory.score for loop in loops) == [0.0, 0.0, 1.0, 1.0]
+
+
+def test_information_is_masked_out_and_spans_are_the_scanners(scripted, parts):
+    _, _, data, _, loops = scripted
+    tok = parts[2]
+    for i, loop in enumerate(loops):
+        t = loop.trajectory
+        tool = [0] * len(t.response_ids)
+        for r in t.rounds:
+            tool[r.end:r.tool_end] = [1] * (r.tool_end - r.end)
+            if r.tool_end > r.end:  # the tool text sits inside its segment
+                assert r.end <= r.information[0] < r.information[1] <= r.tool_end
+                assert "<information>" in tok.decode(t.response_ids[r.information[0]:r.information[1]])
+        assert [1 - m for m in t.response_mask] == tool  # mask 0 exactly on tool segments
+        spans = [s for s in find_spans([t.response_ids], TokenBytes.of(tok).table).spans_of(0) if s.tag == "mem"]
+        scanner = {(s.start, s.end) for s in spans}
+        recorded = [tuple(s) for s in data.non_tensor_batch["mempo_mem_spans"][i]]
+        assert recorded and set(recorded) <= scanner
+        assert recorded == [r.mem_span for r in t.scored_rounds()]
+
+
+def test_memory_rewards_equal_mempo_scoring_on_the_same_trajectories(scripted, parts):
+    _, _, data, _, loops = scripted
+    tok, model = parts[2], parts[3]
+    trajectories = [loop.trajectory for loop in loops]
+    want, details = compute_memory_rewards(model, tok, trajectories, ScoringConfig(method="reference", threshold=None))
+    got = [loop.memory_rewards for loop in loops]
+    assert [len(g) for g in got] == [len(w) for w in want] and sum(len(w) for w in want) >= N
+    flat = lambda rows: torch.tensor([v for row in rows for v in row], dtype=torch.float64)  # noqa: E731
+    torch.testing.assert_close(flat(got), flat(want), rtol=1e-4, atol=1e-9)
+    assert flat(want).abs().max() > 0  # not a comparison of zeros
+    for i, rows in enumerate(details):
+        torch.testing.assert_close(torch.tensor(data.non_tensor_batch["mempo_p_mem"][i]),
+                                   torch.tensor([d.p_mem for d in rows]), rtol=1e-4, atol=0)
+        torch.testing.assert_close(torch.tensor(data.non_tensor_batch["mempo_p_full"][i]),
+                                   torch.tensor([d.p_cmp for d in rows]), rtol=1e-4, atol=0)
+
+
+def _stage_advantages(loops, memory_weight):
+    """`mempo train`'s advantage stage (`token_advantages` over `advantage_inputs`) on the same batch,
+    without skip_zero_variance_groups (verl has no such mask), padded to verl's response length."""
+    trajectories = [loop.trajectory for loop in loops]
+    inputs = advantage_inputs(trajectories, memory_rewards=[loop.memory_rewards for loop in loops],
+                              pad_to=RESPONSE_LENGTH)
+    return token_advantages(inputs, memory_weight=memory_weight, skip_zero_variance_groups=False).advantages
+
+
+def test_legacy_path_advantages_equal_the_training_stage(scripted):
+    _, _, data, _, loops = scripted
+    batch = data.select(deepcopy=True)
+    batch.batch["token_level_rewards"] = batch.batch["rm_scores"]
+    got = estimator.compute_advantage(batch, "mempo", config={"mempo": {"memory_weight": 0.5}}).batch["advantages"]
+    want = _stage_advantages(loops, 0.5)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    assert (got != _stage_advantages(loops, 0.0)).any()  # the memory part is there
+
+
+def _v1_rows(worker, seen, monkeypatch, uid="q0"):
+    """The outputs through verl's V1 `AgentLoopWorkerTQ._agent_loop_postprocess` into a TransferQueue
+    stand-in (one row per output, keys {uid}_{session}_{i}); old_log_probs as the actor would add them."""
+    import asyncio
+    import inspect
+
+    from verl.trainer.ppo.v1 import agent_loop_tq
+    from verl.trainer.ppo.v1.agent_loop_tq import AgentLoopWorkerTQ
+
+    fake = FakeTQ()
+    monkeypatch.setattr(agent_loop_tq, "tq", fake)
+    postprocess = inspect.unwrap(AgentLoopWorkerTQ._agent_loop_postprocess)  # the class is a @ray.remote actor
+    for session, (_, output) in sorted(seen.items()):
+        sample = {"uid": uid, "session_id": session, "global_steps": 1, "raw_prompt": [], "extra_info": {}}
+        asyncio.run(postprocess(worker, output, False, **sample))
+    for row in fake.rows.values():
+        if "rollout_log_probs" in row:
+            row["old_log_probs"] = row["rollout_log_probs"].clone()
+    return fake
+
+
+def _v1_advantages(config, fake, monkeypatch, memory_weight):
+    from omegaconf import open_dict
+    from transfer_queue import KVBatchMeta
+    from verl.trainer.ppo.v1 import trainer_base
+
+    from mempo.integrations.verl import trainer_v1
+
+    monkeypatch.setattr(trainer_base, "tq", fake)
+    monkeypatch.setattr(trainer_v1, "tq", fake)
+    trainer = trainer_v1.MemPOTrainerSync.__new__(trainer_v1.MemPOTrainerSync)
+    trainer.config = config.copy()
+    with open_dict(trainer.config):
+        trainer.config.algorithm.adv_estimator = "grpo"
+        trainer.config.algorithm.mempo = {"memory_weight": memory_weight}
+    keys = sorted(fake.rows)
+    metrics = {}
+    trainer._compute_advantage(KVBatchMeta(keys=keys, tags=[{} for _ in keys], partition_id="train"), metrics)
+    return keys, metrics
+
+
+def test_v1_trainer_advantages_equal_the_training_stage(scripted, parts, monkeypatch):
+    config, server, _, seen, loops = scripted
+    fake = _v1_rows(dummy_worker(config, parts[2], server), seen, monkeypatch)
+    keys, metrics = _v1_advantages(config, fake, monkeypatch, 0.5)
+    assert keys == [f"q0_{i}_0" for i in range(N)]
+    got = torch.zeros(N, RESPONSE_LENGTH)
+    for i, key in enumerate(keys):
+        assert fake.rows[key]["extra_fields"]["mempo_mem_spans"] == seen[i][1].extra_fields["mempo_mem_spans"]
+        value = fake.rows[key]["advantages"]
+        got[i, :value.numel()] = value
+    torch.testing.assert_close(got, _stage_advantages(loops, 0.5), rtol=1e-5, atol=1e-5)
+    assert metrics["mempo/memory_tokens"] > 0 and metrics["mempo/scored_rounds"] >= N
+
+
+def test_no_generation_request_holds_a_gold(scripted, parts):
+    _, server, _, _, _ = scripted
+    tok = parts[2]
+    generation = [r for r in server.requests if "prompt_logprobs" not in r["sampling_params"]]
+    scoring = [r for r in server.requests if "prompt_logprobs" in r["sampling_params"]]
+    assert len(generation) >= 2 * N and scoring
+    records = [{"kind": "task", "question": QUESTION, "golds": GOLDS}]
+    records += [{"kind": "generate", "prompts": [r["prompt_ids"]], "strings": [], "int_lists": []} for r in generation]
+    assert violations(records, tok) == []
+    answer = "<answer>\nNeedle 3\n</answer>"  # the scoring template around the gold: only scoring requests
+    assert all(answer in tok.decode(r["prompt_ids"]) for r in scoring)
+    assert not any(answer in tok.decode(r["prompt_ids"]) for r in generation)
+    for r in generation:
+        assert r["sampling_params"]["max_tokens"] <= 64 and r["sampling_params"]["stop_token_ids"]
+
+
+def test_random_policy_stays_within_verls_lengths(parts):
+    tmp, corpus, tok, model = parts
+    config = verl_config(write_agents_yaml(tmp / "agents_random.yaml", corpus), prompt_length=PROMPT_LENGTH,
+                         response_length=48, n=2)
+    server = HFServer(model)
+    data, seen = run_worker(dummy_worker(config, tok, server), question_batch(QUESTION, GOLDS, 2))
+    assert data.batch["responses"].shape == (2, 48)
+    for i in range(2):
+        t = seen[i][0].trajectory
+        assert len(t.response_ids) <= 48 and t.score == 0.0
+    for r in server.requests:
+        if "prompt_logprobs" not in r["sampling_params"]:
+            assert r["sampling_params"]["max_tokens"] <= 48
+    logprobs = data.batch["rollout_log_probs"]  # calculate_log_probs (verl's default): the server's, 0 off-sample
+    assert logprobs.shape == (2, 48) and (logprobs <= 0).all() and (logprobs < 0).any()
+
+
+def _memory_context_rows(parts):
+    """context_policy memory: refused without V1's session_id; under V1 one output per round."""
+    tmp, corpus, tok, model = parts
+    config = verl_config(write_agents_yaml(tmp / "agents_memory.yaml", corpus, rollout="context_policy: memory"),
+                         prompt_length=PROMPT_LENGTH * 4, response_length=RESPONSE_LENGTH, n=2)
+    worker = dummy_worker(config, tok, HFServer(model, script=needle_script(tok, first_variant=2)))
+    import asyncio
+
+    from hydra.utils import instantiate
+    from verl.experimental.agent_loop.agent_loop import DictConfigWrap, ToolListWrap, _agent_loop_registry
+    from verl.utils.dataset.rl_dataset import RLHFDataset
+
+    def build():
+        return instantiate(_agent_loop_registry["mempo_agent"], trainer_config=DictConfigWrap(config),
+                           server_manager=worker.llm_client, tokenizer=tok, processor=None, hf_model_type="qwen2",
+                           dataset_cls=RLHFDataset, data_config=DictConfigWrap(config.data), tools=ToolListWrap([]))
+
+    sample = {"raw_prompt": [{"role": "user", "content": QUESTION}], "reward_model": {"ground_truth": GOLDS},
+              "uid": "q0", "extra_info": {}}
+    with pytest.raises(ConfigError, match="needs verl's V1 trainer"):
+        asyncio.run(build().run({"temperature": 1.0, "logprobs": False}, **sample))
+    loop = build()
+    outputs = asyncio.run(loop.run({"temperature": 1.0, "logprobs": False}, session_id=0, global_steps=1, **sample))
+    t = loop.trajectory
+    assert isinstance(outputs, list) and len(outputs) == len(t.rounds) >= 2
+    spans = {r.index: r.mem_span for r in t.scored_rounds()}
+    for round_, output in zip(t.rounds, outputs):
+        assert output.prompt_ids == round_.prompt_ids  # each row's prompt is the memory context it ran on
+        assert output.response_ids == t.response_ids[round_.start:round_.tool_end]
+        assert set(EXTRA_KEYS) <= set(output.extra_fields)
+        own = output.extra_fields["mempo_mem_spans"]
+        assert own == ([[spans[round_.index][0] - round_.start, spans[round_.index][1] - round_.start]]
+                       if round_.index in spans else [])
+    return config, worker, outputs, loop
+
+
+def test_memory_context_gives_a_row_per_round_through_verls_v1_postprocess_and_trainer(parts, monkeypatch):
+    config, worker, outputs, loop = _memory_context_rows(parts)  # and legacy (no session_id) refuses it
+    fake = _v1_rows(worker, {0: (loop, outputs)}, monkeypatch)
+    keys, metrics = _v1_advantages(config, fake, monkeypatch, 1.0)
+    assert keys == [f"q0_0_{i}" for i in range(len(outputs))]  # one session, one row per round
+    assert all(float(fake.rows[k]["rm_scores"].sum()) == loop.trajectory.score for k in keys)
+    # one session in its group: GRPO's outcome part is s / (1 + eps) on every row; the memory part is the
+    # pooled z-score of the session's scored rounds on each row's own span
+    scored = [k for k, out in zip(keys, outputs) if out.extra_fields["mempo_mem_spans"]]
+    assert len(scored) >= 2 and metrics["mempo/scored_rounds"] == len(scored)
+    for key, output in zip(keys, outputs):
+        adv, mask = fake.rows[key]["advantages"], fake.rows[key]["response_mask"]
+        base = loop.trajectory.score / (1 + 1e-6)
+        off_span = torch.ones_like(mask, dtype=torch.bool)
+        for start, end in output.extra_fields["mempo_mem_spans"]:
+            off_span[start:end] = False
+        torch.testing.assert_close(adv[off_span], base * mask[off_span].float(), rtol=1e-5, atol=1e-6)
+
+
+def test_bad_options_are_refused_by_name(parts):
+    tmp, corpus, tok, model = parts
+    from mempo.integrations.verl.agent_loop import loop_settings
+    from mempo.integrations.verl.version import VerlVersionError, check_verl_version
+
+    env = {"retriever": "bm25", "corpus_path": str(corpus)}
+    with pytest.raises(ConfigError, match=r"mempo_agent.rollout.group_size: is not an option"):
+        loop_settings({"rollout": {"group_size": 4}, "env": env}, entry="mempo_agent", score_memory=True,
+                      response_length=64)
+    with pytest.raises(ConfigError, match=r"mempo_agent.scoring.threshold"):
+        loop_settings({"scoring": {"threshold": 2.0}, "env": env}, entry="mempo_agent", score_memory=True,
+                      response_length=64)
+    with pytest.raises(ConfigError, match=r"mempo_agent_eval.scoring: is read only with score_memory"):
+        loop_settings({"scoring": {"threshold": 0.5}, "env": env}, entry="mempo_agent_eval", score_memory=False,
+                      response_length=64)
+    with pytest.raises(VerlVersionError, match=r"built against verl 0\.9\.1 and refuses verl 0\.9\.0"):
+        check_verl_version("0.9.0")
