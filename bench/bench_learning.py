@@ -307,8 +307,8 @@ def run(demo_out: Path, out: Path, *, seeds: Sequence[int] = tuple(range(8)), st
     rl_facts = {"steps": steps, "rl_k": cfg.data.num_objectives, "rl_episodes_sha256": episodes_digest(training)}
     runs_dir = out / "runs"
     plan = []  # (arm, seed, config, settings, path, finished record or None): every file checked first
-    for arm in arms:
-        for seed in seeds:
+    for seed in seeds:  # seed-major: an interrupted ablation leaves complete pairs
+        for arm in arms:
             run_cfg = arm_config(cfg, arm, seed, steps, out / arm.name / f"seed{seed}")
             settings = _settings(run_cfg, arm=arm.name, definition=arm.definition, arm_overrides=list(arm.overrides),
                                  seed=seed, **facts, **rl_facts)
