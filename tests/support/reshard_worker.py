@@ -1,6 +1,10 @@
 """One leg of the resharding test (tests/train/test_sharded.py), in one process or under torchrun
 (FSDP2 on gloo): ``OUT_DIR/job.json`` says what to do, in order:
 
+First the actor is built as the trainer builds it (rank 0's weights, the others on the meta device,
+shards broadcast from rank 0) and rank 0 writes ``OUT_DIR/initial.json``: how many of its tensors
+(and buffers) equal the model's built in one process. Then:
+
 * ``load``: a checkpoint to load into a fresh actor, then compare its full model and optimiser
   state with the full state saved in ``expect`` (rank 0 writes ``OUT_DIR/compare.json``: the
   names of every tensor that differs, and how many were compared);
@@ -20,8 +24,16 @@ from mempo.train.checkpoint import load_checkpoint, model_state_dict, optimizer_
 from support.dist_worker import make_batch, make_model
 
 
-def _actor() -> Actor:
-    return Actor(make_model(3), ActorConfig(lr=1e-2, kl_coef=0.0, weight_decay=0.1, micro_batch_tokens=None))
+def _actor(rank: int, distributed: bool) -> Actor:
+    """The actor on model 3; under torch.distributed built as the trainer builds it: rank 0 holds the
+    weights, the other ranks a meta model that receives its shards from rank 0."""
+    if rank == 0:
+        model = make_model(3)
+    else:
+        with torch.device("meta"):
+            model = make_model(3)
+    return Actor(model, ActorConfig(lr=1e-2, kl_coef=0.0, weight_decay=0.1, micro_batch_tokens=None),
+                 broadcast_from_rank0=distributed)
 
 
 def full_state(actor: Actor) -> dict:
@@ -52,7 +64,14 @@ def differences(got: dict, expected: dict) -> tuple[list[str], int]:
 def run(out_dir: Path) -> None:
     info = init_distributed()
     job = json.loads((out_dir / "job.json").read_text())
-    actor = _actor()
+    actor = _actor(info.rank, info.distributed)
+    initial = model_state_dict(actor.module)  # rank 0 (collective): equal to model 3, buffers too
+    if info.rank == 0:
+        reference = make_model(3)
+        same = [k for k, v in reference.state_dict().items() if torch.equal(initial[k], v)]
+        buffers = [n for n, b in actor.module.named_buffers() if torch.equal(b, dict(reference.named_buffers())[n])]
+        (out_dir / "initial.json").write_text(json.dumps({"same": len(same), "of": len(reference.state_dict()),
+                                                          "buffers": len(buffers)}))
     if job.get("load"):
         load_checkpoint(job["load"], actor.module, actor.optimizer, restore_rng=False)
         state = full_state(actor)

@@ -48,6 +48,8 @@ def two_rank_checkpoint(tmp_path_factory):
 
 def test_a_checkpoint_reshards_1_to_2_and_2_to_1_exactly(two_rank_checkpoint, tmp_path):
     two, ckpt2, full2 = two_rank_checkpoint
+    initial = json.loads((two / "initial.json").read_text())  # built on meta, shards from rank 0: exact
+    assert initial["same"] == initial["of"] > 10 and initial["buffers"] == 2  # the rotary inv_freq pair
     _compared(two, 2)  # 1 -> 2
     manifest = json.loads((ckpt2 / "step_00000001" / "COMPLETE").read_text())
     assert manifest["world_size"] == 2
