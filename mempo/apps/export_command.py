@@ -36,7 +36,6 @@ def _run_dir(checkpoint: Path) -> Path:
 def run(args: argparse.Namespace) -> int:
     # reason: the command modules import their libraries inside run (`mempo --help` imports none)
     from transformers import AutoTokenizer
-
     from mempo.config import ConfigError, load_config
     from mempo.model.loading import load_pretrained
     from mempo.train.export import export_checkpoint
