@@ -39,4 +39,5 @@ def test_the_cli_imports_its_commands_and_no_command_imports_the_cli():
             "print([m for m in ('mempo.apps.demo', 'mempo.eval', 'mempo.train.trainer') if m in sys.modules])\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.split("\n")[:3] == ["False", "['demo', 'eval', 'serve-retriever', 'sft', 'train']", "[]"]
+    assert out.stdout.split("\n")[:3] == ["False", "['demo', 'eval', 'export', 'plan', 'serve-retriever', 'sft', 'train']",
+                                           "[]"]
