@@ -23,7 +23,7 @@ from mempo.config import MempoConfig
 from mempo.model.adapter import DTYPES
 from mempo.model.export import PROVENANCE_FILE
 from mempo.model.loading import build_causal_lm
-from mempo.train.checkpoint import MODEL_DIR, resolve_checkpoint
+from mempo.train.checkpoint import MODEL_DIR, latest_checkpoint, verify_checkpoint
 from mempo.train.sharded import CheckpointError, read_tensors, tensor_specs
 from mempo.utils.atomic import atomic_directory
 from mempo.utils.types import PathLike
@@ -52,14 +52,20 @@ def plan_files(sizes: Mapping[str, int], max_bytes: int) -> list[list[str]]:
 def export_checkpoint(checkpoint: PathLike, directory: PathLike, cfg: MempoConfig, tokenizer: Any = None, *,
                       dtype: Optional[str] = None, max_shard_bytes: int = DEFAULT_SHARD_BYTES,
                       provenance: Optional[Mapping[str, Any]] = None, phase: Optional[str] = None) -> Path:
-    """Write checkpoint `checkpoint`'s model (a ``step_N`` directory, verified against its manifest,
-    or a root: its newest intact one) as a Hugging Face directory `directory`, one safetensors file
+    """Write checkpoint `checkpoint`'s model (a ``step_N`` directory, or a root: its newest complete
+    one; verified against its manifest, a damaged one refused naming the file) as a Hugging Face directory `directory`, one safetensors file
     at a time. cfg: the run's config (its ``model`` section gives the architecture; builtin-tiny's
     vocabulary is read from the checkpoint). dtype: the written dtype (None: as saved, e.g. the
     fp32 masters; "bfloat16" halves the files). Peak memory: one file's tensors (`max_shard_bytes`)
     plus the largest tensor. This process only; not collective. CheckpointError for a checkpoint
     that is damaged, of the older full-state format, or not of this architecture."""
-    path = resolve_checkpoint(checkpoint)
+    path = Path(checkpoint)
+    if not path.name.startswith("step_"):  # a root: its newest complete checkpoint (no collective here)
+        newest = latest_checkpoint(path) if path.is_dir() else None
+        if newest is None:
+            raise CheckpointError(f"{path}: no checkpoint in it (expected step_N directories or a checkpoint root)")
+        path = newest
+    verify_checkpoint(path)  # this process only: rank 0 exports while the others wait
     model_dir = path / MODEL_DIR
     if not (model_dir / ".metadata").is_file():
         raise CheckpointError(f"{model_dir}: no sharded model state (a checkpoint of format 3 is needed; "
