@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from typing import Callable, Optional, Sequence
 
 from mempo import __version__
-from mempo.apps import ask_command, demo_command, eval_command, serve_command, serve_retriever_command, train_commands
+from mempo.apps import (ask_command, demo_command, eval_command, export_command, plan_command, serve_command,
+                        serve_retriever_command, train_commands)
 from mempo.errors import MempoError
 
 __all__ = ["main", "build_parser", "Command", "COMMANDS"]
@@ -35,6 +36,8 @@ COMMANDS: tuple[Command, ...] = (
     Command("ask", ask_command.HELP, ask_command.add_arguments, ask_command.run),
     Command("demo", demo_command.HELP, demo_command.add_arguments, demo_command.run),
     Command("eval", eval_command.HELP, eval_command.add_arguments, eval_command.run),
+    Command("export", export_command.HELP, export_command.add_arguments, export_command.run),
+    Command("plan", plan_command.HELP, plan_command.add_arguments, plan_command.run),
     Command("serve", serve_command.HELP, serve_command.add_arguments, serve_command.run),
     Command("serve-retriever", serve_retriever_command.HELP, serve_retriever_command.add_arguments,
             serve_retriever_command.run),

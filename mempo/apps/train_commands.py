@@ -78,20 +78,33 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_train(args: argparse.Namespace) -> int:
-    """`mempo train`: writes the final policy to ``<out>/model``, a plain HF directory (whole also
-    under torchrun: `export_model` gathers the FSDP2 shards; written atomically)."""
+    """`mempo train`: writes the final policy to ``<out>/model``, a plain HF directory, written
+    atomically: streamed by rank 0 from the last step's sharded checkpoint (`export_checkpoint`: one
+    safetensors file at a time, never the whole model in one process) while the other ranks wait;
+    when the run stopped off a checkpoint (``max_steps``), gathered from the shards (`export_model`)."""
     cfg = _run_config(args)
     # reason: the parser module stays light (`mempo --help` imports no torch)
+    import torch.distributed as dist
     from mempo.model.export import export_model
     from mempo.train.actor import shutdown_distributed
+    from mempo.train.checkpoint import checkpoint_dir
+    from mempo.train.export import export_checkpoint
     from mempo.train.trainer import train
 
     result = train(cfg)
     final = Path(result.out_dir) / "model"
     # The final policy as a plain HF directory (full weights whatever the rank count), for `mempo eval
     # --model` and further training.
-    export_model(result.model, result.tokenizer, final, phase="final-model",
-                 provenance={"written_by": "mempo train", "base_model": cfg.model.path, "steps": result.last_step})
+    provenance = {"written_by": "mempo train", "base_model": cfg.model.path, "steps": result.last_step}
+    distributed = dist.is_available() and dist.is_initialized()
+    last = checkpoint_dir(Path(result.out_dir) / "checkpoints", result.last_step)
+    if result.checkpoint is not None and result.checkpoint == last:
+        if not distributed or dist.get_rank() == 0:
+            export_checkpoint(last, final, cfg, result.tokenizer, provenance=provenance, phase="final-model")
+        if distributed:
+            dist.barrier()
+    else:
+        export_model(result.model, result.tokenizer, final, phase="final-model", provenance=provenance)
     log(f"trained to step {result.last_step} (resumed from {result.resumed_from}); run dir {result.out_dir}; "
          f"final model in {final}")
     del result  # the (sharded) model goes before the process group (shutdown_distributed)

@@ -87,11 +87,12 @@ class ModelConfig:
     builtin-tiny only (None: the tokenizer's size). dtype: parameter dtype of the loaded model.
     attn_implementation: passed to transformers ("sdpa", "eager", "flash_attention_2").
 
-    A flash-attention implementation (`flash_attention_requested`) needs dtype bfloat16 or
-    float16: flash-attn refuses fp32 ("FlashAttention only support fp16 and bf16"). The pair is
-    refused here rather than cast: a cast would silently change the precision of the weights and of
-    the optimiser's state, and ``actor.param_dtype`` does not cover it (it applies only to the
-    FSDP-sharded training forward, not to a single process, the rollout, evaluation or scoring).
+    A flash-attention implementation (`flash_attention_requested`) needs half-precision compute:
+    flash-attn refuses fp32 ("FlashAttention only support fp16 and bf16"). So fp32 weights with it
+    need ``actor.param_dtype`` bfloat16 / float16 (`MempoConfig`): FSDP2 mixed precision under
+    torchrun, where the training forward, the rollout, teacher scoring and the periodic evaluation
+    all run on weights gathered in that dtype (fp32 masters: the recommended layout); a single
+    process, where nothing is gathered, is refused at start-up (`mempo.train.actor.Actor`).
     """
 
     path: str = "builtin-tiny"
@@ -115,10 +116,6 @@ class ModelConfig:
                  f"must be a multiple of num_attention_heads ({self.num_attention_heads}), got {self.hidden_size}")
         _require(self.num_attention_heads % self.num_key_value_heads == 0, "num_key_value_heads",
                  f"must divide num_attention_heads ({self.num_attention_heads}), got {self.num_key_value_heads}")
-        _require(not (flash_attention_requested(self.attn_implementation) and self.dtype == "float32"), "dtype",
-                 f"must be 'bfloat16' or 'float16' with attn_implementation={self.attn_implementation!r} "
-                 "(flash attention has no fp32 kernels); set model.dtype=bfloat16 or use "
-                 "model.attn_implementation=sdpa")
 
 
 @dataclass
@@ -199,6 +196,8 @@ class RolloutConfig:
     colocated with the trainer (GPU; its memory, a sglang_mem_fraction share of the GPU, is
     released around the trainer's stages); with sglang_url an SGLang server at that URL (started
     with ``--skip-tokenizer-init``; weights reach it as checkpoints under ``<out>/sglang_weights``).
+    dtype: the in-process SGLang engine's weight dtype (None: ``actor.param_dtype``, else
+    ``model.dtype``): the generation copy, apart from the fp32 master weights; SGLang only.
 
     chat_template (`mempo.rollout.chat.ChatFormat`): ``"auto"`` (the tokenizer's own template,
     refused when it rewrites assistant turns; ChatML when the tokenizer has none), ``"builtin"``
@@ -220,6 +219,7 @@ class RolloutConfig:
     backend: Literal["hf", "sglang"] = "hf"
     sglang_url: Optional[str] = None
     sglang_mem_fraction: float = 0.5
+    dtype: Optional[Literal["bfloat16", "float16", "float32"]] = None
     chat_template: str = "auto"
     protocol_scaffold: bool = False
     seed: int = 0
@@ -642,6 +642,14 @@ class MempoConfig:
             value = getattr(self, f.name)
             if not isinstance(value, hints[f.name]):
                 setattr(self, f.name, build_section(hints[f.name], value, f.name))
+        _require(not (flash_attention_requested(self.model.attn_implementation) and self.model.dtype == "float32"
+                      and self.actor.param_dtype not in ("bfloat16", "float16")), "model.dtype",
+                 f"must be 'bfloat16' or 'float16' with attn_implementation={self.model.attn_implementation!r} "
+                 "(flash attention has no fp32 kernels), unless actor.param_dtype is bfloat16 or float16 (fp32 "
+                 "master weights, half-precision compute under torchrun); or use model.attn_implementation=sdpa")
+        _require(self.rollout.dtype is None or self.rollout.backend == "sglang", "rollout.dtype",
+                 f"sets the SGLang engine's weight dtype; rollout.backend={self.rollout.backend!r} generates with "
+                 "the actor's own weights (model.dtype; actor.param_dtype under torchrun): leave it null")
         _require(self.rollout.temperature > 0, "rollout.temperature",
                  f"must be > 0, got {self.rollout.temperature!r} (training samples with it and divides the "
                  "logits by it; evaluation's is eval.temperature, 0 for greedy)")

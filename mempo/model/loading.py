@@ -7,6 +7,7 @@ id is ``name`` or ``org/name``). dtypes are named as in `ModelConfig.dtype` ("fl
 """
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 from typing import Any, Callable, Optional
 
@@ -45,12 +46,23 @@ def load_pretrained(load: Callable[[str], Any], source: str, field: str, kind: s
         raise ConfigError(field, f"cannot load the {kind} {source!r} ({type(error).__name__}: {detail})") from None
 
 
-def build_causal_lm(model_config: ModelConfig, vocab_size: Optional[int] = None) -> nn.Module:
+def build_causal_lm(model_config: ModelConfig, vocab_size: Optional[int] = None, *,
+                    on_meta: bool = False) -> nn.Module:
     """A transformers causal LM from `ModelConfig`: ``from_pretrained(path)``, or for
     ``path == "builtin-tiny"`` a randomly initialised Qwen2 of the configured sizes (uses the torch
-    RNG; vocab from ``model_config.vocab_size`` or `vocab_size`)."""
+    RNG; vocab from ``model_config.vocab_size`` or `vocab_size`).
+
+    on_meta: the same architecture with every tensor on the meta device (no memory, no weights
+    read): a rank that receives its shards from rank 0 (`mempo.train.actor.Actor`'s
+    ``broadcast_from_rank0``)."""
     dtype = DTYPES[model_config.dtype]
     if model_config.path != "builtin-tiny":
+        if on_meta:
+            config = load_pretrained(transformers.AutoConfig.from_pretrained, model_config.path, "model.path",
+                                     "model")
+            with torch.device("meta"):
+                return transformers.AutoModelForCausalLM.from_config(
+                    config, dtype=dtype, attn_implementation=model_config.attn_implementation)
         return load_pretrained(lambda source: transformers.AutoModelForCausalLM.from_pretrained(
             source, dtype=dtype, attn_implementation=model_config.attn_implementation), model_config.path,
             "model.path", "model")
@@ -62,8 +74,9 @@ def build_causal_lm(model_config: ModelConfig, vocab_size: Optional[int] = None)
         num_hidden_layers=model_config.num_hidden_layers, num_attention_heads=model_config.num_attention_heads,
         num_key_value_heads=model_config.num_key_value_heads,
         max_position_embeddings=model_config.max_position_embeddings, tie_word_embeddings=False)
-    return transformers.AutoModelForCausalLM.from_config(
-        qwen_config, dtype=dtype, attn_implementation=model_config.attn_implementation)
+    with torch.device("meta") if on_meta else contextlib.nullcontext():
+        return transformers.AutoModelForCausalLM.from_config(
+            qwen_config, dtype=dtype, attn_implementation=model_config.attn_implementation)
 
 
 def load_model_dir(path: PathLike, dtype: str = "float32"):

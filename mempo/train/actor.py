@@ -14,19 +14,21 @@ Supported models: causal LMs whose output is ``lm_head(decoder(...).last_hidden_
 """
 from __future__ import annotations
 
+import contextlib
 import gc
 import math
 import os
 from dataclasses import dataclass
-from typing import Any, Mapping, NamedTuple, Optional
+from typing import Any, Iterator, Mapping, NamedTuple, Optional
 
 import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
-from mempo.config import ActorConfig
+from mempo.config import ActorConfig, ConfigError, flash_attention_requested
 from mempo.model.adapter import DTYPES, PolicyLogProbs, attn_implementation, resolve_packing
 from mempo.train.checkpoint import load_model_state, load_optimizer_state, model_state_dict, optimizer_state_dict
 from mempo.train.losses import agg_loss, kl_penalty, policy_loss
@@ -209,15 +211,29 @@ class Actor:
     model: the causal LM (moved to the device; sharded in place when distributed). optim_config:
     `ActorConfig` (optimiser, loss, micro-batching). device_mesh: a 1-D mesh for FSDP2 (None: all
     ranks). trainable: False builds no optimiser and freezes the parameters (a reference policy).
-    device: default CUDA LOCAL_RANK when available, else CPU.
+    device: default CUDA LOCAL_RANK when available, else CPU. broadcast_from_rank0 (under
+    torch.distributed): only rank 0's `model` holds weights, the others may be built on the meta
+    device (`mempo.model.loading.build_causal_lm(on_meta=True)`); every rank shards a meta module,
+    and its shards are filled from rank 0's host copy one tensor at a time, so start-up holds one
+    whole model (rank 0's, on the host) instead of one per rank and device.
     """
 
     def __init__(self, model: nn.Module, optim_config: Optional[ActorConfig] = None, device_mesh=None, *,
-                 trainable: bool = True, device: Optional[torch.device] = None):
+                 trainable: bool = True, device: Optional[torch.device] = None, broadcast_from_rank0: bool = False):
         self.config = optim_config or ActorConfig()
         self.device = torch.device(device) if device is not None else _default_device(
             int(os.environ.get("LOCAL_RANK", "0")))
-        self.module = model.to(self.device)
+        receive = broadcast_from_rank0 and _distributed()
+        full = None
+        if receive:  # rank 0's weights stay on the host (kept alive here until sent); every module goes meta
+            if dist.get_rank() == 0:  # the buffers too: the rotary inv_freq is in no state dict
+                full = (model.state_dict(), {name: buffer for name, buffer in model.named_buffers()})
+            self.module = model.to("meta")
+        elif any(p.is_meta for p in model.parameters()):
+            raise ValueError("a model on the meta device needs broadcast_from_rank0=True under torch.distributed "
+                             "(rank 0 holds the weights)")
+        else:
+            self.module = model.to(self.device)
         if self.config.gradient_checkpointing and trainable:
             _enable_activation_checkpointing(self.module)
         if not trainable:
@@ -226,10 +242,20 @@ class Actor:
         self.attn_implementation = attn_implementation(self.module)
         self.packed = resolve_packing(self.config.packing, self.attn_implementation)
         self.distributed = _distributed()
+        if (not self.distributed and flash_attention_requested(self.attn_implementation)
+                and any(p.dtype == torch.float32 for p in self.module.parameters())):
+            raise ConfigError("actor.param_dtype", "mixed precision (fp32 weights, half-precision compute) is FSDP2's, "
+                                                   "under torchrun only; one process computes in model.dtype=float32, "
+                                                   "which flash attention refuses: set model.dtype=bfloat16 or use "
+                                                   "model.attn_implementation=sdpa")
+        self._root_ready = False  # FSDP2's root is the first sharded module to run forward (`unsharded`)
         self.rank = dist.get_rank() if self.distributed else 0
         self.world_size = dist.get_world_size() if self.distributed else 1
         if self.distributed:
             self._shard(device_mesh)
+            if receive:
+                self._receive_weights(full)
+                del full
         self.optimizer = None
         if trainable:
             params = [p for p in self.module.parameters() if p.requires_grad]
@@ -252,6 +278,49 @@ class Actor:
         for layer in layers:
             fully_shard(layer, **kwargs)
         fully_shard(self.policy, **kwargs)
+
+    def _receive_weights(self, full: Optional[tuple[dict, dict]]) -> None:
+        """Give the sharded meta module storage for its shards on the device, then fill them from
+        rank 0's whole weights (`full` on rank 0: its state dict and buffers; None elsewhere) one
+        tensor at a time, then every buffer (e.g. the rotary ``inv_freq``, in no state dict) likewise."""
+        self.module.to_empty(device=self.device)
+        set_model_state_dict(self.module, full[0] if full else {},
+                             options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
+        with torch.no_grad():
+            for name, buffer in sorted(self.module.named_buffers()):
+                if full:
+                    buffer.copy_(full[1][name])
+                dist.broadcast(buffer, src=0)
+        tied = getattr(getattr(self.module, "config", None), "tie_word_embeddings", False)
+        if tied and self.module.get_output_embeddings().weight is not self.module.get_input_embeddings().weight:
+            raise RuntimeError("the tied input and output embeddings came apart while loading the shards")
+
+    @contextlib.contextmanager
+    def unsharded(self) -> Iterator[nn.Module]:
+        """Hold the whole model on every rank for the block and yield the Hugging Face module: HF
+        generation, teacher scoring and evaluation may then run any number of forwards per rank
+        (FSDP2's per-forward all-gathers need every rank to call forward alike; gathered once here,
+        they are skipped). Collective: every rank must enter, e.g. with no questions of its own.
+
+        Memory: the full parameters in the all-gather dtype (``actor.param_dtype``, e.g. bf16: one
+        copy in the compute dtype) on top of the fp32 shards, for the block only; they are freed
+        (resharded) when it ends, before the update's activations. Not distributed: a no-op."""
+        if not self.distributed:
+            yield self.module
+            return
+        if not self._root_ready:  # make `self.policy` FSDP's root before a layer runs alone
+            self.compute_log_probs(torch.zeros(1, 2, dtype=torch.long), micro_batch_tokens=None)
+            self._root_ready = True
+        units = [m for m in self.policy.modules() if isinstance(m, FSDPModule)]
+        for unit in units:
+            unit.set_reshard_after_forward(False)
+            unit.unshard()
+        try:
+            yield self.module
+        finally:
+            for unit in units:
+                unit.reshard()
+                unit.set_reshard_after_forward(unit is not self.policy)  # `_shard`'s layout: the root stays gathered
 
     # --------------------------------------------------------------------------------------------
     def set_lr(self, lr: float) -> None:

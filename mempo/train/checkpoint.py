@@ -7,15 +7,21 @@ Layout (``root`` is the checkpoint root, e.g. ``<out_dir>/checkpoints``)::
     root/
       latest                    text file: the directory name of the newest checkpoint + "\\n"
       step_00000050/
-        model.pt                full (unsharded) model state dict, CPU tensors, FQNs of `model`
-        optimizer.pt            full optimiser state dict keyed by parameter FQN (if an optimiser was given)
+        model/                  the model state in torch.distributed.checkpoint form (`mempo.train.sharded`):
+          .metadata             global shapes, dtypes and chunks of every tensor (rank 0)
+          __<r>_0.distcp        rank r's shards, written by rank r in parallel with the others
+        optimizer/              the optimiser state, flattened and keyed by parameter FQN, the same way
         state.json              {"format", "step", "world_size", "data_state", "extra"}
         rng/rank_00000.pt       per-rank RNG states (python random, numpy, torch CPU, this rank's CUDA device)
         COMPLETE                the manifest, written last: {"format", "step", "world_size", "time",
                                 "files": {relative path: {"bytes", "sha256"}}} of every other file
       .tmp-step_00000100/       a checkpoint being written (or left by a crash): always ignored
 
-Files are loaded with ``torch.load(weights_only=True)``; data_state and extra are JSON values.
+Nothing is gathered on one rank: each rank writes and hashes its own shard files (`save_checkpoint`)
+and reads only the saved chunks that overlap its shards, so a checkpoint written by N ranks resumes
+on M ranks (or in one plain process) with the same parameters and optimiser state. Checkpoints of
+formats 1 and 2 (full-state model.pt / optimizer.pt, `mempo.train.full_state`) still load.
+RNG files are loaded with ``torch.load(weights_only=True)``; data_state and extra are JSON values.
 """
 from __future__ import annotations
 
@@ -33,12 +39,17 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 import torch
-from torch.distributed.checkpoint.state_dict import (
-    StateDictOptions, get_model_state_dict, get_optimizer_state_dict, set_model_state_dict, set_optimizer_state_dict,
-)
 
 from mempo.utils.atomic import TEMP_PREFIX, fault_point, fsync_dir, replace_file_atomically, write_bytes_durably
-from mempo.errors import MempoError
+from mempo.train.full_state import (
+    check_full_state_files, is_legacy_checkpoint, load_full_state_files, load_model_state, load_optimizer_state,
+    model_state_dict, optimizer_state_dict, torch_load,
+)
+from mempo.train.sharded import (
+    CheckpointError, check_model_shards, check_optimizer_shards, load_model_shards, load_optimizer_shards, owner_rank,
+    rank_shard_files, save_model_shards, save_optimizer_shards,
+)
+from mempo.utils.atomic import FAULT_ENV
 from mempo.utils.digest import sha256_file
 from mempo.utils.jsonl import loads_bounded
 from mempo.utils.types import PathLike
@@ -49,15 +60,12 @@ __all__ = [
     "resolve_checkpoint", "resume_checkpoint", "checkpoint_step", "save_checkpoint", "load_checkpoint",
     "prune_checkpoints", "check_fits", "model_state_dict", "optimizer_state_dict", "load_model_state", "load_optimizer_state",
 ]
-CHECKPOINT_FORMAT = 2  # 2: COMPLETE is a manifest of digests; 1: COMPLETE was a bare marker
+CHECKPOINT_FORMAT = 3  # 3: sharded (DCP) model/ and optimizer/; 2: full model.pt, digests; 1: no digests
+MODEL_DIR = "model"
+OPTIMIZER_DIR = "optimizer"
 COMPLETE_MARKER = "COMPLETE"
 LATEST_FILE = "latest"
 _STEP_DIR = re.compile(r"^step_(\d{8,})$")
-
-
-class CheckpointError(MempoError):
-    """A checkpoint that cannot be used: missing, incomplete, damaged or unloadable; the message
-    names the checkpoint file and what is wrong with it."""
 
 
 @dataclass
@@ -168,32 +176,6 @@ def _from_rank0(compute: Callable[[], Any]) -> Any:
     return value
 
 
-def _full_options(**kwargs):
-    return StateDictOptions(full_state_dict=True, **kwargs)
-
-
-def model_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """Full model state dict on CPU. Collective when distributed: rank 0 gets it, other ranks {}."""
-    return get_model_state_dict(model, options=_full_options(cpu_offload=True))
-
-
-def optimizer_state_dict(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict:
-    """Full optimiser state dict keyed by parameter FQN, on CPU (collective; rank 0 only when distributed)."""
-    return get_optimizer_state_dict(model, optimizer, options=_full_options(cpu_offload=True))
-
-
-def load_model_state(model: torch.nn.Module, state: dict, strict: bool = True) -> None:
-    """Load a full state dict into a plain or FSDP2-sharded model (collective when distributed; only
-    rank 0's `state` is read, other ranks may pass {})."""
-    options = _full_options(broadcast_from_rank0=_dist_active(), strict=strict)
-    set_model_state_dict(model, state, options=options)
-
-
-def load_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, state: dict) -> None:
-    """Load a full FQN-keyed optimiser state dict (collective when distributed; rank 0's is read)."""
-    set_optimizer_state_dict(model, optimizer, state, options=_full_options(broadcast_from_rank0=_dist_active()))
-
-
 # ------------------------------------------------------------------------------------------------
 # file system helpers
 # ------------------------------------------------------------------------------------------------
@@ -211,8 +193,11 @@ def _json_save(obj: Any, path: Path, phase: str) -> None:
 
 
 
-def _file_records(directory: Path) -> dict[str, dict[str, Any]]:
-    """{relative path: {"bytes", "sha256"}} of every file under `directory` except the manifest."""
+def _file_records(directory: Path, rank: int = 0, world_size: int = 1) -> dict[str, dict[str, Any]]:
+    """{relative path: {"bytes", "sha256"}} of the files under `directory` (the manifest excepted)
+    that this rank hashes: those it wrote (`mempo.train.sharded.owner_rank`), and on rank 0 every
+    other file too; so the ranks hash their shards in parallel and their records together cover
+    every file. One process: every file."""
     records = {}
     for folder, _, files in os.walk(directory):
         for name in files:
@@ -220,8 +205,30 @@ def _file_records(directory: Path) -> dict[str, dict[str, Any]]:
             relative = path.relative_to(directory).as_posix()
             if relative == COMPLETE_MARKER or name.startswith(TEMP_PREFIX):
                 continue
+            owner = owner_rank(relative)
+            if (owner if owner < world_size else 0) != rank:
+                continue
             records[relative] = {"bytes": path.stat().st_size, "sha256": sha256_file(path)}
     return dict(sorted(records.items()))
+
+
+def _gathered_records(temp: Path) -> dict[str, dict[str, Any]]:
+    """Every file's record, each rank hashing its own (collective). OSError on every rank when any
+    rank could not read one of its files."""
+    rank, world = _rank(), _world_size()
+    try:
+        mine: Any = _file_records(temp, rank, world)
+    except OSError as error:
+        mine = f"rank {rank}: {_short(error)}"
+    if not _dist_active():
+        gathered = [mine]
+    else:
+        gathered = [None] * world
+        torch.distributed.all_gather_object(gathered, mine)
+    failures = [part for part in gathered if isinstance(part, str)]
+    if failures:
+        raise OSError(f"{temp}: cannot hash the written files ({'; '.join(failures)})")
+    return dict(sorted((k, v) for part in gathered for k, v in part.items()))
 
 
 def _short(error: BaseException) -> str:
@@ -398,84 +405,25 @@ def verify_checkpoint(path: PathLike, *, log: Optional[Callable[[str], None]] = 
     return manifest
 
 
-def _param_names(model: torch.nn.Module) -> dict[int, set[str]]:
-    """{id(parameter): every FQN it has in `model`} (a tied parameter has several)."""
-    names: dict[int, set[str]] = {}
-    for name, parameter in model.named_parameters(remove_duplicate=False):
-        names.setdefault(id(parameter), set()).add(name)
-    return names
-
-
-def _name_keys(keys: list[str], limit: int = 8) -> str:
-    shown = ", ".join(sorted(keys)[:limit])
-    return shown + (f" and {len(keys) - limit} more" if len(keys) > limit else "")
-
-
-def _check_model_keys(file: Path, saved: Any, model: torch.nn.Module) -> None:
-    if not isinstance(saved, dict):
-        raise CheckpointError(f"{file}: damaged (not a state dict: {type(saved).__name__})")
-    expected = set(model.state_dict().keys())
-    missing, unexpected = expected - set(saved), set(saved) - expected
-    if missing or unexpected:
-        said = [f"missing key(s) {_name_keys(list(missing))}"] if missing else []
-        said += [f"unexpected key(s) {_name_keys(list(unexpected))}"] if unexpected else []
-        raise CheckpointError(f"{file}: does not fit this model ({'; '.join(said)})")
-
-
-def _check_optimizer_keys(file: Path, saved: Any, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
-    """The saved full optimiser state names every parameter of `optimizer` once (by any of its FQNs),
-    no other; the states of parameters of one dimensionality all hold the same entries (e.g. step,
-    exp_avg, exp_avg_sq)."""
-    groups = saved.get("param_groups") if isinstance(saved, dict) else None
-    states = saved.get("state") if isinstance(saved, dict) else None
-    if not isinstance(groups, list) or not isinstance(states, dict) or not all(
-            isinstance(group, dict) and isinstance(group.get("params"), list) for group in groups):
-        raise CheckpointError(f"{file}: damaged (not an optimizer state dict with 'state' and 'param_groups')")
-    names = _param_names(model)
-    owner = {name: index for index, fqns in names.items() for name in fqns}
-    listed = [name for group in groups for name in group["params"]]
-    unexpected = [str(name) for name in listed if name not in owner]
-    unexpected += [str(name) for name in states if name not in owner]
-    covered = {owner[name] for name in listed if name in owner}
-    missing = [min(names[id(p)]) for group in optimizer.param_groups for p in group["params"]
-               if id(p) in names and id(p) not in covered]
-    if len(groups) != len(optimizer.param_groups):
-        raise CheckpointError(f"{file}: does not fit this optimizer ({len(groups)} parameter group(s), "
-                              f"the optimizer has {len(optimizer.param_groups)})")
-    if missing or unexpected:
-        said = [f"missing parameter(s) {_name_keys(missing)}"] if missing else []
-        said += [f"unexpected key(s) {_name_keys(sorted(set(unexpected)))}"] if unexpected else []
-        raise CheckpointError(f"{file}: does not fit this optimizer ({'; '.join(said)})")
-    # every parameter of one dimensionality has the same state entries (an optimiser may keep other
-    # entries for vectors than for matrices, e.g. Adafactor's factored moments)
-    ndim = {name: parameter.ndim for name, parameter in model.named_parameters(remove_duplicate=False)}
-    layouts = {name: set(entry) if isinstance(entry, dict) else set() for name, entry in states.items()}
-    common: dict[int, set] = {}
-    for name, layout in layouts.items():
-        common.setdefault(ndim[name], set()).update(layout)
-    short = sorted(name for name, layout in layouts.items() if layout != common[ndim[name]])
-    if short:
-        lacks = sorted(common[ndim[short[0]]] - layouts[short[0]])
-        raise CheckpointError(f"{file}: does not fit this optimizer (the state of {_name_keys(short)} lacks "
-                              f"{', '.join(lacks) or 'its entries'})")
-
-
 def check_fits(path: PathLike, model: Optional[torch.nn.Module] = None,
                optimizer: Optional[torch.optim.Optimizer] = None, *, model_keys: bool = True) -> None:
-    """CheckpointError naming the file and the keys when the checkpoint's model.pt does not hold
-    exactly `model`'s state dict keys, or its optimizer.pt not exactly `optimizer`'s parameters
-    (missing and unexpected keys named, up to 8 of each). Reads the files memory-mapped; not
-    collective (rank 0's call is the one that counts). Nothing given: nothing checked. model_keys
-    False: the model names the optimizer's parameters only, model.pt is not checked."""
+    """CheckpointError naming the file and the keys when the checkpoint's model state does not hold
+    exactly `model`'s state dict keys (or a tensor of another shape), or its optimiser state not
+    exactly `optimizer`'s parameters (missing and unexpected keys named, up to 8 of each). Reads the
+    shard index (``.metadata``; model.pt / optimizer.pt of an older format, memory-mapped), no
+    tensor; not collective (rank 0's call is the one that counts). Nothing given: nothing checked.
+    model_keys False: the model names the optimizer's parameters only, and only the shapes of the
+    keys both hold are checked."""
     path = Path(path)
-    if model is not None and model_keys:
-        file = path / "model.pt"
-        _check_model_keys(file, _torch_load(file, "model state", mmap=True), model)
+    if optimizer is not None and model is None:
+        raise ValueError("checking an optimizer needs its model (parameter names come from the model)")
+    if is_legacy_checkpoint(path):
+        check_full_state_files(path, model, optimizer, model_keys=model_keys)
+        return
+    if model is not None:
+        check_model_shards(path / MODEL_DIR, model, strict=model_keys)
     if optimizer is not None:
-        if model is None:
-            raise ValueError("checking an optimizer needs its model (parameter names come from the model)")
-        file = path / "optimizer.pt"
-        _check_optimizer_keys(file, _torch_load(file, "optimizer state", mmap=True), model, optimizer)
+        check_optimizer_shards(path / OPTIMIZER_DIR, model, optimizer)
 
 
 def newest_intact_checkpoint(root: PathLike, *, log: Optional[Callable[[str], None]] = None,
@@ -605,28 +553,50 @@ def prune_checkpoints(root: PathLike, keep_last: Optional[int]) -> list[Path]:
 # ------------------------------------------------------------------------------------------------
 # save / load
 # ------------------------------------------------------------------------------------------------
-def _write_payload(temp: Path, step: int, model_state: Optional[dict], optim_state: Optional[dict],
-                   data_state: Any, extra: Any) -> None:
-    """Rank 0's files (everything except the RNG files and the manifest)."""
-    if model_state is not None:
-        _torch_save(model_state, temp / "model.pt", "model")
-    if optim_state is not None:
-        _torch_save(optim_state, temp / "optimizer.pt", "optimizer")
-    _json_save({"format": CHECKPOINT_FORMAT, "step": int(step), "world_size": _world_size(),
-                "data_state": data_state, "extra": extra}, temp / "state.json", "state")
+def _tear_own_shard(directory: Path, phase: str) -> None:
+    """The fault-injection point of a shard directory (tests: `mempo.utils.atomic.fault_point`): a
+    kill there tears this rank's shard file to half its size, as a crash while DCP wrote it would."""
+    if not os.environ.get(FAULT_ENV):
+        return
+    files = rank_shard_files(directory, _rank())
+    if not files:
+        fault_point(phase)
+        return
+    with open(files[0], "r+b") as handle:
+        handle.seek(0, os.SEEK_END)
+        fault_point(phase, handle)
 
 
-def _publish(root: Path, temp: Path, final: Path, step: int) -> None:
+def _write_files(temp: Path, step: int, model: Optional[torch.nn.Module], optimizer: Optional[torch.optim.Optimizer],
+                 rng_states: dict, data_state: Any, extra: Any) -> None:
+    """Every file but the manifest: the model's and optimiser's shards (each rank its own, DCP's
+    collectives inside), state.json (rank 0), this rank's RNG file."""
+    if model is not None:
+        save_model_shards(temp / MODEL_DIR, model)
+        _tear_own_shard(temp / MODEL_DIR, "model")
+    if optimizer is not None:
+        save_optimizer_shards(temp / OPTIMIZER_DIR, model, optimizer)
+        _tear_own_shard(temp / OPTIMIZER_DIR, "optimizer")
+    if _rank() == 0:
+        _json_save({"format": CHECKPOINT_FORMAT, "step": int(step), "world_size": _world_size(),
+                    "data_state": data_state, "extra": extra}, temp / "state.json", "state")
+    _torch_save(rng_states, temp / "rng" / f"rank_{_rank():05d}.pt", "rng")
+
+
+def _publish(root: Path, temp: Path, final: Path, step: int, records: dict[str, dict[str, Any]]) -> None:
     """Rank 0 makes the written checkpoint visible, each step durable before the next, so a crash
     anywhere leaves either the previous state or the new complete checkpoint:
 
-    1. the manifest of every file, written to a temporary file, fsynced, renamed to COMPLETE;
+    1. the manifest of every file (`records`, hashed by the ranks that wrote them), written to a
+       temporary file, fsynced, renamed to COMPLETE;
     2. ``.tmp-step_N`` renamed to ``step_N`` (`os.replace`, atomic on POSIX), the root fsynced;
     3. the ``latest`` pointer replaced atomically.
     """
-    fsync_dir(temp / "rng")
+    for folder in ("rng", MODEL_DIR, OPTIMIZER_DIR):
+        if (temp / folder).is_dir():
+            fsync_dir(temp / folder)
     manifest = {"format": CHECKPOINT_FORMAT, "step": int(step), "world_size": _world_size(), "time": time.time(),
-                "files": _file_records(temp)}
+                "files": records}
     staged = temp / f"{TEMP_PREFIX}{COMPLETE_MARKER}"
     _json_save(manifest, staged, "manifest")
     os.replace(staged, temp / COMPLETE_MARKER)
@@ -650,11 +620,12 @@ def save_checkpoint(root: PathLike, step: int, model: Optional[torch.nn.Module] 
     not a wrapper); optimizer: needs `model`. rng_states: this rank's `capture_rng_state()` (None:
     captured now). data_state / extra: JSON values. keep_last: prune to the newest K complete
     checkpoints afterwards (None: keep all).
-    Collective when torch.distributed is initialised: the full state dicts are gathered to rank 0's
-    CPU (they must fit there); rank 0 writes model, optimiser and state files, every rank its RNG
-    file, then rank 0 publishes (`_publish`). Everything goes into ``.tmp-step_N`` first.
-    Tests inject crashes with ``MEMPO_FAULT_INJECT`` at the phases ``model``, ``optimizer``, ``rng``,
-    ``state``, ``manifest``, ``rename``, ``latest`` (`mempo.utils.atomic.fault_point`).
+    Collective when torch.distributed is initialised: every rank writes its own model and optimiser
+    shards and RNG file into ``.tmp-step_N`` and hashes them (no rank holds more than its shards
+    plus DCP's copy buffer), rank 0 writes state.json, gathers the digests and publishes
+    (`_publish`). Tests inject crashes with ``MEMPO_FAULT_INJECT`` at the phases ``model``,
+    ``optimizer`` (this rank's shard file torn), ``rng``, ``state``, ``manifest``, ``rename``,
+    ``latest`` (`mempo.utils.atomic.fault_point`).
     """
     if optimizer is not None and model is None:
         raise ValueError("saving an optimizer needs its model (parameter names come from the model)")
@@ -662,8 +633,6 @@ def save_checkpoint(root: PathLike, step: int, model: Optional[torch.nn.Module] 
     step = int(step)
     rank = _rank()
     rng_states = capture_rng_state() if rng_states is None else rng_states
-    model_state = model_state_dict(model) if model is not None else None
-    optim_state = optimizer_state_dict(model, optimizer) if optimizer is not None else None
     final = checkpoint_dir(root, step)
     temp = root / f"{TEMP_PREFIX}{final.name}"
     if rank == 0:
@@ -673,29 +642,19 @@ def save_checkpoint(root: PathLike, step: int, model: Optional[torch.nn.Module] 
     _barrier()
     error: Optional[BaseException] = None
     try:
-        if rank == 0:
-            _write_payload(temp, step, model_state, optim_state, data_state, extra)
-        _torch_save(rng_states, temp / "rng" / f"rank_{rank:05d}.pt", "rng")
+        _write_files(temp, step, model, optimizer, rng_states, data_state, extra)
     except Exception as caught:  # every rank must reach the agreement below, then all raise
         error = caught
     if not _all_ranks_ok(error is None):
         if error is not None:
             raise error
         raise RuntimeError(f"checkpoint step {step}: another rank failed while writing; not published")
+    records = _gathered_records(temp)  # after the agreement: every rank's files are on disk
     if rank == 0:
-        _publish(root, temp, final, step)
+        _publish(root, temp, final, step, records)
         prune_checkpoints(root, keep_last)
     _barrier()
     return final
-
-
-def _torch_load(file: Path, what: str, **kwargs) -> Any:
-    if not file.is_file():
-        raise CheckpointError(f"{file}: missing ({what})")
-    try:
-        return torch.load(file, weights_only=True, **kwargs)
-    except Exception as error:  # torch's messages name no file
-        raise CheckpointError(f"{file}: cannot be loaded ({_short(error)})") from None
 
 
 def _load_rng(path: Path, rank: int) -> Optional[dict]:
@@ -704,7 +663,7 @@ def _load_rng(path: Path, rank: int) -> Optional[dict]:
         warnings.warn(f"{path}: no RNG state for rank {rank} (saved with another world size?); "
                       f"keeping the current RNG state", RuntimeWarning, stacklevel=3)
         return None
-    return _torch_load(rng_file, "RNG state")
+    return torch_load(rng_file, "RNG state")
 
 
 def load_checkpoint(path: PathLike, model: Optional[torch.nn.Module] = None,
@@ -714,14 +673,15 @@ def load_checkpoint(path: PathLike, model: Optional[torch.nn.Module] = None,
     """Restore a checkpoint (a ``step_N`` directory or a root: its newest intact one) into `model` /
     `optimizer`.
 
-    Applies this rank's RNG state when `restore_rng`. strict: model.pt must hold exactly the
-    model's keys (missing and unexpected ones are named); optimizer.pt must name exactly the
-    optimizer's parameters, whatever `strict`. Both are checked before anything is loaded, so a
-    refused checkpoint leaves `model` and `optimizer` as they were. verify: check the manifest's
+    Applies this rank's RNG state when `restore_rng`. strict: the saved model state must hold
+    exactly the model's keys (missing and unexpected ones are named; shapes must match whatever
+    `strict`); the optimiser state must name exactly the optimizer's parameters, whatever `strict`.
+    Both are checked before anything is loaded, so a refused checkpoint leaves `model` and `optimizer` as they were. verify: check the manifest's
     digests, field types and steps first (False: the caller just did, e.g. through
-    `resume_checkpoint`). Collective when torch.distributed is initialised: rank 0 reads the
-    model/optimiser files and broadcasts, so a checkpoint loads at any world size, including into a
-    plain single-process model. A rank without an RNG file (another world size) keeps its RNG state,
+    `resume_checkpoint`). Collective when torch.distributed is initialised: each rank reads the saved
+    chunks that overlap its own shards (`mempo.train.sharded`), so a checkpoint written by N ranks
+    loads on M ranks, or into a plain single-process model (an older full-state checkpoint: rank 0
+    reads it and broadcasts). A rank without an RNG file (another world size) keeps its RNG state,
     with a warning. A format-1 checkpoint (no digests) loads with a warning. Returns a
     CheckpointState. CheckpointError (naming the file) when the checkpoint is missing, damaged, or
     does not fit `model` / `optimizer`.
@@ -736,21 +696,13 @@ def load_checkpoint(path: PathLike, model: Optional[torch.nn.Module] = None,
         _from_rank0(lambda: check_fits(path, model, optimizer, model_keys=strict))
     rank = _rank()
     state = _read_state(path)
-    if model is not None:
-        model_file = path / "model.pt"
-        full = _torch_load(model_file, "model state", mmap=True) if rank == 0 else {}
-        try:
-            load_model_state(model, full, strict=strict)
-        except (RuntimeError, KeyError, ValueError) as error:
-            raise CheckpointError(f"{model_file}: does not fit this model ({_short(error)})") from None
-        del full
-    if optimizer is not None:
-        optim_file = path / "optimizer.pt"
-        full_optim = _torch_load(optim_file, "optimizer state") if rank == 0 else {}
-        try:
-            load_optimizer_state(model, optimizer, full_optim)
-        except (RuntimeError, KeyError, ValueError) as error:
-            raise CheckpointError(f"{optim_file}: does not fit this optimizer ({_short(error)})") from None
+    if is_legacy_checkpoint(path):
+        load_full_state_files(path, model, optimizer, strict=strict)
+    else:
+        if model is not None:
+            load_model_shards(path / MODEL_DIR, model, strict=strict)
+        if optimizer is not None:
+            load_optimizer_shards(path / OPTIMIZER_DIR, model, optimizer)
     rng_state = _load_rng(path, rank)
     if restore_rng and rng_state is not None:
         try:

@@ -12,32 +12,35 @@ and the next takes it:
 `StageTimer` (``time/<stage>`` seconds). Rollout seeding: the engine seed of step s is
 `mempo.seeds.training_rollout_seed` (rollout.seed, s), so a resumed run re-samples exactly.
 Distributed: each rank rolls out its own questions; GRPO groups never straddle ranks, so
-advantages are rank-local and exact; reported means are over this rank.
+advantages are rank-local and exact; the metrics are the run's (`mempo.train.run_metrics`). No rank keeps a whole copy of the policy: generation with the
+HF backend and teacher scoring run inside `Actor.unsharded` (the sharded actor gathered once for
+the rollout, rewards and memory_rewards stages, in the all-gather dtype, freed before the update);
+a separate engine (SGLang) gets the weights streamed in buckets (`sync_weights`).
 """
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Optional, Sequence
+from typing import Any, Callable, Iterator, Mapping, Optional, Sequence
 
 import torch
-from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
 from mempo.algo.advantages import TokenAdvantages, advantage_inputs, token_advantages
 from mempo.algo.pooling import memory_stages
 from mempo.algo.outcome import score_outcomes
 from mempo.config import MempoConfig
 from mempo.records.trajectory import Trajectory, round_training_inputs
-from mempo.rollout.backends.hf import load_weights_into
 from mempo.rollout.loop import RolloutEngine, RolloutStats
 from mempo.scoring import compute_memory_rewards
 from mempo.seeds import training_rollout_seed
 from mempo.train import metric_names as names
 from mempo.train.logging import StageTimer
+from mempo.train.run_metrics import reduce_run_metrics
 
 __all__ = ["StepContext", "StepResult", "TrainBatch", "rollout", "rewards", "reward_metrics", "memory_rewards",
            "memory_keeps_metrics", "advantages", "build_batch", "old_and_ref_log_probs", "update", "sync_weights",
-           "release_generation_memory", "train_step", "STAGES"]
+           "generation_weights", "streamed_weights", "release_generation_memory", "train_step", "STAGES"]
 
 STAGES = ("rollout", "rewards", "memory_rewards", "advantages", "old_and_ref_log_probs", "update", "sync_weights")
 
@@ -58,12 +61,14 @@ class StepContext:
     backend: Any
     tokenizer: Any
     tools: Mapping[str, Callable]
-    rollout_model: Optional[Any] = None
     distributed: bool = False
+    sync_bucket_bytes: int = 256 << 20
 
     @property
     def scoring_model(self):
-        return self.rollout_model if self.rollout_model is not None else self.actor.module
+        """The HF module teacher scoring, generation and evaluation run on (the actor's own; under
+        torch.distributed use it inside `generation_weights`)."""
+        return self.actor.module
 
 
 @dataclass
@@ -156,9 +161,10 @@ def memory_rewards(ctx: StepContext,
 
 def memory_keeps_metrics(ctx: StepContext, trajectories: Sequence[Trajectory]) -> dict[str, float]:
     """Diagnostic, no part of any reward: the share of scored ``<mem>`` blocks that keep every gold
-    already retrieved (`Trajectory.memory_keeps`); absent when no ``<mem>`` came after a retrieved gold."""
+    already retrieved (`Trajectory.memory_keeps`), and how many blocks that is
+    (``memory/keeps_blocks``); the share is absent when no ``<mem>`` came after a retrieved gold."""
     keeps = [v for t in trajectories for v in t.memory_keeps(ctx.tokenizer) if v is not None]
-    return {names.MEM_KEEPS: sum(keeps) / len(keeps)} if keeps else {}
+    return ({names.MEM_KEEPS: sum(keeps) / len(keeps)} if keeps else {}) | {"memory/keeps_blocks": float(len(keeps))}
 
 
 def advantages(ctx: StepContext, scored: Sequence[Trajectory],
@@ -176,7 +182,7 @@ def advantages(ctx: StepContext, scored: Sequence[Trajectory],
     metrics = {"adv/mean": float(adv[loss_mask].mean()) if loss_mask.any() else 0.0,
                "adv/abs_mean_mem": float(on_mem.abs().mean()) if on_mem.numel() else 0.0,
                "adv/groups_with_variance": float(result.has_variance.float().mean()) if len(scored) else 0.0,
-               "adv/loss_tokens": float(loss_mask.sum())}
+               "adv/loss_tokens": float(loss_mask.sum()), "adv/memory_tokens": float(on_mem.numel())}
     return result, metrics
 
 
@@ -244,21 +250,50 @@ def update(ctx: StepContext, batch: TrainBatch, old: torch.Tensor, ref: Optional
     return {f"{names.ACTOR_PREFIX}{k}": float(v) for k, v in metrics.items()}
 
 
+@contextlib.contextmanager
+def generation_weights(ctx: StepContext) -> Iterator[None]:
+    """The block in which the actor's module holds whole weights on every rank (`Actor.unsharded`,
+    collective) under torch.distributed; a no-op in one process."""
+    if ctx.distributed:
+        with ctx.actor.unsharded():
+            yield
+    else:
+        yield
+
+
+def streamed_weights(module: torch.nn.Module, bucket_bytes: int) -> Iterator[list[tuple[str, torch.Tensor]]]:
+    """The module's whole weights as consecutive buckets ``[(name, full tensor)]`` of at most
+    `bucket_bytes` (a larger tensor alone), names of ``module.state_dict()`` in its order; each
+    sharded tensor is gathered when its bucket is built (collective: every rank iterates to the
+    end), so at most one bucket plus the tensor being gathered is held. Tensors keep their dtype
+    and device."""
+    bucket: list[tuple[str, torch.Tensor]] = []
+    size = 0
+    for name, tensor in module.state_dict().items():
+        full = tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
+        nbytes = full.numel() * full.element_size()
+        if bucket and size + nbytes > bucket_bytes:
+            yield bucket
+            bucket, size = [], 0
+        bucket.append((name, full.detach()))
+        size += nbytes
+    if bucket:
+        yield bucket
+
+
 def sync_weights(ctx: StepContext) -> None:
     """Make generation use the updated weights: nothing to copy when the backend generates with the
-    actor's own module (one process, HF); otherwise the full state dict is gathered (every rank,
-    under torch.distributed), copied into the unsharded `rollout_model` when there is one, and
-    handed to the backend (an HF backend on that copy skips tensors it already holds; SGLang loads
-    them through its update session)."""
-    backend_model = getattr(ctx.backend, "model", None)
-    if ctx.rollout_model is None and backend_model is ctx.actor.module:
+    actor's own module (HF; under torch.distributed it is gathered for each rollout); otherwise the
+    weights are streamed to the backend as one lazy ``(name, tensor)`` iterable gathered in buckets
+    of ``ctx.sync_bucket_bytes`` (`streamed_weights`, collective), never the whole state at once
+    (an SGLang server backend writes a whole HF directory on rank 0, so it holds it there)."""
+    if getattr(ctx.backend, "model", None) is ctx.actor.module:
         ctx.backend.sync_weights(None)
         return
-    full = get_model_state_dict(ctx.actor.module, options=StateDictOptions(full_state_dict=True))
-    full = {k: (v.full_tensor() if hasattr(v, "full_tensor") else v) for k, v in full.items()}
-    if ctx.rollout_model is not None and ctx.rollout_model is not backend_model:
-        load_weights_into(ctx.rollout_model, full)
-    ctx.backend.sync_weights(full)
+    stream = (item for bucket in streamed_weights(ctx.actor.module, ctx.sync_bucket_bytes) for item in bucket)
+    ctx.backend.sync_weights(stream)  # SGLang in-process: its own buckets, read lazily from this stream
+    for _ in stream:  # the gathers are collective: a rank whose backend read nothing (a server's
+        pass          # rank > 0) still takes part in every one
 
 
 def release_generation_memory(ctx: StepContext) -> None:
@@ -277,16 +312,17 @@ def train_step(ctx: StepContext, episodes: Sequence[Any], step: int, timer: Opti
     timer.reset()
     began = time.perf_counter()
     metrics: dict[str, float] = {}
-    with timer("rollout"):
-        trajectories, stats = rollout(ctx, episodes, step)
-        release_generation_memory(ctx)
-    with timer("rewards"):
-        scored = rewards(ctx, trajectories)
-        metrics.update(reward_metrics(scored, stats))
-    with timer("memory_rewards"):
-        mem_rewards, mem_metrics = memory_rewards(ctx, scored)
-        metrics.update(mem_metrics)
-        metrics.update(memory_keeps_metrics(ctx, scored))
+    with generation_weights(ctx):  # whole weights for generation and teacher scoring, freed after
+        with timer("rollout"):
+            trajectories, stats = rollout(ctx, episodes, step)
+            release_generation_memory(ctx)
+        with timer("rewards"):
+            scored = rewards(ctx, trajectories)
+            metrics.update(reward_metrics(scored, stats))
+        with timer("memory_rewards"):
+            mem_rewards, mem_metrics = memory_rewards(ctx, scored)
+            metrics.update(mem_metrics)
+            metrics.update(memory_keeps_metrics(ctx, scored))
     with timer("advantages"):
         token_adv, adv_metrics = advantages(ctx, scored, mem_rewards)
         metrics.update(adv_metrics)
@@ -302,4 +338,8 @@ def train_step(ctx: StepContext, episodes: Sequence[Any], step: int, timer: Opti
     metrics.update({"train/rows": float(batch.input_ids.shape[0]), names.TOKENS: tokens,
                     "perf/tokens_per_s": tokens / seconds if seconds > 0 else 0.0, names.STEP_SECONDS: seconds})
     metrics.update(timer.metrics("time/"))
+    weights = {"trajectories": len(scored), "scored_rounds": metrics["memory/scored_rounds"],
+               "memory_blocks": metrics["memory/keeps_blocks"], "loss_tokens": metrics["adv/loss_tokens"],
+               "memory_tokens": metrics["adv/memory_tokens"]}
+    metrics = reduce_run_metrics(metrics, weights)  # the run's values under torch.distributed (collective)
     return StepResult(metrics, scored, mem_rewards, token_adv, batch)

@@ -41,7 +41,7 @@ from mempo.train.checkpoint import (CheckpointError, has_checkpoints, load_check
 from mempo.train.logging import MetricsLogger, StageTimer
 from mempo.utils.log import log
 from mempo.utils.progress import progress
-from mempo.train.step import StepContext, train_step
+from mempo.train.step import StepContext, generation_weights, train_step
 from mempo.utils.atomic import atomic_directory
 
 __all__ = ["TrainResult", "Run", "build_run", "train", "periodic_eval", "step_episodes", "seed_everything",
@@ -84,13 +84,10 @@ class Run:
 
 
 class _Actors(NamedTuple):
-    """`_setup_actors`'s result: the trained actor, the frozen reference (None when kl_coef is 0),
-    the unsharded rollout copy (None in one process) and the module generation runs on."""
+    """`_setup_actors`'s result: the trained actor and the frozen reference (None when kl_coef is 0)."""
 
     actor: Actor
     ref_actor: Optional[Actor]
-    rollout_model: Any
-    generation_model: Any
 
 
 class _Backends(NamedTuple):
@@ -223,10 +220,12 @@ def _sequence_tokens(cfg: MempoConfig) -> int:
     return r.max_response_tokens if r.max_response_tokens is not None else r.max_turns * r.max_new_tokens_per_round
 
 
-def _setup_model(cfg: MempoConfig, tokenizer: Any):
-    """`build_causal_lm` from the ``model`` section (builtin-tiny: seeded with ``trainer.seed``)."""
-    torch.manual_seed(cfg.trainer.seed)  # the same initial weights on every rank
-    return build_causal_lm(cfg.model, len(tokenizer))
+def _setup_model(cfg: MempoConfig, tokenizer: Any, info: DistInfo):
+    """`build_causal_lm` from the ``model`` section (builtin-tiny: seeded with ``trainer.seed``).
+    Under torchrun only rank 0 builds or reads the weights; the other ranks build on the meta
+    device and receive their shards from it (`_setup_actors`)."""
+    torch.manual_seed(cfg.trainer.seed)
+    return build_causal_lm(cfg.model, len(tokenizer), on_meta=info.distributed and info.rank != 0)
 
 
 def _qa_pool(paths: Sequence[str]) -> list:
@@ -278,14 +277,18 @@ def _eval_episode_sets(cfg: MempoConfig, world: Any) -> dict[int, list]:
 
 def _setup_actors(cfg: MempoConfig, model: Any, info: DistInfo) -> _Actors:
     """The reference policy is a frozen copy of the initial model (skipped when ``actor.kl_coef ==
-    0``); under torchrun an unsharded copy generates and scores."""
-    ref_actor = Actor(copy.deepcopy(model), cfg.actor, trainable=False) if cfg.actor.kl_coef > 0 else None
-    # an unsharded copy under torchrun: HF generation and teacher scoring run per rank on it
-    rollout_model = copy.deepcopy(model) if info.distributed else None
-    actor = Actor(model, cfg.actor)
-    if rollout_model is not None:
-        rollout_model.to(actor.device)
-    return _Actors(actor, ref_actor, rollout_model, rollout_model if rollout_model is not None else actor.module)
+    0``). Under torchrun both are sharded from rank 0's weights (`Actor`'s ``broadcast_from_rank0``:
+    one whole model on rank 0's host, two while the reference is copied), and no rank keeps an
+    unsharded copy: generation and teacher scoring gather the actor for their stages
+    (`mempo.train.step.generation_weights`)."""
+    if cfg.model.dtype != "float32" and info.rank == 0:
+        log(f"model.dtype={cfg.model.dtype}: the master weights and the optimiser's updates are in {cfg.model.dtype}, "
+            f"which loses updates smaller than its resolution (lr {cfg.actor.lr:g}); for fp32 master weights with "
+            f"{cfg.model.dtype} compute set model.dtype=float32 and actor.param_dtype={cfg.model.dtype} (torchrun)")
+    broadcast = info.distributed
+    ref_actor = Actor(copy.deepcopy(model), cfg.actor, trainable=False, broadcast_from_rank0=broadcast) \
+        if cfg.actor.kl_coef > 0 else None
+    return _Actors(Actor(model, cfg.actor, broadcast_from_rank0=broadcast), ref_actor)
 
 
 def _setup_backends(cfg: MempoConfig, model: Any, tokenizer: Any, out_dir: Path) -> _Backends:
@@ -322,15 +325,14 @@ def build_run(cfg: MempoConfig, *, model=None, tokenizer=None, episodes=None, re
     if tokenizer is None:
         tokenizer = _setup_tokenizer(cfg, out, world)
     if model is None:
-        model = _setup_model(cfg, tokenizer)
+        model = _setup_model(cfg, tokenizer, info)
     check_model_fits(model, tokenizer, _sequence_tokens(cfg))  # before anything slow
     episodes = list(episodes) if episodes is not None else _episode_pool(cfg, world)
     eval_sets = _eval_episode_sets(cfg, world) if evaluating else {}
     actors = _setup_actors(cfg, model, info)
-    backends = _setup_backends(cfg, actors.generation_model, tokenizer, out)
+    backends = _setup_backends(cfg, actors.actor.module, tokenizer, out)
     ctx = StepContext(cfg=cfg, actor=actors.actor, ref_actor=actors.ref_actor, backend=backends.train,
-                      tokenizer=tokenizer, tools=build_tools(cfg, retriever), rollout_model=actors.rollout_model,
-                      distributed=info.distributed)
+                      tokenizer=tokenizer, tools=build_tools(cfg, retriever), distributed=info.distributed)
     return Run(cfg, out, tokenizer, model, episodes, retriever, ctx, info.rank, info.world_size, eval_sets,
                backends.eval, world)
 
@@ -341,10 +343,14 @@ def periodic_eval(run: Run, step: int) -> dict[str, float]:
     protocol scaffold) and the run's retriever. Returns ``eval/<field>@k<k>_<policy>`` metrics
     (`mempo.eval.EvalReport.scalars`, e.g. ``eval/em@k2_memory``) and ``time/eval``. Generation
     reseeds torch per request, so evaluating does not change the training run's numbers. Under
-    torchrun it runs on the unsharded rollout copy."""
+    torchrun every rank calls it (the actor is gathered for it, `generation_weights`); rank 0
+    evaluates and returns the metrics, the others {}."""
     began = time.perf_counter()
-    report = evaluate(run.ctx.scoring_model, run.tokenizer, run.eval_episodes, run.retriever, run.cfg,
-                      backend=run.eval_backend, label=f"step {step}", log=log, show_progress=False)
+    with generation_weights(run.ctx):
+        if run.rank != 0:
+            return {}
+        report = evaluate(run.ctx.scoring_model, run.tokenizer, run.eval_episodes, run.retriever, run.cfg,
+                          backend=run.eval_backend, label=f"step {step}", log=log, show_progress=False)
     return {**report.scalars("eval/"), "time/eval": time.perf_counter() - began}
 
 
@@ -395,9 +401,9 @@ def train(cfg: MempoConfig, *, model=None, tokenizer=None, episodes=None, retrie
             if metrics["rollout/tool_errors"] and metrics["rollout/tool_errors"] == metrics["rollout/tool_calls"]:
                 log(f"step {step}: all {int(metrics['rollout/tool_calls'])} tool calls failed "
                      f"(rollout/tool_errors; is the retriever up?)")
-            evaluated = bool(t.eval_every) and step % t.eval_every == 0 and run.rank == 0
+            evaluated = bool(t.eval_every) and step % t.eval_every == 0
             if evaluated:
-                metrics.update(periodic_eval(run, step))
+                metrics.update(periodic_eval(run, step))  # collective; rank 0's metrics
             if step % t.log_every == 0 or step == end or evaluated:
                 logger.log(step, metrics)
             result.metrics.append(dict(metrics, step=step))

@@ -95,19 +95,28 @@ def test_resume_defaults_to_never_and_determinism_to_auto():
 
 @pytest.mark.parametrize("impl", ["flash_attention_2", "flash_attention_3", "kernels-community/flash-attn"])
 def test_flash_attention_refuses_fp32_weights(impl):
-    """flash-attn has no fp32 kernels and actor.param_dtype covers only the FSDP training forward:
-    fp32 weights with a flash implementation are refused, naming both fields; half precision or
-    SDPA in fp32 are accepted."""
+    """flash-attn has no fp32 kernels: fp32 weights with a flash implementation are refused, naming
+    both fields, unless actor.param_dtype computes in half precision; half precision or SDPA in fp32
+    are accepted."""
     with pytest.raises(ConfigError) as info:
         load_config(None, [f"model.attn_implementation={impl}"])  # model.dtype defaults to float32
     assert info.value.field == "model.dtype"
     assert "attn_implementation" in str(info.value) and "bfloat16" in str(info.value)
+    # fp32 master weights with half-precision compute (FSDP2 mixed precision under torchrun)
+    assert load_config(None, [f"model.attn_implementation={impl}", "model.dtype=float32",
+                              "actor.param_dtype=bfloat16"]).actor.param_dtype == "bfloat16"
     with pytest.raises(ConfigError, match="^model.dtype:"):
-        load_config(None, [f"model.attn_implementation={impl}", "model.dtype=float32", "actor.param_dtype=bfloat16"])
+        load_config(None, [f"model.attn_implementation={impl}", "model.dtype=float32", "actor.param_dtype=float32"])
     for dtype in ("bfloat16", "float16"):
         assert load_config(None, [f"model.attn_implementation={impl}", f"model.dtype={dtype}"]).model.dtype == dtype
     assert load_config(None, ["model.attn_implementation=sdpa", "model.dtype=float32"]).model.dtype == "float32"
 
+
+
+def test_rollout_dtype_is_for_sglang_only():
+    assert load_config(None, ["rollout.backend=sglang", "rollout.dtype=bfloat16"]).rollout.dtype == "bfloat16"
+    with pytest.raises(ConfigError, match="^rollout.dtype: sets the SGLang engine's weight dtype"):
+        load_config(None, ["rollout.dtype=bfloat16"])
 
 
 def test_every_memory_reward_definition_builds():

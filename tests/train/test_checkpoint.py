@@ -95,7 +95,7 @@ def test_crash_at_rename_keeps_previous_checkpoint(tmp_path, monkeypatch):
         save_checkpoint(tmp_path, 2, model, optimizer)
     monkeypatch.setattr(ckpt.os, "replace", real_replace)
     temp = tmp_path / ".tmp-step_00000002"
-    assert (temp / "model.pt").is_file() and (temp / "COMPLETE").is_file()  # fully written, never published
+    assert (temp / "model" / "__0_0.distcp").is_file() and (temp / "COMPLETE").is_file()  # fully written, never published
     assert latest_checkpoint(tmp_path) == first
     assert [s for s, _ in list_checkpoints(tmp_path)] == [1]
     save_checkpoint(tmp_path, 2, model, optimizer)
@@ -105,16 +105,16 @@ def test_crash_at_rename_keeps_previous_checkpoint(tmp_path, monkeypatch):
 def test_crash_while_writing_files_keeps_previous_checkpoint(tmp_path, monkeypatch):
     model, optimizer = trained()
     first = save_checkpoint(tmp_path, 1, model, optimizer)
-    real_save = torch.save
+    real_save = ckpt.save_optimizer_shards
 
-    def half_then_crash(obj, handle, *args, **kwargs):
-        if "param_groups" in obj:  # the optimizer file: leave a torn file behind
-            handle.write(b"PK\x03\x04 torn")
-            raise RuntimeError("simulated crash in the middle of optimizer.pt")
-        return real_save(obj, handle, *args, **kwargs)
+    def half_then_crash(directory, *args, **kwargs):  # the optimizer's shards: leave a torn file behind
+        real_save(directory, *args, **kwargs)
+        shard = directory / "__0_0.distcp"
+        shard.write_bytes(shard.read_bytes()[:100])
+        raise OSError("simulated crash in the middle of the optimizer's shards")
 
-    monkeypatch.setattr(ckpt.torch, "save", half_then_crash)
-    with pytest.raises(RuntimeError, match="simulated crash"):
+    monkeypatch.setattr(ckpt, "save_optimizer_shards", half_then_crash)
+    with pytest.raises(OSError, match="simulated crash"):
         save_checkpoint(tmp_path, 2, model, optimizer)
     assert latest_checkpoint(tmp_path) == first
     assert not (tmp_path / "step_00000002").exists()
@@ -320,7 +320,8 @@ def test_progress_plain_fallback(capsys):
 # ------------------------------------------------------------------------------------------------
 # integrity: the manifest, damaged files, fallback, old checkpoints
 # ------------------------------------------------------------------------------------------------
-CHECKPOINT_FILES = ["model.pt", "optimizer.pt", "state.json", "rng/rank_00000.pt", "COMPLETE"]
+SHARD_FILES = ["model/.metadata", "model/__0_0.distcp", "optimizer/.metadata", "optimizer/__0_0.distcp"]
+CHECKPOINT_FILES = SHARD_FILES + ["state.json", "rng/rank_00000.pt", "COMPLETE"]
 DAMAGES = ["truncate", "empty", "flip", "delete"]
 
 
@@ -351,8 +352,8 @@ def _two_checkpoints(root):
 def test_manifest_records_every_file(tmp_path):
     path = save_checkpoint(tmp_path, 3, *trained(0))
     manifest = json.loads((path / "COMPLETE").read_text())
-    assert manifest["format"] == 2 and manifest["step"] == 3
-    assert sorted(manifest["files"]) == ["model.pt", "optimizer.pt", "rng/rank_00000.pt", "state.json"]
+    assert manifest["format"] == 3 and manifest["step"] == 3
+    assert sorted(manifest["files"]) == sorted(SHARD_FILES + ["rng/rank_00000.pt", "state.json"])
     import hashlib
 
     for name, record in manifest["files"].items():
@@ -387,14 +388,14 @@ def test_damaged_latest_falls_back_to_the_previous_one_exactly(tmp_path, name, h
 
 def test_no_intact_checkpoint_is_one_error_listing_each(tmp_path):
     _two_checkpoints(tmp_path)
-    _damage(tmp_path / "step_00000002" / "model.pt", "flip")
+    _damage(tmp_path / "step_00000002" / "model" / "__0_0.distcp", "flip")
     _damage(tmp_path / "step_00000001" / "state.json", "delete")
     notes = []
     with pytest.raises(CheckpointError) as error:
         ckpt.resume_checkpoint("auto", tmp_path, log=notes.append)
     message = str(error.value)
     assert message.startswith(f"no intact checkpoint under {tmp_path}")
-    assert "step_00000002/model.pt: damaged" in message and "step_00000001/state.json: missing" in message
+    assert "step_00000002/model/__0_0.distcp: damaged" in message and "step_00000001/state.json: missing" in message
     assert notes == []  # one error, not warnings followed by an error
     assert ckpt.has_checkpoints(tmp_path) and not ckpt.has_checkpoints(tmp_path / "fresh")
 
@@ -409,8 +410,12 @@ def test_a_bad_pointer_falls_back_to_the_newest_by_step(tmp_path):
 
 def test_a_checkpoint_of_another_model_names_the_file(tmp_path):
     save_checkpoint(tmp_path, 1, make_model())
-    with pytest.raises(CheckpointError, match=r"step_00000001/model.pt: does not fit this model"):
+    with pytest.raises(CheckpointError, match=r"step_00000001/model/.metadata: does not fit this model"):
         load_checkpoint(tmp_path, torch.nn.Linear(6, 3))
+    with pytest.raises(CheckpointError, match=r"model/.metadata: does not fit this model \(0.bias: saved shape "
+                                              r"\(8,\), the model's \(9,\)\)"):
+        load_checkpoint(tmp_path, torch.nn.Sequential(torch.nn.Linear(6, 9), torch.nn.Tanh(), torch.nn.Linear(9, 3)),
+                        strict=False)
 
 
 def test_format_1_checkpoints_load_with_a_warning(tmp_path):
@@ -426,8 +431,9 @@ def test_format_1_checkpoints_load_with_a_warning(tmp_path):
     with pytest.warns(RuntimeWarning, match="cannot be verified"):
         assert load_checkpoint(path, fresh).step == 4
     assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), fresh.state_dict().values()))
-    _damage(path / "model.pt", "truncate")
-    with pytest.warns(RuntimeWarning), pytest.raises(CheckpointError, match=r"step_00000004/model.pt: cannot be loaded"):
+    _damage(path / "model" / ".metadata", "truncate")
+    with pytest.warns(RuntimeWarning), pytest.raises(CheckpointError,
+                                                     match=r"step_00000004/model/.metadata: cannot be loaded"):
         load_checkpoint(path, make_model(3))
 
 
@@ -440,14 +446,13 @@ def _edit_manifest(path, change):
     (path / "COMPLETE").write_text(json.dumps(manifest))
 
 
-def _drop_exp_avg(state):
-    del state["state"]["0.bias"]["exp_avg"]
+def _drop_exp_avg(index):
+    del index["state.0.bias.exp_avg"]
 
 
-def _drop_param(state):
-    del state["state"]["2.weight"]
-    for group in state["param_groups"]:
-        group["params"].remove("2.weight")
+def _drop_param(index):
+    for key in [k for k in index if ".2.weight." in k]:
+        del index[key]
 
 
 def _deep_state(path):
@@ -460,22 +465,27 @@ def _deep_state(path):
 
 INCONSISTENT = [  # (file the reason names, what it says, how the checkpoint is edited)
     ("state.json", r"JSON nested deeper than 100 levels", _deep_state),
-    ("model.pt", r"missing key\(s\) 0\.bias", lambda p: rewrite_with_manifest(p, "model.pt", lambda d: d.pop("0.bias"))),
-    ("model.pt", r"unexpected key\(s\) stray", lambda p: rewrite_with_manifest(p, "model.pt", lambda d: d.update(stray=torch.ones(1)))),
-    ("optimizer.pt", r"missing parameter\(s\) 2\.weight", lambda p: rewrite_with_manifest(p, "optimizer.pt", _drop_param)),
-    ("optimizer.pt", r"state of 0\.bias lacks exp_avg", lambda p: rewrite_with_manifest(p, "optimizer.pt", _drop_exp_avg)),
+    ("model/.metadata", r"missing key\(s\) 0\.bias",
+     lambda p: rewrite_with_manifest(p, "model/.metadata", lambda d: d.pop("0.bias"))),
+    ("model/.metadata", r"unexpected key\(s\) stray",
+     lambda p: rewrite_with_manifest(p, "model/.metadata", lambda d: d.update(stray=d["0.bias"]))),
+    ("optimizer/.metadata", r"missing parameter\(s\) 2\.weight",
+     lambda p: rewrite_with_manifest(p, "optimizer/.metadata", _drop_param)),
+    ("optimizer/.metadata", r"state of 0\.bias lacks exp_avg",
+     lambda p: rewrite_with_manifest(p, "optimizer/.metadata", _drop_exp_avg)),
     ("state.json", r"records step 99, the manifest step 2",
      lambda p: rewrite_with_manifest(p, "state.json", lambda d: d.update(step=99))),
     ("COMPLETE", r"records step 7, its directory step_00000002 step 2",
      lambda p: _edit_manifest(p, lambda m: m.update(step=7))),
     ("COMPLETE", r"'step' is '2', not an integer", lambda p: _edit_manifest(p, lambda m: m.update(step="2"))),
-    ("COMPLETE", r"'bytes' of model.pt is 'many', not a non-negative integer",
-     lambda p: _edit_manifest(p, lambda m: m["files"]["model.pt"].update(bytes="many"))),
-    ("COMPLETE", r"'bytes' of model.pt is True", lambda p: _edit_manifest(p, lambda m: m["files"]["model.pt"].update(bytes=True))),
-    ("COMPLETE", r"'sha256' of model.pt is not 64 hex digits",
-     lambda p: _edit_manifest(p, lambda m: m["files"]["model.pt"].update(sha256=5))),
-    ("COMPLETE", r"entry '\.\./step_00000001/model\.pt' is not a path inside",
-     lambda p: _edit_manifest(p, lambda m: m["files"].update({"../step_00000001/model.pt": m["files"]["model.pt"]}))),
+    ("COMPLETE", r"'bytes' of state.json is 'many', not a non-negative integer",
+     lambda p: _edit_manifest(p, lambda m: m["files"]["state.json"].update(bytes="many"))),
+    ("COMPLETE", r"'bytes' of state.json is True",
+     lambda p: _edit_manifest(p, lambda m: m["files"]["state.json"].update(bytes=True))),
+    ("COMPLETE", r"'sha256' of model/__0_0.distcp is not 64 hex digits",
+     lambda p: _edit_manifest(p, lambda m: m["files"]["model/__0_0.distcp"].update(sha256=5))),
+    ("COMPLETE", r"entry '\.\./step_00000001/state\.json' is not a path inside",
+     lambda p: _edit_manifest(p, lambda m: m["files"].update({"../step_00000001/state.json": m["files"]["state.json"]}))),
     ("rng", r"rng: not a regular file", lambda p: _edit_manifest(
         p, lambda m: m["files"].update(rng={"bytes": (p / "rng").stat().st_size, "sha256": "0" * 64}))),
 ]
@@ -509,13 +519,13 @@ def test_an_inconsistent_checkpoint_is_skipped_with_its_reason(tmp_path, name, r
 def test_strict_false_loads_a_model_subset_but_still_checks_the_optimizer(tmp_path):
     _two_checkpoints(tmp_path)
     path = tmp_path / "step_00000002"
-    rewrite_with_manifest(path, "model.pt", lambda d: d.pop("0.bias"))
+    rewrite_with_manifest(path, "model/.metadata", lambda d: d.pop("0.bias"))
     model = make_model(5)
     bias = model[0].bias.detach().clone()
     assert load_checkpoint(path, model, strict=False).step == 2
     assert torch.equal(model[0].bias, bias) and not torch.equal(model[0].weight, make_model(5)[0].weight)
-    rewrite_with_manifest(path, "optimizer.pt", _drop_param)
-    with pytest.raises(CheckpointError, match=r"optimizer.pt: does not fit this optimizer \(missing parameter"):
+    rewrite_with_manifest(path, "optimizer/.metadata", _drop_param)
+    with pytest.raises(CheckpointError, match=r"optimizer/.metadata: does not fit this optimizer \(missing parameter"):
         load_checkpoint(path, model, torch.optim.AdamW(model.parameters()), strict=False)
 
 

@@ -27,6 +27,7 @@ import mempo.train.actor  # noqa: E402,F401
 import mempo.train.step  # noqa: E402,F401
 import mempo.train.trainer  # noqa: E402,F401
 from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM  # noqa: E402,F401
+from mempo.train.sharded import read_tensors, tensor_specs  # noqa: E402
 from support.checkpoints import rewrite_with_manifest  # noqa: E402
 from support.paths import REPO  # noqa: E402
 
@@ -75,7 +76,8 @@ def _comparable(out: Path):
 
 
 def _weights(out: Path, step: int = 2):
-    return torch.load(out / "checkpoints" / f"step_{step:08d}" / "model.pt", weights_only=True)
+    model_dir = out / "checkpoints" / f"step_{step:08d}" / "model"
+    return read_tensors(model_dir, tensor_specs(model_dir))
 
 
 def _assert_same_run(out: Path, reference: Path):
@@ -141,18 +143,19 @@ def _copy_run(source: Path, target: Path) -> Path:
 
 
 def test_damaged_latest_checkpoint_resumes_exactly_from_the_previous_one(reference, tmp_path):
-    """Flipped bytes in the newest model.pt (the issue's silent case): `--resume` names the file,
-    resumes from step 1 and ends where the uninterrupted run did."""
+    """Flipped bytes in the newest model shard (the issue's silent case: DCP itself keeps no
+    checksum): `--resume` names the file, resumes from step 1 and ends where the uninterrupted run did."""
     out = _copy_run(reference, tmp_path / "run")
-    _damage(out / "checkpoints" / "step_00000002" / "model.pt", "flip")
+    _damage(out / "checkpoints" / "step_00000002" / "model" / "__0_0.distcp", "flip")
     code, log = _run(out, "--resume")
     assert code == 0, log[-3000:]
-    assert "step_00000002/model.pt: damaged" in log and "(step 1)" in log
+    assert "step_00000002/model/__0_0.distcp: damaged" in log and "(step 1)" in log
     _assert_same_run(out, reference)
 
 
-@pytest.mark.parametrize("name,how", [("model.pt", "empty"), ("rng/rank_00000.pt", "truncate"),
-                                      ("state.json", "delete"), ("optimizer.pt", "flip")])
+@pytest.mark.parametrize("name,how", [("model/__0_0.distcp", "empty"), ("rng/rank_00000.pt", "truncate"),
+                                      ("state.json", "delete"), ("optimizer/__0_0.distcp", "flip"),
+                                      ("model/.metadata", "truncate")])
 def test_no_intact_checkpoint_is_refused_in_one_line(reference, tmp_path, name, how):
     out = _copy_run(reference, tmp_path / "run")
     for step in (1, 2):
@@ -175,17 +178,17 @@ def test_a_zero_byte_tokenizer_left_by_an_old_crash_is_rebuilt(reference, tmp_pa
     _assert_same_run(out, reference)
 
 
-def _drop_first_key(state: dict) -> None:
-    state.pop(sorted(state)[0])
+def _drop_first_key(index: dict) -> None:
+    index.pop(sorted(index)[0])
 
 
 @pytest.mark.parametrize("name,change,reason", [
-    ("model.pt", _drop_first_key, "does not fit this model (missing key(s)"),
+    ("model/.metadata", _drop_first_key, "does not fit this model (missing key(s)"),
     ("state.json", lambda state: state.update(step=99), "records step 99, the manifest step 2"),
 ], ids=["model-missing-a-parameter", "state-step-99"])
 def test_a_partial_or_misnumbered_checkpoint_is_skipped_and_the_resume_is_exact(reference, tmp_path, name, change,
                                                                                  reason):
-    """Issue 21 case 2: a model.pt missing a parameter, or a state.json saying step 99 inside
+    """Issue 21 case 2: a model state missing a parameter, or a state.json saying step 99 inside
     step_00000002, each with its manifest rewritten to match, used to resume silently (the
     parameter left at its initial value; "trained to step 99", nothing trained). Now the checkpoint
     is skipped with its reason and the run resumes from step 1, ending where the reference did."""

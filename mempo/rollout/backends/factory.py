@@ -7,7 +7,7 @@
   `mempo.rollout.backends.scaffold.ProtocolScaffold`).
 * ``"sglang"`` with ``rollout.sglang_url`` null: `SGLangBackend`, an ``sglang.Engine`` in this
   process, colocated with the trainer on this rank's GPU (``base_gpu_id`` = LOCAL_RANK), loading
-  `model_path` (``model.dtype``, ``mem_fraction_static = rollout.sglang_mem_fraction``,
+  `model_path` (``rollout.dtype``, else ``actor.param_dtype``, else ``model.dtype``, ``mem_fraction_static = rollout.sglang_mem_fraction``,
   ``enable_memory_saver=True`` so its memory is released around the trainer's stages,
   ``random_seed = rollout.seed``). The sglang package must be installed: otherwise a ConfigError
   naming ``rollout.backend`` at once.
@@ -92,6 +92,7 @@ def build_backend(cfg: Any, model: Any, tokenizer: Any, *, model_path: Union[str
     if path is None:
         raise ConfigError("model.path", "the in-process SGLang engine loads a model directory or hub id; "
                                         f"got {model_path!r} (save the model with save_pretrained first)")
-    kwargs = dict(dtype=cfg.model.dtype, mem_fraction_static=r.sglang_mem_fraction, enable_memory_saver=True,
+    dtype = r.dtype or cfg.actor.param_dtype or cfg.model.dtype  # the generation copy: half precision by default
+    kwargs = dict(dtype=dtype, mem_fraction_static=r.sglang_mem_fraction, enable_memory_saver=True,
                   base_gpu_id=int(os.environ.get("LOCAL_RANK", "0")), random_seed=int(r.seed))
     return SGLangBackend(path, tokenizer, engine_kwargs=kwargs, release_memory=True)

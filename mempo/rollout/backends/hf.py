@@ -176,6 +176,9 @@ class HFBackend:
                 input_ids=input_ids.to(device), attention_mask=attention_mask.to(device), generation_config=config,
                 stopping_criteria=StoppingCriteriaList([criteria]),
                 logits_processor=LogitsProcessorList(self.logits_processors),
+                # FSDP2-managed modules turn synced_gpus on (one all-reduce per token, a hang when ranks
+                # generate a different number of times); the trainer generates on gathered weights
+                synced_gpus=False,
             )
         if not isinstance(sequences, torch.Tensor):  # a ModelOutput when a config asks for a dict
             sequences = sequences.sequences

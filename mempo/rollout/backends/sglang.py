@@ -16,7 +16,7 @@ import shutil
 import urllib.error
 import urllib.request
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping, Optional, Sequence, Union
+from typing import Any, Callable, Iterable, Iterator, Mapping, Optional, Sequence, Union
 
 import torch.distributed as dist
 
@@ -26,7 +26,7 @@ from mempo.rollout.backends.base import (
 from mempo.rollout.backends.stopping import STOP_LENGTH, TokenBytes, action_closing_token_ids
 
 __all__ = ["SGLangBackend", "SGLangServerBackend", "SGLangError", "check_status", "sampling_params",
-           "outputs_from_results", "weight_buckets", "DEFAULT_BUCKET_BYTES", "HTTP_TIMEOUT_S"]
+           "outputs_from_results", "weight_buckets", "iter_weight_buckets", "DEFAULT_BUCKET_BYTES", "HTTP_TIMEOUT_S"]
 
 #: Largest bucket of one ``update_weights_from_tensor`` call (bytes).
 DEFAULT_BUCKET_BYTES = 512 * 2 ** 20
@@ -110,22 +110,26 @@ def outputs_from_results(requests: Sequence[GenerationRequest], results: Any) ->
     return outputs
 
 
-def weight_buckets(weights: Weights, bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> list[list[tuple[str, Any]]]:
+def iter_weight_buckets(weights: Weights, bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> Iterator[list[tuple[str, Any]]]:
     """``[(name, tensor)]`` cut into consecutive buckets of at most `bucket_bytes` (a larger tensor
-    is a bucket of its own); names in the given order."""
-    buckets: list[list[tuple[str, Any]]] = []
+    is a bucket of its own); names in the given order. Lazy: a streamed `weights` iterable is read
+    one bucket ahead only."""
     current: list[tuple[str, Any]] = []
     size = 0
     for name, tensor in named_tensors(weights):
         nbytes = int(tensor.numel()) * int(tensor.element_size())
         if current and size + nbytes > bucket_bytes:
-            buckets.append(current)
+            yield current
             current, size = [], 0
         current.append((name, tensor))
         size += nbytes
     if current:
-        buckets.append(current)
-    return buckets
+        yield current
+
+
+def weight_buckets(weights: Weights, bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> list[list[tuple[str, Any]]]:
+    """Every bucket of `iter_weight_buckets`, as a list."""
+    return list(iter_weight_buckets(weights, bucket_bytes))
 
 
 @register_backend("sglang")
@@ -235,7 +239,7 @@ class SGLangBackend:
         ``(success, message)``."""
         if weights is None:
             return
-        buckets = weight_buckets(weights, self.bucket_bytes)
+        buckets = iter_weight_buckets(weights, self.bucket_bytes)  # streamed: two buckets held at most
         self._resume(["weights"])
         begin = getattr(self.engine, "begin_weight_update", None)
         session = callable(begin)
@@ -243,10 +247,12 @@ class SGLangBackend:
             check_status(begin(), "begin_weight_update")
         failure: Optional[BaseException] = None
         try:
-            for i, bucket in enumerate(buckets):
-                check_status(self.engine.update_weights_from_tensor(named_tensors=bucket,
-                                                                    flush_cache=i == len(buckets) - 1),
-                             f"update_weights_from_tensor (bucket {i + 1} of {len(buckets)})")
+            bucket, index = next(buckets, None), 0
+            while bucket is not None:
+                following = next(buckets, None)  # one ahead: the last bucket flushes the cache
+                check_status(self.engine.update_weights_from_tensor(named_tensors=bucket, flush_cache=following is None),
+                             f"update_weights_from_tensor (bucket {index + 1})")
+                bucket, index = following, index + 1
         except BaseException as error:  # close the session, then raise the first failure
             failure = error
         if session:

@@ -1,0 +1,162 @@
+"""Scaling of `mempo train` over gloo ranks (issue 22): per-rank model-state memory, peak RSS, step
+time, checkpoint save and load time, for 1, 2 and 4 ranks on a ~104 M-parameter Qwen2.
+
+Run:  nice -n 19 python bench/bench_scale.py [--ranks 1 2 4] [--out bench/scale_results.json]
+
+Each world size runs `mempo train` twice under torchrun (gloo, CPU), through `mempo.apps.cli.main`
+in this file's worker mode: a first run of one step (checkpoint saved at step 1), then ``--resume``
+for a second step (the checkpoint loaded, another saved). Model: builtin Qwen2, hidden 768,
+intermediate 3072, 12 layers, 12 heads (4 KV), the builtin tokenizer's 1,024-word vocabulary
+(103.9 M parameters); one question per rank, G = 2, one round of 8 new tokens (the rollout is not
+what is measured). Per rank the worker records:
+
+* model state: the bytes of the distinct storages under the actor's parameters, gradients and
+  AdamW moments as torch holds them on the rank (FSDP2's padding included), at the first save;
+* peak RSS: ``ru_maxrss`` of the rank's process at the end of the resumed run (start-up, rollout,
+  update, save and load included);
+* step time: ``time/step`` of the resumed run's step (metrics.jsonl, the slowest rank's);
+* checkpoint save / load: wall seconds of `save_checkpoint` (first run) and `load_checkpoint`
+  (resumed run) on the rank, digests included.
+
+Nothing is asserted; the table goes to bench/RESULTS.md ("Scaling over ranks").
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+MODEL = ["model.hidden_size=768", "model.intermediate_size=3072", "model.num_hidden_layers=12",
+         "model.num_attention_heads=12", "model.num_key_value_heads=4", "model.max_position_embeddings=2048"]
+RUN = ["rollout.group_size=2", "rollout.max_turns=1", "rollout.max_new_tokens_per_round=8",
+       "rollout.max_response_tokens=null", "synthetic.world_entities=20", "trainer.tensorboard=false",
+       "trainer.progress=false", "trainer.save_every=1", "actor.kl_coef=0", "actor.micro_batch_tokens=null",
+       "algorithm.skip_zero_variance_groups=false"]  # a random model scores 0: still update (the cost is measured)
+
+
+def _storages(tensors) -> int:
+    seen = {}
+    for tensor in tensors:
+        local = tensor.to_local() if hasattr(tensor, "to_local") else tensor
+        seen[local.untyped_storage().data_ptr()] = local.untyped_storage().nbytes()
+    return sum(seen.values())
+
+
+def worker(out: Path, record: Path, argv: list[str]) -> None:
+    """One rank of `mempo train` (`mempo.apps.cli.main(argv)`), with `save_checkpoint` /
+    `load_checkpoint` timed and the model state counted at the first save; appends this rank's
+    numbers to `record`."""
+    import torch
+    import torch.distributed as dist
+
+    import mempo.train.trainer as trainer
+    from mempo.apps.cli import main
+
+    numbers: dict = {}
+    real_save, real_load = trainer.save_checkpoint, trainer.load_checkpoint
+
+    def timed_save(root, step, model, optimizer, **kwargs):
+        if "model_state_bytes" not in numbers:
+            params = list(model.parameters())
+            numbers["model_state_bytes"] = (_storages(params) + _storages([p.grad for p in params if p.grad is not None])
+                                            + _storages([v for s in optimizer.state.values() for v in s.values()
+                                                         if torch.is_tensor(v) and v.dim() > 0]))
+        began = time.perf_counter()
+        result = real_save(root, step, model, optimizer, **kwargs)
+        numbers.setdefault("save_seconds", time.perf_counter() - began)
+        return result
+
+    def timed_load(*args, **kwargs):
+        began = time.perf_counter()
+        result = real_load(*args, **kwargs)
+        numbers["load_seconds"] = time.perf_counter() - began
+        return result
+
+    trainer.save_checkpoint, trainer.load_checkpoint = timed_save, timed_load
+    torch.set_num_threads(1)
+    rank = int(os.environ.get("RANK", "0"))
+    code = main(argv)
+    numbers.update(rank=rank, exit_code=code, peak_rss_bytes=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+    with open(record, "a") as handle:
+        handle.write(json.dumps(numbers) + "\n")
+    del dist
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _launch(ranks: int, out: Path, record: Path, extra: list[str]) -> None:
+    argv = ["train", "--config", str(REPO / "configs" / "tiny.yaml"), "--out", str(out), "--threads", "1",
+            *MODEL, *RUN, f"data.questions_per_step={ranks}", *extra]
+    env = dict(os.environ, GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1",
+               PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
+    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={ranks}", "--nnodes=1",
+           "--master_addr=127.0.0.1", f"--master_port={_free_port()}", __file__, "--worker", str(out), str(record),
+           "--", *argv]
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise SystemExit(f"{ranks} rank(s) failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
+
+
+def measure(ranks: int, scratch: Path) -> dict:
+    out, first, second = scratch / f"run{ranks}", scratch / f"first{ranks}.jsonl", scratch / f"second{ranks}.jsonl"
+    _launch(ranks, out, first, ["trainer.total_steps=1"])
+    _launch(ranks, out, second, ["trainer.total_steps=2", "--resume"])
+    saved = [json.loads(line) for line in first.read_text().splitlines()]
+    resumed = [json.loads(line) for line in second.read_text().splitlines()]
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    step = next(r for r in rows if r["step"] == 2)
+    by_rank = {r["rank"]: r for r in saved}
+    return {"ranks": ranks, "step_seconds": step["time/step"],
+            "per_rank": [{"rank": r["rank"], "model_state_bytes": by_rank[r["rank"]]["model_state_bytes"],
+                          "save_seconds": by_rank[r["rank"]]["save_seconds"], "load_seconds": r["load_seconds"],
+                          "peak_rss_bytes": max(r["peak_rss_bytes"], by_rank[r["rank"]]["peak_rss_bytes"])}
+                         for r in sorted(resumed, key=lambda r: r["rank"])]}
+
+
+def table(results: list[dict]) -> str:
+    single = next((r for r in results if r["ranks"] == 1), None)
+    lines = ["| ranks | model state / rank (MiB) | vs 1 process | peak RSS / rank (MiB, max) | step (s) | "
+             "save (s, max) | load (s, max) |", "|---|---|---|---|---|---|---|"]
+    for r in results:
+        state = max(p["model_state_bytes"] for p in r["per_rank"])
+        ratio = f"{state / max(p['model_state_bytes'] for p in single['per_rank']):.2f}" if single else "-"
+        lines.append(f"| {r['ranks']} | {state / 2 ** 20:,.0f} | {ratio} | "
+                     f"{max(p['peak_rss_bytes'] for p in r['per_rank']) / 2 ** 20:,.0f} | {r['step_seconds']:.1f} | "
+                     f"{max(p['save_seconds'] for p in r['per_rank']):.2f} | "
+                     f"{max(p['load_seconds'] for p in r['per_rank']):.2f} |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--ranks", type=int, nargs="+", default=[1, 2, 4])
+    parser.add_argument("--out", default=str(REPO / "bench" / "scale_results.json"))
+    args = parser.parse_args()
+    results = []
+    with tempfile.TemporaryDirectory(prefix="mempo-scale-") as scratch:
+        for ranks in args.ranks:
+            began = time.perf_counter()
+            results.append(measure(ranks, Path(scratch)))
+            print(f"{ranks} rank(s): {time.perf_counter() - began:.0f} s", file=sys.stderr, flush=True)
+    Path(args.out).write_text(json.dumps(results, indent=1) + "\n")
+    print(table(results))
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] == "--worker":
+        split = sys.argv.index("--")
+        worker(Path(sys.argv[2]), Path(sys.argv[3]), sys.argv[split + 1:])
+    else:
+        main()

@@ -1,0 +1,63 @@
+"""The ``mempo export`` command: a Hugging Face model directory from a sharded training checkpoint
+(`mempo.train.export.export_checkpoint`: streamed, one safetensors file at a time).
+
+    mempo export --checkpoint RUN/checkpoints[/step_N] --out MODEL_DIR [--config CONFIG.yaml]
+                 [--tokenizer DIR] [--dtype bfloat16] [--max-shard-size 5GB]
+
+The architecture comes from the run's ``config.yaml`` (next to ``checkpoints/``) unless --config is
+given; the tokenizer from the run's ``tokenizer/`` (or --tokenizer, or the config's model).
+"""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+__all__ = ["HELP", "add_arguments", "run"]
+
+HELP = "write a Hugging Face model directory from a sharded training checkpoint (streamed safetensors)"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--checkpoint", required=True, help="a step_N checkpoint or a checkpoint root (its newest)")
+    parser.add_argument("--out", required=True, help="the model directory to write")
+    parser.add_argument("--config", default=None, help="the run's YAML (default: config.yaml of the run directory)")
+    parser.add_argument("--tokenizer", default=None, help="tokenizer directory (default: the run's tokenizer/, "
+                                                          "else the config's model)")
+    parser.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default=None,
+                        help="dtype of the written weights (default: as saved)")
+    parser.add_argument("--max-shard-size", default="5GB", help="largest safetensors file (default 5GB)")
+
+
+def _run_dir(checkpoint: Path) -> Path:
+    """The run directory of a checkpoint path (``<run>/checkpoints`` or ``<run>/checkpoints/step_N``)."""
+    return checkpoint.parent.parent if checkpoint.name.startswith("step_") else checkpoint.parent
+
+
+def run(args: argparse.Namespace) -> int:
+    # reason: the command modules import their libraries inside run (`mempo --help` imports none)
+    from transformers import AutoTokenizer
+    from mempo.config import ConfigError, load_config
+    from mempo.model.loading import load_pretrained
+    from mempo.train.export import export_checkpoint
+    from mempo.train.plan import parse_bytes
+
+    checkpoint = Path(args.checkpoint)
+    run_dir = _run_dir(checkpoint)
+    config = Path(args.config) if args.config else run_dir / "config.yaml"
+    if not config.is_file():
+        raise ConfigError("--config", f"{config}: no such file (give the run's config with --config)")
+    cfg = load_config(config, [])
+    if args.tokenizer:
+        tokenizer = load_pretrained(AutoTokenizer.from_pretrained, args.tokenizer, "--tokenizer", "tokenizer")
+    elif (run_dir / "tokenizer" / "tokenizer.json").is_file():
+        tokenizer = AutoTokenizer.from_pretrained(run_dir / "tokenizer")
+    elif cfg.model.path != "builtin-tiny":
+        source = cfg.model.tokenizer or cfg.model.path
+        tokenizer = load_pretrained(AutoTokenizer.from_pretrained, source, "model.tokenizer", "tokenizer")
+    else:
+        tokenizer = None
+    written = export_checkpoint(checkpoint, Path(args.out), cfg, tokenizer, dtype=args.dtype,
+                                max_shard_bytes=parse_bytes(args.max_shard_size, "--max-shard-size"),
+                                provenance={"written_by": "mempo export"})
+    print(f"wrote {written}", flush=True)
+    return 0

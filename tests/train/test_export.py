@@ -1,0 +1,66 @@
+"""mempo.train.export and `mempo export`: a Hugging Face directory streamed from a sharded
+checkpoint, one safetensors file at a time, that `from_pretrained` loads with the checkpoint's
+exact weights (tied or untied head; several files with an index; bf16 on request)."""
+import json
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+
+from transformers import AutoModelForCausalLM  # noqa: E402
+
+from mempo.apps.cli import main  # noqa: E402
+from mempo.config import dump_config, load_config  # noqa: E402
+from mempo.model.loading import build_causal_lm  # noqa: E402
+from mempo.train.checkpoint import save_checkpoint  # noqa: E402
+from mempo.train.export import export_checkpoint, plan_files  # noqa: E402
+from mempo.train.sharded import CheckpointError  # noqa: E402
+from support.paths import REPO  # noqa: E402
+
+
+def _saved(tmp_path, *overrides):
+    cfg = load_config(REPO / "configs" / "tiny.yaml", ["model.vocab_size=300", *overrides])
+    torch.manual_seed(0)
+    model = build_causal_lm(cfg.model)
+    save_checkpoint(tmp_path / "run" / "checkpoints", 3, model)
+    dump_config(cfg, tmp_path / "run" / "config.yaml")
+    return cfg, model
+
+
+def test_a_multi_file_export_loads_the_exact_weights(tmp_path):
+    cfg, model = _saved(tmp_path)
+    out = export_checkpoint(tmp_path / "run" / "checkpoints", tmp_path / "hf", cfg, max_shard_bytes=40_000)
+    index = json.loads((out / "model.safetensors.index.json").read_text())
+    files = sorted(set(index["weight_map"].values()))
+    assert len(files) > 2 and all((out / f).is_file() for f in files)
+    loaded = AutoModelForCausalLM.from_pretrained(out)
+    for name, tensor in model.state_dict().items():
+        assert torch.equal(loaded.state_dict()[name], tensor), name
+    half = export_checkpoint(tmp_path / "run" / "checkpoints" / "step_00000003", tmp_path / "hf16", cfg,
+                             dtype="bfloat16")
+    assert (half / "model.safetensors").is_file() and not (half / "model.safetensors.index.json").exists()
+    loaded16 = AutoModelForCausalLM.from_pretrained(half)
+    assert loaded16.dtype == torch.bfloat16
+    assert torch.equal(loaded16.lm_head.weight, model.lm_head.weight.to(torch.bfloat16))
+
+
+def test_the_command_exports_a_run_with_its_config(tmp_path, capsys):
+    _, model = _saved(tmp_path)
+    assert main(["export", "--checkpoint", str(tmp_path / "run" / "checkpoints"), "--out", str(tmp_path / "m")]) == 0
+    assert "wrote" in capsys.readouterr().out
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path / "m")
+    assert torch.equal(loaded.model.embed_tokens.weight, model.model.embed_tokens.weight)
+    assert main(["export", "--checkpoint", str(tmp_path / "nowhere" / "checkpoints"), "--out", str(tmp_path / "x")]) == 2
+
+
+def test_another_architecture_is_refused(tmp_path):
+    cfg, _ = _saved(tmp_path)
+    wider = load_config(REPO / "configs" / "tiny.yaml", ["model.vocab_size=300", "model.hidden_size=128"])
+    with pytest.raises(CheckpointError, match="has shape"):
+        export_checkpoint(tmp_path / "run" / "checkpoints", tmp_path / "bad", wider)
+    assert not (tmp_path / "bad").exists()
+
+
+def test_plan_files_keeps_order_and_puts_a_large_tensor_alone():
+    assert plan_files({"a": 3, "b": 3, "c": 10, "d": 1}, 6) == [["a", "b"], ["c"], ["d"]]

@@ -1,0 +1,56 @@
+"""mempo.train.plan and `mempo plan`: the planner's model-state bytes (sharded parameters,
+gradients, AdamW moments) are within 20 % of what torch holds on each of 2 gloo ranks (FSDP2) and in
+one process, for three small configs; parameters are counted exactly; the presets fit 8 x 80 GiB
+and the command says what to turn when a config does not fit."""
+import json
+
+import pytest
+
+pytest.importorskip("transformers")
+
+from support.dist import torchrun  # noqa: E402
+from support.paths import REPO, SUPPORT  # noqa: E402
+from support.plan_worker import run  # noqa: E402
+
+from mempo.apps.cli import main  # noqa: E402
+from mempo.config import ConfigError, load_config  # noqa: E402
+from mempo.model.loading import build_causal_lm  # noqa: E402
+from mempo.train.plan import model_shape, parse_bytes, plan_memory  # noqa: E402
+
+
+def _within(result, share=0.20):
+    for name, row in result.items():
+        assert abs(row["predicted"] - row["measured"]) <= share * row["measured"], (name, row)
+
+
+def test_model_state_prediction_matches_torch_on_2_ranks_and_1_process(tmp_path):
+    (tmp_path / "two").mkdir()
+    torchrun(SUPPORT / "plan_worker.py", tmp_path / "two", nproc=2, what="the 2-rank model-state measurement")
+    two = json.loads((tmp_path / "two" / "model_state.json").read_text())
+    one = run(tmp_path)
+    assert len(two) == len(one) == 3 and all(row["world"] == 2 for row in two.values())
+    _within(two)
+    _within(one)
+    for name in one:  # sharding halves the model state (up to padding)
+        assert two[name]["measured"] <= 0.55 * one[name]["measured"]
+
+
+def test_parameters_are_counted_exactly():
+    cfg = load_config(REPO / "configs" / "tiny.yaml", ["model.vocab_size=500"])
+    shape = model_shape(cfg)
+    model = build_causal_lm(cfg.model)
+    assert shape.parameters == sum(p.numel() for p in model.parameters())
+
+
+def test_presets_fit_8_gpus_and_a_big_config_gets_advice(capsys):
+    for preset in ("qwen2.5-3b-8gpu.yaml", "qwen2.5-7b-8gpu.yaml"):
+        assert main(["plan", "--config", str(REPO / "configs" / preset), "--nproc-per-node", "8",
+                     "--gpu-memory", "80GiB"]) == 0
+        assert "fits" in capsys.readouterr().out
+    cfg = load_config(REPO / "configs" / "qwen2.5-7b-8gpu.yaml", ["actor.gradient_checkpointing=false"])
+    plan = plan_memory(cfg, 1, parse_bytes("80GiB"))
+    assert not plan.fits and any("gradient_checkpointing" in tip for tip in plan.advice)
+    assert plan.parameters == 7_615_616_512  # the published Qwen2.5-7B: 7.62 B
+    with pytest.raises(ConfigError, match="--gpu-memory"):
+        parse_bytes("lots")
+    assert parse_bytes("80GiB") == 80 << 30 and parse_bytes("141GB") == 141 * 10 ** 9

@@ -1,0 +1,127 @@
+"""mempo.train.sharded: sharded (DCP) checkpoints that reshard. A checkpoint written by 1 process
+loads exactly on 2 FSDP2 ranks (gloo), one written by 2 ranks loads exactly in 1 process and on 4
+ranks (marked slow): the same parameters and AdamW state (moments, step, hyperparameters), bit
+for bit. Also:
+each rank hashes its own shard files into the manifest; streaming reads of a few tensors; format-2
+(full-state model.pt) checkpoints still load."""
+import json
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+
+from support.dist import torchrun  # noqa: E402
+from support.paths import SUPPORT  # noqa: E402
+from support.reshard_worker import run  # noqa: E402
+
+from mempo.train import checkpoint as ckpt  # noqa: E402
+from mempo.train.sharded import owner_rank, read_tensors, tensor_specs  # noqa: E402
+
+WORKER = SUPPORT / "reshard_worker.py"
+
+
+def _job(directory, **job):
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "job.json").write_text(json.dumps({k: str(v) if v is not None else None for k, v in job.items()}))
+    return directory
+
+
+def _compared(directory, world):
+    result = json.loads((directory / "compare.json").read_text())
+    assert result["world"] == world and result["compared"] > 20
+    assert result["different"] == []
+
+
+@pytest.fixture(scope="module")
+def two_rank_checkpoint(tmp_path_factory):
+    """1 process: one update, saved (world size 1), its full state kept; then 2 ranks load it,
+    compare (1 -> 2), take one more update and save (world size 2): (directory, its full state)."""
+    tmp_path = tmp_path_factory.mktemp("reshard")
+    one = _job(tmp_path / "one", train=True, save=tmp_path / "ckpt1", save_full=tmp_path / "full1.pt")
+    run(one)
+    two = _job(tmp_path / "two", load=tmp_path / "ckpt1", expect=tmp_path / "full1.pt", train=True,
+               save=tmp_path / "ckpt2", save_full=tmp_path / "full2.pt")
+    torchrun(WORKER, two, nproc=2, what="the 2-rank load-train-save leg")
+    return two, tmp_path / "ckpt2", tmp_path / "full2.pt"
+
+
+def test_a_checkpoint_reshards_1_to_2_and_2_to_1_exactly(two_rank_checkpoint, tmp_path):
+    two, ckpt2, full2 = two_rank_checkpoint
+    initial = json.loads((two / "initial.json").read_text())  # built on meta, shards from rank 0: exact
+    assert initial["same"] == initial["of"] > 10 and initial["buffers"] == 2  # the rotary inv_freq pair
+    _compared(two, 2)  # 1 -> 2
+    manifest = json.loads((ckpt2 / "step_00000001" / "COMPLETE").read_text())
+    assert manifest["world_size"] == 2
+    for folder in ("model", "optimizer"):  # one shard file per rank, each in the manifest
+        assert {f"{folder}/__0_0.distcp", f"{folder}/__1_0.distcp", f"{folder}/.metadata"} <= set(manifest["files"])
+    assert {"rng/rank_00000.pt", "rng/rank_00001.pt"} <= set(manifest["files"])
+    back = _job(tmp_path / "back", load=ckpt2, expect=full2)  # 2 -> 1
+    run(back)
+    _compared(back, 1)
+
+
+@pytest.mark.slow  # 4 torch processes on the 2-core machine: ~40 s
+def test_a_2_rank_checkpoint_loads_exactly_on_4_ranks(two_rank_checkpoint, tmp_path):
+    _, ckpt2, full2 = two_rank_checkpoint
+    four = _job(tmp_path / "four", load=ckpt2, expect=full2)
+    torchrun(WORKER, four, nproc=4, timeout=240, what="the 4-rank load leg")
+    _compared(four, 4)
+
+
+def test_each_rank_owns_its_shard_and_rng_files():
+    assert owner_rank("model/__3_0.distcp") == 3 and owner_rank("optimizer/__12_0.distcp") == 12
+    assert owner_rank("rng/rank_00005.pt") == 5
+    assert owner_rank("model/.metadata") == 0 and owner_rank("state.json") == 0
+    assert owner_rank("rank_00005.pt") == 0  # only under rng/
+
+
+def _trained():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.Tanh(), torch.nn.Linear(8, 3))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    model(torch.randn(4, 6)).square().mean().backward()
+    optimizer.step()
+    return model, optimizer
+
+
+def test_read_tensors_reads_the_keys_asked_for(tmp_path):
+    model, optimizer = _trained()
+    path = ckpt.save_checkpoint(tmp_path, 1, model, optimizer)
+    specs = tensor_specs(path / "model")
+    assert {k: (v.shape, v.dtype) for k, v in specs.items()} == {
+        k: (tuple(v.shape), v.dtype) for k, v in model.state_dict().items()}
+    part = read_tensors(path / "model", ["2.weight"], dtype=torch.bfloat16)
+    assert list(part) == ["2.weight"] and part["2.weight"].dtype == torch.bfloat16
+    assert torch.equal(part["2.weight"], model[2].weight.detach().to(torch.bfloat16))
+    with pytest.raises(KeyError, match="no tensor 'nope'"):
+        read_tensors(path / "model", ["nope"])
+
+
+def test_a_format_2_full_state_checkpoint_still_loads(tmp_path):
+    """Checkpoints written before the sharded format (model.pt / optimizer.pt, manifest format 2)."""
+    from mempo.utils.digest import sha256_file
+
+    model, optimizer = _trained()
+    path = tmp_path / "step_00000004"
+    (path / "rng").mkdir(parents=True)
+    torch.save(model.state_dict(), path / "model.pt")
+    full_optim = ckpt.optimizer_state_dict(model, optimizer)
+    torch.save(full_optim, path / "optimizer.pt")
+    torch.save(ckpt.capture_rng_state(), path / "rng" / "rank_00000.pt")
+    (path / "state.json").write_text(json.dumps({"format": 2, "step": 4, "world_size": 1, "data_state": None,
+                                                 "extra": None}))
+    files = {name: {"bytes": (path / name).stat().st_size, "sha256": sha256_file(path / name)}
+             for name in ("model.pt", "optimizer.pt", "rng/rank_00000.pt", "state.json")}
+    (path / "COMPLETE").write_text(json.dumps({"format": 2, "step": 4, "world_size": 1, "time": 0.0, "files": files}))
+    torch.manual_seed(5)
+    fresh = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.Tanh(), torch.nn.Linear(8, 3))
+    fresh_optimizer = torch.optim.AdamW(fresh.parameters(), lr=1e-2)
+    assert ckpt.load_checkpoint(tmp_path, fresh, fresh_optimizer).step == 4
+    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), fresh.state_dict().values()))
+    assert torch.equal(fresh_optimizer.state_dict()["state"][0]["exp_avg"], optimizer.state_dict()["state"][0]["exp_avg"])
+    torch.save({"0.weight": model[0].weight}, path / "model.pt")  # keys checked against the file as before
+    files["model.pt"] = {"bytes": (path / "model.pt").stat().st_size, "sha256": sha256_file(path / "model.pt")}
+    (path / "COMPLETE").write_text(json.dumps({"format": 2, "step": 4, "world_size": 1, "time": 0.0, "files": files}))
+    with pytest.raises(ckpt.CheckpointError, match=r"model.pt: does not fit this model \(missing key"):
+        ckpt.load_checkpoint(path, fresh)
