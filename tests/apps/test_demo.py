@@ -44,7 +44,10 @@ def test_sft_settings_the_demo_cannot_follow_fail_before_anything_runs(tmp_path)
     from mempo.config import ConfigError
 
     with pytest.raises(ConfigError, match="^synthetic.oracle_objectives: the demo draws"):
-        run_demo(load_demo_config(None, ["synthetic.oracle_objectives=null"]), tmp_path / "a")
+        run_demo(load_demo_config(None, ["synthetic.oracle_objectives=null", "synthetic.oracle_rename=false",
+                                         "synthetic.copy_sft_examples=0"]), tmp_path / "a")
+    with pytest.raises(ConfigError, match="^synthetic.oracle_rename: renames the cold start"):
+        load_demo_config(None, ["synthetic.oracle_objectives=null"])
     with pytest.raises(ConfigError, match="^sft.trajectories: the demo makes"):
         run_demo(load_demo_config(None, [f"sft.trajectories={tmp_path / 'x.jsonl'}"]), tmp_path / "b")
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
