@@ -46,7 +46,7 @@ def test_the_ablation_runs_paired_arms_resumes_and_refuses_other_settings(tmp_pa
     assert results["steps"] == 1 and results["ks"] == [2] and results["group_size"] == 4 and results["rl_k"] == 2
     assert results["episodes"] == 2 and results["reused_runs"] == 0
     arms = ["grpo", "mempo", "mempo_all_fixes"]
-    assert [(r["arm"], r["seed"]) for r in results["runs"]] == [(a, s) for a in arms for s in (0, 1)]
+    assert [(r["arm"], r["seed"]) for r in results["runs"]] == [(a, s) for s in (0, 1) for a in arms]  # seed-major
     configs = {(r["arm"], r["seed"]): r["settings"]["config"] for r in results["runs"]}
     for seed in (0, 1):  # paired: the same rollout / torch seed, questions and model in every arm
         assert {configs[(a, seed)]["rollout"]["seed"] for a in arms} == {seed}
