@@ -640,7 +640,7 @@ def test_compute_memory_rewards_by_definition(agent_batch, definition):
     model, tok, trajectories = agent_batch
     cfg = _cfg(**definition)
     by_method = {m: compute_memory_rewards(model, tok, trajectories, _cfg(**definition, method=m)) for m in METHODS}
-    rewards, details = by_method[cfg.method]
+    rewards, details = by_method[resolve_method(model, cfg.method)]  # the default "auto": cached on CPU
     assert [len(r) for r in rewards] == [len(t.scored_rounds()) for t in trajectories] == [3, 1, 1]
     for method, (other, _) in by_method.items():  # every method, the same rewards (None in the same places)
         for a, b in zip(rewards, other):

@@ -198,6 +198,12 @@ def _enable_activation_checkpointing(model: nn.Module) -> None:
 # ------------------------------------------------------------------------------------------------
 # the actor
 # ------------------------------------------------------------------------------------------------
+
+def _flash_attn_kernels(implementation: Any) -> bool:
+    """Whether `implementation` (an attn_implementation name) runs flash-attn's own kernels."""
+    name = str(implementation or "")
+    return name.startswith("flash_attention") or "flash-attn" in name or "flash_attn" in name
+
 class Actor:
     """A trainable (or frozen reference) policy around a Hugging Face causal LM.
 
@@ -242,7 +248,9 @@ class Actor:
         self.attn_implementation = attn_implementation(self.module)
         self.packed = resolve_packing(self.config.packing, self.attn_implementation)
         self.distributed = _distributed()
-        if (not self.distributed and flash_attention_requested(self.attn_implementation)
+        # flash-attn's kernels (flash_attention_2 / _3, the hub's flash-attn) have no fp32 path; an
+        # attention function registered under another "flash" name (tests: a varlen reference) may
+        if (not self.distributed and _flash_attn_kernels(self.attn_implementation)
                 and any(p.dtype == torch.float32 for p in self.module.parameters())):
             raise ConfigError("actor.param_dtype", "mixed precision (fp32 weights, half-precision compute) is FSDP2's, "
                                                    "under torchrun only; one process computes in model.dtype=float32, "
