@@ -28,7 +28,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
-from mempo.config import ActorConfig, ConfigError, flash_attention_requested
+from mempo.config import ActorConfig, ConfigError
 from mempo.model.adapter import DTYPES, PolicyLogProbs, attn_implementation, resolve_packing
 from mempo.train.checkpoint import load_model_state, load_optimizer_state, model_state_dict, optimizer_state_dict
 from mempo.train.losses import agg_loss, kl_penalty, policy_loss

@@ -242,3 +242,12 @@ def test_two_process_fsdp2_packed_matches_single_process_padded(tmp_path):
         for key in ("loss", "pg_loss", "kl_loss", "entropy", "ppo_kl", "ratio_mean", "grad_norm", "num_tokens"):
             assert m_two[key] == pytest.approx(m_one[key], rel=1e-4, abs=1e-6), key
     assert two["third_restored"]["loss"] == two["third"]["loss"]
+
+
+def test_one_process_refuses_fp32_weights_under_flash_attn_kernels():
+    """flash-attn's kernels have no fp32 path: one process (no FSDP2 mixed precision) with fp32 weights
+    and attn_implementation flash_attention_2 is refused at construction, naming actor.param_dtype."""
+    model = make_model()
+    model.config._attn_implementation = "flash_attention_2"
+    with pytest.raises(ConfigError, match="actor.param_dtype"):
+        Actor(model, ActorConfig(lr=1e-3, kl_coef=0.0, micro_batch_tokens=30))
