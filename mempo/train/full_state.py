@@ -14,7 +14,7 @@ from torch.distributed.checkpoint.state_dict import (
     StateDictOptions, get_model_state_dict, get_optimizer_state_dict, set_model_state_dict, set_optimizer_state_dict,
 )
 
-from mempo.train.sharded import CheckpointError
+from mempo.train.sharded import CheckpointError, check_state_layouts
 
 __all__ = ["model_state_dict", "optimizer_state_dict", "load_model_state", "load_optimizer_state",
            "LEGACY_MODEL_FILE", "LEGACY_OPTIMIZER_FILE", "is_legacy_checkpoint", "check_full_state_files",
@@ -117,18 +117,8 @@ def _check_optimizer_keys(file: Path, saved: Any, model: torch.nn.Module, optimi
         said = [f"missing parameter(s) {_name_keys(missing)}"] if missing else []
         said += [f"unexpected key(s) {_name_keys(sorted(set(unexpected)))}"] if unexpected else []
         raise CheckpointError(f"{file}: does not fit this optimizer ({'; '.join(said)})")
-    # every parameter of one dimensionality has the same state entries (an optimiser may keep other
-    # entries for vectors than for matrices, e.g. Adafactor's factored moments)
-    ndim = {name: parameter.ndim for name, parameter in model.named_parameters(remove_duplicate=False)}
-    layouts = {name: set(entry) if isinstance(entry, dict) else set() for name, entry in states.items()}
-    common: dict[int, set] = {}
-    for name, layout in layouts.items():
-        common.setdefault(ndim[name], set()).update(layout)
-    short = sorted(name for name, layout in layouts.items() if layout != common[ndim[name]])
-    if short:
-        lacks = sorted(common[ndim[short[0]]] - layouts[short[0]])
-        raise CheckpointError(f"{file}: does not fit this optimizer (the state of {_name_keys(short)} lacks "
-                              f"{', '.join(lacks) or 'its entries'})")
+    check_state_layouts(file, model, {name: set(entry) if isinstance(entry, dict) else set()
+                                      for name, entry in states.items()})
 
 
 def is_legacy_checkpoint(path: Path) -> bool:

@@ -158,6 +158,21 @@ def _name_keys(keys: Iterable[str], limit: int = 8) -> str:
     shown = ", ".join(keys[:limit])
     return shown + (f" and {len(keys) - limit} more" if len(keys) > limit else "")
 
+def check_state_layouts(file: Any, model: Any, layouts: dict[str, set[str]]) -> None:
+    """CheckpointError unless every parameter of one dimensionality has the same optimiser state
+    entries (`layouts`: parameter name -> its entry names; an optimiser may keep other entries for
+    vectors than for matrices, e.g. Adafactor's factored moments)."""
+    ndim = {name: parameter.ndim for name, parameter in model.named_parameters(remove_duplicate=False)}
+    common: dict[int, set[str]] = {}
+    for name, layout in layouts.items():
+        common.setdefault(ndim[name], set()).update(layout)
+    short = sorted(name for name, layout in layouts.items() if layout != common[ndim[name]])
+    if short:
+        lacks = sorted(common[ndim[short[0]]] - layouts[short[0]])
+        raise CheckpointError(f"{file}: does not fit this optimizer (the state of {_name_keys(short)} lacks "
+                              f"{', '.join(lacks) or 'its entries'})")
+
+
 
 def check_model_shards(directory: PathLike, model: torch.nn.Module, *, strict: bool = True) -> None:
     """CheckpointError naming ``<directory>/.metadata`` when the saved model state does not fit
@@ -213,15 +228,7 @@ def check_optimizer_shards(directory: PathLike, model: torch.nn.Module, optimize
         said = [f"missing parameter(s) {_name_keys(missing)}"] if missing else []
         said += [f"unexpected key(s) {_name_keys(unexpected)}"] if unexpected else []
         raise CheckpointError(f"{file}: does not fit this optimizer ({'; '.join(said)})")
-    ndim = {name: parameter.ndim for name, parameter in model.named_parameters(remove_duplicate=False)}
-    common: dict[int, set[str]] = {}
-    for name, layout in layouts.items():
-        common.setdefault(ndim[name], set()).update(layout)
-    short = sorted(name for name, layout in layouts.items() if layout != common[ndim[name]])
-    if short:
-        lacks = sorted(common[ndim[short[0]]] - layouts[short[0]])
-        raise CheckpointError(f"{file}: does not fit this optimizer (the state of {_name_keys(short)} lacks "
-                              f"{', '.join(lacks) or 'its entries'})")
+    check_state_layouts(file, model, layouts)
 
 
 # ------------------------------------------------------------------------------------------------
