@@ -1,7 +1,6 @@
 """Turn protocol on text (`mempo.protocol.grammar`): rounds, access arguments, format rules, answer."""
 import random
 import sys
-import time
 
 import pytest
 
@@ -18,6 +17,7 @@ from mempo.protocol.grammar import (
 )
 from mempo.protocol.reward import compute_score
 from mempo.protocol.tags import marker_strings
+from support.degenerate_tags import degenerate_texts
 
 R1_SEARCH = "<mem></mem>\n<think>need the film</think>\n<search>2010 best picture</search>"
 INFO_1 = "\n<information>The Hurt Locker won Best Picture.</information>\n"
@@ -243,21 +243,6 @@ def test_extract_solution():
 # ---------------------------------------------------------------------------------------------
 
 
-def _degenerate(size: int) -> dict[str, str]:
-    """Texts of about `size` characters of repeated markers: every shape that was quadratic or could be."""
-    rng = random.Random(0)
-    markers = marker_strings()
-    return {
-        "answers": "<answer>" * (size // 8),  # one merged turn of many actions
-        "rounds": "<search>q</search>" * (size // 18),  # many rounds, none answered
-        "stray": "<mem>" * (size // 12) + "</think>" * (size // 12),  # stray closes under a deep stack
-        "nested": "<mem><think>" * (size // 24) + "</mem>" * (size // 24),
-        "unclosed": "<think>" * (size // 14) + "</think>" * (size // 16),
-        "information": "<search>q</search><information>" + "<mem>" * (size // 5),
-        "mixed": "".join(rng.choice(markers) + rng.choice(["", "x", " ", "\n"]) for _ in range(size // 10)),
-    }
-
-
 def _parse_everything(text: str) -> None:
     compute_score(text, ["x"])  # validate_format (split_rounds, the stack parse) and extract_solution
 
@@ -286,30 +271,10 @@ def _line_events(text: str) -> int:
 def test_parsing_work_grows_linearly_with_repeated_tags():
     """A bound on work, not a timed test: 16x the text may cost at most 24x the executed lines
     (linear work predicts 16x; the old parser did 100x-250x on these shapes)."""
-    small, large = _degenerate(4_000), _degenerate(64_000)
+    small, large = degenerate_texts(4_000), degenerate_texts(64_000)
     for name in small:
         ratio = _line_events(large[name]) / _line_events(small[name])
         assert ratio < 24, f"{name}: {ratio:.0f}x the work for 16x the text"
-
-
-def test_a_megabyte_of_repeated_tags_scales_linearly():
-    """1 MB against 64 KB of every degenerate shape together, in CPU time of this process (best of
-    a few runs): at most 40x for 16x the text (linear predicts 16x; the old parser took minutes)."""
-    def text(size):
-        return "".join(_degenerate(size // 7).values())
-
-    def cpu_seconds(sample, repeats):
-        best = float("inf")
-        for _ in range(repeats):
-            started = time.process_time()
-            _parse_everything(sample)
-            best = min(best, time.process_time() - started)
-        return best
-
-    small, large = text(64_000), text(1_000_000)
-    assert len(large) > 900_000
-    ratio = cpu_seconds(large, 1) / cpu_seconds(small, 5)
-    assert ratio < 40, f"{ratio:.0f}x the CPU time for 16x the text"
 
 
 def _structure_by_stack_search(text):
