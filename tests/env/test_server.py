@@ -376,7 +376,7 @@ def test_http_retriever_matches_in_process(server, bm25, corpus):
 
 
 def test_http_retriever_maps_4xx_without_retrying(server):
-    client = HTTPRetriever(server.url, timeout=5, retries=3, backoff=2.0)  # a retry would take >= 2 s
+    client = HTTPRetriever(server.url, timeout=5, retries=3, backoff=10.0)  # a retry would take >= 10 s
     started = time.monotonic()
     with pytest.raises(DocumentNotFoundError, match="unknown document id 'absent'.*HTTP 404 from http://127.0.0.1"):
         client.access("absent")
@@ -389,7 +389,7 @@ def test_http_retriever_maps_4xx_without_retrying(server):
         client.search(["river"], topk=51)
     with pytest.raises(InvalidRequestError):  # checked locally, never sent
         client.search([])
-    assert time.monotonic() - started < 2.0
+    assert time.monotonic() - started < 5.0  # no retry: one would sleep 10 s
 
 
 # ------------------------------------------------------------------------------------------------
@@ -404,7 +404,7 @@ def test_server_down_names_the_url_after_bounded_retries():
         client.search(["river"])
     message = str(info.value)
     assert f"{url}/retrieve" in message and "after 3 attempt(s)" in message and "cannot connect" in message
-    assert time.monotonic() - started < 2.0
+    assert time.monotonic() - started < 5.0  # refused at once, 3 times: bounded, with room for a loaded machine
     with pytest.raises(RetrieverError, match="not ready after 0.2 s"):
         HTTPRetriever(url).wait_until_ready(timeout=0.2, interval=0.05)
 
@@ -497,12 +497,12 @@ def test_4xx_with_plain_text_is_not_retried():
 
 
 def test_slow_server_times_out():
-    with stand_in(200, b'{"result": [[]]}', delay=1.5) as (httpd, url):
+    with stand_in(200, b'{"result": [[]]}', delay=8.0) as (httpd, url):
         client = HTTPRetriever(url, timeout=0.2, retries=1, backoff=0.01)
         started = time.monotonic()
         with pytest.raises(RetrieverUnavailableError, match="no answer within 0.2 s") as info:
             client.search(["river"])
-        assert time.monotonic() - started < 1.2 and httpd.hits == 2 and url in str(info.value)
+        assert time.monotonic() - started < 5.0 and httpd.hits == 2 and url in str(info.value)
 
 
 def test_client_reads_an_original_search_r1_server():
