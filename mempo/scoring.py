@@ -19,12 +19,17 @@ objective's gold tokens, in the same reduction call). `token_budget` (tokens per
 default 16384) bounds every forward; a unit or context longer than it runs alone. Everything runs in
 eval mode under ``torch.no_grad()`` (the mode is restored); results are Python floats. Imports torch
 only (no transformers).
+
+Sharded models (FSDP2 under torch.distributed: each decoder layer gathers its weights in every
+forward, a collective) need every process to run the same number of forwards; `lockstep`
+(`ForwardSync`) keeps them in step: a process out of forwards of its own runs one-token forwards
+until every process is done.
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import torch
 
@@ -35,11 +40,16 @@ from mempo.model.adapter import ScoringModel, check_dense_mask_support, crop_cac
 from mempo.records.scoring import ScoringRequest, ScoringResult
 from mempo.records.trajectory import Trajectory
 
-__all__ = ["METHODS", "DEFAULT_TOKEN_BUDGET", "ScoringStats", "compute_memory_rewards", "resolve_method", "score",
+__all__ = ["METHODS", "DEFAULT_TOKEN_BUDGET", "ForwardSync", "ScoringStats", "compute_memory_rewards", "resolve_method", "score",
            "score_cached", "score_packed", "score_reference"]
 
 METHODS = ("packed", "cached", "reference")  # the ways to score; "auto" (`resolve_method`) picks one of them
 DEFAULT_TOKEN_BUDGET = 16384
+
+ForwardSync = Callable[[bool], bool]
+"""Lockstep of the forwards of several processes: called with True before each of this process's
+forwards, then with False until it returns False; returns whether any process has a forward to run
+now. Each call is collective (e.g. an all-reduce MAX of the flag: `mempo.train.actor.Actor.lockstep`)."""
 
 
 @dataclass
@@ -122,8 +132,9 @@ class _Rows:
     """Collects, over all forwards of a call, the states of the masked-in answer rows of every
     context. Context id: 2 * (global round index) + (0 full, 1 mem)."""
 
-    def __init__(self, requests: Sequence[ScoringRequest]):
+    def __init__(self, requests: Sequence[ScoringRequest], lockstep: Optional[ForwardSync] = None):
         self.requests = requests
+        self.lockstep = lockstep
         self.round_base = []
         n = 0
         for req in requests:
@@ -142,12 +153,22 @@ class _Rows:
         """Run model.run(**forward_args) for the flat rows of `picks` = [(ctx, answer index i,
         flat row)], store the states. Returns the cache (when forward_args asks for one)."""
         rows = torch.tensor([p[2] for p in picks], dtype=torch.int64, device=model.device)
+        if self.lockstep is not None:
+            self.lockstep(True)
         states, cache = model.run(rows=rows, **forward_args)
         self.chunks.append(states)
         for n, (ctx, i, _) in enumerate(picks):
             self.where[ctx][i] = self.count + n
         self.count += len(picks)
         return cache
+
+    def _drain(self, model: ScoringModel) -> None:
+        """Out of forwards of its own: one-token forwards while another process still runs one."""
+        if self.lockstep is None:
+            return
+        one = torch.zeros(1, 1, dtype=torch.int64, device=model.device)
+        while self.lockstep(False):
+            model.run(one, one, None, rows=torch.zeros(0, dtype=torch.int64, device=model.device))
 
     def _segments(self, req_i: int) -> list[list[int]]:
         """The answer indices of each CSR segment of one context of request `req_i`: all gold tokens
@@ -158,6 +179,7 @@ class _Rows:
         return [[i for i in self.gold[req_i] if req.answer_objectives[i] == j] for j in range(req.num_objectives)]
 
     def results(self, model: ScoringModel, threshold, temperature, empty_value, backend) -> list[ScoringResult]:
+        self._drain(model)
         order, targets, cu = [], [], [0]
         segments = [self._segments(req_i) for req_i in range(len(self.requests))]
         for req_i, req in enumerate(self.requests):
@@ -318,12 +340,12 @@ def _additive_mask(blocks, root_len: int, total: int, row0: int, dtype, device) 
 # ------------------------------------------------------------------------------------------------
 # the three methods
 # ------------------------------------------------------------------------------------------------
-def _prepare(model, requests, token_budget, fused, need_dense_mask):
+def _prepare(model, requests, token_budget, fused, need_dense_mask, lockstep):
     requests = list(requests)
     _check_budget(token_budget)
     runner = ScoringModel(model, fused, need_dense_mask)
     _validate(requests, runner.vocab_size)
-    return requests, runner, _Rows(requests)
+    return requests, runner, _Rows(requests, lockstep)
 
 
 def _count(stats: Optional[ScoringStats], tokens: int, padding: int = 0) -> None:
@@ -356,6 +378,7 @@ def score_reference(
     fused: Optional[bool] = None,
     backend: str = "auto",
     stats: Optional[ScoringStats] = None,
+    lockstep: Optional[ForwardSync] = None,
 ) -> list[ScoringResult]:
     """The reference implementation's way: every context + the whole answer as its own row.
 
@@ -376,13 +399,16 @@ def score_reference(
             gold rows' logits of the whole call ([gold tokens x contexts, V]) until the reduction
             and, where the forward has no `logits_to_keep`, computes logits for every position.
         backend: `mempo.ops.answer_logprob` backend ("auto" | "torch" | "triton").
-        stats: optional `ScoringStats` to add this call's work to.
+        stats: optional `ScoringStats` to add this call's work to (the lockstep's one-token forwards
+            are not counted).
+        lockstep: `ForwardSync` when the model's forwards are collective (a sharded model); None:
+            this process alone.
 
     Returns:
         One `ScoringResult` per request (Python floats).
     """
     with inference(model):
-        requests, runner, rows = _prepare(model, requests, token_budget, fused, False)
+        requests, runner, rows = _prepare(model, requests, token_budget, fused, False, lockstep)
         contexts = []  # (ctx id, ids, answer index list)
         for kind in (0, 1):
             for req_i, req in enumerate(requests):
@@ -432,6 +458,7 @@ def score_packed(
     fused: Optional[bool] = None,
     backend: str = "auto",
     stats: Optional[ScoringStats] = None,
+    lockstep: Optional[ForwardSync] = None,
 ) -> list[ScoringResult]:
     """One forward per trajectory over a packed layout with a dense 4-D additive mask::
 
@@ -450,7 +477,7 @@ def score_packed(
     Arguments and result: as `score_reference`.
     """
     with inference(model, dense_mask=True):
-        requests, runner, rows = _prepare(model, requests, token_budget, fused, True)
+        requests, runner, rows = _prepare(model, requests, token_budget, fused, True, lockstep)
         dev = runner.device
         for req_i, req, root_len, units in _trajectory_plans(requests, rows, stats):
             root = list(req.sequence_ids[:root_len])
@@ -476,6 +503,7 @@ def score_cached(
     fused: Optional[bool] = None,
     backend: str = "auto",
     stats: Optional[ScoringStats] = None,
+    lockstep: Optional[ForwardSync] = None,
 ) -> list[ScoringResult]:
     """KV-cache reuse of `score_packed`'s layout: per trajectory, the root `sequence_ids[:L]` once
     with `use_cache=True` (input_ids [1, L], no mask: causal fast path), then the answer copies and
@@ -487,7 +515,7 @@ def score_cached(
     Arguments and result: as `score_reference`.
     """
     with inference(model, dense_mask=True):
-        requests, runner, rows = _prepare(model, requests, token_budget, fused, True)
+        requests, runner, rows = _prepare(model, requests, token_budget, fused, True, lockstep)
         dev = runner.device
         for req_i, req, root_len, units in _trajectory_plans(requests, rows, stats):
             chunks = _chunks(units, root_len, token_budget)
@@ -565,6 +593,7 @@ def score(
     fused: Optional[bool] = None,
     backend: str = "auto",
     stats: Optional[ScoringStats] = None,
+    lockstep: Optional[ForwardSync] = None,
 ) -> list[ScoringResult]:
     """Score every round of every request: `method` "auto" (default: `resolve_method`), "packed",
     "cached" or "reference".
@@ -576,7 +605,7 @@ def score(
     fns = {"packed": score_packed, "cached": score_cached, "reference": score_reference}
     return fns[resolve_method(model, method)](model, requests, threshold=threshold, token_budget=token_budget,
                        temperature=temperature, empty_value=empty_value, fused=fused,
-                       backend=backend, stats=stats)
+                       backend=backend, stats=stats, lockstep=lockstep)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -589,12 +618,13 @@ def compute_memory_rewards(
     scoring_cfg: ScoringConfig,
     *,
     stats: Optional[ScoringStats] = None,
+    lockstep: Optional[ForwardSync] = None,
 ) -> tuple[list[list[Optional[float]]], list[list[RoundMemoryReward]]]:
     """Teacher-score `trajectories` with `model` and turn the results into memory rewards, by the
     definition of `scoring_cfg` (the ``scoring`` section: method, threshold, token_budget, comparator,
     scored_objectives, reward, log_clip; `mempo.algo.memory_reward`). The one entry point of the
     training step, the signal benchmark and integrations. The golds reach the scored answer only;
-    nothing is generated.
+    nothing is generated. lockstep: as `score_reference` (a sharded model under torch.distributed).
 
     Returns:
         (rewards, details): per trajectory, one entry per `Trajectory.scored_rounds` in order:
@@ -606,7 +636,7 @@ def compute_memory_rewards(
     requests = scoring_requests(trajectories, tokenizer, comparator=scoring_cfg.comparator,
                                 per_objective=per_objective)
     results = score(model, requests, scoring_cfg.method, threshold=scoring_cfg.threshold,
-                    token_budget=scoring_cfg.token_budget, stats=stats)
+                    token_budget=scoring_cfg.token_budget, stats=stats, lockstep=lockstep)
     details = []
     for trajectory, result in zip(trajectories, results):
         retrieved = trajectory.retrieved_objectives(tokenizer) if per_objective else None

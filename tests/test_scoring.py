@@ -11,6 +11,7 @@ tokens (low probability).
 Tolerance: |dP| <= 1e-5 in fp32. Every thresholded ground-truth log-prob is asserted to lie at
 least 1e-4 away from log(threshold), so that no keep decision can flip between methods.
 """
+import json
 import math
 import random
 import subprocess
@@ -22,6 +23,8 @@ import torch
 from mempo.algo.contexts import DEFAULT_ANSWER_TEMPLATE, build_answer
 from mempo.records.scoring import ScoredRound, ScoringRequest, ScoringResult
 from mempo.algo.memory_reward import memory_rewards
+from support.dist import torchrun
+from support.paths import SUPPORT
 from mempo.scoring import (METHODS, ScoringStats, compute_memory_rewards, resolve_method, score, score_cached,
                            score_packed)
 
@@ -697,3 +700,48 @@ def test_the_comparators_differ(agent_batch):
     flat = [(a.logp_cmp, b.logp_cmp, a.logp_mem, b.logp_mem) for x, y in zip(paper, ours) for a, b in zip(x, y)]
     assert all(abs(pm - qm) <= 1e-5 for _, _, pm, qm in flat)  # mem_ctx is the same
     assert sum(abs(pc - qc) > 1e-3 for pc, qc, _, _ in flat) >= len(flat) - 1
+
+
+# ------------------------------------------------------------------------------------------------
+# a sharded model: the processes in lockstep
+# ------------------------------------------------------------------------------------------------
+def test_lockstep_runs_one_token_forwards_while_another_process_still_scores(qwen2, qwen2_requests):
+    """One process whose peers need 3 forwards more: it runs 3 one-token forwards after its own,
+    and its results are those of a plain call."""
+    calls, forwards = [], []
+    peers_left = [3]
+
+    def lockstep(has_forward):
+        calls.append(has_forward)
+        if has_forward:
+            return True
+        peers_left[0] -= 1
+        return peers_left[0] >= 0
+
+    want = score(qwen2, qwen2_requests, "packed", threshold=None)  # (the model's one-time head probe runs here)
+    hook = qwen2.model.layers[0].register_forward_hook(lambda module, args, out: forwards.append(args[0].shape[1]))
+    try:
+        stats = ScoringStats()
+        got = score(qwen2, qwen2_requests, "packed", threshold=None, stats=stats, lockstep=lockstep)
+    finally:
+        hook.remove()
+    assert_same(got, want)
+    assert calls == [True] * stats.forwards + [False] * 4
+    assert len(forwards) == stats.forwards + 3 and forwards[-3:] == [1, 1, 1]
+
+
+def test_scoring_on_fsdp2_shards_matches_the_whole_model_on_2_ranks(tmp_path):
+    """Every method, fused and logits paths, ranks with different numbers of forwards (one with no
+    request at all): the sharded actor's P equals the whole model's, no decoder layer stays gathered
+    between forwards, and both ranks make the same number of lockstep calls."""
+    out = tmp_path / "two"
+    out.mkdir()
+    torchrun(SUPPORT / "dist_scoring_worker.py", out, what="the 2-rank sharded scoring run")
+    ranks = [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
+    assert ranks[0].keys() == ranks[1].keys() and len(ranks[0]) == 2 * len(METHODS) * 2
+    for case in ranks[0]:
+        mine, theirs = ranks[0][case], ranks[1][case]
+        assert mine["max_diff"] <= TOL and theirs["max_diff"] <= TOL, case
+        assert mine["forwards"] > theirs["forwards"], case  # rank 1 drained: the lockstep was exercised
+        assert mine["lockstep_calls"] == theirs["lockstep_calls"] == mine["forwards"] + 1, case
+        assert mine["p_min"] > 1e-6, case  # P values that can tell wrong weights from right ones

@@ -19,7 +19,7 @@ import gc
 import math
 import os
 from dataclasses import dataclass
-from typing import Any, Iterator, Mapping, NamedTuple, Optional
+from typing import Any, Callable, Iterator, Mapping, NamedTuple, Optional
 
 import torch
 import torch.distributed as dist
@@ -316,9 +316,7 @@ class Actor:
         if not self.distributed:
             yield self.module
             return
-        if not self._root_ready:  # make `self.policy` FSDP's root before a layer runs alone
-            self.compute_log_probs(torch.zeros(1, 2, dtype=torch.long), micro_batch_tokens=None)
-            self._root_ready = True
+        self._ensure_root()
         units = [m for m in self.policy.modules() if isinstance(m, FSDPModule)]
         for unit in units:
             unit.set_reshard_after_forward(False)
@@ -329,6 +327,37 @@ class Actor:
             for unit in units:
                 unit.reshard()
                 unit.set_reshard_after_forward(unit is not self.policy)  # `_shard`'s layout: the root stays gathered
+
+    @contextlib.contextmanager
+    def sharded_inference(self) -> Iterator[tuple[nn.Module, Optional[Callable[[bool], bool]]]]:
+        """Forwards of the Hugging Face module on the shards (teacher scoring): yields ``(module,
+        lockstep)``. The root's own parameters (embeddings, final norm, output head) are gathered
+        for the block; each decoder layer gathers its weights in its forward and frees them after
+        (FSDP2's per-forward all-gather), so beside the shards at most the root and one layer are
+        whole. Those gathers are collective: every rank must run the same number of forwards, which
+        ``lockstep`` (`Actor.lockstep`, a `mempo.scoring.ForwardSync`) arranges. Collective: every
+        rank must enter. Not distributed: ``(module, None)``."""
+        if not self.distributed:
+            yield self.module, None
+            return
+        self._ensure_root()
+        self.policy.unshard()
+        try:
+            yield self.module, self.lockstep
+        finally:
+            self.policy.reshard()
+
+    def lockstep(self, has_forward: bool) -> bool:
+        """Whether any rank has a forward to run now (all-reduce MAX of `has_forward`; collective):
+        `mempo.scoring.ForwardSync` over the ranks."""
+        flag = torch.tensor([int(has_forward)], device=self.device)
+        _all_reduce(flag, dist.ReduceOp.MAX)
+        return bool(flag.item())
+
+    def _ensure_root(self) -> None:
+        if not self._root_ready:  # make `self.policy` FSDP's root before a layer runs alone
+            self.compute_log_probs(torch.zeros(1, 2, dtype=torch.long), micro_batch_tokens=None)
+            self._root_ready = True
 
     # --------------------------------------------------------------------------------------------
     def set_lr(self, lr: float) -> None:

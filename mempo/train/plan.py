@@ -19,9 +19,13 @@ Stages (bytes per GPU):
   ``c * (8 h + 4.5 i)`` bytes without checkpointing, fitted to a measured 225,912 B at Qwen2.5-7B
   in bf16; ``c * h`` kept per layer plus one layer recomputed with it) + the chunked log-prob
   head (``3 * 4 * V`` bytes per row of ``actor.logprob_chunk_tokens``).
-* teacher scoring / HF generation: model state + the whole model gathered in the compute dtype
-  (`mempo.train.actor.Actor.unsharded`) + one scoring forward of ``scoring.token_budget`` tokens
-  (its KV cache and hidden states).
+* teacher scoring, on the shards (`mempo.train.actor.Actor.sharded_inference`): model state + the
+  root's parameters gathered + one decoder layer gathered (each layer gathers in its forward and
+  frees after) + one scoring forward of ``scoring.token_budget`` tokens (its KV cache and hidden
+  states).
+* HF generation (``rollout.backend: hf``): model state + the whole model gathered in the compute
+  dtype (`mempo.train.actor.Actor.unsharded`, for the rollout only) + the same forward's bytes as a
+  stand-in for generation's KV cache (an estimate, not measured).
 * generation engine (``rollout.backend: sglang``): model state + ``rollout.sglang_mem_fraction``
   of the GPU (the engine's weights and KV cache; released while the trainer's stages run).
 * weight sync (SGLang): model state + the engine's weights + one bucket
@@ -181,11 +185,16 @@ def plan_memory(cfg: MempoConfig, nproc_per_node: int, gpu_bytes: int, nnodes: i
         "log-prob head chunk": 3 * 4 * shape.vocab * a.logprob_chunk_tokens,
         "runtime overhead": RUNTIME_OVERHEAD_BYTES})
     budget = cfg.scoring.token_budget
-    scoring = Stage("teacher scoring / HF generation", {
-        "model state": state, "whole model gathered": shape.parameters * compute,
-        "scoring forward": budget * shape.layers * 2 * shape.kv_width * compute + budget * shape.hidden * compute * 4,
+    forward = budget * shape.layers * 2 * shape.kv_width * compute + budget * shape.hidden * compute * 4
+    scoring = Stage("teacher scoring (on the shards)", {
+        "model state": state, "root parameters gathered": sum(sizes[n] for n in shape.root_params) * compute,
+        "one layer gathered": int(layer_params * compute), "scoring forward": forward,
         "runtime overhead": RUNTIME_OVERHEAD_BYTES})
     stages = [training, scoring]
+    if cfg.rollout.backend == "hf":
+        stages.append(Stage("HF generation (whole model gathered)", {
+            "model state": state, "whole model gathered": shape.parameters * compute,
+            "forward (KV cache estimate)": forward, "runtime overhead": RUNTIME_OVERHEAD_BYTES}))
     if cfg.rollout.backend == "sglang":  # the engine's weights are its own copy, in rollout.dtype
         engine_weights = shape.parameters * DTYPES[cfg.rollout.dtype or a.param_dtype or cfg.model.dtype].itemsize
         stages.append(Stage("generation engine (SGLang)", {
@@ -210,6 +219,8 @@ def _advice(cfg: MempoConfig, plan: Plan, training: Stage, scoring: Stage) -> li
         tips.append(f"lower actor.micro_batch_tokens (now {cfg.actor.micro_batch_tokens})")
     if peak is scoring:
         tips.append(f"lower scoring.token_budget (now {cfg.scoring.token_budget})")
+    if peak.name.startswith("HF generation"):
+        tips.append("set rollout.backend=sglang (the engine holds the generation weights; the trainer gathers none)")
     if cfg.actor.param_dtype is None and cfg.model.dtype == "float32":
         tips.append("set actor.param_dtype=bfloat16 (bf16 compute, fp32 masters)")
     if cfg.rollout.backend == "sglang" and peak.name.startswith("generation"):

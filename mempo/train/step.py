@@ -12,10 +12,12 @@ and the next takes it:
 `StageTimer` (``time/<stage>`` seconds). Rollout seeding: the engine seed of step s is
 `mempo.seeds.training_rollout_seed` (rollout.seed, s), so a resumed run re-samples exactly.
 Distributed: each rank rolls out its own questions; GRPO groups never straddle ranks, so
-advantages are rank-local and exact; the metrics are the run's (`mempo.train.run_metrics`). No rank keeps a whole copy of the policy: generation with the
-HF backend and teacher scoring run inside `Actor.unsharded` (the sharded actor gathered once for
-the rollout, rewards and memory_rewards stages, in the all-gather dtype, freed before the update);
-a separate engine (SGLang) gets the weights streamed in buckets (`sync_weights`).
+advantages are rank-local and exact; the metrics are the run's (`mempo.train.run_metrics`). No
+rank keeps a whole copy of the policy: generation with the HF backend runs inside `Actor.unsharded`
+(the sharded actor gathered once for the rollout stage, in the all-gather dtype, freed after it: HF
+generation stops at a different step on each rank, so per-forward gathers cannot follow it);
+teacher scoring runs on the shards, the ranks in lockstep (`Actor.sharded_inference`); a separate
+engine (SGLang) gets the weights streamed in buckets (`sync_weights`).
 """
 from __future__ import annotations
 
@@ -49,9 +51,9 @@ STAGES = ("rollout", "rewards", "memory_rewards", "advantages", "old_and_ref_log
 class StepContext:
     """What a step needs. actor: the trained `Actor`; ref_actor: frozen reference (None when
     kl_coef is 0); backend: the generation backend (`mempo.rollout.backends.factory.build_backend`;
-    shares or syncs the actor's weights); tools: the agent's tools; rollout_model: an unsharded copy
-    of the policy under torch.distributed (teacher scoring and HF generation run on it, synced
-    every step; None: the actor's own module). Nothing here holds the episodes' gold answers: they
+    shares or syncs the actor's weights); tools: the agent's tools. Nothing holds an unsharded copy
+    of the policy: HF generation gathers the actor for the rollout (`generation_weights`), teacher
+    scoring runs on its shards (`memory_rewards`). Nothing here holds the episodes' gold answers: they
     reach only the rewards stage (`compute_score`, after the rollout) and the memory reward's
     teacher scoring, never a generation request."""
 
@@ -66,8 +68,8 @@ class StepContext:
 
     @property
     def scoring_model(self):
-        """The HF module teacher scoring, generation and evaluation run on (the actor's own; under
-        torch.distributed use it inside `generation_weights`)."""
+        """The HF module generation and evaluation run on (the actor's own; under torch.distributed
+        use it inside `generation_weights`; teacher scoring runs on the shards, `memory_rewards`)."""
         return self.actor.module
 
 
@@ -148,8 +150,12 @@ def memory_rewards(ctx: StepContext,
     """Teacher scoring of every scored round with the current policy and its memory rewards by the
     ``scoring`` section's definition (`mempo.scoring.compute_memory_rewards`; the paper's
     P(mem_ctx) - P(full_ctx) by default): per trajectory one entry per scored round (None: a round
-    the definition does not score); and their means (over the rounds it scores, this rank)."""
-    mem_rewards, details = compute_memory_rewards(ctx.scoring_model, ctx.tokenizer, trajectories, ctx.cfg.scoring)
+    the definition does not score); and their means (over the rounds it scores, this rank). Under
+    torch.distributed it runs on the actor's shards, every rank in step (`Actor.sharded_inference`):
+    no rank holds the whole model for it."""
+    with ctx.actor.sharded_inference() as (model, lockstep):
+        mem_rewards, details = compute_memory_rewards(model, ctx.tokenizer, trajectories, ctx.cfg.scoring,
+                                                      lockstep=lockstep)
     rounds = [item for per_trajectory in details for item in per_trajectory if item.reward is not None]
     k = max(len(rounds), 1)
     metrics = {names.MEM_REWARD: sum(item.reward for item in rounds) / k,
@@ -312,17 +318,17 @@ def train_step(ctx: StepContext, episodes: Sequence[Any], step: int, timer: Opti
     timer.reset()
     began = time.perf_counter()
     metrics: dict[str, float] = {}
-    with generation_weights(ctx):  # whole weights for generation and teacher scoring, freed after
+    with generation_weights(ctx):  # whole weights for generation only, freed after
         with timer("rollout"):
             trajectories, stats = rollout(ctx, episodes, step)
             release_generation_memory(ctx)
-        with timer("rewards"):
-            scored = rewards(ctx, trajectories)
-            metrics.update(reward_metrics(scored, stats))
-        with timer("memory_rewards"):
-            mem_rewards, mem_metrics = memory_rewards(ctx, scored)
-            metrics.update(mem_metrics)
-            metrics.update(memory_keeps_metrics(ctx, scored))
+    with timer("rewards"):
+        scored = rewards(ctx, trajectories)
+        metrics.update(reward_metrics(scored, stats))
+    with timer("memory_rewards"):
+        mem_rewards, mem_metrics = memory_rewards(ctx, scored)
+        metrics.update(mem_metrics)
+        metrics.update(memory_keeps_metrics(ctx, scored))
     with timer("advantages"):
         token_adv, adv_metrics = advantages(ctx, scored, mem_rewards)
         metrics.update(adv_metrics)

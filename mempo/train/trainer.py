@@ -279,8 +279,9 @@ def _setup_actors(cfg: MempoConfig, model: Any, info: DistInfo) -> _Actors:
     """The reference policy is a frozen copy of the initial model (skipped when ``actor.kl_coef ==
     0``). Under torchrun both are sharded from rank 0's weights (`Actor`'s ``broadcast_from_rank0``:
     one whole model on rank 0's host, two while the reference is copied), and no rank keeps an
-    unsharded copy: generation and teacher scoring gather the actor for their stages
-    (`mempo.train.step.generation_weights`)."""
+    unsharded copy: HF generation gathers the actor for the rollout stage
+    (`mempo.train.step.generation_weights`) and teacher scoring runs on the shards
+    (`mempo.train.actor.Actor.sharded_inference`)."""
     if cfg.model.dtype != "float32" and info.rank == 0:
         log(f"model.dtype={cfg.model.dtype}: the master weights and the optimiser's updates are in {cfg.model.dtype}, "
             f"which loses updates smaller than its resolution (lr {cfg.actor.lr:g}); for fp32 master weights with "

@@ -54,3 +54,17 @@ def test_presets_fit_8_gpus_and_a_big_config_gets_advice(capsys):
     with pytest.raises(ConfigError, match="--gpu-memory"):
         parse_bytes("lots")
     assert parse_bytes("80GiB") == 80 << 30 and parse_bytes("141GB") == 141 * 10 ** 9
+
+
+def test_teacher_scoring_gathers_one_layer_and_only_hf_generation_the_whole_model():
+    cfg = load_config(REPO / "configs" / "qwen2.5-7b-8gpu.yaml")
+    assert cfg.rollout.backend == "sglang"
+    stages = {stage.name: stage for stage in plan_memory(cfg, 8, parse_bytes("80GiB")).stages}
+    scoring = stages["teacher scoring (on the shards)"]
+    assert "whole model gathered" not in scoring.parts
+    assert scoring.parts["one layer gathered"] < 0.05 * plan_memory(cfg, 8, parse_bytes("80GiB")).parameters * 2
+    assert not any(name.startswith("HF generation") for name in stages)
+    hf = plan_memory(load_config(REPO / "configs" / "qwen2.5-7b-8gpu.yaml", ["rollout.backend=hf", "rollout.dtype=null"]), 8,
+                     parse_bytes("80GiB"))
+    generation = next(stage for stage in hf.stages if stage.name.startswith("HF generation"))
+    assert generation.parts["whole model gathered"] == hf.parameters * 2  # bf16 compute
