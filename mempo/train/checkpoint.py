@@ -17,9 +17,9 @@ Layout (``root`` is the checkpoint root, e.g. ``<out_dir>/checkpoints``)::
                                 "files": {relative path: {"bytes", "sha256"}}} of every other file
       .tmp-step_00000100/       a checkpoint being written (or left by a crash): always ignored
 
-Nothing is gathered on one rank: each rank writes and hashes its own shard files (`save_checkpoint`)
-and reads only the saved chunks that overlap its shards, so a checkpoint written by N ranks resumes
-on M ranks (or in one plain process) with the same parameters and optimiser state. Checkpoints of
+Nothing is gathered on one rank: each rank writes and hashes its own shard files (`save_checkpoint`),
+hashes them again on resume (`verify_on_all_ranks`) and reads only the saved chunks that overlap
+its shards, so a checkpoint written by N ranks resumes on M ranks (or in one plain process) with the same parameters and optimiser state. Checkpoints of
 formats 1 and 2 (full-state model.pt / optimizer.pt, `mempo.train.full_state`) still load.
 RNG files are loaded with ``torch.load(weights_only=True)``; data_state and extra are JSON values.
 """
@@ -56,8 +56,8 @@ from mempo.utils.types import PathLike
 
 __all__ = [
     "CheckpointError", "CheckpointState", "capture_rng_state", "restore_rng_state", "checkpoint_dir",
-    "list_checkpoints", "has_checkpoints", "latest_checkpoint", "verify_checkpoint", "newest_intact_checkpoint",
-    "resolve_checkpoint", "resume_checkpoint", "checkpoint_step", "save_checkpoint", "load_checkpoint",
+    "list_checkpoints", "has_checkpoints", "latest_checkpoint", "verify_checkpoint", "verify_on_all_ranks",
+    "newest_intact_checkpoint", "resolve_checkpoint", "resume_checkpoint", "checkpoint_step", "save_checkpoint", "load_checkpoint",
     "prune_checkpoints", "check_fits", "model_state_dict", "optimizer_state_dict", "load_model_state", "load_optimizer_state",
 ]
 CHECKPOINT_FORMAT = 3  # 3: sharded (DCP) model/ and optimizer/; 2: full model.pt, digests; 1: no digests
@@ -349,13 +349,15 @@ def _checked_step(path: Path, manifest: dict) -> int:
 
 def verify_checkpoint(path: PathLike, *, log: Optional[Callable[[str], None]] = None,
                       model: Optional[torch.nn.Module] = None,
-                      optimizer: Optional[torch.optim.Optimizer] = None) -> dict:
+                      optimizer: Optional[torch.optim.Optimizer] = None,
+                      hash_share: Optional[tuple[int, int]] = None) -> dict:
     """Check a ``step_N`` directory against its manifest (COMPLETE); returns the manifest.
 
     The manifest holds the size and SHA-256 of every other file, read back from disk after it was
-    fsynced. Checking reads every file once more (a 7B model with its fp32 AdamW state takes minutes;
-    accepted for the guarantee). Only rank 0 hashes when distributed (a model given here: only rank
-    0's is read, its parameter names, no collective).
+    fsynced. Checking reads every file once more (a 7B model with its fp32 AdamW state takes minutes
+    on one core; accepted for the guarantee). hash_share ``(rank, world)``: hash only the files
+    ``owner_rank(file) % world == rank`` (every file's size is still checked): each rank of a
+    collective check (`verify_on_all_ranks`) hashes its part. Not collective.
     Also checked: every manifest field's type (an entry is a relative path to a regular file with
     an integer ``bytes`` and a hex ``sha256``), and that the directory name, the manifest and
     state.json record the same step. With `model` / `optimizer`: that model.pt / optimizer.pt hold
@@ -394,6 +396,8 @@ def verify_checkpoint(path: PathLike, *, log: Optional[Callable[[str], None]] = 
         if size != record["bytes"]:
             state = "empty" if size == 0 else "truncated" if size < record["bytes"] else "changed"
             raise CheckpointError(f"{file}: {state}: {size} bytes, the manifest records {record['bytes']}")
+        if hash_share is not None and owner_rank(relative) % hash_share[1] != hash_share[0]:
+            continue  # another rank hashes it
         try:
             digest = sha256_file(file)
         except OSError as error:
@@ -403,6 +407,30 @@ def verify_checkpoint(path: PathLike, *, log: Optional[Callable[[str], None]] = 
     _checked_step(path, manifest)
     check_fits(path, model, optimizer)
     return manifest
+
+
+def verify_on_all_ranks(path: PathLike, *, log: Optional[Callable[[str], None]] = None,
+                        model: Optional[torch.nn.Module] = None,
+                        optimizer: Optional[torch.optim.Optimizer] = None) -> None:
+    """`verify_checkpoint` with the hashing spread over the ranks (each hashes the files it owns,
+    `mempo.train.sharded.owner_rank` modulo the world size); the same CheckpointError (the lowest
+    failing rank's) on every rank when any part fails. `log` is used on rank 0 only. Collective
+    when distributed; `verify_checkpoint` itself otherwise."""
+    if not _dist_active():
+        verify_checkpoint(path, log=log, model=model, optimizer=optimizer)
+        return
+    rank, world = _rank(), _world_size()
+    try:
+        verify_checkpoint(path, log=log if rank == 0 else (lambda message: None), model=model, optimizer=optimizer,
+                          hash_share=(rank, world))
+        failure = None
+    except CheckpointError as error:
+        failure = str(error)
+    failures: list[Optional[str]] = [None] * world
+    torch.distributed.all_gather_object(failures, failure)
+    first = next((message for message in failures if message is not None), None)
+    if first is not None:
+        raise CheckpointError(first)
 
 
 def check_fits(path: PathLike, model: Optional[torch.nn.Module] = None,
@@ -436,10 +464,13 @@ def newest_intact_checkpoint(root: PathLike, *, log: Optional[Callable[[str], No
     abandoned by resuming from an older checkpoint). Every checkpoint skipped is reported through
     `log` (default `warnings.warn`) with the file and reason; several checkpoints and none intact:
     CheckpointError listing the reasons. With `model` / `optimizer`, a checkpoint whose files do not
-    hold exactly their keys is skipped too (`verify_checkpoint`). Collective when distributed (rank
-    0 verifies; the others get its answer)."""
+    hold exactly their keys is skipped too (`verify_checkpoint`). Collective when distributed: every
+    rank takes the same path through the candidates, hashing its own files of each
+    (`verify_on_all_ranks`); rank 0 reports."""
     say = log or (lambda message: warnings.warn(message, RuntimeWarning, stacklevel=3))
-    return _from_rank0(lambda: _newest_intact(Path(root), say, model, optimizer))
+    if _rank() != 0:
+        say = lambda message: None  # noqa: E731 - rank 0 reports for the run
+    return _newest_intact(Path(root), say, model, optimizer)
 
 
 def _newest_intact(root: Path, say: Callable[[str], None], model: Optional[torch.nn.Module],
@@ -462,7 +493,7 @@ def _newest_intact(root: Path, say: Callable[[str], None], model: Optional[torch
     reasons = []
     for path in order:
         try:
-            verify_checkpoint(path, log=notes.append, model=model, optimizer=optimizer)
+            verify_on_all_ranks(path, log=notes.append, model=model, optimizer=optimizer)
         except CheckpointError as error:
             notes.append(f"skipping checkpoint {path.name}: {error}")
             reasons.append(str(error))
@@ -481,7 +512,7 @@ def resolve_checkpoint(path: PathLike, *, log: Optional[Callable[[str], None]] =
     takes them), or the newest intact checkpoint under a root; CheckpointError when there is none."""
     path = Path(path)
     if _STEP_DIR.match(path.name) and path.is_dir():
-        _from_rank0(lambda: verify_checkpoint(path, log=log, model=model, optimizer=optimizer) and None)
+        verify_on_all_ranks(path, log=log, model=model, optimizer=optimizer)
         return path
     if not path.exists():
         raise CheckpointError(f"{path}: no such checkpoint directory")

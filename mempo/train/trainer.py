@@ -375,7 +375,7 @@ def train(cfg: MempoConfig, *, model=None, tokenizer=None, episodes=None, retrie
     ckpt_root = run.out_dir / "checkpoints"
     start, resumed = 0, None
     path = resume_checkpoint(t.resume, ckpt_root, log=log, model=run.ctx.actor.module,
-                             optimizer=run.ctx.actor.optimizer)  # collective; rank 0 verifies, says what it skips
+                             optimizer=run.ctx.actor.optimizer)  # collective; every rank hashes its files, rank 0 says what it skips
     if path is not None:
         state = load_checkpoint(path, run.ctx.actor.module, run.ctx.actor.optimizer, verify=False)
         start = resumed = int(state.step)

@@ -5,6 +5,7 @@ for bit. Also:
 each rank hashes its own shard files into the manifest; streaming reads of a few tensors; format-2
 (full-state model.pt) checkpoints still load."""
 import json
+import shutil
 
 import pytest
 import torch
@@ -125,3 +126,32 @@ def test_a_format_2_full_state_checkpoint_still_loads(tmp_path):
     (path / "COMPLETE").write_text(json.dumps({"format": 2, "step": 4, "world_size": 1, "time": 0.0, "files": files}))
     with pytest.raises(ckpt.CheckpointError, match=r"model.pt: does not fit this model \(missing key"):
         ckpt.load_checkpoint(path, fresh)
+
+
+def test_resume_verification_is_spread_over_the_ranks(two_rank_checkpoint, tmp_path):
+    """2 ranks look for the newest intact checkpoint of a 2-rank checkpoint: each hashes the files
+    it owns (rank 1 its shard and RNG files, rank 0 the rest), every file is hashed once; a damaged
+    shard of rank 1 is found by rank 1 and both ranks raise the same error naming it."""
+    _, root, _ = two_rank_checkpoint
+    intact, damaged = tmp_path / "intact", tmp_path / "damaged"
+    shutil.copytree(root, intact)
+    shutil.copytree(root, damaged)
+    step = ckpt.latest_checkpoint(damaged)
+    shard = step / ckpt.MODEL_DIR / "__1_0.distcp"
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    out = _job(tmp_path / "verify")
+    (out / "job.json").write_text(json.dumps({"roots": {"intact": str(intact), "damaged": str(damaged)}}))
+    torchrun(SUPPORT / "verify_worker.py", out, nproc=2, what="the 2-rank verification")
+    ranks = [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
+    manifest = json.loads((ckpt.latest_checkpoint(intact) / ckpt.COMPLETE_MARKER).read_text())
+    for rank, result in enumerate(ranks):
+        assert result["intact"]["found"] == str(ckpt.latest_checkpoint(intact)) and result["intact"]["error"] is None
+        assert result["intact"]["hashed"] == sorted(f for f in manifest["files"] if owner_rank(f) % 2 == rank)
+        assert result["intact"]["hashed"], rank
+    assert sorted(ranks[0]["intact"]["hashed"] + ranks[1]["intact"]["hashed"]) == sorted(manifest["files"])
+    errors = [result["damaged"]["error"] for result in ranks]
+    assert errors[0] == errors[1] and "__1_0.distcp: damaged" in errors[0]
+    assert "model/__1_0.distcp" in ranks[1]["damaged"]["hashed"]
+    assert "model/__1_0.distcp" not in ranks[0]["damaged"]["hashed"]
