@@ -306,7 +306,7 @@ class Actor:
     @contextlib.contextmanager
     def unsharded(self) -> Iterator[nn.Module]:
         """Hold the whole model on every rank for the block and yield the Hugging Face module: HF
-        generation, teacher scoring and evaluation may then run any number of forwards per rank
+        generation and evaluation may then run any number of forwards per rank
         (FSDP2's per-forward all-gathers need every rank to call forward alike; gathered once here,
         they are skipped). Collective: every rank must enter, e.g. with no questions of its own.
 

@@ -40,16 +40,17 @@ from typing import Any, Callable, Optional
 import numpy as np
 import torch
 
-from mempo.utils.atomic import TEMP_PREFIX, fault_point, fsync_dir, replace_file_atomically, write_bytes_durably
+from mempo.utils.atomic import (
+    FAULT_ENV, TEMP_PREFIX, fault_point, fsync_dir, replace_file_atomically, write_bytes_durably,
+)
 from mempo.train.full_state import (
     check_full_state_files, is_legacy_checkpoint, load_full_state_files, load_model_state, load_optimizer_state,
     model_state_dict, optimizer_state_dict, torch_load,
 )
 from mempo.train.sharded import (
-    CheckpointError, check_model_shards, check_optimizer_shards, load_model_shards, load_optimizer_shards, owner_rank,
-    rank_shard_files, save_model_shards, save_optimizer_shards,
+    CheckpointError, check_model_shards, check_optimizer_shards, dist_active, load_model_shards, load_optimizer_shards,
+    owner_rank, rank_shard_files, save_model_shards, save_optimizer_shards, short_error,
 )
-from mempo.utils.atomic import FAULT_ENV
 from mempo.utils.digest import sha256_file
 from mempo.utils.jsonl import loads_bounded
 from mempo.utils.types import PathLike
@@ -126,26 +127,22 @@ def restore_rng_state(state: dict) -> None:
 # ------------------------------------------------------------------------------------------------
 # distributed helpers
 # ------------------------------------------------------------------------------------------------
-def _dist_active() -> bool:
-    return torch.distributed.is_available() and torch.distributed.is_initialized()
-
-
 def _rank() -> int:
-    return torch.distributed.get_rank() if _dist_active() else 0
+    return torch.distributed.get_rank() if dist_active() else 0
 
 
 def _world_size() -> int:
-    return torch.distributed.get_world_size() if _dist_active() else 1
+    return torch.distributed.get_world_size() if dist_active() else 1
 
 
 def _barrier() -> None:
-    if _dist_active():
+    if dist_active():
         torch.distributed.barrier()
 
 
 def _all_ranks_ok(ok: bool) -> bool:
     """True when `ok` holds on every rank (an all-reduce of a flag; the local value when not distributed)."""
-    if not _dist_active():
+    if not dist_active():
         return ok
     device = torch.device("cpu")
     if torch.distributed.get_backend() == "nccl":
@@ -158,7 +155,7 @@ def _all_ranks_ok(ok: bool) -> bool:
 def _from_rank0(compute: Callable[[], Any]) -> Any:
     """`compute()` on rank 0, its value (or its MempoError) on every rank; just `compute()` when not
     distributed."""
-    if not _dist_active():
+    if not dist_active():
         return compute()
     box: list[Any] = [None]
     failure: Optional[Exception] = None
@@ -193,11 +190,16 @@ def _json_save(obj: Any, path: Path, phase: str) -> None:
 
 
 
+def _hashing_rank(relative: str, world_size: int) -> int:
+    """The rank that hashes a checkpoint file, on save and on resume: the rank that wrote it
+    (`mempo.train.sharded.owner_rank`; rank 0 for the shared files) modulo the world size."""
+    return owner_rank(relative) % world_size
+
+
 def _file_records(directory: Path, rank: int = 0, world_size: int = 1) -> dict[str, dict[str, Any]]:
     """{relative path: {"bytes", "sha256"}} of the files under `directory` (the manifest excepted)
-    that this rank hashes: those it wrote (`mempo.train.sharded.owner_rank`), and on rank 0 every
-    other file too; so the ranks hash their shards in parallel and their records together cover
-    every file. One process: every file."""
+    that this rank hashes (`_hashing_rank`: the ones it wrote), so the ranks hash their shards in
+    parallel and their records together cover every file. One process: every file."""
     records = {}
     for folder, _, files in os.walk(directory):
         for name in files:
@@ -205,8 +207,7 @@ def _file_records(directory: Path, rank: int = 0, world_size: int = 1) -> dict[s
             relative = path.relative_to(directory).as_posix()
             if relative == COMPLETE_MARKER or name.startswith(TEMP_PREFIX):
                 continue
-            owner = owner_rank(relative)
-            if (owner if owner < world_size else 0) != rank:
+            if _hashing_rank(relative, world_size) != rank:
                 continue
             records[relative] = {"bytes": path.stat().st_size, "sha256": sha256_file(path)}
     return dict(sorted(records.items()))
@@ -219,8 +220,8 @@ def _gathered_records(temp: Path) -> dict[str, dict[str, Any]]:
     try:
         mine: Any = _file_records(temp, rank, world)
     except OSError as error:
-        mine = f"rank {rank}: {_short(error)}"
-    if not _dist_active():
+        mine = f"rank {rank}: {short_error(error)}"
+    if not dist_active():
         gathered = [mine]
     else:
         gathered = [None] * world
@@ -229,11 +230,6 @@ def _gathered_records(temp: Path) -> dict[str, dict[str, Any]]:
     if failures:
         raise OSError(f"{temp}: cannot hash the written files ({'; '.join(failures)})")
     return dict(sorted((k, v) for part in gathered for k, v in part.items()))
-
-
-def _short(error: BaseException) -> str:
-    text = " ".join(str(error).split())
-    return f"{type(error).__name__}: {text[:300]}" if text else type(error).__name__
 
 
 def checkpoint_dir(root: PathLike, step: int) -> Path:
@@ -302,12 +298,12 @@ def _read_json(path: Path, what: str) -> Any:
     except FileNotFoundError:
         raise CheckpointError(f"{path}: missing ({what})") from None
     except OSError as error:
-        raise CheckpointError(f"{path}: unreadable {what} ({_short(error)})") from None
+        raise CheckpointError(f"{path}: unreadable {what} ({short_error(error)})") from None
     try:
         return loads_bounded(data, f"{path}: unreadable {what}")  # nesting bounded: no RecursionError
     except (UnicodeDecodeError, ValueError) as error:
         raise CheckpointError(str(error) if not isinstance(error, UnicodeDecodeError)
-                              else f"{path}: unreadable {what} ({_short(error)})") from None
+                              else f"{path}: unreadable {what} ({short_error(error)})") from None
 
 
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
@@ -356,7 +352,7 @@ def verify_checkpoint(path: PathLike, *, log: Optional[Callable[[str], None]] = 
     The manifest holds the size and SHA-256 of every other file, read back from disk after it was
     fsynced. Checking reads every file once more (a 7B model with its fp32 AdamW state takes minutes
     on one core; accepted for the guarantee). hash_share ``(rank, world)``: hash only the files
-    ``owner_rank(file) % world == rank`` (every file's size is still checked): each rank of a
+    that rank hashes (`_hashing_rank`; every file's size is still checked): each rank of a
     collective check (`verify_on_all_ranks`) hashes its part. Not collective.
     Also checked: every manifest field's type (an entry is a relative path to a regular file with
     an integer ``bytes`` and a hex ``sha256``), and that the directory name, the manifest and
@@ -389,19 +385,19 @@ def verify_checkpoint(path: PathLike, *, log: Optional[Callable[[str], None]] = 
         except FileNotFoundError:
             raise CheckpointError(f"{file}: missing (listed in the manifest)") from None
         except OSError as error:
-            raise CheckpointError(f"{file}: unreadable ({_short(error)})") from None
+            raise CheckpointError(f"{file}: unreadable ({short_error(error)})") from None
         if not stat.S_ISREG(info.st_mode):
             raise CheckpointError(f"{file}: not a regular file (listed in the manifest)")
         size = info.st_size
         if size != record["bytes"]:
             state = "empty" if size == 0 else "truncated" if size < record["bytes"] else "changed"
             raise CheckpointError(f"{file}: {state}: {size} bytes, the manifest records {record['bytes']}")
-        if hash_share is not None and owner_rank(relative) % hash_share[1] != hash_share[0]:
+        if hash_share is not None and _hashing_rank(relative, hash_share[1]) != hash_share[0]:
             continue  # another rank hashes it
         try:
             digest = sha256_file(file)
         except OSError as error:
-            raise CheckpointError(f"{file}: unreadable ({_short(error)})") from None
+            raise CheckpointError(f"{file}: unreadable ({short_error(error)})") from None
         if digest != record["sha256"]:
             raise CheckpointError(f"{file}: damaged: its SHA-256 differs from the manifest's")
     _checked_step(path, manifest)
@@ -413,10 +409,10 @@ def verify_on_all_ranks(path: PathLike, *, log: Optional[Callable[[str], None]] 
                         model: Optional[torch.nn.Module] = None,
                         optimizer: Optional[torch.optim.Optimizer] = None) -> None:
     """`verify_checkpoint` with the hashing spread over the ranks (each hashes the files it owns,
-    `mempo.train.sharded.owner_rank` modulo the world size); the same CheckpointError (the lowest
+    `_hashing_rank`); the same CheckpointError (the lowest
     failing rank's) on every rank when any part fails. `log` is used on rank 0 only. Collective
     when distributed; `verify_checkpoint` itself otherwise."""
-    if not _dist_active():
+    if not dist_active():
         verify_checkpoint(path, log=log, model=model, optimizer=optimizer)
         return
     rank, world = _rank(), _world_size()
@@ -739,7 +735,7 @@ def load_checkpoint(path: PathLike, model: Optional[torch.nn.Module] = None,
         try:
             restore_rng_state(rng_state)
         except (KeyError, TypeError, ValueError, RuntimeError) as error:
-            raise CheckpointError(f"{path / 'rng' / f'rank_{rank:05d}.pt'}: not an RNG state ({_short(error)})") from None
+            raise CheckpointError(f"{path / 'rng' / f'rank_{rank:05d}.pt'}: not an RNG state ({short_error(error)})") from None
     _barrier()
     return CheckpointState(path=path, step=int(state["step"]), data_state=state.get("data_state"),
                            extra=state.get("extra"), rng_state=rng_state)

@@ -26,27 +26,12 @@ from mempo.model.loading import build_causal_lm
 from mempo.train.checkpoint import MODEL_DIR, latest_checkpoint, verify_checkpoint
 from mempo.train.sharded import CheckpointError, read_tensors, tensor_specs
 from mempo.utils.atomic import atomic_directory
+from mempo.utils.buckets import plan_buckets
 from mempo.utils.types import PathLike
 
-__all__ = ["DEFAULT_SHARD_BYTES", "export_checkpoint", "plan_files"]
+__all__ = ["DEFAULT_SHARD_BYTES", "export_checkpoint"]
 
 DEFAULT_SHARD_BYTES = 5 * 10 ** 9  # transformers' default max_shard_size ("5GB")
-
-
-def plan_files(sizes: Mapping[str, int], max_bytes: int) -> list[list[str]]:
-    """Consecutive keys grouped into files of at most `max_bytes` (a larger tensor alone)."""
-    files: list[list[str]] = []
-    current: list[str] = []
-    total = 0
-    for key, size in sizes.items():
-        if current and total + size > max_bytes:
-            files.append(current)
-            current, total = [], 0
-        current.append(key)
-        total += size
-    if current:
-        files.append(current)
-    return files
 
 
 def export_checkpoint(checkpoint: PathLike, directory: PathLike, cfg: MempoConfig, tokenizer: Any = None, *,
@@ -86,7 +71,7 @@ def export_checkpoint(checkpoint: PathLike, directory: PathLike, cfg: MempoConfi
                                   f"{tuple(expected[key].shape)}")
     out_dtype = DTYPES[dtype] if dtype else None
     size_of = {k: math.prod(specs[k].shape) * (out_dtype or specs[k].dtype).itemsize for k in keys}
-    files = plan_files(size_of, max_shard_bytes)
+    files = plan_buckets(size_of, max_shard_bytes)
     names = ["model.safetensors"] if len(files) == 1 else [
         f"model-{i + 1:05d}-of-{len(files):05d}.safetensors" for i in range(len(files))]
     with atomic_directory(Path(directory), phase=phase) as staging:

@@ -14,7 +14,7 @@ from torch.distributed.checkpoint.state_dict import (
     StateDictOptions, get_model_state_dict, get_optimizer_state_dict, set_model_state_dict, set_optimizer_state_dict,
 )
 
-from mempo.train.sharded import CheckpointError, check_state_layouts
+from mempo.train.sharded import CheckpointError, check_state_layouts, dist_active, name_keys, param_names, short_error
 
 __all__ = ["model_state_dict", "optimizer_state_dict", "load_model_state", "load_optimizer_state",
            "LEGACY_MODEL_FILE", "LEGACY_OPTIMIZER_FILE", "is_legacy_checkpoint", "check_full_state_files",
@@ -22,15 +22,6 @@ __all__ = ["model_state_dict", "optimizer_state_dict", "load_model_state", "load
 
 LEGACY_MODEL_FILE = "model.pt"
 LEGACY_OPTIMIZER_FILE = "optimizer.pt"
-
-
-def _dist_active() -> bool:
-    return dist.is_available() and dist.is_initialized()
-
-
-def _short(error: BaseException) -> str:
-    text = " ".join(str(error).split())
-    return f"{type(error).__name__}: {text[:300]}" if text else type(error).__name__
 
 
 def _full_options(**kwargs):
@@ -50,13 +41,13 @@ def optimizer_state_dict(model: torch.nn.Module, optimizer: torch.optim.Optimize
 def load_model_state(model: torch.nn.Module, state: dict, strict: bool = True) -> None:
     """Load a full state dict into a plain or FSDP2-sharded model (collective when distributed; only
     rank 0's `state` is read, other ranks may pass {})."""
-    options = _full_options(broadcast_from_rank0=_dist_active(), strict=strict)
+    options = _full_options(broadcast_from_rank0=dist_active(), strict=strict)
     set_model_state_dict(model, state, options=options)
 
 
 def load_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, state: dict) -> None:
     """Load a full FQN-keyed optimiser state dict (collective when distributed; rank 0's is read)."""
-    set_optimizer_state_dict(model, optimizer, state, options=_full_options(broadcast_from_rank0=_dist_active()))
+    set_optimizer_state_dict(model, optimizer, state, options=_full_options(broadcast_from_rank0=dist_active()))
 
 
 def torch_load(file: Path, what: str, **kwargs) -> Any:
@@ -66,20 +57,7 @@ def torch_load(file: Path, what: str, **kwargs) -> Any:
     try:
         return torch.load(file, weights_only=True, **kwargs)
     except Exception as error:  # torch's messages name no file
-        raise CheckpointError(f"{file}: cannot be loaded ({_short(error)})") from None
-
-
-def _param_names(model: torch.nn.Module) -> dict[int, set[str]]:
-    """{id(parameter): every FQN it has in `model`} (a tied parameter has several)."""
-    names: dict[int, set[str]] = {}
-    for name, parameter in model.named_parameters(remove_duplicate=False):
-        names.setdefault(id(parameter), set()).add(name)
-    return names
-
-
-def _name_keys(keys: list[str], limit: int = 8) -> str:
-    shown = ", ".join(sorted(keys)[:limit])
-    return shown + (f" and {len(keys) - limit} more" if len(keys) > limit else "")
+        raise CheckpointError(f"{file}: cannot be loaded ({short_error(error)})") from None
 
 
 def _check_model_keys(file: Path, saved: Any, model: torch.nn.Module) -> None:
@@ -88,8 +66,8 @@ def _check_model_keys(file: Path, saved: Any, model: torch.nn.Module) -> None:
     expected = set(model.state_dict().keys())
     missing, unexpected = expected - set(saved), set(saved) - expected
     if missing or unexpected:
-        said = [f"missing key(s) {_name_keys(list(missing))}"] if missing else []
-        said += [f"unexpected key(s) {_name_keys(list(unexpected))}"] if unexpected else []
+        said = [f"missing key(s) {name_keys(list(missing))}"] if missing else []
+        said += [f"unexpected key(s) {name_keys(list(unexpected))}"] if unexpected else []
         raise CheckpointError(f"{file}: does not fit this model ({'; '.join(said)})")
 
 
@@ -102,7 +80,7 @@ def _check_optimizer_keys(file: Path, saved: Any, model: torch.nn.Module, optimi
     if not isinstance(groups, list) or not isinstance(states, dict) or not all(
             isinstance(group, dict) and isinstance(group.get("params"), list) for group in groups):
         raise CheckpointError(f"{file}: damaged (not an optimizer state dict with 'state' and 'param_groups')")
-    names = _param_names(model)
+    names = param_names(model)
     owner = {name: index for index, fqns in names.items() for name in fqns}
     listed = [name for group in groups for name in group["params"]]
     unexpected = [str(name) for name in listed if name not in owner]
@@ -114,8 +92,8 @@ def _check_optimizer_keys(file: Path, saved: Any, model: torch.nn.Module, optimi
         raise CheckpointError(f"{file}: does not fit this optimizer ({len(groups)} parameter group(s), "
                               f"the optimizer has {len(optimizer.param_groups)})")
     if missing or unexpected:
-        said = [f"missing parameter(s) {_name_keys(missing)}"] if missing else []
-        said += [f"unexpected key(s) {_name_keys(sorted(set(unexpected)))}"] if unexpected else []
+        said = [f"missing parameter(s) {name_keys(missing)}"] if missing else []
+        said += [f"unexpected key(s) {name_keys(sorted(set(unexpected)))}"] if unexpected else []
         raise CheckpointError(f"{file}: does not fit this optimizer ({'; '.join(said)})")
     check_state_layouts(file, model, {name: set(entry) if isinstance(entry, dict) else set()
                                       for name, entry in states.items()})
@@ -139,14 +117,14 @@ def check_full_state_files(path: Path, model, optimizer, *, model_keys: bool = T
 
 def load_full_state_files(path: Path, model, optimizer, *, strict: bool = True) -> None:
     """Load a format-1/2 checkpoint's model.pt / optimizer.pt (rank 0 reads, broadcasts; collective)."""
-    rank = dist.get_rank() if _dist_active() else 0
+    rank = dist.get_rank() if dist_active() else 0
     if model is not None:
         model_file = path / LEGACY_MODEL_FILE
         full = torch_load(model_file, "model state", mmap=True) if rank == 0 else {}
         try:
             load_model_state(model, full, strict=strict)
         except (RuntimeError, KeyError, ValueError) as error:
-            raise CheckpointError(f"{model_file}: does not fit this model ({_short(error)})") from None
+            raise CheckpointError(f"{model_file}: does not fit this model ({short_error(error)})") from None
         del full
     if optimizer is not None:
         optim_file = path / LEGACY_OPTIMIZER_FILE
@@ -154,4 +132,4 @@ def load_full_state_files(path: Path, model, optimizer, *, strict: bool = True) 
         try:
             load_optimizer_state(model, optimizer, full_optim)
         except (RuntimeError, KeyError, ValueError) as error:
-            raise CheckpointError(f"{optim_file}: does not fit this optimizer ({_short(error)})") from None
+            raise CheckpointError(f"{optim_file}: does not fit this optimizer ({short_error(error)})") from None

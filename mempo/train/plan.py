@@ -169,7 +169,8 @@ def plan_memory(cfg: MempoConfig, nproc_per_node: int, gpu_bytes: int, nnodes: i
     compute = DTYPES[a.param_dtype or cfg.model.dtype].itemsize
     state = model_state_bytes(shape, world, master, reference=a.kl_coef > 0)
     sizes = {name: math.prod(s) for name, s in shape.shapes.items()}
-    layer_params = (shape.parameters - sum(sizes[n] for n in shape.root_params)) / max(shape.layers, 1)
+    root_params = sum(sizes[n] for n in shape.root_params)
+    layer_params = (shape.parameters - root_params) / max(shape.layers, 1)
     tokens = a.micro_batch_tokens or 32768
     per_token_layer = compute * (8 * shape.hidden + 4.5 * shape.intermediate)
     if a.gradient_checkpointing:
@@ -178,7 +179,7 @@ def plan_memory(cfg: MempoConfig, nproc_per_node: int, gpu_bytes: int, nnodes: i
         activations = tokens * per_token_layer * shape.layers
     training = Stage("training (one micro-batch)", {
         "model state": state,
-        "root parameters gathered": sum(sizes[n] for n in shape.root_params) * compute,
+        "root parameters gathered": root_params * compute,
         "layers in flight": int(2 * layer_params * compute),
         "reduce-scatter buffer": int(layer_params * 4),
         "activations" + (" (checkpointed)" if a.gradient_checkpointing else ""): int(activations),
@@ -187,7 +188,7 @@ def plan_memory(cfg: MempoConfig, nproc_per_node: int, gpu_bytes: int, nnodes: i
     budget = cfg.scoring.token_budget
     forward = budget * shape.layers * 2 * shape.kv_width * compute + budget * shape.hidden * compute * 4
     scoring = Stage("teacher scoring (on the shards)", {
-        "model state": state, "root parameters gathered": sum(sizes[n] for n in shape.root_params) * compute,
+        "model state": state, "root parameters gathered": root_params * compute,
         "one layer gathered": int(layer_params * compute), "scoring forward": forward,
         "runtime overhead": RUNTIME_OVERHEAD_BYTES})
     stages = [training, scoring]

@@ -37,7 +37,8 @@ from mempo.utils.types import PathLike
 
 __all__ = ["CheckpointError", "TensorSpec", "METADATA_FILE", "save_model_shards", "save_optimizer_shards",
            "load_model_shards", "load_optimizer_shards", "check_model_shards", "check_optimizer_shards",
-           "tensor_specs", "read_tensors", "owner_rank", "rank_shard_files"]
+           "tensor_specs", "read_tensors", "owner_rank", "rank_shard_files", "dist_active", "short_error",
+           "name_keys", "param_names"]
 
 METADATA_FILE = ".metadata"
 _SHARD_FILE = re.compile(r"^__(\d+)_\d+\.distcp$")
@@ -57,11 +58,13 @@ class TensorSpec:
     dtype: torch.dtype
 
 
-def _dist_active() -> bool:
+def dist_active() -> bool:
+    """Whether torch.distributed is initialised (the checkpoint modules' collectives run)."""
     return dist.is_available() and dist.is_initialized()
 
 
-def _short(error: BaseException) -> str:
+def short_error(error: BaseException) -> str:
+    """``Type: message`` on one line, at most 300 characters of message, for an error message."""
     text = " ".join(str(error).split())
     return f"{type(error).__name__}: {text[:300]}" if text else type(error).__name__
 
@@ -78,9 +81,9 @@ def _save(state: dict[str, Any], directory: Path) -> None:
     writer = FileSystemWriter(directory, single_file_per_rank=True, sync_files=True, thread_count=1)
     context = _quiet_single_process()
     try:
-        dcp.save(state, storage_writer=writer, no_dist=not _dist_active())
+        dcp.save(state, storage_writer=writer, no_dist=not dist_active())
     except CheckpointException as error:  # a BaseException: make it an ordinary one naming the directory
-        raise OSError(f"{directory}: writing the shards failed ({_short(error)})") from None
+        raise OSError(f"{directory}: writing the shards failed ({short_error(error)})") from None
     finally:
         context.__exit__(None, None, None)
 
@@ -88,9 +91,9 @@ def _save(state: dict[str, Any], directory: Path) -> None:
 def _load(state: dict[str, Any], directory: Path, *, no_dist: bool = False) -> None:
     context = _quiet_single_process()
     try:
-        dcp.load(state, storage_reader=FileSystemReader(directory), no_dist=no_dist or not _dist_active())
+        dcp.load(state, storage_reader=FileSystemReader(directory), no_dist=no_dist or not dist_active())
     except CheckpointException as error:
-        raise CheckpointError(f"{directory}: cannot be loaded ({_short(error)})") from None
+        raise CheckpointError(f"{directory}: cannot be loaded ({short_error(error)})") from None
     finally:
         context.__exit__(None, None, None)
 
@@ -139,7 +142,7 @@ def _metadata(directory: Path, what: str) -> Metadata:
         with open(file, "rb") as handle:
             metadata = pickle.load(handle)  # DCP's own format (FileSystemReader.read_metadata unpickles too)
     except Exception as error:  # a torn or foreign file: name it
-        raise CheckpointError(f"{file}: cannot be loaded ({_short(error)})") from None
+        raise CheckpointError(f"{file}: cannot be loaded ({short_error(error)})") from None
     if not isinstance(metadata, Metadata) or not isinstance(metadata.state_dict_metadata, dict):
         raise CheckpointError(f"{file}: damaged (not a torch.distributed.checkpoint index)")
     return metadata
@@ -153,7 +156,8 @@ def tensor_specs(directory: PathLike) -> dict[str, TensorSpec]:
             for key, entry in metadata.state_dict_metadata.items() if isinstance(entry, TensorStorageMetadata)}
 
 
-def _name_keys(keys: Iterable[str], limit: int = 8) -> str:
+def name_keys(keys: Iterable[str], limit: int = 8) -> str:
+    """The first `limit` of `keys` in sorted order, and how many more, for an error message."""
     keys = sorted(keys)
     shown = ", ".join(keys[:limit])
     return shown + (f" and {len(keys) - limit} more" if len(keys) > limit else "")
@@ -169,7 +173,7 @@ def check_state_layouts(file: Any, model: Any, layouts: dict[str, set[str]]) -> 
     short = sorted(name for name, layout in layouts.items() if layout != common[ndim[name]])
     if short:
         lacks = sorted(common[ndim[short[0]]] - layouts[short[0]])
-        raise CheckpointError(f"{file}: does not fit this optimizer (the state of {_name_keys(short)} lacks "
+        raise CheckpointError(f"{file}: does not fit this optimizer (the state of {name_keys(short)} lacks "
                               f"{', '.join(lacks) or 'its entries'})")
 
 
@@ -184,8 +188,8 @@ def check_model_shards(directory: PathLike, model: torch.nn.Module, *, strict: b
     expected = model.state_dict()
     missing, unexpected = set(expected) - set(saved), set(saved) - set(expected)
     if strict and (missing or unexpected):
-        said = [f"missing key(s) {_name_keys(missing)}"] if missing else []
-        said += [f"unexpected key(s) {_name_keys(unexpected)}"] if unexpected else []
+        said = [f"missing key(s) {name_keys(missing)}"] if missing else []
+        said += [f"unexpected key(s) {name_keys(unexpected)}"] if unexpected else []
         raise CheckpointError(f"{file}: does not fit this model ({'; '.join(said)})")
     for key in sorted(set(expected) & set(saved)):
         entry, shape = saved[key], tuple(expected[key].shape)
@@ -194,7 +198,8 @@ def check_model_shards(directory: PathLike, model: torch.nn.Module, *, strict: b
             raise CheckpointError(f"{file}: does not fit this model ({key}: saved shape {size}, the model's {shape})")
 
 
-def _param_names(model: torch.nn.Module) -> dict[int, set[str]]:
+def param_names(model: torch.nn.Module) -> dict[int, set[str]]:
+    """{id(parameter): every FQN it has in `model`} (a tied parameter has several)."""
     names: dict[int, set[str]] = {}
     for name, parameter in model.named_parameters(remove_duplicate=False):
         names.setdefault(id(parameter), set()).add(name)
@@ -209,7 +214,7 @@ def check_optimizer_shards(directory: PathLike, model: torch.nn.Module, optimize
     directory = Path(directory)
     file = directory / METADATA_FILE
     saved = _metadata(directory, "optimizer state").state_dict_metadata
-    names = _param_names(model)
+    names = param_names(model)
     owner = {name: index for index, fqns in names.items() for name in fqns}
     layouts: dict[str, set[str]] = {}
     grouped, unexpected = set(), set()
@@ -225,8 +230,8 @@ def check_optimizer_shards(directory: PathLike, model: torch.nn.Module, optimize
     missing = [min(names[id(p)]) for group in optimizer.param_groups for p in group["params"]
                if id(p) in names and id(p) not in grouped]
     if missing or unexpected:
-        said = [f"missing parameter(s) {_name_keys(missing)}"] if missing else []
-        said += [f"unexpected key(s) {_name_keys(unexpected)}"] if unexpected else []
+        said = [f"missing parameter(s) {name_keys(missing)}"] if missing else []
+        said += [f"unexpected key(s) {name_keys(unexpected)}"] if unexpected else []
         raise CheckpointError(f"{file}: does not fit this optimizer ({'; '.join(said)})")
     check_state_layouts(file, model, layouts)
 

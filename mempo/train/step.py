@@ -39,6 +39,7 @@ from mempo.seeds import training_rollout_seed
 from mempo.train import metric_names as names
 from mempo.train.logging import StageTimer
 from mempo.train.run_metrics import reduce_run_metrics
+from mempo.utils.buckets import plan_buckets
 
 __all__ = ["StepContext", "StepResult", "TrainBatch", "rollout", "rewards", "reward_metrics", "memory_rewards",
            "memory_keeps_metrics", "advantages", "build_batch", "old_and_ref_log_probs", "update", "sync_weights",
@@ -63,7 +64,6 @@ class StepContext:
     backend: Any
     tokenizer: Any
     tools: Mapping[str, Callable]
-    distributed: bool = False
     sync_bucket_bytes: int = 256 << 20
 
     @property
@@ -260,10 +260,7 @@ def update(ctx: StepContext, batch: TrainBatch, old: torch.Tensor, ref: Optional
 def generation_weights(ctx: StepContext) -> Iterator[None]:
     """The block in which the actor's module holds whole weights on every rank (`Actor.unsharded`,
     collective) under torch.distributed; a no-op in one process."""
-    if ctx.distributed:
-        with ctx.actor.unsharded():
-            yield
-    else:
+    with ctx.actor.unsharded():
         yield
 
 
@@ -273,18 +270,15 @@ def streamed_weights(module: torch.nn.Module, bucket_bytes: int) -> Iterator[lis
     sharded tensor is gathered when its bucket is built (collective: every rank iterates to the
     end), so at most one bucket plus the tensor being gathered is held. Tensors keep their dtype
     and device."""
-    bucket: list[tuple[str, torch.Tensor]] = []
-    size = 0
-    for name, tensor in module.state_dict().items():
-        full = tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
-        nbytes = full.numel() * full.element_size()
-        if bucket and size + nbytes > bucket_bytes:
-            yield bucket
-            bucket, size = [], 0
-        bucket.append((name, full.detach()))
-        size += nbytes
-    if bucket:
-        yield bucket
+    state = module.state_dict()
+    sizes = {name: tensor.numel() * tensor.element_size() for name, tensor in state.items()}  # global sizes
+    for bucket in plan_buckets(sizes, bucket_bytes):
+        yield [(name, _whole(state[name]).detach()) for name in bucket]
+
+
+def _whole(tensor: torch.Tensor) -> torch.Tensor:
+    """The whole tensor of a shard (a DTensor, gathered: collective), else the tensor itself."""
+    return tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
 
 
 def sync_weights(ctx: StepContext) -> None:

@@ -333,7 +333,7 @@ def build_run(cfg: MempoConfig, *, model=None, tokenizer=None, episodes=None, re
     actors = _setup_actors(cfg, model, info)
     backends = _setup_backends(cfg, actors.actor.module, tokenizer, out)
     ctx = StepContext(cfg=cfg, actor=actors.actor, ref_actor=actors.ref_actor, backend=backends.train,
-                      tokenizer=tokenizer, tools=build_tools(cfg, retriever), distributed=info.distributed)
+                      tokenizer=tokenizer, tools=build_tools(cfg, retriever))
     return Run(cfg, out, tokenizer, model, episodes, retriever, ctx, info.rank, info.world_size, eval_sets,
                backends.eval, world)
 

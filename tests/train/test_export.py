@@ -14,7 +14,7 @@ from mempo.apps.cli import main  # noqa: E402
 from mempo.config import dump_config, load_config  # noqa: E402
 from mempo.model.loading import build_causal_lm  # noqa: E402
 from mempo.train.checkpoint import save_checkpoint  # noqa: E402
-from mempo.train.export import export_checkpoint, plan_files  # noqa: E402
+from mempo.train.export import export_checkpoint  # noqa: E402
 from mempo.train.sharded import CheckpointError  # noqa: E402
 from support.paths import REPO  # noqa: E402
 
@@ -60,7 +60,3 @@ def test_another_architecture_is_refused(tmp_path):
     with pytest.raises(CheckpointError, match="has shape"):
         export_checkpoint(tmp_path / "run" / "checkpoints", tmp_path / "bad", wider)
     assert not (tmp_path / "bad").exists()
-
-
-def test_plan_files_keeps_order_and_puts_a_large_tensor_alone():
-    assert plan_files({"a": 3, "b": 3, "c": 10, "d": 1}, 6) == [["a", "b"], ["c"], ["d"]]
