@@ -30,8 +30,9 @@ demo's evaluation (``eval.objectives`` x ``eval.episodes``); an evaluation here 
 ``eval.episodes=256`` for the default 256 episodes here), and the RL questions leave out both sets.
 
 Resumable: every finished (arm, seed) run is written at once, atomically, to
-``<out>/runs/<arm>_s<seed>.json`` (its settings, evaluation rows and training totals), the SFT model's
-evaluation to ``<out>/runs/sft.json``; a rerun with the same settings reuses them and runs only the
+``<runs>/<arm>_s<seed>.json`` (its settings, evaluation rows and training totals; ``--runs``, default
+``<out>/runs``: the ablation of bench/RESULTS.md keeps them under git in ``bench/learning_runs/``, so
+that a fresh machine continues it), the SFT model's evaluation to ``<runs>/sft.json``; a rerun with the same settings reuses them and runs only the
 missing ones (the training directory ``<out>/<arm>/seed<s>`` of a run without a run file is
 started over); a run file made with other settings is refused (exit 2) unless ``--rerun`` (which
 replaces it).
@@ -43,7 +44,7 @@ Run (after the demo, whose output holds the SFT model and the configuration):
 
 Options: --seeds (default 0..7), --steps (RL steps per run; default the demo config's
 trainer.total_steps), --ks (default the config's eval.objectives), --episodes (evaluation episodes per
-k; default 256), --variants (default grpo mempo), --best, --best-overrides, --rerun, --threads, and
+k; default 256), --variants (default grpo mempo), --best, --best-overrides, --rerun, --threads, --runs, and
 dotted config overrides for every arm (``key=value``, anywhere). Writes ``<out>/results.json`` (every
 run, the per-arm statistics and paired differences), ``<out>/results.md`` (the tables) and
 ``<out>/ablation.png``.
@@ -278,10 +279,11 @@ def paired_differences(runs: Sequence[dict[str, Any]], arm: str, ks: Sequence[in
 
 def run(demo_out: Path, out: Path, *, seeds: Sequence[int] = tuple(range(8)), steps: Optional[int] = None,
         ks: Optional[Sequence[int]] = None, episodes: int = 256, arms: Sequence[Arm] = (VARIANTS["grpo"], VARIANTS["mempo"]),
-        overrides: Sequence[str] = (), rerun: bool = False, log=print) -> dict[str, Any]:
-    """Run every missing (arm, seed) of the ablation (module docstring), reusing finished ones;
-    writes the outputs and returns the results. AblationError before anything runs for a bad input
-    or a run file of other settings."""
+        overrides: Sequence[str] = (), rerun: bool = False, runs_dir: Optional[Path] = None,
+        log=print) -> dict[str, Any]:
+    """Run every missing (arm, seed) of the ablation (module docstring), reusing finished ones from
+    `runs_dir` (default ``<out>/runs``); writes the outputs and returns the results. AblationError
+    before anything runs for a bad input or a run file of other settings."""
     names = [a.name for a in arms]
     if len(set(names)) != len(names) or not arms:
         raise AblationError(f"the arms must be distinct and at least one, got {names}")
@@ -305,7 +307,7 @@ def run(demo_out: Path, out: Path, *, seeds: Sequence[int] = tuple(range(8)), st
     facts = {"model_sha256": digest, "ks": ks, "episodes": episodes,
              "eval_episodes_sha256": {str(k): episodes_digest(e) for k, e in episodes_by_k.items()}}
     rl_facts = {"steps": steps, "rl_k": cfg.data.num_objectives, "rl_episodes_sha256": episodes_digest(training)}
-    runs_dir = out / "runs"
+    runs_dir = out / "runs" if runs_dir is None else Path(runs_dir)
     plan = []  # (arm, seed, config, settings, path, finished record or None): every file checked first
     for seed in seeds:  # seed-major: an interrupted ablation leaves complete pairs
         for arm in arms:
@@ -319,6 +321,7 @@ def run(demo_out: Path, out: Path, *, seeds: Sequence[int] = tuple(range(8)), st
     sft_record = finished_run(runs_dir / "sft.json", sft_settings, rerun)
     tokenizer = AutoTokenizer.from_pretrained(sft_model)
     runs_dir.mkdir(parents=True, exist_ok=True)
+    out.mkdir(parents=True, exist_ok=True)
     began = time.perf_counter()
     if sft_record is None:
         model = AutoModelForCausalLM.from_pretrained(sft_model)
@@ -484,6 +487,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                         help="algorithm.* / scoring.* overrides for the --best arm only (up to the next option)")
     parser.add_argument("--rerun", action="store_true", help="replace run files made with other settings")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    parser.add_argument("--runs", type=Path, default=None,
+                        help="where the finished run files live (default <out>/runs; a folder under git keeps "
+                             "them past the machine)")
     parser.add_argument("overrides", nargs="*", help="dotted config overrides for every arm (key=value), anywhere")
     best_overrides, words = split_best_overrides(sys.argv[1:] if argv is None else argv)
     overrides, rest = split_overrides(words)
@@ -498,7 +504,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             arms.append(best_arm(args.best, best_overrides))
         results = run(args.demo_out, args.out, seeds=args.seeds, steps=args.steps, ks=args.ks,
                       episodes=args.episodes, arms=arms, overrides=overrides, rerun=args.rerun,
-                      log=lambda line: print(line, flush=True))
+                      runs_dir=args.runs, log=lambda line: print(line, flush=True))
     except MempoError as error:
         print(f"bench_learning: {error}", file=sys.stderr)
         return 2

@@ -393,7 +393,10 @@ class TrainerConfig:
     """The run. total_steps: training steps; save_every / eval_every / log_every: in steps (0: never,
     except a final checkpoint); eval_every runs the ``eval`` section's evaluation after every
     eval_every-th step and logs it as ``eval/...`` metrics; keep_last: checkpoints kept (None:
-    all). out_dir: checkpoints, metrics.jsonl, TensorBoard runs. resume: "never" (default: a new
+    all). async_save: write each checkpoint's model and optimiser shards from a background thread
+    while the next step runs (`mempo.train.checkpoint.start_checkpoint`: a CPU copy of the rank's
+    shards is held until written; the checkpoint is published after that next step, the final one
+    at once; `mempo sft` saves in the foreground). out_dir: checkpoints, metrics.jsonl, TensorBoard runs. resume: "never" (default: a new
     run; an out_dir that already holds checkpoints is refused, so an old run is never continued
     under a new config by accident), "auto" (``--resume``: the newest intact checkpoint in out_dir,
     a new run when there is none), or a checkpoint directory (that checkpoint, verified) (`mempo
@@ -408,6 +411,7 @@ class TrainerConfig:
     eval_every: int = 0
     log_every: int = 1
     keep_last: Optional[int] = 3
+    async_save: bool = False
     out_dir: str = "runs/mempo"
     seed: int = 0
     resume: str = "never"

@@ -33,7 +33,8 @@ import shutil
 import stat
 import time
 import warnings
-from dataclasses import dataclass
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional
 
@@ -49,7 +50,8 @@ from mempo.train.full_state import (
 )
 from mempo.train.sharded import (
     CheckpointError, check_model_shards, check_optimizer_shards, dist_active, load_model_shards, load_optimizer_shards,
-    owner_rank, rank_shard_files, save_model_shards, save_optimizer_shards, short_error,
+    owner_rank, rank_shard_files, save_model_shards, save_optimizer_shards, short_error, snapshot_model_state,
+    snapshot_optimizer_state, write_state,
 )
 from mempo.utils.digest import sha256_file
 from mempo.utils.jsonl import loads_bounded
@@ -58,7 +60,7 @@ from mempo.utils.types import PathLike
 __all__ = [
     "CheckpointError", "CheckpointState", "capture_rng_state", "restore_rng_state", "checkpoint_dir",
     "list_checkpoints", "has_checkpoints", "latest_checkpoint", "verify_checkpoint", "verify_on_all_ranks",
-    "newest_intact_checkpoint", "resolve_checkpoint", "resume_checkpoint", "checkpoint_step", "save_checkpoint", "load_checkpoint",
+    "newest_intact_checkpoint", "resolve_checkpoint", "resume_checkpoint", "checkpoint_step", "save_checkpoint", "start_checkpoint", "PendingCheckpoint", "load_checkpoint",
     "prune_checkpoints", "check_fits", "model_state_dict", "optimizer_state_dict", "load_model_state", "load_optimizer_state",
 ]
 CHECKPOINT_FORMAT = 3  # 3: sharded (DCP) model/ and optimizer/; 2: full model.pt, digests; 1: no digests
@@ -594,16 +596,26 @@ def _tear_own_shard(directory: Path, phase: str) -> None:
         fault_point(phase, handle)
 
 
-def _write_files(temp: Path, step: int, model: Optional[torch.nn.Module], optimizer: Optional[torch.optim.Optimizer],
-                 rng_states: dict, data_state: Any, extra: Any) -> None:
-    """Every file but the manifest: the model's and optimiser's shards (each rank its own, DCP's
-    collectives inside), state.json (rank 0), this rank's RNG file."""
+def _write_shards(temp: Path, model: Optional[torch.nn.Module], optimizer: Optional[torch.optim.Optimizer]) -> None:
+    """The model's and optimiser's shards (each rank its own, DCP's collectives inside)."""
     if model is not None:
         save_model_shards(temp / MODEL_DIR, model)
         _tear_own_shard(temp / MODEL_DIR, "model")
     if optimizer is not None:
         save_optimizer_shards(temp / OPTIMIZER_DIR, model, optimizer)
         _tear_own_shard(temp / OPTIMIZER_DIR, "optimizer")
+
+
+def _write_snapshots(temp: Path, snapshots: list[tuple[str, dict]], process_group: Any) -> None:
+    """The background writer's job: each snapshot into its folder, in order, collective over
+    `process_group` (the training's collectives go on meanwhile in the main thread)."""
+    for folder, state in snapshots:
+        write_state(temp / folder, state, process_group)
+        _tear_own_shard(temp / folder, folder)
+
+
+def _write_small_files(temp: Path, step: int, rng_states: dict, data_state: Any, extra: Any) -> None:
+    """state.json (rank 0) and this rank's RNG file."""
     if _rank() == 0:
         _json_save({"format": CHECKPOINT_FORMAT, "step": int(step), "world_size": _world_size(),
                     "data_state": data_state, "extra": extra}, temp / "state.json", "state")
@@ -638,6 +650,121 @@ def _publish(root: Path, temp: Path, final: Path, step: int, records: dict[str, 
     replace_file_atomically(root / LATEST_FILE, final.name + "\n", phase="latest")
 
 
+# One background writer per process: a second background checkpoint cannot start before the first
+# is published (`start_checkpoint`), so the worker never holds more than one checkpoint's snapshots.
+_BACKGROUND_WRITER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mempo-checkpoint")
+_pending: dict[str, "PendingCheckpoint"] = {}  # "current": the unpublished background checkpoint, if any
+
+
+@dataclass
+class PendingCheckpoint:
+    """A checkpoint whose files are written (`start_checkpoint`) but not yet published: `publish()`
+    (collective) waits for the writes, then makes it visible exactly as `save_checkpoint` does."""
+
+    root: Path
+    step: int
+    temp: Path
+    final: Path
+    keep_last: Optional[int]
+    writes: Optional[Future] = None  # the background writer's job (None: written in the caller's thread)
+    error: Optional[BaseException] = None  # this rank's failure while staging or writing
+    published: bool = field(default=False, init=False)
+
+    @property
+    def in_flight(self) -> bool:
+        """Whether the background writes are still running on this rank."""
+        return self.writes is not None and not self.writes.done()
+
+    def abandon(self) -> None:
+        """Wait for this rank's writes and leave the checkpoint unpublished (not collective: for a
+        run that is failing; its ``.tmp-`` directory goes at the next prune)."""
+        self.published = True
+        if self.writes is not None:
+            try:
+                self.writes.result()
+            except Exception:  # the run is failing already: its own error is the one to report
+                pass
+            finally:
+                _pending.pop("current", None)
+
+    def publish(self) -> Path:
+        """Wait for this rank's writes, agree with the other ranks that all succeeded, hash, write
+        the manifest and publish (`_publish`; rank 0), prune. Returns the checkpoint's directory.
+        Raises this rank's error (or RuntimeError naming another rank's) on every rank when any rank
+        failed; the checkpoint is then not published and the previous one stands."""
+        if self.published:
+            raise RuntimeError(f"checkpoint step {self.step} was already published")
+        self.published = True
+        error = self.error
+        if self.writes is not None:
+            try:
+                self.writes.result()
+            except Exception as caught:  # every rank must reach the agreement below, then all raise
+                error = error or caught
+            finally:
+                _pending.pop("current", None)
+        if not _all_ranks_ok(error is None):
+            if error is not None:
+                raise error
+            raise RuntimeError(f"checkpoint step {self.step}: another rank failed while writing; not published")
+        records = _gathered_records(self.temp)  # after the agreement: every rank's files are on disk
+        if _rank() == 0:
+            _publish(self.root, self.temp, self.final, self.step, records)
+            prune_checkpoints(self.root, self.keep_last)
+        _barrier()
+        return self.final
+
+
+def start_checkpoint(root: PathLike, step: int, model: Optional[torch.nn.Module] = None,
+                     optimizer: Optional[torch.optim.Optimizer] = None, rng_states: Optional[dict] = None,
+                     data_state: Any = None, extra: Any = None, keep_last: Optional[int] = None, *,
+                     background: bool = False, process_group: Any = None) -> PendingCheckpoint:
+    """Write checkpoint `step`'s files under ``<root>/.tmp-step_N`` and return it unpublished (see
+    `save_checkpoint` for the arguments; `PendingCheckpoint.publish` finishes it). Collective.
+
+    background: snapshot this rank's model and optimiser shards into CPU memory now (one more copy
+    of the rank's shards, host memory on a GPU, held until written) and write them from a
+    background thread, so training goes on while the shards reach the disk; the small files are
+    written now. The snapshot is the state at this call: later updates do not reach the files.
+    Under torch.distributed it needs `process_group`, a group the training's collectives do not
+    use (``torch.distributed.new_group(backend="gloo")``, created once on every rank), for the
+    writer's own collectives. One background checkpoint at a time per process: publish it before
+    starting the next (RuntimeError otherwise). A process that dies before `publish` leaves an
+    unpublished ``.tmp-`` directory (removed by the next prune) and the previous checkpoint."""
+    if optimizer is not None and model is None:
+        raise ValueError("saving an optimizer needs its model (parameter names come from the model)")
+    if background and dist_active() and process_group is None:
+        raise ValueError("a background checkpoint under torch.distributed needs process_group: a group the "
+                         "training's collectives do not use (torch.distributed.new_group(backend='gloo'))")
+    if "current" in _pending:
+        raise RuntimeError(f"checkpoint step {_pending['current'].step} is still unpublished: publish() it before "
+                           f"starting step {int(step)}'s")
+    root = Path(root)
+    step = int(step)
+    rng_states = capture_rng_state() if rng_states is None else rng_states
+    final = checkpoint_dir(root, step)
+    temp = root / f"{TEMP_PREFIX}{final.name}"
+    if _rank() == 0:
+        root.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(temp, ignore_errors=True)
+        (temp / "rng").mkdir(parents=True)
+    _barrier()
+    pending = PendingCheckpoint(root, step, temp, final, keep_last)
+    try:
+        if background:
+            snapshots = [(MODEL_DIR, snapshot_model_state(model))] if model is not None else []
+            if optimizer is not None:
+                snapshots.append((OPTIMIZER_DIR, snapshot_optimizer_state(model, optimizer)))
+            pending.writes = _BACKGROUND_WRITER.submit(_write_snapshots, temp, snapshots, process_group)
+            _pending["current"] = pending
+        else:
+            _write_shards(temp, model, optimizer)
+        _write_small_files(temp, step, rng_states, data_state, extra)
+    except Exception as caught:  # reported by publish(), on every rank
+        pending.error = caught
+    return pending
+
+
 def save_checkpoint(root: PathLike, step: int, model: Optional[torch.nn.Module] = None,
                     optimizer: Optional[torch.optim.Optimizer] = None, rng_states: Optional[dict] = None,
                     data_state: Any = None, extra: Any = None, keep_last: Optional[int] = None) -> Path:
@@ -652,36 +779,9 @@ def save_checkpoint(root: PathLike, step: int, model: Optional[torch.nn.Module] 
     plus DCP's copy buffer), rank 0 writes state.json, gathers the digests and publishes
     (`_publish`). Tests inject crashes with ``MEMPO_FAULT_INJECT`` at the phases ``model``,
     ``optimizer`` (this rank's shard file torn), ``rng``, ``state``, ``manifest``, ``rename``,
-    ``latest`` (`mempo.utils.atomic.fault_point`).
+    ``latest`` (`mempo.utils.atomic.fault_point`). `start_checkpoint` writes in the background.
     """
-    if optimizer is not None and model is None:
-        raise ValueError("saving an optimizer needs its model (parameter names come from the model)")
-    root = Path(root)
-    step = int(step)
-    rank = _rank()
-    rng_states = capture_rng_state() if rng_states is None else rng_states
-    final = checkpoint_dir(root, step)
-    temp = root / f"{TEMP_PREFIX}{final.name}"
-    if rank == 0:
-        root.mkdir(parents=True, exist_ok=True)
-        shutil.rmtree(temp, ignore_errors=True)
-        (temp / "rng").mkdir(parents=True)
-    _barrier()
-    error: Optional[BaseException] = None
-    try:
-        _write_files(temp, step, model, optimizer, rng_states, data_state, extra)
-    except Exception as caught:  # every rank must reach the agreement below, then all raise
-        error = caught
-    if not _all_ranks_ok(error is None):
-        if error is not None:
-            raise error
-        raise RuntimeError(f"checkpoint step {step}: another rank failed while writing; not published")
-    records = _gathered_records(temp)  # after the agreement: every rank's files are on disk
-    if rank == 0:
-        _publish(root, temp, final, step, records)
-        prune_checkpoints(root, keep_last)
-    _barrier()
-    return final
+    return start_checkpoint(root, step, model, optimizer, rng_states, data_state, extra, keep_last).publish()
 
 
 def _load_rng(path: Path, rank: int) -> Optional[dict]:

@@ -30,6 +30,9 @@ Stages (bytes per GPU):
   of the GPU (the engine's weights and KV cache; released while the trainer's stages run).
 * weight sync (SGLang): model state + the engine's weights + one bucket
   (``StepContext.sync_bucket_bytes``) + the largest tensor being gathered.
+* host memory per rank (not GPU): with ``trainer.async_save`` the checkpoint's snapshot of the
+  rank's parameter and AdamW moment shards (`mempo.train.checkpoint.start_checkpoint`), held until
+  the background writer has written them.
 * every stage adds `RUNTIME_OVERHEAD_BYTES` (CUDA context, NCCL buffers, fragmentation: an
   estimate, not measured here).
 """
@@ -146,6 +149,7 @@ class Plan:
     gpu_bytes: int
     stages: list[Stage]
     advice: list[str] = field(default_factory=list)
+    host: dict[str, int] = field(default_factory=dict)  # {what: bytes} per rank in host memory
 
     @property
     def peak(self) -> Stage:
@@ -205,6 +209,9 @@ def plan_memory(cfg: MempoConfig, nproc_per_node: int, gpu_bytes: int, nnodes: i
             "model state": state, "engine weights": engine_weights, "bucket": SYNC_BUCKET_BYTES,
             "largest tensor": max(sizes.values()) * compute, "runtime overhead": RUNTIME_OVERHEAD_BYTES}))
     plan = Plan(world, shape.parameters, gpu_bytes, stages)
+    if cfg.trainer.async_save:  # parameters and two moments; the gradients are not saved
+        snapshot = 3 * model_state_bytes(shape, world, master) // 4
+        plan.host["async save snapshot (parameter and optimiser shards)"] = snapshot
     plan.advice = _advice(cfg, plan, training, scoring)
     return plan
 
@@ -255,6 +262,7 @@ def format_plan(plan: Plan) -> str:
     for stage in plan.stages:
         lines.append(f"{stage.name:<44}{stage.total / GIB:>12.2f}")
         lines += [f"  {part:<42}{value / GIB:>12.2f}" for part, value in stage.parts.items()]
+    lines += [f"host memory per rank: {part}: {value / GIB:.2f} GiB" for part, value in plan.host.items()]
     verdict = "fits" if plan.fits else "does NOT fit"
     lines.append(f"peak: {plan.peak.name}, {plan.peak.total / GIB:.2f} GiB of {plan.gpu_bytes / GIB:.1f} GiB: {verdict}")
     lines += [f"  to fit: {tip}" for tip in plan.advice]

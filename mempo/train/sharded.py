@@ -28,6 +28,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.metadata import Metadata, TensorStorageMetadata
+from torch.distributed.checkpoint.staging import BlockingAsyncStager
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions, get_model_state_dict, get_optimizer_state_dict, set_model_state_dict, set_optimizer_state_dict,
 )
@@ -36,6 +37,7 @@ from mempo.errors import MempoError
 from mempo.utils.types import PathLike
 
 __all__ = ["CheckpointError", "TensorSpec", "METADATA_FILE", "save_model_shards", "save_optimizer_shards",
+           "snapshot_model_state", "snapshot_optimizer_state", "write_state",
            "load_model_shards", "load_optimizer_shards", "check_model_shards", "check_optimizer_shards",
            "tensor_specs", "read_tensors", "owner_rank", "rank_shard_files", "dist_active", "short_error",
            "name_keys", "param_names"]
@@ -77,11 +79,11 @@ def _quiet_single_process():
     return context
 
 
-def _save(state: dict[str, Any], directory: Path) -> None:
+def _save(state: dict[str, Any], directory: Path, process_group: Optional[dist.ProcessGroup] = None) -> None:
     writer = FileSystemWriter(directory, single_file_per_rank=True, sync_files=True, thread_count=1)
     context = _quiet_single_process()
     try:
-        dcp.save(state, storage_writer=writer, no_dist=not dist_active())
+        dcp.save(state, storage_writer=writer, process_group=process_group, no_dist=not dist_active())
     except CheckpointException as error:  # a BaseException: make it an ordinary one naming the directory
         raise OSError(f"{directory}: writing the shards failed ({short_error(error)})") from None
     finally:
@@ -113,6 +115,31 @@ def save_optimizer_shards(directory: PathLike, model: torch.nn.Module, optimizer
     An optimiser that has not stepped yet is initialised first by torch (a zero-gradient step at
     lr 0, ``get_optimizer_state_dict``), as the unsharded format did."""
     _save(get_optimizer_state_dict(model, optimizer, options=_OPTIM_OPTIONS), Path(directory))
+
+
+def _snapshot(state: dict[str, Any]) -> dict[str, Any]:
+    # DCP's blocking stager: new CPU storages for every tensor (DTensors keep their placements),
+    # so updates after the snapshot do not reach the files written from it
+    return BlockingAsyncStager(cache_staged_state_dict=False, type_check=False).stage(state)
+
+
+def snapshot_model_state(model: torch.nn.Module) -> dict[str, Any]:
+    """This rank's shards of `model`'s state, copied to CPU memory (the bytes of its shards, host
+    memory on a GPU), for `write_state` to write while training goes on. Not collective."""
+    return _snapshot(get_model_state_dict(model))
+
+
+def snapshot_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    """As `snapshot_model_state` for `optimizer`'s flattened state (`save_optimizer_shards`' keys)."""
+    return _snapshot(get_optimizer_state_dict(model, optimizer, options=_OPTIM_OPTIONS))
+
+
+def write_state(directory: PathLike, state: dict[str, Any], process_group: Optional[dist.ProcessGroup] = None) -> None:
+    """Write a snapshot (`snapshot_model_state` / `snapshot_optimizer_state`) to `directory` in DCP
+    form; collective over `process_group` (None: the default group) when distributed. From a
+    background thread, give a group the training's collectives do not use (a second gloo group),
+    or the two threads' collectives interleave."""
+    _save(state, Path(directory), process_group)
 
 
 def owner_rank(relative: str) -> int:

@@ -36,8 +36,8 @@ from mempo.rollout.backends.factory import build_backend
 from mempo.rollout.backends.scaffold import ProtocolScaffold
 from mempo.seeds import eval_question_seed
 from mempo.train.actor import Actor, DistInfo, init_distributed
-from mempo.train.checkpoint import (CheckpointError, has_checkpoints, load_checkpoint, resume_checkpoint,
-                                    save_checkpoint)
+from mempo.train.checkpoint import (CheckpointError, PendingCheckpoint, has_checkpoints, load_checkpoint,
+                                    resume_checkpoint, start_checkpoint)
 from mempo.train.logging import MetricsLogger, StageTimer
 from mempo.utils.log import log
 from mempo.utils.progress import progress
@@ -387,6 +387,9 @@ def train(cfg: MempoConfig, *, model=None, tokenizer=None, episodes=None, retrie
     if run.rank == 0:
         dump_config(cfg, run.out_dir / "config.yaml")
     result = TrainResult(run.out_dir, start, resumed_from=resumed, model=run.model, tokenizer=run.tokenizer)
+    # the background writer's collectives need a group of their own (created on every rank, once)
+    writer_group = dist.new_group(backend="gloo") if t.async_save and run.world_size > 1 else None
+    pending: Optional[PendingCheckpoint] = None
     timer = StageTimer()
     end = t.total_steps if max_steps is None else min(t.total_steps, start + max_steps)
     B = cfg.data.questions_per_step
@@ -395,26 +398,37 @@ def train(cfg: MempoConfig, *, model=None, tokenizer=None, episodes=None, retrie
             progress("train", t.total_steps, enabled=t.progress and run.rank == 0) as bar:
         if start:
             bar.advance(start)
-        for step in range(start + 1, end + 1):
-            batch = step_episodes(run.episodes, step, B, shuffle=cfg.data.shuffle, seed=cfg.data.seed,
-                                  rank=run.rank, world_size=run.world_size)
-            metrics = train_step(run.ctx, batch, step, timer).metrics
-            if metrics["rollout/tool_errors"] and metrics["rollout/tool_errors"] == metrics["rollout/tool_calls"]:
-                log(f"step {step}: all {int(metrics['rollout/tool_calls'])} tool calls failed "
-                     f"(rollout/tool_errors; is the retriever up?)")
-            evaluated = bool(t.eval_every) and step % t.eval_every == 0
-            if evaluated:
-                metrics.update(periodic_eval(run, step))  # collective; rank 0's metrics
-            if step % t.log_every == 0 or step == end or evaluated:
-                logger.log(step, metrics)
-            result.metrics.append(dict(metrics, step=step))
-            result.last_step = step
-            if (t.save_every and step % t.save_every == 0) or step == t.total_steps:
-                result.checkpoint = save_checkpoint(
-                    ckpt_root, step, run.ctx.actor.module, run.ctx.actor.optimizer,
-                    data_state={"step": step, "position": step * B}, extra={"seed": t.seed},
-                    keep_last=t.keep_last)
-            bar.advance(1)
+        try:
+            for step in range(start + 1, end + 1):
+                batch = step_episodes(run.episodes, step, B, shuffle=cfg.data.shuffle, seed=cfg.data.seed,
+                                      rank=run.rank, world_size=run.world_size)
+                metrics = train_step(run.ctx, batch, step, timer).metrics
+                if pending is not None:  # the previous step's checkpoint, written while this step ran
+                    result.checkpoint, pending = pending.publish(), None
+                if metrics["rollout/tool_errors"] and metrics["rollout/tool_errors"] == metrics["rollout/tool_calls"]:
+                    log(f"step {step}: all {int(metrics['rollout/tool_calls'])} tool calls failed "
+                         f"(rollout/tool_errors; is the retriever up?)")
+                evaluated = bool(t.eval_every) and step % t.eval_every == 0
+                if evaluated:
+                    metrics.update(periodic_eval(run, step))  # collective; rank 0's metrics
+                if step % t.log_every == 0 or step == end or evaluated:
+                    logger.log(step, metrics)
+                result.metrics.append(dict(metrics, step=step))
+                result.last_step = step
+                if (t.save_every and step % t.save_every == 0) or step == t.total_steps:
+                    pending = start_checkpoint(
+                        ckpt_root, step, run.ctx.actor.module, run.ctx.actor.optimizer,
+                        data_state={"step": step, "position": step * B}, extra={"seed": t.seed},
+                        keep_last=t.keep_last, background=t.async_save, process_group=writer_group)
+                    if not t.async_save or step == end:
+                        result.checkpoint, pending = pending.publish(), None
+                bar.advance(1)
+        except BaseException:
+            if pending is not None:  # a failing run: its writes end, it stays unpublished
+                pending.abandon()
+            raise
+    if writer_group is not None:
+        dist.destroy_process_group(writer_group)
     return result
 
 

@@ -2,12 +2,13 @@
 every arm (grpo, mempo, a --best arm with its own pooling overrides) and seed runs RL from the same SFT
 model, paired by seed; the overrides reach the runs wherever they stand on the command line; the
 run files, results, paired differences, table and plot are written; a rerun with the same settings
-skips every finished run; a run file of other settings is refused (exit 2) unless --rerun; an
-evaluation of entities the demo's SFT data did not leave out is refused; the statistics and
-`check_held_out` themselves."""
+skips every finished run, also one kept in a --runs folder elsewhere; a run file of other settings
+is refused (exit 2) unless --rerun; an evaluation of entities the demo's SFT data did not leave out
+is refused; the statistics and `check_held_out` themselves."""
 import importlib.util
 import json
 import math
+import shutil
 import sys
 
 import pytest
@@ -92,6 +93,14 @@ def test_the_ablation_runs_paired_arms_resumes_and_refuses_other_settings(tmp_pa
     again = json.loads((out / "results.json").read_text())
     assert again["reused_runs"] == 6 and again["runs"] == results["runs"] and again["paired"] == results["paired"]
     assert capsys.readouterr().out.count("finished before") == 6
+    # --runs: the run files kept elsewhere (under git, on a fresh machine) are the ones reused
+    kept = tmp_path / "kept_runs"
+    shutil.copytree(out / "runs", kept)
+    elsewhere = tmp_path / "fresh_machine"
+    assert bench.main([*argv[:3], str(elsewhere), *argv[4:], "--runs", str(kept)]) == 0
+    moved = json.loads((elsewhere / "results.json").read_text())
+    assert moved["reused_runs"] == 6 and moved["runs"] == results["runs"] and not (elsewhere / "runs").exists()
+    capsys.readouterr()
     # a finished run of other settings is refused before anything runs, naming what differs
     other = [w if w != "rollout.group_size=4" else "rollout.group_size=2" for w in argv]
     assert bench.main(other) == 2

@@ -8,6 +8,10 @@ shards broadcast from rank 0) and rank 0 writes ``OUT_DIR/initial.json``: how ma
 * ``load``: a checkpoint to load into a fresh actor, then compare its full model and optimiser
   state with the full state saved in ``expect`` (rank 0 writes ``OUT_DIR/compare.json``: the
   names of every tensor that differs, and how many were compared);
+* ``save_background``: a checkpoint root: start a background checkpoint of the state as it is
+  now (`start_checkpoint`, under torch.distributed on its own gloo group; a start without that
+  group must be refused), publish it after the ``train`` update below, so its writes overlap the
+  update's collectives and it must hold the state of its start;
 * ``train``: take one update step on this rank's rows;
 * ``save``: a checkpoint root to save to, and ``save_full``: where rank 0 writes the full state
   (``torch.save`` of ``{"model", "optimizer"}``) that the next leg compares against.
@@ -17,10 +21,12 @@ import sys
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 
 from mempo.config import ActorConfig
 from mempo.train.actor import Actor, init_distributed, shutdown_distributed
-from mempo.train.checkpoint import load_checkpoint, model_state_dict, optimizer_state_dict, save_checkpoint
+from mempo.train.checkpoint import (load_checkpoint, model_state_dict, optimizer_state_dict, save_checkpoint,
+                                    start_checkpoint)
 from support.dist_worker import make_batch, make_model
 
 
@@ -79,10 +85,24 @@ def run(out_dir: Path) -> None:
             bad, count = differences(state, torch.load(job["expect"], weights_only=True))
             (out_dir / "compare.json").write_text(json.dumps({"different": bad, "compared": count,
                                                               "world": info.world_size}))
+    pending = None
+    if job.get("save_background"):
+        group = None
+        if info.distributed:
+            try:
+                start_checkpoint(job["save_background"], 1, actor.module, actor.optimizer, background=True)
+                raise AssertionError("a background checkpoint without its own group was not refused")
+            except ValueError as error:
+                assert "needs process_group" in str(error)
+            group = dist.new_group(backend="gloo")
+        pending = start_checkpoint(job["save_background"], 1, actor.module, actor.optimizer, background=True,
+                                   process_group=group)
     if job.get("train"):
         batch, advantages = make_batch()
         rows = {k: v[info.rank::info.world_size] for k, v in batch.items()}
         actor.update(rows, advantages[info.rank::info.world_size])
+    if pending is not None:
+        pending.publish()
     if job.get("save"):
         save_checkpoint(job["save"], 1, actor.module, actor.optimizer)
         state = full_state(actor)

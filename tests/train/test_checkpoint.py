@@ -1,4 +1,5 @@
-"""mempo.train.checkpoint (round trip, atomicity under crashes, RNG restore, keep-last-K) and
+"""mempo.train.checkpoint (round trip, atomicity under crashes, RNG restore, keep-last-K, background
+writes) and
 mempo.train.logging (metrics.jsonl that survives resume, TensorBoard fallback, timers, progress)."""
 import importlib.util
 import json
@@ -10,6 +11,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 import warnings
 
@@ -120,6 +122,65 @@ def test_crash_while_writing_files_keeps_previous_checkpoint(tmp_path, monkeypat
     assert not (tmp_path / "step_00000002").exists()
 
 
+def _adam_state(optimizer):
+    return {i: {k: v.clone() for k, v in entry.items()} for i, entry in optimizer.state_dict()["state"].items()}
+
+
+def test_a_background_checkpoint_holds_the_state_of_its_start(tmp_path, monkeypatch):
+    """The shards are written from a snapshot taken at the start: an update made while the writer
+    is held back does not reach the files; nothing is visible before publish(); one at a time."""
+    model, optimizer = trained()
+    expected_model = {k: v.clone() for k, v in model.state_dict().items()}
+    expected_adam = _adam_state(optimizer)
+    release, real_write = threading.Event(), ckpt.write_state
+
+    def held_back(directory, state, process_group=None):
+        assert release.wait(60)
+        real_write(directory, state, process_group)
+
+    monkeypatch.setattr(ckpt, "write_state", held_back)
+    pending = ckpt.start_checkpoint(tmp_path, 3, model, optimizer, data_state={"step": 3}, background=True)
+    assert pending.in_flight and latest_checkpoint(tmp_path) is None
+    with pytest.raises(RuntimeError, match="step 3 is still unpublished"):
+        ckpt.start_checkpoint(tmp_path, 4, model, optimizer, background=True)
+    model(torch.randn(4, 6)).square().mean().backward()  # the next step, while the writer waits
+    optimizer.step()
+    assert not torch.equal(model[0].weight, expected_model["0.weight"])
+    release.set()
+    path = pending.publish()
+    assert path.name == "step_00000003" and latest_checkpoint(tmp_path) == path
+    ckpt.verify_checkpoint(path)
+    with pytest.raises(RuntimeError, match="already published"):
+        pending.publish()
+    fresh = make_model(1)
+    fresh_optimizer = torch.optim.AdamW(fresh.parameters(), lr=1e-2)
+    assert load_checkpoint(path, fresh, fresh_optimizer).data_state == {"step": 3}
+    assert all(torch.equal(fresh.state_dict()[k], v) for k, v in expected_model.items())
+    loaded = _adam_state(fresh_optimizer)
+    assert loaded.keys() == expected_adam.keys()
+    for index, entry in expected_adam.items():
+        assert all(torch.equal(loaded[index][k], v) for k, v in entry.items()), index
+
+
+def test_a_failed_background_write_publishes_nothing_and_frees_the_writer(tmp_path, monkeypatch):
+    model, optimizer = trained()
+    first = save_checkpoint(tmp_path, 1, model, optimizer)
+
+    def disk_full(directory, state, process_group=None):
+        raise OSError(f"{directory}: no space left on device (simulated)")
+
+    monkeypatch.setattr(ckpt, "write_state", disk_full)
+    pending = ckpt.start_checkpoint(tmp_path, 2, model, optimizer, background=True)
+    with pytest.raises(OSError, match="no space left"):
+        pending.publish()
+    assert latest_checkpoint(tmp_path) == first and not (tmp_path / "step_00000002").exists()
+    ckpt.start_checkpoint(tmp_path, 2, model, optimizer, background=True).abandon()  # a failing run's way out
+    assert latest_checkpoint(tmp_path) == first and not (tmp_path / "step_00000002").exists()
+    monkeypatch.undo()
+    assert ckpt.start_checkpoint(tmp_path, 2, model, optimizer, background=True).publish().name == "step_00000002"
+    assert not [p.name for p in tmp_path.iterdir() if p.name.startswith(".tmp")]
+
+
 KILL_SCRIPT = textwrap.dedent("""
     import sys, torch
     from mempo.train import checkpoint as ckpt
@@ -133,27 +194,33 @@ KILL_SCRIPT = textwrap.dedent("""
     torch.save(model.state_dict(), root + "/expected.pt")
     with torch.no_grad():
         model.weight.add_(1.0)
-    ckpt.save_checkpoint(root, 2, model, optimizer, data_state={"step": 2})  # killed by MEMPO_FAULT_INJECT
+    # killed by MEMPO_FAULT_INJECT (in the writer's thread for a background save)
+    background = sys.argv[2] == "background"
+    ckpt.start_checkpoint(root, 2, model, optimizer, data_state={"step": 2}, background=background).publish()
     print("not killed")
 """)
 CHECKPOINT_PHASES = ["model", "optimizer", "rng", "state", "manifest", "rename", "latest"]
+BACKGROUND_PHASES = ["model", "optimizer"]  # the phases the background writer runs
 
 
 def test_sigkill_at_every_save_phase_resumes_the_previous_checkpoint(tmp_path):
     """MEMPO_FAULT_INJECT=<phase>@2 kills the second save at each phase (torn files where a file is
     being written); the killed save is never chosen, the previous one loads exactly, and the next
-    save of that step cleans up and succeeds."""
+    save of that step cleans up and succeeds. The same for a background save killed while its writer
+    thread writes the shards."""
     procs = {}
-    for phase in CHECKPOINT_PHASES:
-        root = tmp_path / phase
+    runs = [(phase, "foreground") for phase in CHECKPOINT_PHASES]
+    runs += [(phase, "background") for phase in BACKGROUND_PHASES]
+    for phase, mode in runs:
+        root = tmp_path / f"{phase}-{mode}"
         root.mkdir()
         env = dict(os.environ, MEMPO_FAULT_INJECT=f"{phase}@2", OMP_NUM_THREADS="1")
-        procs[phase] = subprocess.Popen([sys.executable, "-c", KILL_SCRIPT, str(root)], env=env, cwd=tmp_path,
-                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    for phase, proc in procs.items():
+        procs[(phase, mode)] = subprocess.Popen([sys.executable, "-c", KILL_SCRIPT, str(root), mode], env=env,
+                                                cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    for (phase, mode), proc in procs.items():
         out, err = proc.communicate(timeout=180)
-        assert proc.returncode == -signal.SIGKILL, (phase, err.decode()[-2000:])
-        root = tmp_path / phase
+        assert proc.returncode == -signal.SIGKILL, (phase, mode, err.decode()[-2000:])
+        root = tmp_path / f"{phase}-{mode}"
         notes = []
         chosen = ckpt.resume_checkpoint("auto", root, log=notes.append)
         assert chosen.name == "step_00000001", phase

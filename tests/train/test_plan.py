@@ -15,7 +15,7 @@ from support.plan_worker import run  # noqa: E402
 from mempo.apps.cli import main  # noqa: E402
 from mempo.config import ConfigError, load_config  # noqa: E402
 from mempo.model.loading import build_causal_lm  # noqa: E402
-from mempo.train.plan import model_shape, parse_bytes, plan_memory  # noqa: E402
+from mempo.train.plan import format_plan, model_shape, parse_bytes, plan_memory  # noqa: E402
 
 
 def _within(result, share=0.20):
@@ -51,6 +51,15 @@ def test_presets_fit_8_gpus_and_a_big_config_gets_advice(capsys):
     plan = plan_memory(cfg, 1, parse_bytes("80GiB"))
     assert not plan.fits and any("gradient_checkpointing" in tip for tip in plan.advice)
     assert plan.parameters == 7_615_616_512  # the published Qwen2.5-7B: 7.62 B
+    # trainer.async_save: the host copy of each rank's parameter and moment shards (fp32: 12 bytes per
+    # parameter over 8 ranks, padding aside), said per rank; nothing without it
+    preset = REPO / "configs" / "qwen2.5-7b-8gpu.yaml"
+    assert plan_memory(load_config(preset, ["trainer.async_save=false"]), 8, parse_bytes("80GiB")).host == {}
+    saving = plan_memory(load_config(preset, ["trainer.async_save=true", "model.dtype=float32"]), 8,
+                         parse_bytes("80GiB"))
+    (part, host), = saving.host.items()
+    assert "async save" in part and abs(host - 12 * saving.parameters / 8) <= 0.01 * host
+    assert f"host memory per rank: {part}: {host / 2 ** 30:.2f} GiB" in format_plan(saving)
     with pytest.raises(ConfigError, match="--gpu-memory"):
         parse_bytes("lots")
     assert parse_bytes("80GiB") == 80 << 30 and parse_bytes("141GB") == 141 * 10 ** 9

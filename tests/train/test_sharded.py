@@ -1,7 +1,8 @@
 """mempo.train.sharded: sharded (DCP) checkpoints that reshard. A checkpoint written by 1 process
 loads exactly on 2 FSDP2 ranks (gloo), one written by 2 ranks loads exactly in 1 process and on 4
 ranks (marked slow): the same parameters and AdamW state (moments, step, hyperparameters), bit
-for bit. Also:
+for bit. A background checkpoint started on 2 ranks before an update (its writes overlapping the
+update's collectives) holds the state of its start. Also:
 each rank hashes its own shard files into the manifest; streaming reads of a few tensors; format-2
 (full-state model.pt) checkpoints still load."""
 import json
@@ -37,12 +38,14 @@ def _compared(directory, world):
 @pytest.fixture(scope="module")
 def two_rank_checkpoint(tmp_path_factory):
     """1 process: one update, saved (world size 1), its full state kept; then 2 ranks load it,
-    compare (1 -> 2), take one more update and save (world size 2): (directory, its full state)."""
+    compare (1 -> 2), start a background checkpoint (``ckpt_background``), take one more update,
+    publish that one and save (world size 2): (directory, its full state)."""
     tmp_path = tmp_path_factory.mktemp("reshard")
     one = _job(tmp_path / "one", train=True, save=tmp_path / "ckpt1", save_full=tmp_path / "full1.pt")
     run(one)
-    two = _job(tmp_path / "two", load=tmp_path / "ckpt1", expect=tmp_path / "full1.pt", train=True,
-               save=tmp_path / "ckpt2", save_full=tmp_path / "full2.pt")
+    two = _job(tmp_path / "two", load=tmp_path / "ckpt1", expect=tmp_path / "full1.pt",
+               save_background=tmp_path / "ckpt_background", train=True, save=tmp_path / "ckpt2",
+               save_full=tmp_path / "full2.pt")
     torchrun(WORKER, two, nproc=2, what="the 2-rank load-train-save leg")
     return two, tmp_path / "ckpt2", tmp_path / "full2.pt"
 
@@ -60,6 +63,18 @@ def test_a_checkpoint_reshards_1_to_2_and_2_to_1_exactly(two_rank_checkpoint, tm
     back = _job(tmp_path / "back", load=ckpt2, expect=full2)  # 2 -> 1
     run(back)
     _compared(back, 1)
+
+
+def test_a_background_checkpoint_on_2_ranks_holds_the_state_of_its_start(two_rank_checkpoint, tmp_path):
+    two, _, _ = two_rank_checkpoint
+    background = two.parent / "ckpt_background"
+    manifest = json.loads((background / "step_00000001" / "COMPLETE").read_text())
+    assert manifest["world_size"] == 2 and {"model/__1_0.distcp", "optimizer/__1_0.distcp"} <= set(manifest["files"])
+    ckpt.verify_checkpoint(background / "step_00000001")
+    # the state it was started from (the loaded step-1 checkpoint), not the one after the update
+    start = _job(tmp_path / "start", load=background, expect=two.parent / "full1.pt")
+    run(start)
+    _compared(start, 1)
 
 
 @pytest.mark.slow  # 4 torch processes on the 2-core machine: ~40 s

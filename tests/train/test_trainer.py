@@ -153,6 +153,35 @@ def test_train_writes_metrics_and_checkpoints(tmp_path):
     assert (tmp_path / "config.yaml").is_file() and (tmp_path / "tokenizer" / "tokenizer.json").is_file()
 
 
+def test_async_save_writes_the_same_checkpoints_as_the_foreground(tmp_path):
+    """trainer.async_save: each checkpoint written in the background during the next step holds that
+    step's state, the same tensors as a foreground run's, and the run's numbers do not change."""
+    from mempo.train.checkpoint import latest_checkpoint, list_checkpoints
+    from mempo.train.logging import read_metrics
+    from mempo.train.sharded import read_tensors, tensor_specs
+    from mempo.train.trainer import train
+
+    torch.set_num_threads(1)
+    steps = ["trainer.total_steps=3", "trainer.save_every=1", "trainer.keep_last=null"]
+    train(_cfg(tmp_path / "foreground", *steps))
+    result = train(_cfg(tmp_path / "background", *steps, "trainer.async_save=true"))
+    assert result.checkpoint == latest_checkpoint(tmp_path / "background" / "checkpoints")
+    assert result.checkpoint.name == "step_00000003"
+    saved = {run: list_checkpoints(tmp_path / run / "checkpoints") for run in ("foreground", "background")}
+    assert [s for s, _ in saved["background"]] == [s for s, _ in saved["foreground"]] == [1, 2, 3]
+    for (_, a), (_, b) in zip(saved["foreground"], saved["background"]):
+        for folder in ("model", "optimizer"):
+            keys = tensor_specs(a / folder)
+            assert keys == tensor_specs(b / folder)
+            ta, tb = read_tensors(a / folder, keys), read_tensors(b / folder, keys)
+            assert all(torch.equal(ta[k], tb[k]) for k in keys), (a.name, folder)
+        assert json.loads((a / "state.json").read_text()) == json.loads((b / "state.json").read_text())
+    plain = [{k: v for k, v in r.items() if k != "time" and not k.startswith(("time/", "perf/"))}
+             for r in read_metrics(tmp_path / "foreground" / "metrics.jsonl")]
+    assert plain == [{k: v for k, v in r.items() if k != "time" and not k.startswith(("time/", "perf/"))}
+                     for r in read_metrics(tmp_path / "background" / "metrics.jsonl")]
+
+
 def _cli(out, *extra):
     env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
     return [sys.executable, "-m", "mempo.apps.cli", "train", "--config", str(CONFIG), "--out", str(out), "--threads", "1",
