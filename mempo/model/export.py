@@ -8,20 +8,25 @@ checkpoint are used the same way (``model.path``, ``mempo eval --model``).
 """
 from __future__ import annotations
 
+import copy
 import json
+import os
 from pathlib import Path
-from typing import Any, Mapping, Optional
+from typing import Any, Iterable, Mapping, Optional
 
 import torch
 import torch.distributed as dist
+from safetensors.torch import save_file
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
 from mempo.utils.atomic import atomic_directory
 from mempo.utils.types import PathLike
 
-__all__ = ["PROVENANCE_FILE", "full_state_dict", "save_model_dir", "export_model"]
+__all__ = ["PROVENANCE_FILE", "STREAMED_FILE_BYTES", "full_state_dict", "save_model_dir", "save_streamed_model_dir",
+           "export_model"]
 
 PROVENANCE_FILE = "mempo_provenance.json"
+STREAMED_FILE_BYTES = 1 << 30  # one safetensors file of `save_streamed_model_dir` (the most it holds at once)
 
 
 def _distributed() -> bool:
@@ -68,6 +73,60 @@ def save_model_dir(directory: PathLike, model: Any, tokenizer: Any = None, *,
         if provenance is not None:
             (staging / PROVENANCE_FILE).write_text(
                 json.dumps(dict(provenance), indent=2, sort_keys=True, default=str) + "\n", encoding="utf-8")
+    return path
+
+
+def save_streamed_model_dir(directory: PathLike, model: Any, weights: Iterable[tuple[str, torch.Tensor]],
+                            tokenizer: Any = None, *, max_file_bytes: int = STREAMED_FILE_BYTES,
+                            phase: Optional[str] = None) -> Path:
+    """Write a plain HF model directory from a stream of ``(name, whole tensor)`` (this process only;
+    e.g. `mempo.train.step.streamed_weights`, flattened), one safetensors file at a time: a file is
+    written as soon as its tensors reach `max_file_bytes` (a larger tensor alone), so at most one
+    file's tensors are held, never the whole model. Consumes the whole stream (collective streams
+    stay in step on every rank). model: gives ``config.json`` (its dtype set to the tensors'); a
+    tied output head (``lm_head.weight`` with ``tie_word_embeddings``) is not written, as
+    ``save_pretrained`` does. Layout and atomicity as `save_model_dir` (``model.safetensors``, or
+    ``model-0000i-of-0000n.safetensors`` with ``model.safetensors.index.json``)."""
+    config = copy.deepcopy(model.config)
+    tied = bool(getattr(config, "tie_word_embeddings", False))
+    path = Path(directory)
+    with atomic_directory(path, phase=phase) as staging:
+        parts: list[list[str]] = []
+        batch: dict[str, torch.Tensor] = {}
+        held, total, dtype = 0, 0, None
+
+        def write_part() -> None:
+            nonlocal batch, held
+            save_file(batch, str(staging / f"part-{len(parts):05d}"), metadata={"format": "pt"})
+            parts.append(list(batch))
+            batch, held = {}, 0
+
+        for name, tensor in weights:
+            if tied and name == "lm_head.weight":
+                continue
+            size = tensor.numel() * tensor.element_size()
+            if batch and held + size > max_file_bytes:
+                write_part()
+            batch[name] = tensor.detach().to("cpu").contiguous().clone()  # safetensors refuses shared storage
+            held, total = held + size, total + size
+            dtype = dtype or (tensor.dtype if tensor.is_floating_point() else None)
+        if batch or not parts:
+            write_part()
+        names = ["model.safetensors"] if len(parts) == 1 else [
+            f"model-{i + 1:05d}-of-{len(parts):05d}.safetensors" for i in range(len(parts))]
+        for index, name in enumerate(names):
+            os.replace(staging / f"part-{index:05d}", staging / name)
+        if len(parts) > 1:
+            weight_map = {key: name for name, keys in zip(names, parts) for key in keys}
+            index_file = {"metadata": {"total_size": total}, "weight_map": weight_map}
+            (staging / "model.safetensors.index.json").write_text(json.dumps(index_file, indent=2) + "\n")
+        if dtype is not None:
+            config.dtype = dtype  # what from_pretrained(dtype="auto") loads as
+        config.save_pretrained(staging)
+        if getattr(model, "generation_config", None) is not None:
+            model.generation_config.save_pretrained(staging)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(staging)
     return path
 
 

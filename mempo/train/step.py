@@ -286,7 +286,7 @@ def sync_weights(ctx: StepContext) -> None:
     actor's own module (HF; under torch.distributed it is gathered for each rollout); otherwise the
     weights are streamed to the backend as one lazy ``(name, tensor)`` iterable gathered in buckets
     of ``ctx.sync_bucket_bytes`` (`streamed_weights`, collective), never the whole state at once
-    (an SGLang server backend writes a whole HF directory on rank 0, so it holds it there)."""
+    (an SGLang server backend writes it on rank 0 one safetensors file at a time)."""
     if getattr(ctx.backend, "model", None) is ctx.actor.module:
         ctx.backend.sync_weights(None)
         return

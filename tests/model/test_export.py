@@ -1,4 +1,5 @@
-"""mempo.model.export: the final model directory is whole, also when written under torchrun.
+"""mempo.model.export: the final model directory is whole, also when written under torchrun, and a
+streamed one (the SGLang server's weight versions) is written one file at a time.
 
 Under torchrun the actor is FSDP2-sharded; `export_model` gathers the full weights and rank 0
 writes them. The 2-process run (gloo) is compared with one process on all rows (the same update,
@@ -12,7 +13,7 @@ import torch
 from support.dist import torchrun
 from support.dist_export_worker import run
 from support.paths import SUPPORT
-from mempo.model.export import PROVENANCE_FILE, export_model, full_state_dict, save_model_dir
+from mempo.model.export import PROVENANCE_FILE, export_model, full_state_dict, save_model_dir, save_streamed_model_dir
 
 WORKER = SUPPORT / "dist_export_worker.py"
 
@@ -53,3 +54,40 @@ def test_export_keeps_tied_weights_tied_and_replaces_a_directory(tmp_path):
     assert weights.keys() == model.state_dict().keys()
     save_model_dir(tmp_path / "again", model, None, state_dict=weights)
     assert not (tmp_path / "again" / PROVENANCE_FILE).exists()
+
+
+def test_a_streamed_model_dir_is_written_one_file_at_a_time_and_loads_whole(tmp_path):
+    """`save_streamed_model_dir` (the SGLang server backend's weight versions): the files are written
+    while the stream is still being read (never the whole state held), the tied head is left out,
+    and the directory loads back to the same weights, as one file or as an index of several."""
+    from mempo.model.builtin import default_corpus_texts, tiny_model, train_tokenizer
+    from mempo.model.loading import load_model_dir
+
+    tok = train_tokenizer(default_corpus_texts(), 300)
+    model = tiny_model(tok, seed=0, tie_word_embeddings=True)
+    state = model.state_dict()
+    total = sum(t.numel() * t.element_size() for name, t in state.items() if name != "lm_head.weight")
+    on_disk, read = [], []
+
+    def stream():
+        for name, tensor in state.items():
+            on_disk.append(len([p for p in tmp_path.rglob("*") if p.name.startswith("part-")]))
+            read.append(name)
+            yield name, tensor
+
+    written = save_streamed_model_dir(tmp_path / "several", model, stream(), tok, max_file_bytes=total // 5)
+    assert read == list(state)  # the whole stream consumed
+    index = json.loads((written / "model.safetensors.index.json").read_text())
+    files = sorted(set(index["weight_map"].values()))
+    assert len(files) >= 5 and files[0] == f"model-00001-of-{len(files):05d}.safetensors"
+    assert "lm_head.weight" not in index["weight_map"] and index["metadata"]["total_size"] == total
+    assert on_disk[-1] >= len(files) - 2  # by the last tensor, all but the current file were on disk
+    single = save_streamed_model_dir(tmp_path / "one", model, iter(state.items()), tok)
+    assert [p.name for p in single.glob("*.safetensors")] == ["model.safetensors"]
+    for directory in (written, single):
+        loaded, _ = load_model_dir(directory)
+        assert loaded.config.tie_word_embeddings
+        assert loaded.get_output_embeddings().weight.data_ptr() == loaded.get_input_embeddings().weight.data_ptr()
+        for name, tensor in state.items():
+            assert torch.equal(loaded.state_dict()[name], tensor), name
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no staging left behind

@@ -14,7 +14,8 @@
 * ``"sglang"`` with ``rollout.sglang_url`` set: `SGLangServerBackend` (HTTP); a ConfigError naming
   ``rollout.sglang_url`` when no server answers there. When `model_path` is a local directory the
   server is told to load it first, so it serves exactly the model in question; weight versions are
-  written under `weights_dir` as HF checkpoints (`mempo.model.export.save_model_dir`).
+  written under `weights_dir` as HF checkpoints, streamed one safetensors file at a time
+  (`mempo.model.export.save_streamed_model_dir`).
 
 Logits processors need HF generation: asking for them with SGLang is a ConfigError naming
 ``rollout.protocol_scaffold`` (the config also refuses that pair).
@@ -30,7 +31,7 @@ from pathlib import Path
 from typing import Any, Sequence, Union
 
 from mempo.config import ConfigError
-from mempo.model.export import save_model_dir
+from mempo.model.export import save_streamed_model_dir
 from mempo.rollout.backends.base import GenerationBackend
 from mempo.rollout.backends.hf import HFBackend
 from mempo.rollout.backends.sglang import SGLangBackend, SGLangError, SGLangServerBackend
@@ -80,8 +81,8 @@ def build_backend(cfg: Any, model: Any, tokenizer: Any, *, model_path: Union[str
         return hf_backend(model, tokenizer, logits_processors=logits_processors)
     path = None if model_path in (None, "builtin-tiny") else str(model_path)
     if r.sglang_url:
-        def save_weights(weights, directory: Path) -> None:
-            save_model_dir(directory, model, tokenizer, state_dict=dict(weights))
+        def save_weights(weights, directory: Path) -> None:  # one file at a time: never the whole state
+            save_streamed_model_dir(directory, model, weights, tokenizer)
 
         local = path if path is not None and Path(path).is_dir() else None
         try:
