@@ -1,7 +1,7 @@
 """Scaling of `mempo train` over gloo ranks (issue 22): per-rank model-state memory, peak RSS, step
 time, checkpoint save and load time, for 1, 2 and 4 ranks on a ~104 M-parameter Qwen2.
 
-Run:  nice -n 19 python bench/bench_scale.py [--ranks 1 2 4] [--out bench/scale_results.json]
+Run:  python bench/bench_scale.py [--ranks 1 2 4] [--out bench/scale_results.json] [--rerun]
 
 Each world size runs `mempo train` twice under torchrun (gloo, CPU), through `mempo.apps.cli.main`
 in this file's worker mode: a first run of one step (checkpoint saved at step 1), then ``--resume``
@@ -15,8 +15,12 @@ what is measured). Per rank the worker records:
 * peak RSS: ``ru_maxrss`` of the rank's process at the end of the resumed run (start-up, rollout,
   update, save and load included);
 * step time: ``time/step`` of the resumed run's step (metrics.jsonl, the slowest rank's);
-* checkpoint save / load: wall seconds of `save_checkpoint` (first run) and `load_checkpoint`
-  (resumed run) on the rank, digests included.
+* checkpoint save / load: wall seconds of the save (`start_checkpoint` to the end of its
+  `publish`: shards, digests, manifest; first run) and of `load_checkpoint` (resumed run) on the
+  rank, digests included.
+
+Each world size is written to ``--out`` as it finishes (with the machine's load average then), and
+a rerun measures only the world sizes missing there (``--rerun``: all again).
 
 Nothing is asserted; the table goes to bench/RESULTS.md ("Scaling over ranks").
 """
@@ -51,7 +55,7 @@ def _storages(tensors) -> int:
 
 
 def worker(out: Path, record: Path, argv: list[str]) -> None:
-    """One rank of `mempo train` (`mempo.apps.cli.main(argv)`), with `save_checkpoint` /
+    """One rank of `mempo train` (`mempo.apps.cli.main(argv)`), with the checkpoint save and
     `load_checkpoint` timed and the model state counted at the first save; appends this rank's
     numbers to `record`."""
     import torch
@@ -61,18 +65,28 @@ def worker(out: Path, record: Path, argv: list[str]) -> None:
     from mempo.apps.cli import main
 
     numbers: dict = {}
-    real_save, real_load = trainer.save_checkpoint, trainer.load_checkpoint
+    real_start, real_load = trainer.start_checkpoint, trainer.load_checkpoint
 
-    def timed_save(root, step, model, optimizer, **kwargs):
+    class TimedPending:  # the save is timed from start_checkpoint to the end of its publish()
+        def __init__(self, pending, began):
+            self.pending, self.began = pending, began
+
+        def publish(self):
+            path = self.pending.publish()
+            numbers.setdefault("save_seconds", time.perf_counter() - self.began)
+            return path
+
+        def abandon(self):
+            self.pending.abandon()
+
+    def timed_start(root, step, model, optimizer, **kwargs):
         if "model_state_bytes" not in numbers:
             params = list(model.parameters())
             numbers["model_state_bytes"] = (_storages(params) + _storages([p.grad for p in params if p.grad is not None])
                                             + _storages([v for s in optimizer.state.values() for v in s.values()
                                                          if torch.is_tensor(v) and v.dim() > 0]))
         began = time.perf_counter()
-        result = real_save(root, step, model, optimizer, **kwargs)
-        numbers.setdefault("save_seconds", time.perf_counter() - began)
-        return result
+        return TimedPending(real_start(root, step, model, optimizer, **kwargs), began)
 
     def timed_load(*args, **kwargs):
         began = time.perf_counter()
@@ -80,7 +94,7 @@ def worker(out: Path, record: Path, argv: list[str]) -> None:
         numbers["load_seconds"] = time.perf_counter() - began
         return result
 
-    trainer.save_checkpoint, trainer.load_checkpoint = timed_save, timed_load
+    trainer.start_checkpoint, trainer.load_checkpoint = timed_start, timed_load
     torch.set_num_threads(1)
     rank = int(os.environ.get("RANK", "0"))
     code = main(argv)
@@ -143,15 +157,21 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ranks", type=int, nargs="+", default=[1, 2, 4])
     parser.add_argument("--out", default=str(REPO / "bench" / "scale_results.json"))
+    parser.add_argument("--rerun", action="store_true", help="measure again the world sizes --out already holds")
     args = parser.parse_args()
-    results = []
+    out = Path(args.out)
+    # each world size is written as it finishes: an interrupted run keeps them, a rerun measures the rest
+    done = {r["ranks"]: r for r in json.loads(out.read_text())} if out.is_file() and not args.rerun else {}
     with tempfile.TemporaryDirectory(prefix="mempo-scale-") as scratch:
         for ranks in args.ranks:
+            if ranks in done:
+                print(f"{ranks} rank(s): measured before ({out}), kept", file=sys.stderr, flush=True)
+                continue
             began = time.perf_counter()
-            results.append(measure(ranks, Path(scratch)))
+            done[ranks] = dict(measure(ranks, Path(scratch)), load_average=os.getloadavg()[0])
+            out.write_text(json.dumps([done[k] for k in sorted(done)], indent=1) + "\n")
             print(f"{ranks} rank(s): {time.perf_counter() - began:.0f} s", file=sys.stderr, flush=True)
-    Path(args.out).write_text(json.dumps(results, indent=1) + "\n")
-    print(table(results))
+    print(table([done[k] for k in sorted(done)]))
 
 
 if __name__ == "__main__":
