@@ -374,6 +374,17 @@ def target_lines(before: Optional[EvalReport], after: Optional[EvalReport], seco
     return lines
 
 
+def rl_setting_line(cfg: MempoConfig) -> str:
+    """What this run's RL rewarded, and where the memory reward's own share is measured: the RL gain
+    of the report is that of RL as a whole (outcome reward included)."""
+    a, s = cfg.algorithm, cfg.scoring
+    return (f"RL rewarded the outcome and, with weight {a.memory_weight:g}, each `<mem>` block (scoring reward "
+            f"{s.reward}, comparator {s.comparator}, threshold {s.threshold}, objectives {s.scored_objectives}; "
+            f"pooling {a.memory_pooling}). The RL gain below is RL's as a whole: what the memory reward adds over "
+            f"the outcome reward alone (GRPO, weight 0) is measured by the pre-registered ablation "
+            f"(bench/bench_learning.py; bench/RESULTS.md), not by this run.")
+
+
 def _report(out: Path, stages: _Stages, before: EvalReport, after: EvalReport,
             pair: Optional[tuple[EpisodeRecord, EpisodeRecord]] = None, memory: Sequence[str] = (),
             notes: Sequence[str] = ()) -> ReportResult:
@@ -427,7 +438,7 @@ def run_demo(cfg: MempoConfig, out_dir: PathLike, *, echo: Callable[[str], None]
         stages.run("copy-warmup", _copy_stage, cfg, model, tokenizer, env.world)
     sft_metrics = stages.run("sft", _sft_stage, cfg, model, tokenizer, cold.trajectories + cold.copy_records, out)
     bound = sft_bound_line(cfg, sft_metrics)
-    notes = [bound] if bound else []
+    notes = ([bound] if bound else []) + [rl_setting_line(cfg)]
     if bound:
         echo(bound)
     before = stages.run("eval-before", _eval_stage, cfg, model, tokenizer, episodes_by_k, env.retriever, "before",

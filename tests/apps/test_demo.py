@@ -76,6 +76,8 @@ def test_smoke_demo(tmp_path):
     assert "* target EM after SFT at k=2 >= 0.30: " in text and "* target the demo within 900 s: " in text
     assert "### Closed book" in text and "| memory-closed-book |" in (out / "eval_after.md").read_text()
     assert "SFT was cut by the time bound" not in text  # bounded by sft.steps
+    assert "* RL rewarded the outcome and, with weight 1, each `<mem>` block (scoring reward" in text
+    assert "what the memory reward adds over the outcome reward alone (GRPO, weight 0)" in text
     for name in ("reward", "memory_reward", "tokens", "sft"):
         png = out / f"{name}.png"
         assert png.read_bytes()[:8] == PNG_MAGIC
