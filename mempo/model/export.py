@@ -23,7 +23,7 @@ from mempo.utils.atomic import atomic_directory
 from mempo.utils.types import PathLike
 
 __all__ = ["PROVENANCE_FILE", "STREAMED_FILE_BYTES", "full_state_dict", "save_model_dir", "save_streamed_model_dir",
-           "export_model"]
+           "export_model", "safetensors_names", "write_safetensors_index"]
 
 PROVENANCE_FILE = "mempo_provenance.json"
 STREAMED_FILE_BYTES = 1 << 30  # one safetensors file of `save_streamed_model_dir` (the most it holds at once)
@@ -76,6 +76,21 @@ def save_model_dir(directory: PathLike, model: Any, tokenizer: Any = None, *,
     return path
 
 
+def safetensors_names(count: int) -> list[str]:
+    """``save_pretrained``'s weight file names for `count` files: ``model.safetensors`` alone, else
+    ``model-0000i-of-0000n.safetensors``."""
+    if count == 1:
+        return ["model.safetensors"]
+    return [f"model-{i + 1:05d}-of-{count:05d}.safetensors" for i in range(count)]
+
+
+def write_safetensors_index(directory: Path, total_size: int, weight_map: Mapping[str, str]) -> None:
+    """``model.safetensors.index.json`` (``{"metadata": {"total_size"}, "weight_map"}``) of a
+    directory of several weight files."""
+    index = {"metadata": {"total_size": int(total_size)}, "weight_map": dict(weight_map)}
+    (directory / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
+
+
 def save_streamed_model_dir(directory: PathLike, model: Any, weights: Iterable[tuple[str, torch.Tensor]],
                             tokenizer: Any = None, *, max_file_bytes: int = STREAMED_FILE_BYTES,
                             phase: Optional[str] = None) -> Path:
@@ -112,14 +127,11 @@ def save_streamed_model_dir(directory: PathLike, model: Any, weights: Iterable[t
             dtype = dtype or (tensor.dtype if tensor.is_floating_point() else None)
         if batch or not parts:
             write_part()
-        names = ["model.safetensors"] if len(parts) == 1 else [
-            f"model-{i + 1:05d}-of-{len(parts):05d}.safetensors" for i in range(len(parts))]
+        names = safetensors_names(len(parts))
         for index, name in enumerate(names):
             os.replace(staging / f"part-{index:05d}", staging / name)
         if len(parts) > 1:
-            weight_map = {key: name for name, keys in zip(names, parts) for key in keys}
-            index_file = {"metadata": {"total_size": total}, "weight_map": weight_map}
-            (staging / "model.safetensors.index.json").write_text(json.dumps(index_file, indent=2) + "\n")
+            write_safetensors_index(staging, total, {key: name for name, keys in zip(names, parts) for key in keys})
         if dtype is not None:
             config.dtype = dtype  # what from_pretrained(dtype="auto") loads as
         config.save_pretrained(staging)

@@ -60,7 +60,8 @@ from mempo.utils.types import PathLike
 __all__ = [
     "CheckpointError", "CheckpointState", "capture_rng_state", "restore_rng_state", "checkpoint_dir",
     "list_checkpoints", "has_checkpoints", "latest_checkpoint", "verify_checkpoint", "verify_on_all_ranks",
-    "newest_intact_checkpoint", "resolve_checkpoint", "resume_checkpoint", "checkpoint_step", "save_checkpoint", "start_checkpoint", "PendingCheckpoint", "load_checkpoint",
+    "newest_intact_checkpoint", "resolve_checkpoint", "resume_checkpoint", "checkpoint_step", "save_checkpoint",
+    "start_checkpoint", "PendingCheckpoint", "load_checkpoint",
     "prune_checkpoints", "check_fits", "model_state_dict", "optimizer_state_dict", "load_model_state", "load_optimizer_state",
 ]
 CHECKPOINT_FORMAT = 3  # 3: sharded (DCP) model/ and optimizer/; 2: full model.pt, digests; 1: no digests
@@ -675,17 +676,24 @@ class PendingCheckpoint:
         """Whether the background writes are still running on this rank."""
         return self.writes is not None and not self.writes.done()
 
-    def abandon(self) -> None:
-        """Wait for this rank's writes and leave the checkpoint unpublished (not collective: for a
-        run that is failing; its ``.tmp-`` directory goes at the next prune)."""
+    def _wait(self) -> Optional[BaseException]:
+        """Wait for this rank's background writes (if any) and free the writer; this rank's error."""
         self.published = True
+        error = self.error
         if self.writes is not None:
             try:
                 self.writes.result()
-            except Exception:  # the run is failing already: its own error is the one to report
-                pass
+            except Exception as caught:
+                error = error or caught
             finally:
                 _pending.pop("current", None)
+        return error
+
+    def abandon(self) -> None:
+        """Wait for this rank's writes and leave the checkpoint unpublished (not collective: for a
+        run that is failing, whose own error is the one to report; its ``.tmp-`` directory goes at
+        the next prune)."""
+        self._wait()
 
     def publish(self) -> Path:
         """Wait for this rank's writes, agree with the other ranks that all succeeded, hash, write
@@ -694,15 +702,7 @@ class PendingCheckpoint:
         failed; the checkpoint is then not published and the previous one stands."""
         if self.published:
             raise RuntimeError(f"checkpoint step {self.step} was already published")
-        self.published = True
-        error = self.error
-        if self.writes is not None:
-            try:
-                self.writes.result()
-            except Exception as caught:  # every rank must reach the agreement below, then all raise
-                error = error or caught
-            finally:
-                _pending.pop("current", None)
+        error = self._wait()  # every rank must reach the agreement below, then all raise
         if not _all_ranks_ok(error is None):
             if error is not None:
                 raise error

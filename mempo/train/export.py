@@ -21,7 +21,7 @@ from safetensors.torch import save_file
 
 from mempo.config import MempoConfig
 from mempo.model.adapter import DTYPES
-from mempo.model.export import PROVENANCE_FILE
+from mempo.model.export import PROVENANCE_FILE, safetensors_names, write_safetensors_index
 from mempo.model.loading import build_causal_lm
 from mempo.train.checkpoint import MODEL_DIR, latest_checkpoint, verify_checkpoint
 from mempo.train.sharded import CheckpointError, read_tensors, tensor_specs
@@ -72,8 +72,7 @@ def export_checkpoint(checkpoint: PathLike, directory: PathLike, cfg: MempoConfi
     out_dtype = DTYPES[dtype] if dtype else None
     size_of = {k: math.prod(specs[k].shape) * (out_dtype or specs[k].dtype).itemsize for k in keys}
     files = plan_buckets(size_of, max_shard_bytes)
-    names = ["model.safetensors"] if len(files) == 1 else [
-        f"model-{i + 1:05d}-of-{len(files):05d}.safetensors" for i in range(len(files))]
+    names = safetensors_names(len(files))
     with atomic_directory(Path(directory), phase=phase) as staging:
         weight_map = {}
         for name, group in zip(names, files):
@@ -82,8 +81,7 @@ def export_checkpoint(checkpoint: PathLike, directory: PathLike, cfg: MempoConfi
             weight_map.update({k: name for k in group})
             del tensors
         if len(files) > 1:
-            index = {"metadata": {"total_size": sum(size_of.values())}, "weight_map": weight_map}
-            (staging / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
+            write_safetensors_index(staging, sum(size_of.values()), weight_map)
         config = skeleton.config
         config.dtype = out_dtype or specs[keys[0]].dtype  # what from_pretrained(dtype="auto") loads as
         config.save_pretrained(staging)
