@@ -7,7 +7,8 @@ own stage functions), for several seeds, with greedy EM at k = 2 under the memor
 A seed s sets ``synthetic.world_seed``, ``synthetic.model_seed`` and ``synthetic.oracle_drop_seed``
 to s (``data.seed`` stays: the evaluation questions are drawn from each world with the same seeds).
 Each seed's evaluated episodes are written to ``--episodes-dir``. The held-out split is the demo's (every k of ``eval.objectives``); only k = 2 is evaluated, without
-the closed-book pass. One JSON line per finished seed is appended to ``--out``; seeds already there
+the closed-book pass. Torch threads are fixed (``--threads``) and SFT is bounded by its steps only
+(``sft.max_seconds`` null). One JSON line per finished seed is appended to ``--out``; seeds already there
 (with the same overrides) are skipped, so an interrupted run continues.
 """
 from __future__ import annotations
@@ -22,13 +23,30 @@ from pathlib import Path
 
 from mempo.apps import demo
 from mempo.eval import eval_episodes, evaluate
+from mempo.protocol.grammar import parse_round
+from mempo.synthetic.oracle_memory import MEMORY_LINE_KINDS, memory_line_kinds
 from mempo.synthetic.heldout import held_out_subjects
 
 
-def run_seed(seed: int, overrides: list[str], episodes_path: Path) -> dict:
+def mem_kinds(episodes_path: Path) -> dict[str, float]:
+    """Shares of the objectives by what the last ``<mem>`` of their episode holds for them
+    (`memory_line_kinds`: gold, dropped, other text, pending), from an evaluation's episode records."""
+    counts = dict.fromkeys(MEMORY_LINE_KINDS, 0)
+    for line in episodes_path.read_text().splitlines():
+        record = json.loads(line)
+        mem = next((m for m in (parse_round(r["assistant"]).mem for r in reversed(record["rounds"])) if m is not None),
+                   None)
+        for kind in memory_line_kinds(mem, record["golds"]):
+            counts[kind] += 1
+    total = max(1, sum(counts.values()))
+    return {kind: round(n / total, 3) for kind, n in counts.items()}
+
+
+def run_seed(seed: int, overrides: list[str], episodes_path: Path, threads: int) -> dict:
+    # sft.max_seconds=null: the probe measures the step-bounded model, whatever else runs on the machine
     cfg = demo.load_demo_config(overrides=[f"synthetic.world_seed={seed}", f"synthetic.model_seed={seed}",
-                                           f"synthetic.oracle_drop_seed={seed}", *overrides])
-    threads = demo._set_threads(cfg.synthetic.torch_threads)
+                                           f"synthetic.oracle_drop_seed={seed}", "sft.max_seconds=null", *overrides])
+    threads = demo._set_threads(threads)
     began = time.perf_counter()
     env = demo._world_stage(cfg).value
     episodes_by_k = eval_episodes(env.world, cfg)
@@ -49,13 +67,15 @@ def run_seed(seed: int, overrides: list[str], episodes_path: Path) -> dict:
             "turns_k2": row.mean_turns, "eval_seconds": row.seconds, "sft_steps": sft["steps"], "sft_last_loss": sft["last_loss"],
             "sft_time_bound": sft["time_bound"], "seconds_to_sft_end": round(sft_seconds, 1),
             "seconds": round(time.perf_counter() - began, 1), "threads": threads,
-            "load_start": os.getloadavg()[0]}
+            "load_start": os.getloadavg()[0], "mem_kinds": mem_kinds(episodes_path)}
 
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--threads", type=int, default=2,
+                        help="torch threads (fixed, so the floats do not follow the machine's load; default 2)")
     parser.add_argument("--episodes-dir", type=Path, default=Path("scratch/sft_seeds"),
                         help="each seed's evaluated episodes (EpisodeRecord jsonl) go here")
     parser.add_argument("overrides", nargs="*")
@@ -64,11 +84,19 @@ def main(argv: list[str]) -> int:
     if args.out.exists():
         done = {r["seed"] for r in map(json.loads, args.out.read_text().splitlines()) if r["overrides"] == args.overrides}
     args.out.parent.mkdir(parents=True, exist_ok=True)
+    if args.out.exists():  # rows written before the memory shares were recorded: add them from the episode files
+        rows = [json.loads(line) for line in args.out.read_text().splitlines()]
+        for row in rows:
+            tag = "_".join(o.replace("=", "-") for o in row["overrides"]) or "default"
+            path = args.episodes_dir / f"{tag}_s{row['seed']}.jsonl"
+            if "mem_kinds" not in row and path.is_file():
+                row["mem_kinds"] = mem_kinds(path)
+        args.out.write_text("".join(json.dumps(row) + "\n" for row in rows))
     for seed in args.seeds:
         if seed in done:
             continue
         tag = "_".join(o.replace("=", "-") for o in args.overrides) or "default"
-        row = run_seed(seed, args.overrides, args.episodes_dir / f"{tag}_s{seed}.jsonl")
+        row = run_seed(seed, args.overrides, args.episodes_dir / f"{tag}_s{seed}.jsonl", args.threads)
         print(json.dumps(row), flush=True)
         with args.out.open("a") as f:
             f.write(json.dumps(row) + "\n")
