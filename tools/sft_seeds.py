@@ -54,8 +54,7 @@ def run_seed(seed: int, overrides: list[str], episodes_path: Path, threads: int)
     cold = demo._oracle_stage(cfg, env, held_out, False).value
     tokenizer = demo._tokenizer_stage(cfg, env.world, cold.trajectories).value
     model = demo._model_stage(cfg, tokenizer).value
-    if cfg.synthetic.copy_warmup_steps:
-        demo._copy_stage(cfg, model, tokenizer, env.world)
+    copy_losses = demo._copy_stage(cfg, model, tokenizer, env.world).value.losses if cfg.synthetic.copy_warmup_steps else []
     with tempfile.TemporaryDirectory() as tmp:
         sft = demo._sft_stage(cfg, model, tokenizer, cold.trajectories + cold.copy_records, Path(tmp)).value
     sft_seconds = time.perf_counter() - began
@@ -64,7 +63,8 @@ def run_seed(seed: int, overrides: list[str], episodes_path: Path, threads: int)
                       show_progress=False, trajectories_path=episodes_path)
     row = report.rows[0]
     return {"seed": seed, "overrides": overrides, "em_k2": row.em, "em_se_k2": row.em_se, "format_k2": row.format_rate,
-            "turns_k2": row.mean_turns, "eval_seconds": row.seconds, "sft_steps": sft["steps"], "sft_last_loss": sft["last_loss"],
+            "turns_k2": row.mean_turns, "eval_seconds": row.seconds, "copy_loss_last50": round(sum(copy_losses[-50:]) / max(1, len(copy_losses[-50:])), 3),
+            "sft_steps": sft["steps"], "sft_last_loss": sft["last_loss"],
             "sft_time_bound": sft["time_bound"], "seconds_to_sft_end": round(sft_seconds, 1),
             "seconds": round(time.perf_counter() - began, 1), "threads": threads,
             "load_start": os.getloadavg()[0], "mem_kinds": mem_kinds(episodes_path)}
