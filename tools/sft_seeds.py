@@ -14,6 +14,7 @@ the closed-book pass. Torch threads are fixed (``--threads``) and SFT is bounded
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import sys
@@ -26,6 +27,15 @@ from mempo.eval import eval_episodes, evaluate
 from mempo.protocol.grammar import parse_round
 from mempo.synthetic.oracle_memory import MEMORY_LINE_KINDS, memory_line_kinds
 from mempo.synthetic.heldout import held_out_subjects
+
+
+def episodes_tag(overrides: list[str]) -> str:
+    """The file-name tag of a run's episode records: its overrides joined (``default`` for none), cut
+    to 60 characters plus a digest of the whole when longer (file names have a length limit)."""
+    joined = "_".join(o.replace("=", "-").replace("/", "-") for o in overrides) or "default"
+    if len(joined) <= 80:
+        return joined
+    return f"{joined[:60]}-{hashlib.sha256(joined.encode()).hexdigest()[:10]}"
 
 
 def mem_kinds(episodes_path: Path) -> dict[str, float]:
@@ -87,16 +97,15 @@ def main(argv: list[str]) -> int:
     if args.out.exists():  # rows written before the memory shares were recorded: add them from the episode files
         rows = [json.loads(line) for line in args.out.read_text().splitlines()]
         for row in rows:
-            tag = "_".join(o.replace("=", "-") for o in row["overrides"]) or "default"
-            path = args.episodes_dir / f"{tag}_s{row['seed']}.jsonl"
+            path = args.episodes_dir / f"{episodes_tag(row['overrides'])}_s{row['seed']}.jsonl"
             if "mem_kinds" not in row and path.is_file():
                 row["mem_kinds"] = mem_kinds(path)
         args.out.write_text("".join(json.dumps(row) + "\n" for row in rows))
     for seed in args.seeds:
         if seed in done:
             continue
-        tag = "_".join(o.replace("=", "-") for o in args.overrides) or "default"
-        row = run_seed(seed, args.overrides, args.episodes_dir / f"{tag}_s{seed}.jsonl", args.threads)
+        row = run_seed(seed, args.overrides, args.episodes_dir / f"{episodes_tag(args.overrides)}_s{seed}.jsonl",
+                       args.threads)
         print(json.dumps(row), flush=True)
         with args.out.open("a") as f:
             f.write(json.dumps(row) + "\n")

@@ -1,0 +1,50 @@
+"""tools/sft_seeds.py (the demo's stages up to SFT for several seeds) at the smallest demo sizes:
+one row per seed with the evaluation at k = 2 and the memory shares, a rerun skips finished seeds,
+and the memory shares are those of the last `<mem>` of each episode."""
+import importlib.util
+import json
+import sys
+
+from support.demo_smoke import SMOKE
+from support.paths import REPO
+
+
+def load_sft_seeds():
+    """tools/sft_seeds.py as a module (tools/ is not a package)."""
+    spec = importlib.util.spec_from_file_location("sft_seeds", REPO / "tools" / "sft_seeds.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("sft_seeds", module)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_one_row_per_seed_and_a_rerun_continues(tmp_path):
+    tool = load_sft_seeds()
+    out, episodes = tmp_path / "rows.jsonl", tmp_path / "episodes"
+    argv = ["--seeds", "0", "--out", str(out), "--threads", "1", "--episodes-dir", str(episodes), *SMOKE]
+    assert tool.main(argv) == 0
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [row["seed"] for row in rows] == [0]
+    row = rows[0]
+    assert row["overrides"] == SMOKE and row["sft_steps"] == 1 and row["threads"] == 1
+    assert 0.0 <= row["em_k2"] <= 1.0 and 0.0 <= row["format_k2"] <= 1.0
+    assert abs(sum(row["mem_kinds"].values()) - 1.0) < 1e-6
+    assert (episodes / f"{tool.episodes_tag(SMOKE)}_s0.jsonl").is_file()
+    assert tool.episodes_tag([]) == "default" and len(tool.episodes_tag(SMOKE)) <= 80
+
+    assert tool.main(argv) == 0  # seed 0 is there: nothing is run again
+    assert len(out.read_text().splitlines()) == 1
+
+
+def test_memory_shares_read_the_last_mem_of_each_episode(tmp_path):
+    tool = load_sft_seeds()
+    path = tmp_path / "episodes.jsonl"
+    records = [
+        {"golds": [["Minu"], ["Lidar"]],
+         "rounds": [{"assistant": "<mem>\nQ1: ?\nQ2: ?\n</mem>\n<search> q </search>"},
+                    {"assistant": "<mem>\nQ1: Bedur was born in the city of Minu.\nQ2: done\n</mem>\n<answer>Minu; unknown</answer>"}]},
+        {"golds": [["Rupum"], ["Sokol"]],
+         "rounds": [{"assistant": "<mem>\nQ1: Bevat studied at Nefu.\n</mem>\n<search> q </search>"}]},
+    ]
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    assert tool.mem_kinds(path) == {"gold": 0.25, "dropped": 0.25, "other": 0.25, "pending": 0.25}
