@@ -6,14 +6,15 @@ own stage functions), for several seeds, with greedy EM at k = 2 under the memor
 
 A seed s sets ``synthetic.world_seed``, ``synthetic.model_seed`` and ``synthetic.oracle_drop_seed``
 to s (``data.seed`` stays: the evaluation questions are drawn from each world with the same seeds).
-Each seed's evaluated episodes are written to ``--episodes-dir``. The held-out split is the demo's (every k of ``eval.objectives``); only k = 2 is evaluated, without
-the closed-book pass. Torch threads are fixed (``--threads``) and SFT is bounded by its steps only
+Each seed's evaluated episodes are written to ``--episodes-dir``. The held-out split is the demo's
+(every k of ``eval.objectives``); only k = 2 is evaluated, without the closed-book pass. Torch threads are fixed (``--threads``) and SFT is bounded by its steps only
 (``sft.max_seconds`` null). One JSON line per finished seed is appended to ``--out``; seeds already there
 (with the same overrides) are skipped, so an interrupted run continues.
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import hashlib
 import json
 import os
@@ -24,7 +25,7 @@ from pathlib import Path
 
 from mempo.apps import demo
 from mempo.eval import eval_episodes, evaluate
-from mempo.protocol.grammar import parse_round
+from mempo.protocol.grammar import last_mem
 from mempo.synthetic.oracle_memory import MEMORY_LINE_KINDS, memory_line_kinds
 from mempo.synthetic.heldout import held_out_subjects
 
@@ -44,9 +45,7 @@ def mem_kinds(episodes_path: Path) -> dict[str, float]:
     counts = dict.fromkeys(MEMORY_LINE_KINDS, 0)
     for line in episodes_path.read_text().splitlines():
         record = json.loads(line)
-        mem = next((m for m in (parse_round(r["assistant"]).mem for r in reversed(record["rounds"])) if m is not None),
-                   None)
-        for kind in memory_line_kinds(mem, record["golds"]):
+        for kind in memory_line_kinds(last_mem(r["assistant"] for r in record["rounds"]), record["golds"]):
             counts[kind] += 1
     total = max(1, sum(counts.values()))
     return {kind: round(n / total, 3) for kind, n in counts.items()}
@@ -64,16 +63,19 @@ def run_seed(seed: int, overrides: list[str], episodes_path: Path, threads: int)
     cold = demo._oracle_stage(cfg, env, held_out, False).value
     tokenizer = demo._tokenizer_stage(cfg, env.world, cold.trajectories).value
     model = demo._model_stage(cfg, tokenizer).value
-    copy_losses = demo._copy_stage(cfg, model, tokenizer, env.world).value.losses if cfg.synthetic.copy_warmup_steps else []
+    copy_losses = []
+    if cfg.synthetic.copy_warmup_steps:
+        copy_losses = demo._copy_stage(cfg, model, tokenizer, env.world).value.losses
     with tempfile.TemporaryDirectory() as tmp:
         sft = demo._sft_stage(cfg, model, tokenizer, cold.trajectories + cold.copy_records, Path(tmp)).value
     sft_seconds = time.perf_counter() - began
-    eval_cfg = demo.load_demo_config(overrides=[*overrides, "eval.closed_book=false"])
+    eval_cfg = dataclasses.replace(cfg, eval=dataclasses.replace(cfg.eval, closed_book=False))
     report = evaluate(model, tokenizer, {2: episodes_by_k[2]}, env.retriever, eval_cfg, label="sft", log=lambda _: None,
                       show_progress=False, trajectories_path=episodes_path)
     row = report.rows[0]
     return {"seed": seed, "overrides": overrides, "em_k2": row.em, "em_se_k2": row.em_se, "format_k2": row.format_rate,
-            "turns_k2": row.mean_turns, "eval_seconds": row.seconds, "copy_loss_last50": round(sum(copy_losses[-50:]) / max(1, len(copy_losses[-50:])), 3),
+            "turns_k2": row.mean_turns, "eval_seconds": row.seconds,
+            "copy_loss_last50": round(sum(copy_losses[-50:]) / max(1, len(copy_losses[-50:])), 3),
             "sft_steps": sft["steps"], "sft_last_loss": sft["last_loss"],
             "sft_time_bound": sft["time_bound"], "seconds_to_sft_end": round(sft_seconds, 1),
             "seconds": round(time.perf_counter() - began, 1), "threads": threads,
@@ -90,17 +92,9 @@ def main(argv: list[str]) -> int:
                         help="each seed's evaluated episodes (EpisodeRecord jsonl) go here")
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_args(argv)
-    done = set()
-    if args.out.exists():
-        done = {r["seed"] for r in map(json.loads, args.out.read_text().splitlines()) if r["overrides"] == args.overrides}
+    rows = [json.loads(line) for line in args.out.read_text().splitlines()] if args.out.exists() else []
+    done = {row["seed"] for row in rows if row["overrides"] == args.overrides}
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    if args.out.exists():  # rows written before the memory shares were recorded: add them from the episode files
-        rows = [json.loads(line) for line in args.out.read_text().splitlines()]
-        for row in rows:
-            path = args.episodes_dir / f"{episodes_tag(row['overrides'])}_s{row['seed']}.jsonl"
-            if "mem_kinds" not in row and path.is_file():
-                row["mem_kinds"] = mem_kinds(path)
-        args.out.write_text("".join(json.dumps(row) + "\n" for row in rows))
     for seed in args.seeds:
         if seed in done:
             continue

@@ -26,7 +26,7 @@ from mempo.env.build import build_tools
 from mempo.synthetic.build import SyntheticEnv, build_world
 from mempo.synthetic.oracle_memory import MEMORY_LINE_KINDS, memory_line_kinds
 from mempo.eval import EpisodeRecord, EvalReport, eval_episodes, evaluate, render_episode
-from mempo.protocol.grammar import parse_round
+from mempo.protocol.grammar import last_mem
 from mempo.model.builtin import default_corpus_texts, tiny_model, train_tokenizer
 from mempo.model.export import save_model_dir
 from mempo.synthetic.copy_warmup import CopyWarmup, copy_warmup
@@ -297,8 +297,7 @@ def memory_outcome_section(before: EvalReport, after: EvalReport, episodes_by_k:
             kept_right = 0
             for trajectory, episode in zip(played, episodes_by_k[k]):
                 record = render_episode(trajectory, episode, tokenizer, system_prompt=system_prompt, with_ids=False)
-                mem = next((m for m in (parse_round(r.assistant).mem for r in reversed(record.rounds))
-                            if m is not None), None)
+                mem = last_mem(r.assistant for r in record.rounds)
                 per_objective = (trajectory.outcome or {}).get("per_objective", [])
                 for i, kind in enumerate(memory_line_kinds(mem, record.golds)):
                     counts[kind] += 1

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import NamedTuple, Optional
+from typing import Iterable, NamedTuple, Optional
 
 from mempo.protocol.tags import ACTION_TAGS, TAGS
 
@@ -23,6 +23,7 @@ __all__ = [
     "FormatReport",
     "find_blocks",
     "parse_round",
+    "last_mem",
     "split_rounds",
     "validate_format",
     "extract_solution",
@@ -265,6 +266,12 @@ def parse_round(text: str) -> Round:
     if not rounds:
         return Round(mem=None, think=None, action=None, argument=None, text=text, end=len(text))
     return rounds[0]
+
+
+def last_mem(turns: Iterable[str]) -> Optional[str]:
+    """The ``<mem>`` content of the last turn (assistant texts, in order) that has one, or ``None``
+    (an answered episode: its answer round's)."""
+    return next((mem for mem in (parse_round(text).mem for text in reversed(list(turns))) if mem is not None), None)
 
 
 def extract_solution(response_text: str) -> Optional[str]:

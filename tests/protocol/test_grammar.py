@@ -10,6 +10,7 @@ from mempo.protocol.grammar import (
     Round,
     extract_solution,
     find_blocks,
+    last_mem,
     parse_access_argument,
     parse_round,
     split_rounds,
@@ -334,3 +335,10 @@ def test_linear_parser_matches_the_first_parser_on_random_markers():
         assert tuple(protocol._structure(text)) == _structure_by_stack_search(text), text
         rounds = split_rounds(text)
         assert protocol._turns(rounds) == _turns_by_rescan(rounds), text
+
+
+def test_last_mem_is_the_mem_of_the_last_turn_that_has_one():
+    turns = ["<mem>a</mem><search> q </search>", "<mem>b</mem><search> q </search>", "<answer>x</answer>"]
+    assert last_mem(turns).strip() == "b"
+    assert last_mem(iter(turns[:1])).strip() == "a"
+    assert last_mem(["<answer>x</answer>"]) is None and last_mem([]) is None
