@@ -92,6 +92,15 @@ DEFINITIONS: dict[str, dict[str, Any]] = {
     "retrieved_log": {"scoring.scored_objectives": "retrieved", "scoring.reward": "log", "scoring.threshold": None},
     "all_fixes": {"scoring.comparator": "history_mem", "scoring.scored_objectives": "retrieved",
                   "scoring.reward": "log", "scoring.threshold": None},
+    # a clip of 1 nat flattens most gaps of a small model (its mean gold log-probs differ by several
+    # nats); then the worst-kept retrieved fact instead of the mean (`<mem>` keeps every fact or not)
+    "retrieved_log_c10": {"scoring.scored_objectives": "retrieved", "scoring.reward": "log",
+                          "scoring.threshold": None, "scoring.log_clip": 10.0},
+    "retrieved_min_c10": {"scoring.scored_objectives": "retrieved", "scoring.reward": "log",
+                          "scoring.threshold": None, "scoring.log_clip": 10.0, "scoring.objective_reduce": "min"},
+    "all_fixes_min_c10": {"scoring.comparator": "history_mem", "scoring.scored_objectives": "retrieved",
+                          "scoring.reward": "log", "scoring.threshold": None, "scoring.log_clip": 10.0,
+                          "scoring.objective_reduce": "min"},
 }
 #: Fields of the run's ``scoring`` section a definition inherits (how scoring runs, not what it computes).
 SCORING_INHERITED = ("method", "token_budget")
@@ -294,6 +303,30 @@ def definition_rewards(model: Any, tokenizer: Any, trajectories: Sequence[Trajec
     return [list(per_round) for per_round in rewards]
 
 
+#: The definition whose per-objective details `memory_read` reads (no threshold: every gold token counts).
+READ_DEFINITION = {"scoring.scored_objectives": "retrieved", "scoring.reward": "log", "scoring.threshold": None}
+
+
+def memory_read(model: Any, tokenizer: Any, trajectories: Sequence[Trajectory], cfg: MempoConfig) -> dict[str, Any]:
+    """Whether the model reads the answer off a ``<mem>`` in the scoring layout, whatever the reward's
+    definition: over the scored rounds with a retrieved objective and a keeps label, the median of
+    min_j l_mem_j (the worst retrieved objective's mean gold log-prob after mem_ctx, in nats), apart for
+    memories that keep every retrieved gold and those that drop one, with the counts. A model that
+    reads its memory has keeps near 0 and drops well below."""
+    _, details = compute_memory_rewards(model, tokenizer, trajectories, definition_config(cfg, READ_DEFINITION).scoring)
+    worst: dict[bool, list[float]] = {True: [], False: []}
+    for t, rounds in zip(trajectories, details):
+        for item, keep in zip(rounds, t.memory_keeps(tokenizer) or [None] * len(rounds)):
+            if keep is not None and item.objectives:
+                worst[bool(keep)].append(min(item.objective_logp_mem[j] for j in item.objectives))
+
+    def median(values: list[float]) -> Optional[float]:
+        finite = [v for v in values if math.isfinite(v)]
+        return statistics.median(finite) if finite else None
+    return {"keeps": len(worst[True]), "drops": len(worst[False]),
+            "median_worst_logp_mem_keeps": median(worst[True]), "median_worst_logp_mem_drops": median(worst[False])}
+
+
 def round_rows(trajectories: Sequence[Trajectory], k: int, tokenizer: Any,
                rewards: Mapping[str, Sequence[Sequence[Optional[float]]]]) -> list[RoundRow]:
     """One `RoundRow` per scored round of every trajectory (`rewards`: per definition, as
@@ -470,6 +503,7 @@ def run(demo_out: Path, out: Path, *, questions: int = 32, samples: int = 8, ks:
             seconds[name] += time.perf_counter() - start
             log(f"k={k}: {name} scored ({time.perf_counter() - start:.0f} s)")
         rows.extend(round_rows(trajectories, k, tokenizer, rewards))
+        made[f"k={k}"]["memory_read"] = memory_read(model, tokenizer, trajectories, cfg)
     write_jsonl(out / "rounds.jsonl", (dataclasses.asdict(r) for r in rows))
     table = signal_table(rows, definitions, ks)
     results = {
@@ -492,8 +526,15 @@ def setting_lines(results: Mapping[str, Any]) -> list[str]:
     """What the table was measured on, for the lines above it: episodes, samples, model, rollouts,
     definitions, machine."""
     machine = results["machine"]
+    def read(m: Mapping[str, Any]) -> str:
+        r = m.get("memory_read")
+        if not r:
+            return ""
+        return (f", median worst-objective log P(gold | mem) {_fmt(r['median_worst_logp_mem_keeps'], '{:.2f}')} "
+                f"for memories that keep every retrieved gold ({r['keeps']}), "
+                f"{_fmt(r['median_worst_logp_mem_drops'], '{:.2f}')} for those that drop one ({r['drops']})")
     made = "; ".join(f"{k}: {m['trajectories']} trajectories, {m['scored_rounds']} scored rounds, rollout EM "
-                     f"{m['em']:.3f}" for k, m in results["rollouts"].items())
+                     f"{m['em']:.3f}{read(m)}" for k, m in results["rollouts"].items())
     return [f"{results['questions']} held-out episodes x {results['samples']} samples per k (rollout seed "
             f"{results['seed']}) from `{results['demo_out']}/model_sft` (weights sha256 "
             f"{results['model_sha256'][:12]}); {made}. Questions of these episodes in SFT episodes: "

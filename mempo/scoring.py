@@ -622,7 +622,7 @@ def compute_memory_rewards(
 ) -> tuple[list[list[Optional[float]]], list[list[RoundMemoryReward]]]:
     """Teacher-score `trajectories` with `model` and turn the results into memory rewards, by the
     definition of `scoring_cfg` (the ``scoring`` section: method, threshold, token_budget, comparator,
-    scored_objectives, reward, log_clip; `mempo.algo.memory_reward`). The one entry point of the
+    scored_objectives, reward, log_clip, objective_reduce; `mempo.algo.memory_reward`). The one entry point of the
     training step, the signal benchmark and integrations. The golds reach the scored answer only;
     nothing is generated. lockstep: as `score_reference` (a sharded model under torch.distributed).
 
@@ -642,5 +642,6 @@ def compute_memory_rewards(
         retrieved = trajectory.retrieved_objectives(tokenizer) if per_objective else None
         details.append(round_memory_rewards(trajectory, result, retrieved,
                                             scored_objectives=scoring_cfg.scored_objectives,
-                                            reward=scoring_cfg.reward, log_clip=scoring_cfg.log_clip))
+                                            reward=scoring_cfg.reward, log_clip=scoring_cfg.log_clip,
+                                            objective_reduce=scoring_cfg.objective_reduce))
     return [[item.reward for item in rounds] for rounds in details], details

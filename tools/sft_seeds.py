@@ -9,7 +9,9 @@ to s (``data.seed`` stays: the evaluation questions are drawn from each world wi
 Each seed's evaluated episodes are written to ``--episodes-dir``. The held-out split is the demo's
 (every k of ``eval.objectives``); only k = 2 is evaluated, without the closed-book pass. Torch threads are fixed (``--threads``) and SFT is bounded by its steps only
 (``sft.max_seconds`` null). One JSON line per finished seed is appended to ``--out``; seeds already there
-(with the same overrides) are skipped, so an interrupted run continues.
+(with the same overrides) are skipped, so an interrupted run continues. With ``--models-dir`` each
+seed's SFT model is kept as ``<dir>/<tag>_s<seed>/`` with ``config.yaml`` and ``model_sft/``, the
+layout of a demo output (`bench/bench_signal.py --demo-out`, `bench/bench_learning.py --demo-out`).
 """
 from __future__ import annotations
 
@@ -24,6 +26,7 @@ import time
 from pathlib import Path
 
 from mempo.apps import demo
+from mempo.config import dump_config
 from mempo.eval import eval_episodes, evaluate
 from mempo.protocol.grammar import last_mem
 from mempo.synthetic.oracle_memory import MEMORY_LINE_KINDS, memory_line_kinds
@@ -51,7 +54,8 @@ def mem_kinds(episodes_path: Path) -> dict[str, float]:
     return {kind: round(n / total, 3) for kind, n in counts.items()}
 
 
-def run_seed(seed: int, overrides: list[str], episodes_path: Path, threads: int) -> dict:
+def run_seed(seed: int, overrides: list[str], episodes_path: Path, threads: int,
+             model_dir: Path | None = None) -> dict:
     # sft.max_seconds=null: the probe measures the step-bounded model, whatever else runs on the machine
     cfg = demo.load_demo_config(overrides=[f"synthetic.world_seed={seed}", f"synthetic.model_seed={seed}",
                                            f"synthetic.oracle_drop_seed={seed}", "sft.max_seconds=null", *overrides])
@@ -67,8 +71,12 @@ def run_seed(seed: int, overrides: list[str], episodes_path: Path, threads: int)
     if cfg.synthetic.copy_warmup_steps:
         copy_losses = demo._copy_stage(cfg, model, tokenizer, env.world).value.losses
     with tempfile.TemporaryDirectory() as tmp:
-        sft = demo._sft_stage(cfg, model, tokenizer, cold.trajectories + cold.copy_records, Path(tmp)).value
+        sft = demo._sft_stage(cfg, model, tokenizer, cold.sft_records, Path(tmp)).value
     sft_seconds = time.perf_counter() - began
+    if model_dir is not None:  # a demo output's layout: the run's configuration and its SFT model
+        model_dir.mkdir(parents=True, exist_ok=True)
+        dump_config(cfg, model_dir / "config.yaml")
+        demo._save_model(model_dir / "model_sft", model, tokenizer)
     eval_cfg = dataclasses.replace(cfg, eval=dataclasses.replace(cfg.eval, closed_book=False))
     report = evaluate(model, tokenizer, {2: episodes_by_k[2]}, env.retriever, eval_cfg, label="sft", log=lambda _: None,
                       show_progress=False, trajectories_path=episodes_path)
@@ -90,6 +98,8 @@ def main(argv: list[str]) -> int:
                         help="torch threads (fixed, so the floats do not follow the machine's load; default 2)")
     parser.add_argument("--episodes-dir", type=Path, default=Path("scratch/sft_seeds"),
                         help="each seed's evaluated episodes (EpisodeRecord jsonl) go here")
+    parser.add_argument("--models-dir", type=Path, default=None,
+                        help="keep each seed's SFT model here, as <dir>/<tag>_s<seed>/{config.yaml,model_sft}")
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_args(argv)
     rows = [json.loads(line) for line in args.out.read_text().splitlines()] if args.out.exists() else []
@@ -98,8 +108,9 @@ def main(argv: list[str]) -> int:
     for seed in args.seeds:
         if seed in done:
             continue
-        row = run_seed(seed, args.overrides, args.episodes_dir / f"{episodes_tag(args.overrides)}_s{seed}.jsonl",
-                       args.threads)
+        tag = f"{episodes_tag(args.overrides)}_s{seed}"
+        row = run_seed(seed, args.overrides, args.episodes_dir / f"{tag}.jsonl", args.threads,
+                       None if args.models_dir is None else args.models_dir / tag)
         print(json.dumps(row), flush=True)
         with args.out.open("a") as f:
             f.write(json.dumps(row) + "\n")

@@ -6,7 +6,11 @@
     K_r           = {the whole answer}                             scored_objectives "all" (the paper's)
                   = {j : objective j's gold appeared in an         scored_objectives "retrieved"
                      <information> before round r}
-    mem_reward[r] = mean_{j in K_r} gap_j(r);   None when K_r is empty (the round is not scored)
+    mem_reward[r] = mean_{j in K_r} gap_j(r)                       objective_reduce "mean" (default)
+                  = min_{j in K_r} gap_j(r)                        objective_reduce "min" (with "retrieved":
+                                                                   the memory is as good as the worst-kept
+                                                                   fact it should hold)
+                  None when K_r is empty (the round is not scored)
 
 P_cmp / l_cmp are those of full_ctx[r], the comparator (`mempo.algo.contexts.comparator_end`:
 "paper" or "history_mem"). The default (prob, all, paper) is the paper's
@@ -25,13 +29,15 @@ from mempo.protocol.reward import objectives_from_golds
 from mempo.records.scoring import ScoringResult
 from mempo.records.trajectory import Trajectory
 
-__all__ = ["REWARD_SPACES", "SCORED_OBJECTIVES", "RoundMemoryReward", "memory_rewards", "memory_rewards_of",
+__all__ = ["OBJECTIVE_REDUCES", "REWARD_SPACES", "SCORED_OBJECTIVES", "RoundMemoryReward", "memory_rewards", "memory_rewards_of",
            "reward_gap", "round_memory_rewards"]
 
 #: how one (mem, comparator) pair becomes a number; "prob" is the library default (the paper's)
 REWARD_SPACES = ("prob", "log")
 #: which objectives a round's reward averages over; "all" is the library default (the paper's)
 SCORED_OBJECTIVES = ("all", "retrieved")
+#: how the per-objective gaps of a round become one reward; "mean" is the library default
+OBJECTIVE_REDUCES = ("mean", "min")
 
 
 def memory_rewards(result: ScoringResult) -> list[float]:
@@ -110,16 +116,22 @@ class RoundMemoryReward:
 
 def round_memory_rewards(trajectory: Trajectory, result: ScoringResult, retrieved: Optional[Sequence[Sequence[int]]],
                          *, scored_objectives: str = "all", reward: str = "prob",
-                         log_clip: float = 1.0) -> list[RoundMemoryReward]:
+                         log_clip: float = 1.0, objective_reduce: str = "mean") -> list[RoundMemoryReward]:
     """One `RoundMemoryReward` per scored round of `trajectory` (`Trajectory.scored_rounds`, in order).
 
     result: its `ScoringResult` (per-objective fields filled when scored_objectives is "retrieved");
     retrieved: per scored round the objectives retrieved before it (`Trajectory.retrieved_objectives`),
-    read for "retrieved" only. ValueError on an unknown name, a count mismatch, missing per-objective
-    results or a non-finite reward.
+    read for "retrieved" only. objective_reduce: "mean" or "min" of the per-objective gaps ("min" needs
+    "retrieved": with "all" there is one gap). ValueError on an unknown name, a count mismatch, missing
+    per-objective results or a non-finite reward.
     """
     if scored_objectives not in SCORED_OBJECTIVES:
         raise ValueError(f"scored_objectives must be one of {SCORED_OBJECTIVES}, got {scored_objectives!r}")
+    if objective_reduce not in OBJECTIVE_REDUCES:
+        raise ValueError(f"objective_reduce must be one of {OBJECTIVE_REDUCES}, got {objective_reduce!r}")
+    if objective_reduce != "mean" and scored_objectives != "retrieved":
+        raise ValueError(f"objective_reduce {objective_reduce!r} reduces per-objective gaps: it needs "
+                         f"scored_objectives 'retrieved', got {scored_objectives!r}")
     rounds = trajectory.scored_rounds()
     columns = (result.p_mem, result.p_full, result.mean_logp_mem, result.mean_logp_full)
     if any(len(c) != len(rounds) for c in columns):
@@ -144,8 +156,11 @@ def round_memory_rewards(trajectory: Trajectory, result: ScoringResult, retrieve
         else:
             item.objectives = list(range(len(objectives_from_golds(trajectory.golds))))
             gaps = [reward_gap(item.p_mem, item.p_cmp, item.logp_mem, item.logp_cmp, reward, log_clip)]
-        # mem_reward[r] = mean_{j in K_r} gap_j(r); no retrieved objective: not scored (None)
-        item.reward = sum(gaps) / len(gaps) if gaps else None
+        # mem_reward[r] = mean (or min) over j in K_r of gap_j(r); no retrieved objective: not scored (None)
+        if not gaps:
+            item.reward = None
+        else:
+            item.reward = min(gaps) if objective_reduce == "min" else sum(gaps) / len(gaps)
         if item.reward is not None and not math.isfinite(item.reward):
             raise ValueError(f"trajectory {trajectory.uid}/{trajectory.sample_index} round {round_.index}: the memory "
                              f"reward must be finite, got {item.reward}")

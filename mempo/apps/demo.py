@@ -157,7 +157,7 @@ def _oracle_stage(cfg: MempoConfig, env: SyntheticEnv, held_out: frozenset[str],
     return Staged(cold, f"{len(cold.trajectories)}/{cold.ran} {what} ({rounds} rounds; objectives "
                         f"{list(cfg.synthetic.oracle_objectives)}; no question about the {cold.held_out} entities the "
                         f"evaluation asks about{'; entity names replaced at random' if cfg.synthetic.oracle_rename else ''})"
-                        f"{f' + {len(cold.copy_records)} copy-task records' if cold.copy_records else ''}")
+                        f"{cold.describe_extras()}")
 
 
 def _tokenizer_stage(cfg: MempoConfig, world: Any, trajectories: Sequence[Any]) -> Staged[Any]:
@@ -378,7 +378,8 @@ def rl_setting_line(cfg: MempoConfig) -> str:
     of the report is that of RL as a whole (outcome reward included)."""
     a, s = cfg.algorithm, cfg.scoring
     return (f"RL rewarded the outcome and, with weight {a.memory_weight:g}, each `<mem>` block (scoring reward "
-            f"{s.reward}, comparator {s.comparator}, threshold {s.threshold}, objectives {s.scored_objectives}; "
+            f"{s.reward}, comparator {s.comparator}, threshold {s.threshold}, objectives {s.scored_objectives}"
+            f"{f' ({s.objective_reduce})' if s.scored_objectives == 'retrieved' else ''}; "
             f"pooling {a.memory_pooling}). The RL gain below is RL's as a whole: what the memory reward adds over "
             f"the outcome reward alone (GRPO, weight 0) is measured by the pre-registered ablation "
             f"(bench/bench_learning.py; bench/RESULTS.md), not by this run.")
@@ -435,7 +436,7 @@ def run_demo(cfg: MempoConfig, out_dir: PathLike, *, echo: Callable[[str], None]
     model = stages.run("model", _model_stage, cfg, tokenizer)
     if cfg.synthetic.copy_warmup_steps:
         stages.run("copy-warmup", _copy_stage, cfg, model, tokenizer, env.world)
-    sft_metrics = stages.run("sft", _sft_stage, cfg, model, tokenizer, cold.trajectories + cold.copy_records, out)
+    sft_metrics = stages.run("sft", _sft_stage, cfg, model, tokenizer, cold.sft_records, out)
     bound = sft_bound_line(cfg, sft_metrics)
     notes = ([bound] if bound else []) + [rl_setting_line(cfg)]
     if bound:

@@ -151,9 +151,9 @@ def _oracle_records(cfg: MempoConfig, run: Any) -> tuple[list, str]:
                                             "(or null: the training episodes)")
     cold = oracle_cold_start(run.world, build_tools(cfg, run.retriever), cfg,
                              held_out_subjects(eval_episodes(run.world, cfg)))
-    return (cold.trajectories + cold.copy_records,
+    return (cold.sft_records,
             f"oracle on {s.oracle_episodes} episodes of each of {list(s.oracle_objectives)} objectives"
-            + (f" + {len(cold.copy_records)} copy-task records" if cold.copy_records else ""))
+            + cold.describe_extras())
 
 
 def run_sft(args: argparse.Namespace) -> int:

@@ -268,7 +268,9 @@ class ScoringConfig:
     ``"retrieved"`` (P per objective, the reward averaged over the objectives whose gold appeared in
     a tool result before the round; a round with none gets no memory reward). reward: ``"prob"``
     (P_mem - P_cmp) or ``"log"`` (clip(mean log-prob_mem - mean log-prob_cmp, -log_clip, log_clip),
-    which needs threshold null). log_clip: c of the ``"log"`` reward, in nats.
+    which needs threshold null). log_clip: c of the ``"log"`` reward, in nats. objective_reduce:
+    how the per-objective gaps of a round become its reward, ``"mean"`` (default) or ``"min"`` (the
+    worst-kept retrieved fact; needs scored_objectives ``"retrieved"``).
     """
 
     method: Literal["auto", "packed", "reference", "cached"] = "auto"
@@ -278,6 +280,7 @@ class ScoringConfig:
     scored_objectives: Literal["all", "retrieved"] = "all"
     reward: Literal["prob", "log"] = "prob"
     log_clip: float = 1.0
+    objective_reduce: Literal["mean", "min"] = "mean"
 
     def __post_init__(self):
         _check_types(self)
@@ -288,6 +291,9 @@ class ScoringConfig:
         _require(self.reward != "log" or self.threshold is None, "threshold",
                  f"must be null with reward 'log' (a mean log-prob over thresholded tokens is 0 when none "
                  f"passes), got {self.threshold!r}")
+        _require(self.objective_reduce == "mean" or self.scored_objectives == "retrieved", "objective_reduce",
+                 f"{self.objective_reduce!r} reduces per-objective gaps: it needs scored_objectives 'retrieved', "
+                 f"got {self.scored_objectives!r}")
 
 
 @dataclass
@@ -548,6 +554,10 @@ class SyntheticConfig:
     copy_sft_examples: chat records of the copy task (repeat a random sequence of the world's names,
     held-out ones too: a name carries no fact) added to the cold start's SFT data
     (`mempo.synthetic.copy_warmup.copy_records`; 0: none), so SFT keeps every name trained.
+    scoring_sft_examples: records of the teacher-scoring layout added to the cold start's SFT data
+    (`mempo.synthetic.scoring_records.scoring_layout_records`; 0: none): the question, a later
+    round's ``<mem>`` as untrained context, and the answer that memory alone gives in the scoring
+    template, so P(answer | mem_ctx) is measured on a layout the model was taught.
 
     The demo's tokenizer and model (`mempo demo`). vocab_size: the tokenizer's size.
     tokenizer_documents: documents the tokenizer is trained on (plus every oracle text).
@@ -584,6 +594,7 @@ class SyntheticConfig:
     copy_warmup_steps: int = 1000
     copy_warmup_lr: float = 1e-3
     copy_sft_examples: int = 0
+    scoring_sft_examples: int = 0
     vocab_size: int = 4096
     tokenizer_documents: int = 2000
     model_size: Literal["tiny", "mini", "small"] = "mini"
@@ -595,7 +606,8 @@ class SyntheticConfig:
     def __post_init__(self):
         _check_types(self)
         _finite(self)
-        _non_negative(self, "world_distractor_ratio", "torch_threads", "copy_warmup_steps", "copy_sft_examples")
+        _non_negative(self, "world_distractor_ratio", "torch_threads", "copy_warmup_steps", "copy_sft_examples",
+                       "scoring_sft_examples")
         _positive(self, "oracle_episodes", "vocab_size", "tokenizer_documents", "max_position_embeddings",
                   "copy_warmup_lr")
         _require(self.world_relations is None or len(self.world_relations) > 0, "world_relations",
@@ -606,6 +618,8 @@ class SyntheticConfig:
         _require(not self.oracle_rename or self.oracle_objectives is not None, "oracle_rename",
                  "renames the cold start drawn per oracle_objectives, which is null: set oracle_objectives")
         _require(not self.copy_sft_examples or self.oracle_objectives is not None, "copy_sft_examples",
+                 "adds to the cold start drawn per oracle_objectives, which is null: set oracle_objectives")
+        _require(not self.scoring_sft_examples or self.oracle_objectives is not None, "scoring_sft_examples",
                  "adds to the cold start drawn per oracle_objectives, which is null: set oracle_objectives")
         _require(self.world_entities >= 20, "world_entities",
                  f"must be >= 20 (the synthetic world's smallest size), got {self.world_entities}")

@@ -8,7 +8,9 @@ given tools; ``oracle_keep: correct`` keeps only correct trajectories (score 1),
 cold-start data, all of them when none is (a tiny world can defeat the oracle); ``oracle_keep: all``
 keeps every trajectory, the teacher's failures too. ``oracle_rename`` renames the kept trajectories'
 entities (`mempo.synthetic.rename`, seed ``data.seed``): SFT then teaches copying names, not facts;
-``copy_sft_examples`` copy-task records over every name go with them (`copy_records`).
+``copy_sft_examples`` copy-task records over every name go with them (`copy_records`), and
+``scoring_sft_examples`` records of the teacher-scoring layout made from the kept trajectories
+(`mempo.synthetic.scoring_records`).
 """
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ from mempo.synthetic.copy_warmup import copy_records
 from mempo.synthetic.heldout import training_episodes
 from mempo.synthetic.oracle import OracleAgent, OracleTrajectory, run_oracle
 from mempo.synthetic.rename import rename_trajectories
+from mempo.synthetic.scoring_records import scoring_layout_records
 from mempo.utils.progress import progress
 
 __all__ = ["ColdStart", "oracle_agent", "oracle_cold_start"]
@@ -30,13 +33,25 @@ class ColdStart(NamedTuple):
     """`oracle_cold_start`'s result: ``trajectories`` to train on; ``ran``: oracle runs;
     ``held_out``: the held-out subjects no episode asks about; ``all_kept``: True when no run was
     correct and every one was kept (``oracle_keep: correct``); ``copy_records``: the copy task's chat
-    records to train on with them (``synthetic.copy_sft_examples``; `copy_records`)."""
+    records to train on with them (``synthetic.copy_sft_examples``; `copy_records`);
+    ``scoring_records``: the teacher-scoring layout's (``synthetic.scoring_sft_examples``)."""
 
     trajectories: list[OracleTrajectory]
     ran: int
     held_out: int
     all_kept: bool
     copy_records: list[dict]
+    scoring_records: list[dict]
+
+    @property
+    def sft_records(self) -> list:
+        """Everything SFT trains on: the trajectories, then the copy-task and scoring-layout records."""
+        return [*self.trajectories, *self.copy_records, *self.scoring_records]
+
+    def describe_extras(self) -> str:
+        """`` + n copy-task records + m scoring-layout records`` (the parts present; "" for none)."""
+        return "".join(f" + {len(records)} {what} records" for records, what in
+                       ((self.copy_records, "copy-task"), (self.scoring_records, "scoring-layout")) if records)
 
 
 def oracle_agent(cfg: MempoConfig, max_turns: Optional[int] = None) -> OracleAgent:
@@ -78,4 +93,5 @@ def oracle_cold_start(world: Any, tools: Mapping[str, Any], cfg: MempoConfig, he
         kept = rename_trajectories(kept, world.entities, held, seed=cfg.data.seed)
     copies = copy_records([e.name for e in world.entities], s.copy_sft_examples, seed=s.model_seed,
                           system_prompt=cfg.rollout.system_prompt)
-    return ColdStart(kept, len(trajectories), len(held), all_kept, copies)
+    scoring = scoring_layout_records(kept, s.scoring_sft_examples, seed=s.model_seed)
+    return ColdStart(kept, len(trajectories), len(held), all_kept, copies, scoring)

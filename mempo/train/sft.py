@@ -31,28 +31,34 @@ __all__ = ["SFTExample", "examples_from_trajectories", "load_sft_records", "run_
 
 
 class SFTExample(NamedTuple):
-    """One training sequence: ids and the 0/1 loss mask (1 on assistant ids)."""
+    """One training sequence: ids, the 0/1 loss mask (1 on the trained assistant ids) and the 0/1
+    mask of the ids the prompt's language-modelling loss (``sft.prompt_loss_weight``) may cover
+    (None: every id outside the loss mask; 0 on an assistant message's untrained ``context``)."""
 
     input_ids: list[int]
     loss_mask: list[int]
+    lm_mask: Optional[list[int]] = None
 
 
-def _turns(record: Any) -> Iterable[tuple[list[dict], str]]:
-    """``(messages before, assistant text)`` per assistant turn of a trajectory (``episode_id`` and
-    ``rounds`` of ``messages`` and ``assistant``, as `mempo.synthetic.oracle.OracleTrajectory` or its
-    jsonl) or of a chat record ``{"messages": [{"role", "content"}, ...]}`` (a user's jsonl)."""
+def _turns(record: Any) -> Iterable[tuple[list[dict], str, str]]:
+    """``(messages before, untrained context, assistant text)`` per assistant turn of a trajectory
+    (``episode_id`` and ``rounds`` of ``messages`` and ``assistant``, as
+    `mempo.synthetic.oracle.OracleTrajectory` or its jsonl; context "") or of a chat record
+    ``{"messages": [{"role", "content"}, ...]}`` (a user's jsonl), whose assistant message may carry a
+    ``"context"`` string: text the turn starts with that is read, not trained (e.g. a ``<mem>``)."""
     if hasattr(record, "rounds") and hasattr(record, "episode_id"):  # OracleTrajectory
         for round_ in record.rounds:
-            yield [dict(m) for m in round_.messages], round_.assistant
+            yield [dict(m) for m in round_.messages], "", round_.assistant
         return
     if isinstance(record, dict) and "rounds" in record and "episode_id" in record:
         for round_ in record["rounds"]:
-            yield [dict(m) for m in round_["messages"]], round_["assistant"]
+            yield [dict(m) for m in round_["messages"]], "", round_["assistant"]
         return
     messages = record["messages"] if isinstance(record, dict) else record
     for i, message in enumerate(messages):
         if message.get("role") == "assistant":
-            yield [dict(m) for m in messages[:i]], str(message.get("content", ""))
+            yield ([dict(m) for m in messages[:i]], str(message.get("context", "")),
+                   str(message.get("content", "")))
 
 
 def examples_from_trajectories(records: Iterable[Any], tokenizer: Any, *, chat_template: str = "auto") -> list[SFTExample]:
@@ -62,28 +68,41 @@ def examples_from_trajectories(records: Iterable[Any], tokenizer: Any, *, chat_t
     encoded alone) + the ids of the assistant text after its leading ``<mem>`` (a turn not starting
     with ``<mem>`` is encoded whole after the prefix-less prompt). No end-of-turn token: rollout
     rounds end at the action's closing tag. ``loss_mask`` is 1 exactly on the assistant ids (prefix
-    included, as the rollout trains the forced prefix by default), 0 on the prompt."""
+    included, as the rollout trains the forced prefix by default), 0 on the prompt.
+
+    A chat record's assistant ``context`` (`_turns`) comes first, encoded alone (after the forced
+    prefix when it starts with ``<mem>``), then the content, encoded alone: as teacher scoring builds
+    mem_ctx + answer (`mempo.algo.contexts`). The context ids are in neither loss: ``loss_mask`` and
+    ``lm_mask`` are 0 there."""
     chat = ChatFormat(tokenizer, forced_prefix=MEM_PREFIX, template=chat_template)
+
+    def encode_turn(text: str) -> list[int]:
+        text_after = text.lstrip()
+        if text_after.startswith(MEM_PREFIX):
+            return list(chat.prefix_ids) + chat.encode(text_after[len(MEM_PREFIX):])
+        return chat.encode(text)
+
     examples = []
     for record in records:
-        for messages, assistant in _turns(record):
+        for messages, context, assistant in _turns(record):
             prompt = chat.prompt_ids(messages)
-            text = assistant.lstrip()
-            if text.startswith(MEM_PREFIX):
-                own = list(chat.prefix_ids) + chat.encode(text[len(MEM_PREFIX):])
+            if context:
+                read, own = encode_turn(context), chat.encode(assistant)
             else:
-                own = chat.encode(assistant)
+                read, own = [], encode_turn(assistant)
             if not own:
                 continue
-            examples.append(SFTExample(prompt + own, [0] * len(prompt) + [1] * len(own)))
+            lm_mask = None if not read else [1] * len(prompt) + [0] * (len(read) + len(own))
+            examples.append(SFTExample(prompt + read + own, [0] * (len(prompt) + len(read)) + [1] * len(own), lm_mask))
     return examples
 
 
 def _check_messages(messages: Any, where: str) -> None:
     if not isinstance(messages, list) or not all(
             isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content", ""), str)
-            for m in messages):
-        raise DataError(f"{where}: expected a list of {{'role': str, 'content': str}} messages")
+            and isinstance(m.get("context", ""), str) for m in messages):
+        raise DataError(f"{where}: expected a list of {{'role': str, 'content': str}} messages "
+                        "('context', when present, a str)")
 
 
 def _check_record(obj: Any, number: int) -> Any:
@@ -271,18 +290,20 @@ def run_sft(cfg: MempoConfig, model: Any, tokenizer: Any, trajectories: Sequence
             ids = torch.full((len(rows), width), int(pad), dtype=torch.long)
             attention = torch.zeros_like(ids)
             mask = torch.zeros_like(ids, dtype=torch.bool)
+            lm_ok = torch.zeros_like(ids, dtype=torch.bool)  # where the prompt loss may apply
             for r, i in enumerate(rows):
                 n = len(examples[i].input_ids)
                 ids[r, :n] = torch.tensor(examples[i].input_ids)
                 attention[r, :n] = 1
                 mask[r, :n] = torch.tensor(examples[i].loss_mask, dtype=torch.bool)
+                lm_ok[r, :n] = True if examples[i].lm_mask is None else torch.tensor(examples[i].lm_mask, dtype=torch.bool)
             ids, attention, mask = ids.to(device), attention.to(device), mask.to(device)
             targets, target_mask = ids[:, 1:], mask[:, 1:]
             states = lm.states(ids, attention)[:, :-1]
             # mean token cross-entropy over the batch's assistant tokens; logits [n_masked, V]
             loss = torch.nn.functional.cross_entropy(lm.logits(states, target_mask), targets[target_mask])
             if prompt_loss_weight:
-                context = attention[:, 1:].bool() & ~target_mask
+                context = attention[:, 1:].bool() & ~target_mask & lm_ok[:, 1:].to(device)
                 if bool(context.any()):
                     loss = loss + float(prompt_loss_weight) * torch.nn.functional.cross_entropy(
                         lm.logits(states, context), targets[context])

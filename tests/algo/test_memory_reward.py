@@ -79,6 +79,12 @@ def test_round_memory_rewards_by_definition():
     both = round_memory_rewards(t, result, [[1, 0]], scored_objectives="retrieved", reward="log", log_clip=1.0)
     assert both[0].objectives == [0, 1] and both[0].reward == pytest.approx((1.0 + 0.25) / 2)
     assert both[0].objective_logp_cmp == [-2.0, -3.0] and both[0].objective_p_mem == [0.5, 0.7]
+    # objective_reduce "min": the worst-kept retrieved fact (1.0 and 0.25 above)
+    worst = round_memory_rewards(t, result, [[1, 0]], scored_objectives="retrieved", reward="log", log_clip=1.0,
+                                 objective_reduce="min")
+    assert worst[0].reward == 0.25
+    one = round_memory_rewards(t, result, [[1]], scored_objectives="retrieved", objective_reduce="min")
+    assert one[0].reward == pytest.approx(got[0].reward)  # one objective: min == mean
     # none retrieved before the round: not scored (None keeps its place)
     none = round_memory_rewards(t, result, [[]], scored_objectives="retrieved")
     assert none[0].reward is None and none[0].objectives == [] and none[0].p_mem == 0.3
@@ -90,6 +96,10 @@ def test_round_memory_rewards_rejects_what_does_not_line_up():
         round_memory_rewards(t, _result(1, 2), None, scored_objectives="seen")
     with pytest.raises(ValueError, match="has 1 scored rounds"):
         round_memory_rewards(t, _result(2, 2), None)
+    with pytest.raises(ValueError, match="objective_reduce must be one of"):
+        round_memory_rewards(t, _result(1, 2), [[0]], scored_objectives="retrieved", objective_reduce="max")
+    with pytest.raises(ValueError, match="needs scored_objectives 'retrieved'"):
+        round_memory_rewards(t, _result(1, 2), None, objective_reduce="min")  # one gap: nothing to reduce
     with pytest.raises(ValueError, match="per-objective"):
         round_memory_rewards(t, ScoringResult(p_full=[0.1], p_mem=[0.2], mean_logp_full=[-1.0], mean_logp_mem=[-1.0]),
                              [[0]], scored_objectives="retrieved")

@@ -233,6 +233,10 @@ def test_the_benchmark_rolls_out_held_out_episodes_once_and_scores_every_definit
     assert {r.keeps for r in rows} >= {True, False}, "the oracle's rollouts should hold both classes"
     assert results["signal"] == json.loads(json.dumps(bench.signal_table(rows, list(bench.DEFINITIONS), [4])))
     assert results["signal"]["paper"]["k=4"]["all"]["auc"] is not None
+    read = results["rollouts"]["k=4"]["memory_read"]  # the worst retrieved objective's log P(gold | mem), by class
+    assert read["keeps"] == sum(r.keeps is True for r in rows) and read["drops"] == sum(r.keeps is False for r in rows)
+    assert read["median_worst_logp_mem_keeps"] <= 0 and read["median_worst_logp_mem_drops"] <= 0
+    assert "median worst-objective log P(gold | mem)" in (out / "results.md").read_text()
     # "paper" is the library's threshold 0.5, although the demo's config sets none
     from transformers import AutoModelForCausalLM
     trajectories = read_trajectories_jsonl(out / "rollouts_k4.jsonl")

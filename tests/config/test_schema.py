@@ -19,7 +19,8 @@ def test_defaults_match_the_brief():
         ("token-mean", 0.001, "low_var_kl", 0.0, 1)
     assert cfg.eval.max_turns == 64 and cfg.eval.objectives[:2] == [2, 4]
     s = cfg.scoring  # the memory reward's definition: the paper's by default
-    assert (s.comparator, s.scored_objectives, s.reward, s.log_clip) == ("paper", "all", "prob", 1.0)
+    assert (s.comparator, s.scored_objectives, s.reward, s.log_clip, s.objective_reduce) == \
+        ("paper", "all", "prob", 1.0, "mean")
 
 
 @pytest.mark.parametrize("override, field, allowed", [
@@ -36,6 +37,8 @@ def test_defaults_match_the_brief():
     ("scoring.scored_objectives=seen", "scoring.scored_objectives", "'all', 'retrieved'"),
     ("scoring.reward=ratio", "scoring.reward", "'prob', 'log'"),
     ("scoring.log_clip=0", "scoring.log_clip", "must be > 0"),
+    ("scoring.objective_reduce=max", "scoring.objective_reduce", "'mean', 'min'"),
+    ("scoring.objective_reduce=min", "scoring.objective_reduce", "needs scored_objectives 'retrieved'"),
     ("actor.loss_agg_mode=mean", "actor.loss_agg_mode", "'token-mean'"),
     ("actor.kl_estimator=k4", "actor.kl_estimator", "'low_var_kl'"),
     ("actor.clip_ratio_low=-0.1", "actor.clip_ratio_low", "must be > 0"),
@@ -121,7 +124,8 @@ def test_rollout_dtype_is_for_sglang_only():
 
 def test_every_memory_reward_definition_builds():
     for overrides in (["scoring.comparator=history_mem"], ["scoring.scored_objectives=retrieved"],
-                      ["scoring.reward=log", "scoring.threshold=null", "scoring.log_clip=2.5"]):
+                      ["scoring.reward=log", "scoring.threshold=null", "scoring.log_clip=2.5"],
+                      ["scoring.scored_objectives=retrieved", "scoring.objective_reduce=min"]):
         load_config(None, overrides)
     assert load_config(None, ["scoring.reward=log", "scoring.threshold=null"]).scoring.log_clip == 1.0
 

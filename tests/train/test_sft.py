@@ -8,6 +8,7 @@ import torch
 from mempo.model.builtin import default_corpus_texts, tiny_model, train_tokenizer
 from mempo.rollout.chat import ChatFormat
 from mempo.config import config_from_dict
+from mempo.env.data import DataError
 from mempo.train.sft import examples_from_trajectories, load_sft_records, run_sft
 from support.paths import REPO
 
@@ -57,7 +58,7 @@ def test_chat_records_and_jsonl(setup, tmp_path):
     records = load_sft_records(path)
     examples = examples_from_trajectories(records, tok)
     assert len(examples) == 2 + len(trajectories[0].rounds)
-    assert tok.decode([t for t, m in zip(*examples[1]) if m]) == "plain"
+    assert tok.decode([t for t, m in zip(examples[1].input_ids, examples[1].loss_mask) if m]) == "plain"
 
 
 def test_loss_decreases(setup):
@@ -193,6 +194,43 @@ def test_prompt_loss_weight(setup):
     full = _sft(_FullLogits(copy.deepcopy(base)), tok, trajectories, steps=2, lr=1e-3, batch_tokens=8192,
                    seed=0, prompt_loss_weight=0.5)
     assert weighted["losses"] == pytest.approx(full["losses"], rel=1e-4)  # selective logits == full logits
+
+
+def test_an_assistant_context_is_read_not_trained(setup, tmp_path):
+    """A chat record's assistant ``context`` (the scoring layout's <mem>): encoded alone after the forced
+    prefix, then the content alone (as teacher scoring builds mem_ctx + answer), and in neither loss."""
+    tok, _ = setup
+    from mempo.algo.contexts import build_answer
+    messages = [{"role": "system", "content": ""}, {"role": "user", "content": "1. Where was Ada born?"}]
+    mem, answer = "<mem>\nStep 2.\nQ1: Ada was born in Rome.\n</mem>", "\n<think>\nok\n</think>\n<answer>\nRome\n</answer>"
+    record = {"messages": messages + [{"role": "assistant", "context": mem, "content": answer}]}
+    (example,) = examples_from_trajectories([record], tok)
+    chat = ChatFormat(tok)
+    prompt = chat.prompt_ids(messages)
+    read = list(chat.prefix_ids) + chat.encode(mem[len("<mem>"):])
+    own = chat.encode(answer)
+    assert example.input_ids == prompt + read + own
+    assert example.loss_mask == [0] * (len(prompt) + len(read)) + [1] * len(own)
+    assert example.lm_mask == [1] * len(prompt) + [0] * (len(read) + len(own))
+    template = "\n<think>\nok\n</think>\n<answer>\n{answer}\n</answer>"
+    assert own == list(build_answer(tok, "Rome", template)[0])  # the ids teacher scoring puts after the <mem>
+    # one step's loss: the assistant term over the content, the prompt term over the prompt alone
+    base = tiny_model(tok, seed=0)
+    with_context = _sft(copy.deepcopy(base), tok, [record], steps=1, lr=1e-3, seed=0, prompt_loss_weight=1.0)
+    by_hand = copy.deepcopy(base)
+    ids = torch.tensor([example.input_ids])
+    with torch.no_grad():
+        logits = by_hand(ids).logits[0, :-1]
+    targets = ids[0, 1:]
+    loss_mask = torch.tensor(example.loss_mask[1:], dtype=torch.bool)
+    lm_mask = torch.tensor(example.lm_mask[1:], dtype=torch.bool) & ~loss_mask
+    expected = (torch.nn.functional.cross_entropy(logits[loss_mask], targets[loss_mask])
+                + torch.nn.functional.cross_entropy(logits[lm_mask], targets[lm_mask]))
+    assert with_context["first_loss"] == pytest.approx(float(expected), rel=1e-5)
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps({"messages": messages + [{"role": "assistant", "context": 3, "content": answer}]}) + "\n")
+    with pytest.raises(DataError, match="context"):
+        load_sft_records(bad)
 
 
 @pytest.mark.parametrize("content, message", [
