@@ -64,6 +64,7 @@ from typing import Any, Iterable, Mapping, Optional, Sequence
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from mempo.algo.memory_reward import RoundMemoryReward
 from mempo.algo.outcome import score_outcomes
 from mempo.config import ConfigError, MempoConfig, config_from_dict, config_to_dict, load_config, split_overrides
 from mempo.env.build import build_tools
@@ -294,26 +295,27 @@ def definition_config(cfg: MempoConfig, overrides: Mapping[str, Any]) -> MempoCo
 
 
 def definition_rewards(model: Any, tokenizer: Any, trajectories: Sequence[Trajectory],
-                       cfg: MempoConfig) -> list[list[Optional[float]]]:
+                       cfg: MempoConfig) -> tuple[list[list[Optional[float]]], list[list[RoundMemoryReward]]]:
     """THE adapter: the memory reward of every scored round under ``cfg.scoring``, one list per
-    trajectory aligned with its ``scored_rounds()`` (None: the definition leaves that round unscored):
-    ``mempo.scoring.compute_memory_rewards(model, tokenizer, trajectories, cfg.scoring)[0]``, the call
-    `mempo.train.step.memory_rewards` makes."""
-    rewards, _ = compute_memory_rewards(model, tokenizer, trajectories, cfg.scoring)
-    return [list(per_round) for per_round in rewards]
+    trajectory aligned with its ``scored_rounds()`` (None: the definition leaves that round unscored),
+    and each round's `RoundMemoryReward`: ``mempo.scoring.compute_memory_rewards(model, tokenizer,
+    trajectories, cfg.scoring)``, the call `mempo.train.step.memory_rewards` makes."""
+    rewards, details = compute_memory_rewards(model, tokenizer, trajectories, cfg.scoring)
+    return [list(per_round) for per_round in rewards], details
 
 
 #: The definition whose per-objective details `memory_read` reads (no threshold: every gold token counts).
-READ_DEFINITION = {"scoring.scored_objectives": "retrieved", "scoring.reward": "log", "scoring.threshold": None}
+READ_DEFINITION = "retrieved_log"
 
 
-def memory_read(model: Any, tokenizer: Any, trajectories: Sequence[Trajectory], cfg: MempoConfig) -> dict[str, Any]:
+def memory_read(tokenizer: Any, trajectories: Sequence[Trajectory],
+                details: Sequence[Sequence[RoundMemoryReward]]) -> dict[str, Any]:
     """Whether the model reads the answer off a ``<mem>`` in the scoring layout, whatever the reward's
-    definition: over the scored rounds with a retrieved objective and a keeps label, the median of
-    min_j l_mem_j (the worst retrieved objective's mean gold log-prob after mem_ctx, in nats), apart for
-    memories that keep every retrieved gold and those that drop one, with the counts. A model that
-    reads its memory has keeps near 0 and drops well below."""
-    _, details = compute_memory_rewards(model, tokenizer, trajectories, definition_config(cfg, READ_DEFINITION).scoring)
+    definition, from the per-objective details of `READ_DEFINITION` (`definition_rewards`): over the
+    scored rounds with a retrieved objective and a keeps label, the median of min_j l_mem_j (the worst
+    retrieved objective's mean gold log-prob after mem_ctx, in nats), apart for memories that keep
+    every retrieved gold and those that drop one, with the counts. A model that reads its memory has
+    keeps near 0 and drops well below."""
     worst: dict[bool, list[float]] = {True: [], False: []}
     for t, rounds in zip(trajectories, details):
         for item, keep in zip(rounds, t.memory_keeps(tokenizer) or [None] * len(rounds)):
@@ -496,14 +498,17 @@ def run(demo_out: Path, out: Path, *, questions: int = 32, samples: int = 8, ks:
                           "rollout_seconds": facts.get("seconds"),
                           "em": statistics.fmean(float(t.outcome.get("em", 0.0)) for t in trajectories),
                           "scored_rounds": sum(len(t.scored_rounds()) for t in trajectories)}
-        rewards = {}
+        rewards, details = {}, {}
         for name in definitions:
             start = time.perf_counter()
-            rewards[name] = definition_rewards(model, tokenizer, trajectories, configs[name])
+            rewards[name], details[name] = definition_rewards(model, tokenizer, trajectories, configs[name])
             seconds[name] += time.perf_counter() - start
             log(f"k={k}: {name} scored ({time.perf_counter() - start:.0f} s)")
         rows.extend(round_rows(trajectories, k, tokenizer, rewards))
-        made[f"k={k}"]["memory_read"] = memory_read(model, tokenizer, trajectories, cfg)
+        if READ_DEFINITION not in details:  # scored once more only when the run left that definition out
+            details[READ_DEFINITION] = definition_rewards(
+                model, tokenizer, trajectories, definition_config(cfg, DEFINITIONS[READ_DEFINITION]))[1]
+        made[f"k={k}"]["memory_read"] = memory_read(tokenizer, trajectories, details[READ_DEFINITION])
     write_jsonl(out / "rounds.jsonl", (dataclasses.asdict(r) for r in rows))
     table = signal_table(rows, definitions, ks)
     results = {

@@ -2,10 +2,10 @@
 
 Teacher scoring measures P(answer | mem_ctx) with mem_ctx = the question, then one round's
 ``<mem>`` (`mempo.algo.contexts`). No rollout round has that layout past the first round: a round
-r >= 2 follows the previous round and its tool result, never the bare question. A cold start without
-it does not read the memory there (P(gold | mem) of e^-6 to e^-12 for memories that hold the gold,
-docs/DEMO.md), so the memory reward measures the layout, not the memory. Each record here is that
-layout with the answer the memory alone gives:
+r >= 2 follows the previous round and its tool result, never the bare question, and a model
+cold-started on rollout rounds reads its memory there unevenly (`bench/bench_signal.py`'s
+`memory_read`; docs/ALGORITHM.md 4f). Each record here is that layout with the answer the memory
+alone gives:
 
     messages  = the trajectory's first prompt (system, user question)
     context   = round r's ``<mem>...</mem>`` (r >= 2: round 1's memory holds nothing yet, and a
