@@ -5,7 +5,8 @@ import pytest
 pytest.importorskip("transformers")
 pytest.importorskip("matplotlib")
 
-from mempo.apps.demo import DEMO_CONFIG, DemoTargets, load_demo_config, memory_outcome_section, target_lines
+from mempo.apps.demo import (DEMO_CONFIG, DemoTargets, load_demo_config, memory_outcome_section, rl_setting_line,
+                             target_lines)
 from mempo.config import config_from_dict
 from mempo.synthetic.build import build_world
 from mempo.synthetic.oracle import OracleAgent
@@ -27,6 +28,24 @@ def test_config_file_equals_builtin_defaults():
     # bounded by steps, the time bound a safety net; the report's closed-book line; RL on the k of the gain target
     assert cfg.sft.steps == 3200 and cfg.sft.max_seconds is not None and cfg.eval.closed_book is True
     assert cfg.data.num_objectives == DemoTargets().rl_k and cfg.eval.episodes >= 128
+
+
+def test_demo_scoring_is_the_ablations_best_and_the_report_says_what_it_measured():
+    # issue 20: the definition ahead of GRPO in the pre-registered ablation (retrieved_min_c10) is the demo's
+    cfg = load_demo_config(None)
+    s = cfg.scoring
+    assert (s.reward, s.threshold, s.scored_objectives, s.objective_reduce, s.log_clip) == ("log", None, "retrieved",
+                                                                                           "min", 10.0)
+    line = rl_setting_line(cfg)
+    assert "reward log (clip 10 nats)" in line and "objectives retrieved (min)" in line
+    assert "definition retrieved_min_c10: ahead of GRPO at k = 4" in line and "not at k = 2" in line
+    # the library's default scoring (the paper's) cites its own result; an unmeasured one says so; GRPO is GRPO
+    paper = load_demo_config(None, ["scoring.reward=prob", "scoring.threshold=0.5", "scoring.scored_objectives=all",
+                                    "scoring.objective_reduce=mean", "scoring.log_clip=1.0"])
+    assert "the paper's definition: level with GRPO" in rl_setting_line(paper)
+    assert "reward prob," in rl_setting_line(paper)  # no clip named where the reward is not log
+    assert "not one the ablation measured" in rl_setting_line(load_demo_config(None, ["scoring.log_clip=5"]))
+    assert "with weight 0 this run is GRPO" in rl_setting_line(load_demo_config(None, ["algorithm.memory_weight=0"]))
 
 
 def test_unknown_demo_key_is_an_error():
