@@ -19,10 +19,31 @@ __all__ = ["rename_trajectories"]
 
 
 def _name_pattern(names: Collection[str]) -> re.Pattern:
-    """One regex matching any of `names` as whole words, longest first (a multi-word name before the
-    one-word name it starts with)."""
-    ordered = sorted(names, key=lambda name: (-len(name), name))
-    return re.compile(r"(?<!\w)(" + "|".join(re.escape(name) for name in ordered) + r")(?!\w)")
+    """One regex matching any of `names` as whole words; where several match at a position, the
+    longest (a multi-word name before the one-word name it starts with).
+
+    1. The names go into a character trie.
+    2. The trie becomes nested groups, a node's children in character order and its end (when a
+       name ends there) as the last, empty choice: the regex tries the longest continuation first
+       and backtracks to a shorter name when a word character follows. Same matches as the
+       alternation of the names longest first, without trying 2,000 alternatives at every position."""
+    trie: dict = {}
+    for name in filter(None, names):  # an empty name would match everywhere
+        node = trie
+        for char in name:
+            node = node.setdefault(char, {})
+        node[""] = {}  # a name ends here
+
+    def regex(node: dict) -> str:
+        branches = [re.escape(char) + regex(child) for char, child in sorted(node.items()) if char]
+        if not branches:
+            return ""
+        body = branches[0] if len(branches) == 1 else "(?:" + "|".join(branches) + ")"
+        return f"(?:{body})?" if "" in node else body
+
+    if not trie:
+        return re.compile(r"(?!)")  # no names: nothing matches (an empty group would match everywhere)
+    return re.compile(r"(?<!\w)(" + regex(trie) + r")(?!\w)")
 
 
 def rename_trajectories(trajectories: Sequence[OracleTrajectory], entities: Sequence[Any],

@@ -1,5 +1,6 @@
 """mempo.synthetic.rename: each trajectory's entity names replaced consistently, by names of the same
 kind that are not held out; structure, correctness and determinism kept."""
+import random
 import re
 
 import pytest
@@ -9,7 +10,7 @@ from mempo.env.build import build_tools
 from mempo.protocol.reward import compute_score
 from mempo.synthetic.build import build_world
 from mempo.synthetic.cold_start import oracle_cold_start
-from mempo.synthetic.rename import rename_trajectories
+from mempo.synthetic.rename import _name_pattern, rename_trajectories
 from support.small_world import SMALL
 
 OVERRIDES = SMALL + ["synthetic.oracle_objectives=[1,2]", "synthetic.oracle_episodes=6", "synthetic.oracle_keep=all",
@@ -100,3 +101,26 @@ def test_multi_word_names_are_renamed_whole():
     for before, after in zip(trajectories, renamed):
         assert len(_names_in(before, names)) == len(_names_in(after, names))
         assert compute_score(after.response_text, after.golds)["em"] == before.score["em"]
+
+
+def _alternation(names):
+    """The plain reference: every name as one alternative, longest first."""
+    ordered = sorted(names, key=lambda name: (-len(name), name))
+    return re.compile(r"(?<!\w)(" + "|".join(re.escape(name) for name in ordered) + r")(?!\w)")
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_the_trie_pattern_matches_as_the_longest_first_alternation(seed):
+    """`_name_pattern` (a trie) finds exactly the spans the alternation of the names finds: names that
+    are prefixes of one another ("Ann", "Anna", "Ann Lee"), regex metacharacters, names inside longer
+    words (no match), random texts built from them."""
+    rng = random.Random(seed)
+    words = ["Ann", "Anna", "Ann Lee", "Ann Leen", "Bo", "Bob", "B.o", "C++", "Lee", "Xi Ann", "Ann-Marie", "Dé"]
+    names = rng.sample(words, 8) + ["".join(rng.choice("abAB ") for _ in range(rng.randint(1, 5))).strip() or "q"
+                                    for _ in range(20)]
+    pattern, reference = _name_pattern(names), _alternation(set(names))
+    pieces = words + names + [" ", " ", ", ", "x", "Annex", "-", "."]
+    for _ in range(300):
+        text = "".join(rng.choice(pieces) for _ in range(rng.randint(0, 12)))
+        assert [m.span(1) for m in pattern.finditer(text)] == [m.span(1) for m in reference.finditer(text)], text
+    assert _name_pattern([]).search("anything") is None and _name_pattern([""]).search("x") is None
