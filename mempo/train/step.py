@@ -232,13 +232,19 @@ def build_batch(ctx: StepContext, trajectories: Sequence[Trajectory], token_adv:
     return TrainBatch(input_ids, attention, response_mask, advantages_, row_traj, row_round)
 
 
-def old_and_ref_log_probs(ctx: StepContext, batch: TrainBatch) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+def old_and_ref_log_probs(ctx: StepContext,
+                          batch: TrainBatch) -> tuple[Optional[torch.Tensor], Optional[torch.Tensor]]:
     """Current-policy and reference log-probs of the batch's loss tokens (token-aligned fp32). The old
     log-probs are the current policy's (before the update, eval mode), so the first PPO epoch's ratio
-    is 1; the reference is the frozen reference actor (skipped when ``actor.kl_coef == 0``)."""
+    is 1; with one optimiser step per PPO step (``ppo_epochs`` and ``ppo_mini_batches`` both 1) they
+    are None: `Actor.update` then takes the ratio against its own detached log-probs, the same ratio
+    1 without a forward pass over the batch. The reference is the frozen reference actor (skipped when
+    ``actor.kl_coef == 0``)."""
     temperature = ctx.cfg.rollout.temperature
-    old = ctx.actor.compute_log_probs(batch.input_ids, batch.attention_mask, response_mask=batch.response_mask,
-                                      temperature=temperature).log_probs
+    old = None
+    if ctx.cfg.actor.ppo_epochs > 1 or ctx.cfg.actor.ppo_mini_batches > 1:  # later optimiser steps need them
+        old = ctx.actor.compute_log_probs(batch.input_ids, batch.attention_mask, response_mask=batch.response_mask,
+                                          temperature=temperature).log_probs
     ref = None
     if ctx.ref_actor is not None and ctx.cfg.actor.kl_coef > 0:
         ref = ctx.ref_actor.compute_log_probs(batch.input_ids, batch.attention_mask,
@@ -246,7 +252,8 @@ def old_and_ref_log_probs(ctx: StepContext, batch: TrainBatch) -> tuple[torch.Te
     return old, ref
 
 
-def update(ctx: StepContext, batch: TrainBatch, old: torch.Tensor, ref: Optional[torch.Tensor]) -> dict[str, float]:
+def update(ctx: StepContext, batch: TrainBatch, old: Optional[torch.Tensor],
+           ref: Optional[torch.Tensor]) -> dict[str, float]:
     """PPO-clip + KL update (`Actor.update`) on the batch with its own advantages; returns its
     metrics under ``actor/``."""
     if not batch.response_mask.any():

@@ -30,3 +30,31 @@ def test_step_advantages_read_pooling_and_floor(pooling, floor):
     default, _ = advantages(_ctx(), trajectories, REWARDS)
     assert torch.equal(result.advantages, default.advantages) == (pooling == "group" and floor == 0.0)
     assert metrics["adv/abs_mean_mem"] >= 0
+
+
+@pytest.mark.parametrize("epochs, mini_batches", [(1, 1), (1, 2), (2, 1)])
+def test_old_log_probs_only_where_a_later_optimiser_step_needs_them(epochs, mini_batches):
+    """One optimiser step per PPO step: no forward pass for old log-probs (None: `Actor.update` takes
+    the ratio against its own detached log-probs), and the update equals the one made with them."""
+    pytest.importorskip("transformers")
+    from mempo.config import ActorConfig
+    from mempo.train.actor import Actor
+    from mempo.train.step import TrainBatch, old_and_ref_log_probs, update
+    from support.dist_worker import make_batch, make_model
+
+    actor_cfg = ActorConfig(lr=1e-3, kl_coef=0.0, ppo_epochs=epochs, ppo_mini_batches=mini_batches)
+    cfg = dataclasses.replace(MempoConfig(), actor=actor_cfg)
+    data, adv = make_batch()
+    batch = TrainBatch(data["input_ids"], data["attention_mask"], data["response_mask"], adv,
+                       row_traj=list(range(len(adv))), row_round=[-1] * len(adv))
+    actors = [Actor(make_model(0), actor_cfg) for _ in range(2)]
+    ctx = StepContext(cfg=cfg, actor=actors[0], ref_actor=None, backend=None, tokenizer=TOK, tools={})
+    old, ref = old_and_ref_log_probs(ctx, batch)
+    assert ref is None and (old is None) == (epochs == 1 and mini_batches == 1)
+    if old is None:  # the same update as with the current policy's log-probs computed first
+        explicit = actors[1].compute_log_probs(batch.input_ids, batch.attention_mask, response_mask=batch.response_mask,
+                                               temperature=cfg.rollout.temperature).log_probs
+        update(ctx, batch, None, None)
+        update(dataclasses.replace(ctx, actor=actors[1]), batch, explicit, None)
+        for a, b in zip(actors[0].module.parameters(), actors[1].module.parameters()):
+            torch.testing.assert_close(a, b, rtol=0, atol=1e-6)
