@@ -76,6 +76,7 @@ from mempo.synthetic.heldout import held_out_subjects
 from mempo.train.logging import read_metrics
 from mempo.train.metric_names import MEM_KEEPS, MEM_REWARD, REWARD, TOKENS
 from mempo.train.trainer import train
+from mempo.utils.allocator import keep_freed_memory
 from mempo.utils.atomic import replace_file_atomically
 from mempo.utils.machine import machine_facts
 
@@ -494,6 +495,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     best_overrides, words = split_best_overrides(sys.argv[1:] if argv is None else argv)
     overrides, rest = split_overrides(words)
     args = parser.parse_args(rest)
+    keep_freed_memory()  # the demo's allocator setting: bit-identical floats, faster steps
     if args.threads:
         torch.set_num_threads(args.threads)
     try:

@@ -78,6 +78,7 @@ from mempo.scoring import compute_memory_rewards
 from mempo.seeds import sft_question_seed
 from mempo.synthetic.build import build_world
 from mempo.synthetic.heldout import held_out_subjects, training_episodes
+from mempo.utils.allocator import keep_freed_memory
 from mempo.utils.atomic import replace_file_atomically
 from mempo.utils.jsonl import write_jsonl
 from mempo.utils.machine import machine_facts
@@ -565,6 +566,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     overrides, rest = split_overrides(sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(rest)
+    keep_freed_memory()  # the demo's allocator setting: bit-identical floats, faster steps
     if args.threads:
         torch.set_num_threads(args.threads)
     try:

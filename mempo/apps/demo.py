@@ -35,6 +35,7 @@ from mempo.train.sft import run_sft
 from mempo.synthetic.cold_start import ColdStart, oracle_cold_start
 from mempo.synthetic.heldout import held_out_subjects, training_episodes
 from mempo.train.trainer import TrainResult, prepare_out_dir, train
+from mempo.utils.allocator import keep_freed_memory
 from mempo.utils.machine import machine_facts
 from mempo.utils.types import PathLike
 
@@ -449,6 +450,7 @@ def run_demo(cfg: MempoConfig, out_dir: PathLike, *, echo: Callable[[str], None]
     dump_config(cfg, out / "config.yaml")
     threads = _set_threads(cfg.synthetic.torch_threads)
     echo(f"torch threads: {threads} (CPUs: {os.cpu_count()}, load average {os.getloadavg()[0]:.2f})")
+    echo(f"allocator: {keep_freed_memory()}")  # before the stages: their buffers are reused, not page-faulted in
     stages = _Stages(out, 10 if cfg.synthetic.copy_warmup_steps else 9, echo)
 
     env = stages.run("world", _world_stage, cfg)

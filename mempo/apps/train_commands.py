@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Mapping, Optional
 
 from mempo.config import ConfigError, MempoConfig, config_from_dict, config_to_dict, load_config
+from mempo.utils.allocator import keep_freed_memory
 from mempo.utils.log import log
 
 __all__ = ["TRAIN_HELP", "SFT_HELP", "add_train_arguments", "add_sft_arguments", "run_train", "run_sft"]
@@ -53,9 +54,12 @@ def _run_config(args: argparse.Namespace, sft_flags: Optional[Mapping[str, str]]
     a checkpoint path named in the config stays); `sft`'s ``--trajectories``, ``--episodes``,
     ``--steps``, ``--epochs``, ``--lr`` and ``--batch-tokens`` set the ``sft`` fields of those names.
     Without ``--resume`` the config's ``trainer.resume`` applies, "never" by default: a run
-    directory that already holds checkpoints is then refused.
+    directory that already holds checkpoints is then refused. Sets the process's C allocator to keep
+    freed memory (`mempo.utils.allocator.keep_freed_memory`).
     """
     _threads(args)
+    keep_freed_memory()  # a training process: freed buffers are reused, not page-faulted in (no log: stderr
+    #                      carries a user error as its one line)
     cfg = load_config(args.config, list(args.overrides))
     raw = config_to_dict(cfg)
     if args.out:

@@ -9,12 +9,15 @@ from typing import Any
 
 import torch
 
+from mempo.utils.allocator import allocator_setting
+
 __all__ = ["machine_facts"]
 
 
 def machine_facts() -> dict[str, Any]:
     """CPU count (and the CPUs this process may use), torch / transformers / Python versions,
-    platform, torch's thread count and CUDA device (None without one). transformers is left out
+    platform, torch's thread count, the C allocator's setting
+    (`mempo.utils.allocator`) and CUDA device (None without one). transformers is left out
     when it is not installed (its version is read from the installed distribution: no import)."""
     facts: dict[str, Any] = {"cpu_count": os.cpu_count(), "python": sys.version.split()[0],
                              "platform": platform.platform()}
@@ -24,6 +27,7 @@ def machine_facts() -> dict[str, Any]:
         pass
     facts["torch"] = torch.__version__
     facts["torch_threads"] = torch.get_num_threads()
+    facts["allocator"] = allocator_setting()
     facts["cuda"] = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
     try:
         facts["transformers"] = importlib.metadata.version("transformers")
