@@ -26,7 +26,7 @@ def test_config_file_equals_builtin_defaults():
     assert cfg.synthetic.oracle_objectives == [1, 2, 3, 4] and cfg.sft.lr == 1e-3 and cfg.synthetic.oracle_think == "minimal"
     assert cfg.synthetic.oracle_keep == "all" and 0 < cfg.synthetic.oracle_drop_fact_prob < 1 and cfg.synthetic.copy_warmup_steps > 0
     # bounded by steps, the time bound a safety net; the report's closed-book line; RL on the k of the gain target
-    assert cfg.sft.steps == 3840 and cfg.sft.max_seconds is not None and cfg.eval.closed_book is True
+    assert cfg.sft.steps == 3200 and cfg.sft.max_seconds is not None and cfg.eval.closed_book is True
     assert cfg.data.num_objectives == DemoTargets().rl_k and cfg.eval.episodes >= 128
 
 
@@ -168,9 +168,9 @@ def test_the_sft_time_bound_says_when_it_bound():
     from mempo.apps.demo import sft_bound_line
 
     cfg = load_demo_config(None)
-    assert sft_bound_line(cfg, {"steps": 3840, "time_bound": False}) is None
+    assert sft_bound_line(cfg, {"steps": 3200, "time_bound": False}) is None
     assert sft_bound_line(cfg, {"steps": 2100, "time_bound": True}) == (
-        "SFT was cut by the time bound sft.max_seconds=800 after 2100 of sft.steps=3840 steps: this machine was "
+        "SFT was cut by the time bound sft.max_seconds=600 after 2100 of sft.steps=3200 steps: this machine was "
         "slower than the demo assumes, and the numbers below depend on its speed")
 
 
