@@ -73,24 +73,19 @@ DEMO_PROBE = """
 import json, sys, time
 from mempo.apps import demo
 from mempo.eval import eval_episodes
-from mempo.synthetic.copy_warmup import copy_warmup
 from mempo.synthetic.heldout import held_out_subjects
 from mempo.train.sft import run_sft
 from mempo.utils.allocator import keep_freed_memory
 mode, threads = sys.argv[1], int(sys.argv[3])
 if mode == "keep":
     keep_freed_memory()
-cfg = demo.load_demo_config(overrides=["sft.max_seconds=null"])
+cfg = demo.load_demo_config(overrides=["sft.max_seconds=null", "synthetic.copy_warmup_steps=200"])
 demo._set_threads(threads)
 env = demo._world_stage(cfg).value
 cold = demo._oracle_stage(cfg, env, held_out_subjects(eval_episodes(env.world, cfg)), False).value
 tokenizer = demo._tokenizer_stage(cfg, env.world, cold.trajectories).value
 model = demo._model_stage(cfg, tokenizer).value
-ids = sorted({x[0] for x in (tokenizer.encode(" " + e.name, add_special_tokens=False) for e in env.world.entities)
-              if len(x) == 1})
-began = time.perf_counter()
-copy_warmup(model, ids, steps=200)
-copy = (time.perf_counter() - began) / 200
+copy = demo._copy_stage(cfg, model, tokenizer, env.world).value.seconds / 200
 run_sft(cfg, model, tokenizer, cold.sft_records, max_steps=20)
 began = time.perf_counter()
 metrics = run_sft(cfg, model, tokenizer, cold.sft_records, max_steps=420)
