@@ -52,7 +52,7 @@ def closed_book_policy(policy: str) -> str:
 def evaluate(model: Any, tokenizer: Any, episodes_by_k: Mapping[Any, Sequence[Any]], retriever: Any,
              cfg: MempoConfig, *,
              backend: Any = None, policies: Optional[Sequence[str]] = None, max_new_tokens: Optional[int] = None,
-             chunk_size: int = 16, label: str = "", log: Optional[Callable[[str], None]] = None,
+             chunk_size: Optional[int] = None, label: str = "", log: Optional[Callable[[str], None]] = None,
              show_progress: bool = True, keep_trajectories: bool = False,
              trajectories_path: Optional[PathLike] = None) -> EvalReport:
     """Run every episode once under every policy and summarise per (dataset, k, policy): cells in the
@@ -69,7 +69,8 @@ def evaluate(model: Any, tokenizer: Any, episodes_by_k: Mapping[Any, Sequence[An
             `mempo.synthetic.backend.OracleBackend`).
         policies: overrides ``cfg.eval.policies``.
         max_new_tokens: overrides ``cfg.rollout.max_new_tokens_per_round``.
-        chunk_size: episodes per engine run (progress granularity; all of a chunk are batched).
+        chunk_size: episodes per engine run, all of a chunk batched (one ``generate`` per round) and
+            the progress granularity; None: ``cfg.eval.batch_episodes``.
         label: a name stored in the metadata (e.g. "before RL").
         log: a line printer (default: stderr).
         keep_trajectories: keep the trajectories on the report (``report.trajectories``).
@@ -79,6 +80,7 @@ def evaluate(model: Any, tokenizer: Any, episodes_by_k: Mapping[Any, Sequence[An
     log = log or (lambda line: print(line, file=sys.stderr, flush=True))
     policies = list(policies or cfg.eval.policies)
     max_new = int(max_new_tokens or cfg.rollout.max_new_tokens_per_round)
+    chunk_size = cfg.eval.batch_episodes if chunk_size is None else chunk_size
     cells = _cells(episodes_by_k)
     if backend is None:
         backend = hf_backend(model, tokenizer)

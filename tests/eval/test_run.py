@@ -131,3 +131,25 @@ def test_closed_book_adds_a_row_per_policy_where_no_search_finds_anything(world,
     loaded = EvalReport.load(tmp_path / "eval.json")
     assert loaded.row(2, "memory-closed-book").em == report.row(2, "memory-closed-book").em
     assert paths
+
+
+def test_greedy_results_do_not_depend_on_batch_episodes(world):
+    """eval.batch_episodes only groups episodes into generate calls: greedy trajectories (every
+    generated id) and rows are the same for one episode a call, odd groups and all at once."""
+    w, retriever = world
+    tok = chat_tokenizer()
+    model = tiny_qwen2(len(tok))
+    runs = {}
+    for batch in (1, 3, 16):
+        cfg = _cfg(objectives=[2], episodes=5, max_turns=3, policies=["memory"], batch_episodes=batch)
+        report = evaluate(model, tok, eval_episodes(w, cfg), retriever, cfg, max_new_tokens=10, show_progress=False,
+                          log=lambda line: None, keep_trajectories=True)
+        runs[batch] = ([t.response_ids for t in report.trajectories[("", 2, "memory")]],
+                       [(r.em, r.mean_turns, r.prompt_tokens_per_episode) for r in report.rows])
+    assert runs[1][0] and any(len(ids) > 0 for ids in runs[1][0])
+    assert runs[1] == runs[3] == runs[16]
+
+
+def test_batch_episodes_must_be_positive():
+    with pytest.raises(Exception, match="batch_episodes"):
+        _cfg(batch_episodes=0)
