@@ -52,7 +52,7 @@ def closed_book_policy(policy: str) -> str:
 def evaluate(model: Any, tokenizer: Any, episodes_by_k: Mapping[Any, Sequence[Any]], retriever: Any,
              cfg: MempoConfig, *,
              backend: Any = None, policies: Optional[Sequence[str]] = None, max_new_tokens: Optional[int] = None,
-             chunk_size: Optional[int] = None, label: str = "", log: Optional[Callable[[str], None]] = None,
+             label: str = "", log: Optional[Callable[[str], None]] = None,
              show_progress: bool = True, keep_trajectories: bool = False,
              trajectories_path: Optional[PathLike] = None) -> EvalReport:
     """Run every episode once under every policy and summarise per (dataset, k, policy): cells in the
@@ -64,13 +64,12 @@ def evaluate(model: Any, tokenizer: Any, episodes_by_k: Mapping[Any, Sequence[An
         tokenizer: the model's tokenizer (prompts, token counts, decoded episode records).
         episodes_by_k: ``{k: episodes}`` or ``{(dataset, k): episodes}``.
         retriever: what the search / access tools query.
-        cfg: a `mempo.config.MempoConfig` (``eval``, ``rollout``, ``env`` sections).
+        cfg: a `mempo.config.MempoConfig` (``eval``, ``rollout``, ``env`` sections); ``eval.batch_episodes``
+            episodes are generated together (one ``generate`` per round) and advance the progress bar.
         backend: a generation backend to use instead of the model (e.g.
             `mempo.synthetic.backend.OracleBackend`).
         policies: overrides ``cfg.eval.policies``.
         max_new_tokens: overrides ``cfg.rollout.max_new_tokens_per_round``.
-        chunk_size: episodes per engine run, all of a chunk batched (one ``generate`` per round) and
-            the progress granularity; None: ``cfg.eval.batch_episodes``.
         label: a name stored in the metadata (e.g. "before RL").
         log: a line printer (default: stderr).
         keep_trajectories: keep the trajectories on the report (``report.trajectories``).
@@ -80,7 +79,6 @@ def evaluate(model: Any, tokenizer: Any, episodes_by_k: Mapping[Any, Sequence[An
     log = log or (lambda line: print(line, file=sys.stderr, flush=True))
     policies = list(policies or cfg.eval.policies)
     max_new = int(max_new_tokens or cfg.rollout.max_new_tokens_per_round)
-    chunk_size = cfg.eval.batch_episodes if chunk_size is None else chunk_size
     cells = _cells(episodes_by_k)
     if backend is None:
         backend = hf_backend(model, tokenizer)
@@ -100,7 +98,7 @@ def evaluate(model: Any, tokenizer: Any, episodes_by_k: Mapping[Any, Sequence[An
                     engine = RolloutEngine(backend, tokenizer, cell_tools, config=rollout_cfg,
                                            max_context_tokens=max_context)
                     cell_start = time.perf_counter()
-                    trajectories = _roll_out(engine, episodes, chunk_size, f"eval{' ' + name if name else ''} k={k} "
+                    trajectories = _roll_out(engine, episodes, cfg.eval.batch_episodes, f"eval{' ' + name if name else ''} k={k} "
                                                                             f"{row_policy}", show_progress)
                     row = summarize(trajectories, k, row_policy, time.perf_counter() - cell_start, dataset=dataset)
                     rows.append(row)
@@ -188,10 +186,9 @@ def _roll_out(engine: RolloutEngine, episodes: Sequence[Any], chunk_size: int, t
     run; `score_outcomes` (with the engine's ``score_mode``) gives their ``outcome``, which is all the
     records and rows read."""
     trajectories = []
-    step = max(1, chunk_size)
     with progress(title, total=len(episodes), enabled=show_progress) as bar:
-        for i in range(0, len(episodes), step):
-            chunk = episodes[i:i + step]
+        for i in range(0, len(episodes), chunk_size):
+            chunk = episodes[i:i + chunk_size]
             trajectories.extend(score_outcomes(engine.run(chunk), mode=engine.config.score_mode))
             bar.advance(len(chunk))
     return trajectories
