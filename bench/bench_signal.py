@@ -51,7 +51,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import hashlib
 import json
 import math
 import statistics
@@ -80,6 +79,7 @@ from mempo.synthetic.build import build_world
 from mempo.synthetic.heldout import held_out_subjects, training_episodes
 from mempo.utils.allocator import keep_freed_memory
 from mempo.utils.atomic import replace_file_atomically
+from mempo.utils.digest import weights_digest
 from mempo.utils.jsonl import write_jsonl
 from mempo.utils.machine import machine_facts
 
@@ -381,17 +381,11 @@ def sft_subjects_shared(world: Any, cfg: MempoConfig, asked: Mapping[int, Sequen
 
 
 def model_digest(model_dir: Path) -> str:
-    """sha256 over the names and bytes of the model directory's weight files (safetensors / bin)."""
-    digest = hashlib.sha256()
-    files = sorted(p for p in model_dir.iterdir() if p.suffix in (".safetensors", ".bin"))
-    if not files:
-        raise BenchError(f"{model_dir}: no weight files (*.safetensors, *.bin); is it a saved model directory?")
-    for path in files:
-        digest.update(path.name.encode())
-        with open(path, "rb") as handle:
-            for block in iter(lambda: handle.read(1 << 20), b""):
-                digest.update(block)
-    return digest.hexdigest()
+    """`mempo.utils.digest.weights_digest` of the model directory (BenchError when it has no weights)."""
+    try:
+        return weights_digest(model_dir)
+    except ValueError as exc:
+        raise BenchError(str(exc)) from exc
 
 
 def rollout_backend(cfg: MempoConfig, model: Any, tokenizer: Any, model_dir: Path) -> Any:

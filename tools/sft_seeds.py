@@ -9,7 +9,10 @@ to s (``data.seed`` stays: the evaluation questions are drawn from each world wi
 Each seed's evaluated episodes are written to ``--episodes-dir``. The held-out split is the demo's
 (every k of ``eval.objectives``); only k = 2 is evaluated, without the closed-book pass. Torch threads are fixed (``--threads``) and SFT is bounded by its steps only
 (``sft.max_seconds`` null). One JSON line per finished seed is appended to ``--out``; seeds already there
-(with the same overrides) are skipped, so an interrupted run continues. With ``--models-dir`` each
+(with the same overrides, made on the same CPU model) are skipped, so an interrupted run continues. Each
+line names the CPU model and the instruction set of torch's kernels (`mempo.utils.machine`): the SFT
+model follows them (docs/DEMO.md "The same commit on another CPU"), so seeds run on another CPU are another
+measurement. With ``--models-dir`` each
 seed's SFT model is kept as ``<dir>/<tag>_s<seed>/`` with ``config.yaml`` and ``model_sft/``, the
 layout of a demo output (`bench/bench_signal.py --demo-out`, `bench/bench_learning.py --demo-out`).
 """
@@ -32,6 +35,7 @@ from mempo.eval import eval_episodes, evaluate
 from mempo.protocol.grammar import last_mem
 from mempo.synthetic.oracle_memory import MEMORY_LINE_KINDS, memory_line_kinds
 from mempo.synthetic.heldout import held_out_subjects
+from mempo.utils.machine import machine_facts
 
 
 def episodes_tag(overrides: list[str]) -> str:
@@ -88,7 +92,13 @@ def run_seed(seed: int, overrides: list[str], episodes_path: Path, threads: int,
             "sft_steps": sft["steps"], "sft_last_loss": sft["last_loss"],
             "sft_time_bound": sft["time_bound"], "seconds_to_sft_end": round(sft_seconds, 1),
             "seconds": round(time.perf_counter() - began, 1), "threads": threads,
-            "load_start": os.getloadavg()[0], "mem_kinds": mem_kinds(episodes_path)}
+            "load_start": os.getloadavg()[0], "mem_kinds": mem_kinds(episodes_path), **cpu_facts()}
+
+
+def cpu_facts() -> dict[str, str]:
+    """This machine's CPU model and torch's kernel instruction set (`machine_facts`), as a row records them."""
+    facts = machine_facts()
+    return {key: str(facts[key]) for key in ("cpu_model", "cpu_capability") if key in facts}
 
 
 def main(argv: list[str]) -> int:
@@ -105,7 +115,8 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     keep_freed_memory()  # the demo's allocator setting: bit-identical floats, faster steps
     rows = [json.loads(line) for line in args.out.read_text().splitlines()] if args.out.exists() else []
-    done = {row["seed"] for row in rows if row["overrides"] == args.overrides}
+    here = cpu_facts().get("cpu_model")  # rows from before the CPU was recorded count as this CPU's
+    done = {row["seed"] for row in rows if row["overrides"] == args.overrides and row.get("cpu_model", here) == here}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     for seed in args.seeds:
         if seed in done:

@@ -20,7 +20,7 @@ from typing import Any, Callable, Generic, Optional, Sequence, TypeVar
 
 import torch
 
-from mempo.apps.report import ReportResult, StageRecord, StageTimes, em_change, write_report
+from mempo.apps.report import ReportResult, StageRecord, StageTimes, em_change, metric_series, write_report
 from mempo.config import ConfigError, MempoConfig, dump_config, load_config
 from mempo.env.build import build_tools
 from mempo.synthetic.build import SyntheticEnv, build_world
@@ -30,12 +30,14 @@ from mempo.protocol.grammar import last_mem
 from mempo.model.builtin import default_corpus_texts, tiny_model, train_tokenizer
 from mempo.model.export import save_model_dir
 from mempo.synthetic.copy_warmup import CopyWarmup, copy_warmup
-from mempo.train.logging import MetricsLogger
+from mempo.train.logging import MetricsLogger, read_metrics
+from mempo.train.metric_names import MEM_KEEPS
 from mempo.train.sft import run_sft
 from mempo.synthetic.cold_start import ColdStart, oracle_cold_start
 from mempo.synthetic.heldout import held_out_subjects, training_episodes
 from mempo.train.trainer import TrainResult, prepare_out_dir, train
 from mempo.utils.allocator import keep_freed_memory
+from mempo.utils.digest import weights_digest
 from mempo.utils.machine import machine_facts
 from mempo.utils.types import PathLike
 
@@ -380,17 +382,24 @@ def target_lines(before: Optional[EvalReport], after: Optional[EvalReport], seco
 # RL's gain for the memory reward's.
 ABLATION_FINDINGS: dict[tuple, str] = {
     ("prob", "paper", 0.5, "all", "mean", 1.0):
-        "the paper's definition: level with GRPO (8 paired seeds from the demo's SFT model of 3,200 steps: paired "
-        "EM difference +0.002 +- 0.007 at k = 2, +0.027 +- 0.014 at k = 4; behind by 0.089 / 0.068 in execution 2)",
+        "the paper's definition: level with GRPO (8 paired seeds: paired EM difference +0.002 +- 0.007 at k = 2, "
+        "+0.027 +- 0.014 at k = 4; behind by 0.089 / 0.068 in execution 2)",
     ("log", "paper", None, "retrieved", "min", 10.0):
-        "definition retrieved_min_c10: ahead of GRPO at k = 4 (8 paired seeds from the demo's SFT model of 3,200 "
-        "steps: paired EM difference +0.077 +- 0.015, every seed), not at k = 2 (-0.027 +- 0.022)",
+        "definition retrieved_min_c10: ahead of GRPO at k = 4 (8 paired seeds: paired EM difference +0.077 +- "
+        "0.015, every seed), not at k = 2 (-0.027 +- 0.022)",
 }
 
+#: `mempo.utils.digest.weights_digest` of the SFT model the ablation's execution 3 ran from (the demo's recipe,
+#: seed 0, 256 held-out episodes per k, trained on an AMD EPYC; bench/learning_runs3/demo256/model_sft)
+ABLATION_SFT_WEIGHTS = "d31f5e3003ff5d7cc6d20351933b88d483432da093ee3a355918ee54691b29fd"
 
-def rl_setting_line(cfg: MempoConfig) -> str:
+
+def rl_setting_line(cfg: MempoConfig, sft_weights: Optional[str] = None) -> str:
     """What this run's RL rewarded, and what the memory reward adds over GRPO where the ablation has
-    measured that scoring: the report's RL gain is RL's as a whole (outcome reward included)."""
+    measured that scoring: the report's RL gain is RL's as a whole (outcome reward included).
+    sft_weights: this run's SFT model's `weights_digest`; the line then says whether the ablation ran
+    from this very model (its finding is about one SFT model: on another, trained with another seed or
+    on another CPU, the memory reward's signal can be absent or inverted, docs/DEMO.md)."""
     a, s = cfg.algorithm, cfg.scoring
     clip = f" (clip {s.log_clip:g} nats)" if s.reward == "log" else ""
     reduce = f" ({s.objective_reduce})" if s.scored_objectives == "retrieved" else ""
@@ -399,7 +408,14 @@ def rl_setting_line(cfg: MempoConfig) -> str:
     if a.memory_weight == 0:
         measured = "with weight 0 this run is GRPO"
     elif finding is not None:
-        measured = f"for this scoring the ablation measured {finding}"
+        measured = (f"for this scoring the ablation measured {finding}, from one SFT model of the demo's recipe "
+                    f"(weights sha256 {ABLATION_SFT_WEIGHTS[:12]})")
+        if sft_weights == ABLATION_SFT_WEIGHTS:
+            measured += ", this run's own SFT model"
+        elif sft_weights is not None:
+            measured += (f"; this run's SFT model is another (weights sha256 {sft_weights[:12]}: the SFT model follows "
+                         f"the seed and the CPU's floats), and on another SFT model the memory reward's signal can be "
+                         f"absent or inverted (docs/DEMO.md), so that finding need not hold for this run")
     else:
         measured = "this scoring is not one the ablation measured"
     return (f"RL rewarded the outcome and, with weight {a.memory_weight:g}, each `<mem>` block (scoring reward "
@@ -407,6 +423,21 @@ def rl_setting_line(cfg: MempoConfig) -> str:
             f"{s.scored_objectives}{reduce}; pooling {a.memory_pooling}). The RL gain below is RL's as a whole: "
             f"what the memory reward adds over the outcome reward alone (GRPO, weight 0) is measured by the "
             f"pre-registered ablation (bench/bench_learning.py; bench/RESULTS.md), not by this run; {measured}.")
+
+
+def memory_keeps_line(records: Sequence[dict], window: int = 10) -> Optional[str]:
+    """How RL moved the share of scored `<mem>` blocks keeping every fact retrieved so far
+    (``memory/keeps_facts``), its mean over the first and last `window` logged steps; None without
+    the metric. The memory reward is there to raise it; a fall says that on this SFT model the memory
+    reward paid memories that drop facts (docs/DEMO.md)."""
+    steps, values = metric_series(records, MEM_KEEPS)
+    if not steps:
+        return None
+    n = min(window, len(values))
+    first, last = sum(values[:n]) / n, sum(values[-n:]) / n
+    verdict = "rose" if last > first else "fell" if last < first else "stayed"
+    return (f"memory: the share of `<mem>` blocks keeping every fact retrieved so far ({MEM_KEEPS}) {verdict} in RL, "
+            f"{first:.2f} over its first {n} {'step' if n == 1 else 'steps'}, {last:.2f} over its last {n}")
 
 
 def _report(out: Path, stages: _Stages, before: EvalReport, after: EvalReport,
@@ -463,7 +494,7 @@ def run_demo(cfg: MempoConfig, out_dir: PathLike, *, echo: Callable[[str], None]
         stages.run("copy-warmup", _copy_stage, cfg, model, tokenizer, env.world)
     sft_metrics = stages.run("sft", _sft_stage, cfg, model, tokenizer, cold.sft_records, out)
     bound = sft_bound_line(cfg, sft_metrics)
-    notes = ([bound] if bound else []) + [rl_setting_line(cfg)]
+    notes = ([bound] if bound else []) + [rl_setting_line(cfg, weights_digest(out / "model_sft"))]
     if bound:
         echo(bound)
     before = stages.run("eval-before", _eval_stage, cfg, model, tokenizer, episodes_by_k, env.retriever, "before",
@@ -471,6 +502,9 @@ def run_demo(cfg: MempoConfig, out_dir: PathLike, *, echo: Callable[[str], None]
     trained = stages.run("rl", _rl_stage, cfg, model, tokenizer, env, held_out, out)
     after = stages.run("eval-after", _eval_stage, cfg, trained.model, tokenizer, episodes_by_k, env.retriever,
                        "after", out, echo, show_progress)
+    rl_metrics = out / "rl" / "metrics.jsonl"
+    keeps = memory_keeps_line(read_metrics(rl_metrics)) if rl_metrics.is_file() else None
+    notes += [keeps] if keeps else []
     pair = episode_pair(before, after, episodes_by_k, tokenizer, cfg.rollout.system_prompt)
     memory = memory_outcome_section(before, after, episodes_by_k, tokenizer, cfg.rollout.system_prompt)
     report = stages.run("report", _report_stage, out, stages, before, after, pair, memory, notes)

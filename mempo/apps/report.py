@@ -247,8 +247,10 @@ def _table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> list[str]:
 
 def _machine_section(machine: Mapping[str, Any]) -> list[str]:
     names = (("cpu_count", "CPU count (os.cpu_count)"), ("cpu_affinity", "CPUs usable by this process"),
-             ("torch_threads", "torch threads"), ("allocator", "C allocator"), ("torch", "torch"),
-             ("transformers", "transformers"), ("python", "Python"), ("platform", "platform"), ("cuda", "CUDA device"))
+             ("cpu_model", "CPU model"), ("cpu_capability", "torch CPU kernels (instruction set)"),
+             ("float_path", "instruction set pinned by"), ("torch_threads", "torch threads"),
+             ("allocator", "C allocator"), ("torch", "torch"), ("transformers", "transformers"),
+             ("tokenizers", "tokenizers"), ("python", "Python"), ("platform", "platform"), ("cuda", "CUDA device"))
     rows = [(label, str(machine[key])) for key, label in names if key in machine]
     return ["## Machine", ""] + _table(("fact", "value"), rows) + [""]
 

@@ -5,8 +5,8 @@ import pytest
 pytest.importorskip("transformers")
 pytest.importorskip("matplotlib")
 
-from mempo.apps.demo import (DEMO_CONFIG, DemoTargets, load_demo_config, memory_outcome_section, rl_setting_line,
-                             target_lines)
+from mempo.apps.demo import (ABLATION_SFT_WEIGHTS, DEMO_CONFIG, DemoTargets, load_demo_config, memory_keeps_line,
+                             memory_outcome_section, rl_setting_line, target_lines)
 from mempo.config import config_from_dict
 from mempo.synthetic.build import build_world
 from mempo.synthetic.oracle import OracleAgent
@@ -46,6 +46,31 @@ def test_demo_scoring_is_the_ablations_best_and_the_report_says_what_it_measured
     assert "reward prob," in rl_setting_line(paper)  # no clip named where the reward is not log
     assert "not one the ablation measured" in rl_setting_line(load_demo_config(None, ["scoring.log_clip=5"]))
     assert "with weight 0 this run is GRPO" in rl_setting_line(load_demo_config(None, ["algorithm.memory_weight=0"]))
+
+
+def test_the_report_says_whether_the_ablation_ran_from_this_runs_sft_model():
+    # the ablation's finding is about one SFT model; another (another seed, another CPU's floats) may have no signal
+    cfg = load_demo_config(None)
+    assert "this run's SFT model" not in rl_setting_line(cfg)  # no digest given: nothing said either way
+    own = rl_setting_line(cfg, ABLATION_SFT_WEIGHTS)
+    assert f"weights sha256 {ABLATION_SFT_WEIGHTS[:12]}), this run's own SFT model." in own
+    other = rl_setting_line(cfg, "0123456789ab" + "0" * 52)
+    assert "this run's SFT model is another (weights sha256 0123456789ab" in other
+    assert "so that finding need not hold for this run." in other
+    # GRPO and an unmeasured scoring cite no finding, so no model either
+    grpo = rl_setting_line(load_demo_config(None, ["algorithm.memory_weight=0"]), "f" * 64)
+    assert "this run's SFT model" not in grpo
+
+
+def test_memory_keeps_line_compares_the_first_and_last_steps():
+    records = [{"step": i + 1, "memory/keeps_facts": v} for i, v in enumerate([0.8, 0.6, 0.4, 0.2, 0.0])]
+    assert memory_keeps_line(records, window=2) == (
+        "memory: the share of `<mem>` blocks keeping every fact retrieved so far (memory/keeps_facts) fell in RL, "
+        "0.70 over its first 2 steps, 0.10 over its last 2")
+    assert " rose in RL, 0.10 over its first 2 steps, 0.70 " in memory_keeps_line(records[::-1], window=2)
+    assert " stayed in RL, 0.50 over its first 1 step, 0.50 over its last 1" in memory_keeps_line([{"step": 1, "memory/keeps_facts": 0.5}])
+    assert memory_keeps_line([{"step": 1, "reward/mean": 0.5}]) is None  # the metric was never logged
+    assert memory_keeps_line([]) is None
 
 
 def test_unknown_demo_key_is_an_error():
@@ -97,6 +122,14 @@ def test_smoke_demo(tmp_path):
     assert "SFT was cut by the time bound" not in text  # bounded by sft.steps
     assert "* RL rewarded the outcome and, with weight 1, each `<mem>` block (scoring reward" in text
     assert "what the memory reward adds over the outcome reward alone (GRPO, weight 0)" in text
+    from mempo.utils.digest import weights_digest
+
+    assert f"this run's SFT model is another (weights sha256 {weights_digest(out / 'model_sft')[:12]}" in text
+    from mempo.train.logging import read_metrics
+
+    logged = any("memory/keeps_facts" in row for row in read_metrics(out / "rl" / "metrics.jsonl"))
+    assert ("* memory: the share of `<mem>` blocks keeping every fact retrieved so far (memory/keeps_facts) "
+            in text) == logged  # said where RL scored a memory, not otherwise
     for name in ("reward", "memory_reward", "tokens", "sft"):
         png = out / f"{name}.png"
         assert png.read_bytes()[:8] == PNG_MAGIC

@@ -40,7 +40,8 @@ def run_dir(tmp_path):
     after.write(tmp_path, "eval_after")
     stages = {"stages": [{"name": "sft", "seconds": 123.4, "summary": "90 steps"},
                          {"name": "rl", "seconds": 77.7, "summary": "4 steps"}],
-              "total_seconds": 201.1, "machine": {"cpu_count": 2, "torch": "9.9.9-test"}}
+              "total_seconds": 201.1, "machine": {"cpu_count": 2, "torch": "9.9.9-test",
+                                                     "cpu_model": "Test CPU @ 1 GHz", "cpu_capability": "AVX2"}}
     (tmp_path / "stages.json").write_text(json.dumps(stages))
     return tmp_path
 
@@ -51,6 +52,8 @@ def test_report_numbers_and_plots(run_dir):
     assert result.path == run_dir / "report.md"
     # machine facts and stage wall times
     assert "9.9.9-test" in text and "| CPU count (os.cpu_count) | 2 |" in text
+    # the CPU model and the kernels' instruction set: the floats of a CPU run follow them
+    assert "| CPU model | Test CPU @ 1 GHz |" in text and "| torch CPU kernels (instruction set) | AVX2 |" in text
     assert "| sft | 123.400 | 90 steps |" in text and "| rl | 77.700 | 4 steps |" in text
     # before / after, memory context, 2 and 4 objectives
     # (rows without standard errors: they read as 0, and the change has no SE count)

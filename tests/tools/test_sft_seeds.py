@@ -32,8 +32,16 @@ def test_one_row_per_seed_and_a_rerun_continues(tmp_path):
     assert (episodes / f"{tool.episodes_tag(SMOKE)}_s0.jsonl").is_file()
     assert tool.episodes_tag([]) == "default" and len(tool.episodes_tag(SMOKE)) <= 80
 
+    assert row["cpu_capability"] == tool.cpu_facts()["cpu_capability"]  # the SFT model follows the CPU's kernels
+
     assert tool.main(argv) == 0  # seed 0 is there: nothing is run again
     assert len(out.read_text().splitlines()) == 1
+    # a row made on another CPU model is another measurement: it does not count as done here
+    other = dict(row, cpu_model="Another CPU @ 9 GHz")
+    out.write_text(json.dumps(other) + "\n")
+    assert tool.main(argv) == 0
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["seed"] for r in rows] == [0, 0] and rows[1].get("cpu_model") == row.get("cpu_model")
 
 
 def test_memory_shares_read_the_last_mem_of_each_episode(tmp_path):

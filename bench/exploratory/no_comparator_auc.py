@@ -1,0 +1,39 @@
+"""Exploratory (issue 20): the signal benchmark's AUC (keeps vs drops, k = 2) of `retrieved_min_c10` with and
+without its comparator, from a `bench/bench_signal.py` run's saved rollouts: "cmp" is the definition
+(min_j clip(l_mem_j - l_full_j, -10, 10)), "nocmp_log" min_j max(l_mem_j, -10) and "nocmp_prob" min_j P_mem_j
+(no full context subtracted), over the same scored rounds, overall and per round index.
+
+    PYTHONPATH=. python bench/exploratory/no_comparator_auc.py DEMO_OUT SIGNAL_RUN_DIR
+
+Results: bench/RESULTS.md "Signal quality" (the Intel SFT model)."""
+import sys
+from pathlib import Path
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import bench_signal as b
+from mempo.config import load_config
+from mempo.records.trajectory import read_trajectories_jsonl
+torch.set_num_threads(2)
+demo_out, run = Path(sys.argv[1]), Path(sys.argv[2])
+cfg = load_config(demo_out / "config.yaml", [])
+cfg = b.definition_config(cfg, b.DEFINITIONS["retrieved_min_c10"])
+tok = AutoTokenizer.from_pretrained(demo_out / "model_sft"); model = AutoModelForCausalLM.from_pretrained(demo_out / "model_sft").eval()
+trajs = read_trajectories_jsonl(run / "rollouts_k2.jsonl")
+rewards, details = b.definition_rewards(model, tok, trajs, cfg)
+rows = {"cmp": [], "nocmp_log": [], "nocmp_prob": []}
+byround = {}
+for t, rounds in zip(trajs, details):
+    keeps = t.memory_keeps(tok) or [None] * len(rounds)
+    for item, keep in zip(rounds, keeps):
+        if keep is None or not item.objectives: continue
+        nl = min(max(item.objective_logp_mem[j], -10.0) for j in item.objectives)
+        npb = min(item.objective_p_mem[j] for j in item.objectives)
+        for name, v in (("cmp", item.reward), ("nocmp_log", nl), ("nocmp_prob", npb)):
+            rows[name].append((v, keep)); byround.setdefault((name, item.round_index), []).append((v, keep))
+for name, r in rows.items():
+    print(name, "all", round(b.auc([v for v, _ in r], [k for _, k in r]) or -1, 3), len(r))
+    for ri in sorted({ri for (n, ri) in byround if n == name}):
+        rr = byround[(name, ri)]
+        a = b.auc([v for v, _ in rr], [k for _, k in rr])
+        print("   round", ri, None if a is None else round(a, 3), len(rr))
