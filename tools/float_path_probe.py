@@ -15,14 +15,13 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import os
 
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from mempo.model.builtin import SIZES
 from mempo.synthetic.copy_warmup import copy_warmup
-from mempo.utils.machine import FLOAT_PATH_VARIABLES, cpu_model
+from mempo.utils.machine import machine_facts
 
 
 def main() -> None:
@@ -33,9 +32,9 @@ def main() -> None:
     torch.manual_seed(0)
     config = Qwen2Config(vocab_size=4096, max_position_embeddings=2048, tie_word_embeddings=True, **SIZES["mini"])
     result = copy_warmup(Qwen2ForCausalLM(config), list(range(100, 2100)), steps=args.steps, seed=0)
-    pinned = ", ".join(f"{n}={os.environ[n]}" for n in FLOAT_PATH_VARIABLES if os.environ.get(n)) or "none"
+    facts = machine_facts()
     digest = hashlib.sha256(repr(result.losses).encode()).hexdigest()[:12]
-    print(f"cpu {cpu_model()!r} kernels {torch.backends.cpu.get_cpu_capability()} pinned {pinned}: "
+    print(f"cpu {facts.get('cpu_model')!r} kernels {facts['cpu_capability']} pinned {facts.get('float_path', 'none')}: "
           f"{args.steps} steps, last loss {result.last_loss!r}, losses sha256 {digest}, {result.seconds:.1f} s")
 
 

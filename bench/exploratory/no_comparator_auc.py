@@ -18,7 +18,8 @@ torch.set_num_threads(2)
 demo_out, run = Path(sys.argv[1]), Path(sys.argv[2])
 cfg = load_config(demo_out / "config.yaml", [])
 cfg = b.definition_config(cfg, b.DEFINITIONS["retrieved_min_c10"])
-tok = AutoTokenizer.from_pretrained(demo_out / "model_sft"); model = AutoModelForCausalLM.from_pretrained(demo_out / "model_sft").eval()
+tok = AutoTokenizer.from_pretrained(demo_out / "model_sft")
+model = AutoModelForCausalLM.from_pretrained(demo_out / "model_sft").eval()
 trajs = read_trajectories_jsonl(run / "rollouts_k2.jsonl")
 rewards, details = b.definition_rewards(model, tok, trajs, cfg)
 rows = {"cmp": [], "nocmp_log": [], "nocmp_prob": []}
@@ -26,11 +27,13 @@ byround = {}
 for t, rounds in zip(trajs, details):
     keeps = t.memory_keeps(tok) or [None] * len(rounds)
     for item, keep in zip(rounds, keeps):
-        if keep is None or not item.objectives: continue
+        if keep is None or not item.objectives:
+            continue
         nl = min(max(item.objective_logp_mem[j], -10.0) for j in item.objectives)
         npb = min(item.objective_p_mem[j] for j in item.objectives)
         for name, v in (("cmp", item.reward), ("nocmp_log", nl), ("nocmp_prob", npb)):
-            rows[name].append((v, keep)); byround.setdefault((name, item.round_index), []).append((v, keep))
+            rows[name].append((v, keep))
+            byround.setdefault((name, item.round_index), []).append((v, keep))
 for name, r in rows.items():
     print(name, "all", round(b.auc([v for v, _ in r], [k for _, k in r]) or -1, 3), len(r))
     for ri in sorted({ri for (n, ri) in byround if n == name}):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 from pathlib import Path
+from typing import Any
 
 from mempo.utils.types import PathLike
 
@@ -15,9 +16,7 @@ _CHUNK_BYTES = 1 << 20  # read 1 MiB at a time: the file never needs to fit in m
 def sha256_file(path: PathLike) -> str:
     """The SHA-256 of the file's bytes, as 64 lowercase hex digits (OSError when it cannot be read)."""
     digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for chunk in iter(lambda: handle.read(_CHUNK_BYTES), b""):
-            digest.update(chunk)
+    _feed(digest, path)
     return digest.hexdigest()
 
 
@@ -32,7 +31,12 @@ def weights_digest(model_dir: PathLike) -> str:
     digest = hashlib.sha256()
     for path in files:
         digest.update(path.name.encode())
-        with open(path, "rb") as handle:
-            for chunk in iter(lambda: handle.read(_CHUNK_BYTES), b""):
-                digest.update(chunk)
+        _feed(digest, path)
     return digest.hexdigest()
+
+
+def _feed(digest: Any, path: PathLike) -> None:
+    """Update `digest` with the file's bytes, read in `_CHUNK_BYTES` pieces."""
+    with open(path, "rb") as handle:
+        for chunk in iter(lambda: handle.read(_CHUNK_BYTES), b""):
+            digest.update(chunk)
