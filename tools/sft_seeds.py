@@ -27,6 +27,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any, NamedTuple
 
 from mempo.apps import demo
 from mempo.utils.allocator import keep_freed_memory
@@ -59,13 +60,28 @@ def mem_kinds(episodes_path: Path) -> dict[str, float]:
     return {kind: round(n / total, 3) for kind, n in counts.items()}
 
 
-def run_seed(seed: int, overrides: list[str], episodes_path: Path, threads: int,
-             model_dir: Path | None = None) -> dict:
-    # sft.max_seconds=null: the probe measures the step-bounded model, whatever else runs on the machine
-    cfg = demo.load_demo_config(overrides=[f"synthetic.world_seed={seed}", f"synthetic.model_seed={seed}",
-                                           f"synthetic.oracle_drop_seed={seed}", "sft.max_seconds=null", *overrides])
-    threads = demo._set_threads(threads)
-    began = time.perf_counter()
+def seed_config(seed: int, overrides: list[str]):
+    """The demo's configuration for seed s (world, model and teacher-drop seeds = s), SFT bounded by its
+    steps only (``sft.max_seconds`` null: the probe measures the step-bounded model, whatever else runs on
+    the machine), then `overrides`."""
+    return demo.load_demo_config(overrides=[f"synthetic.world_seed={seed}", f"synthetic.model_seed={seed}",
+                                            f"synthetic.oracle_drop_seed={seed}", "sft.max_seconds=null", *overrides])
+
+
+class BeforeSFT(NamedTuple):
+    """What the demo's stages make before SFT (`before_sft`)."""
+    env: Any
+    episodes_by_k: dict
+    held_out: frozenset
+    cold: Any
+    tokenizer: Any
+    model: Any
+    copy_losses: list
+
+
+def before_sft(cfg) -> BeforeSFT:
+    """The demo's own stages up to SFT: world, evaluation episodes and their held-out subjects, oracle
+    cold start, tokenizer, model, copy warm-up (`mempo.apps.demo`'s stage functions)."""
     env = demo._world_stage(cfg).value
     episodes_by_k = eval_episodes(env.world, cfg)
     held_out = held_out_subjects(episodes_by_k)
@@ -75,6 +91,15 @@ def run_seed(seed: int, overrides: list[str], episodes_path: Path, threads: int,
     copy_losses = []
     if cfg.synthetic.copy_warmup_steps:
         copy_losses = demo._copy_stage(cfg, model, tokenizer, env.world).value.losses
+    return BeforeSFT(env, episodes_by_k, held_out, cold, tokenizer, model, copy_losses)
+
+
+def run_seed(seed: int, overrides: list[str], episodes_path: Path, threads: int,
+             model_dir: Path | None = None) -> dict:
+    cfg = seed_config(seed, overrides)
+    threads = demo._set_threads(threads)
+    began = time.perf_counter()
+    env, episodes_by_k, held_out, cold, tokenizer, model, copy_losses = before_sft(cfg)
     with tempfile.TemporaryDirectory() as tmp:
         sft = demo._sft_stage(cfg, model, tokenizer, cold.sft_records, Path(tmp)).value
     sft_seconds = time.perf_counter() - began

@@ -16,22 +16,11 @@ import re
 import sys
 from pathlib import Path
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import bench_signal as b
+from saved_signal_run import b, load_saved_signal_run
 from mempo.algo.contexts import default_objective_answer_builder
-from mempo.config import load_config
-from mempo.records.trajectory import read_trajectories_jsonl
 from mempo.rollout.chat import ChatFormat
-torch.set_num_threads(2)
-demo_out, run = Path(sys.argv[1]), Path(sys.argv[2])
-cfg = load_config(demo_out / "config.yaml", [])
-cfg = b.definition_config(cfg, b.DEFINITIONS["retrieved_min_c10"])
-tok = AutoTokenizer.from_pretrained(demo_out / "model_sft")
-model = AutoModelForCausalLM.from_pretrained(demo_out / "model_sft").eval()
+cfg, tok, model, trajs, details = load_saved_signal_run(Path(sys.argv[1]), Path(sys.argv[2]))
 chat = ChatFormat(tok, template=cfg.rollout.chat_template)
-trajs = read_trajectories_jsonl(run / "rollouts_k2.jsonl")
-rewards, details = b.definition_rewards(model, tok, trajs, cfg)
 system = cfg.rollout.system_prompt
 
 

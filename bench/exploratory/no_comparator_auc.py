@@ -8,20 +8,8 @@ without its comparator, from a `bench/bench_signal.py` run's saved rollouts: "cm
 Results: bench/RESULTS.md "Signal quality" (the Intel SFT model)."""
 import sys
 from pathlib import Path
-import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import bench_signal as b
-from mempo.config import load_config
-from mempo.records.trajectory import read_trajectories_jsonl
-torch.set_num_threads(2)
-demo_out, run = Path(sys.argv[1]), Path(sys.argv[2])
-cfg = load_config(demo_out / "config.yaml", [])
-cfg = b.definition_config(cfg, b.DEFINITIONS["retrieved_min_c10"])
-tok = AutoTokenizer.from_pretrained(demo_out / "model_sft")
-model = AutoModelForCausalLM.from_pretrained(demo_out / "model_sft").eval()
-trajs = read_trajectories_jsonl(run / "rollouts_k2.jsonl")
-rewards, details = b.definition_rewards(model, tok, trajs, cfg)
+from saved_signal_run import b, load_saved_signal_run
+cfg, tok, model, trajs, details = load_saved_signal_run(Path(sys.argv[1]), Path(sys.argv[2]))
 rows = {"cmp": [], "nocmp_log": [], "nocmp_prob": []}
 byround = {}
 for t, rounds in zip(trajs, details):

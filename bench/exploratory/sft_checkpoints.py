@@ -18,8 +18,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
 import sft_seeds  # noqa: E402
 from mempo.apps import demo  # noqa: E402
-from mempo.eval import eval_episodes, evaluate  # noqa: E402
-from mempo.synthetic.heldout import held_out_subjects, training_episodes  # noqa: E402
+from mempo.eval import evaluate  # noqa: E402
+from mempo.synthetic.heldout import training_episodes  # noqa: E402
 from mempo.train.checkpoint import load_checkpoint  # noqa: E402
 from mempo.train.sft import run_sft  # noqa: E402
 from mempo.utils.allocator import keep_freed_memory  # noqa: E402
@@ -32,19 +32,9 @@ parser.add_argument("--out", type=Path, required=True)
 parser.add_argument("overrides", nargs="*")
 args = parser.parse_args()
 keep_freed_memory()
-s = args.seed
-cfg = demo.load_demo_config(overrides=[f"synthetic.world_seed={s}", f"synthetic.model_seed={s}",
-                                       f"synthetic.oracle_drop_seed={s}", "sft.max_seconds=null",
-                                       f"trainer.save_every={args.every}", "trainer.keep_last=null", *args.overrides])
+cfg = sft_seeds.seed_config(args.seed, [f"trainer.save_every={args.every}", "trainer.keep_last=null", *args.overrides])
 demo._set_threads(2)
-env = demo._world_stage(cfg).value
-episodes_by_k = eval_episodes(env.world, cfg)
-held_out = held_out_subjects(episodes_by_k)
-cold = demo._oracle_stage(cfg, env, held_out, False).value
-tokenizer = demo._tokenizer_stage(cfg, env.world, cold.trajectories).value
-model = demo._model_stage(cfg, tokenizer).value
-if cfg.synthetic.copy_warmup_steps:
-    demo._copy_stage(cfg, model, tokenizer, env.world)
+env, episodes_by_k, held_out, cold, tokenizer, model, _ = sft_seeds.before_sft(cfg)
 val = training_episodes(env.world, 2, args.val, 1000 + cfg.data.seed, held_out)
 eval_cfg = dataclasses.replace(cfg, eval=dataclasses.replace(cfg.eval, closed_book=False))
 with tempfile.TemporaryDirectory() as tmp:
@@ -52,7 +42,7 @@ with tempfile.TemporaryDirectory() as tmp:
     for ckpt in sorted(Path(tmp).glob("step_*"), key=lambda p: int(p.name.split("_")[1])):
         load_checkpoint(ckpt, model, restore_rng=False)
         model.eval()
-        row = {"seed": s, "overrides": args.overrides, "step": int(ckpt.name.split("_")[1]), **sft_seeds.cpu_facts()}
+        row = {"seed": args.seed, "overrides": args.overrides, "step": int(ckpt.name.split("_")[1]), **sft_seeds.cpu_facts()}
         for name, episodes in (("eval", episodes_by_k[2]), ("val", val)):
             began = time.perf_counter()
             with tempfile.TemporaryDirectory() as tmp2:
