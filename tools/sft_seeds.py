@@ -31,7 +31,7 @@ from typing import Any, NamedTuple
 
 from mempo.apps import demo
 from mempo.utils.allocator import keep_freed_memory
-from mempo.config import dump_config
+from mempo.config import MempoConfig, dump_config
 from mempo.eval import eval_episodes, evaluate
 from mempo.protocol.grammar import last_mem
 from mempo.synthetic.oracle_memory import MEMORY_LINE_KINDS, memory_line_kinds
@@ -60,7 +60,7 @@ def mem_kinds(episodes_path: Path) -> dict[str, float]:
     return {kind: round(n / total, 3) for kind, n in counts.items()}
 
 
-def seed_config(seed: int, overrides: list[str]):
+def seed_config(seed: int, overrides: list[str]) -> "MempoConfig":
     """The demo's configuration for seed s (world, model and teacher-drop seeds = s), SFT bounded by its
     steps only (``sft.max_seconds`` null: the probe measures the step-bounded model, whatever else runs on
     the machine), then `overrides`."""
