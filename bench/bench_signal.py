@@ -42,7 +42,8 @@ with ``group_size`` = --samples; the golds reach the outcome and the teacher sco
 
 A definition is a set of dotted config overrides applied on top of the run's configuration whose
 ``scoring`` section is reset to the library's defaults (the paper's definition) except
-``SCORING_INHERITED`` (how scoring runs, not what it computes): ``"paper": {}`` is the paper's
+``SCORING_INHERITED`` (how scoring runs, not what it computes, and the answer template the model was
+taught to answer in): ``"paper": {}`` is the paper's
 definition whatever the demo's config sets (the demo's own ``scoring.threshold`` is null; that one is
 ``paper_nothresh``). A key the configuration lacks is a ConfigError naming it. Rewards come from ONE
 function, `definition_rewards`.
@@ -104,8 +105,9 @@ DEFINITIONS: dict[str, dict[str, Any]] = {
                           "scoring.reward": "log", "scoring.threshold": None, "scoring.log_clip": 10.0,
                           "scoring.objective_reduce": "min"},
 }
-#: Fields of the run's ``scoring`` section a definition inherits (how scoring runs, not what it computes).
-SCORING_INHERITED = ("method", "token_budget")
+#: Fields of the run's ``scoring`` section a definition inherits: how scoring runs, not what it computes,
+#: and the answer template, the answer round the SFT model was taught (``synthetic.oracle_answer_template``).
+SCORING_INHERITED = ("method", "token_budget", "answer_template")
 #: The fields of the setting a saved rollout file must match to be reused.
 ROLLOUT_KEY_FIELDS = ("format", "k", "episode_ids", "samples", "seed", "chunk", "model_sha256", "rollout", "backend")
 ROLLOUT_FORMAT = "mempo-bench-signal-rollouts/1"

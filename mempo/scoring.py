@@ -37,6 +37,7 @@ from mempo.algo.contexts import scoring_requests
 from mempo.algo.memory_reward import RoundMemoryReward, round_memory_rewards
 from mempo.config.schema import ScoringConfig
 from mempo.model.adapter import ScoringModel, check_dense_mask_support, crop_cache, inference
+from mempo.protocol.grammar import answer_template_text
 from mempo.records.scoring import ScoringRequest, ScoringResult
 from mempo.records.trajectory import Trajectory
 
@@ -622,7 +623,7 @@ def compute_memory_rewards(
 ) -> tuple[list[list[Optional[float]]], list[list[RoundMemoryReward]]]:
     """Teacher-score `trajectories` with `model` and turn the results into memory rewards, by the
     definition of `scoring_cfg` (the ``scoring`` section: method, threshold, token_budget, comparator,
-    scored_objectives, reward, log_clip, objective_reduce; `mempo.algo.memory_reward`). The one entry point of the
+    scored_objectives, reward, log_clip, objective_reduce, answer_template; `mempo.algo.memory_reward`). The one entry point of the
     training step, the signal benchmark and integrations. The golds reach the scored answer only;
     nothing is generated. lockstep: as `score_reference` (a sharded model under torch.distributed).
 
@@ -634,7 +635,7 @@ def compute_memory_rewards(
     """
     per_objective = scoring_cfg.scored_objectives == "retrieved"
     requests = scoring_requests(trajectories, tokenizer, comparator=scoring_cfg.comparator,
-                                per_objective=per_objective)
+                                per_objective=per_objective, template=answer_template_text(scoring_cfg.answer_template))
     results = score(model, requests, scoring_cfg.method, threshold=scoring_cfg.threshold,
                     token_budget=scoring_cfg.token_budget, stats=stats, lockstep=lockstep)
     details = []

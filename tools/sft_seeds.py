@@ -34,6 +34,7 @@ from mempo.utils.allocator import keep_freed_memory
 from mempo.config import MempoConfig, dump_config
 from mempo.eval import eval_episodes, evaluate
 from mempo.protocol.grammar import last_mem
+from mempo.protocol.reward import em_check
 from mempo.synthetic.oracle_memory import MEMORY_LINE_KINDS, memory_line_kinds
 from mempo.synthetic.heldout import held_out_subjects
 from mempo.utils.machine import machine_facts
@@ -58,6 +59,20 @@ def mem_kinds(episodes_path: Path) -> dict[str, float]:
             counts[kind] += 1
     total = max(1, sum(counts.values()))
     return {kind: round(n / total, 3) for kind, n in counts.items()}
+
+
+def right_by_position(episodes_path: Path) -> list[float]:
+    """Share of the episodes whose answer to objective i (0-based position i of the answer) is right
+    (`em_check` against that objective's golds), per position, from an evaluation's episode records.
+    The demo's agents of the line answer template scored 0 at position 0 (docs/DEMO.md)."""
+    records = [json.loads(line) for line in episodes_path.read_text().splitlines()]
+    width = max((len(r["golds"]) for r in records), default=0)
+    right = [0] * width
+    for record in records:
+        predictions = list(record.get("predictions") or []) + [None] * len(record["golds"])
+        for i, golds in enumerate(record["golds"]):
+            right[i] += em_check(predictions[i], golds)
+    return [round(n / max(1, len(records)), 3) for n in right]
 
 
 def seed_config(seed: int, overrides: list[str]) -> "MempoConfig":
@@ -117,7 +132,8 @@ def run_seed(seed: int, overrides: list[str], episodes_path: Path, threads: int,
             "sft_steps": sft["steps"], "sft_last_loss": sft["last_loss"],
             "sft_time_bound": sft["time_bound"], "seconds_to_sft_end": round(sft_seconds, 1),
             "seconds": round(time.perf_counter() - began, 1), "threads": threads,
-            "load_start": os.getloadavg()[0], "mem_kinds": mem_kinds(episodes_path), **cpu_facts()}
+            "load_start": os.getloadavg()[0], "mem_kinds": mem_kinds(episodes_path),
+            "right_by_position": right_by_position(episodes_path), **cpu_facts()}
 
 
 def cpu_facts() -> dict[str, str]:

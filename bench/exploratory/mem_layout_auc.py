@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 from saved_signal_run import b, load_saved_signal_run
 from mempo.algo.contexts import scoring_requests
+from mempo.protocol.grammar import answer_template_text
 from mempo.rollout.chat import ChatFormat
 from mempo.scoring import score
 cfg, tok, model, trajs, details = load_saved_signal_run(Path(sys.argv[1]), Path(sys.argv[2]))
@@ -30,7 +31,8 @@ LAYOUTS = ("paper", "blank", "echo")
 def layout_requests(t):
     """The library's scoring request of trajectory t (`scoring_requests`, per objective, the definition's
     comparator) once per layout, only mem_ctx re-rendered (the same answer ids and comparator ends)."""
-    request = scoring_requests([t], tok, comparator=cfg.scoring.comparator, per_objective=True)[0]
+    request = scoring_requests([t], tok, comparator=cfg.scoring.comparator, per_objective=True,
+                               template=answer_template_text(cfg.scoring.answer_template))[0]
     question = USER.search(tok.decode(t.prompt_ids, skip_special_tokens=False)).group(1)
     msgs = [{"role": "system", "content": cfg.rollout.system_prompt}, {"role": "user", "content": question}]
     assert chat.prompt_ids(msgs) == list(t.prompt_ids), "the question did not round-trip"

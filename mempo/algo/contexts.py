@@ -9,6 +9,7 @@
     mem_ctx[r]  = prompt_ids + response_ids[mem_span]   system + question (chat-formatted), then round r's
                                                         `<mem>...</mem>`; the last tool result is not included
     answer      = template with the gold in "{answer}"  answer_mask_i = 1 iff token i overlaps a gold character
+                  (``scoring.answer_template``; default the reference's `DEFAULT_ANSWER_TEMPLATE`)
 
 Both contexts are continued by the same answer ids; teacher scoring (`mempo.scoring`) returns
 P(answer | context) for each. Several objectives: the sub-answers joined by "; ", only their
@@ -18,8 +19,10 @@ records of `mempo.records.scoring`.
 """
 from __future__ import annotations
 
+from functools import partial
 from typing import Any, Callable, Optional, Sequence, Union
 
+from mempo.protocol.grammar import DEFAULT_ANSWER_TEMPLATE
 from mempo.protocol.reward import objectives_from_golds
 from mempo.records.scoring import ScoredRound, ScoringRequest
 from mempo.records.trajectory import Round, Trajectory
@@ -30,8 +33,6 @@ __all__ = ["COMPARATORS", "DEFAULT_ANSWER_TEMPLATE", "AnswerBuilder", "build_ans
 
 #: the comparator contexts (full_ctx) of `comparator_end`; "paper" is the library default
 COMPARATORS = ("paper", "history_mem")
-
-DEFAULT_ANSWER_TEMPLATE = "\n<think>\nI have the answer.\n</think>\n<answer>\n{answer}\n</answer>"
 
 AnswerBuilder = Callable[[Any, Any], tuple[Sequence[int], Sequence[int]]]
 
@@ -124,20 +125,22 @@ def build_answer(
     return ids, [int(j >= 0) for j in objectives]
 
 
-def default_answer_builder(golds: Any, tokenizer: Any) -> tuple[list[int], list[int]]:
-    """`build_answer` (default template) around the first alias of each objective.
+def default_answer_builder(golds: Any, tokenizer: Any, template: str = DEFAULT_ANSWER_TEMPLATE
+                           ) -> tuple[list[int], list[int]]:
+    """`build_answer` (`template`) around the first alias of each objective.
 
     ``golds`` as ``compute_score`` takes them (:func:`mempo.protocol.reward.objectives_from_golds`): one
     objective gives its first alias as the answer, k objectives give the list of first aliases
     (joined by "; ", only the aliases' tokens in the mask)."""
     firsts = [aliases[0] for aliases in objectives_from_golds(golds)]
-    return build_answer(tokenizer, firsts[0] if len(firsts) == 1 else firsts)
+    return build_answer(tokenizer, firsts[0] if len(firsts) == 1 else firsts, template)
 
 
-def default_objective_answer_builder(golds: Any, tokenizer: Any) -> tuple[list[int], list[int]]:
-    """`build_objective_answer` (default template) around the first alias of each objective: the same
+def default_objective_answer_builder(golds: Any, tokenizer: Any, template: str = DEFAULT_ANSWER_TEMPLATE
+                                     ) -> tuple[list[int], list[int]]:
+    """`build_objective_answer` (`template`) around the first alias of each objective: the same
     ids as `default_answer_builder`, each gold token labelled with its objective (-1 elsewhere)."""
-    return build_objective_answer(tokenizer, [aliases[0] for aliases in objectives_from_golds(golds)])
+    return build_objective_answer(tokenizer, [aliases[0] for aliases in objectives_from_golds(golds)], template)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -174,7 +177,7 @@ def scored_round(trajectory: Trajectory, round_: Round, comparator: str = "paper
 
 def scoring_requests(trajectories: Sequence[Trajectory], tokenizer: Any,
                      answer_builder: Optional[AnswerBuilder] = None, *, comparator: str = "paper",
-                     per_objective: bool = False) -> list[ScoringRequest]:
+                     per_objective: bool = False, template: str = DEFAULT_ANSWER_TEMPLATE) -> list[ScoringRequest]:
     """One `ScoringRequest` per trajectory, in order (an empty ``rounds`` for a trajectory with no
     scored round, so results line up with trajectories); the answer is built once per distinct golds.
 
@@ -189,11 +192,16 @@ def scoring_requests(trajectories: Sequence[Trajectory], tokenizer: Any,
         comparator: one of `COMPARATORS` (`comparator_end`), the full_ctx of every round.
         per_objective: label the answer's tokens by objective (every context is then scored per
             objective too).
+        template: the default builders' answer template (``scoring.answer_template``); ValueError when
+            given with an ``answer_builder`` (which builds its own answer).
     """
     if comparator not in COMPARATORS:
         raise ValueError(f"comparator must be one of {COMPARATORS}, got {comparator!r}")
     if answer_builder is None:
-        answer_builder = default_objective_answer_builder if per_objective else default_answer_builder
+        builder = default_objective_answer_builder if per_objective else default_answer_builder
+        answer_builder = partial(builder, template=template)
+    elif template != DEFAULT_ANSWER_TEMPLATE:
+        raise ValueError("scoring_requests: pass either an answer_builder or a template, not both")
     requests = []
     answers: dict[str, tuple[list[int], list[int]]] = {}
     for trajectory in trajectories:

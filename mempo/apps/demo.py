@@ -180,10 +180,12 @@ def _tokenizer_stage(cfg: MempoConfig, world: Any, trajectories: Sequence[Any]) 
 
 
 def _model_stage(cfg: MempoConfig, tokenizer: Any) -> Staged[Any]:
-    """A randomly initialised Qwen2 (`tiny_model`, ``synthetic.model_size``, seed ``synthetic.model_seed``)."""
+    """A randomly initialised Qwen2 (`tiny_model`, ``synthetic.model_size`` with ``model_layers`` layers when
+    set, seed ``synthetic.model_seed``)."""
     d = cfg.synthetic
+    layers = {} if d.model_layers is None else {"num_hidden_layers": d.model_layers}
     model = tiny_model(tokenizer, d.model_size, d.model_seed, max_position_embeddings=d.max_position_embeddings,
-                       tie_word_embeddings=d.tie_embeddings)
+                       tie_word_embeddings=d.tie_embeddings, **layers)
     c = model.config
     params = sum(p.numel() for p in model.parameters())
     return Staged(model, f"Qwen2 '{d.model_size}': {c.num_hidden_layers} layers x {c.hidden_size}, "
@@ -287,7 +289,9 @@ def memory_outcome_section(before: EvalReport, after: EvalReport, episodes_by_k:
     (`mempo.synthetic.oracle_memory.memory_line_kinds`), per k, before and after RL, from the kept trajectories
     of the memory-context cells (no lines without them). The last round with a ``<mem>`` block is
     read: the answer round's in an answered episode. "answered right" is the share of the
-    objectives whose line kept the gold that the answer also got right (exact match)."""
+    objectives whose line kept the gold that the answer also got right (exact match); "right by
+    position" the share of episodes whose answer to Q1, Q2, ... is right (one position at 0 shows an
+    answer the agent cannot write there: docs/DEMO.md "The agent never answers the first question")."""
     labels = {"gold": "keeps the gold", "dropped": "dropped (`done`)", "other": "other text",
               "pending": "pending or no line"}
     rows = []
@@ -298,27 +302,32 @@ def memory_outcome_section(before: EvalReport, after: EvalReport, episodes_by_k:
                 continue
             counts = dict.fromkeys(MEMORY_LINE_KINDS, 0)
             kept_right = 0
+            right_at = [0] * k
             for trajectory, episode in zip(played, episodes_by_k[k]):
                 record = render_episode(trajectory, episode, tokenizer, system_prompt=system_prompt, with_ids=False)
                 mem = last_mem(r.assistant for r in record.rounds)
                 per_objective = (trajectory.outcome or {}).get("per_objective", [])
                 for i, kind in enumerate(memory_line_kinds(mem, record.golds)):
                     counts[kind] += 1
-                    if kind == "gold" and i < len(per_objective) and per_objective[i].get("em", 0.0) == 1.0:
+                    right_here = i < len(per_objective) and per_objective[i].get("em", 0.0) == 1.0
+                    right_at[i] += right_here
+                    if kind == "gold" and right_here:
                         kept_right += 1
             total = sum(counts.values())
             shares = " | ".join(f"{counts[kind] / total:.2f}" for kind in MEMORY_LINE_KINDS)
             right = f"{kept_right / counts['gold']:.2f}" if counts["gold"] else "-"
-            rows.append(f"| {k} | {which} | {total} | {shares} | {right} |")
+            by_position = " / ".join(f"{n / len(played):.2f}" for n in right_at)
+            rows.append(f"| {k} | {which} | {total} | {shares} | {right} | {by_position} |")
     if not rows:
         return []
     return ["## What the last `<mem>` held", "",
             "Each objective of the held-out episodes (memory context, greedy): what the line `Q<i>:` of the "
-            "agent's last `<mem>` held (the teacher's imperfect memory writes `done` for a dropped fact), and how "
-            "often the answer was right when the line kept the gold.", "",
+            "agent's last `<mem>` held (the teacher's imperfect memory writes `done` for a dropped fact), how "
+            "often the answer was right when the line kept the gold, and the share of episodes answered right "
+            "at each position of the answer (Q1 / Q2 / ...).", "",
             "| objectives | evaluation | objectives scored | " + " | ".join(labels[k] for k in MEMORY_LINE_KINDS)
-            + " | answered right when kept |",
-            "|---|---|---|" + "---|" * len(MEMORY_LINE_KINDS) + "---|", *rows, ""]
+            + " | answered right when kept | right by position |",
+            "|---|---|---|" + "---|" * len(MEMORY_LINE_KINDS) + "---|---|", *rows, ""]
 
 
 @dataclass(frozen=True)

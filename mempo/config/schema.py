@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Optional
 
 from mempo.config.coerce import ConfigError, build_section, coerce_value
+from mempo.protocol.grammar import answer_template_text, check_answer_template
 from mempo.protocol.memory import CONTEXT_POLICIES, DEFAULT_SYSTEM_PROMPT, MEM_PREFIX
 
 __all__ = [
@@ -270,7 +271,13 @@ class ScoringConfig:
     (P_mem - P_cmp) or ``"log"`` (clip(mean log-prob_mem - mean log-prob_cmp, -log_clip, log_clip),
     which needs threshold null). log_clip: c of the ``"log"`` reward, in nats. objective_reduce:
     how the per-objective gaps of a round become its reward, ``"mean"`` (default) or ``"min"`` (the
-    worst-kept retrieved fact; needs scored_objectives ``"retrieved"``).
+    worst-kept retrieved fact; needs scored_objectives ``"retrieved"``). answer_template: the answer
+    round scored after each context (`mempo.protocol.grammar.answer_template_text`): ``"line"`` (default, the reference's
+    `mempo.protocol.grammar.DEFAULT_ANSWER_TEMPLATE`: the answer on a line of its own), ``"spaced"``
+    (`SPACED_ANSWER_TEMPLATE`: ``<answer> {answer} </answer>``, where a BPE that marks words by their
+    leading space writes the first answer as the memory and the search results write it), or a
+    template text with ``{answer}`` once. The synthetic cold start's oracle answers in it
+    (``synthetic.oracle_answer_template``).
     """
 
     method: Literal["auto", "packed", "reference", "cached"] = "auto"
@@ -281,6 +288,7 @@ class ScoringConfig:
     reward: Literal["prob", "log"] = "prob"
     log_clip: float = 1.0
     objective_reduce: Literal["mean", "min"] = "mean"
+    answer_template: str = "line"
 
     def __post_init__(self):
         _check_types(self)
@@ -291,6 +299,10 @@ class ScoringConfig:
         _require(self.reward != "log" or self.threshold is None, "threshold",
                  f"must be null with reward 'log' (a mean log-prob over thresholded tokens is 0 when none "
                  f"passes), got {self.threshold!r}")
+        try:
+            check_answer_template(answer_template_text(self.answer_template))
+        except ValueError as exc:
+            raise ConfigError("answer_template", str(exc)) from None
         _require(self.objective_reduce == "mean" or self.scored_objectives == "retrieved", "objective_reduce",
                  f"{self.objective_reduce!r} reduces per-objective gaps: it needs scored_objectives 'retrieved', "
                  f"got {self.scored_objectives!r}")
@@ -547,8 +559,11 @@ class SyntheticConfig:
     question itself is the first query); oracle_drop_fact_prob: the teacher's ``<mem>`` loses a fact
     a later round needs with this probability (the episode then fails for it, so a cold-started
     agent fails the way the memory reward exists to fix); oracle_drop_seed: the seed of those draws;
+    oracle_lost_line: how such a lost question's line reads (``"bare"``: ``Q<n>: done``; ``"subject"``:
+    ``Q<n>: <subject> done``, so keeping and dropping part after the subject both lines write; ``"value"``:
+    the fact sentence with ``unknown`` for its value: `mempo.synthetic.oracle_memory.LOST_LINES`);
     oracle_answer_template: the answer round is exactly the teacher-scoring template
-    (`mempo.algo.contexts.DEFAULT_ANSWER_TEMPLATE`), so P(answer | context) is scored on text the
+    (``scoring.answer_template``), so P(answer | context) is scored on text the
     model was taught. oracle_rename: every entity name of each kept trajectory replaced, consistently
     within it, by a random name of the same kind that no evaluation question asks about
     (`mempo.synthetic.rename`): SFT cannot learn facts or subjects by heart and learns to copy names
@@ -563,10 +578,14 @@ class SyntheticConfig:
     (`mempo.synthetic.scoring_records.scoring_layout_records`; 0: none): the question, a later
     round's ``<mem>`` as untrained context, and the answer that memory alone gives in the scoring
     template, so P(answer | mem_ctx) is measured on a layout the model was taught.
+    scoring_records_layout: where those records put the memory: ``"question"`` right after the question
+    (teacher scoring's mem_ctx), ``"later_round"`` after an empty assistant turn and an empty user
+    turn, a later round's place (round 1 never answers: docs/DEMO.md measured both).
 
     The demo's tokenizer and model (`mempo demo`). vocab_size: the tokenizer's size.
     tokenizer_documents: documents the tokenizer is trained on (plus every oracle text).
-    model_size: a `mempo.model.builtin.SIZES` name. max_position_embeddings: the model's context.
+    model_size: a `mempo.model.builtin.SIZES` name; model_layers: its number of layers instead of the
+    size's (null: the size's). max_position_embeddings: the model's context.
     tie_embeddings: share the input embedding and the output head (`tiny_model`): the head row of a
     name the SFT targets never contain is then that name's input embedding (trained wherever the
     name is read) rather than a row only ever pushed down, which helps copying names from the
@@ -594,15 +613,18 @@ class SyntheticConfig:
     oracle_query_style: Literal["words", "question"] = "words"
     oracle_drop_fact_prob: float = 0.0
     oracle_drop_seed: int = 0
+    oracle_lost_line: Literal["bare", "subject", "value"] = "bare"
     oracle_answer_template: bool = False
     oracle_rename: bool = False
     copy_warmup_steps: int = 1000
     copy_warmup_lr: float = 1e-3
     copy_sft_examples: int = 0
     scoring_sft_examples: int = 0
+    scoring_records_layout: Literal["question", "later_round"] = "question"
     vocab_size: int = 4096
     tokenizer_documents: int = 2000
     model_size: Literal["tiny", "mini", "small"] = "mini"
+    model_layers: Optional[int] = None
     max_position_embeddings: int = 2048
     tie_embeddings: bool = True
     torch_threads: int = 0
@@ -626,6 +648,13 @@ class SyntheticConfig:
                  "adds to the cold start drawn per oracle_objectives, which is null: set oracle_objectives")
         _require(not self.scoring_sft_examples or self.oracle_objectives is not None, "scoring_sft_examples",
                  "adds to the cold start drawn per oracle_objectives, which is null: set oracle_objectives")
+        _require(self.scoring_records_layout == "question" or self.scoring_sft_examples > 0, "scoring_records_layout",
+                 "places the scoring-layout records, and scoring_sft_examples is 0: set it, or leave the layout 'question'")
+        _require(self.oracle_lost_line == "bare" or self.oracle_drop_fact_prob > 0, "oracle_lost_line",
+                 "says how a lost question reads, and oracle_drop_fact_prob is 0 (no question is lost): "
+                 "set it, or leave the line 'bare'")
+        _require(self.model_layers is None or self.model_layers >= 1, "model_layers",
+                 f"must be a number of layers >= 1, or null (the size's); got {self.model_layers}")
         _require(self.world_entities >= 20, "world_entities",
                  f"must be >= 20 (the synthetic world's smallest size), got {self.world_entities}")
         _require(self.world_documents is None or self.world_documents > 0, "world_documents",

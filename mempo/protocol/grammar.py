@@ -17,6 +17,11 @@ from typing import Iterable, NamedTuple, Optional
 from mempo.protocol.tags import ACTION_TAGS, TAGS
 
 __all__ = [
+    "DEFAULT_ANSWER_TEMPLATE",
+    "SPACED_ANSWER_TEMPLATE",
+    "ANSWER_TEMPLATES",
+    "answer_template_text",
+    "check_answer_template",
     "FORMAT_RULES",
     "Block",
     "Round",
@@ -477,3 +482,32 @@ def validate_format(response_text: str, *, allow_text_outside_tags: bool = False
     failed = tuple(name for name in FORMAT_RULES if problems[name])
     messages = tuple(f"{name}: {_describe(problems[name])}" for name in failed)
     return FormatReport(ok=not failed, failed_rules=failed, messages=messages)
+
+
+#: The answer round teacher scoring appends after a context (the reference's: the gold on a line of its own).
+DEFAULT_ANSWER_TEMPLATE = "\n<think>\nI have the answer.\n</think>\n<answer>\n{answer}\n</answer>"
+#: The same with the answer after a space: with a byte-level BPE whose words carry their leading space
+#: (GPT-2, Qwen), the first answer is then the token a `<mem>` line or a search result writes
+#: (`` Minu``), not a line-initial spelling (``Min`` + ``u``) a small model cannot copy (docs/DEMO.md).
+SPACED_ANSWER_TEMPLATE = "\n<think>\nI have the answer.\n</think>\n<answer> {answer} </answer>"
+
+
+#: Answer templates by name (``scoring.answer_template``).
+ANSWER_TEMPLATES = {"line": DEFAULT_ANSWER_TEMPLATE, "spaced": SPACED_ANSWER_TEMPLATE}
+
+
+def answer_template_text(spec: str) -> str:
+    """The template a ``scoring.answer_template`` value names: a key of `ANSWER_TEMPLATES`, or else the
+    template text itself (checked by `check_answer_template` where it is configured)."""
+    return ANSWER_TEMPLATES.get(spec, spec)
+
+
+def check_answer_template(template: str) -> None:
+    """ValueError unless `template` holds ``{answer}`` exactly once, inside an ``<answer>`` block after a
+    ``<think>`` block (what an answer round after ``</mem>`` must be)."""
+    if not isinstance(template, str) or template.count("{answer}") != 1:
+        raise ValueError(f"an answer template must hold '{{answer}}' exactly once, got {template!r}")
+    probe = parse_round("<mem>x</mem>" + template.replace("{answer}", "a; b"))
+    if probe.action != "answer" or probe.argument != "a; b":
+        raise ValueError("an answer template must hold '{answer}' inside an <answer> block after a <think> block; "
+                         f"got {template!r}")

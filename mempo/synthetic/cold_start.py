@@ -16,8 +16,8 @@ from __future__ import annotations
 
 from typing import Any, Collection, Mapping, NamedTuple, Optional
 
-from mempo.algo.contexts import DEFAULT_ANSWER_TEMPLATE
 from mempo.config import MempoConfig
+from mempo.protocol.grammar import answer_template_text
 from mempo.seeds import sft_question_seed
 from mempo.synthetic.copy_warmup import copy_records
 from mempo.synthetic.heldout import training_episodes
@@ -60,8 +60,8 @@ def oracle_agent(cfg: MempoConfig, max_turns: Optional[int] = None) -> OracleAge
     s = cfg.synthetic
     extra = {} if max_turns is None else {"max_turns": max_turns}
     return OracleAgent(think=s.oracle_think, memory_style=s.oracle_memory_style, query_style=s.oracle_query_style,
-                       drop_fact_prob=s.oracle_drop_fact_prob, drop_seed=s.oracle_drop_seed,
-                       answer_template=DEFAULT_ANSWER_TEMPLATE if s.oracle_answer_template else None, **extra)
+                       drop_fact_prob=s.oracle_drop_fact_prob, drop_seed=s.oracle_drop_seed, lost_line=s.oracle_lost_line,
+                       answer_template=answer_template_text(cfg.scoring.answer_template) if s.oracle_answer_template else None, **extra)
 
 
 def oracle_cold_start(world: Any, tools: Mapping[str, Any], cfg: MempoConfig, held_out: Collection[str] = (), *,
@@ -93,5 +93,6 @@ def oracle_cold_start(world: Any, tools: Mapping[str, Any], cfg: MempoConfig, he
         kept = rename_trajectories(kept, world.entities, held, seed=cfg.data.seed)
     copies = copy_records([e.name for e in world.entities], s.copy_sft_examples, seed=s.model_seed,
                           system_prompt=cfg.rollout.system_prompt)
-    scoring = scoring_layout_records(kept, s.scoring_sft_examples, seed=s.model_seed)
+    scoring = scoring_layout_records(kept, s.scoring_sft_examples, seed=s.model_seed, layout=s.scoring_records_layout,
+                                     template=answer_template_text(cfg.scoring.answer_template))
     return ColdStart(kept, len(trajectories), len(held), all_kept, copies, scoring)

@@ -20,9 +20,9 @@ from mempo.env.tools import make_tools
 from mempo.synthetic.grammar import (
     CHRONICLE_RELATIONS, RELATIONS, fact_pattern, mention, pointer_pattern, question_text,
 )
-from mempo.synthetic.oracle_memory import UNKNOWN, HopState, ObjectiveState, parse_oracle_memory
+from mempo.synthetic.oracle_memory import LOST_LINES, UNKNOWN, HopState, ObjectiveState, parse_oracle_memory
 from mempo.protocol.memory import CONTEXT_POLICIES, DEFAULT_SYSTEM_PROMPT, AgentMemory, ShortTextPolicy
-from mempo.protocol.grammar import parse_round
+from mempo.protocol.grammar import check_answer_template, parse_round
 from mempo.protocol.reward import compute_score
 
 __all__ = [
@@ -89,11 +89,14 @@ class OracleAgent:
             with a newly found fact is, with this probability, closed in the ``<mem>`` without
             its facts: the line reads ``Q<n>: done`` (`LOST`). Later rounds read it back as
             resolved with its value lost: they neither search for it again nor know it, and the
-            answer for it is ``unknown``. The failure is caused by the memory alone and is fixed
-            by keeping the fact in it. The draw is a pure function of (``drop_seed``, the
-            episode's user prompt, the question number, the hop), so a run is reproducible
-            whatever the order of episodes.
+            answer for it is ``unknown``. With ``lost_line="subject"`` the line names the
+            question's subject first (``Q<n>: Tamor done``), with ``"value"`` it is the fact sentence
+            with ``unknown`` for the value (`mempo.synthetic.oracle_memory.LOST_LINES`).
+            The failure is caused by the memory alone and is fixed by keeping the fact in it.
+            The draw is a pure function of (``drop_seed``, the episode's user prompt, the question
+            number, the hop), so a run is reproducible whatever the order of episodes.
         drop_seed: the seed of those draws.
+        lost_line: ``"bare"`` (default), ``"subject"`` or ``"value"``: how a lost question's line reads (above).
         memory_style: ``"labels"`` (default: ``<label> of <subject> = <value>`` per hop, e.g.
             ``Q1: birthplace of Tamor = Belis``) or ``"facts"``: each found hop is the very
             sentence the corpus states it with (``Q1: Tamor was born in the city of Belis.``), the
@@ -122,7 +125,7 @@ class OracleAgent:
 
     def __init__(self, max_turns: int = DEFAULT_MAX_TURNS, max_search_attempts: int = 3, *, think: str = "full",
                  drop_fact_prob: float = 0.0, drop_seed: int = 0, answer_template: Optional[str] = None,
-                 memory_style: str = "labels", query_style: str = "words"):
+                 memory_style: str = "labels", query_style: str = "words", lost_line: str = "bare"):
         if max_turns < 1 or max_search_attempts < 1:
             raise ValueError("max_turns and max_search_attempts must be >= 1")
         if think not in self.THINK_STYLES:
@@ -131,13 +134,15 @@ class OracleAgent:
             raise ValueError(f"memory_style must be one of {self.MEMORY_STYLES}, got {memory_style!r}")
         if query_style not in self.QUERY_STYLES:
             raise ValueError(f"query_style must be one of {self.QUERY_STYLES}, got {query_style!r}")
+        if lost_line not in LOST_LINES:
+            raise ValueError(f"lost_line must be one of {LOST_LINES}, got {lost_line!r}")
         if not 0.0 <= float(drop_fact_prob) <= 1.0:
             raise ValueError(f"drop_fact_prob must be in [0, 1], got {drop_fact_prob!r}")
         if answer_template is not None:
-            probe = parse_round("<mem>x</mem>" + answer_template.replace("{answer}", "a; b"))
-            if answer_template.count("{answer}") != 1 or probe.action != "answer" or probe.argument != "a; b":
-                raise ValueError("answer_template must hold '{answer}' exactly once, inside an <answer> block "
-                                 f"after a <think> block; got {answer_template!r}")
+            try:
+                check_answer_template(answer_template)
+            except ValueError as exc:
+                raise ValueError(f"answer_template: {exc}") from None
         self.max_turns = max_turns
         self.max_search_attempts = max_search_attempts
         self.think = think
@@ -146,6 +151,7 @@ class OracleAgent:
         self.answer_template = answer_template
         self.memory_style = memory_style
         self.query_style = query_style
+        self.lost_line = lost_line
 
     def respond(self, messages: Sequence[Mapping[str, str]]) -> str:
         """The next assistant round for a prompt of chat messages (system, user question, ...)."""
@@ -194,7 +200,7 @@ class OracleAgent:
             else:
                 action, argument = "search", self._query(focus, hop)
                 notes.append(f"Q{focus.number} needs the {hop.label} of {hop.subject}, so I search for it.")
-        lines = [o.memory_text(o is focus, self.memory_style) for o in objectives]
+        lines = [o.memory_text(o is focus, self.memory_style, self.lost_line) for o in objectives]
         mem_lines = [f"Step {step}."] + [line for line in lines if line is not None]
         mem = "<mem>\n" + "\n".join(mem_lines) + "\n</mem>"
         if action == "answer" and self.answer_template is not None:

@@ -13,7 +13,10 @@ the failed search count ``(tried n)`` while searching, ``? see <doc-id> page <p>
 fact sits on a chronicle page to open, or ``unknown`` when the oracle gave up. ``Step n`` is
 the round number (1-based), the only way the oracle knows its turn budget. ``Q<n>: done``
 (`LOST`) is a question closed without its facts: only the deliberately imperfect teacher
-(``OracleAgent(drop_fact_prob=...)``) writes it, and its answer is then ``unknown``.
+(``OracleAgent(drop_fact_prob=...)``) writes it, and its answer is then ``unknown``. With
+``lost_line="subject"`` the line names the question's subject first (``Q<n>: Tamor done``), as a kept
+fact sentence does; with ``lost_line="value"`` it is the first hop's fact sentence with ``unknown`` for
+its value (``Q<n>: Tamor was born in the city of unknown.``; `LOST_LINES`).
 `memory_line_kinds` classifies what each objective's line holds (the demo's report counts them).
 """
 from __future__ import annotations
@@ -25,11 +28,19 @@ from typing import Optional, Sequence
 from mempo.protocol.reward import normalize_answer
 from mempo.synthetic.grammar import RELATIONS, QuestionParse, fact_pattern, parse_question
 
-__all__ = ["UNKNOWN", "LOST", "FACT_STYLES", "HopState", "ObjectiveState", "parse_oracle_memory", "MEMORY_LINE_KINDS",
+__all__ = ["UNKNOWN", "LOST", "LOST_LINES", "FACT_STYLES", "HopState", "ObjectiveState", "parse_oracle_memory", "MEMORY_LINE_KINDS",
            "memory_line_kinds"]
 
 UNKNOWN = "unknown"
 LOST = "done"
+#: How a lost question's line reads: ``"bare"`` ``Q<n>: done``; ``"subject"`` ``Q<n>: <subject> done``
+#: (the question's first subject); ``"value"`` the first hop's fact sentence (facts styles; ``<label> of
+#: <subject> = unknown`` in the labels style) with `UNKNOWN` in the value's place. With "subject" the
+#: keep-or-drop choice of a listed/facts memory falls after the subject, which both lines write, not on
+#: the subject itself (a held-out name in evaluation, which the cold start's trajectories never write:
+#: docs/DEMO.md); with "value" it falls on the value, and the answer for the question is always the
+#: line's last word.
+LOST_LINES = ("bare", "subject", "value")
 
 _LABEL_TO_RELATION = {r.label: r.name for r in RELATIONS.values()}
 _HOP_RE = re.compile(
@@ -132,12 +143,24 @@ class ObjectiveState:
         if value != UNKNOWN and position + 1 < len(self.hops):
             self.hops[position + 1].subject = value
 
-    def memory_text(self, focused: bool, style: str = "labels") -> Optional[str]:
-        """This question's memory line (None: no line, a question not started in the facts style)."""
+    def lost_text(self, lost_line: str = "bare", style: str = "labels") -> str:
+        """A lost question's line after ``Q<n>: `` (`LOST_LINES`; the question parses)."""
+        if lost_line == "subject":
+            return f"{self.parse.start} {LOST}"
+        if lost_line == "value":
+            first = self.hops[0]
+            if style in FACT_STYLES:
+                return RELATIONS[first.relation].fact.format(s=self.parse.start, o=UNKNOWN)
+            return f"{first.label} of {self.parse.start} = {UNKNOWN}"
+        return LOST
+
+    def memory_text(self, focused: bool, style: str = "labels", lost_line: str = "bare") -> Optional[str]:
+        """This question's memory line (None: no line, a question not started in the facts style);
+        lost_line: how a lost question reads (`LOST_LINES`)."""
         if self.parse is None:
             return f"Q{self.number}: {UNKNOWN}"
         if self.lost:
-            return f"Q{self.number}: {LOST}"
+            return f"Q{self.number}: {self.lost_text(lost_line, style)}"
         shown = [hop for hop in self.hops if hop.value is not None]
         pending = self.next_hop()
         if pending is not None and (focused or pending.tried or pending.pointer):
@@ -175,7 +198,8 @@ def parse_oracle_memory(mem: str, questions: Sequence[str]) -> tuple[int, list[O
         if body == UNKNOWN:
             objective.hops[0].value = UNKNOWN
             continue
-        if body == LOST:
+        # any `LOST_LINES` form (the labels style's "value" form is a given-up hop's line, read as such below)
+        if body in {objective.lost_text(form, "facts") for form in LOST_LINES}:
             objective.lost = True
             continue
         known: dict[tuple[str, str], str] = {}
@@ -212,7 +236,8 @@ def memory_line_kinds(mem: Optional[str], golds: Sequence[Sequence[str]]) -> lis
     """For each objective i (1-based line ``Q<i>:``), what the ``<mem>`` holds for it:
 
     ``"gold"``: the line contains one of ``golds[i]`` (SQuAD-normalised, whole words);
-    ``"dropped"``: the line is `LOST` (closed without its fact); ``"pending"``: no line, or a
+    ``"dropped"``: the line is `LOST`, alone or after other words, or ends in a sentence whose value is
+    `UNKNOWN` (the `LOST_LINES` forms: closed without its fact); ``"pending"``: no line, or a
     pending marker only (``?``, ``? (tried n)``, ``? see <doc> page <p>``, ``unknown``, ``not
     started``); ``"other"``: any other text (a fact of another entity, a garbled copy). ``mem``
     None (no ``<mem>`` block) counts every objective as pending.
@@ -229,7 +254,7 @@ def memory_line_kinds(mem: Optional[str], golds: Sequence[Sequence[str]]) -> lis
         wanted = [normalize_answer(a) for a in aliases]
         if body is not None and any(a and f" {a} " in words for a in wanted):
             kinds.append("gold")
-        elif body == LOST:
+        elif body is not None and (body == LOST or body.endswith((f" {LOST}", f" {UNKNOWN}."))):
             kinds.append("dropped")
         elif body is None or body == "not started" or _PENDING_RE.fullmatch(" " + body):
             kinds.append("pending")

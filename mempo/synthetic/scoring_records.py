@@ -14,32 +14,44 @@ alone gives:
                 ``unknown`` for a question it leaves open or lost (`ObjectiveState.answer`)
 
 The answer is read from the teacher's own memory, never from a gold the memory lacks.
+
+``layout="later_round"`` puts an empty assistant turn and an empty user turn between the question
+and the memory: a later round's place. Right after the question (``"question"``) the records share
+round 1's layout, where the cold start always writes ``Q1: ?`` and searches, and a filled memory
+followed by an answer there taught round 1 to answer (docs/DEMO.md).
 """
 from __future__ import annotations
 
 import random
 from typing import Sequence
 
-from mempo.algo.contexts import DEFAULT_ANSWER_TEMPLATE
+from mempo.protocol.grammar import DEFAULT_ANSWER_TEMPLATE
 from mempo.env.data import parse_episode_prompt
 from mempo.protocol.grammar import parse_round
 from mempo.synthetic.oracle import OracleTrajectory
 from mempo.synthetic.oracle_memory import parse_oracle_memory
 
-__all__ = ["scoring_layout_records"]
+__all__ = ["RECORD_LAYOUTS", "scoring_layout_records"]
 
 _MEM_END = "</mem>"
+#: Where a record puts the memory (module docstring).
+RECORD_LAYOUTS = ("question", "later_round")
+# the empty turns of a later round's place; empty assistant text is not trained (`mempo.train.sft`)
+_LATER_ROUND = ({"role": "assistant", "content": ""}, {"role": "user", "content": ""})
 
 
 def scoring_layout_records(trajectories: Sequence[OracleTrajectory], count: int, *, seed: int = 0,
-                           template: str = DEFAULT_ANSWER_TEMPLATE) -> list[dict]:
+                           template: str = DEFAULT_ANSWER_TEMPLATE, layout: str = "question") -> list[dict]:
     """`count` chat records of the scoring layout (module docstring), drawn without replacement from
     the rounds r >= 2 of `trajectories` that write a ``<mem>`` (all of them when there are fewer).
 
     Each record is ``{"messages": [system, user, {"role": "assistant", "context": mem, "content":
-    answer}]}`` (`mempo.train.sft`: the context is read, not trained). Randomness:
-    ``random.Random(f"mempo-scoring-records/{seed}")``. ValueError for count < 0 or a template
-    without exactly one ``{answer}``."""
+    answer}]}`` (`mempo.train.sft`: the context is read, not trained), with layout "later_round" an
+    empty assistant and an empty user message before the last one. Randomness:
+    ``random.Random(f"mempo-scoring-records/{seed}")``. ValueError for count < 0, a template
+    without exactly one ``{answer}`` or a layout not in `RECORD_LAYOUTS`."""
+    if layout not in RECORD_LAYOUTS:
+        raise ValueError(f"scoring_layout_records: layout must be one of {RECORD_LAYOUTS}, got {layout!r}")
     if count < 0:
         raise ValueError(f"scoring_layout_records needs count >= 0, got {count}")
     if template.count("{answer}") != 1:
@@ -58,6 +70,7 @@ def scoring_layout_records(trajectories: Sequence[OracleTrajectory], count: int,
         mem = text[:text.index(_MEM_END) + len(_MEM_END)]
         _, objectives = parse_oracle_memory(parse_round(mem).mem or "", parse_episode_prompt(user))
         answer = "; ".join(o.answer for o in objectives)
-        records.append({"messages": first + [{"role": "assistant", "context": mem,
+        before = [dict(m) for m in _LATER_ROUND] if layout == "later_round" else []
+        records.append({"messages": first + before + [{"role": "assistant", "context": mem,
                                               "content": template.replace("{answer}", answer)}]})
     return records

@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from mempo.algo.advantages import advantage_inputs
-from mempo.algo.contexts import DEFAULT_ANSWER_TEMPLATE, scoring_requests
+from mempo.algo.contexts import DEFAULT_ANSWER_TEMPLATE, build_objective_answer, scoring_requests
+from mempo.protocol.grammar import ANSWER_TEMPLATES, SPACED_ANSWER_TEMPLATE, answer_template_text
 from mempo.algo.memory_reward import memory_rewards, memory_rewards_of
 from mempo.algo.outcome import score_outcomes
 from mempo.config import RolloutConfig
@@ -158,3 +159,30 @@ def test_scoring_methods_agree_on_rollout_trajectories(bm25):
                 assert a.p_full == pytest.approx(b.p_full, abs=1e-5)
                 assert a.p_mem == pytest.approx(b.p_mem, abs=1e-5)
                 assert memory_rewards(a) == pytest.approx(memory_rewards(b), abs=1e-5)
+
+
+def test_the_spaced_template_spells_the_first_answer_as_the_memory_does(batch):
+    """With a BPE that marks words by their leading space, the line template spells the first answer
+    apart from how a <mem> line writes it; the spaced one writes the same ids."""
+    from mempo.model.builtin import train_tokenizer
+
+    tok = train_tokenizer(["Q1: Bedur was born in the city of Minu. The city of Minu."] * 50 +
+                          ["Lidar; Minu studied at Lidar."] * 50, vocab_size=300)
+    in_memory = tok.encode(" Minu", add_special_tokens=False)
+
+    def first_answer_ids(template):
+        ids, objectives = build_objective_answer(tok, ["Minu", "Lidar"], template)
+        return [i for i, j in zip(ids, objectives) if j == 0]
+
+    assert first_answer_ids(SPACED_ANSWER_TEMPLATE) == in_memory
+    assert first_answer_ids(DEFAULT_ANSWER_TEMPLATE) != in_memory
+    assert answer_template_text("spaced") == SPACED_ANSWER_TEMPLATE == ANSWER_TEMPLATES["spaced"]
+    assert answer_template_text("line") == DEFAULT_ANSWER_TEMPLATE
+    # scoring_requests builds the answer in the template it is given, and refuses a template with a builder
+    chat_tok, trajectories = batch
+    spaced = scoring_requests(trajectories, chat_tok, template=SPACED_ANSWER_TEMPLATE)
+    line = scoring_requests(trajectories, chat_tok)
+    assert chat_tok.decode(spaced[0].answer_ids).endswith(f"<answer> {trajectories[0].golds[0]} </answer>")
+    assert [r.rounds for r in spaced] == [r.rounds for r in line] and spaced[0].answer_ids != line[0].answer_ids
+    with pytest.raises(ValueError, match="answer_builder or a template"):
+        scoring_requests(trajectories, chat_tok, answer_builder, template=SPACED_ANSWER_TEMPLATE)

@@ -80,6 +80,20 @@ def test_unknown_demo_key_is_an_error():
         load_demo_config(None, ["synthetic.nope=1"])
     with pytest.raises(ConfigError, match="synthetic.model_size"):
         load_demo_config(None, ["synthetic.model_size=huge"])
+    with pytest.raises(ConfigError, match="synthetic.model_layers"):
+        load_demo_config(None, ["synthetic.model_layers=0"])
+
+
+def test_model_layers_replaces_the_sizes_depth():
+    from mempo.apps.demo import _model_stage
+    from mempo.model.builtin import default_corpus_texts, train_tokenizer
+    from mempo.synthetic.world import World
+
+    tokenizer = train_tokenizer(default_corpus_texts(World.generate(seed=0, num_entities=25)), vocab_size=512)
+    two = _model_stage(load_demo_config(None, []), tokenizer).value
+    three = _model_stage(load_demo_config(None, ["synthetic.model_layers=3"]), tokenizer)
+    assert two.config.num_hidden_layers == 2 and three.value.config.num_hidden_layers == 3
+    assert three.value.config.hidden_size == two.config.hidden_size and "3 layers x 128" in three.summary
 
 
 def test_sft_settings_the_demo_cannot_follow_fail_before_anything_runs(tmp_path):
@@ -191,9 +205,9 @@ def test_the_memory_table_counts_the_teachers_dropped_facts():
 
     lines = memory_outcome_section(played(1.0), played(0.0), episodes, tok, cfg.rollout.system_prompt)
     assert lines[0] == "## What the last `<mem>` held"
-    # columns: k, evaluation, objectives, gold, dropped, other, pending, answered right when kept
-    assert "| 2 | after SFT | 8 | 0.50 | 0.50 | 0.00 | 0.00 | 1.00 |" in lines
-    assert "| 2 | after RL | 8 | 1.00 | 0.00 | 0.00 | 0.00 | 1.00 |" in lines
+    # columns: k, evaluation, objectives, gold, dropped, other, pending, answered right when kept, by position
+    assert "| 2 | after SFT | 8 | 0.50 | 0.50 | 0.00 | 0.00 | 1.00 | 0.00 / 1.00 |" in lines
+    assert "| 2 | after RL | 8 | 1.00 | 0.00 | 0.00 | 0.00 | 1.00 | 1.00 / 1.00 |" in lines
     assert memory_outcome_section(EvalReport([], {}), EvalReport([], {}), episodes, tok, "") == []
 
 

@@ -342,3 +342,14 @@ def test_last_mem_is_the_mem_of_the_last_turn_that_has_one():
     assert last_mem(turns).strip() == "b"
     assert last_mem(iter(turns[:1])).strip() == "a"
     assert last_mem(["<answer>x</answer>"]) is None and last_mem([]) is None
+
+
+def test_answer_templates_are_checked():
+    from mempo.protocol.grammar import ANSWER_TEMPLATES, check_answer_template
+
+    for template in ANSWER_TEMPLATES.values():
+        check_answer_template(template)
+        assert parse_round("<mem>m</mem>" + template.replace("{answer}", "Minu; Lidar")).argument == "Minu; Lidar"
+    for bad in ("{answer}", "<answer>{answer}</answer>{answer}", "\n<think>\nx\n</think>\n<search> {answer} </search>", 3):
+        with pytest.raises(ValueError, match="answer template"):
+            check_answer_template(bad)

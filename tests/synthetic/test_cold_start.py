@@ -28,6 +28,9 @@ def test_the_imperfect_teacher_from_the_config():
     episode = env.world.episodes(2, 1, seed=1)[0]
     final = run_oracle(episode, tools, policy="memory", agent=oracle_agent(perfect_cfg)).rounds[-1].assistant
     assert final.endswith("<answer>\n" + "; ".join(g[0] for g in episode.golds) + "\n</answer>")
+    spaced_cfg = load_config(None, overrides + ["scoring.answer_template=spaced"])
+    final = run_oracle(episode, tools, policy="memory", agent=oracle_agent(spaced_cfg)).rounds[-1].assistant
+    assert final.endswith("<answer> " + "; ".join(g[0] for g in episode.golds) + " </answer>")  # scoring's template
 
 
 def test_the_cold_start_uses_the_rollout_system_prompt():

@@ -18,7 +18,7 @@ from mempo.synthetic.oracle import (
 from mempo.synthetic.oracle_memory import UNKNOWN, memory_line_kinds, parse_oracle_memory
 from mempo.env.server import RetrieverServer
 from mempo.env.tools import make_tools
-from mempo.synthetic.grammar import QuestionParse, parse_question
+from mempo.synthetic.grammar import RELATIONS, QuestionParse, parse_question
 from mempo.synthetic.world import World
 from mempo.protocol.memory import ShortTextPolicy
 from mempo.protocol.grammar import parse_round, validate_format
@@ -376,6 +376,29 @@ def test_drops_in_the_facts_memory(small_world, small_tools, memory_style):
         trajectory = run_oracle(episode, small_tools, agent=agent)
         assert lost_lines(trajectory) == [[], ["Q1: done"], ["Q1: done"]]
         assert trajectory.final_answer.split("; ")[0] == UNKNOWN and trajectory.score["em"] == 0.5
+
+
+@pytest.mark.parametrize("memory_style", ("facts", "listed"))
+@pytest.mark.parametrize("lost_line", ("subject", "value"))
+def test_a_lost_line_can_name_its_subject_or_its_fact(small_world, small_tools, memory_style, lost_line):
+    bare = OracleAgent(think="minimal", memory_style=memory_style, query_style="question", drop_fact_prob=1.0)
+    named = OracleAgent(think="minimal", memory_style=memory_style, query_style="question", drop_fact_prob=1.0,
+                        lost_line=lost_line)
+    for episode in small_world.episodes(2, 3, seed=8):
+        parsed = parse_question(episode.questions[0])
+        line = (f"Q1: {parsed.start} done" if lost_line == "subject" else
+                "Q1: " + RELATIONS[parsed.relations[0]].fact.format(s=parsed.start, o=UNKNOWN))
+        plain, with_subject = run_oracle(episode, small_tools, agent=bare), run_oracle(episode, small_tools, agent=named)
+        # the same episode, round for round: only the lost line's text differs, and it reads back as lost
+        assert [r.assistant.replace(line, "Q1: done") for r in with_subject.rounds] == [r.assistant for r in plain.rounds]
+        assert lost_lines(with_subject) == [[], [], []]
+        mems = [parse_round(r.assistant).mem for r in with_subject.rounds]
+        assert [line in m for m in mems] == [False, True, True]
+        assert with_subject.final_answer == plain.final_answer and with_subject.score == plain.score
+        assert memory_line_kinds(mems[1], episode.golds) == ["dropped", "pending"]
+        assert parse_oracle_memory(mems[1], episode.questions)[1][0].lost
+    with pytest.raises(ValueError, match="lost_line"):
+        OracleAgent(lost_line="named")
 
 
 def test_memory_line_kinds_say_what_each_objective_line_holds():

@@ -10,6 +10,8 @@ from mempo.synthetic.build import build_world
 from mempo.synthetic.cold_start import oracle_cold_start
 from mempo.synthetic.oracle_memory import LOST, UNKNOWN
 from mempo.synthetic.scoring_records import scoring_layout_records
+from mempo.model.builtin import default_corpus_texts, train_tokenizer
+from mempo.train.sft import examples_from_trajectories
 from support.small_world import SMALL
 
 OVERRIDES = SMALL + ["synthetic.oracle_objectives=[1,2]", "synthetic.oracle_episodes=8", "synthetic.oracle_keep=all",
@@ -77,3 +79,28 @@ def test_the_cold_start_adds_them_when_configured(cold):
         load_config(None, SMALL + ["synthetic.scoring_sft_examples=3"])
     with pytest.raises(ConfigError, match="scoring_sft_examples"):
         load_config(None, OVERRIDES + ["synthetic.scoring_sft_examples=-1"])
+
+
+def test_the_later_round_layout_puts_two_empty_turns_before_the_memory(cold):
+    at_question = scoring_layout_records(cold.trajectories, 7, seed=2)
+    later = scoring_layout_records(cold.trajectories, 7, seed=2, layout="later_round")
+    empty = [{"role": "assistant", "content": ""}, {"role": "user", "content": ""}]
+    assert [r["messages"][:2] + empty + r["messages"][2:] for r in at_question] == [r["messages"] for r in later]
+    # SFT trains only the answer: the empty assistant turn is no example, the prompt renders both turns
+    tokenizer = train_tokenizer(default_corpus_texts(build_world(load_config(None, OVERRIDES)).world), vocab_size=768)
+    plain, moved = (examples_from_trajectories(records, tokenizer) for records in (at_question, later))
+    assert len(plain) == len(moved) == 7
+    for a, b in zip(plain, moved):
+        assert len(b.input_ids) > len(a.input_ids) and sum(a.loss_mask) == sum(b.loss_mask)
+        assert [i for i, m in zip(a.input_ids, a.loss_mask) if m] == [i for i, m in zip(b.input_ids, b.loss_mask) if m]
+    with pytest.raises(ValueError, match="layout"):
+        scoring_layout_records(cold.trajectories, 1, layout="blank")
+    cfg = load_config(None, OVERRIDES + ["synthetic.scoring_sft_examples=4", "synthetic.scoring_records_layout=later_round"])
+    env = build_world(cfg)
+    made = oracle_cold_start(env.world, build_tools(cfg, env.retriever), cfg)
+    assert made.scoring_records == scoring_layout_records(made.trajectories, 4, seed=cfg.synthetic.model_seed,
+                                                          layout="later_round")
+    with pytest.raises(ConfigError, match="scoring_records_layout"):  # no records to place
+        load_config(None, OVERRIDES + ["synthetic.scoring_records_layout=later_round"])
+    with pytest.raises(ConfigError, match="oracle_lost_line"):  # nothing is lost
+        load_config(None, OVERRIDES + ["synthetic.oracle_drop_fact_prob=0", "synthetic.oracle_lost_line=subject"])

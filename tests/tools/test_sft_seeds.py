@@ -29,6 +29,7 @@ def test_one_row_per_seed_and_a_rerun_continues(tmp_path):
     assert row["overrides"] == SMOKE and row["sft_steps"] == 1 and row["threads"] == 1
     assert 0.0 <= row["em_k2"] <= 1.0 and 0.0 <= row["format_k2"] <= 1.0
     assert abs(sum(row["mem_kinds"].values()) - 1.0) < 1e-6
+    assert len(row["right_by_position"]) == 2 and all(0.0 <= x <= 1.0 for x in row["right_by_position"])
     assert (episodes / f"{tool.episodes_tag(SMOKE)}_s0.jsonl").is_file()
     assert tool.episodes_tag([]) == "default" and len(tool.episodes_tag(SMOKE)) <= 80
 
@@ -56,3 +57,14 @@ def test_memory_shares_read_the_last_mem_of_each_episode(tmp_path):
     ]
     path.write_text("".join(json.dumps(r) + "\n" for r in records))
     assert tool.mem_kinds(path) == {"gold": 0.25, "dropped": 0.25, "other": 0.25, "pending": 0.25}
+
+
+def test_right_by_position_counts_each_answer_slot(tmp_path):
+    tool = load_sft_seeds()
+    path = tmp_path / "episodes.jsonl"
+    records = [{"golds": [["Minu"], ["Lidar"]], "predictions": ["unknown", "lidar"]},  # normalised match
+               {"golds": [["Rupum"], ["Sokol"]], "predictions": ["Rupum", "Sokol"]},
+               {"golds": [["Tefot"], ["Gadok"]], "predictions": []},  # no answer
+               {"golds": [["A"], ["B"]], "predictions": ["B", "A"]}]  # the right names in the wrong slots
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    assert tool.right_by_position(path) == [0.25, 0.5]

@@ -29,6 +29,7 @@ from mempo.algo.contexts import scoring_requests
 from mempo.algo.memory_reward import RoundMemoryReward, round_memory_rewards
 from mempo.config import ScoringConfig
 from mempo.ops.answer_logprob import answer_logprob_from_token_logp
+from mempo.protocol.grammar import answer_template_text
 from mempo.records.scoring import ScoringResult
 from mempo.records.trajectory import Trajectory
 
@@ -76,7 +77,7 @@ class ServerScorer:
 
     server_manager: verl's ``LLMServerClient`` (or anything with its async ``generate(request_id, *,
     prompt_ids, sampling_params)``). tokenizer: the policy's (the answer template is tokenised with
-    character offsets). config: `mempo.config.ScoringConfig`; read: ``threshold``, ``comparator``,
+    character offsets). config: `mempo.config.ScoringConfig`; read: ``threshold``, ``comparator``, ``answer_template``,
     ``reward``, ``log_clip`` (``scored_objectives`` must be "all"). max_concurrent: scoring requests
     of this trajectory in flight at once.
     """
@@ -105,7 +106,8 @@ class ServerScorer:
         """(rewards, details) of the trajectory's scored rounds, in order, as
         `mempo.scoring.compute_memory_rewards` returns them for one trajectory."""
         cfg = self.config
-        [request] = scoring_requests([trajectory], self.tokenizer, comparator=cfg.comparator)
+        [request] = scoring_requests([trajectory], self.tokenizer, comparator=cfg.comparator,
+                                     template=answer_template_text(cfg.answer_template))
         if not request.rounds:
             return [], []
         sequence = request.sequence_ids
