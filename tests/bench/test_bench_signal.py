@@ -156,11 +156,13 @@ def test_signal_metrics_leave_out_unknown_keeps_and_unscored_rounds():
 def test_definitions_start_from_the_library_scoring_defaults(tmp_path):
     from mempo.config import ConfigError, ScoringConfig, load_config
 
-    cfg = load_config(REPO / "configs" / "demo.yaml", ["scoring.method=cached", "scoring.token_budget=4096"])
+    cfg = load_config(REPO / "configs" / "demo.yaml", ["scoring.method=cached", "scoring.token_budget=4096",
+                                                        "scoring.answer_template=spaced"])
     assert cfg.scoring.threshold is None  # the demo's own setting
     paper = bench.definition_config(cfg, bench.DEFINITIONS["paper"])
     assert paper.scoring.threshold == ScoringConfig().threshold == 0.5
     assert (paper.scoring.method, paper.scoring.token_budget) == ("cached", 4096)  # inherited: how, not what
+    assert paper.scoring.answer_template == "spaced" != ScoringConfig().answer_template  # the model's answer round
     assert paper.rollout == cfg.rollout and paper.eval == cfg.eval
     assert bench.definition_config(cfg, bench.DEFINITIONS["paper_nothresh"]).scoring.threshold is None
     with pytest.raises(ConfigError, match="scoring.nope"):
@@ -188,6 +190,7 @@ def test_the_benchmark_rolls_out_held_out_episodes_once_and_scores_every_definit
     from mempo.records.trajectory import read_trajectories_jsonl
     from mempo.scoring import score
     from mempo.algo.contexts import scoring_requests
+    from mempo.protocol.grammar import answer_template_text
     from mempo.synthetic.backend import OracleBackend
     from mempo.synthetic.build import build_world
     from mempo.synthetic.cold_start import oracle_agent
@@ -241,8 +244,10 @@ def test_the_benchmark_rolls_out_held_out_episodes_once_and_scores_every_definit
     from transformers import AutoModelForCausalLM
     trajectories = read_trajectories_jsonl(out / "rollouts_k4.jsonl")
     model = AutoModelForCausalLM.from_pretrained(demo_out / "model_sft")
+    template = answer_template_text(load_config(demo_out / "config.yaml").scoring.answer_template)  # inherited
     for name, threshold in (("paper", 0.5), ("paper_nothresh", None)):
-        expected = [p_mem - p_full for result in score(model, scoring_requests(trajectories, tokenizer),
+        expected = [p_mem - p_full for result in score(model, scoring_requests(trajectories, tokenizer,
+                                                                               template=template),
                                                        threshold=threshold) for p_mem, p_full in
                     zip(result.p_mem, result.p_full)]
         assert [r.rewards[name] for r in rows] == pytest.approx(expected, abs=1e-6)
