@@ -44,7 +44,8 @@ Run (after the demo, whose output holds the SFT model and the configuration):
 
 Options: --seeds (default 0..7), --steps (RL steps per run; default the demo config's
 trainer.total_steps), --ks (default the config's eval.objectives), --episodes (evaluation episodes per
-k; default 256), --variants (default grpo mempo), --best, --best-overrides, --rerun, --threads, --runs, and
+k; default 256), --variants (default grpo mempo; given empty, only the --best arm), --best,
+--best-overrides, --rerun, --threads, --runs, and
 dotted config overrides for every arm (``key=value``, anywhere). Writes ``<out>/results.json`` (every
 run, the per-arm statistics and paired differences), ``<out>/results.md`` (the tables) and
 ``<out>/ablation.png``.
@@ -481,7 +482,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--steps", type=int, default=None, help="default: the config's trainer.total_steps")
     parser.add_argument("--ks", type=int, nargs="+", default=None, help="default: the config's eval.objectives")
     parser.add_argument("--episodes", type=int, default=256, help="evaluation episodes per k")
-    parser.add_argument("--variants", nargs="+", default=["grpo", "mempo"], choices=list(VARIANTS))
+    parser.add_argument("--variants", nargs="*", default=["grpo", "mempo"], choices=list(VARIANTS),
+                        help="the fixed arms (none: only --best)")
     parser.add_argument("--best", default=None, choices=list(DEFINITIONS),
                         help="add the arm mempo_<BEST>: bench_signal's definition BEST")
     parser.add_argument("--best-overrides", nargs="*", default=[], metavar="KEY=VALUE",

@@ -3,8 +3,9 @@
 Conversion follows the field's annotation: ``bool`` (true/false, yes/no, on/off, 1/0), ``int`` (no
 silent truncation of 1.5, no bools), ``float`` (ints accepted; ``"1e-6"`` accepted, YAML 1.1 reads it
 as a string), ``str``, ``Optional[X]`` (``null``/``none``/``~`` give None), ``list[X]`` (a YAML list,
-``"[2, 4]"`` or ``"2,4"``), ``Literal[...]`` (one of the choices, exact match) and nested sections
-(mappings, built with `build_section`).
+``"[2, 4]"`` or ``"2,4"``), ``Union[X, Y]`` (the first of X, Y the value converts to, in order),
+``Literal[...]`` (one of the choices, exact match) and nested sections (mappings, built with
+`build_section`).
 """
 from __future__ import annotations
 
@@ -49,7 +50,8 @@ def type_name(hint: Any) -> str:
         return "one of " + ", ".join(repr(c) for c in typing.get_args(hint))
     if origin is Union:
         args = [a for a in typing.get_args(hint) if a is not type(None)]
-        return " or ".join(type_name(a) for a in args) + " or null"
+        optional = len(args) < len(typing.get_args(hint))
+        return " or ".join(type_name(a) for a in args) + (" or null" if optional else "")
     if origin is list:
         return f"a list of ({type_name(typing.get_args(hint)[0])})"
     if dataclasses.is_dataclass(hint):
@@ -122,6 +124,14 @@ def coerce_value(value: Any, hint: Any, path: str) -> Any:
     Raises ConfigError(path, ...) naming the expected type or the choices.
     """
     origin = typing.get_origin(hint)
+    if origin is Union and type(None) not in typing.get_args(hint):
+        # 1. each alternative in order; the first that takes the value wins ("2" -> 2, "2,4" -> [2, 4])
+        for alternative in typing.get_args(hint):
+            try:
+                return coerce_value(value, alternative, path)
+            except ConfigError:
+                continue
+        raise _bad(path, hint, value)
     if origin is Union:
         args = [a for a in typing.get_args(hint) if a is not type(None)]
         if value is None or (isinstance(value, str) and value.strip().lower() in _NONE_WORDS):

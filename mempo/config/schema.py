@@ -15,7 +15,7 @@ import dataclasses
 import math
 import typing
 from dataclasses import dataclass, field
-from typing import Any, Literal, Optional
+from typing import Any, Literal, Optional, Union
 
 from mempo.config.coerce import ConfigError, build_section, coerce_value
 from mempo.protocol.grammar import answer_template_text, check_answer_template
@@ -128,7 +128,9 @@ class DataConfig:
     from ``train_files``, the trainer's periodic evaluation and `mempo eval` from ``eval_files``,
     documents from ``env.corpus_path`` or the ``env.retriever: http`` server; `mempo eval` reports
     each dataset of ``eval_files`` apart). num_objectives: sub-questions per training episode (MEM1
-    composition; the paper trains on 2). questions_per_step: questions per training step (B; each is
+    composition; the paper trains on 2), or a list for mixed k: episode i has ``num_objectives[i %
+    len]`` (``[2, 4]``: every other episode k = 4; `mempo.env.data.compose_episodes`; a one-item list
+    is that int). questions_per_step: questions per training step (B; each is
     rolled out `rollout.group_size` times). shuffle / seed: the order of the training questions and
     the seed of the questions drawn from a synthetic world.
     """
@@ -136,14 +138,24 @@ class DataConfig:
     source: Literal["synthetic", "files"] = "synthetic"
     train_files: list[str] = field(default_factory=list)
     eval_files: list[str] = field(default_factory=list)
-    num_objectives: int = 2
+    num_objectives: Union[int, list[int]] = 2
     questions_per_step: int = 8
     shuffle: bool = True
     seed: int = 0
 
     def __post_init__(self):
         _check_types(self)
-        _positive(self, "num_objectives", "questions_per_step")
+        _positive(self, "questions_per_step")
+        counts = self.num_objectives if isinstance(self.num_objectives, list) else [self.num_objectives]
+        _require(bool(counts), "num_objectives", "must be an int or a non-empty list of ints, got []")
+        _require(all(k > 0 for k in counts), "num_objectives", f"must be > 0 (each), got {self.num_objectives!r}")
+        if len(counts) == 1:
+            self.num_objectives = counts[0]
+
+    @property
+    def objective_counts(self) -> tuple[int, ...]:
+        """``num_objectives`` as a tuple: ``(2,)`` or the mixed-k cycle ``(2, 4)``."""
+        return tuple(self.num_objectives) if isinstance(self.num_objectives, list) else (self.num_objectives,)
         # which files a source 'files' run needs is the command's to say: `mempo train` train_files
         # (`mempo.train.trainer`), `mempo eval` eval_files only (`mempo.eval.qa_eval_episodes`)
 

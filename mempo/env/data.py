@@ -8,11 +8,12 @@ JSON object per non-blank line (UTF-8); a bad line raises `DataError` naming the
 """
 from __future__ import annotations
 
+import itertools
 import random
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Optional, Sequence
+from typing import Any, Iterable, Iterator, Optional, Sequence, Union
 
 from mempo.errors import MempoError
 from mempo.utils.jsonl import iter_jsonl_records, write_jsonl
@@ -480,39 +481,43 @@ def parse_episode_prompt(prompt: str) -> list[str]:
                     "or 'Questions: q1; q2')")
 
 
-def compose_episodes(pool: Sequence[QARecord], num_objectives: int, num_episodes: int, seed: int = 0, *,
-                     reuse_questions: bool = True, style: str = "numbered",
+def compose_episodes(pool: Sequence[QARecord], num_objectives: Union[int, Sequence[int]], num_episodes: int,
+                     seed: int = 0, *, reuse_questions: bool = True, style: str = "numbered",
                      id_prefix: str = "episode") -> list[Episode]:
     """MEM1-style multi-objective episodes: ``num_objectives`` records of ``pool`` per episode.
 
     Draws with ``random.Random(seed)``: deterministic in (pool order, num_objectives, num_episodes,
-    seed, reuse_questions). ``reuse_questions=True`` (MEM1's behaviour): each episode draws k
-    distinct records independently; False: the pool is shuffled once and cut into disjoint episodes
-    (needs ``len(pool) >= k * n``). Episode ids are
-    ``f"{id_prefix}-k{num_objectives}-s{seed}-{i}"``; an episode's ``metadata["records"]`` keeps
-    each record's metadata (e.g. hop chains).
+    seed, reuse_questions). ``num_objectives``: k of every episode, or a sequence for mixed k (episode
+    i has ``num_objectives[i % len(num_objectives)]``: ``[2, 4]`` alternates). ``reuse_questions=True``
+    (MEM1's behaviour): each episode draws k distinct records independently; False: the pool is
+    shuffled once and cut into disjoint episodes (needs ``len(pool) >= sum of the episodes' k``).
+    Episode ids are ``f"{id_prefix}-k{k}-s{seed}-{i}"`` (k: the episode's own); an episode's
+    ``metadata["records"]`` keeps each record's metadata (e.g. hop chains).
     """
-    if num_objectives < 1:
-        raise ValueError(f"num_objectives must be >= 1, got {num_objectives}")
+    cycle = [num_objectives] if isinstance(num_objectives, int) else list(num_objectives)
+    if not cycle or any(not isinstance(k, int) or k < 1 for k in cycle):
+        raise ValueError(f"num_objectives must be >= 1 (an int or a non-empty sequence of them), got {num_objectives!r}")
     if num_episodes < 0:
         raise ValueError(f"num_episodes must be >= 0, got {num_episodes}")
-    if len(pool) < num_objectives:
-        raise ValueError(f"the pool has {len(pool)} questions, fewer than num_objectives={num_objectives}")
+    if len(pool) < max(cycle):
+        raise ValueError(f"the pool has {len(pool)} questions, fewer than num_objectives={max(cycle)}")
+    counts = [cycle[i % len(cycle)] for i in range(num_episodes)]
     rng = random.Random(seed)
     if reuse_questions:
-        draws = [rng.sample(range(len(pool)), num_objectives) for _ in range(num_episodes)]
+        draws = [rng.sample(range(len(pool)), k) for k in counts]
     else:
-        needed = num_objectives * num_episodes
+        needed = sum(counts)
         if len(pool) < needed:
             raise ValueError(f"reuse_questions=False needs {needed} questions, the pool has {len(pool)}")
         order = rng.sample(range(len(pool)), needed)
-        draws = [order[i * num_objectives:(i + 1) * num_objectives] for i in range(num_episodes)]
+        starts = [0, *itertools.accumulate(counts)][:num_episodes]
+        draws = [order[start:start + k] for start, k in zip(starts, counts)]
     episodes = []
     for number, indices in enumerate(draws):
         records = [pool[i] for i in indices]
         questions = [r.question for r in records]
         episodes.append(Episode(
-            id=f"{id_prefix}-k{num_objectives}-s{seed}-{number}",
+            id=f"{id_prefix}-k{len(indices)}-s{seed}-{number}",
             questions=questions,
             golds=[list(r.golden_answers) for r in records],
             prompt=make_episode_prompt(questions, style),

@@ -35,27 +35,31 @@ def held_out_subjects(episodes: Union[Mapping[Any, Sequence[Episode]], Iterable[
     return frozenset(name for group in groups for episode in group for name in question_subjects(episode))
 
 
-def training_episodes(world: Any, num_objectives: int, num_episodes: int, seed: int,
+def training_episodes(world: Any, num_objectives: Union[int, Sequence[int]], num_episodes: int, seed: int,
                       held_out: Collection[str] = (), *, hops: Union[int, Sequence[int], None] = None,
                       style: Optional[str] = None) -> list[Episode]:
     """``num_episodes`` episodes of ``num_objectives`` questions of the synthetic `world` none of
-    whose hop subjects is in `held_out` (entity names, `held_out_subjects`).
+    whose hop subjects is in `held_out` (entity names, `held_out_subjects`). ``num_objectives``: k, or
+    a sequence for mixed k (episode i has ``num_objectives[i % len]``, `compose_episodes`).
 
     Questions are drawn with question seed `seed` (`mempo.synthetic.world.World.questions`, walks
     through a held-out subject dropped) and composed with `mempo.env.data.compose_episodes` (same
-    seed, ids as `World.episodes`'). With ``num_objectives * num_episodes`` such questions no
-    question appears twice, and with nothing held out the episodes are `World.episodes`'; a world
-    left with fewer (the draw stops once new questions have become rare: `World.questions`'
+    seed, ids as `World.episodes`'). With as many such questions as the episodes' k add up to, no
+    question appears twice, and with nothing held out and one k the episodes are `World.episodes`'; a
+    world left with fewer (the draw stops once new questions have become rare: `World.questions`'
     ``allow_fewer``) reuses questions across episodes (never within one). ValueError when fewer than
-    ``num_objectives`` questions are left. hops / style: as `World.episodes` (None: the world's)."""
-    k, n = int(num_objectives), int(num_episodes)
-    needed = k * n
+    the largest k questions are left. hops / style: as `World.episodes` (None: the world's)."""
+    cycle = [int(num_objectives)] if isinstance(num_objectives, int) else [int(k) for k in num_objectives]
+    n = int(num_episodes)
+    k = cycle[0] if len(cycle) == 1 else max(cycle)
+    needed = sum(cycle[i % len(cycle)] for i in range(n))
+    k_name = "+".join(str(c) for c in cycle)  # one k: the name World.episodes gives its questions
     style = style if style is not None else world.params.get("prompt_style", "numbered")
-    pool = world.questions(needed, hops, seed, id_prefix=f"w{world.seed}-k{k}-q{seed}",
+    pool = world.questions(needed, hops, seed, id_prefix=f"w{world.seed}-k{k_name}-q{seed}",
                            exclude_subjects=frozenset(held_out), allow_fewer=True)
     if len(pool) < k:
         raise ValueError(f"the synthetic world has {len(pool)} questions whose subjects are not held out "
                          f"({len(held_out)} held-out subjects), fewer than {k} objectives; use a larger world or "
                          "fewer evaluation episodes")
-    return compose_episodes(pool, k, n, seed, reuse_questions=len(pool) < needed, style=style,
+    return compose_episodes(pool, cycle if len(cycle) > 1 else k, n, seed, reuse_questions=len(pool) < needed, style=style,
                             id_prefix=f"w{world.seed}")

@@ -235,17 +235,19 @@ def _qa_pool(paths: Sequence[str]) -> list:
 
 def _episode_pool(cfg: MempoConfig, world: Any) -> list:
     """The training episodes. ``data.source == "files"``: the QA records of ``data.train_files``
-    composed into episodes of k = ``data.num_objectives`` questions (seed ``data.seed``).
+    composed into episodes of k = ``data.num_objectives`` questions (seed ``data.seed``; a list: mixed
+    k, `compose_episodes`), as many as the pool holds questions for.
     "synthetic": ``max(4 * questions_per_step, 8)`` episodes of the world, seed ``data.seed``, none
     about an entity the ``eval`` section's episodes ask about (a world too small to draw those,
     which `mempo eval` refuses too, holds nothing out)."""
     d = cfg.data
     if d.source == "files":
         pool = _qa_pool(d.train_files)
-        if len(pool) < d.num_objectives:
+        cycle = d.objective_counts
+        if len(pool) < max(cycle):
             raise ConfigError("data.train_files", f"hold {len(pool)} questions, fewer than "
                                                   f"data.num_objectives={d.num_objectives}")
-        count = max(1, len(pool) // d.num_objectives)
+        count = max(1, len(pool) * len(cycle) // sum(cycle))
         return compose_episodes(pool, d.num_objectives, count, d.seed)
     try:
         held_out = held_out_subjects(eval_episodes(world, cfg))  # the evaluation's entities: never trained on

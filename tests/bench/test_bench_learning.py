@@ -128,6 +128,8 @@ def test_the_ablation_runs_paired_arms_resumes_and_refuses_other_settings(tmp_pa
     with pytest.raises(SystemExit):  # a variant it does not know is an argparse error naming it
         bench.main(["--demo-out", str(demo_out), "--variants", "nope"])
     assert "invalid choice: 'nope'" in capsys.readouterr().err
+    assert bench.main(["--demo-out", str(demo_out), "--variants"]) == 2  # no fixed arm and no --best: nothing to run
+    assert "the arms must be distinct and at least one, got []" in capsys.readouterr().err
 
 
 def test_mean_se_and_paired_differences():

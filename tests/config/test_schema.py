@@ -49,6 +49,11 @@ def test_defaults_match_the_brief():
     ("actor.clip_ratio_c=0.9", "actor.clip_ratio_c", "must be > 1"),
     ("algorithm.norm_adv_by_std=maybe", "algorithm.norm_adv_by_std", "expected bool"),
     ("eval.objectives=[2, x]", "eval.objectives[1]", "expected int"),
+    ("data.num_objectives=[]", "data.num_objectives", "non-empty list"),
+    ("data.num_objectives=[2, 0]", "data.num_objectives", "must be > 0 (each)"),
+    ("data.num_objectives=0", "data.num_objectives", "must be > 0"),
+    ("data.num_objectives=2.5", "data.num_objectives", "expected int or a list of (int)"),
+    ("data.num_objectives=[2, x]", "data.num_objectives", "expected int or a list of (int)"),
     ("eval.policies=[memory, window]", "eval.policies[1]", "'memory', 'full'"),
     ("trainer.keep_last=0", "trainer.keep_last", "must be > 0"),
     ("actor=1", "actor", "is a section"),
@@ -148,3 +153,12 @@ def test_memory_pooling_and_std_floor():
         with pytest.raises(ConfigError) as error:
             load_config(None, [override])
         assert "algorithm.memory_" in str(error.value) and allowed in str(error.value)
+
+
+@pytest.mark.parametrize("text, value, counts", [
+    ("2", 2, (2,)), ("[2, 4]", [2, 4], (2, 4)), ("2,4", [2, 4], (2, 4)), ("[3]", 3, (3,)),
+])
+def test_num_objectives_is_an_int_or_a_mixed_k_cycle(text, value, counts):
+    data = load_config(None, [f"data.num_objectives={text}"]).data
+    assert data.num_objectives == value and type(data.num_objectives) is type(value)  # a one-item list is its int
+    assert data.objective_counts == counts

@@ -186,6 +186,25 @@ def test_compose_without_reuse_is_disjoint():
         compose_episodes(pool(), num_objectives=0, num_episodes=1)
 
 
+def test_compose_mixed_k_cycles_through_the_counts():
+    one_k = compose_episodes(pool(), num_objectives=3, num_episodes=4, seed=1)
+    assert [e.to_json() for e in compose_episodes(pool(), [3], 4, seed=1)] == [e.to_json() for e in one_k]
+    mixed = compose_episodes(pool(), num_objectives=[1, 3], num_episodes=5, seed=1)
+    assert [e.num_objectives for e in mixed] == [1, 3, 1, 3, 1]
+    assert [e.id for e in mixed][:2] == ["episode-k1-s1-0", "episode-k3-s1-1"]
+    assert all(len(set(e.source_ids)) == e.num_objectives for e in mixed)
+    disjoint = compose_episodes(pool(), num_objectives=[2, 4], num_episodes=4, seed=0, reuse_questions=False)
+    ids = [s for e in disjoint for s in e.source_ids]
+    assert [e.num_objectives for e in disjoint] == [2, 4, 2, 4] and len(set(ids)) == len(ids) == 12
+    with pytest.raises(ValueError, match="needs 14"):
+        compose_episodes(pool(), num_objectives=[2, 4], num_episodes=5, seed=0, reuse_questions=False)
+    with pytest.raises(ValueError, match="fewer than num_objectives=3"):
+        compose_episodes(pool(2), num_objectives=[1, 3], num_episodes=1)
+    for bad in ([], [2, 0]):
+        with pytest.raises(ValueError, match="must be >= 1"):
+            compose_episodes(pool(), num_objectives=bad, num_episodes=1)
+
+
 def test_golds_go_straight_to_compute_score():
     (episode,) = compose_episodes(pool(), num_objectives=3, num_episodes=1, seed=4)
     answers = [golds[-1] for golds in episode.golds]  # an alias counts

@@ -49,7 +49,7 @@ def test_no_sft_or_rl_question_is_about_an_evaluated_entity(demo):
         assert questions and not _names_asked(questions, held)
 
     # the same draws without the held-out subjects do ask about evaluated entities: the check can fail
-    unfiltered = env.world.episodes(cfg.data.num_objectives, len(rl), seed=cfg.data.seed)
+    unfiltered = training_episodes(env.world, cfg.data.num_objectives, len(rl), cfg.data.seed)
     assert _names_asked([q for e in unfiltered for q in e.questions], held)
 
 
@@ -57,6 +57,17 @@ def test_training_episodes_are_world_episodes_when_nothing_is_held_out(demo):
     _, env = demo
     drawn = training_episodes(env.world, 3, 20, 7)
     assert [e.to_json() for e in drawn] == [e.to_json() for e in env.world.episodes(3, 20, seed=7)]
+
+
+def test_mixed_k_training_episodes_hold_out_and_never_repeat_a_question(demo):
+    cfg, env = demo
+    held = held_out_subjects(eval_episodes(env.world, cfg))
+    episodes = training_episodes(env.world, [2, 4], 40, 7, held)
+    assert [e.num_objectives for e in episodes] == [2, 4] * 20
+    questions = [q for e in episodes for q in e.questions]
+    assert len(questions) == len(set(questions)) == 120  # no question twice while the world has new ones
+    assert not any(question_subjects(e) & held for e in episodes)
+    assert training_episodes(env.world, [3], 5, 7) == training_episodes(env.world, 3, 5, 7)
 
 
 def test_a_short_world_reuses_questions_across_episodes_only(demo):

@@ -68,6 +68,22 @@ def test_step_advantages_on_mem_spans(tmp_path, policy):
     assert m["rollout/tool_calls"] > 0 and m["rollout/tool_errors"] == 0
 
 
+def test_a_mixed_k_step_rolls_out_and_scores_each_episode_at_its_own_k(tmp_path):
+    from mempo.train.step import train_step
+    from mempo.train.trainer import build_run
+
+    torch.set_num_threads(1)
+    run = build_run(_cfg(tmp_path, "data.num_objectives=[1, 2]", "algorithm.skip_zero_variance_groups=false"))
+    assert [e.num_objectives for e in run.episodes[:4]] == [1, 2, 1, 2]
+    result = train_step(run.ctx, run.episodes[:2], 1)
+    assert all(math.isfinite(v) for v in result.metrics.values())
+    assert sorted({len(t.golds) for t in result.trajectories}) == [1, 2]
+    assert result.metrics["memory/scored_rounds"] > 0 and result.metrics["actor/num_tokens"] > 0
+    for t in result.trajectories:  # every rollout asks its own episode's questions only
+        prompt = run.tokenizer.decode(t.prompt_ids)
+        assert len(t.golds) == sum(q in prompt for e in run.episodes[:2] for q in e.questions)
+
+
 def _dead_url():
     import socket
 
