@@ -51,7 +51,7 @@ def training_episodes(world: Any, num_objectives: Union[int, Sequence[int]], num
     the largest k questions are left. hops / style: as `World.episodes` (None: the world's)."""
     cycle = [int(num_objectives)] if isinstance(num_objectives, int) else [int(k) for k in num_objectives]
     n = int(num_episodes)
-    k = cycle[0] if len(cycle) == 1 else max(cycle)
+    k = max(cycle)
     needed = sum(cycle[i % len(cycle)] for i in range(n))
     k_name = "+".join(str(c) for c in cycle)  # one k: the name World.episodes gives its questions
     style = style if style is not None else world.params.get("prompt_style", "numbered")
@@ -61,5 +61,5 @@ def training_episodes(world: Any, num_objectives: Union[int, Sequence[int]], num
         raise ValueError(f"the synthetic world has {len(pool)} questions whose subjects are not held out "
                          f"({len(held_out)} held-out subjects), fewer than {k} objectives; use a larger world or "
                          "fewer evaluation episodes")
-    return compose_episodes(pool, cycle if len(cycle) > 1 else k, n, seed, reuse_questions=len(pool) < needed, style=style,
+    return compose_episodes(pool, cycle, n, seed, reuse_questions=len(pool) < needed, style=style,
                             id_prefix=f"w{world.seed}")
