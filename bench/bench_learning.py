@@ -384,9 +384,15 @@ def _pm(mean: Optional[float], se: Optional[float], spec: str = "{:.3f}") -> str
     return spec.format(mean) + (" ± " + spec.replace("+", "").format(se) if se is not None else " (one seed)")
 
 
+def _rl_k_text(rl_k: Any) -> str:
+    """`data.num_objectives` as said: ``2``, or a mixed-k cycle ``2, 4 in turn``."""
+    return str(rl_k) if isinstance(rl_k, int) else f"{', '.join(map(str, rl_k))} in turn"
+
+
 def _table(results: dict[str, Any], arms: Sequence[str], ks: Sequence[int]) -> str:
     n = len(results["seeds"])
-    lines = [f"RL: {results['steps']} steps on k = {results['rl_k']} from `{results['demo_out']}/model_sft` "
+    lines = [f"RL: {results['steps']} steps on k = {_rl_k_text(results['rl_k'])} "
+             f"from `{results['demo_out']}/model_sft` "
              f"(sha256 {results['model_sha256'][:12]}), seeds {results['seeds']} paired; evaluation: "
              f"{results['episodes']} held-out episodes per k, greedy, memory context. Mean ± SE over seeds.", "",
              f"| arm | k | EM ({n} seeds) | F1 | prompt tokens / episode | <mem> keeps | <mem> drops |",
@@ -439,7 +445,7 @@ def _plot(results: dict[str, Any], arms: Sequence[str], ks: Sequence[int], path:
     left.set_xticks(ks)
     left.set_xlabel("objectives k (memory context)")
     left.set_ylabel("EM (mean ± SE over seeds)")
-    left.set_title(f"RL on k = {results['rl_k']}, {len(results['seeds'])} seeds, {results['steps']} steps")
+    left.set_title(f"RL on k = {_rl_k_text(results['rl_k'])}, {len(results['seeds'])} seeds, {results['steps']} steps")
     left.legend()
     right.axhline(0.0, color="k", linewidth=0.8)
     for i, (arm, paired) in enumerate(results["paired"].items()):

@@ -19,7 +19,7 @@ fi
 BEST=$($PY -c "
 import json
 d = json.load(open('$R/signal_results.json'))
-order = d['definitions']
+order = list(d['definitions'])  # the table's order (a dict of name -> overrides)
 def mean_auc(name):
     return sum(d['signal'][name][f'k={k}']['all']['auc'] for k in (2, 4)) / 2
 import sys; sys.path.insert(0, 'bench')

@@ -244,8 +244,9 @@ def _eval_stage(cfg: MempoConfig, model: Any, tokenizer: Any, episodes_by_k: dic
 
 def rl_episodes(cfg: MempoConfig, world: Any, held_out: frozenset[str], steps: int) -> list[Any]:
     """The RL stage's training episodes: ``steps * data.questions_per_step`` episodes of
-    ``data.num_objectives`` objectives (question seed ``data.seed``), none asking about a held-out
-    subject (`mempo.synthetic.heldout.training_episodes`; `held_out`: entity names)."""
+    ``data.num_objectives`` objectives (an int, or a cycle: episode i has ``counts[i % len(counts)]``;
+    question seed ``data.seed``), none asking about a held-out subject
+    (`mempo.synthetic.heldout.training_episodes`; `held_out`: entity names)."""
     return training_episodes(world, cfg.data.num_objectives, steps * cfg.data.questions_per_step, cfg.data.seed,
                              held_out)
 
@@ -261,8 +262,10 @@ def _rl_stage(cfg: MempoConfig, model: Any, tokenizer: Any, env: SyntheticEnv, h
                    out_dir=str(out / "rl"))
     _save_model(out / "model_rl", result.model, tokenizer)
     rollouts = "answer-blind protocol scaffold" if cfg.rollout.protocol_scaffold else "the model's own"
-    return Staged(result, f"{steps} MemPO steps (last_step={result.last_step}, {rollouts} rollouts); "
-                          f"metrics in {out / 'rl'}")
+    counts = cfg.data.objective_counts
+    ks = f"k = {counts[0]}" if len(counts) == 1 else f"k = {', '.join(map(str, counts))} in turn"
+    return Staged(result, f"{steps} MemPO steps on episodes of {ks} (last_step={result.last_step}, {rollouts} "
+                          f"rollouts); metrics in {out / 'rl'}")
 
 
 def episode_pair(before: EvalReport, after: EvalReport, episodes_by_k: dict[int, list], tokenizer: Any,
@@ -417,8 +420,8 @@ def rl_setting_line(cfg: MempoConfig, sft_weights: Optional[str] = None) -> str:
     if a.memory_weight == 0:
         measured = "with weight 0 this run is GRPO"
     elif finding is not None:
-        measured = (f"for this scoring the ablation measured {finding}, from one SFT model of the demo's recipe "
-                    f"(weights sha256 {ABLATION_SFT_WEIGHTS[:12]})")
+        measured = (f"for this scoring the ablation measured {finding}, with RL at k = 2 from one SFT model of the "
+                    f"demo's recipe (weights sha256 {ABLATION_SFT_WEIGHTS[:12]})")
         if sft_weights == ABLATION_SFT_WEIGHTS:
             measured += ", this run's own SFT model"
         elif sft_weights is not None:

@@ -499,9 +499,9 @@ def compose_episodes(pool: Sequence[QARecord], num_objectives: Union[int, Sequen
         raise ValueError(f"num_objectives must be >= 1 (an int or a non-empty sequence of them), got {num_objectives!r}")
     if num_episodes < 0:
         raise ValueError(f"num_episodes must be >= 0, got {num_episodes}")
-    if len(pool) < max(cycle):
-        raise ValueError(f"the pool has {len(pool)} questions, fewer than num_objectives={max(cycle)}")
     counts = [cycle[i % len(cycle)] for i in range(num_episodes)]
+    if len(pool) < max(counts, default=0):  # the largest k drawn: fewer episodes than the cycle draw not all of it
+        raise ValueError(f"the pool has {len(pool)} questions, fewer than num_objectives={max(counts)}")
     rng = random.Random(seed)
     if reuse_questions:
         draws = [rng.sample(range(len(pool)), k) for k in counts]

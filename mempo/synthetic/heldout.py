@@ -51,8 +51,9 @@ def training_episodes(world: Any, num_objectives: Union[int, Sequence[int]], num
     the largest k questions are left. hops / style: as `World.episodes` (None: the world's)."""
     cycle = [int(num_objectives)] if isinstance(num_objectives, int) else [int(k) for k in num_objectives]
     n = int(num_episodes)
-    k = max(cycle)
-    needed = sum(cycle[i % len(cycle)] for i in range(n))
+    drawn_ks = [cycle[i % len(cycle)] for i in range(n)]
+    k = max(drawn_ks, default=0)  # the largest k among the episodes asked for (fewer episodes than the cycle: not all)
+    needed = sum(drawn_ks)
     k_name = "+".join(str(c) for c in cycle)  # one k: the name World.episodes gives its questions
     style = style if style is not None else world.params.get("prompt_style", "numbered")
     pool = world.questions(needed, hops, seed, id_prefix=f"w{world.seed}-k{k_name}-q{seed}",

@@ -27,7 +27,9 @@ def test_config_file_equals_builtin_defaults():
     assert cfg.synthetic.oracle_keep == "all" and 0 < cfg.synthetic.oracle_drop_fact_prob < 1 and cfg.synthetic.copy_warmup_steps > 0
     # bounded by steps, the time bound a safety net; the report's closed-book line; RL on the k of the gain target
     assert cfg.sft.steps == 3200 and cfg.sft.max_seconds is not None and cfg.eval.closed_book is True
-    assert cfg.data.num_objectives == DemoTargets().rl_k and cfg.eval.episodes >= 128
+    assert DemoTargets().rl_k in cfg.data.objective_counts and cfg.eval.episodes >= 128
+    # RL on k = 2 and 4 in turn: RL at k = 2 alone lowered EM at k = 4 (bench/RESULTS.md "RL on mixed k")
+    assert cfg.data.objective_counts == (2, 4) and cfg.trainer.total_steps == 36
 
 
 def test_demo_scoring_is_the_ablations_best_and_the_report_says_what_it_measured():
@@ -39,6 +41,7 @@ def test_demo_scoring_is_the_ablations_best_and_the_report_says_what_it_measured
     line = rl_setting_line(cfg)
     assert "reward log (clip 10 nats)" in line and "objectives retrieved (min)" in line
     assert "definition retrieved_min_c10: ahead of GRPO at k = 4" in line and "not at k = 2" in line
+    assert "with RL at k = 2 from one SFT model" in line  # the ablation's RL k, not this run's
     # the library's default scoring (the paper's) cites its own result; an unmeasured one says so; GRPO is GRPO
     paper = load_demo_config(None, ["scoring.reward=prob", "scoring.threshold=0.5", "scoring.scored_objectives=all",
                                     "scoring.objective_reduce=mean", "scoring.log_clip=1.0"])

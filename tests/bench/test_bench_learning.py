@@ -44,7 +44,8 @@ def test_the_ablation_runs_paired_arms_resumes_and_refuses_other_settings(tmp_pa
             "algorithm.memory_std_floor=0.05", "--ks", "2", "rollout.group_size=4"]
     assert bench.main(argv) == 0
     results = json.loads((out / "results.json").read_text())
-    assert results["steps"] == 1 and results["ks"] == [2] and results["group_size"] == 4 and results["rl_k"] == 2
+    assert results["steps"] == 1 and results["ks"] == [2] and results["group_size"] == 4
+    assert results["rl_k"] == [2, 4]  # the demo's config: RL on k = 2 and 4 in turn
     assert results["episodes"] == 2 and results["reused_runs"] == 0
     arms = ["grpo", "mempo", "mempo_all_fixes"]
     assert [(r["arm"], r["seed"]) for r in results["runs"]] == [(a, s) for s in (0, 1) for a in arms]  # seed-major
@@ -80,7 +81,7 @@ def test_the_ablation_runs_paired_arms_resumes_and_refuses_other_settings(tmp_pa
     assert "grpo" not in results["paired"]
     table = (out / "results.md").read_text()
     assert "| SFT (no RL) | 2 |" in table and "| grpo | 2 |" in table and "| mempo_all_fixes | 2 |" in table
-    assert "Paired difference to grpo" in table and "RL: 1 steps on k = 2" in table
+    assert "Paired difference to grpo" in table and "RL: 1 steps on k = 2, 4 in turn" in table
     assert (out / "ablation.png").read_bytes()[:8] == PNG_MAGIC
     capsys.readouterr()
 

@@ -199,7 +199,9 @@ def test_compose_mixed_k_cycles_through_the_counts():
     with pytest.raises(ValueError, match="needs 14"):
         compose_episodes(pool(), num_objectives=[2, 4], num_episodes=5, seed=0, reuse_questions=False)
     with pytest.raises(ValueError, match="fewer than num_objectives=3"):
-        compose_episodes(pool(2), num_objectives=[1, 3], num_episodes=1)
+        compose_episodes(pool(2), num_objectives=[1, 3], num_episodes=2)
+    # the largest k drawn counts: one episode of [1, 3] is one question
+    assert [e.num_objectives for e in compose_episodes(pool(2), num_objectives=[1, 3], num_episodes=1)] == [1]
     for bad in ([], [2, 0]):
         with pytest.raises(ValueError, match="must be >= 1"):
             compose_episodes(pool(), num_objectives=bad, num_episodes=1)

@@ -81,6 +81,11 @@ def test_a_short_world_reuses_questions_across_episodes_only(demo):
     assert len({q for e in episodes for q in e.questions}) <= 60
     with pytest.raises(ValueError, match="fewer than 2 objectives"):
         training_episodes(world, 2, 4, 3, set(sorted(keep)[1:]))
+    # a cycle's k counts only where an episode is drawn at it: one episode of [2, 4] needs 2 questions
+    few = set(sorted(keep)[2:])  # two persons left: 2 questions
+    assert [e.num_objectives for e in training_episodes(world, [2, 4], 1, 3, few)] == [2]
+    with pytest.raises(ValueError, match="fewer than 4 objectives"):
+        training_episodes(world, [2, 4], 2, 3, few)
 
 
 def test_question_subjects_needs_hop_chains():
