@@ -104,6 +104,13 @@ DEFINITIONS: dict[str, dict[str, Any]] = {
     "all_fixes_min_c10": {"scoring.comparator": "history_mem", "scoring.scored_objectives": "retrieved",
                           "scoring.reward": "log", "scoring.threshold": None, "scoring.log_clip": 10.0,
                           "scoring.objective_reduce": "min"},
+    # only the rounds with nothing left to search: an agent that answers only when done reads no
+    # <mem> that still has a question pending (docs/DEMO.md "Where the memory reward is blind")
+    "complete_min_c10": {"scoring.scored_objectives": "complete", "scoring.reward": "log",
+                         "scoring.threshold": None, "scoring.log_clip": 10.0, "scoring.objective_reduce": "min"},
+    "complete_hist_min_c10": {"scoring.comparator": "history_mem", "scoring.scored_objectives": "complete",
+                              "scoring.reward": "log", "scoring.threshold": None, "scoring.log_clip": 10.0,
+                              "scoring.objective_reduce": "min"},
 }
 #: Fields of the run's ``scoring`` section a definition inherits: how scoring runs, not what it computes,
 #: and the answer template, the answer round the SFT model was taught (``synthetic.oracle_answer_template``).

@@ -34,7 +34,7 @@ from typing import Callable, Optional, Sequence
 import torch
 
 from mempo.algo.contexts import scoring_requests
-from mempo.algo.memory_reward import RoundMemoryReward, round_memory_rewards
+from mempo.algo.memory_reward import PER_OBJECTIVE, RoundMemoryReward, round_memory_rewards
 from mempo.config.schema import ScoringConfig
 from mempo.model.adapter import ScoringModel, check_dense_mask_support, crop_cache, inference
 from mempo.protocol.grammar import answer_template_text
@@ -630,10 +630,11 @@ def compute_memory_rewards(
     Returns:
         (rewards, details): per trajectory, one entry per `Trajectory.scored_rounds` in order:
         ``rewards[b][k]`` the memory reward (float), or None for a round that is not scored
-        (scored_objectives "retrieved" with no objective retrieved before it), and ``details[b][k]``
+        (scored_objectives "retrieved" with no objective retrieved before it, "complete" with one not
+        retrieved), and ``details[b][k]``
         its `RoundMemoryReward` (P and mean log-prob of both contexts, whole answer and per objective).
     """
-    per_objective = scoring_cfg.scored_objectives == "retrieved"
+    per_objective = scoring_cfg.scored_objectives in PER_OBJECTIVE
     requests = scoring_requests(trajectories, tokenizer, comparator=scoring_cfg.comparator,
                                 per_objective=per_objective, template=answer_template_text(scoring_cfg.answer_template))
     results = score(model, requests, scoring_cfg.method, threshold=scoring_cfg.threshold,

@@ -70,15 +70,17 @@ def test_the_checker_catches_a_gold_told_to_a_processor_or_a_prompt(tok):
 
 #: every non-default memory-reward option at once (ALGORITHM.md section 4): the per-objective answer,
 #: the retrieved-objective gate and the in-distribution comparator all read the golds, for scoring only
-REWARD_DEFINITION = ["scoring.comparator=history_mem", "scoring.scored_objectives=retrieved", "scoring.reward=log",
+REWARD_DEFINITION = ["scoring.comparator=history_mem", "scoring.reward=log",
                      "scoring.threshold=null", "scoring.log_clip=10", "scoring.objective_reduce=min"]
 
 
-def test_training_under_every_memory_reward_option_never_shows_a_gold(tmp_path, trace):
+@pytest.mark.parametrize("gate", ["retrieved", "complete"])  # the two knowability gates of scored_objectives
+def test_training_under_every_memory_reward_option_never_shows_a_gold(tmp_path, trace, gate):
     from mempo.train.trainer import train
 
     torch.set_num_threads(1)
-    cfg = load_config(TINY, FAST + REWARD_DEFINITION + [f"trainer.out_dir={tmp_path / 'rl'}"])
+    cfg = load_config(TINY, FAST + REWARD_DEFINITION + [f"scoring.scored_objectives={gate}",
+                                                        f"trainer.out_dir={tmp_path / 'rl'}"])
     result = train(cfg)
     counts = summary(trace)
     assert counts["tasks"] == 2 and counts["generate_calls"] >= 2, counts

@@ -632,7 +632,8 @@ def _p_after(model, ctx, answer_ids, answer_mask):
 
 DEFINITIONS = [dict(), dict(comparator="history_mem"), dict(scored_objectives="retrieved"),
                dict(reward="log", threshold=None, log_clip=2.0),
-               dict(comparator="history_mem", scored_objectives="retrieved", reward="log", threshold=None)]
+               dict(comparator="history_mem", scored_objectives="retrieved", reward="log", threshold=None),
+               dict(scored_objectives="complete", reward="log", threshold=None, log_clip=10.0, objective_reduce="min")]
 
 
 @pytest.mark.parametrize("definition", DEFINITIONS, ids=lambda d: ",".join(f"{k}={v}" for k, v in d.items()) or "paper")
@@ -663,18 +664,21 @@ def test_compute_memory_rewards_by_definition(agent_batch, definition):
             if cfg.threshold is None:
                 assert abs(item.p_cmp - _p_after(model, cmp_ctx, answer_ids, answer_mask)[0]) <= TOL
                 assert abs(item.logp_mem - _p_after(model, mem_ctx, answer_ids, answer_mask)[1]) <= 1e-4
-            if cfg.scored_objectives == "retrieved":
-                assert item.objectives == retrieved[k]
-                if not retrieved[k]:
+            if cfg.scored_objectives != "all":
+                every = list(range(len(objectives)))
+                scored = retrieved[k] if cfg.scored_objectives == "retrieved" else (
+                    every if sorted(retrieved[k]) == every else [])
+                assert item.objectives == scored
+                if not scored:
                     assert reward is None
                     continue
                 gaps = []
-                for j in retrieved[k]:
+                for j in scored:
                     gold = [int(m) for m in tok_objective_mask(tok, objectives, j)]
                     pm, lm = _p_after(model, mem_ctx, answer_ids, gold)
                     pc, lc = _p_after(model, cmp_ctx, answer_ids, gold)
                     gaps.append(pm - pc if cfg.reward == "prob" else max(-cfg.log_clip, min(cfg.log_clip, lm - lc)))
-                want = sum(gaps) / len(gaps)
+                want = min(gaps) if cfg.objective_reduce == "min" else sum(gaps) / len(gaps)
             elif cfg.reward == "log":
                 want = max(-cfg.log_clip, min(cfg.log_clip, item.logp_mem - item.logp_cmp))
             else:
@@ -683,6 +687,8 @@ def test_compute_memory_rewards_by_definition(agent_batch, definition):
     if cfg.scored_objectives == "retrieved":
         assert rewards[0][0] is None and rewards[2] == [None]  # nothing retrieved before those rounds
         assert rewards[0][1] is not None and details[0][2].objectives == [0, 1]
+    if cfg.scored_objectives == "complete":  # only the round after both golds were retrieved
+        assert [r is None for r in rewards[0]] == [True, True, False] and details[0][2].objectives == [0, 1]
 
 
 def tok_objective_mask(tok, objectives, j):

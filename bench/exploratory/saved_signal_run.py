@@ -1,4 +1,4 @@
-"""The shared setup of the exploratory signal scripts: a `bench/bench_signal.py` run's saved k = 2 rollouts,
+"""The shared setup of the exploratory signal scripts: a `bench/bench_signal.py` run's saved rollouts at one k,
 the SFT model they came from, and `retrieved_min_c10`'s per-round details on them (`bench_signal.definition_rewards`)."""
 import sys
 from pathlib import Path
@@ -21,11 +21,11 @@ class SavedSignalRun(NamedTuple):
     details: list     # per trajectory, per scored round: `RoundMemoryReward`
 
 
-def load_saved_signal_run(demo_out: Path, run: Path, threads: int = 2) -> SavedSignalRun:
+def load_saved_signal_run(demo_out: Path, run: Path, threads: int = 2, k: int = 2) -> SavedSignalRun:
     torch.set_num_threads(threads)
     cfg = b.definition_config(load_config(demo_out / "config.yaml", []), b.DEFINITIONS["retrieved_min_c10"])
     tokenizer = AutoTokenizer.from_pretrained(demo_out / "model_sft")
     model = AutoModelForCausalLM.from_pretrained(demo_out / "model_sft").eval()
-    trajectories = read_trajectories_jsonl(run / "rollouts_k2.jsonl")
+    trajectories = read_trajectories_jsonl(run / f"rollouts_k{k}.jsonl")
     _, details = b.definition_rewards(model, tokenizer, trajectories, cfg)
     return SavedSignalRun(cfg, tokenizer, model, trajectories, details)

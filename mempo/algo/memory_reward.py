@@ -6,8 +6,12 @@
     K_r           = {the whole answer}                             scored_objectives "all" (the paper's)
                   = {j : objective j's gold appeared in an         scored_objectives "retrieved"
                      <information> before round r}
+                  = every objective when each one's gold           scored_objectives "complete" (a round
+                     appeared before round r, else {}               with a question still to search is not
+                                                                   scored: an agent that answers only when
+                                                                   done reads no memory there, docs/DEMO.md)
     mem_reward[r] = mean_{j in K_r} gap_j(r)                       objective_reduce "mean" (default)
-                  = min_{j in K_r} gap_j(r)                        objective_reduce "min" (with "retrieved":
+                  = min_{j in K_r} gap_j(r)                        objective_reduce "min" (per objective:
                                                                    the memory is as good as the worst-kept
                                                                    fact it should hold)
                   None when K_r is empty (the round is not scored)
@@ -29,13 +33,15 @@ from mempo.protocol.reward import objectives_from_golds
 from mempo.records.scoring import ScoringResult
 from mempo.records.trajectory import Trajectory
 
-__all__ = ["OBJECTIVE_REDUCES", "REWARD_SPACES", "SCORED_OBJECTIVES", "RoundMemoryReward", "memory_rewards", "memory_rewards_of",
+__all__ = ["OBJECTIVE_REDUCES", "PER_OBJECTIVE", "REWARD_SPACES", "SCORED_OBJECTIVES", "RoundMemoryReward", "memory_rewards", "memory_rewards_of",
            "reward_gap", "round_memory_rewards"]
 
 #: how one (mem, comparator) pair becomes a number; "prob" is the library default (the paper's)
 REWARD_SPACES = ("prob", "log")
 #: which objectives a round's reward averages over; "all" is the library default (the paper's)
-SCORED_OBJECTIVES = ("all", "retrieved")
+SCORED_OBJECTIVES = ("all", "retrieved", "complete")
+#: the scored_objectives values that score each objective apart (per-objective scoring results)
+PER_OBJECTIVE = ("retrieved", "complete")
 #: how the per-objective gaps of a round become one reward; "mean" is the library default
 OBJECTIVE_REDUCES = ("mean", "min")
 
@@ -95,7 +101,7 @@ class RoundMemoryReward:
     """The memory reward of one scored round and what it was computed from.
 
     round_index: `Round.index`. reward: mem_reward[r], or None when the round is not scored (no
-    objective retrieved before it, under scored_objectives "retrieved"). objectives: K_r, the
+    objective retrieved before it under scored_objectives "retrieved", not every one under "complete"). objectives: K_r, the
     objectives averaged over (all of them for "all"). p_mem / p_cmp / logp_mem / logp_cmp: P and mean
     gold log-prob of the whole answer after mem_ctx / full_ctx. objective_*: the same per objective
     (empty lists unless scored per objective).
@@ -119,29 +125,30 @@ def round_memory_rewards(trajectory: Trajectory, result: ScoringResult, retrieve
                          log_clip: float = 1.0, objective_reduce: str = "mean") -> list[RoundMemoryReward]:
     """One `RoundMemoryReward` per scored round of `trajectory` (`Trajectory.scored_rounds`, in order).
 
-    result: its `ScoringResult` (per-objective fields filled when scored_objectives is "retrieved");
-    retrieved: per scored round the objectives retrieved before it (`Trajectory.retrieved_objectives`),
-    read for "retrieved" only. objective_reduce: "mean" or "min" of the per-objective gaps ("min" needs
-    "retrieved": with "all" there is one gap). ValueError on an unknown name, a count mismatch, missing
+    result: its `ScoringResult` (per-objective fields filled when scored_objectives is "retrieved" or
+    "complete", `PER_OBJECTIVE`); retrieved: per scored round the objectives retrieved before it
+    (`Trajectory.retrieved_objectives`), read for those two only. objective_reduce: "mean" or "min" of
+    the per-objective gaps ("min" needs per-objective scoring: with "all" there is one gap). ValueError on an unknown name, a count mismatch, missing
     per-objective results or a non-finite reward.
     """
     if scored_objectives not in SCORED_OBJECTIVES:
         raise ValueError(f"scored_objectives must be one of {SCORED_OBJECTIVES}, got {scored_objectives!r}")
     if objective_reduce not in OBJECTIVE_REDUCES:
         raise ValueError(f"objective_reduce must be one of {OBJECTIVE_REDUCES}, got {objective_reduce!r}")
-    if objective_reduce != "mean" and scored_objectives != "retrieved":
+    if objective_reduce != "mean" and scored_objectives not in PER_OBJECTIVE:
         raise ValueError(f"objective_reduce {objective_reduce!r} reduces per-objective gaps: it needs "
-                         f"scored_objectives 'retrieved', got {scored_objectives!r}")
+                         f"scored_objectives 'retrieved' or 'complete', got {scored_objectives!r}")
     rounds = trajectory.scored_rounds()
     columns = (result.p_mem, result.p_full, result.mean_logp_mem, result.mean_logp_full)
     if any(len(c) != len(rounds) for c in columns):
         raise ValueError(f"trajectory {trajectory.uid}/{trajectory.sample_index} has {len(rounds)} scored rounds "
                          f"but its scoring result has {[len(c) for c in columns]} p_mem / p_full / mean_logp values")
-    per_objective = scored_objectives == "retrieved"
+    per_objective = scored_objectives in PER_OBJECTIVE
     if per_objective and (retrieved is None or len(retrieved) != len(rounds)
                           or len(result.objective_p_mem) != len(rounds)):
-        raise ValueError(f"scored_objectives 'retrieved' needs per-objective scoring results and the retrieved "
-                         f"objectives of each of the {len(rounds)} scored rounds")
+        raise ValueError(f"scored_objectives {scored_objectives!r} needs per-objective scoring results and the "
+                         f"retrieved objectives of each of the {len(rounds)} scored rounds")
+    every = list(range(len(objectives_from_golds(trajectory.golds))))
     out = []
     for k, round_ in enumerate(rounds):
         item = RoundMemoryReward(round_.index, None, [], result.p_mem[k], result.p_full[k], result.mean_logp_mem[k],
@@ -150,13 +157,15 @@ def round_memory_rewards(trajectory: Trajectory, result: ScoringResult, retrieve
             item.objective_p_mem, item.objective_p_cmp = result.objective_p_mem[k], result.objective_p_full[k]
             item.objective_logp_mem = result.objective_mean_logp_mem[k]
             item.objective_logp_cmp = result.objective_mean_logp_full[k]
-            item.objectives = sorted(set(int(j) for j in retrieved[k]))
+            seen = sorted(set(int(j) for j in retrieved[k]))
+            # K_r: the retrieved objectives; "complete": all of them once every one is retrieved, else none
+            item.objectives = seen if scored_objectives == "retrieved" else (every if seen == every else [])
             gaps = [reward_gap(item.objective_p_mem[j], item.objective_p_cmp[j], item.objective_logp_mem[j],
                                item.objective_logp_cmp[j], reward, log_clip) for j in item.objectives]
         else:
-            item.objectives = list(range(len(objectives_from_golds(trajectory.golds))))
+            item.objectives = every
             gaps = [reward_gap(item.p_mem, item.p_cmp, item.logp_mem, item.logp_cmp, reward, log_clip)]
-        # mem_reward[r] = mean (or min) over j in K_r of gap_j(r); no retrieved objective: not scored (None)
+        # mem_reward[r] = mean (or min) over j in K_r of gap_j(r); K_r empty: not scored (None)
         if not gaps:
             item.reward = None
         else:

@@ -414,7 +414,7 @@ def rl_setting_line(cfg: MempoConfig, sft_weights: Optional[str] = None) -> str:
     on another CPU, the memory reward's signal can be absent or inverted, docs/DEMO.md)."""
     a, s = cfg.algorithm, cfg.scoring
     clip = f" (clip {s.log_clip:g} nats)" if s.reward == "log" else ""
-    reduce = f" ({s.objective_reduce})" if s.scored_objectives == "retrieved" else ""
+    reduce = f" ({s.objective_reduce})" if s.scored_objectives != "all" else ""
     key = (s.reward, s.comparator, s.threshold, s.scored_objectives, s.objective_reduce, s.log_clip)
     finding = ABLATION_FINDINGS.get(key)
     if a.memory_weight == 0:

@@ -279,11 +279,13 @@ class ScoringConfig:
     ``"history_mem"`` (everything through the round's ``</mem>``, so both contexts end in
     ``</mem>``). scored_objectives: ``"all"`` (one P over every objective's gold, the paper's) or
     ``"retrieved"`` (P per objective, the reward averaged over the objectives whose gold appeared in
-    a tool result before the round; a round with none gets no memory reward). reward: ``"prob"``
+    a tool result before the round; a round with none gets no memory reward) or ``"complete"`` (P per
+    objective over every objective, only in the rounds before which every objective's gold appeared:
+    a round with a question still to search gets no memory reward). reward: ``"prob"``
     (P_mem - P_cmp) or ``"log"`` (clip(mean log-prob_mem - mean log-prob_cmp, -log_clip, log_clip),
     which needs threshold null). log_clip: c of the ``"log"`` reward, in nats. objective_reduce:
     how the per-objective gaps of a round become its reward, ``"mean"`` (default) or ``"min"`` (the
-    worst-kept retrieved fact; needs scored_objectives ``"retrieved"``). answer_template: the answer
+    worst-kept retrieved fact; needs scored_objectives ``"retrieved"`` or ``"complete"``). answer_template: the answer
     round scored after each context (`mempo.protocol.grammar.answer_template_text`): ``"line"`` (default, the reference's
     `mempo.protocol.grammar.DEFAULT_ANSWER_TEMPLATE`: the answer on a line of its own), ``"spaced"``
     (`SPACED_ANSWER_TEMPLATE`: ``<answer> {answer} </answer>``, where a BPE that marks words by their
@@ -296,7 +298,7 @@ class ScoringConfig:
     threshold: Optional[float] = 0.5
     token_budget: int = 16384
     comparator: Literal["paper", "history_mem"] = "paper"
-    scored_objectives: Literal["all", "retrieved"] = "all"
+    scored_objectives: Literal["all", "retrieved", "complete"] = "all"
     reward: Literal["prob", "log"] = "prob"
     log_clip: float = 1.0
     objective_reduce: Literal["mean", "min"] = "mean"
@@ -315,9 +317,9 @@ class ScoringConfig:
             check_answer_template(answer_template_text(self.answer_template))
         except ValueError as exc:
             raise ConfigError("answer_template", str(exc)) from None
-        _require(self.objective_reduce == "mean" or self.scored_objectives == "retrieved", "objective_reduce",
-                 f"{self.objective_reduce!r} reduces per-objective gaps: it needs scored_objectives 'retrieved', "
-                 f"got {self.scored_objectives!r}")
+        _require(self.objective_reduce == "mean" or self.scored_objectives != "all", "objective_reduce",
+                 f"{self.objective_reduce!r} reduces per-objective gaps: it needs scored_objectives 'retrieved' or "
+                 f"'complete', got {self.scored_objectives!r}")
 
 
 @dataclass

@@ -88,6 +88,13 @@ def test_round_memory_rewards_by_definition():
     # none retrieved before the round: not scored (None keeps its place)
     none = round_memory_rewards(t, result, [[]], scored_objectives="retrieved")
     assert none[0].reward is None and none[0].objectives == [] and none[0].p_mem == 0.3
+    # "complete": every objective, only once every one was retrieved; else not scored
+    done = round_memory_rewards(t, result, [[1, 0]], scored_objectives="complete", reward="log", log_clip=1.0,
+                                objective_reduce="min")
+    assert done[0].objectives == [0, 1] and done[0].reward == worst[0].reward
+    for partial in ([[1]], [[]]):
+        pending = round_memory_rewards(t, result, partial, scored_objectives="complete")
+        assert pending[0].reward is None and pending[0].objectives == [] and pending[0].objective_p_mem == [0.5, 0.7]
 
 
 def test_round_memory_rewards_rejects_what_does_not_line_up():
@@ -98,10 +105,12 @@ def test_round_memory_rewards_rejects_what_does_not_line_up():
         round_memory_rewards(t, _result(2, 2), None)
     with pytest.raises(ValueError, match="objective_reduce must be one of"):
         round_memory_rewards(t, _result(1, 2), [[0]], scored_objectives="retrieved", objective_reduce="max")
-    with pytest.raises(ValueError, match="needs scored_objectives 'retrieved'"):
+    with pytest.raises(ValueError, match="needs scored_objectives 'retrieved' or 'complete'"):
         round_memory_rewards(t, _result(1, 2), None, objective_reduce="min")  # one gap: nothing to reduce
     with pytest.raises(ValueError, match="per-objective"):
         round_memory_rewards(t, ScoringResult(p_full=[0.1], p_mem=[0.2], mean_logp_full=[-1.0], mean_logp_mem=[-1.0]),
                              [[0]], scored_objectives="retrieved")
     with pytest.raises(ValueError, match="per-objective"):
         round_memory_rewards(t, _result(1, 2), None, scored_objectives="retrieved")
+    with pytest.raises(ValueError, match="'complete' needs per-objective"):
+        round_memory_rewards(t, _result(1, 2), None, scored_objectives="complete")

@@ -34,11 +34,11 @@ def test_defaults_match_the_brief():
     ("rollout.backend=vllm", "rollout.backend", "'hf', 'sglang'"),
     ("scoring.method=fast", "scoring.method", "'packed', 'reference', 'cached'"),
     ("scoring.comparator=before", "scoring.comparator", "'paper', 'history_mem'"),
-    ("scoring.scored_objectives=seen", "scoring.scored_objectives", "'all', 'retrieved'"),
+    ("scoring.scored_objectives=seen", "scoring.scored_objectives", "'all', 'retrieved', 'complete'"),
     ("scoring.reward=ratio", "scoring.reward", "'prob', 'log'"),
     ("scoring.log_clip=0", "scoring.log_clip", "must be > 0"),
     ("scoring.objective_reduce=max", "scoring.objective_reduce", "'mean', 'min'"),
-    ("scoring.objective_reduce=min", "scoring.objective_reduce", "needs scored_objectives 'retrieved'"),
+    ("scoring.objective_reduce=min", "scoring.objective_reduce", "needs scored_objectives 'retrieved' or 'complete'"),
     ("scoring.answer_template=spaces", "scoring.answer_template", "'{answer}' exactly once"),
     ("scoring.answer_template=<search>{answer}</search>", "scoring.answer_template", "inside an <answer> block"),
     ("synthetic.oracle_lost_line=named", "synthetic.oracle_lost_line", "'bare', 'subject', 'value'"),
@@ -134,7 +134,8 @@ def test_rollout_dtype_is_for_sglang_only():
 def test_every_memory_reward_definition_builds():
     for overrides in (["scoring.comparator=history_mem"], ["scoring.scored_objectives=retrieved"],
                       ["scoring.reward=log", "scoring.threshold=null", "scoring.log_clip=2.5"],
-                      ["scoring.scored_objectives=retrieved", "scoring.objective_reduce=min"]):
+                      ["scoring.scored_objectives=retrieved", "scoring.objective_reduce=min"],
+                      ["scoring.scored_objectives=complete", "scoring.objective_reduce=min"]):
         load_config(None, overrides)
     assert load_config(None, ["scoring.reward=log", "scoring.threshold=null"]).scoring.log_clip == 1.0
 
