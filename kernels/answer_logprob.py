@@ -232,27 +232,35 @@ def _combine_kernel(
     tl.store(out_ptr + rows, tl.where(active, logp, 0.0), mask=row_ok)
 
 
-def _default_hidden_config(M, V, H, device, interpret: bool, dot_fp32: bool):
-    """(block_m, block_v, block_h, num_splits, num_warps, num_stages) for the fused kernel.
+def _default_hidden_config(M, V, H, device, interpret: bool, dot_fp32: bool, aligned: bool = True):
+    """(block_m, block_v, block_h, num_splits, num_warps, num_stages, maxnreg) for the fused kernel.
 
     Fixed configs (no autotune), the largest that compile for sm_90 without spills (checked ahead
     of time by tools/aot_kernels.py; tests/tools/test_aot_kernels.py fails on any spill; register
-    counts in bench/RESULTS.md, "Answer log-prob"). The bf16/fp16 config uses wgmma."""
+    counts in bench/RESULTS.md, "Answer log-prob"; times on an H200 in "GPU"). The bf16/fp16
+    configs use wgmma."""
     if interpret:
         # Few, large tiles: the interpreter pays per operation, not per element.
         block_v = max(16, min(1024, triton.next_power_of_2(V)))
         block_h = max(16, min(64, triton.next_power_of_2(H)))
-        return 16, block_v, block_h, 1, 4, 1
+        return 16, block_v, block_h, 1, 4, 1, None
     if dot_fp32:
-        block_m, block_v, block_h, num_warps, num_stages = 64, 128, 16, 8, 2
+        # ptxas holds these variants to 128 registers and spills (12-36 bytes at 64 x 128 x 16, Triton
+        # 3.6, the first GPU check) unless allowed more: at 64 x 64 x 16 with up to 255 none spills
+        # (tools/aot_kernels.py with Triton 3.6 and 3.9).
+        block_m, block_v, block_h, num_warps, num_stages, maxnreg = 64, 64, 16, 8, 2, 255
+    elif aligned:
+        # 1.55-1.76x faster than 64 x 128 x 64 / 3 stages on an H200 (bench/exploratory/fused_configs.py,
+        # bench/RESULTS.md "GPU"); spills when H or a row stride is not a multiple of 16, hence `aligned`.
+        block_m, block_v, block_h, num_warps, num_stages, maxnreg = 128, 128, 64, 8, 4, None
     else:
-        block_m, block_v, block_h, num_warps, num_stages = 64, 128, 64, 8, 3
+        block_m, block_v, block_h, num_warps, num_stages, maxnreg = 64, 128, 64, 8, 3, None
     sms = torch.cuda.get_device_properties(device).multi_processor_count
     row_blocks = triton.cdiv(M, block_m)
     # Split the vocabulary until there are about 4 programs per SM (M is often small: 1-5k rows).
     # Programs with the same split run side by side (axis 0 is fastest), sharing weight tiles in L2.
     num_splits = max(1, min(triton.cdiv(4 * sms, row_blocks), triton.cdiv(V, block_v)))
-    return block_m, block_v, block_h, num_splits, num_warps, num_stages
+    return block_m, block_v, block_h, num_splits, num_warps, num_stages, maxnreg
 
 
 def hidden_logp(hidden, weight, bias, targets, mask_u8, out, inv_temp: float, *, interpret: bool,
@@ -268,12 +276,14 @@ def hidden_logp(hidden, weight, bias, targets, mask_u8, out, inv_temp: float, *,
     # fp32 (IEEE) dot for fp32 or mixed operands, and under the interpreter (its bf16 dot is wrong).
     dot_fp32 = interpret or hidden.dtype == torch.float32 or weight.dtype == torch.float32 \
         or hidden.dtype != weight.dtype
-    cfg = _default_hidden_config(M, V, H, hidden.device, interpret, dot_fp32)
+    # Triton specialises integers divisible by 16; the large bf16/fp16 tiles fit in registers only then.
+    aligned = H % 16 == 0 and hidden.stride(0) % 16 == 0 and weight.stride(0) % 16 == 0
+    cfg = _default_hidden_config(M, V, H, hidden.device, interpret, dot_fp32, aligned)
     block_m = block_m or cfg[0]
     block_v = block_v or cfg[1]
     block_h = block_h or cfg[2]
     num_splits = num_splits or cfg[3]
-    num_warps, num_stages = cfg[4], cfg[5]
+    num_warps, num_stages, maxnreg = cfg[4], cfg[5], cfg[6]
     # Each split covers a whole number of BLOCK_V tiles; drop splits that would be empty.
     v_per_split = triton.cdiv(triton.cdiv(V, num_splits), block_v) * block_v
     num_splits = triton.cdiv(V, v_per_split)
@@ -294,7 +304,7 @@ def hidden_logp(hidden, weight, bias, targets, mask_u8, out, inv_temp: float, *,
             M, V, H, float(inv_temp), v_per_split,
             HAS_BIAS=bias is not None, DOT_FP32=bool(dot_fp32),
             BLOCK_M=block_m, BLOCK_V=block_v, BLOCK_H=block_h,
-            num_warps=num_warps, num_stages=num_stages,
+            num_warps=num_warps, num_stages=num_stages, maxnreg=maxnreg,
         )
     combine_block_m = 64
     with _launch.launch_device(part, mask_u8, out):

@@ -537,6 +537,7 @@ def sec_pytest_ops(ctx: Ctx) -> None:
     workers = ["-n", "8"] if _find("xdist") else []
     cmd = [sys.executable, "-P", "-m", "pytest", "-q", "-p", "no:cacheprovider", *workers, *OPS_TEST_FILES]
     done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True)
+    (OUT / "pytest_ops.log").write_text(done.stdout + done.stderr)  # failures' tracebacks come back
     lines = (done.stdout + done.stderr).strip().splitlines()
     for line in lines:
         if line.startswith(("FAILED", "ERROR")):
@@ -740,6 +741,7 @@ def sec_train(ctx: Ctx) -> None:
     done = subprocess.run(cmd, cwd=REPO, env=dict(os.environ, OMP_NUM_THREADS="8"), capture_output=True, text=True)
     wall = time.perf_counter() - t0
     text = done.stdout + done.stderr
+    (OUT / "train.log").write_text(text)  # the whole run's output comes back with the results
     for line in text.splitlines():
         if line.startswith("RESULT "):
             print(line, flush=True)
@@ -772,7 +774,7 @@ def train_worker(config: str, run_dir: str, overrides: list[str]) -> int:
 
     info = init_distributed()
     backend = dist.get_backend() if info.distributed else "none"
-    result("train", "backend", "PASS" if backend == "nccl" else "FAIL", backend=backend, world=info.world_size)
+    result("train", "backend", "PASS" if "nccl" in backend else "FAIL", backend=backend, world=info.world_size)
     return cli_main(["train", "--config", config, "--out", run_dir, *overrides])
 
 

@@ -59,8 +59,10 @@ def init_distributed(backend: Optional[str] = None) -> DistInfo:
     """Initialise torch.distributed from torchrun's environment (RANK, WORLD_SIZE, LOCAL_RANK,
     MASTER_ADDR, MASTER_PORT); a no-op without it; idempotent.
 
-    backend: None picks "nccl" when CUDA is available, else "gloo". Sets the CUDA device to
-    LOCAL_RANK. Returns the DistInfo; with no torchrun variables: rank 0 of 1, not distributed.
+    backend: None picks "cpu:gloo,cuda:nccl" when CUDA is available (CUDA tensors over nccl; the
+    CPU tensors of metrics, checkpoint flags and object collectives over gloo: nccl alone refuses
+    them, "No backend type associated with device type cpu", the first GPU run), else "gloo". Sets
+    the CUDA device to LOCAL_RANK. Returns the DistInfo; with no torchrun variables: rank 0 of 1, not distributed.
     """
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     if dist.is_available() and dist.is_initialized():
@@ -69,7 +71,7 @@ def init_distributed(backend: Optional[str] = None) -> DistInfo:
         return DistInfo(0, 1, 0, _default_device(0), False)
     if torch.cuda.is_available():
         torch.cuda.set_device(local_rank)
-    backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
+    backend = backend or ("cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo")
     dist.init_process_group(backend=backend)
     return DistInfo(dist.get_rank(), dist.get_world_size(), local_rank, _default_device(local_rank), True)
 

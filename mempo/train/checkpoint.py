@@ -148,7 +148,7 @@ def _all_ranks_ok(ok: bool) -> bool:
     if not dist_active():
         return ok
     device = torch.device("cpu")
-    if torch.distributed.get_backend() == "nccl":
+    if torch.distributed.get_backend() == "nccl":  # nccl alone (a caller's own group) takes no CPU tensor
         device = torch.device("cuda", torch.cuda.current_device())
     flag = torch.tensor([1 if ok else 0], dtype=torch.int32, device=device)
     torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MIN)

@@ -277,20 +277,20 @@ _UNSET = object()
 
 
 def _every_op(epsilon=1e-6, memory_weight=_UNSET, norm_adv_by_std=True, backend="torch", scores=None, rewards=None,
-              mask=None):
+              mask=None, device="cpu"):
     """Each public advantage op called on a small batch with these arguments (memory_weight given:
-    only the op that takes it; scores given: only the ops that take scores)."""
+    only the op that takes it; scores given: only the ops that take scores), its tensors on `device`."""
     index, default_mask, offsets, spans = _small_batch()
     given_scores = scores is not None
-    scores = torch.tensor([1.0, 0.0, 1.0, 1.0, 0.0]) if scores is None else scores
-    rewards = torch.tensor([0.1, 0.3, 0.2, 0.2]) if rewards is None else rewards
-    mask = default_mask if mask is None else mask
+    scores = (torch.tensor([1.0, 0.0, 1.0, 1.0, 0.0]) if scores is None else scores).to(device)
+    rewards = (torch.tensor([0.1, 0.3, 0.2, 0.2]) if rewards is None else rewards).to(device)
+    mask = (default_mask if mask is None else mask).to(device)
     weight = 1.0 if memory_weight is _UNSET else memory_weight
     yield lambda: mempo_advantage(scores, index, mask, rewards, offsets, spans, epsilon=epsilon,
                                   memory_weight=weight, norm_adv_by_std=norm_adv_by_std, backend=backend)
     if memory_weight is _UNSET:
         yield lambda: grpo_outcome_advantage(scores, index, mask, epsilon, norm_adv_by_std, backend=backend)
-        yield lambda: group_zscore(scores, torch.tensor([0, 0, 1, 1, 2]), 3, epsilon=epsilon,
+        yield lambda: group_zscore(scores, torch.tensor([0, 0, 1, 1, 2], device=device), 3, epsilon=epsilon,
                                    norm_by_std=norm_adv_by_std, backend=backend)
         if not given_scores:
             yield lambda: memory_advantage(rewards, offsets, spans, index, mask, epsilon, norm_adv_by_std,
@@ -322,7 +322,7 @@ def test_norm_flag_must_be_a_bool(flag):
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_numpy_scalars_are_accepted(backend, device):
     for op in _every_op(epsilon=np.float32(1e-6), memory_weight=np.float64(0.5), norm_adv_by_std=np.bool_(True),
-                        backend=backend):
+                        backend=backend, device=device if backend == "triton" else "cpu"):
         out = op()
         out = out[0] if isinstance(out, tuple) else out
         assert torch.isfinite(out).all()
@@ -407,18 +407,27 @@ def test_scores_near_the_dtype_limit_give_finite_advantages(backend, device, dty
         offsets = torch.tensor([0, 1, 2, 3, 4, 4])
         spans = torch.tensor([[0, 2], [1, 3], [0, 2], [2, 5]])
         mask = torch.ones(5, 6, dtype=torch.bool)
+        # fp64 inputs are summed in fp64, in another order on the GPU (a tree) than in the loop (left to
+        # right): values may differ by the summation error bound, n * eps * max|x| per mean, times the
+        # weight (the group [1e308, -1e308, 5] has mean 5/3 or 0, both within it; the first GPU run),
+        # capped at the saturated range (no inf). Other dtypes' fp64 sums are exact enough.
+        scale = 4 * len(rows) * torch.finfo(torch.float64).eps * max(abs(float(x)) for x in rows)
+        cap = 4 * adv_ops.VALUE_LIMIT
         for weight in (1.0, 1e30):
             got, _ = mempo_advantage(scores.to(device), index, mask.to(device), rewards.to(device), offsets, spans,
                                      memory_weight=weight, norm_adv_by_std=norm, backend=backend)
             want = reference(scores.double(), index, mask, rewards.double(), offsets, spans, memory_weight=weight,
                              norm_adv_by_std=norm)
             assert torch.isfinite(got).all() and torch.isfinite(want).all(), (rows, weight)
-            torch.testing.assert_close(got.cpu().double(), want, rtol=1e-5, atol=1e-5)
+            bound = (cap if scale > cap / weight else scale * weight) if dtype == torch.float64 else 0.0
+            torch.testing.assert_close(got.cpu().double(), want, rtol=1e-5, atol=1e-5 + bound)
             assert got.abs().max() <= 2 * adv_ops.VALUE_LIMIT
         zs = group_zscore(scores.to(device), torch.tensor([0, 0, 0, 1, 1], device=device), 2, norm_by_std=norm,
                           backend=backend)
         want = group_zscore_reference(scores.double().tolist(), [0, 0, 0, 1, 1], norm_by_std=norm)
-        torch.testing.assert_close(zs.cpu().double(), torch.tensor(want, dtype=torch.float64), rtol=1e-5, atol=1e-5)
+        bound = min(scale, cap) if dtype == torch.float64 else 0.0  # weight 1
+        torch.testing.assert_close(zs.cpu().double(), torch.tensor(want, dtype=torch.float64), rtol=1e-5,
+                                   atol=1e-5 + bound)
         if dtype == torch.float32 and rows[:2] == [3e38, 3e38]:
             assert (zs.cpu()[:3] == 0).all()  # the issue's case: equal scores at the limit -> exactly 0
 
@@ -529,8 +538,10 @@ def test_stage_pools_split_groups_only(backend, device):
     want = torch.tensor([[-1.0, 1.0], [1.0, -1.0], [-1.0, 1.0], [1.0, -1.0]]) / 2 ** 0.5
     torch.testing.assert_close(mem, want, rtol=1e-5, atol=1e-5)
     one_stage = torch.zeros(8, dtype=torch.long)
-    same, _ = mempo_advantage(scores, index, mask, rewards, offsets, spans, mem_stages=one_stage, backend=backend)
-    default, _ = mempo_advantage(scores, index, mask, rewards, offsets, spans, backend=backend)
+    on = device if backend == "triton" else torch.device("cpu")  # Triton takes CPU tensors only interpreted
+    same, _ = mempo_advantage(scores.to(on), index, mask.to(on), rewards, offsets, spans, mem_stages=one_stage,
+                              backend=backend)
+    default, _ = mempo_advantage(scores.to(on), index, mask.to(on), rewards, offsets, spans, backend=backend)
     assert torch.equal(same, default)  # one stage = the group pool
 
 

@@ -186,11 +186,12 @@ def test_triton_equals_torch(device):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_auto_backend_on_cpu(backend):
+def test_auto_backend_on_cpu(backend, device):
     logits, targets, mask = make_logits_case(7, 17, seed=3)
     a = answer_logprob(logits, targets, mask, threshold=0.5)  # auto -> torch on CPU
-    b = answer_logprob(logits, targets, mask, threshold=0.5, backend=backend)
-    torch.testing.assert_close(a.token_logp, b.token_logp, atol=1e-5, rtol=1e-6)
+    dev = device if backend == "triton" else torch.device("cpu")  # Triton takes CPU tensors only interpreted
+    b = answer_logprob(logits.to(dev), targets.to(dev), mask.to(dev), threshold=0.5, backend=backend)
+    torch.testing.assert_close(a.token_logp, b.token_logp.cpu(), atol=1e-5, rtol=1e-6)
 
 
 # ------------------------------------------------------------------------------------------------

@@ -11,7 +11,8 @@ from support.dist import torchrun  # noqa: E402
 from support.dist_worker import make_batch, make_model, run  # noqa: E402
 from support.paths import SUPPORT  # noqa: E402
 
-from mempo.train.actor import Actor, plan_micro_batches  # noqa: E402
+from mempo.train import actor as actor_module  # noqa: E402
+from mempo.train.actor import Actor, init_distributed, plan_micro_batches  # noqa: E402
 from mempo.train.checkpoint import load_checkpoint  # noqa: E402
 from mempo.config import ActorConfig  # noqa: E402
 from mempo.train.losses import entropy_from_logits  # noqa: E402
@@ -31,6 +32,25 @@ def direct_log_probs(model, batch, temperature=1.0):
     response = batch["response_mask"]
     pad = torch.zeros(picked.shape[0], 1)
     return torch.cat([pad, picked], 1) * response, torch.cat([pad, entropy], 1) * response
+
+
+@pytest.mark.parametrize("cuda, want", [(True, "cpu:gloo,cuda:nccl"), (False, "gloo")])
+def test_the_process_group_takes_cpu_tensors_on_a_gpu_too(monkeypatch, cuda, want):
+    """On CUDA the group is nccl for CUDA tensors and gloo for CPU ones: nccl alone refused the step
+    metrics' CPU all-reduce on the first GPU run ("No backend type associated with device type cpu").
+    The collectives themselves run there (tools/gpu_check.py, section train); here, the choice."""
+    opened = []
+    monkeypatch.setattr(actor_module.dist, "is_initialized", lambda: False)
+    monkeypatch.setattr(actor_module.dist, "init_process_group", lambda backend: opened.append(backend))
+    monkeypatch.setattr(actor_module.dist, "get_rank", lambda: 0)
+    monkeypatch.setattr(actor_module.dist, "get_world_size", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
+    monkeypatch.setattr(torch.cuda, "set_device", lambda index: None)
+    monkeypatch.setattr(actor_module, "_default_device", lambda local_rank: torch.device("cpu"))
+    for name, value in {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0"}.items():
+        monkeypatch.setenv(name, value)
+    init_distributed()
+    assert opened == [want]
 
 
 @pytest.mark.parametrize("micro_batch_tokens", [None, 1, 30])
