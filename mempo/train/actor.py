@@ -61,8 +61,9 @@ def init_distributed(backend: Optional[str] = None) -> DistInfo:
 
     backend: None picks "cpu:gloo,cuda:nccl" when CUDA is available (CUDA tensors over nccl; the
     CPU tensors of metrics, checkpoint flags and object collectives over gloo: nccl alone refuses
-    them, "No backend type associated with device type cpu", the first GPU run), else "gloo". Sets
-    the CUDA device to LOCAL_RANK. Returns the DistInfo; with no torchrun variables: rank 0 of 1, not distributed.
+    them, "No backend type associated with device type cpu", the first GPU run), else "gloo".
+    Sets the CUDA device to LOCAL_RANK. Returns the DistInfo; with no torchrun variables: rank 0
+    of 1, not distributed.
     """
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     if dist.is_available() and dist.is_initialized():
