@@ -256,12 +256,17 @@ def _default_hidden_config(M, V, H, device, interpret: bool, dot_fp32: bool, ali
         block_m, block_v, block_h, num_warps, num_stages, maxnreg = 128, 128, 64, 8, 4, None
     else:
         block_m, block_v, block_h, num_warps, num_stages, maxnreg = 64, 128, 64, 8, 3, None
+    num_splits = vocab_splits(M, V, block_m, block_v, device)
+    return block_m, block_v, block_h, num_splits, num_warps, num_stages, maxnreg
+
+
+def vocab_splits(M, V, block_m: int, block_v: int, device) -> int:
+    """How many vocabulary splits the fused kernel runs for `block_m` x `block_v` tiles on `device`."""
     sms = torch.cuda.get_device_properties(device).multi_processor_count
     row_blocks = triton.cdiv(M, block_m)
     # Split the vocabulary until there are about 4 programs per SM (M is often small: 1-5k rows).
     # Programs with the same split run side by side (axis 0 is fastest), sharing weight tiles in L2.
-    num_splits = max(1, min(triton.cdiv(4 * sms, row_blocks), triton.cdiv(V, block_v)))
-    return block_m, block_v, block_h, num_splits, num_warps, num_stages, maxnreg
+    return max(1, min(triton.cdiv(4 * sms, row_blocks), triton.cdiv(V, block_v)))
 
 
 def hidden_logp(hidden, weight, bias, targets, mask_u8, out, inv_temp: float, *, interpret: bool,

@@ -58,12 +58,8 @@ def main():
             for cand in [None] + CANDIDATES[dname]:
                 if cand is not None:
                     def patched(M_, V_, H_, device, interpret, dot_fp32, aligned=True, cand=cand):
-                        base = default_config(M_, V_, H_, device, interpret, dot_fp32, aligned)
                         bm, bv, bh, nw, ns, mx = cand
-                        sms = torch.cuda.get_device_properties(device).multi_processor_count
-                        cdiv = lambda a, b: (a + b - 1) // b  # noqa: E731
-                        splits = max(1, min(cdiv(4 * sms, cdiv(M_, bm)), cdiv(V_, bv)))  # as the default does
-                        return (bm, bv, bh, splits, nw, ns, mx) if not interpret else base
+                        return bm, bv, bh, kernel_mod.vocab_splits(M_, V_, bm, bv, device), nw, ns, mx
                     kernel_mod._default_hidden_config = patched
                 try:
                     got = run().token_logp
