@@ -8,6 +8,8 @@ scored one):
 
     auc            P(reward of a keeping <mem> > reward of a dropping one), ties counting 1/2
                    (Mann-Whitney, `auc`); None without both classes
+    auc_se         its standard error by a bootstrap over groups (`auc_bootstrap_se`: the G samples of
+                   one episode share a question, so rounds are not independent); overall cells only
     spearman       within-group Spearman rank correlation of reward with keeps (`spearman`), averaged
                    over the groups (the G samples of one episode) holding both classes
                    (`within_group_spearman`: a group whose rewards are all equal counts 0); None when
@@ -21,8 +23,8 @@ Run (after the demo, whose output holds the SFT model and the configuration):
     bash tools/demo.sh                                   # writes demo_out/ (model_sft, config.yaml)
     .venv-test/bin/python bench/bench_signal.py --demo-out demo_out --out bench_signal_out
 
-Options: --questions (episodes per k, default 32), --samples (G per episode, default 8), --ks (default
-2 4), --definitions (default all of `DEFINITIONS`), --seed (rollout seed, default the config's
+Options: --model (the model folder in --demo-out, default model_sft; model_rl for the RL model),
+--questions (episodes per k, default 32), --samples (G per episode, default 8), --ks (default 2 4), --definitions (default all of `DEFINITIONS`), --seed (rollout seed, default the config's
 rollout.seed), --reroll (roll out again over saved rollouts of another setting), --device, --threads,
 and dotted config overrides (``key=value``, anywhere; not of the ``synthetic``, ``data`` and ``eval``
 sections, which fix the world and the held-out draw). Writes ``<out>/rollouts_k<k>.jsonl`` with
@@ -54,6 +56,7 @@ import argparse
 import dataclasses
 import json
 import math
+import random
 import statistics
 import sys
 import time
@@ -164,6 +167,26 @@ def auc(scores: Sequence[float], labels: Sequence[bool]) -> Optional[float]:
     return (rank_sum - n1 * (n1 + 1) / 2) / (n1 * n0)
 
 
+def auc_bootstrap_se(groups: Sequence[Sequence[tuple[float, bool]]], resamples: int = 500,
+                     seed: int = 0) -> Optional[float]:
+    """The standard error of `auc` over `groups` (each a list of (score, label) rows that share an
+    episode) by a bootstrap over groups: draw len(groups) groups with replacement `resamples` times
+    (random.Random(seed): the same SE on every run), the sample std of the draws' AUCs (draws
+    lacking a class are skipped). None when the pooled rows lack a class or fewer than 2 draws
+    have both."""
+    rows = [row for group in groups for row in group]
+    if auc([v for v, _ in rows], [y for _, y in rows]) is None:
+        return None
+    rng = random.Random(seed)
+    draws = []
+    for _ in range(resamples):
+        drawn = [row for _ in groups for row in groups[rng.randrange(len(groups))]]
+        value = auc([v for v, _ in drawn], [y for _, y in drawn])
+        if value is not None:
+            draws.append(value)
+    return statistics.stdev(draws) if len(draws) >= 2 else None
+
+
 def spearman(x: Sequence[float], y: Sequence[float]) -> Optional[float]:
     """Spearman's rank correlation: the Pearson correlation of `average_ranks` (ties averaged), in
     [-1, 1]. None when either sequence has fewer than 2 distinct values (no ranking: empty input, one
@@ -221,9 +244,10 @@ class RoundRow:
     rewards: dict[str, Optional[float]]
 
 
-def signal_metrics(rows: Sequence[RoundRow], definition: str) -> dict[str, Any]:
+def signal_metrics(rows: Sequence[RoundRow], definition: str, with_se: bool = False) -> dict[str, Any]:
     """The metrics of one definition on `rows` (module docstring); pools are per group within
-    `rows` (pass one round index's rows for (group, round) pools). Plain JSON (None, never NaN)."""
+    `rows` (pass one round index's rows for (group, round) pools); ``auc_se`` only `with_se` (else
+    None: the bootstrap is the slow part). Plain JSON (None, never NaN)."""
     labelled = [(r.rewards[definition], bool(r.keeps)) for r in rows
                 if r.keeps is not None and r.rewards[definition] is not None]
     by_group: dict[str, list[tuple[float, bool]]] = defaultdict(list)
@@ -243,6 +267,7 @@ def signal_metrics(rows: Sequence[RoundRow], definition: str) -> dict[str, Any]:
         "rounds": len(rows), "scored": sum(1 for r in rows if r.rewards[definition] is not None),
         "keeps": len(keep_values), "drops": len(drop_values),
         "auc": auc([v for v, _ in labelled], [y for _, y in labelled]),
+        "auc_se": auc_bootstrap_se(list(by_group.values())) if with_se else None,
         "spearman": rho, "spearman_groups": groups, "no_spread": flat, "pools": num_pools,
         "mean_reward_keeps": statistics.fmean(keep_values) if keep_values else None,
         "mean_reward_drops": statistics.fmean(drop_values) if drop_values else None,
@@ -258,7 +283,7 @@ def signal_table(rows: Sequence[RoundRow], definitions: Sequence[str],
         per_k = {}
         for k in sorted(set(ks) if ks is not None else {r.k for r in rows}):
             of_k = [r for r in rows if r.k == k]
-            cells = {"all": signal_metrics(of_k, name)}
+            cells = {"all": signal_metrics(of_k, name, with_se=True)}
             for index in sorted({r.round_index for r in of_k}):
                 cells[f"round {index}"] = signal_metrics([r for r in of_k if r.round_index == index], name)
             per_k[f"k={k}"] = cells
@@ -270,9 +295,13 @@ def _fmt(value: Optional[float], spec: str = "{:.3f}") -> str:
     return "n/a" if value is None else spec.format(value)
 
 
+def _se(value: Optional[float]) -> str:
+    return "" if value is None else f" ({value:.3f})"
+
+
 def markdown_table(table: Mapping[str, Mapping[str, Mapping[str, Mapping[str, Any]]]]) -> str:
     """The signal table as markdown: one line per (k, definition, round split)."""
-    lines = ["| k | definition | rounds | AUC keeps vs drops | keeps / drops | within-group Spearman (groups) | "
+    lines = ["| k | definition | rounds | AUC keeps vs drops (bootstrap SE) | keeps / drops | within-group Spearman (groups) | "
              "pools with no spread (pools) | mean reward keeps / drops |",
              "|---|---|---|---|---|---|---|---|"]
     ks = sorted({k for per_k in table.values() for k in per_k}, key=lambda s: int(s.split("=")[1]))
@@ -280,7 +309,8 @@ def markdown_table(table: Mapping[str, Mapping[str, Mapping[str, Mapping[str, An
         for name, per_k in table.items():
             for split, m in per_k.get(k, {}).items():
                 lines.append(
-                    f"| {k.split('=')[1]} | {name} | {split} | {_fmt(m['auc'])} | {m['keeps']} / {m['drops']} | "
+                    f"| {k.split('=')[1]} | {name} | {split} | {_fmt(m['auc'])}{_se(m.get('auc_se'))} | "
+                    f"{m['keeps']} / {m['drops']} | "
                     f"{_fmt(m['spearman'], '{:+.3f}')} ({m['spearman_groups']}) | {_fmt(m['no_spread'], '{:.2f}')} "
                     f"({m['pools']}) | {_fmt(m['mean_reward_keeps'], '{:.4f}')} / "
                     f"{_fmt(m['mean_reward_drops'], '{:.4f}')} |")
@@ -457,12 +487,13 @@ def rollouts(backend: Any, model: Any, tokenizer: Any, cfg: MempoConfig, retriev
 # ------------------------------------------------------------------------------------------------
 # the benchmark
 # ------------------------------------------------------------------------------------------------
-def run(demo_out: Path, out: Path, *, questions: int = 32, samples: int = 8, ks: Sequence[int] = (2, 4),
-        definitions: Sequence[str] = tuple(DEFINITIONS), seed: Optional[int] = None, reroll: bool = False,
+def run(demo_out: Path, out: Path, *, model_name: str = "model_sft", questions: int = 32, samples: int = 8,
+        ks: Sequence[int] = (2, 4), definitions: Sequence[str] = tuple(DEFINITIONS), seed: Optional[int] = None, reroll: bool = False,
         chunk: int = 8, device: str = "cpu", overrides: Sequence[str] = (), backend: Any = None,
         log=print) -> dict[str, Any]:
     """Roll out (or reuse) and measure every definition (module docstring); writes the outputs and
-    returns the results. backend: the generation backend (None: the model's, `rollout_backend`; tests
+    returns the results. model_name: the model's folder in `demo_out` (model_sft; model_rl after RL).
+    backend: the generation backend (None: the model's, `rollout_backend`; tests
     pass `mempo.synthetic.backend.OracleBackend` for rollouts whose ``<mem>`` blocks keep and drop)."""
     if questions < 1 or samples < 1 or chunk < 1:
         raise BenchError(f"--questions, --samples and --chunk must be >= 1, got {questions}, {samples}, {chunk}")
@@ -473,9 +504,10 @@ def run(demo_out: Path, out: Path, *, questions: int = 32, samples: int = 8, ks:
     if fixed:
         raise BenchError(f"{', '.join(fixed)}: the {'/'.join(FIXED_SECTIONS)} sections fix the world and the "
                          "held-out episodes the demo's SFT model was made with; they cannot be overridden here")
-    sft_model = demo_out / "model_sft"
-    if not (demo_out / "config.yaml").is_file() or not sft_model.is_dir():
-        raise BenchError(f"{demo_out}: not a demo output (config.yaml and model_sft/ are needed; run mempo demo)")
+    model_dir = demo_out / model_name
+    if not (demo_out / "config.yaml").is_file() or not model_dir.is_dir():
+        raise BenchError(f"{demo_out}: not a demo output with {model_name}/ (config.yaml and {model_name}/ "
+                         "are needed; run mempo demo)")
     cfg = load_config(demo_out / "config.yaml", list(overrides))
     seed = int(cfg.rollout.seed if seed is None else seed)
     cfg = dataclasses.replace(cfg, rollout=dataclasses.replace(cfg.rollout, group_size=samples, seed=seed))
@@ -484,11 +516,11 @@ def run(demo_out: Path, out: Path, *, questions: int = 32, samples: int = 8, ks:
     episodes_by_k = held_out_episodes(env.world, cfg, ks, questions)
     asked = {q for eps in episodes_by_k.values() for e in eps for q in e.questions}
     shared = sft_subjects_shared(env.world, cfg, episodes_by_k)
-    tokenizer = AutoTokenizer.from_pretrained(sft_model)
-    model = AutoModelForCausalLM.from_pretrained(sft_model).to(device)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir).to(device)
     model.eval()
-    digest = model_digest(sft_model)
-    backend = backend if backend is not None else rollout_backend(cfg, model, tokenizer, sft_model)
+    digest = model_digest(model_dir)
+    backend = backend if backend is not None else rollout_backend(cfg, model, tokenizer, model_dir)
     out.mkdir(parents=True, exist_ok=True)
     began = time.perf_counter()
     rows: list[RoundRow] = []
@@ -516,7 +548,7 @@ def run(demo_out: Path, out: Path, *, questions: int = 32, samples: int = 8, ks:
     write_jsonl(out / "rounds.jsonl", (dataclasses.asdict(r) for r in rows))
     table = signal_table(rows, definitions, ks)
     results = {
-        "demo_out": str(demo_out), "model_sha256": digest, "questions": questions, "samples": samples,
+        "demo_out": str(demo_out), "model": model_name, "model_sha256": digest, "questions": questions, "samples": samples,
         "ks": list(ks), "seed": seed, "definitions": {name: DEFINITIONS[name] for name in definitions},
         "scoring": {name: dataclasses.asdict(configs[name].scoring) for name in definitions},
         "held_out": {"episodes": "the first --questions of mempo.eval.eval_episodes(world, demo config) per k",
@@ -545,7 +577,7 @@ def setting_lines(results: Mapping[str, Any]) -> list[str]:
     made = "; ".join(f"{k}: {m['trajectories']} trajectories, {m['scored_rounds']} scored rounds, rollout EM "
                      f"{m['em']:.3f}{read(m)}" for k, m in results["rollouts"].items())
     return [f"{results['questions']} held-out episodes x {results['samples']} samples per k (rollout seed "
-            f"{results['seed']}) from `{results['demo_out']}/model_sft` (weights sha256 "
+            f"{results['seed']}) from `{results['demo_out']}/{results.get('model', 'model_sft')}` (weights sha256 "
             f"{results['model_sha256'][:12]}); {made}. Questions of these episodes in SFT episodes: "
             f"{results['held_out']['subjects_in_sft_episodes']}.",
             "Definitions (overrides on the library's scoring defaults): " +
@@ -558,6 +590,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--demo-out", type=Path, default=Path("demo_out"))
     parser.add_argument("--out", type=Path, default=Path("bench_signal_out"))
+    parser.add_argument("--model", default="model_sft", help="the model folder in --demo-out (model_rl: after RL)")
     parser.add_argument("--questions", type=int, default=32, help="held-out episodes per k")
     parser.add_argument("--samples", type=int, default=8, help="samples per episode (G)")
     parser.add_argument("--ks", type=int, nargs="+", default=[2, 4])
@@ -573,7 +606,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     try:
-        results = run(args.demo_out, args.out, questions=args.questions, samples=args.samples, ks=args.ks,
+        results = run(args.demo_out, args.out, model_name=args.model, questions=args.questions, samples=args.samples, ks=args.ks,
                       definitions=args.definitions, seed=args.seed, reroll=args.reroll, chunk=args.chunk,
                       device=args.device, overrides=overrides, log=lambda line: print(line, flush=True))
     except MempoError as error:

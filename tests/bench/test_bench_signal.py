@@ -127,6 +127,30 @@ def _row(group, index, keeps, reward, k=2):
     return bench.RoundRow(k, group, 0, index, keeps, {"d": reward})
 
 
+def test_auc_bootstrap_se_resamples_whole_groups():
+    # every group separates perfectly: every draw's AUC is 1, so no spread
+    perfect = [[(1.0, True), (0.0, False)] for _ in range(6)]
+    assert bench.auc_bootstrap_se(perfect) == 0.0
+    assert bench.auc_bootstrap_se([[(0.3, True)], [(0.1, True)]]) is None  # one class
+    assert bench.auc_bootstrap_se([]) is None
+    # one row per group (independent rows): close to Hanley & McNeil's (1982) SE
+    rng = random.Random(1)
+    groups = [[(rng.gauss(1.0 if y else 0.0, 1.0), y)] for y in [True] * 120 + [False] * 180]
+    rows = [row for g in groups for row in g]
+    a = bench.auc([v for v, _ in rows], [y for _, y in rows])
+    n1, n0 = 120, 180
+    q1, q2 = a / (2 - a), 2 * a * a / (1 + a)
+    hanley = math.sqrt((a * (1 - a) + (n1 - 1) * (q1 - a * a) + (n0 - 1) * (q2 - a * a)) / (n1 * n0))
+    se = bench.auc_bootstrap_se(groups)
+    assert se == bench.auc_bootstrap_se(groups)  # seeded: the same on every run
+    assert 0.8 * hanley < se < 1.2 * hanley
+    # rows repeated within a group are one draw: the SE of 4 copies of each group is not smaller
+    copies = [g * 4 for g in groups]
+    assert bench.auc_bootstrap_se(copies) > 0.8 * se
+    m = bench.signal_metrics([_row(str(i), 1, y, v) for i, g in enumerate(groups) for v, y in g], "d", with_se=True)
+    assert m["auc_se"] == se and bench.signal_metrics([_row("a", 1, True, 0.5)], "d")["auc_se"] is None
+
+
 def test_signal_metrics_leave_out_unknown_keeps_and_unscored_rounds():
     rows = [_row("a", 1, True, 0.9), _row("a", 1, False, 0.2), _row("a", 2, None, 0.5),
             _row("b", 1, False, 0.3), _row("b", 2, True, None), _row("b", 2, True, 0.3)]
@@ -138,7 +162,8 @@ def test_signal_metrics_leave_out_unknown_keeps_and_unscored_rounds():
     assert (m["no_spread"], m["pools"]) == (0.5, 2)  # pools: a = [0.9, 0.2, 0.5] spreads, b = [0.3, 0.3] does not
     table = bench.signal_table(rows, ["d"])["d"]["k=2"]
     assert list(table) == ["all", "round 1", "round 2"]
-    assert table["all"] == m
+    assert {**table["all"], "auc_se": None} == m and table["all"]["auc_se"] >= 0  # the SE: overall cells only
+    assert all(cell["auc_se"] is None for split, cell in table.items() if split != "all")
     assert table["round 1"]["auc"] == pytest.approx(_auc_pairs([0.9, 0.2, 0.3], [True, False, False]))
     assert (table["round 1"]["no_spread"], table["round 1"]["pools"]) == (0.0, 1)  # (a, 1) = [0.9, 0.2]; (b, 1) alone
     assert table["round 2"]["auc"] is None and table["round 2"]["spearman"] is None  # keeps only
@@ -224,6 +249,13 @@ def test_the_benchmark_rolls_out_held_out_episodes_once_and_scores_every_definit
     assert "eval.objectives" in capsys.readouterr().err
     assert bench.main(["--demo-out", str(demo_out), "--out", str(out), "eval.episodes=1"]) == 2
     assert "eval.episodes=1: the synthetic/data/eval sections fix" in capsys.readouterr().err
+    assert bench.main(["--demo-out", str(demo_out), "--out", str(out), "--model", "model_nope"]) == 2
+    assert "model_nope/" in capsys.readouterr().err
+    # --model: the RL model is the one loaded, digested and named
+    rl = bench.run(demo_out, tmp_path / "signal_rl", model_name="model_rl", questions=1, samples=2, ks=[2],
+                   definitions=["paper"], log=lambda line: None)
+    assert rl["model"] == "model_rl" and rl["model_sha256"] == bench.model_digest(demo_out / "model_rl")
+    assert "/model_rl` (weights sha256" in (tmp_path / "signal_rl" / "results.md").read_text()
 
     # 2. oracle rollouts (deterministic; its <mem> keeps or drops facts): the metrics on real rewards
     tokenizer = AutoTokenizer.from_pretrained(demo_out / "model_sft")
