@@ -595,6 +595,8 @@ class SyntheticConfig:
     scoring_records_layout: where those records put the memory: ``"question"`` right after the question
     (teacher scoring's mem_ctx), ``"later_round"`` after an empty assistant turn and an empty user
     turn, a later round's place (round 1 never answers: docs/DEMO.md measured both).
+    scoring_records_memories: which memories those records hold: ``"any"`` or ``"complete"`` (only
+    those with a value for every question, so no record answers ``unknown``).
 
     The demo's tokenizer and model (`mempo demo`). vocab_size: the tokenizer's size.
     tokenizer_documents: documents the tokenizer is trained on (plus every oracle text).
@@ -635,6 +637,7 @@ class SyntheticConfig:
     copy_sft_examples: int = 0
     scoring_sft_examples: int = 0
     scoring_records_layout: Literal["question", "later_round"] = "question"
+    scoring_records_memories: Literal["any", "complete"] = "any"
     vocab_size: int = 4096
     tokenizer_documents: int = 2000
     model_size: Literal["tiny", "mini", "small"] = "mini"
@@ -664,6 +667,8 @@ class SyntheticConfig:
                  "adds to the cold start drawn per oracle_objectives, which is null: set oracle_objectives")
         _require(self.scoring_records_layout == "question" or self.scoring_sft_examples > 0, "scoring_records_layout",
                  "places the scoring-layout records, and scoring_sft_examples is 0: set it, or leave the layout 'question'")
+        _require(self.scoring_records_memories == "any" or self.scoring_sft_examples > 0, "scoring_records_memories",
+                 "selects the scoring-layout records, and scoring_sft_examples is 0: set it, or leave it 'any'")
         _require(self.oracle_lost_line == "bare" or self.oracle_drop_fact_prob > 0, "oracle_lost_line",
                  "says how a lost question reads, and oracle_drop_fact_prob is 0 (no question is lost): "
                  "set it, or leave the line 'bare'")

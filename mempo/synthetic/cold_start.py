@@ -94,5 +94,6 @@ def oracle_cold_start(world: Any, tools: Mapping[str, Any], cfg: MempoConfig, he
     copies = copy_records([e.name for e in world.entities], s.copy_sft_examples, seed=s.model_seed,
                           system_prompt=cfg.rollout.system_prompt)
     scoring = scoring_layout_records(kept, s.scoring_sft_examples, seed=s.model_seed, layout=s.scoring_records_layout,
+                                     memories=s.scoring_records_memories,
                                      template=answer_template_text(cfg.scoring.answer_template))
     return ColdStart(kept, len(trajectories), len(held), all_kept, copies, scoring)

@@ -43,6 +43,7 @@ def test_defaults_match_the_brief():
     ("scoring.answer_template=<search>{answer}</search>", "scoring.answer_template", "inside an <answer> block"),
     ("synthetic.oracle_lost_line=named", "synthetic.oracle_lost_line", "'bare', 'subject', 'value'"),
     ("synthetic.scoring_records_layout=blank", "synthetic.scoring_records_layout", "'question', 'later_round'"),
+    ("synthetic.scoring_records_memories=full", "synthetic.scoring_records_memories", "'any', 'complete'"),
     ("actor.loss_agg_mode=mean", "actor.loss_agg_mode", "'token-mean'"),
     ("actor.kl_estimator=k4", "actor.kl_estimator", "'low_var_kl'"),
     ("actor.clip_ratio_low=-0.1", "actor.clip_ratio_low", "must be > 0"),

@@ -104,3 +104,29 @@ def test_the_later_round_layout_puts_two_empty_turns_before_the_memory(cold):
         load_config(None, OVERRIDES + ["synthetic.scoring_records_layout=later_round"])
     with pytest.raises(ConfigError, match="oracle_lost_line"):  # nothing is lost
         load_config(None, OVERRIDES + ["synthetic.oracle_drop_fact_prob=0", "synthetic.oracle_lost_line=subject"])
+
+
+def test_complete_memories_only_give_records_without_unknown(cold):
+    every = scoring_layout_records(cold.trajectories, 10_000, seed=1)
+    complete = scoring_layout_records(cold.trajectories, 10_000, seed=1, memories="complete")
+    def answers(record):
+        content = record["messages"][-1]["content"]
+        return content[content.index("<answer>\n") + len("<answer>\n"):content.index("\n</answer>")].split("; ")
+    with_unknown = [r for r in every if UNKNOWN in answers(r)]
+    assert with_unknown and complete and not any(UNKNOWN in answers(r) for r in complete)
+    key = lambda r: (r["messages"][1]["content"], r["messages"][-1]["context"])  # noqa: E731
+    assert sorted(map(key, complete)) == sorted(key(r) for r in every if UNKNOWN not in answers(r))
+    # "any" is the draw it always was; "complete" a seeded draw of its own candidates
+    assert scoring_layout_records(cold.trajectories, 3, seed=5, memories="any") == scoring_layout_records(
+        cold.trajectories, 3, seed=5)
+    assert scoring_layout_records(cold.trajectories, 3, seed=5, memories="complete") == scoring_layout_records(
+        cold.trajectories, 3, seed=5, memories="complete")
+    with pytest.raises(ValueError, match="memories"):
+        scoring_layout_records(cold.trajectories, 1, memories="full")
+    cfg = load_config(None, OVERRIDES + ["synthetic.scoring_sft_examples=4", "synthetic.scoring_records_memories=complete"])
+    env = build_world(cfg)
+    made = oracle_cold_start(env.world, build_tools(cfg, env.retriever), cfg)
+    assert made.scoring_records == scoring_layout_records(made.trajectories, 4, seed=cfg.synthetic.model_seed,
+                                                          memories="complete")
+    with pytest.raises(ConfigError, match="scoring_records_memories"):  # no records to select
+        load_config(None, OVERRIDES + ["synthetic.scoring_records_memories=complete"])
