@@ -2,14 +2,17 @@
 seeds, the paired differences the protocol names (each arm - grpo; complete - retrieved), and the shares of
 <mem> blocks keeping every retrieved fact and prompt tokens, which show how an arm's agent changed.
 
-    python bench/learning_runs5/summary.py
+    python bench/learning_runs5/summary.py [RUNS_DIR]
+
+RUNS_DIR: the folder of run files (default this one; execution 6's has the same arms: bench/learning_runs6).
 """
 import json
 import math
 import statistics
+import sys
 from pathlib import Path
 
-HERE = Path(__file__).parent
+HERE = Path(sys.argv[1]) if len(sys.argv) > 1 else Path(__file__).parent
 ARMS = ("grpo", "mempo_complete_min_c10", "mempo_retrieved_min_c10")
 PAIRS = (("mempo_complete_min_c10", "grpo"), ("mempo_retrieved_min_c10", "grpo"),
          ("mempo_complete_min_c10", "mempo_retrieved_min_c10"))
