@@ -9,7 +9,7 @@ cd "$(dirname "$0")/../.."
 export PYTHONPATH=.
 PY=${PY:-.venv-test/bin/python}
 R=bench/learning_runs6
-ARGS=(--demo-out $R/demo_s2 --runs $R --variants grpo --steps 36 --episodes 256 --ks 2 4 --threads 1
+ARGS=(--demo-out $R/demo_s2 --runs $R --variants grpo --steps 36 --episodes 128 --ks 2 4 --threads 1
       "data.num_objectives=[2,4]")
 worker() {
   for seed in "$@"; do
