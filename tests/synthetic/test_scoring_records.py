@@ -30,6 +30,18 @@ def _candidates(trajectories):
     return sum(len(t.rounds) - 1 for t in trajectories)
 
 
+def _the_cold_start_passes_on(option, value, **kwargs):
+    """synthetic.<option>=<value> reaches the cold start's records (`scoring_layout_records(**kwargs)`), and
+    without records to shape it is a ConfigError naming the option."""
+    cfg = load_config(None, OVERRIDES + ["synthetic.scoring_sft_examples=4", f"synthetic.{option}={value}"])
+    env = build_world(cfg)
+    made = oracle_cold_start(env.world, build_tools(cfg, env.retriever), cfg)
+    assert made.scoring_records == scoring_layout_records(made.trajectories, 4, seed=cfg.synthetic.model_seed,
+                                                          **kwargs)
+    with pytest.raises(ConfigError, match=option):
+        load_config(None, OVERRIDES + [f"synthetic.{option}={value}"])
+
+
 def test_each_record_answers_from_its_memory_alone(cold):
     records = scoring_layout_records(cold.trajectories, 10_000, seed=1)
     assert len(records) == _candidates(cold.trajectories) > 0  # more asked than there are: every round r >= 2
@@ -95,13 +107,7 @@ def test_the_later_round_layout_puts_two_empty_turns_before_the_memory(cold):
         assert [i for i, m in zip(a.input_ids, a.loss_mask) if m] == [i for i, m in zip(b.input_ids, b.loss_mask) if m]
     with pytest.raises(ValueError, match="layout"):
         scoring_layout_records(cold.trajectories, 1, layout="blank")
-    cfg = load_config(None, OVERRIDES + ["synthetic.scoring_sft_examples=4", "synthetic.scoring_records_layout=later_round"])
-    env = build_world(cfg)
-    made = oracle_cold_start(env.world, build_tools(cfg, env.retriever), cfg)
-    assert made.scoring_records == scoring_layout_records(made.trajectories, 4, seed=cfg.synthetic.model_seed,
-                                                          layout="later_round")
-    with pytest.raises(ConfigError, match="scoring_records_layout"):  # no records to place
-        load_config(None, OVERRIDES + ["synthetic.scoring_records_layout=later_round"])
+    _the_cold_start_passes_on("scoring_records_layout", "later_round", layout="later_round")
     with pytest.raises(ConfigError, match="oracle_lost_line"):  # nothing is lost
         load_config(None, OVERRIDES + ["synthetic.oracle_drop_fact_prob=0", "synthetic.oracle_lost_line=subject"])
 
@@ -123,10 +129,4 @@ def test_complete_memories_only_give_records_without_unknown(cold):
         cold.trajectories, 3, seed=5, memories="complete")
     with pytest.raises(ValueError, match="memories"):
         scoring_layout_records(cold.trajectories, 1, memories="full")
-    cfg = load_config(None, OVERRIDES + ["synthetic.scoring_sft_examples=4", "synthetic.scoring_records_memories=complete"])
-    env = build_world(cfg)
-    made = oracle_cold_start(env.world, build_tools(cfg, env.retriever), cfg)
-    assert made.scoring_records == scoring_layout_records(made.trajectories, 4, seed=cfg.synthetic.model_seed,
-                                                          memories="complete")
-    with pytest.raises(ConfigError, match="scoring_records_memories"):  # no records to select
-        load_config(None, OVERRIDES + ["synthetic.scoring_records_memories=complete"])
+    _the_cold_start_passes_on("scoring_records_memories", "complete", memories="complete")
