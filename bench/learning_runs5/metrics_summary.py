@@ -2,13 +2,14 @@
 seed, the mean over the first and the last 6 RL steps of turns per episode and of the mean memory reward
 (`memory/reward`, the scored rounds' reward before pooling; computed in every arm, weight 0 in grpo).
 
-    python bench/learning_runs5/metrics_summary.py
+    python bench/learning_runs5/metrics_summary.py [RUNS_DIR]     (execution 6: bench/learning_runs6)
 """
 import json
 import statistics
+import sys
 from pathlib import Path
 
-HERE = Path(__file__).parent / "metrics"
+HERE = (Path(sys.argv[1]) if len(sys.argv) > 1 else Path(__file__).parent) / "metrics"
 ARMS = ("grpo", "mempo_complete_min_c10", "mempo_retrieved_min_c10")
 
 
