@@ -24,7 +24,8 @@ Run (after the demo, whose output holds the SFT model and the configuration):
     .venv-test/bin/python bench/bench_signal.py --demo-out demo_out --out bench_signal_out
 
 Options: --model (the model folder in --demo-out, default model_sft; model_rl for the RL model),
---questions (episodes per k, default 32), --samples (G per episode, default 8), --ks (default 2 4), --definitions (default all of `DEFINITIONS`), --seed (rollout seed, default the config's
+--questions (episodes per k, default 32), --samples (G per episode, default 8), --ks (default 2 4),
+--definitions (default all of `DEFINITIONS`), --seed (rollout seed, default the config's
 rollout.seed), --reroll (roll out again over saved rollouts of another setting), --device, --threads,
 and dotted config overrides (``key=value``, anywhere; not of the ``synthetic``, ``data`` and ``eval``
 sections, which fix the world and the held-out draw). Writes ``<out>/rollouts_k<k>.jsonl`` with
@@ -174,8 +175,7 @@ def auc_bootstrap_se(groups: Sequence[Sequence[tuple[float, bool]]], resamples: 
     (random.Random(seed): the same SE on every run), the sample std of the draws' AUCs (draws
     lacking a class are skipped). None when the pooled rows lack a class or fewer than 2 draws
     have both."""
-    rows = [row for group in groups for row in group]
-    if auc([v for v, _ in rows], [y for _, y in rows]) is None:
+    if len({y for group in groups for _, y in group}) < 2:  # one class (or none): no AUC to draw
         return None
     rng = random.Random(seed)
     draws = []
@@ -301,8 +301,8 @@ def _se(value: Optional[float]) -> str:
 
 def markdown_table(table: Mapping[str, Mapping[str, Mapping[str, Mapping[str, Any]]]]) -> str:
     """The signal table as markdown: one line per (k, definition, round split)."""
-    lines = ["| k | definition | rounds | AUC keeps vs drops (bootstrap SE) | keeps / drops | within-group Spearman (groups) | "
-             "pools with no spread (pools) | mean reward keeps / drops |",
+    lines = ["| k | definition | rounds | AUC keeps vs drops (bootstrap SE) | keeps / drops | "
+             "within-group Spearman (groups) | pools with no spread (pools) | mean reward keeps / drops |",
              "|---|---|---|---|---|---|---|---|"]
     ks = sorted({k for per_k in table.values() for k in per_k}, key=lambda s: int(s.split("=")[1]))
     for k in ks:
@@ -488,7 +488,8 @@ def rollouts(backend: Any, model: Any, tokenizer: Any, cfg: MempoConfig, retriev
 # the benchmark
 # ------------------------------------------------------------------------------------------------
 def run(demo_out: Path, out: Path, *, model_name: str = "model_sft", questions: int = 32, samples: int = 8,
-        ks: Sequence[int] = (2, 4), definitions: Sequence[str] = tuple(DEFINITIONS), seed: Optional[int] = None, reroll: bool = False,
+        ks: Sequence[int] = (2, 4), definitions: Sequence[str] = tuple(DEFINITIONS), seed: Optional[int] = None,
+        reroll: bool = False,
         chunk: int = 8, device: str = "cpu", overrides: Sequence[str] = (), backend: Any = None,
         log=print) -> dict[str, Any]:
     """Roll out (or reuse) and measure every definition (module docstring); writes the outputs and
@@ -548,7 +549,8 @@ def run(demo_out: Path, out: Path, *, model_name: str = "model_sft", questions: 
     write_jsonl(out / "rounds.jsonl", (dataclasses.asdict(r) for r in rows))
     table = signal_table(rows, definitions, ks)
     results = {
-        "demo_out": str(demo_out), "model": model_name, "model_sha256": digest, "questions": questions, "samples": samples,
+        "demo_out": str(demo_out), "model": model_name, "model_sha256": digest, "questions": questions,
+        "samples": samples,
         "ks": list(ks), "seed": seed, "definitions": {name: DEFINITIONS[name] for name in definitions},
         "scoring": {name: dataclasses.asdict(configs[name].scoring) for name in definitions},
         "held_out": {"episodes": "the first --questions of mempo.eval.eval_episodes(world, demo config) per k",
@@ -606,7 +608,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     try:
-        results = run(args.demo_out, args.out, model_name=args.model, questions=args.questions, samples=args.samples, ks=args.ks,
+        results = run(args.demo_out, args.out, model_name=args.model, questions=args.questions,
+                      samples=args.samples, ks=args.ks,
                       definitions=args.definitions, seed=args.seed, reroll=args.reroll, chunk=args.chunk,
                       device=args.device, overrides=overrides, log=lambda line: print(line, flush=True))
     except MempoError as error:

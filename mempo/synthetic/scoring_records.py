@@ -88,6 +88,7 @@ def _answers(trajectory: OracleTrajectory, round_) -> tuple[list[dict], str, lis
     answers per question: its value, or ``unknown``)."""
     first = [dict(m) for m in trajectory.rounds[0].messages]  # system + the user question
     user = next(m["content"] for m in first if m["role"] == "user")
+    # 2. the memory, verbatim through </mem>; 3. what it alone answers, question by question
     text = round_.assistant.lstrip()
     mem = text[:text.index(_MEM_END) + len(_MEM_END)]
     _, objectives = parse_oracle_memory(parse_round(mem).mem or "", parse_episode_prompt(user))
