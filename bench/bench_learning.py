@@ -1,4 +1,4 @@
-"""The pre-registered, powered ablation (issue 20; protocol in bench/RESULTS.md): does the memory
+"""The pre-registered, powered ablation (issue 20; protocol in docs/experiments/E2-ablation-execution-2.md): does the memory
 reward help? From one SFT checkpoint, RL in every arm for every seed, equal steps and questions:
 
     grpo            algorithm.memory_weight = 0 (the outcome reward only; scoring as the config's)
@@ -31,8 +31,8 @@ demo's evaluation (``eval.objectives`` x ``eval.episodes``); an evaluation here 
 
 Resumable: every finished (arm, seed) run is written at once, atomically, to
 ``<runs>/<arm>_s<seed>.json`` (its settings, evaluation rows and training totals; ``--runs``, default
-``<out>/runs``: the ablation of bench/RESULTS.md keeps them under git in ``bench/learning_runs/``, so
-that a fresh machine continues it), the SFT model's evaluation to ``<runs>/sft.json``; a rerun with the same settings reuses them and runs only the
+``<out>/runs``: the executions in docs/experiments keep them under git in ``bench/learning_runs*/``, so
+that a fresh machine continues one once its SFT model is remade), the SFT model's evaluation to ``<runs>/sft.json``; a rerun with the same settings reuses them and runs only the
 missing ones (the training directory ``<out>/<arm>/seed<s>`` of a run without a run file is
 started over); a run file made with other settings is refused (exit 2) unless ``--rerun`` (which
 replaces it).

@@ -32,7 +32,7 @@ sections, which fix the world and the held-out draw). Writes ``<out>/rollouts_k<
 ``<out>/rollouts_k<k>.json`` (the trajectories, scored, and the setting they were made with: a rerun
 with the same setting reuses them; another setting is refused unless --reroll), ``<out>/rounds.jsonl``
 (one row per scored round: k, group, sample, round index, keeps, every definition's reward),
-``<out>/results.json`` and ``<out>/results.md`` (the table for bench/RESULTS.md).
+``<out>/results.json`` and ``<out>/results.md`` (the tables the signal experiments in docs/experiments cite).
 
 Held out: the episodes are the demo's evaluation episodes (`mempo.eval.eval_episodes` with the demo's
 configuration: ``eval.episodes`` per k of ``eval.objectives``, the first ``--questions`` of each). The
@@ -109,7 +109,7 @@ DEFINITIONS: dict[str, dict[str, Any]] = {
                           "scoring.reward": "log", "scoring.threshold": None, "scoring.log_clip": 10.0,
                           "scoring.objective_reduce": "min"},
     # only the rounds with nothing left to search: an agent that answers only when done reads no
-    # <mem> that still has a question pending (docs/DEMO.md "Where the memory reward is blind")
+    # <mem> that still has a question pending (docs/experiments/S3-pending-rounds-complete.md)
     "complete_min_c10": {"scoring.scored_objectives": "complete", "scoring.reward": "log",
                          "scoring.threshold": None, "scoring.log_clip": 10.0, "scoring.objective_reduce": "min"},
     "complete_hist_min_c10": {"scoring.comparator": "history_mem", "scoring.scored_objectives": "complete",

@@ -10,7 +10,7 @@ sequence and the seconds. Run it under different variables and compare the diges
     ATEN_CPU_CAPABILITY=avx2 python tools/float_path_probe.py 300
 
 (the variables are read when the libraries start, so each setting is its own process). Measured
-results: docs/DEMO.md "The same commit on another CPU", bench/RESULTS.md "Float path"."""
+results: docs/experiments/X1-another-cpu.md."""
 from __future__ import annotations
 
 import argparse

@@ -3,7 +3,7 @@
 The oracle (`mempo.synthetic.oracle`) acts the same under both context policies, so running each
 episode under both gives the same rounds with the two prompts: the memory-context tokens an agent
 that solves the task as the teacher does would spend, against the full context of the same
-rounds. This is the token economy of a well-behaved episode, the one docs/DEMO.md compares the
+rounds. This is the token economy of a well-behaved episode, the one docs/experiments/D04-token-ratio-k4.md compares the
 demo's measured ratio with.
 
     python tools/oracle_token_ratio.py DEMO_OUT [--ks 2 4 6] [--episodes 64] [overrides ...]

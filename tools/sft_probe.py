@@ -1,4 +1,4 @@
-"""The SFT probe behind docs/DEMO.md's table: a synthetic world with the small-world options, oracle
+"""The SFT probe behind docs/experiments/D01-learnable-task.md's table: a synthetic world with the small-world options, oracle
 trajectories, a BPE tokenizer, a Qwen2 from scratch, an optional copy warm-up, SFT, then greedy
 evaluation under the memory context (64 held-out episodes at k = 2 by default).
 

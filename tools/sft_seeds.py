@@ -11,7 +11,7 @@ Each seed's evaluated episodes are written to ``--episodes-dir``. The held-out s
 (``sft.max_seconds`` null). One JSON line per finished seed is appended to ``--out``; seeds already there
 (with the same overrides, made on the same CPU model) are skipped, so an interrupted run continues. Each
 line names the CPU model and the instruction set of torch's kernels (`mempo.utils.machine`): the SFT
-model follows them (docs/DEMO.md "The same commit on another CPU"), so seeds run on another CPU are another
+model follows them (docs/experiments/X1-another-cpu.md), so seeds run on another CPU are another
 measurement. With ``--models-dir`` each
 seed's SFT model is kept as ``<dir>/<tag>_s<seed>/`` with ``config.yaml`` and ``model_sft/``, the
 layout of a demo output (`bench/bench_signal.py --demo-out`, `bench/bench_learning.py --demo-out`).
@@ -64,7 +64,7 @@ def mem_kinds(episodes_path: Path) -> dict[str, float]:
 def right_by_position(episodes_path: Path) -> list[float]:
     """Share of the episodes whose answer to objective i (0-based position i of the answer) is right
     (`em_check` against that objective's golds), per position, from an evaluation's episode records.
-    The demo's agents of the line answer template scored 0 at position 0 (docs/DEMO.md)."""
+    The demo's agents of the line answer template scored 0 at position 0 (docs/experiments/T14-first-question.md)."""
     records = [json.loads(line) for line in episodes_path.read_text().splitlines()]
     width = max((len(r["golds"]) for r in records), default=0)
     right = [0] * width

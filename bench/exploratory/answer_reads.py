@@ -6,7 +6,7 @@ the last search result), a dropped objective would be answered right as often as
 
     PYTHONPATH=. python bench/exploratory/answer_reads.py MODEL_DIR ROLLOUTS_JSONL K
 
-Results: bench/RESULTS.md "At k = 4 with enough keeping memories".
+Results: docs/experiments/S4-k4-keeping-memories.md.
 """
 import collections
 import sys

@@ -9,7 +9,7 @@ Only the question and <mem>_r carry information in each.
 
     PYTHONPATH=. python bench/exploratory/mem_layout_auc.py DEMO_OUT SIGNAL_RUN_DIR
 
-Results: docs/DEMO.md "Scoring-layout records in a layout of their own"; outputs `mem_layout_auc.txt` in
+Results: docs/experiments/T10-blank-layout-records.md; outputs `mem_layout_auc.txt` in
 bench/signal_runs/intel_demo_sft/ and bench/signal_runs/intel_scoring_blank_s0_sft/.
 """
 import dataclasses

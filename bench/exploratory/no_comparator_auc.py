@@ -5,7 +5,7 @@ without its comparator, from a `bench/bench_signal.py` run's saved rollouts: "cm
 
     PYTHONPATH=. python bench/exploratory/no_comparator_auc.py DEMO_OUT SIGNAL_RUN_DIR
 
-Results: bench/RESULTS.md "Signal quality" (the Intel SFT model)."""
+Results: docs/experiments/X1-another-cpu.md (the Intel SFT model)."""
 import sys
 from pathlib import Path
 from saved_signal_run import b, load_saved_signal_run

@@ -10,7 +10,7 @@ objective's answer starts (a name, or the start of a search question such as " I
 
     PYTHONPATH=. python bench/exploratory/pending_auc.py DEMO_OUT SIGNAL_RUN_DIR K
 
-Results: docs/DEMO.md "Where the memory reward is blind"; outputs `pending_auc_k<K>.txt` in
+Results: docs/experiments/S3-pending-rounds-complete.md; outputs `pending_auc_k<K>.txt` in
 bench/signal_runs/ex4_demo256/ (run on a copy of that folder's rollouts, the same files).
 """
 import collections

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The ablation's execution 4 (bench/RESULTS.md "Execution 4"): SFT model, signal benchmark, <best> by the
+# The ablation's execution 4 (docs/experiments/E4-ablation-execution-4.md): SFT model, signal benchmark, <best> by the
 # rule, then the 24 runs. Every step is skipped when its output exists, so a rerun continues.
 set -euo pipefail
 cd "$(dirname "$0")/../.."

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The ablation's execution 5 (bench/RESULTS.md "Execution 5"): from execution 4's SFT model, RL as the demo
+# The ablation's execution 5 (docs/experiments/E5-ablation-execution-5.md): from execution 4's SFT model, RL as the demo
 # ships it (k = 2 and 4 in turn, 36 steps), arms grpo, mempo_complete_min_c10 and mempo_retrieved_min_c10,
 # seeds 0-7. Every finished run is kept in bench/learning_runs5/, so a rerun continues (the grpo runs of
 # the first call are reused by the second).

@@ -1,4 +1,4 @@
-"""Execution 5's table (bench/RESULTS.md "Execution 5 results"): per arm EM at k = 2 and 4 over the finished
+"""Execution 5's table (docs/experiments/E5-ablation-execution-5.md): per arm EM at k = 2 and 4 over the finished
 seeds, the paired differences the protocol names (each arm - grpo; complete - retrieved), and the shares of
 <mem> blocks keeping every retrieved fact and prompt tokens, which show how an arm's agent changed.
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The ablation's execution 6 (bench/RESULTS.md "Execution 6"): from the shipped recipe's seed-2 SFT model (the
+# The ablation's execution 6 (docs/experiments/E6-ablation-execution-6.md): from the shipped recipe's seed-2 SFT model (the
 # strongest memory signal measured: bench/learning_runs6/demo_s2), RL as the demo ships it (k = 2 and 4 in turn,
 # 36 steps), arms grpo, mempo_retrieved_min_c10 and mempo_complete_min_c10, seeds 0-7. Two workers of one
 # thread each (seeds 0-3 and 4-7, seed by seed, every arm); every finished run is kept in bench/learning_runs6/,

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# RL on mixed k against RL at k = 2 (docs/DEMO.md "RL on mixed k", protocol written before the runs):
+# RL on mixed k against RL at k = 2 (docs/experiments/R1-mixed-k.md, protocol written before the runs):
 # from the shipped demo's SFT model (seed 0), the demo's own scoring (retrieved_min_c10), seeds 0-2.
 # DEMO_OUT: the output of `python -m mempo demo --config configs/demo.yaml --out DIR` (model_sft, config.yaml).
 # Every finished run is kept in bench/mixed_k/<arm>/, so a rerun continues.

@@ -1,4 +1,4 @@
-"""The table of docs/DEMO.md "RL on mixed k": per arm EM change from the SFT model, paired M - A, RL seconds."""
+"""The table of docs/experiments/R1-mixed-k.md: per arm EM change from the SFT model, paired M - A, RL seconds."""
 import json
 import math
 import statistics

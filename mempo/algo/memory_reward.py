@@ -9,7 +9,7 @@
                   = every objective when each one's gold           scored_objectives "complete" (a round
                      appeared before round r, else {}               with a question still to search is not
                                                                    scored: an agent that answers only when
-                                                                   done reads no memory there, docs/DEMO.md)
+                                                                   done reads no memory there, docs/experiments/S3-pending-rounds-complete.md)
     mem_reward[r] = mean_{j in K_r} gap_j(r)                       objective_reduce "mean" (default)
                   = min_{j in K_r} gap_j(r)                        objective_reduce "min" (per objective:
                                                                    the memory is as good as the worst-kept

@@ -294,7 +294,7 @@ def memory_outcome_section(before: EvalReport, after: EvalReport, episodes_by_k:
     read: the answer round's in an answered episode. "answered right" is the share of the
     objectives whose line kept the gold that the answer also got right (exact match); "right by
     position" the share of episodes whose answer to Q1, Q2, ... is right (one position at 0 shows an
-    answer the agent cannot write there: docs/DEMO.md "The agent never answers the first question")."""
+    answer the agent cannot write there: docs/experiments/T14-first-question.md)."""
     labels = {"gold": "keeps the gold", "dropped": "dropped (`done`)", "other": "other text",
               "pending": "pending or no line"}
     rows = []
@@ -390,7 +390,7 @@ def target_lines(before: Optional[EvalReport], after: Optional[EvalReport], seco
 
 @dataclass(frozen=True)
 class AblationFinding:
-    """What the pre-registered ablation (bench/RESULTS.md) measured for one scoring: `text`, the RL it
+    """What the pre-registered ablation (docs/experiments/E2-ablation-execution-2.md and later executions) measured for one scoring: `text`, the RL it
     ran (`rl`) and the SFT model it ran from (`sft_weights`, `mempo.utils.digest.weights_digest`)."""
     text: str
     rl: str
@@ -450,14 +450,14 @@ def rl_setting_line(cfg: MempoConfig, sft_weights: Optional[str] = None) -> str:
             f"{s.reward}{clip}, comparator {s.comparator}, threshold {s.threshold}, objectives "
             f"{s.scored_objectives}{reduce}; pooling {a.memory_pooling}). The RL gain below is RL's as a whole: "
             f"what the memory reward adds over the outcome reward alone (GRPO, weight 0) is measured by the "
-            f"pre-registered ablation (bench/bench_learning.py; bench/RESULTS.md), not by this run; {measured}.")
+            f"pre-registered ablation (bench/bench_learning.py; docs/experiments), not by this run; {measured}.")
 
 
 def memory_keeps_line(records: Sequence[dict], window: int = 10) -> Optional[str]:
     """How RL moved the share of scored `<mem>` blocks keeping every fact retrieved so far
     (``memory/keeps_facts``), its mean over the first and last `window` logged steps; None without
     the metric. The memory reward is there to raise it; a fall says that on this SFT model the memory
-    reward paid memories that drop facts (docs/DEMO.md)."""
+    reward paid memories that drop facts (docs/experiments/T04-sft-3840-steps.md)."""
     steps, values = metric_series(records, MEM_KEEPS)
     if not steps:
         return None

@@ -477,7 +477,7 @@ class EvalConfig:
     batch_episodes: episodes generated together (one ``generate`` call per round holds that many
     rows; also the progress bar's granularity). Greedy results do not depend on it (tested); more
     rows a call mean fewer calls: on the CPU demo 128 instead of 16 halved the evaluation's time
-    (docs/DEMO.md), for a larger KV cache."""
+    (docs/experiments/D07-demo-retrieved-min-c10.md), for a larger KV cache."""
 
     objectives: list[int] = field(default_factory=lambda: [2, 4, 6, 8, 10])
     max_turns: int = 64
@@ -594,7 +594,7 @@ class SyntheticConfig:
     template, so P(answer | mem_ctx) is measured on a layout the model was taught.
     scoring_records_layout: where those records put the memory: ``"question"`` right after the question
     (teacher scoring's mem_ctx), ``"later_round"`` after an empty assistant turn and an empty user
-    turn, a later round's place (round 1 never answers: docs/DEMO.md measured both).
+    turn, a later round's place (round 1 never answers: docs/experiments/T10-blank-layout-records.md measured both).
     scoring_records_memories: which memories those records hold: ``"any"`` or ``"complete"`` (only
     those with a value for every question, so no record answers ``unknown``).
 

@@ -38,7 +38,7 @@ LOST = "done"
 #: <subject> = unknown`` in the labels style) with `UNKNOWN` in the value's place. With "subject" the
 #: keep-or-drop choice of a listed/facts memory falls after the subject, which both lines write, not on
 #: the subject itself (a held-out name in evaluation, which the cold start's trajectories never write:
-#: docs/DEMO.md); with "value" it falls on the value, and the answer for the question is always the
+#: docs/experiments/T11-em-along-sft.md); with "value" it falls on the value, and the answer for the question is always the
 #: line's last word.
 LOST_LINES = ("bare", "subject", "value")
 

@@ -18,11 +18,11 @@ The answer is read from the teacher's own memory, never from a gold the memory l
 ``layout="later_round"`` puts an empty assistant turn and an empty user turn between the question
 and the memory: a later round's place. Right after the question (``"question"``) the records share
 round 1's layout, where the cold start always writes ``Q1: ?`` and searches, and a filled memory
-followed by an answer there taught round 1 to answer (docs/DEMO.md).
+followed by an answer there taught round 1 to answer (docs/experiments/T10-blank-layout-records.md).
 
 ``memories="complete"`` draws only the memories that hold a value for every question (no ``unknown``
 in the answer): the rounds `scored_objectives: complete` scores. With every memory ("any"), the
-records' ``unknown`` won the first answer position on the shipped recipe (bench/RESULTS.md).
+records' ``unknown`` won the first answer position on the shipped recipe (docs/experiments/T16-later-round-records.md).
 """
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """What machine a run ran on: CPU count and model, the instruction set torch's kernels use, library
 versions, CUDA device (`machine_facts`). The CPU model and instruction set are facts of a result, not
 only of its speed: MKL and ATen pick their kernels by them, and the floats of a long CPU training run
-(the demo's SFT) follow (docs/DEMO.md)."""
+(the demo's SFT) follow (docs/experiments/X1-another-cpu.md)."""
 from __future__ import annotations
 
 import importlib.metadata

@@ -28,7 +28,7 @@ def test_config_file_equals_builtin_defaults():
     # bounded by steps, the time bound a safety net; the report's closed-book line; RL on the k of the gain target
     assert cfg.sft.steps == 3200 and cfg.sft.max_seconds is not None and cfg.eval.closed_book is True
     assert DemoTargets().rl_k in cfg.data.objective_counts and cfg.eval.episodes >= 128
-    # RL on k = 2 and 4 in turn: RL at k = 2 alone lowered EM at k = 4 (bench/RESULTS.md "RL on mixed k")
+    # RL on k = 2 and 4 in turn: RL at k = 2 alone lowered EM at k = 4 (docs/experiments/R1-mixed-k.md)
     assert cfg.data.objective_counts == (2, 4) and cfg.trainer.total_steps == 36
 
 
