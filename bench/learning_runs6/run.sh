@@ -9,6 +9,10 @@ cd "$(dirname "$0")/../.."
 export PYTHONPATH=.
 PY=${PY:-.venv-test/bin/python}
 R=bench/learning_runs6
+if [ ! -d $R/demo_s2/model_sft ]; then  # the SFT model left the tree: remake it (seed 2, one thread)
+  $PY tools/sft_seeds.py --seeds 2 --threads 1 --out scratch/ex6_sft.jsonl --models-dir scratch/ex6_models
+  cp -r scratch/ex6_models/default_s2/model_sft $R/demo_s2/
+fi
 ARGS=(--demo-out $R/demo_s2 --runs $R --variants grpo --steps 36 --episodes 128 --ks 2 4 --threads 1
       "data.num_objectives=[2,4]")
 worker() {

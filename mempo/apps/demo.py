@@ -398,8 +398,8 @@ class AblationFinding:
 
 
 #: SFT models the ablation ran from (the demo's recipe, seed 0, 256 held-out episodes per k): execution 3's
-#: (trained on an AMD EPYC; bench/learning_runs3/demo256/model_sft) and executions 4-5's (the spaced answer
-#: template; bench/learning_runs4/demo256/model_sft)
+#: (trained on an AMD EPYC; docs/experiments/E3-ablation-execution-3.md) and executions 4-5's (the spaced answer
+#: template; docs/experiments/E4-ablation-execution-4.md), each remade by the command its page gives
 EXECUTION3_SFT_WEIGHTS = "d31f5e3003ff5d7cc6d20351933b88d483432da093ee3a355918ee54691b29fd"
 EXECUTION5_SFT_WEIGHTS = "fd5d9f05a8bdbf724aa34693736fe92665971c1624ca86b35098d522adf141e9"
 _EXECUTION5_RL = "36 RL steps on k = 2 and 4 in turn (the demo's RL)"
