@@ -54,7 +54,7 @@ def make_inputs(mask_kind: str, m=M, v=V, h=H, contexts=C, seq=T, dtype=torch.fl
 
 
 def run_variant(variant, hidden, weight, targets, mask, cu, backend="torch"):
-    from mempo.ops.answer_logprob import answer_logprob, answer_logprob_from_hidden
+    from mempo.ops import answer_logprob, answer_logprob_from_hidden
 
     if variant == "fused":
         return answer_logprob_from_hidden(hidden, weight, targets, mask, cu, backend=backend)

@@ -6,7 +6,7 @@ import mempo.ops
 
 
 def test_import_mempo_ops_stays_light():
-    code = ("import sys, mempo.ops, mempo.ops.advantage, mempo.ops.answer_logprob, mempo.ops.spans\n"
+    code = ("import sys, mempo.ops, mempo.ops.advantage, mempo.ops.logprob, mempo.ops.spans\n"
             "heavy = [m for m in ('transformers', 'verl', 'sglang', 'tokenizers', 'triton', 'flash_attn') "
             "if m in sys.modules]\n"
             "print(','.join(heavy))\n")
@@ -25,6 +25,17 @@ def test_kernels_and_scanner_ship_inside_the_package():
 def test_public_api_resolves():
     for name in mempo.ops.__all__:
         assert getattr(mempo.ops, name) is not None
+
+
+def test_import_line_of_the_readme_gives_every_op_as_a_function():
+    """The README's import line: each name is the op itself, never a submodule of that name."""
+    from mempo.ops import (TokenTable, answer_logprob, answer_logprob_from_hidden, answer_logprob_from_token_logp,
+                           find_spans, grpo_outcome_advantage, memory_advantage, mempo_advantage)
+
+    for op in (answer_logprob, answer_logprob_from_hidden, answer_logprob_from_token_logp, find_spans,
+               grpo_outcome_advantage, memory_advantage, mempo_advantage):
+        assert callable(op) and op.__module__.startswith("mempo.ops."), op
+    assert isinstance(TokenTable, type)
 
 
 def test_the_cli_imports_its_commands_and_no_command_imports_the_cli():

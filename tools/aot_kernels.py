@@ -57,7 +57,7 @@ import mempo.kernels  # noqa: E402
 from mempo.ops import _dispatch  # noqa: E402
 # The submodules, not the functions `mempo.ops` exports under the same names.
 adv_ops = importlib.import_module("mempo.ops.advantage")
-alp_ops = importlib.import_module("mempo.ops.answer_logprob")
+alp_ops = importlib.import_module("mempo.ops.logprob")
 
 H200_SMS = 132
 # Every integer dtype torch offers for targets, and every dtype a response mask may have.

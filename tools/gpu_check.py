@@ -342,8 +342,7 @@ def _flips(keep_a, keep_b, ref_logp, mask, tol: float) -> tuple[int, int]:
 def sec_triton_ops(ctx: Ctx) -> None:
     import torch
 
-    # the functions from their submodule: `mempo.ops.answer_logprob` names the module once it is imported
-    from mempo.ops.answer_logprob import answer_logprob, answer_logprob_from_hidden
+    from mempo.ops import answer_logprob, answer_logprob_from_hidden
 
     sz, ceil = ctx.sizes, ctx.ceilings()
     if ctx.gpu and not ceil:
@@ -526,7 +525,7 @@ def _span_overflow(ctx: Ctx) -> None:
 # ------------------------------------------------------------------------------------------------
 # pytest_ops: the ops' test files with CUDA
 # ------------------------------------------------------------------------------------------------
-OPS_TEST_FILES = ("tests/ops/test_answer_logprob.py", "tests/ops/test_advantage.py", "tests/kernels/test_launch.py")
+OPS_TEST_FILES = ("tests/ops/test_logprob.py", "tests/ops/test_advantage.py", "tests/kernels/test_launch.py")
 
 
 def sec_pytest_ops(ctx: Ctx) -> None:

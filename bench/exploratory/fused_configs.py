@@ -12,7 +12,7 @@ import time
 import torch
 
 import mempo.kernels.answer_logprob as kernel_mod
-from mempo.ops.answer_logprob import answer_logprob, answer_logprob_from_hidden
+from mempo.ops import answer_logprob, answer_logprob_from_hidden
 
 V = 151_936
 # (block_m, block_v, block_h, num_warps, num_stages, maxnreg)

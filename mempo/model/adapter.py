@@ -18,7 +18,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from mempo.config import flash_attention_requested
-from mempo.ops.answer_logprob import answer_logprob, answer_logprob_from_hidden
+from mempo.ops import answer_logprob, answer_logprob_from_hidden
 
 __all__ = [
     "DTYPES", "PackedRows", "PolicyLogProbs", "ScoringModel", "SelectiveLogits", "accepts_keyword",

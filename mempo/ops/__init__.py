@@ -2,10 +2,9 @@
 
 Advantages (`mempo.ops.advantage`): `grpo_outcome_advantage`, `memory_advantage`,
 `mempo_advantage`, `group_zscore`.
-Teacher scoring (`mempo.ops.answer_logprob`): `answer_logprob_from_hidden`, `AnswerLogProb`. The
-function `answer_logprob` is imported from its module (``from mempo.ops.answer_logprob import
-answer_logprob``): here the name `answer_logprob` is always the submodule, never a function under
-its module's name.
+Teacher scoring (`mempo.ops.logprob`): `answer_logprob` (from logits), `answer_logprob_from_hidden`
+(from final hidden states and the lm_head, never materialising the logits), `answer_logprob_from_token_logp`
+(from per-row log-probs computed elsewhere, e.g. an inference server's prompt log-probs), `AnswerLogProb`.
 Span scanner (`mempo.ops.spans`, C++): `find_spans`, `TokenTable`, `SpanBatch`, `TAGS`.
 
 Each op dispatches CUDA tensors to a Triton kernel and CPU tensors to a vectorised torch path
@@ -15,11 +14,12 @@ Importing this package imports torch and numpy only; Triton and the kernels load
 from mempo.ops.advantage import (
     csr_offsets_from_rows, group_ids, group_zscore, grpo_outcome_advantage, memory_advantage, mempo_advantage,
 )
-from mempo.ops.answer_logprob import AnswerLogProb, answer_logprob_from_hidden
+from mempo.ops.logprob import AnswerLogProb, answer_logprob, answer_logprob_from_hidden, answer_logprob_from_token_logp
 from mempo.ops.spans import TAGS, Span, SpanBatch, TokenTable, find_spans
 
 __all__ = [
     "group_ids", "group_zscore", "grpo_outcome_advantage", "memory_advantage", "mempo_advantage",
-    "csr_offsets_from_rows", "answer_logprob_from_hidden", "AnswerLogProb",
+    "csr_offsets_from_rows", "answer_logprob", "answer_logprob_from_hidden", "answer_logprob_from_token_logp",
+    "AnswerLogProb",
     "find_spans", "TokenTable", "SpanBatch", "Span", "TAGS",
 ]

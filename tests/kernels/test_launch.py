@@ -16,10 +16,7 @@ import pytest
 import torch
 
 from mempo.kernels import _launch
-# From the submodules: once `mempo.ops.answer_logprob` (the module) is imported, the package attribute
-# of that name is the module, not the function.
-from mempo.ops.advantage import group_zscore, mempo_advantage
-from mempo.ops.answer_logprob import answer_logprob, answer_logprob_from_hidden
+from mempo.ops import answer_logprob, answer_logprob_from_hidden, group_zscore, mempo_advantage
 from support.triton_kernels import kernel_objects
 
 HAS_CUDA = torch.cuda.is_available()
@@ -132,7 +129,7 @@ def test_combine_merges_many_splits_with_leading_banned_vocabulary(device):
     tokens via the bias), so the first step's running max stays -inf: finite log-probs equal the
     float64 reference, a banned target gives -inf, nothing is NaN."""
     from mempo.kernels import answer_logprob as kern
-    from mempo.ops.reference.answer_logprob import answer_logprob_from_hidden_reference
+    from mempo.ops.reference.logprob import answer_logprob_from_hidden_reference
 
     g = torch.Generator().manual_seed(7)
     M, V, H = 5, 1000, 24

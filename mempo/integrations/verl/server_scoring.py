@@ -12,7 +12,7 @@ return ``TokenOutput.extra_fields["prompt_logprobs"]``: ``len(prompt_ids)`` rows
 holds the matching ids (checked here when present). For a context of length Lc the answer token j
 is row ``Lc - 1 + j``. The contexts, the answer and its mask come from `mempo.algo.contexts`
 (`scoring_requests`), the reduction (mask, threshold, geometric mean) from
-`mempo.ops.answer_logprob.answer_logprob_from_token_logp`, the reward from
+`mempo.ops.answer_logprob_from_token_logp`, the reward from
 `mempo.algo.memory_reward.round_memory_rewards`: the numbers are `mempo.scoring`'s for the same
 log-probs. These are the only requests that hold a gold answer; they generate one token that is
 thrown away. Prompt-logprob requests do not reuse the engines' prefix caches (both engines recompute
@@ -28,7 +28,7 @@ import torch
 from mempo.algo.contexts import scoring_requests
 from mempo.algo.memory_reward import RoundMemoryReward, round_memory_rewards
 from mempo.config import ScoringConfig
-from mempo.ops.answer_logprob import answer_logprob_from_token_logp
+from mempo.ops import answer_logprob_from_token_logp
 from mempo.protocol.grammar import answer_template_text
 from mempo.records.scoring import ScoringResult
 from mempo.records.trajectory import Trajectory

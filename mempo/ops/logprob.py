@@ -1,15 +1,18 @@
 """Masked, thresholded answer log-probabilities for MemPO teacher scoring (ALGORITHM.md section 4).
 
 For C scored contexts, the answer rows are either concatenated (M rows; context c owns rows
-``cu_seqlens[c]:cu_seqlens[c+1]``) or a padded ``[N, T]`` batch (row n is context n). Per row i
-and context c (`answer_mask` is 1 on gold-answer tokens):
+``cu_seqlens[c]:cu_seqlens[c+1]``) or a padded ``[N, T]`` batch (row n is context n). Row i's logits
+predict ``targets[i]``: the causal shift is the caller's (from a causal LM's logits ``[L, V]`` over
+tokens ``ids [L]``, the rows of answer position t are ``logits[t - 1]`` with target ``ids[t]``). Per row
+i and context c (`answer_mask` is 1 on gold-answer tokens):
 
     logp_i  = log softmax(logits_i / temperature)[target_i]
     keep_i  = answer_mask_i and (logp_i > log(threshold))        (threshold=None: keep_i = answer_mask_i)
     P_c     = exp(mean_{i in c, keep_i} logp_i)                   (no kept row: P_c = empty_value)
 
 Every backend reads fp32 / bf16 / fp16 inputs as they are, accumulates in fp32 and returns fp32;
-nothing is NaN for finite inputs. Forward only (no autograd).
+nothing is NaN for finite inputs. Forward only: every op runs under ``torch.no_grad()`` and its outputs
+carry no autograd graph (teacher scoring is a reward, not a loss).
 """
 from __future__ import annotations
 
@@ -27,7 +30,7 @@ _FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
 class AnswerLogProb(NamedTuple):
-    """Result of `answer_logprob` / `answer_logprob_from_hidden`.
+    """Result of `answer_logprob` / `answer_logprob_from_hidden` / `answer_logprob_from_token_logp`.
 
     token_logp: fp32 `[M]` (or `[N, T]` for padded input): log p(target) per row; 0.0 on masked rows.
     keep:       bool `[M]` (or `[N, T]`): answer_mask and logp > log(threshold).
@@ -285,6 +288,7 @@ def _mask_u8(mask):
 # public API
 # ------------------------------------------------------------------------------------------------
 @torch.no_grad()
+@torch.no_grad()
 def answer_logprob(
     logits: torch.Tensor,
     targets: torch.Tensor,
@@ -296,11 +300,12 @@ def answer_logprob(
     empty_value: float = 0.0,
     backend: str = "auto",
 ) -> AnswerLogProb:
-    """Masked, thresholded answer log-probs from materialised logits.
+    """Masked, thresholded answer log-probs from materialised logits; forward only (no autograd).
 
     Args:
         logits: `[M, V]` (varlen: rows of all contexts concatenated) or `[N, T, V]` (padded: row n is
-            context n), fp32 / bf16 / fp16. Only the last dim needs to be contiguous.
+            context n), fp32 / bf16 / fp16. Only the last dim needs to be contiguous. Row i's logits
+            predict targets[i] (shift a causal LM's logits by one position first: module docstring).
         targets: integer `[M]` / `[N, T]`, the token predicted at each row; must lie in [0, V) on
             rows with answer_mask set, anything (e.g. -100) elsewhere.
         answer_mask: bool or integer `[M]` / `[N, T]`, nonzero on gold-answer tokens.
@@ -374,7 +379,8 @@ def answer_logprob_from_hidden(
     vocab_chunk: int = 8192,
     backend: str = "auto",
 ) -> AnswerLogProb:
-    """Same as `answer_logprob` on logits = hidden @ weight.T + bias, without materialising them.
+    """Same as `answer_logprob` on logits = hidden @ weight.T + bias, without materialising them; forward
+    only (no autograd). Row i's hidden state predicts targets[i] (the causal shift is the caller's).
 
     Args:
         hidden: `[M, H]` or `[N, T, H]` final hidden states (fp32 / bf16 / fp16).
@@ -447,8 +453,10 @@ def answer_logprob_from_token_logp(
     threshold: Optional[float] = 0.5,
     empty_value: float = 0.0,
 ) -> AnswerLogProb:
-    """The same mask / threshold / geometric-mean reduction from log-probs computed elsewhere (an
-    inference server's ``prompt_logprobs``, say), torch path (the rows are few).
+    """The same mask / threshold / geometric-mean reduction from log-probs computed elsewhere, torch
+    path (the rows are few); forward only (no autograd). The entry point for vLLM / SGLang users: their
+    prompt log-probs already hold, at each prompt position t, log p(ids[t] | ids[:t]), so the rows of an
+    answer are those positions' values, with no further shift.
 
     Args:
         token_logp: float `[M]`, log p(target) of every row (contexts concatenated; context c owns

@@ -1,4 +1,4 @@
-"""Tests of the masked, thresholded answer log-prob op (mempo.ops.answer_logprob).
+"""Tests of the masked, thresholded answer log-prob ops (mempo.ops.logprob).
 
 Three implementations are compared on random inputs: the Triton kernels (CPU interpreter here, small
 shapes), the vectorised torch path, and the float64 loop reference (mempo.ops.reference).
@@ -20,9 +20,9 @@ import sys
 import pytest
 import torch
 
-from mempo.ops.answer_logprob import (AnswerLogProb, answer_logprob, answer_logprob_from_hidden,
-                                      answer_logprob_from_token_logp)
-from mempo.ops.reference.answer_logprob import (
+from mempo.ops.logprob import (AnswerLogProb, answer_logprob, answer_logprob_from_hidden,
+                               answer_logprob_from_token_logp)
+from mempo.ops.reference.logprob import (
     answer_logprob_from_hidden_reference,
     answer_logprob_reference,
 )
@@ -618,9 +618,50 @@ def test_shape_and_type_errors():
         answer_logprob(torch.zeros(6, 0), targets.clamp(min=0), mask)
 
 
+def test_import_from_mempo_ops_gives_the_functions_whatever_was_imported_before():
+    """`from mempo.ops import answer_logprob` is the function (the README's import line), also once the
+    op's module was imported: no submodule of mempo.ops is named after a function it exports."""
+    code = ("import mempo.ops.logprob, mempo.ops.reference.logprob, torch\n"
+            "from mempo.ops import answer_logprob, answer_logprob_from_hidden, answer_logprob_from_token_logp\n"
+            "import mempo.ops as ops\n"
+            "fns = (answer_logprob, answer_logprob_from_hidden, answer_logprob_from_token_logp)\n"
+            "assert all(callable(f) and f.__module__ == 'mempo.ops.logprob' for f in fns), fns\n"
+            "assert ops.answer_logprob is answer_logprob\n"
+            "out = answer_logprob(torch.zeros(2, 4), torch.tensor([1, 2]), torch.tensor([True, True]), threshold=None)\n"
+            "assert abs(float(out.p[0]) - 0.25) < 1e-6, out\n")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
+def test_outputs_carry_no_autograd_graph():
+    """Forward only, as documented: the outputs hold no graph even when the inputs require grad."""
+    logits = torch.randn(5, 7, requires_grad=True)
+    hidden, weight = torch.randn(5, 4, requires_grad=True), torch.randn(7, 4, requires_grad=True)
+    targets, mask = torch.tensor([0, 1, 2, 3, 4]), torch.ones(5, dtype=torch.bool)
+    token_logp = torch.log_softmax(logits, -1).gather(1, targets[:, None])[:, 0]
+    for out in (answer_logprob(logits, targets, mask, threshold=None, backend="torch"),
+                answer_logprob_from_hidden(hidden, weight, targets, mask, threshold=None, backend="torch"),
+                answer_logprob_from_token_logp(token_logp, mask, threshold=None)):
+        assert not any(t.requires_grad for t in out), out
+
+
+def test_causal_shift_convention_matches_prompt_logprobs():
+    """Row i's logits predict targets[i]: a causal LM's logits shifted by one give, on the answer's
+    positions, the prompt log-probs an inference server reports (log p(ids[t] | ids[:t]) at t)."""
+    g = torch.Generator().manual_seed(5)
+    ids = torch.randint(0, 11, (9,), generator=g)
+    logits = torch.randn(9, 11, generator=g)                     # logits[t] scores ids[t + 1]
+    prompt_logprobs = torch.log_softmax(logits[:-1], -1).gather(1, ids[1:, None])[:, 0]  # positions 1..8
+    start, end = 5, 9                                             # the answer: ids[5:9]
+    mask = torch.ones(end - start, dtype=torch.bool)
+    from_logits = answer_logprob(logits[start - 1:end - 1], ids[start:end], mask, threshold=None)
+    from_server = answer_logprob_from_token_logp(prompt_logprobs[start - 1:end - 1], mask, threshold=None)
+    torch.testing.assert_close(from_logits.token_logp, from_server.token_logp)
+    torch.testing.assert_close(from_logits.p, from_server.p)
+
+
 def test_import_is_light():
     """Importing the op module pulls in neither triton, the kernels, nor transformers."""
-    code = ("import sys, mempo.ops.answer_logprob, mempo.ops.reference.answer_logprob; "
+    code = ("import sys, mempo.ops.logprob, mempo.ops.reference.logprob; "
             "bad = [m for m in ('triton', 'mempo.kernels.answer_logprob', 'transformers') "
             "if m in sys.modules]; "
             "assert not bad, bad")

@@ -14,7 +14,7 @@ from typing import Optional
 
 import torch
 
-from mempo.ops.answer_logprob import AnswerLogProb
+from mempo.ops.logprob import AnswerLogProb
 
 
 def _contexts(row_shape, cu_seqlens):
