@@ -1,4 +1,4 @@
-"""The prepared GPU check: validate and time every GPU path of mempo in one run (README, "GPU").
+"""The prepared GPU check: validate and time every GPU path of mempo in one run (docs/TRAINING.md, "GPU").
 
 Run it through `bash tools/gpu_check.sh` (which makes mempo, its kernels, the C++ scanner and, when
 no real flash-attn 2 is installed, the validation shim tools/fa_shim/ importable), from the
@@ -787,7 +787,8 @@ def sec_sglang(ctx: Ctx) -> None:
         tf = _version("transformers")
         result("sglang", "engine_e2e", "SKIP",
                reason=f"sglang not installed (sglang 0.5.23 pins torch==2.14.1 and transformers==5.19.0; this "
-                      f"environment has torch {torch.__version__}, transformers {tf}: it needs its own, README GPU)")
+                      f"environment has torch {torch.__version__}, transformers {tf}: it needs its own, "
+                      "docs/TRAINING.md 'GPU')")
         return
     if not ctx.gpu:
         result("sglang", "engine_e2e", "SKIP", reason="no CUDA device")

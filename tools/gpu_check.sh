@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The prepared GPU check (README, "GPU"; tools/gpu_check.py says what it checks). From the
+# The prepared GPU check (docs/TRAINING.md "GPU"; tools/gpu_check.py says what it checks). From the
 # repository root, on one H200 with no network; the sections' time limits keep it within 8 minutes:
 #     bash tools/gpu_check.sh [--only env,triton_ops,...]
 # One RESULT line per check, then a summary; $OUT/gpu_check.json (OUT defaults to /tmp/gpu_check_out).

@@ -339,7 +339,7 @@ class DemoTargets:
     (at least ``rl_gain`` and more than ``rl_gain_se`` standard errors); no EM drop at ``no_drop_k``
     after RL (the change >= 0); memory-context prompt
     tokens at most ``token_ratio`` x the full context's of the same rounds at ``token_k``; the whole
-    run within ``seconds`` (the README command's install is outside what the demo can time)."""
+    run within ``seconds`` (the demo command's install is outside what the demo can time)."""
 
     sft_em: float = 0.30
     sft_k: int = 2

@@ -627,7 +627,8 @@ def test_import_from_mempo_ops_gives_the_functions_whatever_was_imported_before(
             "fns = (answer_logprob, answer_logprob_from_hidden, answer_logprob_from_token_logp)\n"
             "assert all(callable(f) and f.__module__ == 'mempo.ops.logprob' for f in fns), fns\n"
             "assert ops.answer_logprob is answer_logprob\n"
-            "out = answer_logprob(torch.zeros(2, 4), torch.tensor([1, 2]), torch.tensor([True, True]), threshold=None)\n"
+            "out = answer_logprob(torch.zeros(2, 4), torch.tensor([1, 2]), torch.ones(2, dtype=torch.bool),\n"
+            "                     threshold=None)\n"
             "assert abs(float(out.p[0]) - 0.25) < 1e-6, out\n")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
 

@@ -56,8 +56,8 @@ def check_backend_config(cfg: Any, *, logits_processors: Sequence[Any] = ()) -> 
                                                        "transformers generate)")
     if not r.sglang_url and not sglang_installed():
         raise ConfigError("rollout.backend", "'sglang' needs the sglang package (its own environment on a GPU "
-                                             "machine: pip install '.[sglang]', README \"GPU\"), which is not "
-                                             "installed here; use 'hf', or an SGLang server via rollout.sglang_url")
+                                             "machine: pip install '.[sglang]', docs/TRAINING.md \"GPU\"), which is "
+                                             "not installed here; use 'hf', or an SGLang server via rollout.sglang_url")
 
 
 def hf_backend(model: Any, tokenizer: Any, *, logits_processors: Sequence[Any] = ()) -> GenerationBackend:

@@ -174,7 +174,8 @@ class SGLangBackend:
                 import sglang  # reason: heavy optional dependency (GPU installs only, an environment of its own)
             except ImportError as err:
                 raise ImportError("SGLangBackend needs the 'sglang' package, in an environment of its own on a GPU "
-                                  "machine (pip install '.[sglang]', README \"GPU\"); it is not installed") from err
+                                  "machine (pip install '.[sglang]', docs/TRAINING.md \"GPU\"); it is not "
+                                  "installed") from err
             kwargs = dict(engine_kwargs or {})
             if kwargs.get("skip_tokenizer_init") is False:
                 raise ValueError("SGLangBackend runs the engine with skip_tokenizer_init=True (token ids in/out)")
