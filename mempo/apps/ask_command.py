@@ -4,9 +4,9 @@
               [--corpus CORPUS.jsonl | --retriever-url URL | --index-dir DIR] [--max-turns N]
               [--max-tokens N] [--temperature T] [--json]
 
-Overrides go right after the question, before the flags.
-
-The same loop as `mempo serve` and `mempo eval` (`mempo.serve.agent.AgentService`); the rounds go
+Overrides go anywhere among the options. QUESTION is what a person asks: one question, or several
+as numbered lines (``1. …`` ``2. …``); it is laid out as the config's episodes are
+(`mempo.env.data.user_turn`). The same loop as `mempo serve` and `mempo eval` (`mempo.serve.agent.AgentService`); the rounds go
 to stdout as they happen (memory, action, a result excerpt), then the answer (``--json``: one JSON
 object, `AgentAnswer.to_dict`, at the end instead). Exit 0 when the agent answered, 1 when it ended
 without an answer, 2 for a user error (one line).
@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 
 from mempo.apps.serve_command import add_agent_arguments, agent_config
 from mempo.config import ConfigError
@@ -23,6 +24,7 @@ __all__ = ["HELP", "add_arguments", "run", "EXCERPT_CHARS"]
 
 HELP = "ask the trained agent one question, printing each round (memory, search, result) and the answer"
 EXCERPT_CHARS = 240
+_OVERRIDE = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)+=")  # section.field=value; a question rarely looks so
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -55,16 +57,35 @@ def print_round(round_) -> None:
           flush=True)
 
 
+def _question_and_overrides(args: argparse.Namespace) -> argparse.Namespace:
+    """``args`` with the question told from the overrides among the positional words, wherever it
+    stood (argparse gives the first positional word to the question)."""
+    words = [args.question, *args.overrides]
+    questions = [word for word in words if not _OVERRIDE.match(word)]
+    if len(questions) != 1:
+        raise ConfigError("question", f"give one question (quoted), got {len(questions)}: "
+                                      f"{', '.join(repr(q[:40]) for q in questions) or 'only overrides'}")
+    return argparse.Namespace(**{**vars(args), "question": questions[0],
+                                 "overrides": [word for word in words if _OVERRIDE.match(word)]})
+
+
 def run(args: argparse.Namespace) -> int:
     """Load the agent (`mempo.serve.load.load_agent`) and answer ``args.question``."""
     # reason: the parser module stays light (`mempo --help` imports no torch)
+    from mempo.env.data import user_turn
+    from mempo.eval.episodes import prompt_style
     from mempo.serve.agent import AgentOptions
     from mempo.serve.load import load_agent
     from mempo.utils.log import log
 
+    args = _question_and_overrides(args)
     if not args.question.strip():
         raise ConfigError("question", "is empty")
     cfg = agent_config(args)
+    try:  # the layout's refusals before the slow model load (the service lays the question out again)
+        user_turn(args.question, prompt_style(cfg))
+    except ValueError as error:
+        raise ConfigError("question", str(error)) from None
     options = AgentOptions(temperature=args.temperature, max_new_tokens=args.max_tokens, max_turns=args.max_turns)
     agent = load_agent(cfg, args.model, index_dir=args.index_dir, log=log,
                        max_turns_limit=max(args.max_turns or 0, cfg.eval.max_turns))

@@ -46,11 +46,28 @@ COMMANDS: tuple[Command, ...] = (
 )
 
 
+class _CommandParser(argparse.ArgumentParser):
+    """A command's parser: its options and its positionals (the question, the dotted overrides) in
+    any order (``mempo eval --model M eval.objectives=[2] --episodes 8 eval.closed_book=false``);
+    plain argparse stops taking positionals at the first option after them."""
+
+    _parsing = False  # argparse's intermixed parse calls parse_known_args itself, twice
+
+    def parse_known_args(self, args=None, namespace=None):
+        if self._parsing:
+            return super().parse_known_args(args, namespace)
+        self._parsing = True
+        try:
+            return self.parse_known_intermixed_args(args, namespace)
+        finally:
+            self._parsing = False
+
+
 def build_parser() -> argparse.ArgumentParser:
-    """The top-level parser with one sub-parser per command of `COMMANDS`."""
+    """The top-level parser with one sub-parser per command of `COMMANDS` (each a `_CommandParser`)."""
     parser = argparse.ArgumentParser(prog="mempo", description="MemPO: memory policy optimisation for LLM agents.")
     parser.add_argument("--version", action="version", version=f"mempo {__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True, parser_class=_CommandParser)
     for command in COMMANDS:
         command_parser = sub.add_parser(command.name, help=command.help, description=command.help)
         command.add_arguments(command_parser)

@@ -4,7 +4,8 @@
                [--data synthetic|files] [--files QA_FILE ...] [--corpus CORPUS.jsonl | --retriever-url URL]
                [--name NAME] [--episodes N] [--no-trajectories] [--no-progress]
 
-Overrides go before the flags (``--files`` takes every word after it); the flags are shorthands
+Overrides go anywhere among the options (but not right after ``--files``, which takes every word
+after it); the flags are shorthands
 applied over the config file and the overrides (`_eval_config`). A user error is a
 `mempo.errors.MempoError`: `mempo.apps.cli.main` prints it as one line ``mempo eval: ...`` and exits
 with code 2.
@@ -53,8 +54,8 @@ def _eval_config(args: argparse.Namespace) -> MempoConfig:
     ConfigError (``--files`` with ``--data synthetic``; ``--corpus`` with ``--retriever-url``)."""
     for path in args.files or []:
         if "=" in path and "." in path.split("=", 1)[0] and not path.endswith((".jsonl", ".json", ".parquet")):
-            raise ConfigError("data.eval_files", f"--files {path!r} looks like a config override; put the "
-                                                 "overrides before the options")
+            raise ConfigError("data.eval_files", f"--files {path!r} looks like a config override; --files takes "
+                                                 "every word after it, so put the overrides before it")
     if args.corpus is not None and args.retriever_url is not None:
         raise ConfigError("env.retriever", "give --corpus (BM25) or --retriever-url (HTTP), not both")
     if args.files is not None and args.data == "synthetic":

@@ -4,7 +4,7 @@
                 [--corpus CORPUS.jsonl | --retriever-url URL | --index-dir DIR] [--host H] [--port P]
                 [--api-key KEY] [--max-in-flight N] [--request-deadline S] ...
 
-Overrides go before the flags. The agent runs as `mempo eval` runs it (`mempo.serve.agent.serving_rollout_config`); the retriever
+Overrides go anywhere among the options. The agent runs as `mempo eval` runs it (`mempo.serve.agent.serving_rollout_config`); the retriever
 is the ``env`` section's, or the synthetic world's documents for ``data.source: synthetic`` (the
 demo: ``--config demo_out/config.yaml``). A user error is a `mempo.errors.MempoError` (one line,
 exit 2); a port that cannot be bound exits 1.

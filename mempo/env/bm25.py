@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable, Optional, Sequence, Union
 
-from mempo.env.corpus import CorpusError, Document, corpus_fingerprint, iter_corpus
+from mempo.env.corpus import CorpusError, Document, corpus_file_problem, corpus_fingerprint, iter_corpus
 from mempo.env.local import LocalRetriever, MappedDocuments, MemoryDocuments, save_documents, topk_rows
 from mempo.env.retriever import (
     DEFAULT_PAGE_CHARS, DEFAULT_TOPK, check_page_chars, check_queries, check_topk, register_retriever,
@@ -349,8 +349,9 @@ def load_or_build_bm25(corpus: Optional[PathLike] = None, index_dir: Optional[Pa
     say = log or (lambda message: None)
     if corpus is not None and documents is not None:
         raise ValueError("give either corpus (a path) or documents, not both")
-    if corpus is not None and not os.path.isfile(corpus):
-        raise CorpusError(f"{corpus}: corpus file not found")
+    problem = corpus_file_problem(corpus) if corpus is not None else None
+    if problem is not None:
+        raise CorpusError(f"{corpus}: {problem}")
     if index_dir is not None and not rebuild:
         manifest = BM25Retriever.read_manifest(index_dir, any_version=corpus is not None)
         if manifest is not None and manifest.get("format_version") != BM25_FORMAT_VERSION:

@@ -4,12 +4,12 @@ the demo all build theirs here, so they agree on it (the synthetic world itself:
 """
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any, Callable, Optional
 
 from mempo.config import ConfigError, MempoConfig
 from mempo.env.bm25 import BM25Retriever, load_or_build_bm25
 from mempo.env.client import HTTPRetriever
+from mempo.env.corpus import corpus_file_problem
 from mempo.env.dense import DenseRetriever
 from mempo.env.retriever import RETRIEVERS, Retriever, RetrieverUnavailableError
 from mempo.env.tools import make_tools
@@ -42,8 +42,9 @@ def build_retriever(cfg: MempoConfig, world: Any = None, *,
             raise RetrieverUnavailableError(f"env.retriever_url: {error}") from None
         return retriever
     if env.corpus_path:
-        if not Path(env.corpus_path).is_file():
-            raise ConfigError("env.corpus_path", f"{env.corpus_path}: corpus file not found")
+        problem = corpus_file_problem(env.corpus_path)
+        if problem is not None:
+            raise ConfigError("env.corpus_path", f"{env.corpus_path}: {problem}")
         return load_or_build_bm25(env.corpus_path, None, page_chars=env.page_chars, log=log)
     if world is None:
         raise ConfigError("env.corpus_path", "must name a corpus jsonl ({id, title, text} per line; "

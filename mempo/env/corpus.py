@@ -6,7 +6,8 @@ records (fields: `document_from_json`)::
 A bad line raises `CorpusError` naming the file and the 1-based line number.
 """
 from dataclasses import dataclass
-from typing import Iterable, Iterator
+from pathlib import Path
+from typing import Iterable, Iterator, Optional
 
 from mempo.errors import MempoError
 from mempo.utils.jsonl import iter_jsonl_records, write_jsonl
@@ -14,7 +15,7 @@ from mempo.utils.digest import sha256_file
 from mempo.utils.types import PathLike
 
 __all__ = ["Document", "CorpusError", "load_corpus", "iter_corpus", "write_corpus", "document_from_json",
-           "corpus_fingerprint"]
+           "corpus_fingerprint", "corpus_file_problem"]
 
 
 @dataclass(frozen=True)
@@ -85,6 +86,16 @@ def iter_corpus(path: PathLike) -> Iterator[Document]:
     (blank lines are skipped)."""
     return iter_jsonl_records(path, lambda obj, _: document_from_json(obj), CorpusError, unique_ids=True,
                               missing="corpus file not found")
+
+
+def corpus_file_problem(path: PathLike) -> Optional[str]:
+    """What keeps `path` from being read as a corpus file, in words (None: it is a file)."""
+    path = Path(path)
+    if path.is_file():
+        return None
+    if path.is_dir():
+        return "is a directory, not a corpus file (jsonl: one {id, title, text} object per line)"
+    return "corpus file not found"
 
 
 def load_corpus(path: PathLike) -> list[Document]:

@@ -25,6 +25,7 @@ __all__ = [
     "QARecord",
     "Episode",
     "PROMPT_STYLES",
+    "user_turn",
     "EPISODE_INSTRUCTIONS",
     "COMPACT_INSTRUCTIONS",
     "GOLD_KEYS",
@@ -479,6 +480,36 @@ def parse_episode_prompt(prompt: str) -> list[str]:
                 return questions
     raise DataError("the prompt has no question list ('Questions:' followed by numbered lines, "
                     "or 'Questions: q1; q2')")
+
+
+def user_turn(message: str, style: str = "numbered") -> str:
+    """The user message of an episode from what a person typed (`mempo ask`, `mempo serve`), laid
+    out as training laid out its prompts (`make_episode_prompt` in `style`), so a plain question
+    reaches the model in the layout it learnt:
+
+    1. a message that already holds a question list (`parse_episode_prompt` finds one) is kept as
+       it is (its sender chose the layout);
+    2. a message whose non-blank lines are all numbered ``1. …``, ``2. …`` in order asks those
+       questions;
+    3. any other message is one question, its white space (line breaks included) collapsed to
+       single spaces.
+
+    ValueError when the message is blank or `style` cannot hold the questions (``"joined"`` with a
+    ``";"`` in one of several)."""
+    try:
+        parse_episode_prompt(message)
+        return message
+    except DataError:
+        pass
+    lines = [line.strip() for line in _LINE_BREAK_RE.split(message) if line.strip()]
+    numbered = [_NUMBERED_RE.match(line) for line in lines]
+    if numbered and all(m is not None and int(m.group(1)) == i for i, m in enumerate(numbered, 1)):
+        questions = [" ".join(m.group(2).split()) for m in numbered]
+    else:
+        questions = [" ".join(message.split())]
+    if not all(questions):
+        raise ValueError("the question is empty")
+    return make_episode_prompt(questions, style)
 
 
 def compose_episodes(pool: Sequence[QARecord], num_objectives: Union[int, Sequence[int]], num_episodes: int,

@@ -21,7 +21,16 @@ from mempo.config import ConfigError, MempoConfig, RolloutConfig
 from mempo.env.data import DataError, compose_episodes, load_qa_datasets
 from mempo.seeds import eval_question_seed
 
-__all__ = ["eval_episodes", "qa_eval_episodes", "QAEvalSets", "eval_rollout_config"]
+__all__ = ["eval_episodes", "qa_eval_episodes", "QAEvalSets", "eval_rollout_config", "prompt_style"]
+
+
+def prompt_style(cfg: MempoConfig) -> str:
+    """The layout (`mempo.env.data.PROMPT_STYLES`) of the user turn of the config's episodes, in
+    training and evaluation alike: the synthetic world's ``synthetic.world_prompt_style`` (None:
+    ``"numbered"``), ``"numbered"`` for QA files."""
+    if cfg.data.source == "synthetic":
+        return cfg.synthetic.world_prompt_style or "numbered"
+    return "numbered"
 
 
 def eval_episodes(world: Any, cfg: MempoConfig, num_episodes: Optional[int] = None,

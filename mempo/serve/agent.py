@@ -9,7 +9,9 @@ never waits for another's whole episode), and the tool calls run on a thread poo
 settings are the evaluation's (`serving_rollout_config`: `mempo.eval.eval_rollout_config` under the
 first of ``eval.policies``: same chat template, context policy, stop rules, greedy by
 ``eval.temperature``), so a served answer equals `mempo eval`'s for the same question and model
-under greedy decoding. A request may lower or raise (within the service's bounds) the temperature,
+under greedy decoding. A plain question is laid out as the config's episodes are (`mempo.env.data.user_turn`:
+the question list and its closing line, ``synthetic.world_prompt_style``'s layout for the demo's
+world), so it reaches the model as training showed it questions. A request may lower or raise (within the service's bounds) the temperature,
 top-p, the tokens per round and the number of rounds (`AgentOptions`). A question is all a request
 gives: no gold answer ever reaches generation. A failing retriever is a tool error in the rounds
 (`RolloutEngine.call_tool`); a failing backend fails the requests of that batch, and the service
@@ -31,7 +33,8 @@ from typing import Any, Callable, Optional
 from mempo.config import MempoConfig, RolloutConfig
 from mempo.env.build import build_tools
 from mempo.errors import MempoError
-from mempo.eval.episodes import eval_rollout_config
+from mempo.env.data import user_turn
+from mempo.eval.episodes import eval_rollout_config, prompt_style
 from mempo.eval.run import model_context_tokens
 from mempo.protocol.grammar import parse_round
 from mempo.records.trajectory import Trajectory
@@ -135,9 +138,10 @@ class AgentTicket:
     `future` is the same as a `concurrent.futures.Future`; `cancel` drops the episode at its next
     round (a client that went away); `rounds` are the rounds finished so far."""
 
-    def __init__(self, question: str, options: AgentOptions, on_round: Optional[RoundCallback],
+    def __init__(self, question: str, prompt: str, options: AgentOptions, on_round: Optional[RoundCallback],
                  deadline: Optional[float]) -> None:
-        self.question, self.options, self.on_round, self.deadline = question, options, on_round, deadline
+        self.question, self.prompt = question, prompt  # the user's message; the user turn the model reads
+        self.options, self.on_round, self.deadline = options, on_round, deadline
         self.future: Future = Future()
         self.rounds: list[AgentRound] = []
         self.submitted = time.monotonic()
@@ -171,6 +175,8 @@ class AgentService:
         max_turns_limit: the most rounds a request may ask for (default: the engine's ``max_turns``).
         deadline_s: default seconds a request may take (None: no deadline).
         gather_s: how long the model thread waits for more arrivals before a batch that has room.
+        prompt_style: the layout of a question's user turn (`mempo.env.data.user_turn`; None: the
+            question is the user turn as it is).
 
     ``batch_sizes`` holds the batch sizes of the last `RECENT_BATCHES` backend calls, in order, and
     ``generation_batches`` / ``generated_rounds`` count all calls and the rounds they generated
@@ -179,7 +185,7 @@ class AgentService:
 
     def __init__(self, engine: RolloutEngine, *, max_batch_size: Optional[int] = None,
                  max_turns_limit: Optional[int] = None, deadline_s: Optional[float] = None,
-                 gather_s: float = 0.002) -> None:
+                 gather_s: float = 0.002, prompt_style: Optional[str] = None) -> None:
         if max_batch_size is not None and max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1 or None, got {max_batch_size}")
         if deadline_s is not None and not deadline_s > 0:
@@ -190,6 +196,7 @@ class AgentService:
         self.max_turns_limit = int(max_turns_limit or engine.config.max_turns)
         self.deadline_s = deadline_s
         self.gather_s = float(gather_s)
+        self.prompt_style = prompt_style
         self.batch_sizes: deque[int] = deque(maxlen=RECENT_BATCHES)
         self.generation_batches = 0
         self.generated_rounds = 0
@@ -206,11 +213,11 @@ class AgentService:
     def from_config(cls, cfg: MempoConfig, model: Any, tokenizer: Any, retriever: Any, backend: GenerationBackend,
                     *, policy: Optional[str] = None, **options: Any) -> "AgentService":
         """The service `mempo serve` and `mempo ask` run: the tools of ``cfg.env`` over `retriever`
-        (`build_tools`), `serving_rollout_config`, the model's context bound (as `mempo eval`), and
-        `options` (this class's keywords)."""
+        (`build_tools`), `serving_rollout_config`, the model's context bound (as `mempo eval`), the
+        config's question layout (`prompt_style`), and `options` (this class's keywords)."""
         engine = RolloutEngine(backend, tokenizer, build_tools(cfg, retriever), config=serving_rollout_config(cfg, policy),
                                max_context_tokens=model_context_tokens(model))
-        return cls(engine, **options)
+        return cls(engine, **{"prompt_style": prompt_style(cfg), **options})
 
     # -- public ------------------------------------------------------------------------------------
     def check_options(self, options: AgentOptions) -> None:
@@ -233,16 +240,18 @@ class AgentService:
 
     def submit(self, question: str, options: AgentOptions = AgentOptions(), *,
                on_round: Optional[RoundCallback] = None) -> AgentTicket:
-        """Start an episode of `question` (the user's message; nothing else reaches the model);
-        returns at once. ValueError for an empty question or bad options; `ServiceClosed` after
+        """Start an episode of `question` (the user's message, laid out as ``prompt_style`` says:
+        `mempo.env.data.user_turn`; nothing else reaches the model); returns at once. ValueError
+        for an empty question, one the layout cannot hold, or bad options; `ServiceClosed` after
         `close`."""
         if not isinstance(question, str) or not question.strip():
             raise ValueError("the question is empty")
+        prompt = question if self.prompt_style is None else user_turn(question, self.prompt_style)
         self.check_options(options)
         if self._closed.is_set():
             raise ServiceClosed("the agent service is closed")
         deadline_s = options.deadline_s if options.deadline_s is not None else self.deadline_s
-        ticket = AgentTicket(question, options, on_round,
+        ticket = AgentTicket(question, prompt, options, on_round,
                              None if deadline_s is None else time.monotonic() + deadline_s)
         self._inbox.put(("start", ticket))
         return ticket
@@ -324,7 +333,7 @@ class AgentService:
     def _start(self, ticket: AgentTicket) -> Optional[_Episode]:
         options, cfg = ticket.options, self.config
         try:
-            run = self.engine.start_run({"id": f"request-{next(self._calls)}", "prompt": ticket.question},
+            run = self.engine.start_run({"id": f"request-{next(self._calls)}", "prompt": ticket.prompt},
                                         max_turns=options.max_turns, max_new_tokens=options.max_new_tokens)
         except Exception as error:  # a prompt the chat template cannot render, ...
             ticket.future.set_exception(AgentError(f"cannot start the episode: {type(error).__name__}: {error}"))

@@ -270,7 +270,10 @@ def create_app(service: AgentService, *, model_id: str, max_in_flight: int = DEF
         if state["in_flight"] >= max_in_flight:
             raise _RequestError(429, f"{max_in_flight} requests are in flight (the server's bound); retry later",
                                 code="rate_limit_exceeded", headers={"retry-after": "1"})
-        ticket = service.submit(question, options, on_round=on_round)
+        try:
+            ticket = service.submit(question, options, on_round=on_round)
+        except ValueError as error:  # a question the episode layout cannot hold (options were checked)
+            raise _RequestError(400, str(error), param="messages") from None
         state["in_flight"] += 1
         loop = asyncio.get_running_loop()
 

@@ -151,3 +151,31 @@ def test_user_error_is_one_line_and_exit_2(outcomes, name):
     assert lines[0].startswith("mempo"), lines[0]
     assert expected in lines[0], lines[0]
     assert len(lines[0]) < 1200, lines[0][:3000]
+
+
+def test_dotted_overrides_go_anywhere_among_the_options():
+    """As people type them: overrides before, between and after the options, for every command."""
+    from mempo.apps.ask_command import _question_and_overrides
+    from mempo.apps.cli import build_parser
+    from mempo.apps.eval_command import _eval_config
+    from mempo.config import ConfigError
+
+    parser = build_parser()
+    args = parser.parse_args(["eval", "--model", "M", "eval.objectives=[2]", "--episodes", "8",
+                              "eval.closed_book=false", "--out", "o"])
+    assert (args.model, args.out, args.episodes) == ("M", "o", 8)
+    assert args.overrides == ["eval.objectives=[2]", "eval.closed_book=false"]
+    cfg = _eval_config(args)
+    assert cfg.eval.objectives == [2] and cfg.eval.closed_book is False
+    asked = _question_and_overrides(parser.parse_args(["ask", "--model", "M", "eval.max_turns=3",
+                                                       "Who founded Wehel?", "--json", "eval.temperature=0.5"]))
+    assert asked.question == "Who founded Wehel?" and asked.json
+    assert asked.overrides == ["eval.max_turns=3", "eval.temperature=0.5"]
+    with pytest.raises(ConfigError, match="give one question"):
+        _question_and_overrides(parser.parse_args(["ask", "--model", "M", "Who?", "Where?"]))
+    for argv in (["train", "a.b=1", "--config", "c", "--out", "o", "c.d=2"],
+                 ["plan", "--config", "c", "a.b=1", "--nnodes", "2", "c.d=2"],
+                 ["serve", "a.b=1", "--model", "M", "--port", "0", "c.d=2"]):
+        assert parser.parse_args(argv).overrides == ["a.b=1", "c.d=2"], argv
+    with pytest.raises(SystemExit):  # an unknown option is still argparse's error, exit 2
+        parser.parse_args(["eval", "--model", "M", "--out", "o", "--no-such-option"])

@@ -15,6 +15,7 @@ openai = pytest.importorskip("openai")
 
 from mempo.apps.cli import build_parser, main
 from mempo.apps.serve_command import agent_config
+from mempo.env.data import parse_episode_prompt
 from mempo.eval import EpisodeRecord
 from mempo.serve.load import load_agent
 from mempo.serve.openai_api import AgentServer
@@ -61,6 +62,23 @@ def test_ask_prints_each_round_and_the_answer(model_dir, capsys):
     printed = json.loads(capsys.readouterr().out)
     assert set(printed) >= {"answer", "finish_reason", "rounds"} and printed["rounds"][0]["assistant"].startswith("<mem>")
     assert rc == (1 if printed["answer"] is None else 0)
+
+
+def test_a_plain_question_is_asked_as_mempo_eval_asks_it(tmp_path, model_dir, capsys):
+    """`mempo ask` with the question alone, as a person types it, runs the rounds `mempo eval` runs
+    for that question in the config's layout (here the demo's "bare" one)."""
+    overrides = [*OVERRIDES[:1], "eval.objectives=[1]", *OVERRIDES[2:], "synthetic.world_prompt_style=bare"]
+    out = tmp_path / "eval"
+    assert main(["eval", "--model", str(model_dir), "--out", str(out), "--no-progress", *overrides]) == 0
+    record = EpisodeRecord.from_dict(json.loads((out / "eval_trajectories.jsonl").read_text().splitlines()[0]))
+    (typed,) = parse_episode_prompt(record.user)
+    assert record.user.startswith("Questions:\n1. ")  # the bare layout
+    capsys.readouterr()
+    main(["ask", typed, "--model", str(model_dir), "--json", *overrides])
+    asked = json.loads(capsys.readouterr().out)
+    assert asked["answer"] == record.final_answer and asked["finish_reason"] == record.finish_reason
+    assert [r["assistant"] for r in asked["rounds"]] == [r.assistant for r in record.rounds]
+    assert [r["prompt_tokens"] for r in asked["rounds"]] == [r.prompt_tokens for r in record.rounds]
 
 
 def test_serve_runs_as_a_process_until_interrupted(tmp_path, model_dir):

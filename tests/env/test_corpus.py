@@ -75,3 +75,18 @@ def test_corpus_missing_file_and_bad_write(tmp_path):
     with pytest.raises(CorpusError, match="duplicate id"):
         write_corpus(target, [Document("a", "", "x"), Document("a", "", "y")])
     assert not target.exists() and list(tmp_path.iterdir()) == []  # no partial file, no temp file left
+
+
+def test_a_directory_given_as_the_corpus_says_it_is_a_directory(tmp_path):
+    from mempo.config import ConfigError, config_from_dict
+    from mempo.env.bm25 import load_or_build_bm25
+    from mempo.env.build import build_retriever
+
+    with pytest.raises(CorpusError, match="is a directory, not a corpus file"):
+        load_or_build_bm25(tmp_path, None)
+    cfg = config_from_dict({"env": {"retriever": "bm25", "corpus_path": str(tmp_path)}, "data": {"source": "files"}})
+    with pytest.raises(ConfigError, match=r"env.corpus_path: .* is a directory, not a corpus file"):
+        build_retriever(cfg, None)
+    with pytest.raises(ConfigError, match="corpus file not found"):
+        build_retriever(config_from_dict({"env": {"retriever": "bm25", "corpus_path": str(tmp_path / "none.jsonl")},
+                                          "data": {"source": "files"}}), None)

@@ -6,7 +6,7 @@ import pytest
 from mempo.env.data import (
     COMPACT_INSTRUCTIONS, EPISODE_INSTRUCTIONS, PROMPT_STYLES, DataError, Episode, MissingDependencyError,
     QARecord, compose_episodes, load_episodes_jsonl, load_qa, load_qa_jsonl, load_qa_parquet, make_episode_prompt,
-    parse_episode_prompt, qa_record_from_json, write_episodes_jsonl, write_qa_jsonl,
+    parse_episode_prompt, qa_record_from_json, user_turn, write_episodes_jsonl, write_qa_jsonl,
 )
 from mempo.protocol.reward import compute_score
 
@@ -154,6 +154,26 @@ def test_prompt_parse_round_trip_and_errors():
         make_episode_prompt(["a; b", "c"], style="joined")
     with pytest.raises(ValueError):
         make_episode_prompt(["two\nlines"])
+
+
+def test_a_typed_question_is_laid_out_as_training_laid_out_its_prompts():
+    for style in PROMPT_STYLES:
+        assert user_turn("At which university did Monom study?", style) == make_episode_prompt(
+            ["At which university did Monom study?"], style)
+        # several questions as numbered lines; stray white space and blank lines do not matter
+        assert user_turn(" 1. Who wrote A?\n\n2.  Where   is B? \n", style) == make_episode_prompt(
+            ["Who wrote A?", "Where is B?"], style)
+        # a prompt that already holds a question list is the sender's layout: kept as it is
+        prompt = make_episode_prompt(["Who wrote A?", "Where is B?"], "numbered")
+        assert user_turn(prompt, style) == prompt
+    # line breaks inside one question become spaces; numbering that skips is one question
+    assert user_turn("Who wrote\nA?", "bare") == make_episode_prompt(["Who wrote A?"], "bare")
+    assert user_turn("1. Who wrote A?\n3. Where is B?", "bare") == make_episode_prompt(
+        ["1. Who wrote A? 3. Where is B?"], "bare")
+    with pytest.raises(ValueError, match="empty"):
+        user_turn(" \n ", "bare")
+    with pytest.raises(ValueError, match="joined"):
+        user_turn("1. a; b\n2. c", "joined")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -10,6 +10,7 @@ pytest.importorskip("transformers")
 
 from mempo.config import config_from_dict
 from mempo.env.client import HTTPRetriever
+from mempo.env.data import make_episode_prompt
 from mempo.env.server import RetrieverServer
 from mempo.eval import eval_rollout_config, evaluate, round_prompt_tokens
 from mempo.serve.agent import AgentOptions, AgentService, DeadlineExceeded, AgentError, ServiceClosed
@@ -53,7 +54,9 @@ def test_an_episode_searches_reads_and_answers_with_its_rounds(tok, bm25):
 def test_served_episodes_equal_the_evaluation_s(tok, bm25):
     """The same questions through `evaluate` and the service: the same rounds, ids and answers."""
     cfg = _cfg(policies=["memory"])
-    episodes = [{"id": f"q{i}", "prompt": question(i), "golds": [f"Needle {i}"]} for i in (2, TWO_SEARCHES)]
+    # as `mempo eval` lays out a question of QA files (`user_turn`: the "numbered" layout)
+    episodes = [{"id": f"q{i}", "prompt": make_episode_prompt([question(i)]), "golds": [f"Needle {i}"]}
+                for i in (2, TWO_SEARCHES)]
     report = evaluate(None, tok, {1: episodes}, bm25, cfg, backend=needle_backend(tok), show_progress=False,
                       log=lambda line: None, keep_trajectories=True)
     evaluated = report.trajectories[("", 1, "memory")]
@@ -61,7 +64,7 @@ def test_served_episodes_equal_the_evaluation_s(tok, bm25):
     with _service(tok, bm25, cfg=cfg) as service:
         assert service.config == eval_rollout_config(cfg, "memory")
         for episode, expected in zip(episodes, evaluated):
-            served = service.answer(episode["prompt"]).trajectory
+            served = service.answer(question(int(episode["id"][1:]))).trajectory  # the question as typed
             assert served.response_ids == expected.response_ids and served.prompt_ids == expected.prompt_ids
             assert [r.prompt_ids for r in served.rounds] == [r.prompt_ids for r in expected.rounds]
             assert served.final_answer == expected.final_answer and served.finish_reason == expected.finish_reason

@@ -269,3 +269,18 @@ def test_a_client_that_goes_away_cancels_its_episode(tok, bm25):
             assert _post(running.url, b"", path="/health", method="GET")[2]["in_flight"] == 0
             assert sum(service.batch_sizes) < 3, (stream, service.batch_sizes)  # not run to its end
         service.close()
+
+
+def test_a_question_is_laid_out_as_the_config_s_episodes_and_one_it_cannot_hold_is_a_400(tok, bm25):
+    cfg = config_from_dict({"env": {"topk": 3, "doc_chars": 300}, "rollout": {"max_new_tokens_per_round": 200},
+                            "eval": {"max_turns": 4}, "data": {"source": "synthetic"},
+                            "synthetic": {"world_prompt_style": "joined"}})
+    service = AgentService.from_config(cfg, None, tok, bm25, needle_backend(tok))
+    with AgentServer(service, model_id=MODEL) as running:
+        done = _client(running.url).chat.completions.create(model=MODEL, messages=_ask(3))
+        assert done.choices[0].message.content == "Needle 3"
+        assert done.model_extra["agent"]["rounds"][0]["prompt_tokens"] > 0
+        status, _, payload = _post(running.url, {"model": MODEL, "messages": [
+            {"role": "user", "content": "1. Which document mentions a; b?\n2. And c?"}]})
+        assert status == 400 and payload["error"]["param"] == "messages" and "joined" in payload["error"]["message"]
+    service.close()
