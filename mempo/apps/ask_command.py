@@ -70,31 +70,35 @@ def _question_and_overrides(args: argparse.Namespace) -> argparse.Namespace:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Load the agent (`mempo.serve.load.load_agent`) and answer ``args.question``."""
+    """Check the question (`mempo.env.data.check_question`: at most `MAX_QUESTION_CHARS` characters,
+    encodable; lines allowed) and the flags, load the agent (`mempo.serve.load.load_agent`) and
+    answer ``args.question``."""
     # reason: the parser module stays light (`mempo --help` imports no torch)
-    from mempo.env.data import user_turn
+    from mempo.env.data import check_question, user_turn
     from mempo.eval.episodes import prompt_style
-    from mempo.serve.agent import AgentOptions
+    from mempo.serve.agent import AgentOptions, check_agent_options
     from mempo.serve.load import load_agent
     from mempo.utils.log import log
 
+    # the question and the flags are checked before the (slow) model load
     args = _question_and_overrides(args)
     if not args.question.strip():
         raise ConfigError("question", "is empty")
+    check_question(args.question, "question", one_line=False)  # e.g. a byte that is not UTF-8 in argv: one line
+    options = AgentOptions(temperature=args.temperature, max_new_tokens=args.max_tokens, max_turns=args.max_turns)
+    try:
+        check_agent_options(options)
+    except ValueError as error:
+        raise ConfigError("--" + str(error).split(" ", 1)[0].replace("_", "-").replace("new-tokens", "tokens"),
+                          str(error)) from None
     cfg = agent_config(args)
-    try:  # the layout's refusals before the slow model load (the service lays the question out again)
+    try:  # the layout's refusals (the service lays the question out again)
         user_turn(args.question, prompt_style(cfg))
     except ValueError as error:
         raise ConfigError("question", str(error)) from None
-    options = AgentOptions(temperature=args.temperature, max_new_tokens=args.max_tokens, max_turns=args.max_turns)
     agent = load_agent(cfg, args.model, index_dir=args.index_dir, log=log,
                        max_turns_limit=max(args.max_turns or 0, cfg.eval.max_turns))
     try:
-        try:
-            agent.service.check_options(options)
-        except ValueError as error:
-            raise ConfigError("--" + str(error).split(" ", 1)[0].replace("_", "-").replace("new-tokens", "tokens"),
-                              str(error)) from None
         answer = agent.service.answer(args.question, options, on_round=None if args.json else print_round)
     finally:
         agent.close()

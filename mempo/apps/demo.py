@@ -35,8 +35,9 @@ from mempo.train.metric_names import MEM_KEEPS
 from mempo.train.sft import run_sft
 from mempo.synthetic.cold_start import ColdStart, oracle_cold_start
 from mempo.synthetic.heldout import held_out_subjects, training_episodes
-from mempo.train.trainer import TrainResult, prepare_out_dir, train
+from mempo.train.trainer import TrainResult, train
 from mempo.utils.allocator import keep_freed_memory
+from mempo.utils.atomic import check_directory_target, claim_directory
 from mempo.utils.digest import weights_digest
 from mempo.utils.machine import machine_facts
 from mempo.utils.types import PathLike
@@ -497,12 +498,16 @@ def run_demo(cfg: MempoConfig, out_dir: PathLike, *, echo: Callable[[str], None]
     eval-before, rl, eval-after, report); returns a `DemoResult`. The config is written to
     ``<out>/config.yaml``; it needs ``synthetic.oracle_objectives`` set and ``sft.trajectories`` null.
 
-    The demo owns `out_dir`: a re-run first removes its stage directories (``rl/``: the RL run with
-    its checkpoints, ``sft/``: the SFT metrics) and rewrites every file it writes (``model_sft/`` and
-    ``model_rl/`` replaced atomically), so it starts fresh instead of being refused as a used run
+    The demo owns `out_dir`: it must be new, empty, or written by an earlier demo (its
+    ``.mempo-written`` marker, `mempo.utils.atomic.claim_directory`; any other directory is refused
+    before anything is written). A re-run first removes its stage directories (``rl/``: the RL run
+    with its checkpoints, ``sft/``: the SFT metrics) and rewrites every file it writes (``model_sft/``
+    and ``model_rl/`` replaced atomically), so it starts fresh instead of being refused as a used run
     directory (``trainer.resume`` stays "never"). Nothing else there is touched."""
     _check_demo_config(cfg)
-    out = prepare_out_dir(out_dir, "--out")
+    out = claim_directory(out_dir, "--out", "mempo demo")
+    for model_dir in ("model_sft", "model_rl"):  # replaced at the end of their stages: checked now
+        check_directory_target(out / model_dir, "--out")
     for stage_dir in ("rl", "sft"):  # the demo's own stage directories: a re-run starts fresh
         shutil.rmtree(out / stage_dir, ignore_errors=True)
     cfg = dataclasses.replace(cfg, trainer=dataclasses.replace(cfg.trainer, out_dir=str(out / "rl")))

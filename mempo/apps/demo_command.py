@@ -20,7 +20,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", default=None,
                         help="demo YAML (MempoConfig sections: the world, the oracle and the demo's model in "
                              "'synthetic', its SFT stage in 'sft'); default: configs/demo.yaml")
-    parser.add_argument("--out", default="demo_out", help="output directory (default demo_out)")
+    parser.add_argument("--out", default="demo_out", help="output directory: new, empty or an earlier demo's "
+                                                            "(default demo_out)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars (stage lines only)")
     parser.add_argument("overrides", nargs="*", help="dotted overrides, e.g. eval.episodes=4 trainer.total_steps=2")
 

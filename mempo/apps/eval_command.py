@@ -17,6 +17,7 @@ import os
 import sys
 
 from mempo.config import ConfigError, MempoConfig, config_from_dict, config_to_dict, load_config
+from mempo.utils.atomic import check_output_folder
 
 __all__ = ["HELP", "add_arguments", "run"]
 
@@ -77,22 +78,13 @@ def _eval_config(args: argparse.Namespace) -> MempoConfig:
 def _check_outputs(args: argparse.Namespace) -> None:
     """``--out`` must be a directory or not exist yet (it is made), and ``--name`` a plain visible
     file stem (not empty, no path separator, not starting with a dot); the files it names must not be
-    directories. A ConfigError otherwise, before the model loads."""
+    directories (`mempo.utils.atomic.check_output_folder`). A MempoError otherwise, before the model
+    loads."""
     name = args.name
     if not name.strip() or name != name.strip() or name.startswith(".") or any(c in name for c in "/\\\0"):
         raise ConfigError("--name", f"{name!r} is not a plain file stem (not empty, no leading dot, no "
                                     "path separator or surrounding spaces)")
-    if os.path.exists(args.out) and not os.path.isdir(args.out):
-        raise ConfigError("--out", f"{args.out} exists and is not a directory")
-    parent = os.path.dirname(os.path.abspath(args.out))
-    while not os.path.exists(parent):  # the nearest existing folder above --out must be a folder
-        parent = os.path.dirname(parent)
-    if not os.path.isdir(parent):
-        raise ConfigError("--out", f"{args.out}: cannot be made, {parent} is not a directory")
-    for suffix in (".json", ".md", "_trajectories.jsonl"):
-        path = os.path.join(args.out, name + suffix)
-        if os.path.isdir(path):
-            raise ConfigError("--out", f"{path} is a directory; the report writes a file there")
+    check_output_folder(args.out, "--out", [name + suffix for suffix in (".json", ".md", "_trajectories.jsonl")])
 
 
 def run(args: argparse.Namespace) -> int:

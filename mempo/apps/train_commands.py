@@ -85,7 +85,9 @@ def run_train(args: argparse.Namespace) -> int:
     """`mempo train`: writes the final policy to ``<out>/model``, a plain HF directory, written
     atomically: streamed by rank 0 from the last step's sharded checkpoint (`export_checkpoint`: one
     safetensors file at a time, never the whole model in one process) while the other ranks wait;
-    when the run stopped off a checkpoint (``max_steps``), gathered from the shards (`export_model`)."""
+    when the run stopped off a checkpoint (``max_steps``), gathered from the shards (`export_model`).
+    An existing ``<out>/model`` that mempo did not write is refused before the run starts
+    (`mempo.utils.atomic.check_directory_target`)."""
     cfg = _run_config(args)
     # reason: the parser module stays light (`mempo --help` imports no torch)
     import torch.distributed as dist
@@ -94,7 +96,11 @@ def run_train(args: argparse.Namespace) -> int:
     from mempo.train.checkpoint import checkpoint_dir
     from mempo.train.export import export_checkpoint
     from mempo.train.trainer import train
+    from mempo.utils.atomic import check_directory_target
 
+    # the final model replaces <out>/model only when mempo wrote it: refused now, not after the training
+    if Path(cfg.trainer.out_dir).is_dir():
+        check_directory_target(Path(cfg.trainer.out_dir) / "model", "trainer.out_dir")
     result = train(cfg)
     final = Path(result.out_dir) / "model"
     # The final policy as a plain HF directory (full weights whatever the rank count), for `mempo eval
@@ -166,8 +172,8 @@ def run_sft(args: argparse.Namespace) -> int:
     Checkpoints go to ``<out>/sft/checkpoints`` every ``trainer.save_every`` SFT steps and at the
     end (``trainer.keep_last`` kept), metrics to ``<out>/sft/metrics.jsonl``, the tuned model and
     tokenizer to ``<out>/model`` (a plain HF directory, usable as ``model.path``, written
-    atomically). ``sft.steps`` / ``sft.epochs`` bound the whole run, so a resumed run stops where an
-    uninterrupted one would.
+    atomically; one there that mempo did not write is refused before the run starts). ``sft.steps``
+    / ``sft.epochs`` bound the whole run, so a resumed run stops where an uninterrupted one would.
     """
     cfg = _run_config(args, SFT_FLAGS)
     # reason: the parser module stays light (`mempo --help` imports no torch)
@@ -176,11 +182,13 @@ def run_sft(args: argparse.Namespace) -> int:
     from mempo.train.logging import MetricsLogger
     from mempo.train.sft import load_sft_records, run_sft as train_sft
     from mempo.train.trainer import build_run, prepare_out_dir, refuse_used_run_dir
+    from mempo.utils.atomic import check_directory_target
 
     s = cfg.sft
     out = prepare_out_dir(cfg.trainer.out_dir)
     checkpoints = out / "sft" / "checkpoints"
     refuse_used_run_dir(cfg.trainer.resume, checkpoints, command="sft")
+    check_directory_target(out / "model", "trainer.out_dir")  # the tuned model replaces only what mempo wrote
     records = load_sft_records(s.trajectories) if s.trajectories else None
     run = build_run(cfg, out_dir=out)
     resume_from = resume_checkpoint(cfg.trainer.resume, checkpoints, log=log)

@@ -5,7 +5,8 @@ refuses a key given twice in one mapping, naming it and both lines), applies the
 (``"actor.lr=1e-5"``, ``"eval.objectives=[2,4,8]"``: keys checked against the tree, values kept as
 text), then builds the tree, converting every value to its field's type and validating it
 (`mempo.config.schema`). A config file is bounded before anything is built from it: at most
-`MAX_YAML_DEPTH` levels of nesting and `MAX_YAML_NODES` values counted with every alias expanded
+`MAX_CONFIG_BYTES` bytes read (10 MiB; a pipe is read as one), `MAX_YAML_DEPTH` levels of nesting
+and `MAX_YAML_NODES` values counted with every alias expanded
 (a YAML "alias bomb" of nine levels expands to 10^9), else a ConfigError naming the file and line. `dump_config` writes plain YAML; loading it back gives an equal config.
 """
 from __future__ import annotations
@@ -21,12 +22,15 @@ from mempo.config.coerce import MAX_YAML_DEPTH, ConfigError, build_section, type
 from mempo.config.schema import MempoConfig
 from mempo.utils.atomic import replace_file_atomically
 
-__all__ = ["MAX_YAML_DEPTH", "MAX_YAML_NODES", "load_config", "read_yaml_mapping", "config_from_dict", "config_to_dict", "dump_config", "apply_overrides",
+__all__ = ["MAX_CONFIG_BYTES", "MAX_YAML_DEPTH", "MAX_YAML_NODES", "load_config", "read_yaml_mapping", "config_from_dict", "config_to_dict", "dump_config", "apply_overrides",
            "split_overrides"]
 
 
 #: The most values (scalars, lists and mappings, every alias expanded) a config file may hold.
 MAX_YAML_NODES = 100_000
+#: The most bytes a config file may hold (at most this much is read: ``/dev/zero`` is refused, a pipe
+#: works); `MAX_YAML_NODES` values of about 100 characters each.
+MAX_CONFIG_BYTES = 10 * 1024 * 1024
 
 
 def _section_fields(cls: type) -> dict[str, Any]:
@@ -169,18 +173,22 @@ def _yaml_error_text(error: yaml.YAMLError) -> str:
 
 def read_yaml_mapping(path: Union[str, Path]) -> dict[str, Any]:
     """The top-level mapping of a YAML file (empty file: {}); ConfigError naming the file for a
-    missing or unreadable file, bytes that are not UTF-8, invalid YAML, a duplicated key (with
-    both lines), a document over `MAX_YAML_DEPTH` / `MAX_YAML_NODES` or a top level that is not a
-    mapping."""
+    missing or unreadable file, more than `MAX_CONFIG_BYTES`, bytes that are not UTF-8, invalid YAML,
+    a duplicated key (with both lines), a document over `MAX_YAML_DEPTH` / `MAX_YAML_NODES` or a top
+    level that is not a mapping."""
     path = Path(path)
     try:
-        raw = path.read_bytes()
+        with open(path, "rb") as handle:  # a pipe or a FIFO is read as a stream: bounded, not refused
+            raw = handle.read(MAX_CONFIG_BYTES + 1)
     except FileNotFoundError:
         raise ConfigError("", f"{path}: config file not found") from None
     except IsADirectoryError:
         raise ConfigError("", f"{path}: is a directory, not a YAML config file") from None
     except OSError as error:
         raise ConfigError("", f"{path}: cannot read the config ({error.strerror or error})") from None
+    if len(raw) > MAX_CONFIG_BYTES:
+        raise ConfigError("", f"{path}: too large a config: more than {MAX_CONFIG_BYTES:,} bytes "
+                              f"(mempo.config.loader.MAX_CONFIG_BYTES)")
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as error:

@@ -24,11 +24,21 @@ from mempo.protocol.memory import CONTEXT_POLICIES, DEFAULT_SYSTEM_PROMPT, MEM_P
 __all__ = [
     "ModelConfig", "DataConfig", "EnvConfig", "RolloutConfig", "ScoringConfig", "AlgorithmConfig",
     "ActorConfig", "TrainerConfig", "EvalConfig", "SFTConfig", "SyntheticConfig", "MempoConfig",
-    "LOSS_AGG_MODES", "KL_ESTIMATORS", "flash_attention_requested",
+    "LOSS_AGG_MODES", "KL_ESTIMATORS", "MAX_MODEL_LAYERS", "MAX_TENSOR_BYTES", "MAX_WORLD_DOCUMENTS",
+    "flash_attention_requested",
 ]
 
 LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 KL_ESTIMATORS = ("k1", "k2", "k3", "low_var_kl")
+#: The most decoder layers of a builtin-tiny model: each layer is built as a module (also on the meta
+#: device, by `mempo plan`), about 1 ms a layer; published LLMs have fewer than 200.
+MAX_MODEL_LAYERS = 10_000
+#: torch's largest tensor in bytes (its sizes are int64): no weight of a builtin-tiny model may reach it.
+MAX_TENSOR_BYTES = 1 << 63
+#: The most documents a synthetic world may have (entities, distractors, chronicles): every command
+#: generates and BM25-indexes them at start-up, about 100 s and 4 GB for 10^6 on one core.
+MAX_WORLD_DOCUMENTS = 1_000_000
+_DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 
 # ------------------------------------------------------------------------------------------------
@@ -86,7 +96,10 @@ class ModelConfig:
     built from the size fields below (no download; for tests and the demo). tokenizer: a tokenizer
     id/directory (None: the model's own; for builtin-tiny the trainer supplies one). vocab_size:
     builtin-tiny only (None: the tokenizer's size). dtype: parameter dtype of the loaded model.
-    attn_implementation: passed to transformers ("sdpa", "eager", "flash_attention_2").
+    attn_implementation: passed to transformers ("sdpa", "eager", "flash_attention_2"). The size
+    fields are bounded by what can be built: at most `MAX_MODEL_LAYERS` (10,000) layers, and no
+    weight (``hidden_size`` by the widest of ``hidden_size``, ``intermediate_size`` and
+    ``vocab_size``, in ``dtype``) of `MAX_TENSOR_BYTES` (2^63 bytes, torch's limit) or more.
 
     A flash-attention implementation (`flash_attention_requested`) needs half-precision compute:
     flash-attn refuses fp32 ("FlashAttention only support fp16 and bf16"). So fp32 weights with it
@@ -117,6 +130,14 @@ class ModelConfig:
                  f"must be a multiple of num_attention_heads ({self.num_attention_heads}), got {self.hidden_size}")
         _require(self.num_attention_heads % self.num_key_value_heads == 0, "num_key_value_heads",
                  f"must divide num_attention_heads ({self.num_attention_heads}), got {self.num_key_value_heads}")
+        _require(self.num_hidden_layers <= MAX_MODEL_LAYERS, "num_hidden_layers",
+                 f"must be at most {MAX_MODEL_LAYERS:,} (each layer is built as a module), got "
+                 f"{self.num_hidden_layers}")
+        widest, name = max((self.hidden_size, "hidden_size"), (self.intermediate_size, "intermediate_size"),
+                           (self.vocab_size or 0, "vocab_size"))
+        _require(self.hidden_size * widest * _DTYPE_BYTES[self.dtype] < MAX_TENSOR_BYTES, name,
+                 f"a {self.hidden_size} x {widest} weight (hidden_size x {name}) in {self.dtype} would reach 2^63 "
+                 "bytes, torch's largest tensor; give smaller sizes")
 
 
 @dataclass
@@ -551,6 +572,11 @@ class SyntheticConfig:
     world_seed / world_entities: the seed and the size in entities; world_documents: when set, the
     world has exactly this many documents instead (entities follow); article_fillers: ``[least,
     most]`` filler sentences per entity article (None: 2 to 5; fewer give shorter search results).
+    A world has at most `MAX_WORLD_DOCUMENTS` (10^6) documents: world_documents, or world_entities
+    times ``1 + world_distractor_ratio`` without it (the world is generated and indexed at every
+    start). The world's own rules (known relation names, hops in 1..4, enough documents for the
+    entities) are checked when a command starts, before anything is built
+    (`mempo.synthetic.build.check_world_config`).
     For small worlds (small models): world_relations (the relations the world has, None: all),
     world_names (``"default"`` or ``"short"``: one-word names), world_article_style (``"full"`` or
     ``"facts"``: fact sentences only), world_chronicles (False: no chronicle documents, every fact in
@@ -678,6 +704,17 @@ class SyntheticConfig:
                  f"must be >= 20 (the synthetic world's smallest size), got {self.world_entities}")
         _require(self.world_documents is None or self.world_documents > 0, "world_documents",
                  f"must be a positive number of documents or null, got {self.world_documents}")
+        _require(self.world_entities <= MAX_WORLD_DOCUMENTS, "world_entities",
+                 f"must be at most {MAX_WORLD_DOCUMENTS:,} (a world's documents are generated and indexed at "
+                 f"every start), got {self.world_entities}")
+        _require(self.world_documents is None or self.world_documents <= MAX_WORLD_DOCUMENTS, "world_documents",
+                 f"must be at most {MAX_WORLD_DOCUMENTS:,} (generated and indexed at every start), got "
+                 f"{self.world_documents}")
+        documents = self.world_entities * (1.0 + self.world_distractor_ratio)
+        _require(self.world_documents is not None or documents <= MAX_WORLD_DOCUMENTS, "world_distractor_ratio",
+                 f"{self.world_distractor_ratio!r} distractors for each of {self.world_entities} entities make "
+                 f"{documents:,.0f} documents, more than {MAX_WORLD_DOCUMENTS:,} (generated and indexed at every "
+                 "start); lower it or set world_documents")
         fillers = self.article_fillers
         _require(fillers is None or (len(fillers) == 2 and 0 <= fillers[0] <= fillers[1]), "article_fillers",
                  f"must be [least, most] with 0 <= least <= most, or null; got {fillers}")

@@ -30,6 +30,7 @@ __all__ = [
     "COMPACT_INSTRUCTIONS",
     "GOLD_KEYS",
     "MAX_QUESTION_CHARS",
+    "check_question",
     "qa_record_from_json",
     "iter_qa_jsonl",
     "load_qa_jsonl",
@@ -200,6 +201,27 @@ def _check_encodable(text: str, name: str) -> None:
             from None
 
 
+def check_question(question: Any, name: str = "question", *, one_line: bool = True) -> str:
+    """`question` when the agent can take it: a non-blank string of at most `MAX_QUESTION_CHARS`
+    characters, encodable as UTF-8 (no lone surrogate, e.g. JSON's ``"\\ud800"`` or a command-line
+    byte that is not UTF-8) and, when `one_line`, without a line break of any kind (a QA record: the
+    episode prompt lists one question a line; a served or asked question is the prompt as it is).
+    DataError naming the field `name` otherwise. QA records, `mempo serve` and `mempo ask` check
+    their questions here."""
+    if not isinstance(question, str):
+        raise DataError(f"field {name!r} must be a string, got {type(question).__name__}")
+    if not question.strip():
+        raise DataError(f"field {name!r} is blank")
+    if len(question) > MAX_QUESTION_CHARS:
+        raise DataError(f"field {name!r} is {len(question)} characters long; the limit is {MAX_QUESTION_CHARS}")
+    line_break = _LINE_BREAK_RE.search(question) if one_line else None
+    if line_break is not None:
+        raise DataError(f"field {name!r} holds a line break ({line_break.group()!r} at character "
+                        f"{line_break.start() + 1}); a question must be one line")
+    _check_encodable(question, name)
+    return question
+
+
 def qa_record_from_json(obj: Any, default_id: Optional[str] = None) -> QARecord:
     """Build a `QARecord` from one decoded record; raises `DataError`.
 
@@ -218,18 +240,7 @@ def qa_record_from_json(obj: Any, default_id: Optional[str] = None) -> QARecord:
         raise DataError(f"expected a JSON object, got {type(obj).__name__}")
     if "question" not in obj:
         raise DataError("missing field 'question'")
-    question = obj["question"]
-    if not isinstance(question, str):
-        raise DataError(f"field 'question' must be a string, got {type(question).__name__}")
-    if not question.strip():
-        raise DataError("field 'question' is blank")
-    if len(question) > MAX_QUESTION_CHARS:
-        raise DataError(f"field 'question' is {len(question)} characters long; the limit is {MAX_QUESTION_CHARS}")
-    line_break = _LINE_BREAK_RE.search(question)
-    if line_break is not None:
-        raise DataError(f"field 'question' holds a line break ({line_break.group()!r} at character "
-                        f"{line_break.start() + 1}); a question must be one line")
-    _check_encodable(question, "question")
+    question = check_question(obj["question"])
     source = obj.get("data_source")
     if source is not None and not isinstance(source, str):
         raise DataError(f"field 'data_source' must be a string, got {type(source).__name__}")

@@ -60,7 +60,9 @@ def save_model_dir(directory: PathLike, model: Any, tokenizer: Any = None, *,
     """Write a plain HF model directory (this process only; ``save_pretrained(state_dict=...)``).
 
     Written atomically (`mempo.utils.atomic.atomic_directory`: a temporary sibling, fsync, rename),
-    so an interrupted export never leaves a half-written model; an existing directory is replaced.
+    so an interrupted export never leaves a half-written model; an existing directory is replaced
+    only when it is empty or mempo wrote it (its ``.mempo-written`` marker lists everything in it),
+    else `mempo.utils.atomic.OutputPathError`, as for a file there.
 
     state_dict: the weights to write (default: the model's own); provenance: recorded in
     `PROVENANCE_FILE` (JSON-serialisable values); phase: the `mempo.utils.atomic.fault_point` reached

@@ -33,7 +33,7 @@ from typing import Any, Callable, Optional
 from mempo.config import MempoConfig, RolloutConfig
 from mempo.env.build import build_tools
 from mempo.errors import MempoError
-from mempo.env.data import user_turn
+from mempo.env.data import check_question, user_turn
 from mempo.eval.episodes import eval_rollout_config, prompt_style
 from mempo.eval.run import model_context_tokens
 from mempo.protocol.grammar import parse_round
@@ -43,7 +43,7 @@ from mempo.rollout.loop import EpisodeRun, RolloutEngine
 from mempo.seeds import generation_seed
 
 __all__ = ["AgentOptions", "AgentRound", "AgentAnswer", "AgentTicket", "AgentService", "AgentError",
-           "DeadlineExceeded", "ServiceClosed", "serving_rollout_config"]
+           "DeadlineExceeded", "ServiceClosed", "check_agent_options", "serving_rollout_config"]
 
 #: How many recent batch sizes `AgentService.batch_sizes` keeps (a server runs for days).
 RECENT_BATCHES = 10_000
@@ -131,6 +131,26 @@ class AgentAnswer:
         return {"answer": self.answer, "finish_reason": self.finish_reason, "prompt_tokens": self.prompt_tokens,
                 "completion_tokens": self.completion_tokens, "seconds": self.seconds,
                 "rounds": [r.to_dict() for r in self.rounds]}
+
+
+def check_agent_options(options: AgentOptions, max_turns_limit: Optional[int] = None) -> None:
+    """ValueError naming the option when `options` is out of range (max_turns at most
+    `max_turns_limit` when given); needs no model, so a command checks its flags before loading one."""
+    def number(name: str, value: Any, ok: Callable[[float], bool], rule: str) -> None:
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                  or not math.isfinite(value) or not ok(value)):
+            raise ValueError(f"{name} must be {rule}, got {value!r}")
+
+    number("temperature", options.temperature, lambda v: v >= 0, "a number >= 0")
+    number("top_p", options.top_p, lambda v: 0 < v <= 1, "a number in (0, 1]")
+    number("deadline_s", options.deadline_s, lambda v: v > 0, "a number of seconds > 0")
+    for name, value, top in (("max_new_tokens", options.max_new_tokens, None),
+                             ("max_turns", options.max_turns, max_turns_limit)):
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1 or (top is not None and value > top):
+            bound = f" and <= {top}" if top is not None else ""
+            raise ValueError(f"{name} must be an integer >= 1{bound}, got {value!r}")
 
 
 class AgentTicket:
@@ -221,31 +241,21 @@ class AgentService:
 
     # -- public ------------------------------------------------------------------------------------
     def check_options(self, options: AgentOptions) -> None:
-        """ValueError naming the option when `options` is out of range."""
-        def number(name: str, value: Any, ok: Callable[[float], bool], rule: str) -> None:
-            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
-                                      or not math.isfinite(value) or not ok(value)):
-                raise ValueError(f"{name} must be {rule}, got {value!r}")
-
-        number("temperature", options.temperature, lambda v: v >= 0, "a number >= 0")
-        number("top_p", options.top_p, lambda v: 0 < v <= 1, "a number in (0, 1]")
-        number("deadline_s", options.deadline_s, lambda v: v > 0, "a number of seconds > 0")
-        for name, value, top in (("max_new_tokens", options.max_new_tokens, None),
-                                 ("max_turns", options.max_turns, self.max_turns_limit)):
-            if value is None:
-                continue
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1 or (top is not None and value > top):
-                bound = f" and <= {top}" if top is not None else ""
-                raise ValueError(f"{name} must be an integer >= 1{bound}, got {value!r}")
+        """ValueError naming the option when `options` is out of range (`check_agent_options`, with
+        this service's ``max_turns_limit``)."""
+        check_agent_options(options, self.max_turns_limit)
 
     def submit(self, question: str, options: AgentOptions = AgentOptions(), *,
                on_round: Optional[RoundCallback] = None) -> AgentTicket:
         """Start an episode of `question` (the user's message, laid out as ``prompt_style`` says:
         `mempo.env.data.user_turn`; nothing else reaches the model); returns at once. ValueError
-        for an empty question, one the layout cannot hold, or bad options; `ServiceClosed` after
-        `close`."""
+        for an empty question, one the layout cannot hold, or bad options, `mempo.env.data.DataError`
+        (a ValueError) for a question the agent cannot take (`check_question`: longer than
+        `MAX_QUESTION_CHARS` characters, or not encodable, e.g. a lone surrogate; lines are allowed);
+        `ServiceClosed` after `close`."""
         if not isinstance(question, str) or not question.strip():
             raise ValueError("the question is empty")
+        check_question(question, "question", one_line=False)
         prompt = question if self.prompt_style is None else user_turn(question, self.prompt_style)
         self.check_options(options)
         if self._closed.is_set():

@@ -18,7 +18,9 @@ a finish chunk (with ``agent`` without the rounds), a usage chunk when asked, ``
 bytes). No ``id:``, ``retry:`` or ``event:`` lines (the openai client misreads them).
 
 Errors are OpenAI error objects ``{"error": {"message", "type", "param", "code"}}``: 400 malformed
-body, non-JSON, missing or empty user message, bad field (``param`` names it); 401 wrong or missing
+body, non-JSON, missing or empty user message, a question a QA file could not hold (over
+`mempo.env.data.MAX_QUESTION_CHARS` characters, or not encodable: a lone surrogate such as
+``"\\ud800"``; `check_question`, lines allowed), bad field (``param`` names it); 401 wrong or missing
 API key (every route but ``/health``); 404 unknown model or route; 413 body over
 ``max_body_bytes``; 429 more than ``max_in_flight`` requests in flight (``Retry-After``); 504 the
 request's deadline passed; 500 the agent failed (``x-should-retry: false`` on 500 and 504: a retry
@@ -34,6 +36,7 @@ import time
 import uuid
 from typing import Any, Callable, Optional
 
+from mempo.env.data import DataError, check_question
 from mempo.env.server import DEFAULT_HOST, SERVER_OPTIONS, AppServer, BodyLimit, serve_app
 from mempo.serve.defaults import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_IN_FLIGHT, DEFAULT_PING_S, DEFAULT_PORT
 from mempo.serve.agent import AgentAnswer, AgentError, AgentOptions, AgentService, DeadlineExceeded
@@ -117,17 +120,21 @@ def _question(body: dict) -> str:
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise _RequestError(400, "'messages' must be a non-empty list of messages", param="messages")
-    question = None
+    question, where = None, "messages"
     for i, message in enumerate(messages):
         if not isinstance(message, dict) or not isinstance(message.get("role"), str):
             raise _RequestError(400, f"messages[{i}] must be an object with a 'role' string", param=f"messages[{i}]")
         if message["role"] == "user":
-            question = _text_of(message.get("content"), f"messages[{i}].content")
+            where = f"messages[{i}].content"
+            question = _text_of(message.get("content"), where)
     if question is None:
         raise _RequestError(400, "no user message: the last 'user' message is the agent's question", param="messages")
     if not question.strip():
         raise _RequestError(400, "the last user message is empty", param="messages")
-    return question
+    try:  # what a QA file's question may hold, lines apart (the message is the prompt as it is)
+        return check_question(question, where, one_line=False)
+    except DataError as error:
+        raise _RequestError(400, str(error), param=where) from None
 
 
 def _number(body: dict, name: str, *, integer: bool = False) -> Any:
@@ -300,6 +307,8 @@ def create_app(service: AgentService, *, model_id: str, max_in_flight: int = DEF
             await asyncio.wait({waiting}, timeout=0.5)
             if not waiting.done() and await request.is_disconnected():
                 ticket.cancel()  # the client went away: the episode is dropped at its next round
+                # its "cancelled" AgentError is expected: read it, so asyncio does not log it as never retrieved
+                waiting.add_done_callback(lambda done: done.cancelled() or done.exception())
                 return Response(status_code=499)
         try:
             answer = waiting.result()

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 from typing import Callable, NamedTuple, Optional
 
-from mempo.config import MempoConfig
+from mempo.config import ConfigError, MempoConfig
 from mempo.env.build import build_retriever
 from mempo.env.retriever import Retriever
-from mempo.synthetic.world import World
+from mempo.synthetic.grammar import check_hops
+from mempo.synthetic.world import World, check_relations, world_sizes
 
-__all__ = ["SyntheticEnv", "synthetic_world", "build_world"]
+__all__ = ["SyntheticEnv", "check_world_config", "synthetic_world", "build_world"]
 
 
 class SyntheticEnv(NamedTuple):
@@ -25,8 +26,27 @@ class SyntheticEnv(NamedTuple):
     retriever: Retriever
 
 
+def check_world_config(cfg: MempoConfig) -> None:
+    """The world's own checks of the ``synthetic`` section (`World.generate` would refuse the same),
+    as a ConfigError naming the field: world_relations (known names), world_question_hops (1..4),
+    and world_documents (enough for the entities and their chronicles) or world_entities. The
+    section checks the rest when built (`mempo.config.SyntheticConfig`: ranges, `MAX_WORLD_DOCUMENTS`)."""
+    s = cfg.synthetic
+    sizes = "world_documents" if s.world_documents is not None else "world_entities"
+    checks = (("world_relations", lambda: check_relations(s.world_relations)),
+              ("world_question_hops", lambda: s.world_question_hops is None or check_hops(list(s.world_question_hops))),
+              (sizes, lambda: world_sizes(s.world_entities, s.world_documents, s.world_distractor_ratio,
+                                          check_relations(s.world_relations), s.world_chronicles)))
+    for name, check in checks:
+        try:
+            check()
+        except ValueError as error:
+            raise ConfigError(f"synthetic.{name}", str(error)) from None
+
+
 def synthetic_world(cfg: MempoConfig) -> World:
-    """The synthetic world ``cfg.synthetic`` describes."""
+    """The synthetic world ``cfg.synthetic`` describes (checked first: `check_world_config`)."""
+    check_world_config(cfg)
     s = cfg.synthetic
     fillers = tuple(s.article_fillers) if s.article_fillers is not None else None
     return World.generate(s.world_seed, s.world_entities, num_documents=s.world_documents,

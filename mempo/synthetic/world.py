@@ -30,7 +30,7 @@ from mempo.synthetic.grammar import (
 )
 from mempo.synthetic.questions import draw_questions
 
-__all__ = ["Entity", "World"]
+__all__ = ["Entity", "World", "check_relations", "world_sizes"]
 
 
 @dataclass
@@ -274,12 +274,7 @@ def _checked_options(*, distractor_ratio: float, chronicle_fraction: float,
             raise ValueError(f"article_fillers must be (least, most) with 0 <= least <= most, got {article_fillers}")
     if min_chronicle_pages < 2 or page_chars < 2 * SEARCH_RESULT_CHARS:
         raise ValueError(f"need min_chronicle_pages >= 2 and page_chars >= {2 * SEARCH_RESULT_CHARS}")
-    if relations is not None:
-        relations = tuple(dict.fromkeys(str(r) for r in relations))
-        unknown = [r for r in relations if r not in RELATIONS]
-        if unknown or not relations:
-            raise ValueError(f"relations must be a non-empty subset of {sorted(RELATIONS)}; "
-                             f"unknown: {unknown}" if unknown else "relations must not be empty")
+    relations = check_relations(relations)
     if names not in NAME_STYLES:
         raise ValueError(f"names must be one of {NAME_STYLES}, got {names!r}")
     if article_style not in ARTICLE_STYLES:
@@ -291,6 +286,27 @@ def _checked_options(*, distractor_ratio: float, chronicle_fraction: float,
     if prompt_style is not None and prompt_style not in PROMPT_STYLES:
         raise ValueError(f"prompt_style must be one of {PROMPT_STYLES}, got {prompt_style!r}")
     return article_fillers, relations, question_hops
+
+
+def check_relations(relations: Optional[Sequence[str]]) -> Optional[tuple[str, ...]]:
+    """`relations` as a tuple without repeats (None: all, stays None); ValueError for an empty list
+    or a name that is not a `RELATIONS` key."""
+    if relations is None:
+        return None
+    relations = tuple(dict.fromkeys(str(r) for r in relations))
+    unknown = [r for r in relations if r not in RELATIONS]
+    if unknown or not relations:
+        raise ValueError(f"relations must be a non-empty subset of {sorted(RELATIONS)}; "
+                         f"unknown: {unknown}" if unknown else "relations must not be empty")
+    return relations
+
+
+def world_sizes(num_entities: Optional[int], num_documents: Optional[int], distractor_ratio: float,
+                relations: Optional[Sequence[str]], chronicles: bool) -> tuple[int, dict[str, int], int]:
+    """`World.generate`'s sizes for these options (`_sizes` over the entity kinds `relations` uses;
+    None: all); ValueError where it would refuse them."""
+    return _sizes(num_entities, num_documents, distractor_ratio,
+                  kinds_of(set(relations if relations is not None else RELATIONS)), chronicles)
 
 
 def _sizes(num_entities: Optional[int], num_documents: Optional[int], distractor_ratio: float,

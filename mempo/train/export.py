@@ -7,7 +7,8 @@ use it.
 Output (``save_pretrained``'s layout): ``config.json``, ``model.safetensors`` or
 ``model-0000i-of-0000n.safetensors`` + ``model.safetensors.index.json`` (``{"metadata":
 {"total_size"}, "weight_map"}``), the tokenizer's files when one is given, ``mempo_provenance.json``;
-written atomically (`mempo.utils.atomic.atomic_directory`). A tied output head is not written
+written atomically (`mempo.utils.atomic.atomic_directory`, which never replaces what mempo did not
+write). A tied output head is not written
 (transformers ties it again on load).
 """
 from __future__ import annotations
@@ -25,7 +26,7 @@ from mempo.model.export import PROVENANCE_FILE, safetensors_names, write_safeten
 from mempo.model.loading import build_causal_lm
 from mempo.train.checkpoint import MODEL_DIR, latest_checkpoint, verify_checkpoint
 from mempo.train.sharded import CheckpointError, read_tensors, tensor_specs
-from mempo.utils.atomic import atomic_directory
+from mempo.utils.atomic import atomic_directory, check_directory_target
 from mempo.utils.buckets import plan_buckets
 from mempo.utils.types import PathLike
 
@@ -36,15 +37,19 @@ DEFAULT_SHARD_BYTES = 5 * 10 ** 9  # transformers' default max_shard_size ("5GB"
 
 def export_checkpoint(checkpoint: PathLike, directory: PathLike, cfg: MempoConfig, tokenizer: Any = None, *,
                       dtype: Optional[str] = None, max_shard_bytes: int = DEFAULT_SHARD_BYTES,
-                      provenance: Optional[Mapping[str, Any]] = None, phase: Optional[str] = None) -> Path:
+                      provenance: Optional[Mapping[str, Any]] = None, phase: Optional[str] = None,
+                      field: str = "") -> Path:
     """Write checkpoint `checkpoint`'s model (a ``step_N`` directory, or a root: its newest complete
     one; verified against its manifest, a damaged one refused naming the file) as a Hugging Face directory `directory`, one safetensors file
     at a time. cfg: the run's config (its ``model`` section gives the architecture; builtin-tiny's
     vocabulary is read from the checkpoint). dtype: the written dtype (None: as saved, e.g. the
     fp32 masters; "bfloat16" halves the files). Peak memory: one file's tensors (`max_shard_bytes`)
     plus the largest tensor. This process only; not collective. CheckpointError for a checkpoint
-    that is damaged, of the older full-state format, or not of this architecture."""
+    that is damaged, of the older full-state format, or not of this architecture; `directory` must be
+    one `atomic_directory` may replace (`mempo.utils.atomic.OutputPathError` naming `field`, checked
+    before the checkpoint is read)."""
     path = Path(checkpoint)
+    check_directory_target(directory, field)
     if not path.name.startswith("step_"):  # a root: its newest complete checkpoint (no collective here)
         newest = latest_checkpoint(path) if path.is_dir() else None
         if newest is None:
@@ -73,7 +78,7 @@ def export_checkpoint(checkpoint: PathLike, directory: PathLike, cfg: MempoConfi
     size_of = {k: math.prod(specs[k].shape) * (out_dtype or specs[k].dtype).itemsize for k in keys}
     files = plan_buckets(size_of, max_shard_bytes)
     names = safetensors_names(len(files))
-    with atomic_directory(Path(directory), phase=phase) as staging:
+    with atomic_directory(Path(directory), phase=phase, field=field) as staging:
         weight_map = {}
         for name, group in zip(names, files):
             tensors = read_tensors(model_dir, group, dtype=out_dtype)

@@ -50,7 +50,7 @@ from mempo.model.adapter import DTYPES
 from mempo.model.loading import build_causal_lm
 
 __all__ = ["KNOWN_ARCHITECTURES", "RUNTIME_OVERHEAD_BYTES", "SYNC_BUCKET_BYTES", "ModelShape", "Stage", "Plan",
-           "model_shape", "model_state_bytes", "plan_memory", "format_plan", "parse_bytes"]
+           "model_shape", "model_state_bytes", "plan_memory", "format_plan", "parse_bytes", "MAX_BYTES"]
 
 GIB = 1 << 30
 RUNTIME_OVERHEAD_BYTES = 4 * GIB
@@ -164,8 +164,9 @@ def plan_memory(cfg: MempoConfig, nproc_per_node: int, gpu_bytes: int, nnodes: i
                 shape: Optional[ModelShape] = None) -> Plan:
     """The per-GPU memory of each stage of a step of `cfg` on ``nnodes * nproc_per_node`` GPUs of
     `gpu_bytes` each (the module docstring says what each stage counts)."""
-    if nproc_per_node < 1 or nnodes < 1:
-        raise ConfigError("--nproc-per-node", f"must be >= 1, got {nproc_per_node} per node on {nnodes} node(s)")
+    for flag, count in (("--nproc-per-node", nproc_per_node), ("--nnodes", nnodes)):
+        if count < 1:
+            raise ConfigError(flag, f"must be >= 1, got {count}")
     world = nproc_per_node * nnodes
     shape = shape or model_shape(cfg)
     a = cfg.actor
@@ -237,12 +238,15 @@ def _advice(cfg: MempoConfig, plan: Plan, training: Stage, scoring: Stage) -> li
     return tips
 
 
+#: The largest size `parse_bytes` accepts: 2^63 bytes, the limit of the int64 sizes torch and files use.
+MAX_BYTES = 1 << 63
 _UNITS = {"": 1, "b": 1, "kb": 10 ** 3, "mb": 10 ** 6, "gb": 10 ** 9, "tb": 10 ** 12,
           "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40}
 
 
 def parse_bytes(text: str, field_name: str = "--gpu-memory") -> int:
-    """``80GiB``, ``80GB``, ``81920MiB``, ``85899345920`` -> bytes; ConfigError naming the option."""
+    """``80GiB``, ``80GB``, ``81920MiB``, ``85899345920`` -> bytes, at least 1 and below `MAX_BYTES`;
+    ConfigError naming the option otherwise (``1e400GiB`` included)."""
     value = text.strip().lower().replace(" ", "")
     number = value.rstrip("abcdefghijklmnopqrstuvwxyz")
     unit = value[len(number):]
@@ -252,7 +256,10 @@ def parse_bytes(text: str, field_name: str = "--gpu-memory") -> int:
         amount = -1.0
     if unit not in _UNITS or not amount > 0:
         raise ConfigError(field_name, f"{text!r} is not a memory size (e.g. 80GiB, 80GB, 81920MiB)")
-    return int(amount * _UNITS[unit])
+    size = amount * _UNITS[unit]
+    if not size < MAX_BYTES:  # inf included
+        raise ConfigError(field_name, f"{text!r} is larger than any memory (the limit is 2^63 bytes, 8 EiB)")
+    return int(size)
 
 
 def format_plan(plan: Plan) -> str:

@@ -205,7 +205,7 @@ def _setup_tokenizer(cfg: MempoConfig, out_dir: Path, world: Any):
         texts += [f"{doc.title}\n{doc.text}" for doc in islice(iter_corpus(cfg.env.corpus_path), 2000)]
     tokenizer = train_tokenizer(texts, vocab_size=1024)
     if _rank() == 0:
-        with atomic_directory(saved, phase="tokenizer") as staging:
+        with atomic_directory(saved, phase="tokenizer", field="trainer.out_dir") as staging:
             tokenizer.save_pretrained(staging)
     return tokenizer
 
@@ -256,8 +256,9 @@ def _episode_pool(cfg: MempoConfig, world: Any) -> list:
     try:
         return training_episodes(world, d.num_objectives, max(d.questions_per_step * 4, 8), d.seed, held_out)
     except ValueError as error:
-        raise ValueError(f"the synthetic world (world_entities={cfg.synthetic.world_entities}) cannot make "
-                         f"episodes of {d.num_objectives} objectives: {error}") from None
+        raise ConfigError("data.num_objectives",
+                          f"the synthetic world (world_entities={cfg.synthetic.world_entities}) cannot make "
+                          f"episodes of {d.num_objectives} objectives: {error}") from None
 
 
 def _eval_episode_sets(cfg: MempoConfig, world: Any) -> dict[int, list]:
@@ -308,8 +309,8 @@ def _setup_backends(cfg: MempoConfig, model: Any, tokenizer: Any, out_dir: Path)
 
 
 def build_run(cfg: MempoConfig, *, model=None, tokenizer=None, episodes=None, retriever=None, out_dir=None) -> Run:
-    """Assemble, in this order, determinism, world, retriever, process group, run directory, seeds,
-    tokenizer, model, episodes, actors, backends and the step context; given parts are used as they
+    """Assemble, in this order, determinism, world, retriever, episodes, process group, run directory,
+    seeds, tokenizer, model, actors, backends and the step context; given parts are used as they
     are. The synthetic world (``data.source == "synthetic"``) is built only when something needs
     it (episodes, retriever or tokenizer not given, or the periodic evaluation on). Retriever:
     `mempo.env.build.build_retriever`, the one `mempo eval` uses (files source with neither corpus
@@ -322,6 +323,7 @@ def build_run(cfg: MempoConfig, *, model=None, tokenizer=None, episodes=None, re
         world = synthetic_world(cfg)
     if retriever is None:  # fail before anything is built or written
         retriever = build_retriever(cfg, world)
+    episodes = list(episodes) if episodes is not None else _episode_pool(cfg, world)  # as early: no model needed
     info = init_distributed()
     out = prepare_out_dir(out_dir or cfg.trainer.out_dir)
     seed_everything(cfg.trainer.seed + info.rank)
@@ -330,7 +332,6 @@ def build_run(cfg: MempoConfig, *, model=None, tokenizer=None, episodes=None, re
     if model is None:
         model = _setup_model(cfg, tokenizer, info)
     check_model_fits(model, tokenizer, _sequence_tokens(cfg))  # before anything slow
-    episodes = list(episodes) if episodes is not None else _episode_pool(cfg, world)
     eval_sets = _eval_episode_sets(cfg, world) if evaluating else {}
     actors = _setup_actors(cfg, model, info)
     backends = _setup_backends(cfg, actors.actor.module, tokenizer, out)

@@ -54,6 +54,10 @@ def _cases(tmp: Path) -> dict[str, tuple[list[str], str]]:
     offsets = index / "documents.offsets.npy"
     offsets.write_bytes(offsets.read_bytes()[:40])  # a torn file
     url = _dead_url()
+    (tmp / "rel.yaml").write_text("synthetic: {world_relations: [no_such_relation]}\n")
+    for run in ("model_run", "sft_run"):  # a run directory whose model/ someone else filled
+        (tmp / run / "model").mkdir(parents=True)
+        (tmp / run / "model" / "mine.txt").write_text("not mempo's\n")
 
     def train(out, *overrides):
         return ["train", "--config", TINY, "--out", str(out), *FAST, *overrides]
@@ -112,6 +116,28 @@ def _cases(tmp: Path) -> dict[str, tuple[list[str], str]]:
                             str(tmp / "empty.jsonl")], "empty.jsonl: no records"),
         "sft_no_assistant_turns": (["sft", "--config", TINY, "--out", str(tmp / "s2"), "--trajectories",
                                     str(tmp / "no_assistant.jsonl")], "no_assistant.jsonl: no assistant turns"),
+        # issue 47, a third round of probes (C34, C36-C40, C38, C42): tracebacks or unbounded before
+        "plan_config_dev_zero": (["plan", "--config", "/dev/zero"], "/dev/zero: too large a config: more than"),
+        "world_unknown_relation": (["train", "--config", str(tmp / "rel.yaml"), "--out", str(tmp / "r13"), *FAST],
+                                   "synthetic.world_relations: relations must be a non-empty subset of"),
+        "world_hops_50": (train(tmp / "r14", "synthetic.world_question_hops=[50]"),
+                          "synthetic.world_question_hops: hops must be in 1..4"),
+        "world_documents_1": (train(tmp / "r15", "synthetic.world_documents=1"),
+                              "synthetic.world_documents: num_documents=1 is too small"),
+        "objectives_1000": (train(tmp / "r16", "data.num_objectives=1000"),
+                            "data.num_objectives: the synthetic world (world_entities=25) cannot make episodes of "
+                            "1000 objectives"),
+        "world_distractors_1e7": (train(tmp / "r17", "synthetic.world_distractor_ratio=1e7"),
+                                  "synthetic.world_distractor_ratio: 10000000.0 distractors for each of 25 entities"),
+        "world_entities_1e7": (train(tmp / "r18", "synthetic.world_entities=10000000"),
+                               "synthetic.world_entities: must be at most 1,000,000"),
+        # issue 47: <out>/model is replaced at the end only when mempo wrote it; refused at the start
+        "train_model_dir_not_mempo_s": (train(tmp / "model_run"), f"trainer.out_dir: {tmp / 'model_run' / 'model'} is "
+                                                                  "a directory mempo did not write"),
+        "sft_model_dir_not_mempo_s": (["sft", "--config", TINY, "--out", str(tmp / "sft_run"), "--trajectories",
+                                       str(tmp / "no_assistant.jsonl")],
+                                      f"trainer.out_dir: {tmp / 'sft_run' / 'model'} is a directory mempo did "
+                                      "not write"),
     }
 
 
@@ -120,7 +146,9 @@ CASE_NAMES = ["threads", "out_is_a_file", "missing_model_path", "missing_corpus"
               "eval_empty_model_dir", "eval_non_model_dir", "corrupt_index", "sft_empty_file",
               "sft_no_assistant_turns", "eval_out_is_a_file", "eval_out_under_a_file", "eval_empty_name", "eval_hidden_name",
               "alias_bomb_in_a_field", "train_files_directory", "eval_question_with_newline",
-              "vocab_below_tokenizer", "context_below_sequence"]
+              "vocab_below_tokenizer", "context_below_sequence", "plan_config_dev_zero", "world_unknown_relation",
+              "world_hops_50", "world_documents_1", "objectives_1000", "world_distractors_1e7", "world_entities_1e7",
+              "train_model_dir_not_mempo_s", "sft_model_dir_not_mempo_s"]
 
 
 @pytest.fixture(scope="module")

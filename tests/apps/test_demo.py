@@ -119,12 +119,36 @@ def test_sft_settings_the_demo_cannot_follow_fail_before_anything_runs(tmp_path)
     assert main(["demo", "--out", str(tmp_path / "c"), "synthetic.oracle_objectives=null"]) == 2
 
 
+def test_an_out_the_demo_did_not_write_is_refused_before_anything_is_removed(tmp_path, capsys):
+    """Issue 47: the demo removed ``<out>/rl`` and ``<out>/sft`` of any --out (``--out ~`` included)
+    before its first stage; now only a directory an earlier demo wrote (its marker) is reused."""
+    from mempo.apps.cli import main
+    from mempo.apps.demo import run_demo
+    from mempo.utils.atomic import OutputPathError
+
+    home = tmp_path / "home"
+    (home / "rl").mkdir(parents=True)
+    (home / "rl" / "thesis.tex").write_text("a user's")
+    (home / "sft").mkdir()
+    # a world that cannot be built: the old demo failed at its first stage, after the removals
+    bad_world = load_demo_config(None, ["synthetic.world_relations=[no_such_relation]"])
+    with pytest.raises(OutputPathError, match="is a non-empty directory that mempo demo did not write"):
+        run_demo(bad_world, home, echo=lambda line: None, show_progress=False)
+    assert (home / "rl" / "thesis.tex").read_text() == "a user's" and (home / "sft").is_dir()
+    assert sorted(p.name for p in home.iterdir()) == ["rl", "sft"]
+    assert main(["demo", "--out", str(home / "rl" / "thesis.tex")]) == 2  # a file: one line
+    assert capsys.readouterr().err.startswith("mempo demo: --out: ")
+
+
 def test_smoke_demo(tmp_path):
     from mempo.apps.cli import main
+
+    from mempo.utils.atomic import claim_directory
 
     out = tmp_path / "demo_out"
     # Re-running the demo into the same --out works: the RL checkpoints of an earlier run there are
     # its own stage directory (cleared first), not a used run directory to refuse.
+    claim_directory(out, "--out", "mempo demo")  # as an earlier demo left it
     earlier = out / "rl" / "checkpoints" / "step_00000007"
     earlier.mkdir(parents=True)
     (out / "rl" / "checkpoints" / "latest").write_text("step_00000007\n")

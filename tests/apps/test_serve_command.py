@@ -118,6 +118,12 @@ def test_serve_runs_as_a_process_until_interrupted(tmp_path, model_dir):
     (["serve", "--model", ".", "--index-dir", "i", "--retriever-url", "http://127.0.0.1:1"], "--index-dir"),
     (["ask", "  ", "--model", "."], "question"),
     (["ask", "q?", "--model", "/nonexistent/model"], "--model"),
+    # issue 47 A02: a byte that is not UTF-8 in argv (Python reads it as a lone surrogate) failed in the
+    # tokenizer after the model load; the question and the flags are checked before it now
+    (["ask", "Who is caf\udce9?", "--model", "/nonexistent/model"], "field 'question' is not encodable text"),
+    (["ask", "why " * 1100, "--model", "/nonexistent/model"], "is 4400 characters long; the limit is 4096"),
+    (["ask", "q?", "--model", "/nonexistent/model", "--max-turns", "0"], "--max-turns: max_turns must be"),
+    (["ask", "q?", "--model", "/nonexistent/model", "--temperature", "nan"], "--temperature: temperature must be"),
 ])
 def test_user_errors_are_one_line(argv, expected, capsys):
     assert main(argv) == 2

@@ -1,6 +1,8 @@
 """mempo.config.loader: YAML round trip, dotted overrides with type conversion, file errors naming the file."""
+import os
 import subprocess
 import sys
+import threading
 
 import pytest
 
@@ -123,3 +125,22 @@ def test_nesting_and_alias_expansion_are_bounded(tmp_path):
     ok.write_text("trainer:\n  seed: " + "[" * 20 + "1" + "]" * 20 + "\n")
     with pytest.raises(ConfigError, match="trainer.seed: expected int"):
         load_config(ok)
+
+
+def test_a_config_is_read_with_a_bound_and_a_pipe_still_works(tmp_path):
+    """Issue 47 C34: ``--config /dev/zero`` read without a bound (a MemoryError); a FIFO is read as the
+    pipe it is (C44), and a file over `MAX_CONFIG_BYTES` is one line."""
+    from mempo.config.loader import MAX_CONFIG_BYTES
+
+    with pytest.raises(ConfigError, match=f"/dev/zero: too large a config: more than {MAX_CONFIG_BYTES:,} bytes"):
+        load_config("/dev/zero")
+    big = tmp_path / "big.yaml"
+    big.write_text("trainer:\n  seed: 1\n" + "#" * MAX_CONFIG_BYTES + "\n")
+    with pytest.raises(ConfigError, match="big.yaml: too large a config"):
+        load_config(big)
+    fifo = tmp_path / "pipe.yaml"
+    os.mkfifo(fifo)
+    writer = threading.Thread(target=lambda: fifo.write_text("trainer:\n  total_steps: 7\n"))
+    writer.start()
+    assert load_config(fifo).trainer.total_steps == 7
+    writer.join(10)

@@ -63,6 +63,14 @@ def test_defaults_match_the_brief():
     ("rollout.sglang_url=http://127.0.0.1:30000", "rollout.sglang_url", "only used with backend 'sglang'"),
     ("rollout.sglang_mem_fraction=1.5", "rollout.sglang_mem_fraction", "must be in (0, 1)"),
     ("rollout.chat_template= ", "rollout.chat_template", "'auto', 'builtin' or the path"),
+    # issue 47 C38, C42: a world of 10^7 entities (or of 1e7 distractors each) built without bound
+    ("synthetic.world_entities=10000000", "synthetic.world_entities", "must be at most 1,000,000"),
+    ("synthetic.world_documents=1000001", "synthetic.world_documents", "must be at most 1,000,000"),
+    ("synthetic.world_distractor_ratio=1e7", "synthetic.world_distractor_ratio", "more than 1,000,000"),
+    # issue 47 P08: builtin-tiny sizes torch cannot hold (or build in minutes)
+    ("model.num_hidden_layers=100000", "model.num_hidden_layers", "must be at most 10,000"),
+    ("model.vocab_size=100000000000000000", "model.vocab_size", "(hidden_size x vocab_size) in float32 would reach "
+                                                                 "2^63 bytes"),
 ])
 def test_errors_name_the_field_and_what_is_allowed(override, field, allowed):
     with pytest.raises(ConfigError) as info:

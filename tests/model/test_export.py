@@ -8,12 +8,14 @@ as many elements as the model has parameters, and equal the 1-process run's weig
 """
 import json
 
+import pytest
 import torch
 
 from support.dist import torchrun
 from support.dist_export_worker import run
 from support.paths import SUPPORT
 from mempo.model.export import PROVENANCE_FILE, export_model, full_state_dict, save_model_dir, save_streamed_model_dir
+from mempo.utils.atomic import OutputPathError
 
 WORKER = SUPPORT / "dist_export_worker.py"
 
@@ -35,16 +37,22 @@ def test_two_process_export_holds_the_full_trained_weights(tmp_path):
         torch.testing.assert_close(b[name], a[name], atol=1e-5, rtol=1e-4, msg=name)
 
 
-def test_export_keeps_tied_weights_tied_and_replaces_a_directory(tmp_path):
+def test_export_keeps_tied_weights_tied_and_replaces_only_its_own_directory(tmp_path):
+    """A directory mempo wrote is replaced whole; one holding anything else (a file someone added)
+    is refused and left as it was."""
     from mempo.model.builtin import default_corpus_texts, tiny_model, train_tokenizer
     from mempo.model.loading import load_model_dir
 
     tok = train_tokenizer(default_corpus_texts(), 300)
     model = tiny_model(tok, seed=0, tie_word_embeddings=True)
-    (tmp_path / "m").mkdir()
-    (tmp_path / "m" / "stale.txt").write_text("from an older export")
+    save_model_dir(tmp_path / "m", model, None, provenance={"from": "an older export"})
     assert export_model(model, tok, tmp_path / "m") == tmp_path / "m"
-    assert not (tmp_path / "m" / "stale.txt").exists()
+    assert not (tmp_path / "m" / PROVENANCE_FILE).exists()  # the older export was replaced whole
+    (tmp_path / "m" / "notes.txt").write_text("mine")
+    with pytest.raises(OutputPathError, match="notes.txt, which mempo did not write"):
+        export_model(model, tok, tmp_path / "m")
+    assert (tmp_path / "m" / "notes.txt").read_text() == "mine"
+    (tmp_path / "m" / "notes.txt").unlink()
     loaded, _ = load_model_dir(tmp_path / "m")
     assert loaded.config.tie_word_embeddings
     assert loaded.get_output_embeddings().weight.data_ptr() == loaded.get_input_embeddings().weight.data_ptr()

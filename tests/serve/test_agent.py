@@ -9,6 +9,7 @@ import pytest
 pytest.importorskip("transformers")
 
 from mempo.config import config_from_dict
+from mempo.env.data import DataError
 from mempo.env.client import HTTPRetriever
 from mempo.env.data import make_episode_prompt
 from mempo.env.server import RetrieverServer
@@ -108,6 +109,13 @@ def test_request_options_and_their_bounds(tok, bm25):
                 service.submit(question(2), bad)
         with pytest.raises(ValueError, match="empty"):
             service.submit("   ")
+        # issue 47: the check of a QA file's question (lines apart): a lone surrogate reached the
+        # tokenizer (a TypeError), a question of any length was taken
+        for bad, reason in (("Who is \ud800 here?", "is not encodable text"),
+                            ("why " * 1100, "4400 characters long; the limit is 4096")):
+            with pytest.raises(DataError, match=reason):
+                service.submit(bad)
+        assert service.answer(question(3) + "\n(two lines)").answer == "Needle 3"
         assert service.answer(question(4), AgentOptions(temperature=0.7, top_p=0.9)).answer == "Needle 4"
 
 

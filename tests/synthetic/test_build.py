@@ -2,7 +2,7 @@
 import pytest
 
 from mempo.config import ConfigError, load_config
-from mempo.synthetic.build import synthetic_world
+from mempo.synthetic.build import check_world_config, synthetic_world
 from support.small_world import SMALL
 
 
@@ -31,3 +31,19 @@ def test_world_options_reach_the_world():
 def test_bad_options_name_the_field(override, field):
     with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
         load_config(None, [override])
+
+
+@pytest.mark.parametrize("override, field, reason", [
+    # issue 47 C36, C37, C39: World.generate's ValueErrors escaped `mempo train` as tracebacks
+    ("synthetic.world_relations=[no_such_relation]", "synthetic.world_relations", "unknown: ['no_such_relation']"),
+    ("synthetic.world_question_hops=[50]", "synthetic.world_question_hops", "hops must be in 1..4"),
+    ("synthetic.world_documents=1", "synthetic.world_documents", "num_documents=1 is too small for 20 entities"),
+])
+def test_the_world_s_own_checks_name_the_field_before_anything_is_built(override, field, reason):
+    cfg = load_config(None, [override])  # the section's ranges hold; the world's rules are the world's
+    with pytest.raises(ConfigError) as error:
+        check_world_config(cfg)
+    assert error.value.field == field and reason in str(error.value)
+    with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
+        synthetic_world(cfg)
+    check_world_config(load_config(None, SMALL))  # the demo's small world passes

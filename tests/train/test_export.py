@@ -60,3 +60,51 @@ def test_another_architecture_is_refused(tmp_path):
     with pytest.raises(CheckpointError, match="has shape"):
         export_checkpoint(tmp_path / "run" / "checkpoints", tmp_path / "bad", wider)
     assert not (tmp_path / "bad").exists()
+
+
+def _listing(root):
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*"))
+
+
+def test_out_never_deletes_what_export_did_not_write(tmp_path, capsys, monkeypatch):
+    """Issue 47 (E02-E05, E15): ``--out`` the run directory, its checkpoints, a folder inside the
+    checkpoint, a user's folder, an existing file, ``.`` or a path under a file: one line, exit 2,
+    nothing touched. The old command exited 0 after deleting the run directory or every checkpoint,
+    turned the file into a directory, and raised tracebacks for the last two."""
+    _saved(tmp_path)
+    run = tmp_path / "run"
+    (run / "metrics.jsonl").write_text("{}\n")
+    (tmp_path / "afile.txt").write_text("keep me")
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("keep me too")
+    before = _listing(tmp_path)
+    checkpoints = run / "checkpoints"
+    step = checkpoints / "step_00000003"
+    monkeypatch.chdir(tmp_path)
+    cases = [(checkpoints, run, "holds"), (step, checkpoints, "is"), (step, step / "hf", "lies inside"),
+             (checkpoints, tmp_path / "mine", "is a directory mempo did not write"),
+             (checkpoints, tmp_path / "afile.txt", "exists and is not a directory"),
+             (checkpoints, ".", "is the working directory"),
+             (checkpoints, run / "config.yaml" / "model", "cannot be made")]
+    for checkpoint, out, expected in cases:
+        assert main(["export", "--checkpoint", str(checkpoint), "--out", str(out)]) == 2, out
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("mempo export: --out: ") and expected in err[0], (out, err)
+    assert _listing(tmp_path) == before
+    assert (tmp_path / "afile.txt").read_text() == "keep me"
+
+
+def test_out_replaces_an_earlier_export_and_bounds_the_shard_size(tmp_path, capsys):
+    _saved(tmp_path)
+    checkpoint = str(tmp_path / "run" / "checkpoints")
+    out = tmp_path / "hf"
+    assert main(["export", "--checkpoint", checkpoint, "--out", str(out), "--dtype", "bfloat16"]) == 0
+    assert main(["export", "--checkpoint", checkpoint, "--out", str(out)]) == 0  # its own: replaced
+    assert AutoModelForCausalLM.from_pretrained(out).dtype == torch.float32
+    (out / "notes.txt").write_text("added by hand")
+    assert main(["export", "--checkpoint", checkpoint, "--out", str(out)]) == 2
+    assert "notes.txt, which mempo did not write there" in capsys.readouterr().err
+    assert main(["export", "--checkpoint", checkpoint, "--out", str(tmp_path / "hf2"), "--max-shard-size",
+                 "1e400GB"]) == 2  # E10: int(inf) raised OverflowError
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("mempo export: --max-shard-size: '1e400GB' is larger than"), err

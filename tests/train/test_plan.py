@@ -77,3 +77,28 @@ def test_teacher_scoring_gathers_one_layer_and_only_hf_generation_the_whole_mode
                      parse_bytes("80GiB"))
     generation = next(stage for stage in hf.stages if stage.name.startswith("HF generation"))
     assert generation.parts["whole model gathered"] == hf.parameters * 2  # bf16 compute
+
+
+@pytest.mark.parametrize("argv, expected", [
+    # issue 47 P04: int(inf) in parse_bytes was an OverflowError traceback
+    (["--gpu-memory", "1e400GiB"], "--gpu-memory: '1e400GiB' is larger than any memory"),
+    (["--gpu-memory", "1e30GiB"], "--gpu-memory: '1e30GiB' is larger than any memory"),
+    # P08: the meta model overflowed torch's storage size (or took minutes to build 10^5 layers)
+    (["model.hidden_size=1000000000", "model.intermediate_size=4000000000", "model.num_hidden_layers=100000"],
+     "model.num_hidden_layers: must be at most 10,000"),
+    (["model.hidden_size=1000000000", "model.intermediate_size=4000000000"],
+     "model.intermediate_size: a 1000000000 x 4000000000 weight (hidden_size x intermediate_size) in float32 "
+     "would reach 2^63 bytes"),
+    # cosmetic: --nnodes 0 named --nproc-per-node
+    (["--nnodes", "0"], "--nnodes: must be >= 1, got 0"),
+])
+def test_absurd_sizes_are_one_line_not_an_overflow(argv, expected, capsys):
+    assert main(["plan", "--config", str(REPO / "configs" / "tiny.yaml"), *argv]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("mempo plan: ") and expected in err[0], err
+
+
+def test_a_huge_model_that_torch_can_size_gets_a_plan_that_does_not_fit(capsys):
+    assert main(["plan", "--config", str(REPO / "configs" / "tiny.yaml"), "model.hidden_size=1000000",
+                 "model.intermediate_size=4000000", "model.num_hidden_layers=1000"]) == 1
+    assert "does NOT fit" in capsys.readouterr().out

@@ -15,7 +15,11 @@ with one row per episode, the columns verl's ``RLHFDataset`` and the agent loops
     extra_info    {"index", "split", "id"}
 
 The golds sit only in ``reward_model`` (verl hands them to the loop, which uses them for the outcome
-and the scoring requests only). Without ``--train-episodes`` every record is used once per split.
+and the scoring requests only). Without ``--train-episodes`` every record is used once per split;
+given, it is at least 1. ``--out`` is a folder (made when absent; a file there, or a folder named
+``train.parquet`` / ``val.parquet`` in it, is refused before anything is read); the two files are
+replaced atomically. Every user error, a file that cannot be written included, is one line on stderr
+and exit code 2.
 """
 from __future__ import annotations
 
@@ -26,6 +30,7 @@ from typing import Any, Optional, Sequence
 
 from mempo.env.data import QARecord, compose_episodes, dataset_name, load_qa, make_episode_prompt
 from mempo.errors import MempoError
+from mempo.utils.atomic import check_output_folder
 
 __all__ = ["TRAIN_AGENT", "VAL_AGENT", "verl_rows", "write_parquet", "main"]
 
@@ -77,14 +82,22 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m mempo.integrations.verl.data", description=__doc__.split("\n")[0])
     parser.add_argument("--train", required=True, help="QA file (jsonl or parquet) for train.parquet")
     parser.add_argument("--val", required=True, help="QA file for val.parquet")
-    parser.add_argument("--out", required=True, help="output folder")
+    parser.add_argument("--out", required=True, help="output folder (made if absent; train.parquet and "
+                                                     "val.parquet in it are replaced)")
     parser.add_argument("--objectives", type=int, default=1, help="questions per episode (MEM1-style k)")
-    parser.add_argument("--train-episodes", type=int, default=None)
-    parser.add_argument("--val-episodes", type=int, default=None)
+    parser.add_argument("--train-episodes", type=int, default=None, help="train episodes, >= 1 (default: every "
+                                                                         "record once)")
+    parser.add_argument("--val-episodes", type=int, default=None, help="val episodes, >= 1 (default: every "
+                                                                       "record once)")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     try:
-        out = Path(args.out)
+        for flag, count in (("--train-episodes", args.train_episodes), ("--val-episodes", args.val_episodes)):
+            if count is not None and count < 1:  # no episodes would be a parquet without rows or columns
+                raise MempoError(f"{flag}: must be a number of episodes >= 1 (or left out: every record once), "
+                                 f"got {count}")
+        # before anything is read: a folder (or none yet) whose two parquet names are not folders
+        out = check_output_folder(args.out, "--out", [f"{split}.parquet" for split in ("train", "val")])
         for split, source, agent, episodes in (("train", args.train, TRAIN_AGENT, args.train_episodes),
                                                ("val", args.val, VAL_AGENT, args.val_episodes)):
             records = load_qa(source)
@@ -97,6 +110,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             print(f"mempo: {len(rows)} {split} rows -> {path}")
     except (MempoError, ValueError) as error:
         print(f"mempo verl data: {error}", file=sys.stderr)
+        return 2
+    except OSError as error:  # the output folder or a file in it cannot be written (read-only, full, ...)
+        print(f"mempo verl data: cannot write {error.filename or args.out}: {error.strerror or error}", file=sys.stderr)
         return 2
     return 0
 

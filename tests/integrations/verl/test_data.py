@@ -76,3 +76,25 @@ def test_launch_script_overrides_exist_in_verls_config_and_the_yaml_is_valid():
     for entry in OmegaConf.load(REPO / "mempo" / "integrations" / "verl" / "agents.yaml"):
         options = {k: v for k, v in OmegaConf.to_container(entry).items() if k not in ("name", "_target_")}
         loop_settings(options, entry=entry.name, score_memory=entry.name == "mempo_agent", response_length=4096)
+
+
+def test_outputs_and_episode_counts_that_cannot_work_are_one_line(tmp_path, capsys):
+    """Issue 47 V02, V04, V05: --out an existing file and ``train.parquet`` a folder were tracebacks,
+    --train-episodes 0 wrote a parquet of no rows and no columns with exit 0; a write that fails
+    (here ``train.parquet.partial`` is a folder) was an OSError traceback."""
+    train, val = _qa(tmp_path / "train.jsonl", 4), _qa(tmp_path / "val.jsonl", 2)
+    (tmp_path / "afile").write_text("keep me")
+    (tmp_path / "d" / "train.parquet").mkdir(parents=True)
+    (tmp_path / "p" / "train.parquet.partial").mkdir(parents=True)
+    cases = [(["--out", str(tmp_path / "afile")], f"--out: {tmp_path / 'afile'} exists and is not a directory"),
+             (["--out", str(tmp_path / "afile" / "sub")], "cannot be made"),
+             (["--out", str(tmp_path / "d")], "train.parquet is a directory; a file is written there"),
+             (["--out", str(tmp_path / "o"), "--train-episodes", "0"], "--train-episodes: must be a number of "
+                                                                       "episodes >= 1"),
+             (["--out", str(tmp_path / "o"), "--val-episodes", "0"], "--val-episodes: must be"),
+             (["--out", str(tmp_path / "p")], "Is a directory")]
+    for argv, expected in cases:
+        assert main(["--train", str(train), "--val", str(val), *argv]) == 2, argv
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("mempo verl data: ") and expected in err[0], (argv, err)
+    assert (tmp_path / "afile").read_text() == "keep me" and not (tmp_path / "o").exists()

@@ -74,3 +74,23 @@ def test_another_verl_version_registers_nothing_and_says_why(monkeypatch):
     assert any("built against verl 0.9.1 and refuses verl 0.8.0" in str(w.message) for w in caught)
     assert all(v.startswith("not registered: mempo's verl integration was built against verl 0.9.1")
                for v in plugin.registration_status().values())
+
+
+def test_the_checker_parses_its_arguments_and_a_failed_verl_import_is_one_line(tmp_path):
+    """Issue 47 V22, V23: ``python -m mempo.integrations.verl`` ignored unknown options (and --help),
+    and an ``import verl`` that fails (a module VERL_USE_EXTERNAL_MODULES names is missing) was a
+    ModuleNotFoundError traceback."""
+    base = {k: v for k, v in os.environ.items() if k not in ("VERL_USE_EXTERNAL_MODULES", "VERL_USE_EXTERNAL_PLUGINS")}
+    env = python_path_env(base, REPO)
+    command = [sys.executable, "-m", "mempo.integrations.verl"]
+    runs = [subprocess.Popen(command + argv, env=dict(env, **extra), cwd=tmp_path, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+            for argv, extra in ((["--definitely-not-an-option", "x"], {}), (["--help"], {}),
+                                ([], {"VERL_USE_EXTERNAL_MODULES": "no_such_module_xyz"}))]
+    (unknown, unknown_err), (usage, _), (failed, failed_err) = [run.communicate(timeout=600) for run in runs]
+    assert runs[0].returncode == 2 and "unrecognized arguments: --definitely-not-an-option x" in unknown_err
+    assert "usage: python -m mempo.integrations.verl" in unknown_err and unknown == ""
+    assert runs[1].returncode == 0 and usage.startswith("usage: python -m mempo.integrations.verl")
+    assert runs[2].returncode == 1 and "Traceback" not in failed_err and failed == "", failed_err[-3000:]
+    assert failed_err.strip().splitlines()[-1] == ("mempo verl check: cannot import verl: ModuleNotFoundError: "
+                                                   "No module named 'no_such_module_xyz'")
