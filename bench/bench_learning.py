@@ -66,12 +66,12 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from mempo.apps.demo import rl_episodes
 from mempo.config import MempoConfig, config_from_dict, config_to_dict, load_config, split_overrides
 from mempo.errors import MempoError
 from mempo.eval import eval_episodes, evaluate
+from mempo.model.loading import pretrained_causal_lm, pretrained_tokenizer
 from mempo.synthetic.build import build_world
 from mempo.synthetic.heldout import held_out_subjects
 from mempo.train.logging import read_metrics
@@ -321,12 +321,12 @@ def run(demo_out: Path, out: Path, *, seeds: Sequence[int] = tuple(range(8)), st
     sft_cfg = dataclasses.replace(cfg, eval=dataclasses.replace(cfg.eval, closed_book=False))
     sft_settings = _settings(sft_cfg, arm="sft", **facts)
     sft_record = finished_run(runs_dir / "sft.json", sft_settings, rerun)
-    tokenizer = AutoTokenizer.from_pretrained(sft_model)
+    tokenizer = pretrained_tokenizer(sft_model)
     runs_dir.mkdir(parents=True, exist_ok=True)
     out.mkdir(parents=True, exist_ok=True)
     began = time.perf_counter()
     if sft_record is None:
-        model = AutoModelForCausalLM.from_pretrained(sft_model)
+        model = pretrained_causal_lm(sft_model)
         report = evaluate(model, tokenizer, episodes_by_k, env.retriever, sft_cfg, show_progress=False,
                           log=lambda s: None, keep_trajectories=True)
         sft_record = {"settings": sft_settings, "arm": "sft", "rows": _rows(report, ks, tokenizer),
@@ -343,7 +343,7 @@ def run(demo_out: Path, out: Path, *, seeds: Sequence[int] = tuple(range(8)), st
         run_dir = Path(run_cfg.trainer.out_dir)
         if run_dir.exists():  # an interrupted (or replaced) run's steps and checkpoint: this run starts over
             shutil.rmtree(run_dir)
-        model = AutoModelForCausalLM.from_pretrained(sft_model)
+        model = pretrained_causal_lm(sft_model)
         start = time.perf_counter()
         trained = train(run_cfg, model=model, tokenizer=tokenizer, episodes=training, retriever=env.retriever,
                         out_dir=str(run_dir))

@@ -66,13 +66,13 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping, Optional, Sequence
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from mempo.algo.memory_reward import RoundMemoryReward
 from mempo.algo.outcome import score_outcomes
 from mempo.config import ConfigError, MempoConfig, config_from_dict, config_to_dict, load_config, split_overrides
 from mempo.env.build import build_tools
 from mempo.errors import MempoError
+from mempo.model.loading import pretrained_causal_lm, pretrained_tokenizer
 from mempo.eval import eval_episodes
 from mempo.records.trajectory import Trajectory, read_trajectories_jsonl, write_trajectories_jsonl
 from mempo.rollout.backends.factory import build_backend
@@ -517,8 +517,8 @@ def run(demo_out: Path, out: Path, *, model_name: str = "model_sft", questions: 
     episodes_by_k = held_out_episodes(env.world, cfg, ks, questions)
     asked = {q for eps in episodes_by_k.values() for e in eps for q in e.questions}
     shared = sft_subjects_shared(env.world, cfg, episodes_by_k)
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    model = AutoModelForCausalLM.from_pretrained(model_dir).to(device)
+    tokenizer = pretrained_tokenizer(model_dir)
+    model = pretrained_causal_lm(model_dir).to(device)
     model.eval()
     digest = model_digest(model_dir)
     backend = backend if backend is not None else rollout_backend(cfg, model, tokenizer, model_dir)

@@ -16,11 +16,10 @@ import argparse
 import sys
 from pathlib import Path
 
-from transformers import AutoTokenizer
-
 from mempo.apps.demo import load_demo_config
 from mempo.config import split_overrides
 from mempo.env.build import build_retriever, build_tools
+from mempo.model.loading import pretrained_tokenizer
 from mempo.synthetic.build import synthetic_world
 from mempo.synthetic.oracle import run_oracle
 from mempo.rollout.chat import ChatFormat
@@ -38,7 +37,7 @@ def main() -> None:
     args.overrides = overrides
     out = Path(args.demo_out)
     cfg = load_demo_config(out / "config.yaml", ["synthetic.oracle_drop_fact_prob=0"] + args.overrides)
-    chat = ChatFormat(AutoTokenizer.from_pretrained(out / "model_sft"), template=cfg.rollout.chat_template)
+    chat = ChatFormat(pretrained_tokenizer(out / "model_sft"), template=cfg.rollout.chat_template)
     world = synthetic_world(cfg)
     tools = build_tools(cfg, build_retriever(cfg, world))
     agent = oracle_agent(cfg)

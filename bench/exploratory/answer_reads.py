@@ -11,14 +11,13 @@ Results: docs/experiments/S4-k4-keeping-memories.md.
 import collections
 import sys
 
-from transformers import AutoTokenizer
-
+from mempo.model.loading import pretrained_tokenizer
 from mempo.protocol.grammar import extract_solution
 from mempo.protocol.reward import em_check, memory_keeps, objectives_from_golds, retrieved_objectives, split_answer
 from mempo.records.trajectory import read_trajectories_jsonl
 from mempo.utils.tokens import decode_ids
 
-tokenizer = AutoTokenizer.from_pretrained(sys.argv[1])
+tokenizer = pretrained_tokenizer(sys.argv[1])
 k = int(sys.argv[3])
 counts = collections.Counter()
 for t in read_trajectories_jsonl(sys.argv[2]):

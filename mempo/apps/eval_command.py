@@ -126,7 +126,8 @@ def run(args: argparse.Namespace) -> int:
         world = synthetic_world(cfg)
         episodes, datasets = eval_episodes(world, cfg, args.episodes), {}
         retriever = build_retriever(cfg, world, log=log)
-    model, tokenizer = load_model_dir(args.model, cfg.model.dtype)
+    model, tokenizer = load_model_dir(args.model, cfg.model.dtype,
+                                      allow_pickle_weights=cfg.model.allow_pickle_weights)
     check_model_fits(model, tokenizer, vocab_field="--model")  # before any rollout (eval bounds the context)
     backend = build_backend(cfg, model, tokenizer, model_path=args.model)  # as in training
     trajectories = None if args.no_trajectories else os.path.join(args.out, f"{args.name}_trajectories.jsonl")

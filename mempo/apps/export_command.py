@@ -41,9 +41,8 @@ def _run_dir(checkpoint: Path) -> Path:
 
 def run(args: argparse.Namespace) -> int:
     # reason: the command modules import their libraries inside run (`mempo --help` imports none)
-    from transformers import AutoTokenizer
     from mempo.config import ConfigError, load_config
-    from mempo.model.loading import load_pretrained
+    from mempo.model.loading import load_pretrained, pretrained_tokenizer
     from mempo.train.export import export_checkpoint
     from mempo.train.plan import parse_bytes
     from mempo.utils.atomic import check_directory_target
@@ -61,12 +60,12 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("--config", f"{config}: no such file (give the run's config with --config)")
     cfg = load_config(config, [])
     if args.tokenizer:
-        tokenizer = load_pretrained(AutoTokenizer.from_pretrained, args.tokenizer, "--tokenizer", "tokenizer")
+        tokenizer = load_pretrained(pretrained_tokenizer, args.tokenizer, "--tokenizer", "tokenizer")
     elif (run_dir / "tokenizer" / "tokenizer.json").is_file():
-        tokenizer = AutoTokenizer.from_pretrained(run_dir / "tokenizer")
+        tokenizer = pretrained_tokenizer(run_dir / "tokenizer")
     elif cfg.model.path != "builtin-tiny":
         source = cfg.model.tokenizer or cfg.model.path
-        tokenizer = load_pretrained(AutoTokenizer.from_pretrained, source, "model.tokenizer", "tokenizer")
+        tokenizer = load_pretrained(pretrained_tokenizer, source, "model.tokenizer", "tokenizer")
     else:
         tokenizer = None
     written = export_checkpoint(checkpoint, out, cfg, tokenizer, dtype=args.dtype, max_shard_bytes=max_shard_bytes,

@@ -178,10 +178,10 @@ def run_sft(args: argparse.Namespace) -> int:
     cfg = _run_config(args, SFT_FLAGS)
     # reason: the parser module stays light (`mempo --help` imports no torch)
     from mempo.model.export import save_model_dir
-    from mempo.train.checkpoint import checkpoint_step, resume_checkpoint
+    from mempo.train.checkpoint import check_checkpoint_space, checkpoint_step, resume_checkpoint
     from mempo.train.logging import MetricsLogger
     from mempo.train.sft import load_sft_records, run_sft as train_sft
-    from mempo.train.trainer import build_run, prepare_out_dir, refuse_used_run_dir
+    from mempo.train.trainer import build_run, check_checkpoints_writable, prepare_out_dir, refuse_used_run_dir
     from mempo.utils.atomic import check_directory_target
 
     s = cfg.sft
@@ -189,8 +189,10 @@ def run_sft(args: argparse.Namespace) -> int:
     checkpoints = out / "sft" / "checkpoints"
     refuse_used_run_dir(cfg.trainer.resume, checkpoints, command="sft")
     check_directory_target(out / "model", "trainer.out_dir")  # the tuned model replaces only what mempo wrote
+    check_checkpoints_writable(out, checkpoints)
     records = load_sft_records(s.trajectories) if s.trajectories else None
     run = build_run(cfg, out_dir=out)
+    check_checkpoint_space(checkpoints, run.model)
     resume_from = resume_checkpoint(cfg.trainer.resume, checkpoints, log=log)
     source = s.trajectories
     if records is None:

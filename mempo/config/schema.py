@@ -100,6 +100,11 @@ class ModelConfig:
     fields are bounded by what can be built: at most `MAX_MODEL_LAYERS` (10,000) layers, and no
     weight (``hidden_size`` by the widest of ``hidden_size``, ``intermediate_size`` and
     ``vocab_size``, in ``dtype``) of `MAX_TENSOR_BYTES` (2^63 bytes, torch's limit) or more.
+    allow_pickle_weights: read a model directory's pickled weights (``pytorch_model.bin``) when it
+    has no safetensors file (default false: such a directory is refused by name, since a pickle can
+    run code; when true torch's weights-only unpickler reads them). It applies wherever a model is
+    loaded from files: ``model.path`` (``mempo train`` / ``sft``) and ``--model`` (``mempo eval`` /
+    ``serve`` / ``ask``). Repository code (``trust_remote_code``) is never run, whatever it says.
 
     A flash-attention implementation (`flash_attention_requested`) needs half-precision compute:
     flash-attn refuses fp32 ("FlashAttention only support fp16 and bf16"). So fp32 weights with it
@@ -120,6 +125,7 @@ class ModelConfig:
     num_attention_heads: int = 4
     num_key_value_heads: int = 2
     max_position_embeddings: int = 8192
+    allow_pickle_weights: bool = False
 
     def __post_init__(self):
         _check_types(self)

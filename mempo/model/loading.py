@@ -4,6 +4,13 @@ model directory, with one-line ConfigErrors that name the setting.
 A source is local when it exists, or starts with ".", "/" or "~", or has more than one "/" (a hub
 id is ``name`` or ``org/name``). dtypes are named as in `ModelConfig.dtype` ("float32",
 "bfloat16", "float16").
+
+Loading never runs code from what it reads: every transformers load here (`pretrained_config`,
+`pretrained_tokenizer`, `pretrained_causal_lm`; mempo calls ``from_pretrained`` nowhere else)
+refuses repository code (``trust_remote_code`` off, so transformers neither runs a model's own
+modules nor asks whether to), and weights are read from safetensors files only: a directory with
+only pickled weights (``pytorch_model.bin``) is refused by name unless ``model.allow_pickle_weights``
+admits them, and even then torch reads them with its weights-only unpickler.
 """
 from __future__ import annotations
 
@@ -17,12 +24,52 @@ from torch import nn
 
 from mempo.config import ConfigError, ModelConfig
 from mempo.model.adapter import DTYPES
+from mempo.utils.files import plain_text, refused_global
 from mempo.utils.types import PathLike
 
-__all__ = ["build_causal_lm", "load_pretrained", "load_model_dir", "check_model_fits"]
+__all__ = ["build_causal_lm", "load_pretrained", "load_model_dir", "check_model_fits", "pretrained_config",
+           "pretrained_tokenizer", "pretrained_causal_lm", "check_weight_files"]
 
 _PRETRAINED_FILES = {"model": ("config.json",),
                      "tokenizer": ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")}
+_NO_REMOTE_CODE = {"trust_remote_code": False}  # the one place it is named: never a model's own code
+_PICKLED_WEIGHTS = (".bin", ".pt", ".pth")
+
+
+def pretrained_config(source: Any, **kwargs: Any):
+    """``transformers.AutoConfig.from_pretrained`` without repository code."""
+    return transformers.AutoConfig.from_pretrained(source, **kwargs, **_NO_REMOTE_CODE)
+
+
+def pretrained_tokenizer(source: Any, **kwargs: Any):
+    """``transformers.AutoTokenizer.from_pretrained`` without repository code."""
+    return transformers.AutoTokenizer.from_pretrained(source, **kwargs, **_NO_REMOTE_CODE)
+
+
+def pretrained_causal_lm(source: Any, *, allow_pickle_weights: bool = False, **kwargs: Any):
+    """``transformers.AutoModelForCausalLM.from_pretrained`` without repository code, its weights
+    from safetensors only (``use_safetensors=True``); `allow_pickle_weights`: safetensors when there
+    are any, else pickled ``*.bin`` files read by torch's weights-only unpickler (transformers'
+    ``weights_only=True``)."""
+    return transformers.AutoModelForCausalLM.from_pretrained(
+        source, use_safetensors=None if allow_pickle_weights else True, **kwargs, **_NO_REMOTE_CODE)
+
+
+def check_weight_files(source: str, field: str, allow_pickle_weights: bool = False) -> None:
+    """A ConfigError naming `field` when local model directory `source` holds pickled weights
+    (``*.bin``, ``*.pt``, ``*.pth``) and no safetensors file, unless `allow_pickle_weights`: a
+    pickle can run code when it is read. A hub id or a missing path passes (`load_pretrained`
+    refuses a missing one; the hub load itself asks for safetensors)."""
+    path = Path(source).expanduser()
+    if allow_pickle_weights or not path.is_dir():
+        return
+    names = sorted(p.name for p in path.iterdir())
+    pickled = [name for name in names if name.endswith(_PICKLED_WEIGHTS)]
+    if pickled and not any(name.endswith(".safetensors") for name in names):
+        shown = ", ".join(pickled[:3]) + (f" and {len(pickled) - 3} more" if len(pickled) > 3 else "")
+        raise ConfigError(field, f"{source} holds pickled weights only ({shown}); mempo reads safetensors, which hold "
+                                 f"no code: save the model again with save_pretrained (safetensors), or set "
+                                 f"model.allow_pickle_weights=true to read them with torch's weights-only unpickler")
 
 
 def load_pretrained(load: Callable[[str], Any], source: str, field: str, kind: str) -> Any:
@@ -42,7 +89,9 @@ def load_pretrained(load: Callable[[str], Any], source: str, field: str, kind: s
     try:
         return load(str(path) if path.exists() else source)
     except Exception as error:  # whatever transformers raises for a file it cannot use; the message names it
-        detail = " ".join(str(error).split())[:300]
+        refused = refused_global(error)
+        detail = (f"it names {refused}, which torch's weights-only loader refuses: weights are read as data, "
+                  f"never run" if refused else plain_text(error))
         raise ConfigError(field, f"cannot load the {kind} {source!r} ({type(error).__name__}: {detail})") from None
 
 
@@ -58,14 +107,14 @@ def build_causal_lm(model_config: ModelConfig, vocab_size: Optional[int] = None,
     dtype = DTYPES[model_config.dtype]
     if model_config.path != "builtin-tiny":
         if on_meta:
-            config = load_pretrained(transformers.AutoConfig.from_pretrained, model_config.path, "model.path",
-                                     "model")
+            config = load_pretrained(pretrained_config, model_config.path, "model.path", "model")
             with torch.device("meta"):
                 return transformers.AutoModelForCausalLM.from_config(
                     config, dtype=dtype, attn_implementation=model_config.attn_implementation)
-        return load_pretrained(lambda source: transformers.AutoModelForCausalLM.from_pretrained(
-            source, dtype=dtype, attn_implementation=model_config.attn_implementation), model_config.path,
-            "model.path", "model")
+        check_weight_files(model_config.path, "model.path", model_config.allow_pickle_weights)
+        return load_pretrained(lambda source: pretrained_causal_lm(
+            source, allow_pickle_weights=model_config.allow_pickle_weights, dtype=dtype,
+            attn_implementation=model_config.attn_implementation), model_config.path, "model.path", "model")
     vocab = model_config.vocab_size or vocab_size
     if vocab is None:
         raise ValueError("builtin-tiny needs a vocabulary size: set model.vocab_size or pass the tokenizer's")
@@ -79,13 +128,15 @@ def build_causal_lm(model_config: ModelConfig, vocab_size: Optional[int] = None,
             qwen_config, dtype=dtype, attn_implementation=model_config.attn_implementation)
 
 
-def load_model_dir(path: PathLike, dtype: str = "float32"):
+def load_model_dir(path: PathLike, dtype: str = "float32", *, allow_pickle_weights: bool = False):
     """(model in eval mode, tokenizer) from a directory holding a saved HF causal LM and its
-    tokenizer; a ConfigError naming ``--model`` when it holds none (`load_pretrained`)."""
+    tokenizer; a ConfigError naming ``--model`` when it holds none (`load_pretrained`), or only
+    pickled weights and not `allow_pickle_weights` (``model.allow_pickle_weights``; `check_weight_files`)."""
     source = str(path)
-    model = load_pretrained(lambda s: transformers.AutoModelForCausalLM.from_pretrained(
-        s, dtype=getattr(torch, dtype)), source, "--model", "model")
-    tokenizer = load_pretrained(transformers.AutoTokenizer.from_pretrained, source, "--model", "tokenizer")
+    check_weight_files(source, "--model", allow_pickle_weights)
+    model = load_pretrained(lambda s: pretrained_causal_lm(
+        s, allow_pickle_weights=allow_pickle_weights, dtype=getattr(torch, dtype)), source, "--model", "model")
+    tokenizer = load_pretrained(pretrained_tokenizer, source, "--model", "tokenizer")
     model.eval()
     return model, tokenizer
 

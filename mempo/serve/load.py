@@ -66,7 +66,8 @@ def load_agent(cfg: MempoConfig, model_dir: str, *, index_dir: Optional[str] = N
         raise ConfigError("--model", f"{model_dir!r} is not a directory")
     retriever, source = open_retriever(cfg, index_dir=index_dir, log=log)
     try:
-        model, tokenizer = load_model_dir(model_dir, cfg.model.dtype)
+        model, tokenizer = load_model_dir(model_dir, cfg.model.dtype,
+                                          allow_pickle_weights=cfg.model.allow_pickle_weights)
         check_model_fits(model, tokenizer, vocab_field="--model")
         backend = build_backend(cfg, model, tokenizer, model_path=model_dir)
         service = AgentService.from_config(cfg, model, tokenizer, retriever, backend, **service_options)

@@ -21,10 +21,21 @@ Nothing is gathered on one rank: each rank writes and hashes its own shard files
 hashes them again on resume (`verify_on_all_ranks`) and reads only the saved chunks that overlap
 its shards, so a checkpoint written by N ranks resumes on M ranks (or in one plain process) with the same parameters and optimiser state. Checkpoints of
 formats 1 and 2 (full-state model.pt / optimizer.pt, `mempo.train.full_state`) still load.
-RNG files are loaded with ``torch.load(weights_only=True)``; data_state and extra are JSON values.
+
+Every file is read as data, never run: the DCP index through a restricted unpickler
+(`mempo.train.sharded.read_index`), RNG files and model.pt / optimizer.pt with
+``torch.load(weights_only=True)``, data_state and extra as JSON values; the manifest, state.json
+and the pointer only when they are regular files (a FIFO is refused, not waited on). A checkpoint
+is intact only when its manifest lists, with matching digests, every file a load may read (all of
+model/, optimizer/, rng/, state.json, model.pt, optimizer.pt, and every shard the DCP indexes
+name) and its RNG files hold `capture_rng_state`'s shape. A save the file system refuses raises
+`CheckpointWriteError` (one line: path, reason, errno name), removes its unpublished directory and
+leaves every earlier checkpoint as it was; `check_checkpoint_root` / `check_checkpoint_space` find
+the foreseeable refusals before a run trains.
 """
 from __future__ import annotations
 
+import errno
 import json
 import os
 import random
@@ -41,27 +52,35 @@ from typing import Any, Callable, Optional
 import numpy as np
 import torch
 
+try:
+    import resource  # POSIX: the file-size limit a save must fit (RLIMIT_FSIZE)
+except ImportError:  # not POSIX: no limit to check
+    resource = None
+
+from mempo.errors import MempoError
 from mempo.utils.atomic import (
     FAULT_ENV, TEMP_PREFIX, fault_point, fsync_dir, replace_file_atomically, write_bytes_durably,
 )
 from mempo.train.full_state import (
-    check_full_state_files, is_legacy_checkpoint, load_full_state_files, load_model_state, load_optimizer_state,
-    model_state_dict, optimizer_state_dict, torch_load,
+    LEGACY_MODEL_FILE, LEGACY_OPTIMIZER_FILE, check_full_state_files, is_legacy_checkpoint, load_full_state_files,
+    load_model_state, load_optimizer_state, model_state_dict, optimizer_state_dict, torch_load,
 )
 from mempo.train.sharded import (
-    CheckpointError, check_model_shards, check_optimizer_shards, dist_active, load_model_shards, load_optimizer_shards,
-    owner_rank, rank_shard_files, save_model_shards, save_optimizer_shards, short_error, snapshot_model_state,
-    snapshot_optimizer_state, write_state,
+    METADATA_FILE, CheckpointError, check_model_shards, check_optimizer_shards, dist_active, index_files,
+    load_model_shards, load_optimizer_shards, owner_rank, rank_shard_files, read_values, save_model_shards,
+    save_optimizer_shards, short_error, snapshot_model_state, snapshot_optimizer_state, write_state,
 )
 from mempo.utils.digest import sha256_file
+from mempo.utils.files import NotRegularFileError, read_regular
 from mempo.utils.jsonl import loads_bounded
 from mempo.utils.types import PathLike
 
 __all__ = [
-    "CheckpointError", "CheckpointState", "capture_rng_state", "restore_rng_state", "checkpoint_dir",
+    "CheckpointError", "CheckpointWriteError", "CheckpointState", "rng_state_problem", "check_checkpoint_root",
+    "check_checkpoint_space", "apply_optimizer_defaults", "capture_rng_state", "restore_rng_state", "checkpoint_dir",
     "list_checkpoints", "has_checkpoints", "latest_checkpoint", "verify_checkpoint", "verify_on_all_ranks",
     "newest_intact_checkpoint", "resolve_checkpoint", "resume_checkpoint", "checkpoint_step", "save_checkpoint",
-    "start_checkpoint", "PendingCheckpoint", "load_checkpoint",
+    "start_checkpoint", "PendingCheckpoint", "load_checkpoint", "write_error", "os_error_text",
     "prune_checkpoints", "check_fits", "model_state_dict", "optimizer_state_dict", "load_model_state", "load_optimizer_state",
 ]
 CHECKPOINT_FORMAT = 3  # 3: sharded (DCP) model/ and optimizer/; 2: full model.pt, digests; 1: no digests
@@ -70,6 +89,25 @@ OPTIMIZER_DIR = "optimizer"
 COMPLETE_MARKER = "COMPLETE"
 LATEST_FILE = "latest"
 _STEP_DIR = re.compile(r"^step_(\d{8,})$")
+# What a load reads: the manifest must list every file in these folders and these files when present
+_LOADED_FOLDERS = (MODEL_DIR, OPTIMIZER_DIR, "rng")
+_LOADED_FILES = ("state.json", LEGACY_MODEL_FILE, LEGACY_OPTIMIZER_FILE)
+_SMALL_FILE_BYTES = 64 << 20  # the manifest, state.json, the pointer: far smaller; nothing larger is read
+
+
+class CheckpointWriteError(MempoError, OSError):
+    """A checkpoint that could not be written: the message (one line) names the step, the path and
+    the file system's reason with its errno name (EROFS, ENOSPC, EFBIG, EISDIR, ...; ``errno`` holds
+    the number when the file system gave one). Nothing was published: the checkpoints written before
+    it are as they were. An OSError too, as the failures it reports were."""
+
+    def __init__(self, message: str, code: Optional[int] = None):
+        super().__init__(message)
+        self.errno = code
+
+
+class _OtherRankFailed(OSError):
+    """Another rank's failure, on a rank whose own part went through."""
 
 
 @dataclass
@@ -127,6 +165,41 @@ def restore_rng_state(state: dict) -> None:
     torch.cuda.set_rng_state(cuda)
 
 
+def _byte_tensor(value: Any) -> bool:
+    return isinstance(value, torch.Tensor) and value.dtype == torch.uint8 and value.dim() == 1
+
+
+def rng_state_problem(state: Any) -> Optional[str]:
+    """What keeps `state` from being a `capture_rng_state` dict (a format-1 one included), said in
+    a few words, or None when it has that shape: python ``(3, 625 ints, gauss)``, numpy
+    ``("MT19937", 624 keys, pos, has_gauss, cached)``, torch a byte tensor, cuda (optional) a byte
+    tensor or a list of them."""
+    if not isinstance(state, dict):
+        return f"a {type(state).__name__}, not a dict of RNG states"
+    missing = [name for name in ("python", "numpy", "torch") if name not in state]
+    if missing:
+        return f"no {', '.join(missing)} state"
+    python = state["python"]
+    if not (isinstance(python, (tuple, list)) and len(python) == 3 and type(python[0]) is int
+            and isinstance(python[1], (tuple, list)) and len(python[1]) == 625
+            and all(type(word) is int for word in python[1]) and (python[2] is None or isinstance(python[2], float))):
+        return "the python state is not random.getstate()'s"
+    numpy_state = state["numpy"]
+    if not (isinstance(numpy_state, (tuple, list)) and len(numpy_state) == 5 and isinstance(numpy_state[0], str)
+            and (isinstance(numpy_state[1], torch.Tensor) and numpy_state[1].shape == (624,)
+                 and not numpy_state[1].is_floating_point()
+                 or isinstance(numpy_state[1], (tuple, list)) and len(numpy_state[1]) == 624)
+            and type(numpy_state[2]) is int and type(numpy_state[3]) is int and isinstance(numpy_state[4], float)):
+        return "the numpy state is not numpy.random.get_state()'s"
+    if not _byte_tensor(state["torch"]):
+        return "the torch state is not a byte tensor"
+    cuda = state.get("cuda")
+    if cuda is not None and not (_byte_tensor(cuda) or isinstance(cuda, (tuple, list))
+                                 and all(_byte_tensor(entry) for entry in cuda)):
+        return "the cuda state is not a byte tensor or a list of them"
+    return None
+
+
 # ------------------------------------------------------------------------------------------------
 # distributed helpers
 # ------------------------------------------------------------------------------------------------
@@ -180,7 +253,43 @@ def _from_rank0(compute: Callable[[], Any]) -> Any:
 # file system helpers
 # ------------------------------------------------------------------------------------------------
 def _torch_save(obj: Any, path: Path, phase: str) -> None:
-    write_bytes_durably(path, lambda handle: torch.save(obj, handle), phase)
+    try:
+        write_bytes_durably(path, lambda handle: torch.save(obj, handle), phase)
+    except RuntimeError as error:  # torch's zip writer says "unexpected pos" for a refused write
+        raise OSError(f"{path}: writing failed ({short_error(error)})") from None
+
+
+def _file_size_limit() -> Optional[int]:
+    """This process's file-size limit in bytes (RLIMIT_FSIZE, ``ulimit -f``), None when unlimited or
+    not POSIX."""
+    if resource is None:
+        return None
+    try:
+        limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+    except (OSError, ValueError):
+        return None
+    return None if limit == resource.RLIM_INFINITY else int(limit)
+
+
+def _refusal_behind(folder: Path) -> Optional[OSError]:
+    """The file system's reason for a failed write under `folder` when the error carried none
+    (torch's zip writer reports a refused write as a RuntimeError, "unexpected pos"), when it can be
+    seen: a file there cut at this process's file-size limit (EFBIG), or under 1 MiB left free on
+    the file system (ENOSPC). None otherwise."""
+    limit = _file_size_limit()
+    try:
+        if limit is not None:
+            for file in sorted(folder.rglob("*")):
+                if file.is_file() and file.stat().st_size >= limit:
+                    return OSError(errno.EFBIG, f"File too large (the file-size limit, ulimit -f, is {limit} bytes)",
+                                   str(file))
+        fs = os.statvfs(folder)
+    except (OSError, AttributeError):
+        return None
+    free = fs.f_bavail * fs.f_frsize
+    if free < 1 << 20:
+        return OSError(errno.ENOSPC, f"No space left on device ({free} bytes free)", str(folder))
+    return None
 
 
 def _json_bytes(obj: Any) -> bytes:
@@ -275,7 +384,7 @@ def _pointer(root: Path) -> Optional[Path]:
     if not pointer.is_file():
         return None
     try:
-        name = pointer.read_text(encoding="utf-8").strip()
+        name = read_regular(pointer, _SMALL_FILE_BYTES).decode("utf-8").strip()
     except (OSError, UnicodeDecodeError):
         return None
     candidate = root / name
@@ -297,9 +406,11 @@ def latest_checkpoint(root: PathLike) -> Optional[Path]:
 
 def _read_json(path: Path, what: str) -> Any:
     try:
-        data = path.read_bytes()
+        data = read_regular(path, _SMALL_FILE_BYTES)  # a FIFO is refused, not waited on
     except FileNotFoundError:
         raise CheckpointError(f"{path}: missing ({what})") from None
+    except NotRegularFileError as error:
+        raise CheckpointError(f"{error} ({what})") from None
     except OSError as error:
         raise CheckpointError(f"{path}: unreadable {what} ({short_error(error)})") from None
     try:
@@ -358,7 +469,12 @@ def verify_checkpoint(path: PathLike, *, log: Optional[Callable[[str], None]] = 
     that rank hashes (`_hashing_rank`; every file's size is still checked): each rank of a
     collective check (`verify_on_all_ranks`) hashes its part. Not collective.
     Also checked: every manifest field's type (an entry is a relative path to a regular file with
-    an integer ``bytes`` and a hex ``sha256``), and that the directory name, the manifest and
+    an integer ``bytes`` and a hex ``sha256``); that it lists every file a load may read (anything
+    under model/, optimizer/, rng/, state.json, model.pt, optimizer.pt: an unlisted one is
+    unverified, so the checkpoint is damaged) and every shard file the DCP indexes name (read
+    restricted: an index naming a foreign class is refused, naming it); that the non-tensor values
+    in the shards (the optimiser's hyperparameters) read as data (`read_values`); that this rank's
+    RNG files hold RNG states (`rng_state_problem`); and that the directory name, the manifest and
     state.json record the same step. With `model` / `optimizer`: that model.pt / optimizer.pt hold
     exactly their keys (`check_fits`).
     Raises CheckpointError naming the first file that is missing, truncated, damaged, unreadable
@@ -381,8 +497,9 @@ def verify_checkpoint(path: PathLike, *, log: Optional[Callable[[str], None]] = 
         return manifest
     if not isinstance(files, dict) or "state.json" not in files:
         raise CheckpointError(f"{path / COMPLETE_MARKER}: damaged manifest (no file list with state.json)")
-    for relative, record in files.items():
-        file = _manifest_entry(path, relative, record)
+    entries = [(_manifest_entry(path, relative, record), relative, record) for relative, record in files.items()]
+    _check_listed(path, files)
+    for file, relative, record in entries:
         try:
             info = file.stat()
         except FileNotFoundError:
@@ -403,9 +520,44 @@ def verify_checkpoint(path: PathLike, *, log: Optional[Callable[[str], None]] = 
             raise CheckpointError(f"{file}: unreadable ({short_error(error)})") from None
         if digest != record["sha256"]:
             raise CheckpointError(f"{file}: damaged: its SHA-256 differs from the manifest's")
+    _check_indexes(path, files)
+    for file, relative, _ in entries:  # this rank's RNG files: a state of the right shape, before any load
+        mine = hash_share is None or _hashing_rank(relative, hash_share[1]) == hash_share[0]
+        if relative.startswith("rng/") and mine:
+            _read_rng(file)
     _checked_step(path, manifest)
     check_fits(path, model, optimizer)
     return manifest
+
+
+def _check_listed(path: Path, files: dict) -> None:
+    """CheckpointError naming the first file a load may read that the manifest does not list (an
+    unlisted file is unverified: anything could be in it): every entry under model/, optimizer/
+    and rng/, and state.json, model.pt, optimizer.pt when present."""
+    for name in _LOADED_FILES:
+        if name not in files and os.path.lexists(path / name):
+            raise CheckpointError(f"{path / name}: not listed in the manifest (unverified; a load would read it)")
+    for folder in _LOADED_FOLDERS:
+        for current, _, names in os.walk(path / folder):
+            for name in sorted(names):
+                file = Path(current) / name
+                if file.relative_to(path).as_posix() not in files:
+                    raise CheckpointError(f"{file}: not listed in the manifest (unverified; a load would read it)")
+
+
+def _check_indexes(path: Path, files: dict) -> None:
+    """CheckpointError unless every shard file a listed DCP index (model/.metadata,
+    optimizer/.metadata) reads from is listed in the manifest too (`index_files`: the index is read
+    as data; one naming a foreign class is refused, naming it), and every non-tensor value in those
+    shards (the optimiser's hyperparameters) reads as data (`read_values`: weights only)."""
+    for folder in (MODEL_DIR, OPTIMIZER_DIR):
+        if f"{folder}/{METADATA_FILE}" not in files:
+            continue
+        for name in sorted(index_files(path / folder)):
+            if f"{folder}/{name}" not in files:
+                raise CheckpointError(f"{path / folder / name}: read by {path / folder / METADATA_FILE} but not "
+                                      f"listed in the manifest")
+        read_values(path / folder)
 
 
 def verify_on_all_ranks(path: PathLike, *, log: Optional[Callable[[str], None]] = None,
@@ -581,6 +733,102 @@ def prune_checkpoints(root: PathLike, keep_last: Optional[int]) -> list[Path]:
 
 
 # ------------------------------------------------------------------------------------------------
+# before a run: can its checkpoints be written?
+# ------------------------------------------------------------------------------------------------
+def check_checkpoint_root(root: PathLike) -> None:
+    """CheckpointWriteError (one line: the path, the reason, its errno name) when checkpoints
+    cannot be saved under `root`, checked before any step is trained: ``latest`` is a directory
+    (where the pointer file goes: EISDIR), or `root` (or, when it does not exist yet, the nearest
+    folder above it, where it will be made) is not a directory or refuses a new file (a probe file
+    is made and removed: a read-only file system, EROFS, or permissions, EACCES). Not collective;
+    every rank may call it."""
+    root = Path(root)
+    pointer = root / LATEST_FILE
+    if pointer.is_dir() and not pointer.is_symlink():
+        raise CheckpointWriteError(f"{pointer}: a directory where the checkpoint pointer file goes (EISDIR); "
+                                   f"remove it (checkpoints are found by step without it)", errno.EISDIR)
+    folder = root
+    while not os.path.lexists(folder) and folder != folder.parent:
+        folder = folder.parent
+    if not folder.is_dir():
+        raise CheckpointWriteError(f"checkpoints cannot be saved under {root}: {folder} is not a directory "
+                                   f"(ENOTDIR)", errno.ENOTDIR)
+    probe = folder / f"{TEMP_PREFIX}probe-{os.getpid()}"
+    try:
+        handle = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            os.write(handle, b"\0")
+        finally:
+            os.close(handle)
+        os.unlink(probe)
+    except OSError as error:
+        raise CheckpointWriteError(f"checkpoints cannot be saved under {root}: {os_error_text(error)}",
+                                   error.errno) from None
+
+
+def _state_bytes(model: torch.nn.Module) -> tuple[int, int]:
+    """(bytes of `model`'s state, bytes of AdamW's two moments of its trainable parameters), global
+    over the ranks (a DTensor's numel is its global size)."""
+    model_bytes = sum(t.numel() * t.element_size() for t in model.state_dict().values())
+    moments = 2 * sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
+    return model_bytes, moments
+
+
+def _space_problem(root: Path, model: torch.nn.Module, world_size: int) -> Optional[tuple[str, int]]:
+    """Why a checkpoint of `model` cannot be written under `root`, with its errno, or None."""
+    model_bytes, moments = _state_bytes(model)
+    needed = model_bytes + moments  # a lower bound: model and AdamW moments, without indexes and RNG files
+    largest = max(model_bytes, moments) // max(1, world_size)  # one rank's shard file
+    folder = root
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    try:
+        fs = os.statvfs(folder)
+        free = fs.f_bavail * fs.f_frsize
+    except (OSError, AttributeError):  # no statvfs here: nothing to say
+        free = None
+    if free is not None and free < needed:
+        return (f"checkpoints cannot be saved under {root}: {free} bytes free on its file system, a "
+                f"checkpoint of this model takes at least {needed} (ENOSPC)", errno.ENOSPC)
+    limit = _file_size_limit()
+    if limit is not None and limit < largest:
+        return (f"checkpoints cannot be saved under {root}: the file-size limit (ulimit -f) is {limit} bytes, a "
+                f"checkpoint's shard file of this model takes at least {largest} (EFBIG)", errno.EFBIG)
+    return None
+
+
+def check_checkpoint_space(root: PathLike, model: torch.nn.Module) -> None:
+    """CheckpointWriteError before any step is trained when a checkpoint of `model` will not fit:
+    the free space of `root`'s file system is below the bytes of the model's state plus AdamW's two
+    moments (ENOSPC), or one rank's shard file would pass this process's file-size limit
+    (RLIMIT_FSIZE, ``ulimit -f``: EFBIG). Both are lower bounds, so nothing that fits is refused.
+    Collective when distributed: rank 0 checks (the ranks share the root), every rank raises."""
+    problem = _from_rank0(lambda: _space_problem(Path(root), model, _world_size()))
+    if problem is not None:
+        raise CheckpointWriteError(*problem)
+
+
+def apply_optimizer_defaults(optimizer: torch.optim.Optimizer,
+                             keys: tuple[str, ...] = ("lr", "betas", "eps", "weight_decay")) -> list[str]:
+    """Set every parameter group's `keys` back to the optimizer's constructor values
+    (``optimizer.defaults``: the run's configuration) after `load_checkpoint` restored the saved
+    ones, so a resumed run steps with the hyperparameters it was given. Returns the keys whose
+    saved value differed."""
+    def same(a: Any, b: Any) -> bool:  # betas may come back from the checkpoint as a list
+        return tuple(a) == tuple(b) if isinstance(a, (tuple, list)) and isinstance(b, (tuple, list)) else a == b
+
+    changed = set()
+    for key in keys:
+        if key not in optimizer.defaults:
+            continue
+        for group in optimizer.param_groups:
+            if not same(group.get(key), optimizer.defaults[key]):
+                changed.add(key)
+            group[key] = optimizer.defaults[key]
+    return sorted(changed)
+
+
+# ------------------------------------------------------------------------------------------------
 # save / load
 # ------------------------------------------------------------------------------------------------
 def _tear_own_shard(directory: Path, phase: str) -> None:
@@ -698,21 +946,65 @@ class PendingCheckpoint:
     def publish(self) -> Path:
         """Wait for this rank's writes, agree with the other ranks that all succeeded, hash, write
         the manifest and publish (`_publish`; rank 0), prune. Returns the checkpoint's directory.
-        Raises this rank's error (or RuntimeError naming another rank's) on every rank when any rank
-        failed; the checkpoint is then not published and the previous one stands."""
+        When any rank failed with an OSError (the file system refused: read-only, full, a file-size
+        limit, ``latest`` a directory) every rank raises a CheckpointWriteError naming the path and
+        the errno, and the unpublished ``.tmp-`` directory is removed: the previous checkpoint
+        stands, nothing of it changed. Other errors (bugs) are raised as they are on the failing
+        rank; the other ranks raise a CheckpointWriteError saying another rank failed."""
         if self.published:
             raise RuntimeError(f"checkpoint step {self.step} was already published")
+        try:
+            self._publish_everywhere()
+        except OSError as error:
+            if not isinstance(error.errno, int):
+                error = _refusal_behind(self.temp) or error
+            if _rank() == 0:  # unpublished: its files go now
+                shutil.rmtree(self.temp, ignore_errors=True)
+            raise write_error(self.root, self.step, error, self.temp) from None
+        return self.final
+
+    def _publish_everywhere(self) -> None:
         error = self._wait()  # every rank must reach the agreement below, then all raise
         if not _all_ranks_ok(error is None):
             if error is not None:
                 raise error
-            raise RuntimeError(f"checkpoint step {self.step}: another rank failed while writing; not published")
+            raise _OtherRankFailed(f"checkpoint step {self.step}: another rank failed while writing")
         records = _gathered_records(self.temp)  # after the agreement: every rank's files are on disk
+        failure: Optional[Exception] = None
         if _rank() == 0:
-            _publish(self.root, self.temp, self.final, self.step, records)
-            prune_checkpoints(self.root, self.keep_last)
-        _barrier()
-        return self.final
+            try:
+                _publish(self.root, self.temp, self.final, self.step, records)
+                prune_checkpoints(self.root, self.keep_last)
+            except Exception as caught:  # the other ranks wait in the agreement: tell them, then raise
+                failure = caught
+        if not _all_ranks_ok(failure is None):
+            raise failure or _OtherRankFailed(f"checkpoint step {self.step}: rank 0 could not publish it")
+
+
+def os_error_text(error: OSError, where: Optional[PathLike] = None) -> str:
+    """``<path>: <reason> (<ERRNO NAME>)`` of an OSError on one line (both paths of a rename; `where`
+    when it names none, as a failed write does), or its message when it carries no errno."""
+    code = errno.errorcode.get(error.errno) if isinstance(error.errno, int) else None
+    if not error.strerror:
+        return " ".join(str(error).split())[:300]
+    paths = " -> ".join(str(name) for name in (error.filename, getattr(error, "filename2", None)) if name)
+    paths = paths or (str(where) if where is not None else "")
+    return f"{paths + ': ' if paths else ''}{error.strerror}" + (f" ({code})" if code else "")
+
+
+def write_error(root: Path, step: int, error: OSError, where: Optional[Path] = None) -> CheckpointWriteError:
+    """The CheckpointWriteError of a failed save of checkpoint `step` under `root`: one line with
+    the path (the error's, else `where`), the reason and its errno name, and the newest checkpoint
+    that still stands."""
+    try:
+        before = latest_checkpoint(root)
+    except OSError:
+        before = None
+    standing = (f"the checkpoints saved before it are intact (newest: {before.name})" if before is not None
+                else "no earlier checkpoint was saved")
+    code = error.errno if isinstance(error.errno, int) else None
+    return CheckpointWriteError(f"checkpoint step {int(step)} not saved: {os_error_text(error, where)}; {standing}",
+                                code)
 
 
 def start_checkpoint(root: PathLike, step: int, model: Optional[torch.nn.Module] = None,
@@ -744,11 +1036,16 @@ def start_checkpoint(root: PathLike, step: int, model: Optional[torch.nn.Module]
     rng_states = capture_rng_state() if rng_states is None else rng_states
     final = checkpoint_dir(root, step)
     temp = root / f"{TEMP_PREFIX}{final.name}"
+    failure: Optional[OSError] = None
     if _rank() == 0:
-        root.mkdir(parents=True, exist_ok=True)
-        shutil.rmtree(temp, ignore_errors=True)
-        (temp / "rng").mkdir(parents=True)
-    _barrier()
+        try:
+            root.mkdir(parents=True, exist_ok=True)
+            shutil.rmtree(temp, ignore_errors=True)
+            (temp / "rng").mkdir(parents=True)
+        except OSError as error:  # read-only, full, a file in the way: every rank stops here
+            failure = error
+    if not _all_ranks_ok(failure is None):
+        raise write_error(root, step, failure or _OtherRankFailed(f"rank 0 could not create {temp}"), temp)
     pending = PendingCheckpoint(root, step, temp, final, keep_last)
     try:
         if background:
@@ -780,17 +1077,30 @@ def save_checkpoint(root: PathLike, step: int, model: Optional[torch.nn.Module] 
     (`_publish`). Tests inject crashes with ``MEMPO_FAULT_INJECT`` at the phases ``model``,
     ``optimizer`` (this rank's shard file torn), ``rng``, ``state``, ``manifest``, ``rename``,
     ``latest`` (`mempo.utils.atomic.fault_point`). `start_checkpoint` writes in the background.
+    A save the file system refuses (read-only, full, a file-size limit, ``latest`` a directory)
+    raises CheckpointWriteError on every rank, naming the path and the errno; nothing of it is
+    published and its ``.tmp-`` directory is removed (`PendingCheckpoint.publish`).
     """
     return start_checkpoint(root, step, model, optimizer, rng_states, data_state, extra, keep_last).publish()
 
 
+def _read_rng(file: Path) -> dict:
+    """An RNG file's state (`torch_load`: weights only); CheckpointError naming the file unless it
+    has `capture_rng_state`'s shape (`rng_state_problem`)."""
+    state = torch_load(file, "RNG state")
+    problem = rng_state_problem(state)
+    if problem:
+        raise CheckpointError(f"{file}: not an RNG state ({problem})")
+    return state
+
+
 def _load_rng(path: Path, rank: int) -> Optional[dict]:
     rng_file = path / "rng" / f"rank_{rank:05d}.pt"
-    if not rng_file.is_file():
+    if not os.path.lexists(rng_file):
         warnings.warn(f"{path}: no RNG state for rank {rank} (saved with another world size?); "
                       f"keeping the current RNG state", RuntimeWarning, stacklevel=3)
         return None
-    return torch_load(rng_file, "RNG state")
+    return _read_rng(rng_file)
 
 
 def load_checkpoint(path: PathLike, model: Optional[torch.nn.Module] = None,
@@ -800,7 +1110,9 @@ def load_checkpoint(path: PathLike, model: Optional[torch.nn.Module] = None,
     """Restore a checkpoint (a ``step_N`` directory or a root: its newest intact one) into `model` /
     `optimizer`.
 
-    Applies this rank's RNG state when `restore_rng`. strict: the saved model state must hold
+    Applies this rank's RNG state when `restore_rng` (read and checked before anything is loaded).
+    The optimiser's hyperparameters are the saved ones (`apply_optimizer_defaults` sets the
+    optimizer's own back). strict: the saved model state must hold
     exactly the model's keys (missing and unexpected ones are named; shapes must match whatever
     `strict`); the optimiser state must name exactly the optimizer's parameters, whatever `strict`.
     Both are checked before anything is loaded, so a refused checkpoint leaves `model` and `optimizer` as they were. verify: check the manifest's
@@ -823,6 +1135,12 @@ def load_checkpoint(path: PathLike, model: Optional[torch.nn.Module] = None,
         _from_rank0(lambda: check_fits(path, model, optimizer, model_keys=strict))
     rank = _rank()
     state = _read_state(path)
+    try:  # checked before anything is loaded, on every rank: a refusal leaves the model as it was
+        rng_state, refused = _load_rng(path, rank), None
+    except CheckpointError as error:
+        rng_state, refused = None, error
+    if not _all_ranks_ok(refused is None):
+        raise refused or CheckpointError(f"{path / 'rng'}: another rank's RNG file is not an RNG state")
     if is_legacy_checkpoint(path):
         load_full_state_files(path, model, optimizer, strict=strict)
     else:
@@ -830,11 +1148,10 @@ def load_checkpoint(path: PathLike, model: Optional[torch.nn.Module] = None,
             load_model_shards(path / MODEL_DIR, model, strict=strict)
         if optimizer is not None:
             load_optimizer_shards(path / OPTIMIZER_DIR, model, optimizer)
-    rng_state = _load_rng(path, rank)
     if restore_rng and rng_state is not None:
         try:
             restore_rng_state(rng_state)
-        except (KeyError, TypeError, ValueError, RuntimeError) as error:
+        except (KeyError, TypeError, ValueError, RuntimeError, IndexError) as error:
             raise CheckpointError(f"{path / 'rng' / f'rank_{rank:05d}.pt'}: not an RNG state ({short_error(error)})") from None
     _barrier()
     return CheckpointState(path=path, step=int(state["step"]), data_state=state.get("data_state"),

@@ -15,6 +15,7 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from mempo.train.sharded import CheckpointError, check_state_layouts, dist_active, name_keys, param_names, short_error
+from mempo.utils.files import plain_text, refused_global
 
 __all__ = ["model_state_dict", "optimizer_state_dict", "load_model_state", "load_optimizer_state",
            "LEGACY_MODEL_FILE", "LEGACY_OPTIMIZER_FILE", "is_legacy_checkpoint", "check_full_state_files",
@@ -51,13 +52,20 @@ def load_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimize
 
 
 def torch_load(file: Path, what: str, **kwargs) -> Any:
-    """`torch.load(weights_only=True)` of a checkpoint file; CheckpointError naming it."""
+    """`torch.load(weights_only=True)` of a checkpoint file (torch's restricted unpickler: tensors
+    and plain containers, nothing a pickle could run); CheckpointError naming it, and naming the
+    global when the file asks for one that loader does not admit."""
     if not file.is_file():
         raise CheckpointError(f"{file}: missing ({what})")
     try:
         return torch.load(file, weights_only=True, **kwargs)
     except Exception as error:  # torch's messages name no file
-        raise CheckpointError(f"{file}: cannot be loaded ({short_error(error)})") from None
+        refused = refused_global(error)
+        if refused:
+            raise CheckpointError(f"{file}: cannot be loaded (UnpicklingError: it names {refused}, which torch's "
+                                  f"weights-only loader refuses: a checkpoint file is read as data, never "
+                                  f"run)") from None
+        raise CheckpointError(f"{file}: cannot be loaded ({type(error).__name__}: {plain_text(error)})") from None
 
 
 def _check_model_keys(file: Path, saved: Any, model: torch.nn.Module) -> None:

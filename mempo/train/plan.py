@@ -47,7 +47,7 @@ import transformers
 
 from mempo.config import ConfigError, MempoConfig
 from mempo.model.adapter import DTYPES
-from mempo.model.loading import build_causal_lm
+from mempo.model.loading import build_causal_lm, pretrained_config
 
 __all__ = ["KNOWN_ARCHITECTURES", "RUNTIME_OVERHEAD_BYTES", "SYNC_BUCKET_BYTES", "ModelShape", "Stage", "Plan",
            "model_shape", "model_state_bytes", "plan_memory", "format_plan", "parse_bytes", "MAX_BYTES"]
@@ -109,7 +109,7 @@ def model_shape(cfg: MempoConfig, vocab_size: int = 1024) -> ModelShape:
 
 def _readable(path: str) -> bool:
     try:
-        transformers.AutoConfig.from_pretrained(path, local_files_only=True)
+        pretrained_config(path, local_files_only=True)
     except Exception:  # anything transformers raises means: not available here
         return False
     return True

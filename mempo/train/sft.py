@@ -23,7 +23,7 @@ from mempo.env.data import DataError
 from mempo.model.adapter import SelectiveLogits
 from mempo.protocol.memory import MEM_PREFIX
 from mempo.rollout.chat import ChatFormat
-from mempo.train.checkpoint import load_checkpoint, save_checkpoint
+from mempo.train.checkpoint import apply_optimizer_defaults, load_checkpoint, save_checkpoint
 from mempo.train.metric_names import SFT_LOSS
 from mempo.utils.jsonl import iter_jsonl_records
 
@@ -199,7 +199,8 @@ def run_sft(cfg: MempoConfig, model: Any, tokenizer: Any, trajectories: Sequence
     ``trainer.save_every`` steps (0: none on the way) and at the end: model, optimiser (state and
     learning rate), RNG states, ``data_state = {"kind": "sft", "step", "epoch", "batch", "tokens",
     "seconds"}`` (the next batch to train and the totals so far), ``extra = {"seed", "examples"}``.
-    resume_from: a checkpoint or a root (its latest); restores all of it and continues: the
+    resume_from: a checkpoint or a root (its latest); restores all of it (the optimiser's betas and
+    weight_decay then set from ``actor`` again, the lr from the schedule) and continues: the
     schedule's position is the step (and, with ``max_seconds``, the wall time spent before, carried
     in ``seconds``); ``steps`` / ``epochs`` / ``max_seconds`` bound the whole run, not this call,
     so an interrupted run resumed with the same arguments ends with the same parameters as an
@@ -238,6 +239,7 @@ def run_sft(cfg: MempoConfig, model: Any, tokenizer: Any, trajectories: Sequence
     step, epoch, batch_index, tokens, seconds_before, resumed_from = 0, 0, 0, 0, 0.0, None
     if resume_from is not None:
         state = load_checkpoint(resume_from, model, optimizer)
+        apply_optimizer_defaults(optimizer)  # betas and weight_decay as configured now (lr: `lr_now` per step)
         position = _resume_position(state, seed, len(examples))
         step, epoch, batch_index = int(position["step"]), int(position["epoch"]), int(position["batch"])
         tokens, seconds_before, resumed_from = int(position["tokens"]), float(position["seconds"]), step

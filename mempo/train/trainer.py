@@ -21,7 +21,6 @@ from typing import Any, NamedTuple, Optional, Sequence
 import numpy as np
 import torch
 import torch.distributed as dist
-from transformers import AutoTokenizer
 
 from mempo.config import ConfigError, MempoConfig, config_to_dict, dump_config, read_yaml_mapping
 from mempo.env.build import build_retriever, build_tools
@@ -31,12 +30,13 @@ from mempo.env.corpus import iter_corpus
 from mempo.env.data import check_qa_files, compose_episodes, load_qa
 from mempo.eval import eval_episodes, evaluate
 from mempo.model.builtin import default_corpus_texts, train_tokenizer
-from mempo.model.loading import build_causal_lm, check_model_fits, load_pretrained
+from mempo.model.loading import build_causal_lm, check_model_fits, load_pretrained, pretrained_tokenizer
 from mempo.rollout.backends.factory import build_backend
 from mempo.rollout.backends.scaffold import ProtocolScaffold
 from mempo.seeds import eval_question_seed
 from mempo.train.actor import Actor, DistInfo, init_distributed
-from mempo.train.checkpoint import (CheckpointError, PendingCheckpoint, has_checkpoints, load_checkpoint,
+from mempo.train.checkpoint import (CheckpointError, PendingCheckpoint, apply_optimizer_defaults,
+                                    check_checkpoint_root, check_checkpoint_space, has_checkpoints, load_checkpoint,
                                     resume_checkpoint, start_checkpoint)
 from mempo.train.logging import MetricsLogger, StageTimer
 from mempo.utils.log import log
@@ -45,7 +45,7 @@ from mempo.train.step import StepContext, generation_weights, train_step
 from mempo.utils.atomic import atomic_directory
 
 __all__ = ["TrainResult", "Run", "build_run", "train", "periodic_eval", "step_episodes", "seed_everything",
-           "configure_determinism", "prepare_out_dir", "refuse_used_run_dir"]
+           "configure_determinism", "prepare_out_dir", "refuse_used_run_dir", "check_checkpoints_writable"]
 
 
 @dataclass
@@ -157,6 +157,15 @@ def refuse_used_run_dir(resume: str, checkpoints: Path, command: str = "train") 
         raise CheckpointError(f"trainer.resume: {mode}: no such checkpoint directory")
 
 
+def check_checkpoints_writable(out_dir: Path, checkpoints: Path) -> None:
+    """Before anything is built: a CheckpointWriteError naming the path and the errno when the
+    run's checkpoints could not be saved (`check_checkpoint_root`: ``latest`` a directory, a
+    read-only or unwritable folder). An `out_dir` that is a file is left to `prepare_out_dir`,
+    whose error names ``--out``."""
+    if out_dir.is_dir() or not os.path.lexists(out_dir):
+        check_checkpoint_root(checkpoints)
+
+
 def step_episodes(episodes: Sequence[Any], step: int, batch_size: int, *, shuffle: bool = True, seed: int = 0,
                   rank: int = 0, world_size: int = 1) -> list:
     """The questions of (1-based) step `step`, this rank's share: positions ``[(step-1)*batch_size,
@@ -191,13 +200,13 @@ def _setup_tokenizer(cfg: MempoConfig, out_dir: Path, world: Any):
     (or the corpus's) documents, saved atomically to ``<out>/tokenizer`` and reloaded on resume (an
     unreadable saved one is retrained, with a warning: training it is deterministic)."""
     if cfg.model.tokenizer:
-        return load_pretrained(AutoTokenizer.from_pretrained, cfg.model.tokenizer, "model.tokenizer", "tokenizer")
+        return load_pretrained(pretrained_tokenizer, cfg.model.tokenizer, "model.tokenizer", "tokenizer")
     if cfg.model.path != "builtin-tiny":
-        return load_pretrained(AutoTokenizer.from_pretrained, cfg.model.path, "model.path", "tokenizer")
+        return load_pretrained(pretrained_tokenizer, cfg.model.path, "model.path", "tokenizer")
     saved = out_dir / "tokenizer"
     if (saved / "tokenizer.json").is_file():
         try:
-            return AutoTokenizer.from_pretrained(saved)
+            return pretrained_tokenizer(saved)
         except Exception as error:  # a damaged save (e.g. torn by an old mempo writing it in place)
             log(f"{saved}: unreadable saved tokenizer ({type(error).__name__}); training it again")
     texts = default_corpus_texts(world)
@@ -366,21 +375,33 @@ def train(cfg: MempoConfig, *, model=None, tokenizer=None, episodes=None, retrie
     RNG states, ``data_state = {"step", "position"}``) go under ``<out>/checkpoints`` every
     ``trainer.save_every`` steps and at the end. Resume per ``trainer.resume`` (`refuse_used_run_dir`);
     a resumed run under a config that differs from the saved ``config.yaml`` says which fields
-    differ, and its metrics.jsonl is cut back to the resumed step, so it equals an uninterrupted
-    run's (timing values aside). ``config.yaml`` is written atomically. Every ``trainer.eval_every``-th
+    differ and trains with the new values (the optimiser's lr, betas, eps and weight_decay are set
+    from ``actor`` after its saved state is restored, `apply_optimizer_defaults`), and its
+    metrics.jsonl is cut back to the resumed step, so it equals an uninterrupted run's (timing
+    values aside). ``config.yaml`` is written atomically. Before the first step the checkpoint
+    root is checked (`check_checkpoints_writable`, `check_checkpoint_space`: ``latest`` a
+    directory, a read-only folder, too little free space, a file-size limit); a save the file
+    system refuses later ends the run with a CheckpointWriteError naming the path and the errno
+    (one line, exit 2 from the CLI): nothing is retried (those refusals do not pass on a retry)
+    and nothing further is written; the unpublished ``.tmp-`` directory is removed and the
+    checkpoints before it stand, so ``--resume`` continues from the newest of them and repeats
+    the lost steps exactly (their metrics rows are cut back). Every ``trainer.eval_every``-th
     step (before that step's checkpoint) rank 0 runs `periodic_eval`; its numbers join that step's
     metrics row, logged even off the ``log_every`` grid.
 
     max_steps: stop after this many steps in this call (tests; the schedule is unchanged)."""
     t = cfg.trainer
     refuse_used_run_dir(t.resume, Path(out_dir or t.out_dir) / "checkpoints")  # before anything is written
+    check_checkpoints_writable(Path(out_dir or t.out_dir), Path(out_dir or t.out_dir) / "checkpoints")
     run = build_run(cfg, model=model, tokenizer=tokenizer, episodes=episodes, retriever=retriever, out_dir=out_dir)
     ckpt_root = run.out_dir / "checkpoints"
+    check_checkpoint_space(ckpt_root, run.ctx.actor.module)  # collective; before any step is trained
     start, resumed = 0, None
     path = resume_checkpoint(t.resume, ckpt_root, log=log, model=run.ctx.actor.module,
                              optimizer=run.ctx.actor.optimizer)  # collective; every rank hashes its files, rank 0 says what it skips
     if path is not None:
         state = load_checkpoint(path, run.ctx.actor.module, run.ctx.actor.optimizer, verify=False)
+        apply_optimizer_defaults(run.ctx.actor.optimizer)  # the config's lr, betas, eps, weight_decay: what it says
         start = resumed = int(state.step)
         if run.rank == 0:
             log(f"resuming from {path} (step {start})")
@@ -448,7 +469,8 @@ def _report_config_changes(cfg: MempoConfig, saved: Path) -> None:
     changed = [f"{key} ({before.get(key)!r} -> {value!r})" for key, value in now.items()
                if key not in ("trainer.resume", "trainer.out_dir") and before.get(key) != value]
     if changed:
-        log(f"resuming under a config that differs from {saved} in: {', '.join(changed)}")
+        log(f"resuming under a config that differs from {saved} in: {', '.join(changed)}; the new values apply "
+            f"(the optimizer's hyperparameters too), the RNG states are the checkpoint's")
 
 
 def _flat(tree: dict, prefix: str = "") -> dict[str, Any]:

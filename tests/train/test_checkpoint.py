@@ -1,6 +1,7 @@
 """mempo.train.checkpoint (round trip, atomicity under crashes, RNG restore, keep-last-K, background
 writes) and
 mempo.train.logging (metrics.jsonl that survives resume, TensorBoard fallback, timers, progress)."""
+import errno
 import importlib.util
 import json
 import math
@@ -93,11 +94,13 @@ def test_crash_at_rename_keeps_previous_checkpoint(tmp_path, monkeypatch):
         return real_replace(src, dst)
 
     monkeypatch.setattr(ckpt.os, "replace", crash)
-    with pytest.raises(OSError, match="simulated crash"):
+    with pytest.raises(ckpt.CheckpointWriteError, match=r"^checkpoint step 2 not saved: simulated crash while "
+                                                        r"publishing; the checkpoints saved before it are intact "
+                                                        r"\(newest: step_00000001\)$"):
         save_checkpoint(tmp_path, 2, model, optimizer)
     monkeypatch.setattr(ckpt.os, "replace", real_replace)
     temp = tmp_path / ".tmp-step_00000002"
-    assert (temp / "model" / "__0_0.distcp").is_file() and (temp / "COMPLETE").is_file()  # fully written, never published
+    assert not temp.exists()  # fully written, never published, removed
     assert latest_checkpoint(tmp_path) == first
     assert [s for s, _ in list_checkpoints(tmp_path)] == [1]
     save_checkpoint(tmp_path, 2, model, optimizer)
@@ -691,3 +694,219 @@ def test_rng_round_trip_on_the_current_gpu():
     expected = torch.rand(4, device="cuda")
     ckpt.restore_rng_state(state)
     assert torch.equal(torch.rand(4, device="cuda"), expected)
+
+
+# ------------------------------------------------------------------------------------------------
+# issue 47: files are data, the manifest covers what is loaded, a failed save loses nothing
+# ------------------------------------------------------------------------------------------------
+def _skipped_for(root, model=None, optimizer=None):
+    """The one note of a resume that skips step 2 for step 1."""
+    notes = []
+    assert ckpt.resume_checkpoint("auto", root, log=notes.append, model=model, optimizer=optimizer).name == \
+        "step_00000001"
+    assert len(notes) == 1 and notes[0].startswith("skipping checkpoint step_00000002"), notes
+    return notes[0]
+
+
+def test_an_unlisted_shard_is_damage_even_when_it_was_changed(tmp_path):
+    """K27: a byte of the model shard flipped and its manifest entry removed used to load silently
+    (only state.json had to be listed); every file a load reads must be listed and verified."""
+    first = _two_checkpoints(tmp_path)
+    step = tmp_path / "step_00000002"
+    _damage(step / "model" / "__0_0.distcp", "flip")
+    _edit_manifest(step, lambda m: m["files"].pop("model/__0_0.distcp"))
+    note = _skipped_for(tmp_path)
+    assert f"{step / 'model' / '__0_0.distcp'}: not listed in the manifest" in note
+    model = make_model(5)
+    with pytest.raises(CheckpointError, match=r"model/__0_0\.distcp: not listed in the manifest"):
+        load_checkpoint(step, model)
+    assert load_checkpoint(tmp_path, model).step == 1
+    assert all(torch.equal(model.state_dict()[k], v) for k, v in first.items())
+
+
+@pytest.mark.parametrize("extra", ["rng/rank_00001.pt", "optimizer/__1_0.distcp", "model/notes.txt",
+                                   "model.pt", "optimizer.pt"])
+def test_any_unlisted_file_where_a_load_reads_is_damage(tmp_path, extra):
+    """A file in model/, optimizer/ or rng/, or a full-state model.pt / optimizer.pt beside them (which
+    would make the checkpoint load as the older format), is read unverified unless the manifest
+    lists it."""
+    _two_checkpoints(tmp_path)
+    step = tmp_path / "step_00000002"
+    (step / extra).write_bytes((step / "rng" / "rank_00000.pt").read_bytes())
+    assert f"{step / extra}: not listed in the manifest" in _skipped_for(tmp_path)
+
+
+def test_a_shard_the_index_reads_must_be_listed(tmp_path):
+    """The DCP index names the files its tensors are read from: one the manifest does not list is
+    refused (here a file that is not there at all, which DCP would fail on mid-load)."""
+    import pickle
+
+    from support.checkpoints import remanifest
+
+    _two_checkpoints(tmp_path)
+    step = tmp_path / "step_00000002"
+    file = step / "model" / ".metadata"
+    metadata = pickle.loads(file.read_bytes())  # a file this test wrote
+    next(iter(metadata.storage_data.values())).relative_path = "__1_0.distcp"
+    file.write_bytes(pickle.dumps(metadata))
+    remanifest(step, "model/.metadata")
+    assert (f"{step / 'model' / '__1_0.distcp'}: read by {step / 'model' / '.metadata'} but not listed in the manifest"
+            in _skipped_for(tmp_path))
+
+
+@pytest.mark.parametrize("content", ["tensor", "list", "no-numpy", "short-python"])
+def test_an_rng_file_of_the_wrong_shape_is_damage_named_before_anything_loads(tmp_path, content):
+    """K15: an RNG file holding a bare tensor (re-manifested) was an IndexError after the model and
+    optimizer had loaded; any wrong shape is now one CheckpointError naming the file, the resume
+    falls back, and a direct load refuses before touching the model."""
+    from support.checkpoints import remanifest
+
+    _two_checkpoints(tmp_path)
+    step = tmp_path / "step_00000002"
+    state = ckpt.capture_rng_state()
+    bad = {"tensor": torch.arange(5), "list": [state], "no-numpy": {k: v for k, v in state.items() if k != "numpy"},
+           "short-python": dict(state, python=(3, state["python"][1][:10], None))}[content]
+    torch.save(bad, step / "rng" / "rank_00000.pt")
+    remanifest(step, "rng/rank_00000.pt")
+    assert f"{step / 'rng' / 'rank_00000.pt'}: not an RNG state (" in _skipped_for(tmp_path)
+    model = make_model(5)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    with pytest.raises(CheckpointError, match=r"rng/rank_00000\.pt: not an RNG state") as error:
+        load_checkpoint(step, model, verify=False)
+    assert "\n" not in str(error.value)
+    assert all(torch.equal(model.state_dict()[k], v) for k, v in before.items())
+
+
+@pytest.mark.parametrize("name", ["COMPLETE", "state.json"])
+def test_a_fifo_in_place_of_a_small_file_is_skipped_not_waited_on(tmp_path, name):
+    """K26: a FIFO as COMPLETE hung the resume (read_bytes waits for a writer); it is refused at once."""
+    _two_checkpoints(tmp_path)
+    step = tmp_path / "step_00000002"
+    (step / name).unlink()
+    os.mkfifo(step / name)
+    box = {}
+    worker = threading.Thread(target=lambda: box.update(note=_skipped_for(tmp_path)), daemon=True)
+    worker.start()
+    worker.join(timeout=60)
+    assert not worker.is_alive(), "the resume waits on the FIFO"
+    assert f"{step / name}: " in box["note"] and "not a regular file" in box["note"]
+
+
+@pytest.mark.parametrize("name", ["rng/rank_00000.pt", "model.pt", "optimizer.pt"])
+def test_a_planted_pickle_in_a_torch_file_runs_no_code(tmp_path, name):
+    """RNG files and the older format's model.pt / optimizer.pt are read with torch's weights-only
+    unpickler: a re-manifested pickle that would make a marker file is refused, naming the file."""
+    from support.checkpoints import plant, remanifest, torch_payload
+
+    marker = tmp_path / "PWNED"
+    model, optimizer = trained(0)
+    step = save_checkpoint(tmp_path / "root", 1, model, optimizer)
+    if name != "rng/rank_00000.pt":  # the older full-state format: model.pt and optimizer.pt listed
+        torch.save(model.state_dict(), step / "model.pt")
+        torch.save(ckpt.optimizer_state_dict(model, optimizer), step / "optimizer.pt")
+        remanifest(step, "model.pt")
+        remanifest(step, "optimizer.pt")
+    plant(step, name, torch_payload(marker))
+    with pytest.raises(CheckpointError, match=re.escape(str(step / name)) + r": cannot be loaded \(UnpicklingError"):
+        load_checkpoint(step, make_model(5), torch.optim.AdamW(make_model(5).parameters()))
+    assert not marker.exists()
+    torch.load(step / name, weights_only=False)  # the payload is live: an unrestricted load runs it
+    assert marker.exists()
+
+
+def _fail_replace_into(target_name, code):
+    real = os.replace
+
+    def replace(src, dst):
+        if os.path.basename(dst) == target_name:
+            raise OSError(code, os.strerror(code), str(src), None, str(dst))
+        return real(src, dst)
+    return replace
+
+
+@pytest.mark.parametrize("code,where", [(errno.EROFS, "step_00000002"), (errno.ENOSPC, "COMPLETE"),
+                                        (errno.EISDIR, "latest")])
+def test_a_refused_save_is_one_line_with_the_path_and_errno(tmp_path, monkeypatch, code, where):
+    """K25/K23/K12: the file system refusing a save (here at publishing, at the manifest, at the
+    pointer) is one CheckpointWriteError naming the path and the errno; the unpublished directory
+    is removed, the previous checkpoint and the pointer stay as they were."""
+    model, optimizer = trained()
+    first = save_checkpoint(tmp_path, 1, model, optimizer)
+    files = sorted(p.relative_to(first) for p in first.rglob("*"))
+    monkeypatch.setattr(ckpt.os, "replace", _fail_replace_into(where, code))
+    with pytest.raises(ckpt.CheckpointWriteError) as error:
+        save_checkpoint(tmp_path, 2, model, optimizer)
+    message = str(error.value)
+    assert "\n" not in message and error.value.errno == code
+    assert message.startswith("checkpoint step 2 not saved: ") and f"({errno.errorcode[code]})" in message
+    assert os.strerror(code) in message and where in message
+    assert message.endswith("the checkpoints saved before it are intact (newest: step_00000001)")
+    monkeypatch.undo()
+    assert (tmp_path / "latest").read_text() == "step_00000001\n"
+    assert sorted(p.relative_to(first) for p in first.rglob("*")) == files
+    ckpt.verify_checkpoint(first)
+    assert not [p.name for p in tmp_path.iterdir() if p.name.startswith(".tmp")]
+
+
+def test_a_file_size_limit_mid_save_is_efbig_in_one_line(tmp_path):
+    """K23: a real EFBIG (RLIMIT_FSIZE, as ``ulimit -f``) while DCP writes the shards: one line naming
+    the errno, nothing published, the previous checkpoint intact."""
+    resource = pytest.importorskip("resource")
+    model = torch.nn.Linear(512, 512)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    save_checkpoint(tmp_path, 1, model, optimizer)
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (200_000, hard))  # the model shard is ~1 MB
+    try:
+        with pytest.raises(ckpt.CheckpointWriteError,
+                           match=r"^checkpoint step 2 not saved: .*/\.tmp-step_00000002/model/__0_0\.distcp: File too "
+                                 r"large \(the file-size limit, ulimit -f, is 200000 bytes\) \(EFBIG\); the checkpoints"):
+            save_checkpoint(tmp_path, 2, model, optimizer)
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+    assert latest_checkpoint(tmp_path).name == "step_00000001" and not (tmp_path / ".tmp-step_00000002").exists()
+    ckpt.verify_checkpoint(tmp_path / "step_00000001")
+
+
+def test_the_checkpoint_root_is_checked_before_a_run(tmp_path):
+    """K12/K25 before any step: `latest` a directory, a root that is a file, a file where the root's
+    folder would be made; a writable root (made or not yet) passes and is left as it was."""
+    ckpt.check_checkpoint_root(tmp_path / "fresh" / "checkpoints")
+    assert not (tmp_path / "fresh").exists() and not list(tmp_path.iterdir())
+    (tmp_path / "root" / "latest").mkdir(parents=True)
+    with pytest.raises(ckpt.CheckpointWriteError, match=r"root/latest: a directory where the checkpoint pointer "
+                                                        r"file goes \(EISDIR\)"):
+        ckpt.check_checkpoint_root(tmp_path / "root")
+    (tmp_path / "a_file").write_text("x")
+    for root in (tmp_path / "a_file", tmp_path / "a_file" / "checkpoints"):
+        with pytest.raises(ckpt.CheckpointWriteError, match=r"a_file is not a directory \(ENOTDIR\)"):
+            ckpt.check_checkpoint_root(root)
+    save_checkpoint(tmp_path / "used", 1)
+    ckpt.check_checkpoint_root(tmp_path / "used")
+    assert sorted(p.name for p in (tmp_path / "used").iterdir()) == ["latest", "step_00000001"]
+
+
+def test_free_space_and_the_file_size_limit_are_checked_before_a_run(tmp_path, monkeypatch):
+    """ENOSPC / EFBIG foreseen: a checkpoint of the model (its state plus AdamW's two moments) larger
+    than the file system's free space, or a shard larger than RLIMIT_FSIZE, is refused by name."""
+    resource = pytest.importorskip("resource")
+    model = torch.nn.Linear(256, 256)  # 263 KB of state, 526 KB of moments
+    ckpt.check_checkpoint_space(tmp_path, model)
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (100_000, hard))
+    try:
+        with pytest.raises(ckpt.CheckpointWriteError, match=r"the file-size limit \(ulimit -f\) is 100000 bytes, a "
+                                                            r"checkpoint's shard file of this model takes at least "
+                                                            r"526336 \(EFBIG\)"):
+            ckpt.check_checkpoint_space(tmp_path, model)
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+    real = os.statvfs(tmp_path)
+
+    class Full:  # the file system's answer, with 4 KB free
+        f_frsize, f_bavail = real.f_frsize, 4096 // real.f_frsize
+
+    monkeypatch.setattr(ckpt.os, "statvfs", lambda path: Full)
+    with pytest.raises(ckpt.CheckpointWriteError, match=r"4096 bytes free on its file system, a checkpoint of this "
+                                                        r"model takes at least 789504 \(ENOSPC\)"):
+        ckpt.check_checkpoint_space(tmp_path, model)

@@ -14,9 +14,11 @@ from support.paths import REPO
 
 
 def _sft(model, tok, trajectories, *, seed=0, save_every=0, keep_last=None, checkpoint_root=None, resume_from=None,
-         max_steps=None, **sft):
-    """`run_sft` with the ``sft`` section's fields `sft` and the trainer's checkpoint settings."""
-    cfg = config_from_dict({"sft": sft, "trainer": {"save_every": save_every, "keep_last": keep_last}})
+         max_steps=None, actor=None, **sft):
+    """`run_sft` with the ``sft`` section's fields `sft`, the trainer's checkpoint settings and the
+    ``actor`` section's fields `actor`."""
+    cfg = config_from_dict({"sft": sft, "trainer": {"save_every": save_every, "keep_last": keep_last},
+                            "actor": actor or {}})
     return run_sft(cfg, model, tok, trajectories, seed=seed, checkpoint_root=checkpoint_root,
                    resume_from=resume_from, max_steps=max_steps)
 
@@ -321,3 +323,34 @@ def test_a_time_bound_that_does_not_bind_leaves_the_steps_schedule(setup):
         assert metrics["steps"] == 6 and metrics["time_bound"] is False
         runs.append([p.detach().clone() for p in model.parameters()])
     assert all(torch.equal(a, b) for a, b in zip(*runs))
+
+
+def test_a_resume_reads_no_planted_index_and_steps_with_the_configured_optimizer(setup, tmp_path):
+    """Issue 47: an SFT resume from a checkpoint whose model index is a pickle that runs code (the
+    manifest rewritten to match) refuses it, naming the file and the class, and no code runs; a
+    resume under other actor betas / weight decay steps with those (the saved param_groups no longer
+    win), as the optimizer saved after it shows."""
+    import shutil
+
+    from mempo.train.checkpoint import CheckpointError, load_checkpoint
+    from support.checkpoints import index_with_payload, plant
+
+    tok, trajectories = setup
+    common = dict(batch_tokens=2048, seed=0, lr=1e-3)
+    root = tmp_path / "checkpoints"
+    _sft(tiny_model(tok, seed=0), tok, trajectories[:1], steps=1, checkpoint_root=root, save_every=1, **common)
+    planted = tmp_path / "planted"
+    shutil.copytree(root, planted)
+    step = planted / "step_00000001"
+    marker = tmp_path / "PWNED"
+    plant(step, "model/.metadata", index_with_payload(step / "model" / ".metadata", marker))
+    with pytest.raises(CheckpointError, match=r"model/\.metadata: refused: it names pathlib\.Path\.touch"):
+        _sft(tiny_model(tok, seed=0), tok, trajectories[:1], steps=2, resume_from=planted, **common)
+    assert not marker.exists()
+    model = tiny_model(tok, seed=0)
+    result = _sft(model, tok, trajectories[:1], steps=2, checkpoint_root=root, save_every=1, resume_from=root,
+                  actor={"beta2": 0.95, "weight_decay": 0.3}, **common)
+    assert result["resumed_from"] == 1 and result["steps"] == 2
+    optimizer = torch.optim.AdamW(model.parameters())
+    load_checkpoint(result["checkpoint"], model, optimizer, restore_rng=False)  # as saved after step 2
+    assert {(tuple(g["betas"]), g["weight_decay"]) for g in optimizer.param_groups} == {((0.9, 0.95), 0.3)}

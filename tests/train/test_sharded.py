@@ -6,6 +6,7 @@ update's collectives) holds the state of its start. Also:
 each rank hashes its own shard files into the manifest; streaming reads of a few tensors; format-2
 (full-state model.pt) checkpoints still load."""
 import json
+import re
 import shutil
 
 import pytest
@@ -170,3 +171,180 @@ def test_resume_verification_is_spread_over_the_ranks(two_rank_checkpoint, tmp_p
     assert errors[0] == errors[1] and "__1_0.distcp: damaged" in errors[0]
     assert "model/__1_0.distcp" in ranks[1]["damaged"]["hashed"]
     assert "model/__1_0.distcp" not in ranks[0]["damaged"]["hashed"]
+
+
+# ------------------------------------------------------------------------------------------------
+# the index is data: every reader of .metadata unpickles it restricted (issue 47, K18)
+# ------------------------------------------------------------------------------------------------
+def _qwen_shards(tmp_path):
+    """A tiny Qwen2 in bfloat16 and its stepped AdamW saved as DCP directories (model/, optimizer/):
+    tensors of two dtypes and the optimizer's non-tensor hyperparameters."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from mempo.train.sharded import save_model_shards, save_optimizer_shards
+
+    torch.manual_seed(0)
+    model = Qwen2ForCausalLM(Qwen2Config(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                         num_attention_heads=2, num_key_value_heads=1)).to(torch.bfloat16)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    model(torch.tensor([[1, 2, 3]])).logits.float().square().mean().backward()
+    optimizer.step()
+    save_model_shards(tmp_path / "model", model)
+    save_optimizer_shards(tmp_path / "optimizer", model, optimizer)
+    return model, optimizer
+
+
+def _unrestricted(file):
+    import pickle
+
+    return pickle.loads(file.read_bytes())  # a file this test wrote
+
+
+def test_the_restricted_reader_reads_every_index_dcp_writes(tmp_path, two_rank_checkpoint):
+    """What DCP writes (1 process: bfloat16 model, fp32 AdamW with its hyperparameters; 2 FSDP2
+    ranks: DTensor chunks) reads back through `read_index` exactly as unrestricted pickle reads it."""
+    from mempo.train.sharded import read_index
+
+    _qwen_shards(tmp_path)
+    _, root, _ = two_rank_checkpoint
+    files = [tmp_path / "model" / ".metadata", tmp_path / "optimizer" / ".metadata"]
+    files += [root / "step_00000001" / folder / ".metadata" for folder in ("model", "optimizer")]
+    for file in files:
+        assert read_index(file) == _unrestricted(file), file
+    assert {torch.bfloat16, torch.float32} <= {entry.properties.dtype for file in files[:2]
+                                               for entry in read_index(file).state_dict_metadata.values()
+                                               if hasattr(entry, "properties")}
+
+
+def _plant_index(directory, payload, marker):
+    from support.checkpoints import index_with_payload, touch_payload
+
+    file = directory / ".metadata"
+    file.write_bytes(touch_payload(marker) if payload == "bare" else index_with_payload(file, marker))
+    return file
+
+
+def _readers(directory, model, optimizer):
+    """Every way mempo reads a DCP directory's index, by name: (name, call)."""
+    from mempo.train import sharded
+
+    return {
+        "tensor_specs": lambda: sharded.tensor_specs(directory),
+        "read_tensors": lambda: sharded.read_tensors(directory, ["lm_head.weight"]),
+        "check_model_shards": lambda: sharded.check_model_shards(directory, model),
+        "load_model_shards": lambda: sharded.load_model_shards(directory, model),
+        "load_model_shards(strict=False)": lambda: sharded.load_model_shards(directory, model, strict=False),
+        "index_files": lambda: sharded.index_files(directory),
+    }
+
+
+@pytest.mark.parametrize("payload", ["bare", "hidden"])
+def test_a_planted_index_runs_no_code_in_any_reader(tmp_path, payload):
+    """A `.metadata` whose unpickling would make a marker file (bare, or hidden inside a working
+    index: unpickled unrestricted it still loads, so nothing else would tell): every reader refuses
+    it naming the file and the global, before anything it names is called; the marker never appears."""
+    model, optimizer = _qwen_shards(tmp_path)
+    marker = tmp_path / "PWNED"
+    file = _plant_index(tmp_path / "model", payload, marker)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    for name, read in _readers(tmp_path / "model", model, optimizer).items():
+        with pytest.raises(ckpt.CheckpointError) as error:
+            read()
+        assert str(error.value).startswith(f"{file}: refused: it names pathlib.Path.touch"), name
+        assert not marker.exists(), name
+    _plant_index(tmp_path / "optimizer", payload, marker)
+    for read in (lambda: ckpt.check_optimizer_shards(tmp_path / "optimizer", model, optimizer),
+                 lambda: ckpt.load_optimizer_shards(tmp_path / "optimizer", model, optimizer)):
+        with pytest.raises(ckpt.CheckpointError, match=r"optimizer/\.metadata: refused: it names pathlib\.Path\.touch"):
+            read()
+    assert not marker.exists()
+    assert all(torch.equal(model.state_dict()[k], v) for k, v in before.items())
+
+
+def test_dcps_own_load_reads_the_index_restricted(tmp_path):
+    """The gap between mempo's check and DCP's load is closed: DCP's stock FileSystemReader would run
+    the planted index (the payload is live), mempo's `IndexReader` refuses it inside DCP's load."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    from mempo.train.sharded import IndexReader
+
+    model, _ = _qwen_shards(tmp_path)
+    marker = tmp_path / "PWNED"
+    _plant_index(tmp_path / "model", "hidden", marker)
+    state = {k: torch.empty_like(v) for k, v in model.state_dict().items()}
+    with pytest.raises(CheckpointException) as error:
+        dcp.load(state, storage_reader=IndexReader(tmp_path / "model"), no_dist=True)
+    assert "refused: it names pathlib.Path.touch" in str(error.value) and not marker.exists()
+    dcp.load(state, storage_reader=FileSystemReader(tmp_path / "model"), no_dist=True)
+    assert marker.exists()  # what every load did before
+
+
+def test_an_index_setting_state_on_a_class_is_refused(tmp_path):
+    """An index may set state only on the records it makes: a BUILD on an admitted class itself
+    (which would change that class for the whole process) is refused."""
+    from torch.distributed.checkpoint.metadata import Metadata
+
+    from mempo.train.sharded import read_index
+
+    file = tmp_path / ".metadata"  # GLOBAL Metadata; BUILD (None, {"injected": 1}); STOP
+    file.write_bytes(b"\x80\x02ctorch.distributed.checkpoint.metadata\nMetadata\nN}X\x08\x00\x00\x00injectedK\x01s"
+                     b"\x86b.")
+    with pytest.raises(ckpt.CheckpointError, match=r"\.metadata: cannot be loaded \(UnpicklingError: state set on "
+                                                   r"type"):
+        read_index(file)
+    assert not hasattr(Metadata, "injected")
+
+
+@pytest.mark.parametrize("path", ["../step_00000001/model/__0_0.distcp", "/etc/passwd", "sub/__0_0.distcp"])
+def test_an_index_naming_a_file_outside_its_directory_is_refused(tmp_path, path):
+    import pickle
+
+    from mempo.train.sharded import read_index
+
+    _qwen_shards(tmp_path)
+    file = tmp_path / "model" / ".metadata"
+    index = _unrestricted(file)
+    next(iter(index.storage_data.values())).relative_path = path
+    file.write_bytes(pickle.dumps(index))
+    with pytest.raises(ckpt.CheckpointError, match=r"\.metadata: damaged \(not a torch.distributed.checkpoint index: "
+                                                   r"storage entry naming"):
+        read_index(file)
+
+
+def test_a_fifo_index_is_refused_at_once(tmp_path):
+    import os
+
+    from mempo.train.sharded import read_index
+
+    os.mkfifo(tmp_path / ".metadata")
+    with pytest.raises(ckpt.CheckpointError, match=r"\.metadata: a FIFO, not a regular file \(shard index\)$"):
+        read_index(tmp_path / ".metadata")
+
+
+def test_a_planted_value_in_a_shard_runs_no_code(tmp_path):
+    """The optimizer's hyperparameters are pickled values inside its shard file, which DCP's default
+    planner unpickles unrestricted on load: one pointed at a payload (the index rewritten to match)
+    is refused by `read_values` and by every optimizer load, naming the shard and the key."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+    from mempo.train.sharded import read_values
+    from support.checkpoints import value_with_payload
+
+    model, optimizer = _qwen_shards(tmp_path)
+    assert read_values(tmp_path / "optimizer")["param_groups.lm_head.weight.lr"] == 1e-3
+    marker = tmp_path / "PWNED"
+    key = value_with_payload(tmp_path / "optimizer", marker)
+    said = re.escape(f"{tmp_path / 'optimizer' / '__0_0.distcp'}: the value of {key} cannot be loaded (it names ")
+    with pytest.raises(ckpt.CheckpointError, match=said):
+        read_values(tmp_path / "optimizer")
+    fresh = torch.optim.AdamW(model.parameters(), lr=0.5)
+    with pytest.raises(ckpt.CheckpointError, match=said):
+        ckpt.load_optimizer_shards(tmp_path / "optimizer", model, fresh)
+    assert not marker.exists() and {g["lr"] for g in fresh.param_groups} == {0.5}
+    options = StateDictOptions(flatten_optimizer_state_dict=True)
+    dcp.load(get_optimizer_state_dict(model, fresh, options=options), checkpoint_id=tmp_path / "optimizer",
+             no_dist=True)  # DCP's own planner: the payload is live
+    assert marker.exists()

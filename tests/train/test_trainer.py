@@ -385,3 +385,25 @@ def test_files_source_config_errors_name_the_field(tmp_path):
         _cfg(tmp_path / "run", *no_eval_files, "trainer.eval_every=1")
     with pytest.raises(ConfigError, match=r"^eval\.objectives: k=4 needs at least 4 questions"):
         build_run(_cfg(tmp_path / "run", *files, "trainer.eval_every=1", "eval.objectives=[2,4]"))
+
+
+def test_a_resume_steps_with_the_optimizer_settings_of_its_config(tmp_path):
+    """Issue 47 (K22): resumed with another actor.lr (and weight decay and beta2), the run said the
+    config differed but stepped with the checkpoint's values (the saved optimizer's param_groups
+    overwrote them). The step after the resume now runs at the config's lr (``actor/lr``, read off
+    the optimizer as it steps) and the optimizer saved after it holds the config's settings."""
+    from mempo.train.checkpoint import load_checkpoint
+    from mempo.train.trainer import train
+
+    torch.set_num_threads(1)
+    steps = ["trainer.total_steps=2", "trainer.save_every=1"]
+    first = train(_cfg(tmp_path, *steps, "actor.lr=0.001"), max_steps=1)
+    assert first.last_step == 1 and first.metrics[-1]["actor/lr"] == 0.001
+    resumed = train(_cfg(tmp_path, *steps, "trainer.resume=auto", "actor.lr=1e-05", "actor.weight_decay=0.5",
+                         "actor.beta2=0.95"))
+    assert resumed.resumed_from == 1 and [m["step"] for m in resumed.metrics] == [2]
+    assert resumed.metrics[-1]["actor/lr"] == 1e-05
+    optimizer = torch.optim.AdamW(resumed.model.parameters(), lr=0.123)
+    load_checkpoint(resumed.checkpoint, resumed.model, optimizer, restore_rng=False)  # as saved after step 2
+    settings = {(g["lr"], tuple(g["betas"]), g["weight_decay"]) for g in optimizer.param_groups}
+    assert settings == {(1e-05, (0.9, 0.95), 0.5)}
