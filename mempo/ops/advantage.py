@@ -17,9 +17,10 @@ B-entry buffers), so the number of groups is never read back. Shapes, dtypes and
 checked on the host; the input *values* (finite scores and rewards, float mask entries, CSR offsets,
 spans, overlaps, stages) in one fused check, whose result is settled by `validate`:
 
-* ``"host"`` (the default): read once per call (one device-to-host read, at the end of the Triton
-  path, before the scatter on the torch path); an invalid value raises ValueError naming the
-  argument and the entry (the error path reads what it needs).
+* ``"host"`` (the default): read once per call (one device-to-host read: at the end of the Triton
+  path, whose kernels read in bounds whatever the values; before any indexing on the torch path); an
+  invalid value raises ValueError naming the argument and the entry (the error path reads what it
+  needs).
 * ``"device"``: asserted on the device (`torch._assert_async`), nothing read back. With `index` an
   integer tensor on the mask's device (labels of any values) and every other input there too, the
   Triton path (CUDA's default) then makes no host synchronisation at all and can be captured in a
@@ -302,27 +303,28 @@ def _rows_of_csr(offsets: torch.Tensor, num_items: int) -> torch.Tensor:
     return torch.searchsorted(offsets, items, right=True) - 1
 
 
-def _span_clashes(offsets: torch.Tensor, start: torch.Tensor, end: torch.Tensor,
-                  length: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+def _span_clashes(row: torch.Tensor, start: torch.Tensor, end: torch.Tensor,
+                  length: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Overlapping spans without sorting per row: encode (row, position) as row * (L + 1) + position,
     sort the spans by encoded start, and compare each non-empty span's start with the largest encoded
-    end seen before it (a running max stays inside the row: rows are L + 1 apart). Returns (clash
-    [R - 1] bool, order, widest_at, row); clash[k] flags sorted span k + 1."""
-    row = _rows_of_csr(offsets, start.numel())
+    end seen before it (a running max stays inside the row: rows are L + 1 apart). row: each span's
+    trajectory (`_rows_of_csr`). Returns (clash [R - 1] bool, order, widest_at); clash[k] flags
+    sorted span k + 1."""
     key_start = row * (length + 1) + start
     key_end = row * (length + 1) + end
     order = torch.argsort(key_start, stable=True)
     ks, ke = key_start.index_select(0, order), key_end.index_select(0, order)
     widest_end, widest_at = torch.cummax(ke, 0)
     clash = (ks[1:] < widest_end[:-1]) & (ke[1:] > ks[1:])
-    return clash, order, widest_at, row
+    return clash, order, widest_at
 
 
 def _bad_values_torch(*, mask: Optional[torch.Tensor] = None, values: Optional[torch.Tensor] = None,
-                      memory: Optional[_Memory] = None, length: int = 0,
+                      memory: Optional[_Memory] = None, length: int = 0, round_rows: Optional[torch.Tensor] = None,
                       group: Optional[tuple[torch.Tensor, int]] = None) -> Optional[torch.Tensor]:
     """The fused check on the torch path: a bool scalar on the inputs' device, True when some input
-    value is invalid (None: nothing to check). Reads nothing."""
+    value is invalid (None: nothing to check). round_rows: `_rows_of_csr` of the memory's offsets.
+    Reads nothing."""
     parts = []
     if mask is not None and mask.dtype.is_floating_point and mask.numel():
         bounds = torch.stack(torch.aminmax(mask)).double()  # one pass; NaN propagates
@@ -336,7 +338,7 @@ def _bad_values_torch(*, mask: Optional[torch.Tensor] = None, values: Optional[t
         start, end = memory.spans[:, 0], memory.spans[:, 1]
         parts.append(((start < 0) | (end < start) | (end > length)).any())
         if num_rounds > 1:
-            parts.append(_span_clashes(offsets, start, end, length)[0].any())
+            parts.append(_span_clashes(round_rows, start, end, length)[0].any())
         if memory.stages is not None:
             parts.append(((memory.stages < 0) | (memory.stages >= _STAGE_LIMIT)).any())
     if group is not None:
@@ -372,7 +374,8 @@ def _diagnose_memory(memory: _Memory, length: int) -> None:
         r = int(bad.nonzero()[0])
         raise ValueError(f"mem_spans[{r}] = ({int(start[r])}, {int(end[r])}) is not a span inside [0, {length}]")
     if num_rounds > 1:
-        clash, order, widest_at, row = _span_clashes(offsets, start, end, length)
+        row = _rows_of_csr(offsets, num_rounds)
+        clash, order, widest_at = _span_clashes(row, start, end, length)
         if bool(clash.any()):
             k = int(clash.nonzero()[0])
             first, second = int(order[int(widest_at[k])]), int(order[k + 1])
@@ -433,9 +436,9 @@ def _group_zscore_torch(values: torch.Tensor, group: torch.Tensor, num_groups: i
     item_scale = scale.index_select(0, group)  # index_select: plain advanced indexing is slow on CPU
     y = values / item_scale
     # 2. Per-group count, mean and unbiased std of y (index_add_ is sequential, hence deterministic,
-    #    on CPU; two passes, as in the kernel). Counts by index_add: bincount's size is data-dependent.
-    count = torch.zeros(num_groups, dtype=torch.int64, device=values.device).index_add_(0, group,
-                                                                                          torch.ones_like(group))
+    #    on CPU; two passes, as in the kernel). Counts as fp64 sums of ones (exact below 2^53; bincount's
+    #    size is data-dependent, and an int64 index_add is many times slower on CPU).
+    count = zeros.index_add(0, group, torch.ones_like(values))
     mean = zeros.index_add(0, group, y) / count.clamp(min=1)
     centred = y - mean.index_select(0, group)
     std = torch.sqrt(zeros.index_add(0, group, centred * centred) / (count - 1).clamp(min=1))
@@ -519,10 +522,10 @@ def group_zscore(values: torch.Tensor, group: torch.Tensor, num_groups: int, *, 
 # --------------------------------------------------------------------------------------------
 # Span scatter fused with the row broadcast: torch path
 # --------------------------------------------------------------------------------------------
-def _span_pieces(start: torch.Tensor, end: torch.Tensor, offsets: torch.Tensor,
+def _span_pieces(start: torch.Tensor, end: torch.Tensor, span_row: torch.Tensor,
                  length: int) -> list[tuple[int, torch.Tensor, torch.Tensor, torch.Tensor]]:
     """Cut every span into power-of-two pieces: [(width, flat first position, span id, trajectory
-    row)] per width, each tensor int64 [pieces of that width].
+    row)] per width, each tensor int64 [pieces of that width]; span_row: each span's trajectory.
 
     A span of length n = sum of 2^k over the set bits of n becomes one piece per set bit, the wider
     pieces first. Pieces of one width never overlap (spans are disjoint), so each width class can be
@@ -533,10 +536,9 @@ def _span_pieces(start: torch.Tensor, end: torch.Tensor, offsets: torch.Tensor,
     lengths = end - start
     if lengths.numel() == 0:
         return []
-    span_row = _rows_of_csr(offsets, lengths.numel())
     first = span_row * length + start
     bits = torch.arange(max(length, 1).bit_length(), device=lengths.device)
-    has_bit = ((lengths[None, :] >> bits[:, None]) & 1).bool()  # [bits, R]
+    has_bit = (lengths[None, :] & (1 << bits)[:, None]) != 0  # [bits, R]
     piece_bit, span_id = has_bit.nonzero(as_tuple=True)  # by bit, then span
     counts = has_bit.sum(dim=1).tolist()
     higher_bits = (lengths.index_select(0, span_id) >> (piece_bit + 1)) << (piece_bit + 1)
@@ -552,8 +554,13 @@ def _span_pieces(start: torch.Tensor, end: torch.Tensor, offsets: torch.Tensor,
 
 
 def _span_scatter_torch(row_value: torch.Tensor, span_value: torch.Tensor, start: torch.Tensor, end: torch.Tensor,
-                        offsets: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+                        offsets: torch.Tensor, mask: torch.Tensor,
+                        span_row: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """row_value fp32 [B], span_value fp32 [S], start / end int64 [S], offsets int64 [B+1] (CSR of the
+    spans), mask [B, L]; span_row: each span's trajectory (computed from offsets when None)."""
     num_rows, length = mask.shape
+    if span_row is None:
+        span_row = _rows_of_csr(offsets, start.numel())
     # 1. The mask as fp32 (a vectorised cast; mixing an int mask into a multiply is far slower),
     #    into a fresh buffer faulted in as huge pages where the OS allows (see mempo.ops._alloc).
     out = empty_output((num_rows, length), torch.float32, mask.device)
@@ -561,7 +568,7 @@ def _span_scatter_torch(row_value: torch.Tensor, span_value: torch.Tensor, start
     flat = out.view(-1)
     # 2. Gather the mask under every span piece ([pieces, width] rows of an unfolded view).
     pieces = []
-    for width, piece_first, span_id, piece_row in _span_pieces(start, end, offsets, length):
+    for width, piece_first, span_id, piece_row in _span_pieces(start, end, span_row, length):
         windows = flat.unfold(0, width, 1)
         pieces.append((windows, piece_first, span_id, piece_row, windows.index_select(0, piece_first)))
     # 3. Outcome value times the mask everywhere.
@@ -582,8 +589,10 @@ def _advantage_torch(scores: Optional[torch.Tensor], labels: torch.Tensor, mask:
                      memory: Optional[_Memory], epsilon: float, norm_by_std: bool, memory_weight: float,
                      std_floor: float, validate: str, diagnose: Callable[[], None]) -> torch.Tensor:
     num_rows, length = mask.shape
+    round_rows = None if memory is None else _rows_of_csr(memory.offsets, memory.rewards.numel())
     # The check settles before anything indexes with the inputs (the scatter gathers by span).
-    _settle(_bad_values_torch(mask=mask, values=scores, memory=memory, length=length), validate, diagnose)
+    _settle(_bad_values_torch(mask=mask, values=scores, memory=memory, length=length, round_rows=round_rows),
+            validate, diagnose)
     group = _dense_ids(labels)
     if scores is None:
         row_value = torch.zeros(num_rows, dtype=torch.float32, device=mask.device)
@@ -594,7 +603,7 @@ def _advantage_torch(scores: Optional[torch.Tensor], labels: torch.Tensor, mask:
         no_spans = torch.zeros(num_rows + 1, dtype=torch.int64, device=mask.device)
         return _span_scatter_torch(row_value, empty, empty.long(), empty.long(), no_spans, mask)
     num_rounds = memory.rewards.numel()
-    round_group = group.index_select(0, _rows_of_csr(memory.offsets, num_rounds))
+    round_group = group.index_select(0, round_rows)
     if memory.stages is None:  # one pool per group
         pool, num_pools = round_group, num_rows
     else:  # one pool per (group, stage): one int64 key per pair, dense ids of the keys
@@ -602,7 +611,7 @@ def _advantage_torch(scores: Optional[torch.Tensor], labels: torch.Tensor, mask:
     normed = _group_zscore_torch(memory.rewards.double(), pool, num_pools, epsilon, norm_by_std, True, std_floor)
     span_value = normed if memory_weight == 1.0 else _weighted(normed, memory_weight)
     start, end = memory.spans[:, 0].contiguous(), memory.spans[:, 1].contiguous()
-    return _span_scatter_torch(row_value, span_value, start, end, memory.offsets, mask)
+    return _span_scatter_torch(row_value, span_value, start, end, memory.offsets, mask, round_rows)
 
 
 def _advantage_triton(scores: Optional[torch.Tensor], labels: torch.Tensor, mask: torch.Tensor,
