@@ -29,7 +29,8 @@ spans, overlaps, stages) in one fused check, whose result is settled by `validat
 
 Host labels (lists, numpy arrays, verl's uid object array) are mapped to ids on the host and
 copied to the device once (pinned, non-blocking on CUDA): the only host-bound work of the call. The
-torch path (CPU's default) also reads the span-length classes of the scatter (2 reads).
+torch path (CPU's default) also reads how many spans each power-of-two length class of its scatter
+holds (one read when there are spans).
 """
 from __future__ import annotations
 
@@ -531,25 +532,22 @@ def _span_pieces(start: torch.Tensor, end: torch.Tensor, span_row: torch.Tensor,
     pieces first. Pieces of one width never overlap (spans are disjoint), so each width class can be
     gathered and written back as whole rows of an unfolded view: work ~ covered tokens, no padding,
     and no cell is written twice (safe under any parallel schedule). At most log2(L) + 1 classes,
-    found with two host reads whatever the spans (the pieces, a data-dependent size; their counts).
+    sized with one host read whatever the spans (the pieces per width; the span ids of a width then
+    come from `nonzero_static`). Every op here is [R]-sized: no [bits, R] table (parallel regions).
     """
     lengths = end - start
     if lengths.numel() == 0:
         return []
     first = span_row * length + start
-    bits = torch.arange(max(length, 1).bit_length(), device=lengths.device)
-    has_bit = (lengths[None, :] & (1 << bits)[:, None]) != 0  # [bits, R]
-    piece_bit, span_id = has_bit.nonzero(as_tuple=True)  # by bit, then span
-    counts = has_bit.sum(dim=1).tolist()
-    higher_bits = (lengths.index_select(0, span_id) >> (piece_bit + 1)) << (piece_bit + 1)
-    piece_first = first.index_select(0, span_id) + higher_bits
-    piece_row = span_row.index_select(0, span_id)
-    pieces, at = [], 0
-    for bit, count in enumerate(counts):
+    has_bit = [(lengths & (1 << bit)) != 0 for bit in range(max(length, 1).bit_length())]
+    counts = torch.stack([selected.sum() for selected in has_bit]).tolist()
+    pieces = []
+    for bit, (selected, count) in enumerate(zip(has_bit, counts)):
         if count:
-            cut = slice(at, at + count)
-            pieces.append((1 << bit, piece_first[cut], span_id[cut], piece_row[cut]))
-            at += count
+            span_id = torch.nonzero_static(selected, size=count).squeeze(1)
+            higher_bits = (lengths.index_select(0, span_id) >> (bit + 1)) << (bit + 1)
+            pieces.append((1 << bit, first.index_select(0, span_id) + higher_bits, span_id,
+                           span_row.index_select(0, span_id)))
     return pieces
 
 

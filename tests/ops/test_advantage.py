@@ -621,14 +621,14 @@ def _op_call(op, index_kind, backend, validate, device, batch=None):
 # Host reads per call, exact (issue 45: "so the count cannot grow unnoticed"). The Triton path (CUDA's
 # default; the interpreter here) reads nothing with validate="device" and once with "host" (the fused
 # value check, settled at the end). The torch path (CPU's default) settles the same check, and its
-# scatter reads the span-length classes twice when there are spans.
+# scatter reads the spans per length class once when there are spans.
 HOST_READS = [  # (op, backend, validate, reads)
     *[(op, "triton", "device", 0) for op in ("mempo", "mempo_stages", "grpo", "memory", "memory_stages", "zscore")],
     *[(op, "triton", "host", 1) for op in ("mempo", "mempo_stages", "grpo", "memory", "memory_stages", "zscore")],
-    ("mempo", "torch", "device", 2), ("mempo_stages", "torch", "device", 2), ("grpo", "torch", "device", 0),
-    ("memory", "torch", "device", 2), ("memory_stages", "torch", "device", 2), ("zscore", "torch", "device", 0),
-    ("mempo", "torch", "host", 3), ("mempo_stages", "torch", "host", 3), ("grpo", "torch", "host", 1),
-    ("memory", "torch", "host", 3), ("memory_stages", "torch", "host", 3), ("zscore", "torch", "host", 1),
+    ("mempo", "torch", "device", 1), ("mempo_stages", "torch", "device", 1), ("grpo", "torch", "device", 0),
+    ("memory", "torch", "device", 1), ("memory_stages", "torch", "device", 1), ("zscore", "torch", "device", 0),
+    ("mempo", "torch", "host", 2), ("mempo_stages", "torch", "host", 2), ("grpo", "torch", "host", 1),
+    ("memory", "torch", "host", 2), ("memory_stages", "torch", "host", 2), ("zscore", "torch", "host", 1),
 ]
 
 
