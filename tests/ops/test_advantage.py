@@ -82,7 +82,8 @@ def test_input_dtypes(backend, device, dtype):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_degenerate_groups_are_finite_zeros(backend, device):
+@pytest.mark.parametrize("device_ids", [False, True])
+def test_degenerate_groups_are_finite_zeros(backend, device, device_ids):
     # Equal scores, a singleton group, a group with no scored round, a group with one scored round.
     index = ["a", "a", "a", "b", "c", "c", "d", "d"]
     scores = torch.tensor([1.0, 1.0, 1.0, 1.0, 0.0, 0.0, 1.0, 0.0])
@@ -90,7 +91,12 @@ def test_degenerate_groups_are_finite_zeros(backend, device):
     offsets = torch.tensor([0, 1, 2, 3, 4, 4, 4, 5, 5])
     spans = torch.tensor([[0, 2], [0, 2], [0, 2], [0, 2], [1, 3]])
     rewards = torch.tensor([0.3, 0.3, 0.3, 0.9, -0.2])
-    got, _ = mempo_advantage(scores.to(device), index, mask.to(device), rewards, offsets, spans, backend=backend)
+    if device_ids:  # every input on the device, the groups as int ids, nothing read back (issue 45)
+        on = device if backend == "triton" else torch.device("cpu")
+        got, _ = mempo_advantage(scores.to(on), _device_ids(index, on), mask.to(on), rewards.to(on), offsets.to(on),
+                                 spans.to(on), backend=backend, validate="device")
+    else:
+        got, _ = mempo_advantage(scores.to(device), index, mask.to(device), rewards, offsets, spans, backend=backend)
     got = got.cpu()
     assert torch.isfinite(got).all()
     assert (got[0:3] == 0).all()  # equal scores, equal memory rewards -> 0
@@ -109,6 +115,12 @@ def test_empty_batch_and_empty_response(backend, device):
                                  torch.zeros(batch + 1, dtype=torch.long), torch.zeros(0, 2, dtype=torch.long),
                                  backend=backend)
         assert got.shape == (batch, length)
+        on = mask.device if backend == "triton" else torch.device("cpu")
+        ids, no_rounds = torch.arange(batch, device=on), torch.zeros(0, device=on)
+        got, _ = mempo_advantage(torch.zeros(batch, device=on), ids, mask.to(on), no_rounds,
+                                 torch.zeros(batch + 1, dtype=torch.long, device=on),
+                                 torch.zeros(0, 2, dtype=torch.long, device=on), backend=backend, validate="device")
+        assert got.shape == (batch, length) and (got == 0).all()
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
