@@ -3,14 +3,16 @@
 Run: pytest bench/bench_advantage.py --benchmark-only
 Shapes: 3 questions x 16 trajectories x 8 rounds x 8,192 response tokens, and 128 x 16 trajectories
 x 4,096 tokens (2,048 trajectories); 8 rounds per trajectory, rounds 2-8 scored, 64-token <mem> spans. Compares the vectorised torch path (what runs on CPU, e.g. in
-verl's CPU-only advantage actor) with the loop reference and, when verl is installed, verl's GRPO.
-The Triton path is timed only on a GPU (never the interpreter).
+verl's CPU-only advantage actor; the groups as verl's uid array or as an int tensor) with the loop
+reference and, when verl is installed, verl's GRPO. The Triton path is timed only on a GPU (never the
+interpreter): device group ids with validate="host" (one read per call) and "device" (none), and
+verl's uid array.
 """
 import numpy as np
 import pytest
 import torch
 
-from mempo.ops.advantage import mempo_advantage
+from mempo.ops.advantage import group_ids, mempo_advantage
 from mempo.ops.reference.advantage import mempo_advantage_reference, random_memory_batch
 
 SHAPES = {
@@ -31,11 +33,14 @@ def _info(benchmark, name, batch, device, path):
 
 
 @pytest.mark.parametrize("name", list(SHAPES))
-def test_mempo_advantage_torch(benchmark, name):
+@pytest.mark.parametrize("index_kind", ["uid_array", "int_ids"])
+def test_mempo_advantage_torch(benchmark, name, index_kind):
     batch = _batch(name)
     _info(benchmark, name, batch, "cpu", "torch")
     scores, index, mask, rewards, offsets, spans = batch
-    index = np.array(index, dtype=object)  # verl's uid array
+    # verl's uid array, or the groups as an int tensor (grouped by the op itself)
+    index = np.array(index, dtype=object) if index_kind == "uid_array" else group_ids(index, len(index))[0]
+    benchmark.extra_info.update(index=index_kind)
     # Warm-up: the output is faulted in as huge pages (mempo.ops._alloc); on a fresh VM the first ~10
     # such calls in a process also pay for the host backing never-touched memory (RESULTS.md).
     benchmark.pedantic(lambda: mempo_advantage(scores, index, mask, rewards, offsets, spans, backend="torch"),
@@ -67,17 +72,22 @@ def test_verl_grpo(benchmark, name, fn_name):
 
 
 @pytest.mark.parametrize("name", list(SHAPES))
-@pytest.mark.parametrize("path", ["torch", "triton"])
-def test_mempo_advantage_gpu(benchmark, name, path):
+@pytest.mark.parametrize("path, index_kind, validate", [("torch", "device_ids", "host"),
+                                                        ("triton", "device_ids", "host"),
+                                                        ("triton", "device_ids", "device"),
+                                                        ("triton", "uid_array", "device")])
+def test_mempo_advantage_gpu(benchmark, name, path, index_kind, validate):
+    """End to end per call (host work, launches and device time; one synchronisation per call)."""
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA device (Triton timings are GPU-only; the interpreter is never timed)")
     scores, index, mask, rewards, offsets, spans = _batch(name)
     _info(benchmark, name, (scores, index, mask, rewards, offsets, spans), "cuda", path)
-    args = (scores.cuda(), torch.tensor([hash(x) for x in index]).cuda(), mask.cuda(), rewards.cuda(),
-            offsets.cuda(), spans.cuda())
+    benchmark.extra_info.update(index=index_kind, validate=validate)
+    labels = group_ids(index, len(index))[0].cuda() if index_kind == "device_ids" else np.array(index, dtype=object)
+    args = (scores.cuda(), labels, mask.cuda(), rewards.cuda(), offsets.cuda(), spans.cuda())
 
     def run():
-        out = mempo_advantage(*args, backend=path)
+        out = mempo_advantage(*args, backend=path, validate=validate)
         torch.cuda.synchronize()
         return out
 

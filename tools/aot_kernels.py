@@ -190,19 +190,35 @@ def op_calls() -> Iterator[tuple[str, Callable[[], Any]]]:
         for m, v in ((1, 151_936), (3, 37), (64, 1), (1, 1)):
             yield f"from_hidden odd M={m} V={v} {dtype}", hidden_case(m, v, 24, dtype, dtype)
 
-    # Advantage ops: span scatter per mask dtype; the z-score per flag combination.
-    def advantage_case(mask_dtype, norm_by_std=True):
+    # Advantage ops: span scatter per mask dtype (float masks are checked in the kernel), with and without
+    # the outcome and the spans; the z-score per flag combination and value dtype (loaded as given); round
+    # keys with and without stages. Index given as labels (host) and as device ids: the same kernels.
+    def advantage_case(mask_dtype, norm_by_std=True, score_dtype=torch.float32, stages=False, memory=True,
+                       outcome=True):
         def call():
             mask = (torch.rand(4, 40, generator=_g(3)) > 0.2).to(mask_dtype)
-            return adv_ops.mempo_advantage(torch.tensor([1.0, 0.0, 2.0, 1.0]), [0, 0, 1, 1], mask,
-                                           torch.tensor([0.5, -1.0, 0.2]), torch.tensor([0, 1, 1, 2, 3]),
-                                           torch.tensor([[2, 6], [3, 9], [0, 4]]), norm_adv_by_std=norm_by_std,
-                                           backend="triton")
+            scores = torch.tensor([1.0, 0.0, 2.0, 1.0]).to(score_dtype)
+            ids = torch.tensor([0, 0, 1, 1])
+            rounds = (torch.tensor([0.5, -1.0, 0.2]), torch.tensor([0, 1, 1, 2, 3]),
+                      torch.tensor([[2, 6], [3, 9], [0, 4]]))
+            kw = dict(mem_stages=torch.tensor([0, 1, 0]) if stages else None, backend="triton")
+            if not outcome:
+                return adv_ops.memory_advantage(*rounds, ids, mask, norm_adv_by_std=norm_by_std, **kw)
+            if not memory:
+                return adv_ops.grpo_outcome_advantage(scores, ids, mask, norm_adv_by_std=norm_by_std,
+                                                      backend="triton")
+            return adv_ops.mempo_advantage(scores, [0, 0, 1, 1], mask, *rounds, norm_adv_by_std=norm_by_std, **kw)
         return call
 
     for mask_dtype in MASK_DTYPES:
         yield f"mempo_advantage mask {mask_dtype}", advantage_case(mask_dtype)
+        yield f"grpo_outcome_advantage mask {mask_dtype}", advantage_case(mask_dtype, memory=False)
+        yield f"memory_advantage mask {mask_dtype}", advantage_case(mask_dtype, outcome=False)
+    for score_dtype in (torch.float16, torch.bfloat16, torch.float64, torch.int32, torch.int64, torch.bool):
+        yield f"mempo_advantage scores {score_dtype}", advantage_case(torch.bool, score_dtype=score_dtype)
     yield "mempo_advantage norm_adv_by_std=False", advantage_case(torch.bool, norm_by_std=False)
+    yield "mempo_advantage mem_stages", advantage_case(torch.bool, stages=True)
+    yield "memory_advantage mem_stages", advantage_case(torch.bool, stages=True, outcome=False)
     for norm_by_std in (True, False):
         for singleton in ("passthrough", "zero"):
             yield (f"group_zscore std={norm_by_std} {singleton}",

@@ -19,7 +19,11 @@ reason, so that the script runs on a CPU machine and tests/tools/test_gpu_check.
 Sections (SECTIONS below): env (versions, measured ceilings: device copy GB/s, bf16 and fp32
 matmul TFLOP/s), aot (every kernel variant compiled for this GPU's arch, registers and spills),
 triton_ops (the kernels on CUDA against the torch path and fp64 at real sizes, -inf columns, keep
-flips, time against the ceilings, fused vs materialised, the advantage ops at 2,048 x 4,096, row
+flips, time against the ceilings, fused vs materialised, the advantage ops at 2,048 x 4,096: per
+mask dtype; off the host with device group ids and validate="device" -- host syncs under
+torch.cuda.set_sync_debug_mode("error"), kernels / copies / syncs from torch.profiler, end-to-end
+wall ms against issue 45's 0.3 ms and the limit (bytes moved at 4.3 TB/s), a CUDA-graph capture
+replayed on new inputs -- and with verl's uid object array (one host-to-device copy, 1.0 ms); row
 offsets past 2**31), pytest_ops (the ops' test files with CUDA), flash_actor (packed varlen
 training forward vs padded SDPA on a Qwen2 with V = 151,936 in bf16: log-probs, gradients, time),
 scoring (teacher scoring reference / packed / cached on CUDA: agreement, time, tokens), train (one
@@ -165,6 +169,21 @@ class Ctx:
         from triton.testing import do_bench
 
         return float(do_bench(fn, warmup=25, rep=100, return_mode="median"))
+
+    def wall_ms(self, fn: Callable[[], Any], reps: int = 50) -> Optional[float]:
+        """Host wall-clock milliseconds per call, end to end (what a caller waits: host work, launches
+        and device time): `reps` calls back to back after 5 warm-up calls, one synchronisation at the
+        end. None on CPU."""
+        if not self.gpu:
+            return None
+        for _ in range(5):
+            fn()
+        self.sync()
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            fn()
+        self.sync()
+        return (time.perf_counter() - t0) * 1e3 / reps
 
     def seconds(self, fn: Callable[[], Any]) -> tuple[Any, float]:
         self.sync()
@@ -460,6 +479,10 @@ def sec_triton_ops(ctx: Ctx) -> None:
                reason="plumbing mode: tests/kernels/test_launch.py checks the int64 offsets in the interpreter")
 
 
+ADV_TARGET_MS = {"device_ids": 0.3, "uid_array": 1.0}  # issue 45: end to end at 2,048 x 4,096, one H200
+HBM_TBPS = 4.3  # the limit issue 45 names: the op's bytes moved at 4.3 TB/s
+
+
 def _advantage(ctx: Ctx, ceil: dict) -> None:
     import torch
 
@@ -478,24 +501,165 @@ def _advantage(ctx: Ctx, ceil: dict) -> None:
         scores[:sub].tolist(), index[:sub], mask[:sub].tolist(), rewards[:cut].tolist(), offsets[:sub + 1].tolist(),
         spans[:cut].tolist()))
     for mdt in (torch.bool, torch.int64, torch.float32):
-        m = mask.to(dev, mdt)
-        tri, _ = mempo_advantage(scores, index, m, rewards, offsets, spans, backend="triton")
-        ref, _ = mempo_advantage(scores, index, m, rewards, offsets, spans, backend="torch")
-        err = (tri - ref).abs().max().item()
-        err_loop = (tri[:sub].cpu().double() - exact).abs().max().item()
-        nan = int(tri.isnan().sum())
-        values = dict(err_vs_torch=err, err_vs_loop=err_loop, nan=nan, B=mask.shape[0], L=mask.shape[1])
-        ms = ctx.bench_ms(lambda: mempo_advantage(scores, index, m, rewards, offsets, spans, backend="triton"))
-        if ms is not None:
-            moved = mask.numel() * (m.element_size() + 4)  # the scatter kernel reads the mask, writes fp32
-            values.update(ms_end_to_end=ms, GBps_mask_out=moved / ms / 1e6,
-                          pct_copy=100 * moved / ms / 1e6 / ceil["copy_gbs"] if ceil else "n/a",
-                          ms_torch_path=ctx.bench_ms(lambda: mempo_advantage(scores, index, m, rewards, offsets,
-                                                                             spans, backend="torch")),
-                          ms_grpo_only=ctx.bench_ms(lambda: grpo_outcome_advantage(scores, index, m,
-                                                                                   backend="triton")))
-        ok = err < 1e-5 and err_loop < 1e-5 and nan == 0
-        result("triton_ops", f"advantage_{str(mdt).split('.')[-1]}", "PASS" if ok else "FAIL", **values)
+        def by_mask(mdt=mdt):
+            m = mask.to(dev, mdt)
+            tri, _ = mempo_advantage(scores, index, m, rewards, offsets, spans, backend="triton")
+            ref, _ = mempo_advantage(scores, index, m, rewards, offsets, spans, backend="torch")
+            err = (tri - ref).abs().max().item()
+            err_loop = (tri[:sub].cpu().double() - exact).abs().max().item()
+            nan = int(tri.isnan().sum())
+            values = dict(err_vs_torch=err, err_vs_loop=err_loop, nan=nan, B=mask.shape[0], L=mask.shape[1])
+            ms = ctx.bench_ms(lambda: mempo_advantage(scores, index, m, rewards, offsets, spans, backend="triton"))
+            if ms is not None:
+                moved = mask.numel() * (m.element_size() + 4)  # the scatter kernel reads the mask, writes fp32
+                values.update(ms_end_to_end=ms, GBps_mask_out=moved / ms / 1e6,
+                              pct_copy=100 * moved / ms / 1e6 / ceil["copy_gbs"] if ceil else "n/a",
+                              ms_torch_path=ctx.bench_ms(lambda: mempo_advantage(scores, index, m, rewards, offsets,
+                                                                                 spans, backend="torch")),
+                              ms_grpo_only=ctx.bench_ms(lambda: grpo_outcome_advantage(scores, index, m,
+                                                                                       backend="triton")))
+            ok = err < 1e-5 and err_loop < 1e-5 and nan == 0
+            result("triton_ops", f"advantage_{str(mdt).split('.')[-1]}", "PASS" if ok else "FAIL", **values)
+        checked("triton_ops", f"advantage_{str(mdt).split('.')[-1]}", by_mask)
+    batch = (scores, index, mask.to(dev, torch.float32), rewards, offsets, spans)  # the issue's fp32 mask
+    checked("triton_ops", "advantage_off_host", lambda: _advantage_off_host(ctx, batch))
+    checked("triton_ops", "advantage_graph", lambda: _advantage_graph(ctx, batch))
+
+
+def _cuda_activity(fn: Callable[[], Any]) -> dict:
+    """What one call of `fn` does on the GPU, from torch.profiler: kernels, copies host-to-device and
+    device-to-host, memsets, and the host's waits for the device (stream / device / event
+    synchronisations, the profiler's own final one not counted)."""
+    import torch
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()  # every kernel done before the trace closes (subtracted below)
+    events = prof.events()
+    gpu = [e.name for e in events if e.device_type == DeviceType.CUDA]
+    h2d = sum("HtoD" in name for name in gpu)
+    d2h = sum("DtoH" in name for name in gpu)
+    other_copies = sum(name.startswith("Memcpy") for name in gpu) - h2d - d2h
+    memsets = sum(name.startswith("Memset") for name in gpu)
+    waits = [e.name for e in events if e.device_type == DeviceType.CPU
+             and e.name in ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize")]
+    # None when the trace holds no runtime calls at all (not even the synchronize above)
+    syncs = len(waits) - 1 if "cudaDeviceSynchronize" in waits else None
+    return dict(kernels=len(gpu) - h2d - d2h - other_copies - memsets, h2d=h2d, d2h=d2h, memsets=memsets,
+                syncs="n/a" if syncs is None else syncs)
+
+
+def _sync_free(fn: Callable[[], Any]) -> tuple[bool, str]:
+    """(True, "") when `fn` runs under torch.cuda.set_sync_debug_mode("error"), else (False, the error)."""
+    import torch
+
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        fn()
+        return True, ""
+    except RuntimeError as error:
+        return False, str(error).splitlines()[0][:160]
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+        torch.cuda.synchronize()
+
+
+def _advantage_off_host(ctx: Ctx, batch: tuple) -> None:
+    """Issue 45: group ids as a device int tensor (validate="device": no host sync at all), verl's uid
+    object array (one host-to-device copy), the default (one read): equal results; on a GPU host syncs
+    under the sync debug mode, launches / copies / syncs from the profiler, end-to-end wall ms and
+    the ratio to the limit (bytes moved at 4.3 TB/s)."""
+    import numpy as np
+    import torch
+
+    from mempo.ops import group_ids, mempo_advantage
+
+    scores, index, mask, rewards, offsets, spans = batch
+    ids = group_ids(index, len(index))[0].to(ctx.device)
+    uid = np.array(index, dtype=object)
+
+    def call(labels, validate):  # the Triton path: CUDA's default, the interpreter in plumbing mode
+        return lambda: mempo_advantage(scores, labels, mask, rewards, offsets, spans, backend="triton",
+                                       validate=validate)[0]
+
+    paths = {"ids": call(ids, "device"), "ids_host": call(ids, "host"), "uid": call(uid, "device"),
+             "uid_host": call(uid, "host")}
+    want = call(list(index), "host")()
+    equal = {name: bool(torch.equal(fn(), want)) for name, fn in paths.items()}
+    values: dict[str, Any] = dict(equal_all=all(equal.values()), B=mask.shape[0], L=mask.shape[1],
+                                  R=rewards.numel(), mask="float32")
+    ok = all(equal.values())
+    uid_ok = equal["uid"] and equal["uid_host"]
+    uid_values: dict[str, Any] = dict(equal=uid_ok)
+    if ctx.gpu:
+        sync_free, error = _sync_free(paths["ids"])
+        uid_sync_free, uid_error = _sync_free(paths["uid"])
+        acts = {name: _cuda_activity(fn) for name, fn in paths.items()}
+        ms = {name: ctx.wall_ms(fn) for name, fn in paths.items()}
+        moved = mask.numel() * (mask.element_size() + 4)  # read the mask, write fp32 [B, L]; the rest is < 1 %
+        limit_ms = moved / (HBM_TBPS * 1e12) * 1e3
+        values.update(sync_free=sync_free, sync_error=error or "none", kernels=acts["ids"]["kernels"],
+                      memsets=acts["ids"]["memsets"], h2d=acts["ids"]["h2d"], d2h=acts["ids"]["d2h"],
+                      syncs=acts["ids"]["syncs"], syncs_validate_host=acts["ids_host"]["syncs"], ms=ms["ids"],
+                      ms_validate_host=ms["ids_host"], ms_gpu_do_bench=ctx.bench_ms(paths["ids"]),
+                      limit_ms=limit_ms, x_limit=ms["ids"] / limit_ms, target_ms=ADV_TARGET_MS["device_ids"])
+        ok = ok and sync_free and acts["ids"]["h2d"] == 0 and acts["ids"]["d2h"] == 0
+        uid_values.update(sync_free=uid_sync_free, sync_error=uid_error or "none", h2d=acts["uid"]["h2d"],
+                          syncs=acts["uid"]["syncs"], kernels=acts["uid"]["kernels"], ms=ms["uid"],
+                          ms_validate_host=ms["uid_host"], syncs_validate_host=acts["uid_host"]["syncs"],
+                          x_limit=ms["uid"] / limit_ms, target_ms=ADV_TARGET_MS["uid_array"])
+        uid_ok = uid_ok and uid_sync_free and acts["uid"]["h2d"] == 1 and acts["uid"]["d2h"] == 0
+        met = ms["ids"] <= ADV_TARGET_MS["device_ids"] and ms["uid"] <= ADV_TARGET_MS["uid_array"]
+        result("triton_ops", "advantage_targets", "PASS" if met and sync_free else "FAIL", device_ids_ms=ms["ids"],
+               device_ids_target_ms=ADV_TARGET_MS["device_ids"], uid_ms=ms["uid"],
+               uid_target_ms=ADV_TARGET_MS["uid_array"], sync_free=sync_free)
+    else:
+        result("triton_ops", "advantage_targets", "SKIP", reason="plumbing mode: times, syncs and launches need CUDA")
+    result("triton_ops", "advantage_device_ids", "PASS" if ok else "FAIL", **values)
+    result("triton_ops", "advantage_uid_array", "PASS" if uid_ok else "FAIL", **uid_values)
+
+
+def _advantage_graph(ctx: Ctx, batch: tuple) -> None:
+    """The device-ids call (validate="device") captured in a CUDA graph, replayed on new inputs copied
+    into the captured tensors: equal to the eager call on those inputs."""
+    import torch
+
+    from mempo.ops import group_ids, mempo_advantage
+
+    if not ctx.gpu:
+        result("triton_ops", "advantage_graph", "SKIP", reason="plumbing mode: CUDA graphs need CUDA")
+        return
+    scores, index, mask, rewards, offsets, spans = (t.clone() if isinstance(t, torch.Tensor) else t for t in batch)
+    ids = group_ids(index, len(index))[0].to(ctx.device)
+
+    def op():
+        return mempo_advantage(scores, ids, mask, rewards, offsets, spans, validate="device")[0]
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            op()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = op()
+    # new values in the captured inputs: other scores and rewards, groups merged in pairs (other pools)
+    g = torch.Generator(device=ctx.device).manual_seed(1)
+    scores.copy_(torch.randn(scores.shape, device=ctx.device, generator=g))
+    rewards.copy_(torch.rand(rewards.shape, device=ctx.device, generator=g) - 0.5)
+    ids.copy_(ids // 2 * 1_000_003 - 7)
+    graph.replay()
+    want = op()
+    same = bool(torch.equal(captured, want))
+    changed = not bool(torch.equal(want, mempo_advantage(*batch[:1], group_ids(index, len(index))[0].to(ctx.device),
+                                                         *batch[2:])[0]))
+    result("triton_ops", "advantage_graph", "PASS" if same and changed else "FAIL", replay_equal_eager=same,
+           inputs_changed=changed, ms_replay=ctx.bench_ms(graph.replay))
 
 
 def _span_overflow(ctx: Ctx) -> None:

@@ -18,6 +18,7 @@ from mempo.ops.reference.advantage import (
     memory_advantage_reference,
     mempo_advantage_reference,
 )
+from support.host_reads import HostTraffic
 
 BACKENDS = ["torch", "triton"]
 
@@ -81,7 +82,8 @@ def test_input_dtypes(backend, device, dtype):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_degenerate_groups_are_finite_zeros(backend, device):
+@pytest.mark.parametrize("device_ids", [False, True])
+def test_degenerate_groups_are_finite_zeros(backend, device, device_ids):
     # Equal scores, a singleton group, a group with no scored round, a group with one scored round.
     index = ["a", "a", "a", "b", "c", "c", "d", "d"]
     scores = torch.tensor([1.0, 1.0, 1.0, 1.0, 0.0, 0.0, 1.0, 0.0])
@@ -89,7 +91,12 @@ def test_degenerate_groups_are_finite_zeros(backend, device):
     offsets = torch.tensor([0, 1, 2, 3, 4, 4, 4, 5, 5])
     spans = torch.tensor([[0, 2], [0, 2], [0, 2], [0, 2], [1, 3]])
     rewards = torch.tensor([0.3, 0.3, 0.3, 0.9, -0.2])
-    got, _ = mempo_advantage(scores.to(device), index, mask.to(device), rewards, offsets, spans, backend=backend)
+    if device_ids:  # every input on the device, the groups as int ids, nothing read back (issue 45)
+        on = device if backend == "triton" else torch.device("cpu")
+        got, _ = mempo_advantage(scores.to(on), _device_ids(index, on), mask.to(on), rewards.to(on), offsets.to(on),
+                                 spans.to(on), backend=backend, validate="device")
+    else:
+        got, _ = mempo_advantage(scores.to(device), index, mask.to(device), rewards, offsets, spans, backend=backend)
     got = got.cpu()
     assert torch.isfinite(got).all()
     assert (got[0:3] == 0).all()  # equal scores, equal memory rewards -> 0
@@ -108,6 +115,12 @@ def test_empty_batch_and_empty_response(backend, device):
                                  torch.zeros(batch + 1, dtype=torch.long), torch.zeros(0, 2, dtype=torch.long),
                                  backend=backend)
         assert got.shape == (batch, length)
+        on = mask.device if backend == "triton" else torch.device("cpu")
+        ids, no_rounds = torch.arange(batch, device=on), torch.zeros(0, device=on)
+        got, _ = mempo_advantage(torch.zeros(batch, device=on), ids, mask.to(on), no_rounds,
+                                 torch.zeros(batch + 1, dtype=torch.long, device=on),
+                                 torch.zeros(0, 2, dtype=torch.long, device=on), backend=backend, validate="device")
+        assert got.shape == (batch, length) and (got == 0).all()
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -138,28 +151,43 @@ def test_group_ids_accepts_labels_of_any_kind():
 def test_kernels_write_only_their_outputs(device):
     """Canary padding: outputs are views inside sentinel-filled buffers; the sentinel survives."""
     from mempo.kernels import group_zscore as zk
+    from mempo.kernels import round_keys as rk
     from mempo.kernels import span_scatter as sk
 
     sentinel = 12345.0
     values = torch.randn(13, device=device)
-    perm = torch.argsort(torch.tensor([0, 1, 2] * 4 + [2]), stable=True).to(device)
-    group_offsets = torch.tensor([0, 4, 8, 13], device=device)
+    keys = torch.tensor([0, 1, 2] * 4 + [2], device=device)
+    flags = torch.zeros(1, dtype=torch.int32, device=device)
     buf = torch.full((13 + 8,), sentinel, device=device)
-    zk.group_zscore(values, perm, group_offsets, buf[4:17], 1e-6, True, False, block=4)
+    gid_buf = torch.full((13 + 8,), -7, dtype=torch.int64, device=device)
+    zk.group_zscore(values, keys, torch.argsort(keys, stable=True), buf[4:17], gid_buf[4:17], flags, 1e-6, True,
+                    False, block=4)
     assert (buf[:4] == sentinel).all() and (buf[17:] == sentinel).all()
     assert torch.isfinite(buf[4:17]).all()
+    assert (gid_buf[:4] == -7).all() and (gid_buf[17:] == -7).all()
+    # each item's group id: its group's first position in the sorted order (4, 4 and 5 items)
+    assert gid_buf[4:17].tolist() == [0, 4, 8] * 4 + [8]
+
+    offsets = torch.tensor([0, 2, 2, 3], device=device)
+    spans = torch.tensor([[0, 4], [6, 9], [3, 30]], device=device)
+    key_buf = torch.full((3 + 8,), -7, dtype=torch.int64, device=device)
+    rk.round_keys(offsets, spans, torch.tensor([1, 2, 0], device=device), torch.tensor([5, 6, 7], device=device),
+                  key_buf[4:7], flags, 37, block=4)
+    assert (key_buf[:4] == -7).all() and (key_buf[7:] == -7).all()
+    assert key_buf[4:7].tolist() == [5 * 2 ** 31 + 1, 5 * 2 ** 31 + 2, 7 * 2 ** 31]
 
     rows, length = 3, 37
     out_buf = torch.full((rows + 2, length + 9), sentinel, device=device)
     out = out_buf[1:rows + 1, 4:4 + length]
     mask = torch.ones(rows, length, device=device)
     sk.span_scatter(torch.ones(rows, device=device), torch.tensor([2.0], device=device),
-                    torch.tensor([3], device=device), torch.tensor([30], device=device),
-                    torch.tensor([0, 1, 1, 1], device=device), mask, out, block_l=16)
+                    torch.tensor([[3, 30]], device=device), torch.tensor([0, 1, 1, 1], device=device), mask, out,
+                    flags, block_l=16)
     inside = torch.zeros_like(out_buf, dtype=torch.bool)
     inside[1:rows + 1, 4:4 + length] = True
     assert (out_buf[~inside] == sentinel).all()
     assert out[0, 3:30].eq(3.0).all() and out[0, :3].eq(1.0).all() and out[1:].eq(1.0).all()
+    assert flags.item() == 0  # valid inputs raise no flag
 
 
 def test_bad_inputs_raise_clear_errors():
@@ -570,3 +598,234 @@ def test_bad_stages_are_rejected_by_name():
             mempo_advantage(scores, index, mask, rewards, offsets, spans, mem_stages=negative)
     with pytest.raises(ValueError, match="mem_stages needs the memory inputs"):
         mempo_advantage(scores, index, mask, mem_stages=torch.zeros(0, dtype=torch.long))
+
+
+# ---------------------------------------------------------------------------------------------------
+# The advantage op off the host (issue 45): device group ids, host reads counted, the fused value check
+# ---------------------------------------------------------------------------------------------------
+def _device_ids(index, device):
+    """Integer labels of the same groups as `index`, not dense (negative, sparse, near int64's limits)."""
+    dense, _ = group_ids(index, len(index))
+    return (dense * 7_919_000_000_003 - 2 ** 62).to(device)
+
+
+def _op_call(op, index_kind, backend, validate, device, batch=None):
+    """One public op on `random_batch`-style inputs as a thunk (the inputs made first): every tensor on
+    `device`, the index as device ids ("ids"), verl's uid object array ("uid") or strings ("list")."""
+    scores, index, mask, rewards, offsets, spans = batch or random_batch(3, 3, 5, 40, singleton_groups=2)
+    on = lambda *ts: [t.to(device) for t in ts]  # noqa: E731
+    scores, mask, rewards, offsets, spans = on(scores, mask, rewards, offsets, spans)
+    labels = {"ids": _device_ids(index, device), "uid": np.array(index, dtype=object), "list": list(index)}[index_kind]
+    stages = (torch.arange(rewards.numel()) % 3).to(device)
+    kw = dict(backend=backend, validate=validate)
+    return {
+        "mempo": lambda: mempo_advantage(scores, labels, mask, rewards, offsets, spans, memory_weight=0.7, **kw)[0],
+        "mempo_stages": lambda: mempo_advantage(scores, labels, mask, rewards, offsets, spans, mem_stages=stages,
+                                                **kw)[0],
+        "grpo": lambda: grpo_outcome_advantage(scores, labels, mask, **kw),
+        "memory": lambda: memory_advantage(rewards, offsets, spans, labels, mask, **kw),
+        "memory_stages": lambda: memory_advantage(rewards, offsets, spans, labels, mask, mem_stages=stages,
+                                                  std_floor=0.1, **kw),
+        "zscore": lambda: group_zscore(rewards, stages, 3, singleton="zero", **kw),
+    }[op]
+
+
+# Host reads per call, exact (issue 45: "so the count cannot grow unnoticed"). The Triton path (CUDA's
+# default; the interpreter here) reads nothing with validate="device" and once with "host" (the fused
+# value check, settled at the end). The torch path (CPU's default) settles the same check, and its
+# scatter reads the spans per length class once when there are spans.
+HOST_READS = [  # (op, backend, validate, reads)
+    *[(op, "triton", "device", 0) for op in ("mempo", "mempo_stages", "grpo", "memory", "memory_stages", "zscore")],
+    *[(op, "triton", "host", 1) for op in ("mempo", "mempo_stages", "grpo", "memory", "memory_stages", "zscore")],
+    ("mempo", "torch", "device", 1), ("mempo_stages", "torch", "device", 1), ("grpo", "torch", "device", 0),
+    ("memory", "torch", "device", 1), ("memory_stages", "torch", "device", 1), ("zscore", "torch", "device", 0),
+    ("mempo", "torch", "host", 2), ("mempo_stages", "torch", "host", 2), ("grpo", "torch", "host", 1),
+    ("memory", "torch", "host", 2), ("memory_stages", "torch", "host", 2), ("zscore", "torch", "host", 1),
+]
+
+
+@pytest.mark.parametrize("op, backend, validate, reads", HOST_READS)
+def test_host_reads_of_each_path_are_counted_exactly(device, op, backend, validate, reads):
+    on = device if backend == "triton" else torch.device("cpu")
+    want = _op_call(op, "list", "torch", "host", torch.device("cpu"))()
+    call = _op_call(op, "ids", backend, validate, on)
+    call()  # warm-up (first-call work is not per call)
+    with HostTraffic() as traffic:
+        got = call()
+    assert len(traffic.reads) == reads, traffic.reads
+    assert traffic.uploads == [], traffic.uploads  # device ids: nothing made from host data
+    torch.testing.assert_close(got.cpu(), want, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("op", ["mempo", "mempo_stages", "grpo", "memory", "memory_stages"])
+@pytest.mark.parametrize("validate, reads", [("device", 0), ("host", 1)])
+def test_uid_array_costs_one_upload_and_nothing_else(device, op, validate, reads):
+    """verl's uid object array: mapped to ids on the host, one tensor made from host data (one copy
+    to the device), and no read beyond the device-ids path's."""
+    call = _op_call(op, "uid", "triton", validate, device)
+    with HostTraffic() as traffic:
+        got = call()
+    assert len(traffic.reads) == reads and len(traffic.uploads) == 1, (traffic.reads, traffic.uploads)
+    assert torch.equal(got, _op_call(op, "ids", "triton", validate, device)())
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("num_groups,group_size,length,singletons,max_rounds",
+                         [(1, 1, 1, 0, 4), (3, 5, 17, 2, 4), (4, 16, 33, 0, 4), (2, 2, 129, 3, 4), (0, 0, 7, 4, 4),
+                          (5, 3, 1025, 1, 4), (0, 0, 5, 0, 4), (2, 3, 9, 0, 0), (1, 7, 1, 0, 1), (0, 0, 31, 9, 6)])
+def test_device_ids_match_the_reference(backend, device, num_groups, group_size, length, singletons, max_rounds):
+    """Odd sizes and degenerate batches (empty, one group, only singletons, no scored round, L = 1),
+    binary (all-equal groups) and continuous scores: device ids with validate="device" give the loop
+    reference's values and exactly the host labels' result."""
+    on = device if backend == "triton" else torch.device("cpu")
+    for seed in range(2):
+        batch = random_batch(seed, num_groups, group_size, length, max_rounds=max_rounds,
+                             singleton_groups=singletons, binary_scores=seed == 0)
+        scores, index, mask, rewards, offsets, spans = batch
+        want = reference(*batch, memory_weight=0.7)
+        ids = _device_ids(index, on)
+        got, _ = mempo_advantage(scores.to(on), ids, mask.to(on), rewards.to(on), offsets.to(on), spans.to(on),
+                                 memory_weight=0.7, backend=backend, validate="device")
+        assert got.dtype == torch.float32 and got.shape == mask.shape and torch.isfinite(got).all()
+        torch.testing.assert_close(got.cpu().double(), want, rtol=1e-5, atol=1e-5)
+        labelled, _ = mempo_advantage(scores.to(on), index, mask.to(on), rewards, offsets, spans, memory_weight=0.7,
+                                      backend=backend)
+        assert torch.equal(got, labelled)
+        outcome = grpo_outcome_advantage(scores.to(on), ids, mask.to(on), backend=backend, validate="device")
+        want = grpo_outcome_advantage_reference(scores.tolist(), index, mask.tolist())
+        torch.testing.assert_close(outcome.cpu().double(), torch.tensor(want, dtype=torch.float64).reshape(mask.shape),
+                                   rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_device_ids_every_accepted_dtype(backend, device):
+    """Scores and rewards of every accepted dtype, masks of every kind, ids of every integer dtype."""
+    on = device if backend == "triton" else torch.device("cpu")
+    scores, index, mask, rewards, offsets, spans = random_batch(5, 3, 4, 23, binary_scores=False)
+    dense, _ = group_ids(index, len(index))
+    value_dtypes = [torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.int32, torch.int64, torch.bool]
+    id_dtypes = [torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64]
+    mask_dtypes = [torch.bool, torch.uint8, torch.int32, torch.int64, torch.float16, torch.bfloat16, torch.float32,
+                   torch.float64]
+    for i, dtype in enumerate(value_dtypes):
+        s = (scores * 3).to(dtype)
+        r = (rewards * 5).to(dtype)
+        m = mask.to(mask_dtypes[i % len(mask_dtypes)])
+        ids = (dense * 3 + 1).to(id_dtypes[i % len(id_dtypes)])
+        want = reference(s.double(), index, m.double(), r.double(), offsets, spans)
+        got, _ = mempo_advantage(s.to(on), ids.to(on), m.to(on), r.to(on), offsets.to(on), spans.to(on),
+                                 backend=backend, validate="device")
+        torch.testing.assert_close(got.cpu().double(), want, rtol=1e-5, atol=1e-5, msg=str(dtype))
+
+
+def _invalid_cases():
+    """(name, op taking (backend, validate, device), message) for every kind of invalid input value."""
+    index, mask, offsets, spans = _small_batch()
+    scores, rewards, stages = torch.tensor([1.0, 0.0, 1.0, 1.0, 0.0]), torch.tensor([0.1, 0.3, 0.2, 0.2]), None
+
+    def mempo(scores=scores, mask=mask, rewards=rewards, offsets=offsets, spans=spans, stages=stages):
+        def call(backend, validate, device):
+            on = lambda t: None if t is None else t.to(device)  # noqa: E731
+            return mempo_advantage(on(scores), _device_ids(index, device), on(mask), on(rewards), on(offsets),
+                                   on(spans), mem_stages=on(stages), backend=backend, validate=validate)
+        return call
+
+    def with_value(t, at, value):
+        t = t.clone()
+        t[at] = value
+        return t
+
+    def zscore(values, group):
+        return lambda backend, validate, device: group_zscore(values.to(device), group.to(device), 3,
+                                                              backend=backend, validate=validate)
+
+    nan, inf = float("nan"), float("inf")
+    return [
+        ("score_nan", mempo(scores=with_value(scores, 2, nan)), r"scores\[2\] is not finite \(nan\)"),
+        ("reward_inf", mempo(rewards=with_value(rewards, 1, -inf)), r"mem_rewards\[1\] is not finite \(-inf\)"),
+        ("mask_nan", mempo(mask=with_value(mask.half(), (3, 4), nan)), r"response_mask\[3, 4\] = nan is not a mask"),
+        ("mask_huge", mempo(mask=with_value(mask.double(), (0, 0), 1e30)), r"response_mask\[0, 0\] = 1e\+30 is not"),
+        ("offsets_start", mempo(offsets=torch.tensor([1, 1, 2, 3, 4, 4])), "mem_offsets must start at 0, be non-dec"),
+        ("offsets_order", mempo(offsets=torch.tensor([0, 2, 1, 3, 4, 4])), "mem_offsets must start at 0, be non-dec"),
+        ("offsets_end", mempo(offsets=torch.tensor([0, 1, 2, 3, 3, 3])),
+         "mem_offsets ends at 3, but mem_rewards and mem_spans hold 4 scored rounds"),
+        ("span_past_end", mempo(spans=with_value(spans, 0, torch.tensor([4, 7]))),
+         r"mem_spans\[0\] = \(4, 7\) is not a span inside \[0, 6\]"),
+        ("span_reversed", mempo(spans=with_value(spans, 1, torch.tensor([3, 1]))), r"mem_spans\[1\] = \(3, 1\) is not"),
+        ("span_negative", mempo(spans=with_value(spans, 2, torch.tensor([-1, 2]))), r"mem_spans\[2\] = \(-1, 2\) is"),
+        ("overlap", mempo(offsets=torch.tensor([0, 2, 2, 3, 4, 4]),
+                          spans=torch.tensor([[0, 3], [2, 5], [0, 2], [2, 5]])),
+         r"mem_spans\[0\] and mem_spans\[1\] overlap in trajectory 0"),
+        ("stage_negative", mempo(stages=torch.tensor([0, 0, -1, 0])), r"mem_stages\[2\] = -1: stages must lie"),
+        ("stage_too_big", mempo(stages=torch.tensor([0, 2 ** 31, 0, 0])), r"mem_stages\[1\] = 2147483648: stages"),
+        ("zscore_nan", zscore(torch.tensor([0.0, 1.0, nan, 2.0, 1.0]), torch.tensor([0, 0, 1, 1, 2])),
+         r"values\[2\] is not finite"),
+        ("zscore_group", zscore(torch.tensor([0.0, 1.0, 2.0, 2.0, 1.0]), torch.tensor([0, 0, 1, 1, 3])),
+         r"group ids must lie in \[0, num_groups = 3\), got ids in \[0, 3\]"),
+    ]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("validate", ["host", "device"])
+@pytest.mark.parametrize("name, call, message", _invalid_cases(), ids=[c[0] for c in _invalid_cases()])
+def test_every_invalid_value_is_named_on_every_path(backend, device, validate, name, call, message):
+    """The fused check catches each kind of invalid value on both paths (on the Triton path the
+    kernels raise the flags), settled either way; on CPU validate="device" (the assert raises at
+    once) names the entry as "host" does."""
+    on = device if backend == "triton" else torch.device("cpu")
+    with pytest.raises(ValueError, match=message):
+        call(backend, validate, on)
+
+
+def test_bad_validate_is_rejected_by_name():
+    scores, index, mask, rewards, offsets, spans = random_batch(1, 2, 3, 10)
+    for validate in ("sync", None, True):
+        with pytest.raises(ValueError, match=r"validate must be one of \('host', 'device'\)"):
+            mempo_advantage(scores, index, mask, rewards, offsets, spans, validate=validate)
+        with pytest.raises(ValueError, match=r"validate must be one of"):
+            grpo_outcome_advantage(scores, index, mask, validate=validate)
+        with pytest.raises(ValueError, match=r"validate must be one of"):
+            memory_advantage(rewards, offsets, spans, index, mask, validate=validate)
+        with pytest.raises(ValueError, match=r"validate must be one of"):
+            group_zscore(scores, torch.zeros(6, dtype=torch.long), 1, validate=validate)
+
+
+def test_kernels_flag_invalid_values_and_stay_in_bounds(device):
+    """Whatever the values (offsets out of order and out of range, overlapping and reversed spans,
+    NaN, keys out of range), the kernels read and write in bounds (the sentinels around every output
+    survive) and raise the flag bit of each kind of invalid value."""
+    from mempo.kernels import group_zscore as zk
+    from mempo.kernels import round_keys as rk
+    from mempo.kernels import span_scatter as sk
+
+    flags = torch.zeros(1, dtype=torch.int32, device=device)
+    offsets = torch.tensor([5, -3, 99, 2], device=device)  # B = 3 rows over S = 3 rounds
+    spans = torch.tensor([[0, 4], [2, 6], [50, -9]], device=device)
+    key_buf = torch.full((3 + 8,), -7, dtype=torch.int64, device=device)
+    rk.round_keys(offsets, spans, torch.tensor([0, -1, 2 ** 40], device=device), torch.tensor([1, 2, 3], device=device),
+                  key_buf[4:7], flags, 8, offsets_bit=1, spans_bit=2, stages_bit=4)
+    assert (key_buf[:4] == -7).all() and (key_buf[7:] == -7).all()
+    assert flags.item() == 1 | 2 | 4
+
+    flags.zero_()
+    sentinel = 12345.0
+    out_buf = torch.full((3 + 2, 8 + 6), sentinel, device=device)
+    out = out_buf[1:4, 3:11]
+    mask = torch.ones(3, 8, device=device)
+    mask[2, 5] = float("nan")
+    sk.span_scatter(None, torch.tensor([1.0, 2.0, 4.0], device=device), spans, torch.tensor([0, 3, -2, 99],
+                    device=device), mask, out, flags, overlap_bit=8, mask_bit=16, block_l=4)
+    inside = torch.zeros_like(out_buf, dtype=torch.bool)
+    inside[1:4, 3:11] = True
+    assert (out_buf[~inside] == sentinel).all()
+    assert flags.item() == 8 | 16
+    assert out[0].tolist() == [1.0, 1.0, 3.0, 3.0, 2.0, 2.0, 0.0, 0.0]  # rows clamp their offsets into [0, S]
+
+    flags.zero_()
+    values = torch.tensor([0.5, float("nan"), 1.0, 2.0], device=device)
+    keys = torch.tensor([4, -1, 4, 9], device=device)
+    z_buf = torch.full((4 + 8,), sentinel, device=device)
+    zk.group_zscore(values, keys, torch.argsort(keys, stable=True), z_buf[4:8], None, flags, 1e-6, True, False,
+                    key_limit=5, finite_bit=32, range_bit=64, block=2)
+    assert (z_buf[:4] == sentinel).all() and (z_buf[8:] == sentinel).all()
+    assert flags.item() == 32 | 64

@@ -9,6 +9,8 @@ as ``support.<module>``.
 * `rollout_fixtures`: the chat tokenizer, a tiny random Qwen2, needle tasks and scripts, a
   hand-made `Trajectory`.
 * `triton_kernels`: every Triton kernel object of `mempo.kernels`.
+* `host_reads`: `HostTraffic`, a TorchFunctionMode counting a call's reads of tensor values to the
+  host (each a synchronisation on CUDA) and its tensors made from host data.
 * `demo_smoke`: the overrides of the smallest demo run.
 * `dist`: a free port and a torchrun launch of a worker script (gloo, 2 ranks).
 * `dist_worker`, `dist_export_worker`, `dist_packing_worker`: the distributed workers (also

@@ -87,6 +87,14 @@ def test_the_sweep_reaches_every_kernel_and_its_block_size_choices(aot_report):
     assert choices("group_zscore._group_zscore_kernel", "SINGLETON_ZERO") == {True, False}
     mask_types = {v["signature"]["mask_ptr"] for v in variants if v["kernel"] == "span_scatter._span_scatter_kernel"}
     assert len(mask_types) == 10  # every response-mask dtype the op accepts
+    for flag in ("HAS_VALUES", "WRITE_GID", "CHECK_FINITE", "CHECK_KEYS"):
+        assert choices("group_zscore._group_zscore_kernel", flag) == {True, False}, flag
+    for flag in ("HAS_ROW_VALUE", "HAS_SPANS", "CHECK_MASK"):
+        assert choices("span_scatter._span_scatter_kernel", flag) == {True, False}, flag
+    assert choices("round_keys._round_keys_kernel", "HAS_STAGES") == {True, False}
+    value_types = {v["signature"]["values_ptr"] for v in variants
+                   if v["kernel"] == "group_zscore._group_zscore_kernel" and v["constexprs"]["HAS_VALUES"]}
+    assert {"*fp16", "*bf16", "*fp32", "*fp64", "*i32", "*i64"} <= value_types, value_types  # scores as given
     # bf16 / fp16 operands reach Hopper's wgmma; fp32 (IEEE) does not use the tensor cores.
     for v in variants:
         if v["kernel"] == "answer_logprob._hidden_logp_kernel":
