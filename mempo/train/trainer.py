@@ -24,6 +24,7 @@ import torch.distributed as dist
 from transformers import AutoTokenizer
 
 from mempo.config import ConfigError, MempoConfig, config_to_dict, dump_config, read_yaml_mapping
+from mempo.algo.outcome import resolve_outcome_reward
 from mempo.env.build import build_retriever, build_tools
 from mempo.synthetic.build import synthetic_world
 from mempo.synthetic.heldout import held_out_subjects, training_episodes
@@ -34,6 +35,7 @@ from mempo.model.builtin import default_corpus_texts, train_tokenizer
 from mempo.model.loading import build_causal_lm, check_model_fits, load_pretrained
 from mempo.rollout.backends.factory import build_backend
 from mempo.rollout.backends.scaffold import ProtocolScaffold
+from mempo.rollout.loop import protocol_tags
 from mempo.seeds import eval_question_seed
 from mempo.train.actor import Actor, DistInfo, init_distributed
 from mempo.train.checkpoint import (CheckpointError, PendingCheckpoint, has_checkpoints, load_checkpoint,
@@ -228,9 +230,10 @@ def _setup_model(cfg: MempoConfig, tokenizer: Any, info: DistInfo):
     return build_causal_lm(cfg.model, len(tokenizer), on_meta=info.distributed and info.rank != 0)
 
 
-def _qa_pool(paths: Sequence[str]) -> list:
-    """The records of the QA files in order (each file once, none a directory: `check_qa_files`)."""
-    return [record for path in (check_qa_files(paths) if paths else []) for record in load_qa(path)]
+def _qa_pool(paths: Sequence[str], gold_field: Optional[str]) -> list:
+    """The records of the QA files in order (each file once, none a directory: `check_qa_files`), their
+    reference answers from ``data.gold_field``."""
+    return [record for path in (check_qa_files(paths) if paths else []) for record in load_qa(path, gold_field)]
 
 
 def _episode_pool(cfg: MempoConfig, world: Any) -> list:
@@ -242,7 +245,7 @@ def _episode_pool(cfg: MempoConfig, world: Any) -> list:
     which `mempo eval` refuses too, holds nothing out)."""
     d = cfg.data
     if d.source == "files":
-        pool = _qa_pool(d.train_files)
+        pool = _qa_pool(d.train_files, d.gold_field)
         cycle = d.objective_counts
         if len(pool) < max(cycle):
             raise ConfigError("data.train_files", f"hold {len(pool)} questions, fewer than "
@@ -266,7 +269,7 @@ def _eval_episode_sets(cfg: MempoConfig, world: Any) -> dict[int, list]:
     of ``data.eval_files`` composed per k with seed `mempo.seeds.eval_question_seed`."""
     if cfg.data.source == "synthetic":
         return eval_episodes(world, cfg)
-    pool = _qa_pool(cfg.data.eval_files)
+    pool = _qa_pool(cfg.data.eval_files, cfg.data.gold_field)
     sets = {}
     for k in cfg.eval.objectives:
         if len(pool) < k:
@@ -294,13 +297,15 @@ def _setup_actors(cfg: MempoConfig, model: Any, info: DistInfo) -> _Actors:
     return _Actors(Actor(model, cfg.actor, broadcast_from_rank0=broadcast), ref_actor)
 
 
-def _setup_backends(cfg: MempoConfig, model: Any, tokenizer: Any, out_dir: Path) -> _Backends:
+def _setup_backends(cfg: MempoConfig, model: Any, tokenizer: Any, out_dir: Path, tools: Any) -> _Backends:
     """`build_backend` from ``rollout.backend`` / ``rollout.sglang_url`` (SGLang loads ``model.path``;
     a server's weight versions go to ``<out>/sglang_weights``): only the config chooses, whoever
     wrote the model directory. ``rollout.protocol_scaffold`` (default off; tests, tiny demos) adds
-    the answer-blind `ProtocolScaffold` to the training backend only; evaluation never gets it."""
-    processors = [ProtocolScaffold(tokenizer, turns=min(cfg.rollout.max_turns, 3))] if cfg.rollout.protocol_scaffold \
-        else []
+    the answer-blind `ProtocolScaffold` to the training backend only, calling the first of `tools` in
+    the run's action format; evaluation never gets it."""
+    turns = min(cfg.rollout.max_turns, 3)
+    processors = [ProtocolScaffold.for_tools(tokenizer, turns, tools, protocol_tags(cfg.rollout, tools))] \
+        if cfg.rollout.protocol_scaffold else []
     options = dict(model_path=cfg.model.path, weights_dir=out_dir / "sglang_weights")
     backend = build_backend(cfg, model, tokenizer, logits_processors=processors, **options)
     eval_backend = backend if not processors else build_backend(cfg, model, tokenizer, **options)
@@ -322,6 +327,8 @@ def build_run(cfg: MempoConfig, *, model=None, tokenizer=None, episodes=None, re
         world = synthetic_world(cfg)
     if retriever is None:  # fail before anything is built or written
         retriever = build_retriever(cfg, world)
+    tools = build_tools(cfg, retriever)  # a user's tools and reward import here, before anything slow
+    resolve_outcome_reward(cfg.rollout.outcome_reward)
     info = init_distributed()
     out = prepare_out_dir(out_dir or cfg.trainer.out_dir)
     seed_everything(cfg.trainer.seed + info.rank)
@@ -333,9 +340,9 @@ def build_run(cfg: MempoConfig, *, model=None, tokenizer=None, episodes=None, re
     episodes = list(episodes) if episodes is not None else _episode_pool(cfg, world)
     eval_sets = _eval_episode_sets(cfg, world) if evaluating else {}
     actors = _setup_actors(cfg, model, info)
-    backends = _setup_backends(cfg, actors.actor.module, tokenizer, out)
+    backends = _setup_backends(cfg, actors.actor.module, tokenizer, out, tools)
     ctx = StepContext(cfg=cfg, actor=actors.actor, ref_actor=actors.ref_actor, backend=backends.train,
-                      tokenizer=tokenizer, tools=build_tools(cfg, retriever))
+                      tokenizer=tokenizer, tools=tools)
     return Run(cfg, out, tokenizer, model, episodes, retriever, ctx, info.rank, info.world_size, eval_sets,
                backends.eval, world)
 

@@ -385,3 +385,74 @@ def test_files_source_config_errors_name_the_field(tmp_path):
         _cfg(tmp_path / "run", *no_eval_files, "trainer.eval_every=1")
     with pytest.raises(ConfigError, match=r"^eval\.objectives: k=4 needs at least 4 questions"):
         build_run(_cfg(tmp_path / "run", *files, "trainer.eval_every=1", "eval.objectives=[2,4]"))
+
+
+# ------------------------------------------------------------------------------------------------
+# a user's tools and outcome reward (tests/support/user_tools.py, outside the package) through `mempo train`
+# ------------------------------------------------------------------------------------------------
+
+USER = ["rollout.action_format=json", "env.tools=['support.user_tools:lookup', search]",
+        "rollout.outcome_reward=support.user_tools:overlap_reward"]
+
+
+def test_mempo_train_with_a_users_tool_and_reward_in_the_json_format(tmp_path):
+    """The scaffold calls the first configured tool (the user's lookup) as a Hermes JSON call, the user's
+    reward scores every trajectory from its example, and the memory reward still runs on the world's golds."""
+    from mempo.apps.cli import main
+    from support import user_tools
+
+    torch.set_num_threads(1)
+    user_tools.LOOKUPS.clear()
+    user_tools.REWARD_CALLS.clear()
+    out = tmp_path / "run"
+    assert main(["train", "--config", str(CONFIG), "--out", str(out), "--threads", "1", *FAST, *USER,
+                 "trainer.total_steps=1", "trainer.save_every=0"]) == 0
+    (row,) = _comparable(out / "metrics.jsonl")
+    trajectories = 2 * 3
+    assert len(user_tools.LOOKUPS) == row["rollout/tool_calls"] > 0 and row["rollout/tool_errors"] == 0
+    assert len(user_tools.REWARD_CALLS) == trajectories
+    for answer, example in user_tools.REWARD_CALLS:
+        assert len(example["golds"]) == len(example["questions"]) == 2 and example["prompt"]
+    assert row["reward/format_rate"] == 1.0 and row["memory/scored_rounds"] > 0
+
+
+def test_mempo_train_stops_with_one_line_on_a_bad_tool_or_reward(tmp_path, capsys):
+    from mempo.apps.cli import main
+
+    base = [*FAST, "trainer.total_steps=1", "trainer.save_every=0", "rollout.action_format=json"]
+    cases = [(["env.tools=['support.user_tools:nope']"],
+              "env.tools[0]: 'support.user_tools:nope': 'support.user_tools' has no attribute 'nope'"),
+             (["env.tools=['support.user_tools:NOT_A_TOOL']"], "expected a mempo.tools.Tool, got int"),
+             (["rollout.outcome_reward=support.user_tools:TABLE"], "rollout.outcome_reward: 'support.user_tools:TABLE'"),
+             (["rollout.outcome_reward=support.user_tools:nan_reward"],
+              "rollout.outcome_reward: support.user_tools:nan_reward returned nan on trajectory"),
+             (["rollout.outcome_reward=support.user_tools:string_reward"], "returned str '1.0'")]
+    for i, (overrides, expected) in enumerate(cases):
+        assert main(["train", "--config", str(CONFIG), "--out", str(tmp_path / f"r{i}"), "--threads", "1", *base,
+                     *overrides]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("mempo train: ") and expected in err[0], err
+
+
+def test_a_task_without_reference_answers_trains_with_the_memory_reward_off(tmp_path):
+    """``data.gold_field: null``: QA records with no answer, a user's reward that needs none, the memory
+    reward off (the config refuses it on: tests/config/test_schema.py), and tools of the user's only (no
+    retriever, no corpus)."""
+    from mempo.apps.cli import main
+    from support import user_tools
+
+    torch.set_num_threads(1)
+    qa = tmp_path / "questions.jsonl"
+    qa.write_text("".join(json.dumps({"id": f"q{i}", "question": f"What colour is thing {i}?", "topic": "colour"})
+                          + "\n" for i in range(4)))
+    user_tools.REWARD_CALLS.clear()
+    out = tmp_path / "run"
+    assert main(["train", "--config", str(CONFIG), "--out", str(out), "--threads", "1", *FAST,
+                 "trainer.total_steps=1", "trainer.save_every=0", "data.source=files", f"data.train_files=[{qa}]",
+                 "data.num_objectives=1", "data.gold_field=null", "algorithm.memory_weight=0",
+                 "env.tools=['support.user_tools:lookup']", "rollout.outcome_reward=support.user_tools:answered_reward"]) == 0
+    (row,) = _comparable(out / "metrics.jsonl")
+    assert len(user_tools.REWARD_CALLS) == 2 * 3 and row["rollout/tool_calls"] > 0
+    assert all(example["golds"] is None and example["metadata"]["records"] == [{"topic": "colour"}]
+               for _, example in user_tools.REWARD_CALLS)
+    assert row["memory/scored_rounds"] == 0 and row["memory/unscored_rounds"] > 0
