@@ -19,7 +19,16 @@ from mempo.env.tools import BUILTIN_TOOLS, make_tool
 from mempo.protocol.tags import tag_set_for
 from mempo.tools import Tool, Toolset, load_tools
 
-__all__ = ["build_retriever", "build_tools", "make_retriever", "available_retrievers", "needs_retriever"]
+__all__ = ["build_retriever", "build_tools", "make_retriever", "available_retrievers", "needs_retriever",
+           "qa_prompt_style"]
+
+
+def qa_prompt_style(cfg: MempoConfig) -> str:
+    """The prompt style of episodes composed from QA files (`mempo.env.data.make_episode_prompt`):
+    ``"numbered"`` (its instructions name search and access) for the built-in tools in the tags
+    format, else ``"tools"`` (instructions that name no tool: a user's tools, the json format)."""
+    builtin_only = set(cfg.env.tools) <= set(BUILTIN_TOOLS)
+    return "numbered" if builtin_only and cfg.rollout.action_format == "tags" else "tools"
 
 
 def needs_retriever(cfg: MempoConfig) -> bool:

@@ -26,6 +26,7 @@ __all__ = [
     "Episode",
     "PROMPT_STYLES",
     "EPISODE_INSTRUCTIONS",
+    "TOOLS_INSTRUCTIONS",
     "COMPACT_INSTRUCTIONS",
     "GOLD_KEYS",
     "MAX_QUESTION_CHARS",
@@ -46,7 +47,7 @@ __all__ = [
     "load_episodes_jsonl",
 ]
 
-PROMPT_STYLES = ("numbered", "joined", "compact", "bare")
+PROMPT_STYLES = ("numbered", "joined", "compact", "bare", "tools")
 GOLD_KEYS = ("golden_answers", "answers", "answer", "reward_model.ground_truth.target")
 
 EPISODE_INSTRUCTIONS = (
@@ -55,6 +56,14 @@ EPISODE_INSTRUCTIONS = (
     "shown again. Then write <think>...</think>, then exactly one action: <search>query</search>, "
     "<access>doc-id page</access> (read one page of a long document) or <answer>...</answer>. "
     "Search and access results come back inside <information>...</information>."
+)
+#: The instruction paragraph of the "tools" style: the turn protocol without naming a tool or a call
+#: syntax, for a user's tools and the json format (their names, schemas and call form are the system
+#: prompt's or the user's own prompt's).
+TOOLS_INSTRUCTIONS = (
+    "Answer the questions below using the tools. Every turn, first write <mem>...</mem>: everything you "
+    "still need to remember, because older turns are not shown again. Then write <think>...</think>, then "
+    "exactly one action: one tool call, or <answer>...</answer>."
 )
 
 #: The instruction paragraph of the "compact" style: the same protocol in fewer words, without
@@ -431,7 +440,8 @@ def make_episode_prompt(questions: Sequence[str], style: str = "numbered") -> st
     one <answer>, separated by ";".`` (one question: ``Give the answer in one <answer>.``). Style
     ``"bare"`` is ``"compact"`` without the instruction paragraph (the question list and the closing
     line only): for a model trained from scratch on the protocol, which an instruction paragraph does
-    not teach, and which otherwise repeats it in every memory-context round.
+    not teach, and which otherwise repeats it in every memory-context round. Style ``"tools"`` is
+    ``"numbered"`` with `TOOLS_INSTRUCTIONS`, which names no tool (a user's tools, the json format).
 
     `parse_episode_prompt` recovers the questions from any layout; the agent's answer is split on
     ``";"`` by `mempo.protocol.reward.split_answer`.
@@ -450,7 +460,7 @@ def make_episode_prompt(questions: Sequence[str], style: str = "numbered") -> st
                    f"Give all {k} answers in one <answer>, separated by \";\".")
         body = f"{listing}\n\n{closing}"
         return body if style == "bare" else f"{COMPACT_INSTRUCTIONS}\n\n{body}"
-    if style == "numbered":
+    if style in ("numbered", "tools"):
         listing = "Questions:\n" + "\n".join(f"{i}. {q.strip()}" for i, q in enumerate(questions, 1))
     else:
         if k > 1 and any(";" in q for q in questions):
@@ -462,7 +472,8 @@ def make_episode_prompt(questions: Sequence[str], style: str = "numbered") -> st
         example = "; ".join(f"answer {i}" for i in range(1, min(k, 3) + 1)) + ("; ..." if k > 3 else "")
         closing = (f"Give all {k} answers in one <answer> block, in the order of the questions, "
                    f"separated by \";\", e.g. <answer>{example}</answer>.")
-    return f"{EPISODE_INSTRUCTIONS}\n\n{listing}\n\n{closing}"
+    instructions = TOOLS_INSTRUCTIONS if style == "tools" else EPISODE_INSTRUCTIONS
+    return f"{instructions}\n\n{listing}\n\n{closing}"
 
 
 def parse_episode_prompt(prompt: str) -> list[str]:

@@ -18,6 +18,7 @@ import dataclasses
 from typing import Any, NamedTuple, Optional, Sequence
 
 from mempo.config import ConfigError, MempoConfig, RolloutConfig
+from mempo.env.build import qa_prompt_style
 from mempo.env.data import DataError, compose_episodes, load_qa_datasets
 from mempo.seeds import eval_question_seed
 
@@ -74,7 +75,7 @@ def qa_eval_episodes(cfg: MempoConfig, num_episodes: Optional[int] = None,
                 raise ConfigError("eval.objectives", f"k={k} needs at least {k} questions per dataset; dataset "
                                                      f"{name!r} ({', '.join(dataset.files)}) has {len(dataset.records)}")
             episodes[(name, k)] = compose_episodes(dataset.records, k, n, eval_question_seed(cfg.data.seed, k),
-                                                   id_prefix=name)
+                                                   style=qa_prompt_style(cfg), id_prefix=name)
     infos = {name: {"questions": len(d.records), "files": list(d.files)} for name, d in datasets.items()}
     return QAEvalSets(episodes, infos)
 

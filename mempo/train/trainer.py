@@ -25,7 +25,7 @@ from transformers import AutoTokenizer
 
 from mempo.config import ConfigError, MempoConfig, config_to_dict, dump_config, read_yaml_mapping
 from mempo.algo.outcome import resolve_outcome_reward
-from mempo.env.build import build_retriever, build_tools
+from mempo.env.build import build_retriever, build_tools, qa_prompt_style
 from mempo.synthetic.build import synthetic_world
 from mempo.synthetic.heldout import held_out_subjects, training_episodes
 from mempo.env.corpus import iter_corpus
@@ -251,7 +251,7 @@ def _episode_pool(cfg: MempoConfig, world: Any) -> list:
             raise ConfigError("data.train_files", f"hold {len(pool)} questions, fewer than "
                                                   f"data.num_objectives={d.num_objectives}")
         count = max(1, len(pool) * len(cycle) // sum(cycle))
-        return compose_episodes(pool, d.num_objectives, count, d.seed)
+        return compose_episodes(pool, d.num_objectives, count, d.seed, style=qa_prompt_style(cfg))
     try:
         held_out = held_out_subjects(eval_episodes(world, cfg))  # the evaluation's entities: never trained on
     except ConfigError:  # a world too small for the ``eval`` section's episodes: no evaluation to keep them from
@@ -276,7 +276,7 @@ def _eval_episode_sets(cfg: MempoConfig, world: Any) -> dict[int, list]:
             raise ConfigError("eval.objectives", f"k={k} needs at least {k} questions; data.eval_files "
                                                  f"hold {len(pool)}")
         sets[int(k)] = compose_episodes(pool, k, cfg.eval.episodes, eval_question_seed(cfg.data.seed, k),
-                                        id_prefix="eval")
+                                        style=qa_prompt_style(cfg), id_prefix="eval")
     return sets
 
 
