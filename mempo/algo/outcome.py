@@ -1,8 +1,8 @@
 """The outcome reward of a trajectory, computed after the rollout by training and evaluation alike.
 
-    outcome = compute_score(protocol_text, golds, mode, format_kwargs)     "em" (default; no golds: {})
-    score   = the mode's aggregate of the per-objective token F1            "f1"
-    score   = reward(answer, example)                                      a user's function (``rollout.outcome_reward``)
+    outcome = compute_score(protocol_text, golds, mode, format_kwargs)    "em" (default; no golds: {})
+    score   = the mode's aggregate of the per-objective token F1           "f1"
+    score   = reward(answer, example)                                     a user's (rollout.outcome_reward)
 
 each 0 when the response breaks the protocol's format (`mempo.protocol.grammar.validate_format` under
 the run's tags). ``protocol_text`` is the text the rollout built from its `AgentMemory` records (round

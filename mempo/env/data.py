@@ -221,9 +221,10 @@ def qa_record_from_json(obj: Any, default_id: Optional[str] = None, gold_field: 
     `GOLD_KEYS` present (``golden_answers``, ``answers``, ``answer``,
     ``reward_model.ground_truth.target``, Search-R1's processed parquet): one string or a list of
     strings (a tuple or a parquet array counts as a list; integers become ``str``, a bare year); not
-    empty, no blank alias. ``gold_field`` (``data.gold_field``): ``"auto"`` as just said, a (dotted) field
-    name: the aliases from that field only, None: the record has no reference answer (golds None). ``id`` (optional, string or integer): default ``default_id`` (the loaders
-    pass ``"<stem>:<line>"``, 1-based, or ``"<stem>:<row>"``, 0-based). Every other field is kept
+    empty, no blank alias. ``gold_field`` (``data.gold_field``): ``"auto"`` as just said, a (dotted)
+    field name: the aliases from that field only, None: the record has no reference answer (golds
+    None). ``id`` (optional, string or integer): default ``default_id`` (the loaders pass
+    ``"<stem>:<line>"``, 1-based, or ``"<stem>:<row>"``, 0-based). Every other field is kept
     untouched in ``QARecord.metadata`` (``data_source``, ``split`` ...).
     """
     if not isinstance(obj, dict):

@@ -56,8 +56,9 @@ def qa_eval_episodes(cfg: MempoConfig, num_episodes: Optional[int] = None,
     """Episodes per (dataset, k) from the QA files ``cfg.data.eval_files``: ``num_episodes`` (default
     ``cfg.eval.episodes``) per k of ``objectives`` (default ``cfg.eval.objectives``), each of k
     distinct questions of that dataset drawn with seed `mempo.seeds.eval_question_seed`
-    (``data.seed``, k); their reference answers from ``data.gold_field``. Raises `ConfigError` when no file is listed or a dataset holds fewer than k
-    questions, `DataError` for a missing, malformed or empty file."""
+    (``data.seed``, k); their reference answers from ``data.gold_field``. Raises `ConfigError` when no
+    file is listed or a dataset holds fewer than k questions, `DataError` for a missing, malformed or
+    empty file."""
     files = list(cfg.data.eval_files)
     if not files:
         raise ConfigError("data.eval_files", "must list at least one QA file (Search-R1 jsonl or parquet) to "

@@ -14,9 +14,9 @@ of every task run (golds that occur in some task's question are task input and n
 
 * a prompt, decoded, is split at ``<|im_end|>`` into chat turns; the text the agent legitimately
   read is removed: assistant turns (the model's own generation, including the forced prefix of
-  the open turn) and ``<information>...</information>`` blocks (``<tool_response>`` in the json action
-  format: tool results, which may well contain the answer). What remains (system prompt, question, chat glue) must not contain a gold
-  string (case-insensitive, on word boundaries);
+  the open turn) and ``<information>...</information>`` blocks (``<tool_response>`` in the json
+  action format: tool results, which may well contain the answer). What remains (system prompt,
+  question, chat glue) must not contain a gold string (case-insensitive, on word boundaries);
 * a gold string, or its token ids (encoded alone or after a space) as a contiguous run of an
   integer sequence, found in a logits processor's state must occur in the text read in the same
   chunk's prompts (their tool results and generated turns).

@@ -334,7 +334,7 @@ def test_files_source_trains_on_the_given_questions_and_corpus(tmp_path):
     _, files = _files_run_dir(tmp_path)
     run = build_run(_cfg(tmp_path / "run", *files))
     assert isinstance(run.retriever, BM25Retriever) and run.retriever.num_docs == len(FACTS)
-    served = run.ctx.tools["search"]("Kestrel Bridge colour")  # the step's search tool queries our corpus
+    served = run.ctx.tools["search"].run("Kestrel Bridge colour")  # the step's search tool queries our corpus
     assert served.ok and "(ID: kestrel-bridge, Title: Kestrel Bridge)" in served.text
     train_questions = {q: a for _, _, _, q, a in FACTS[:4]}
     assert {q for e in run.episodes for q in e.questions} <= set(train_questions)

@@ -25,15 +25,17 @@ _WORD = re.compile(r"[\w'-]+")
 _WORD_GAP = re.compile(r"\s+")
 
 
-def context_candidates(text: str, *, max_words: int = 4, limit: int = 32, result_tag: str = "information") -> list[str]:
+def context_candidates(text: str, *, max_words: int = 4, limit: int = 32,
+                       result_tag: str = "information") -> list[str]:
     """The answer strings `ProtocolScaffold` lets the model choose from, given a round's prompt text.
 
-    Only text inside ``<information>...</information>`` blocks (``result_tag``: the protocol's tool-result
-    tag) counts (the tool results the agent read in this trajectory's context), in order. In each block, the words (maximal runs of
-    letters, digits, ``'`` and ``-``) are grouped into maximal runs of consecutive words that start
-    with an upper-case letter or a digit and are separated by white space only (any other character
-    ends a run); runs of at most `max_words` words are candidates ("Cousko Stozofal", "1798",
-    "Doc 1"). Duplicates are dropped (first appearance kept); at most `limit` are returned.
+    Only text inside ``<information>...</information>`` blocks (``result_tag``: the protocol's
+    tool-result tag) counts (the tool results the agent read in this trajectory's context), in
+    order. In each block, the words (maximal runs of letters, digits, ``'`` and ``-``) are grouped
+    into maximal runs of consecutive words that start with an upper-case letter or a digit and are
+    separated by white space only (any other character ends a run); runs of at most `max_words`
+    words are candidates ("Cousko Stozofal", "1798", "Doc 1"). Duplicates are dropped (first
+    appearance kept); at most `limit` are returned.
     A pure function of `text`: nothing else (no episode, no gold answer) goes in.
     """
     found: list[str] = []
