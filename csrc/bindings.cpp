@@ -17,6 +17,7 @@
 namespace py = pybind11;
 using mempo::scanner::SpanArrays;
 using mempo::scanner::SpanScanner;
+using mempo::scanner::TagTable;
 
 namespace {
 
@@ -39,14 +40,29 @@ void require_1d(const py::array& array, const char* name) {
   }
 }
 
+// The tag table of (tag_names, action_tags, opaque_tag); None for all three is the default table.
+TagTable make_tags(const py::object& tag_names, const py::object& action_tags,
+                   const py::object& opaque_tag) {
+  if (tag_names.is_none() && action_tags.is_none() && opaque_tag.is_none()) {
+    return TagTable::mempo_default();
+  }
+  if (tag_names.is_none() || action_tags.is_none() || opaque_tag.is_none()) {
+    throw std::invalid_argument("give tag_names, action_tags and opaque_tag together, or none");
+  }
+  return TagTable(tag_names.cast<std::vector<std::string>>(), action_tags.cast<std::vector<int>>(),
+                  opaque_tag.cast<int>());
+}
+
 SpanScanner make_scanner(const UInt8Array& token_bytes, const Int64Array& token_offsets,
-                         bool token_path) {
+                         bool token_path, const py::object& tag_names,
+                         const py::object& action_tags, const py::object& opaque_tag) {
   require_1d(token_bytes, "token_bytes");
   require_1d(token_offsets, "token_offsets");
+  TagTable tags = make_tags(tag_names, action_tags, opaque_tag);
   std::vector<std::uint8_t> bytes(token_bytes.data(), token_bytes.data() + token_bytes.size());
   std::vector<std::int64_t> offsets(token_offsets.data(),
                                     token_offsets.data() + token_offsets.size());
-  return SpanScanner(std::move(bytes), std::move(offsets), token_path);
+  return SpanScanner(std::move(bytes), std::move(offsets), token_path, std::move(tags));
 }
 
 py::tuple scan(const SpanScanner& scanner, const Int64Array& ids, const Int64Array& seq_offsets,
@@ -115,10 +131,12 @@ py::object flatten_int_sequences(const py::handle& sequences) {
   return py::make_tuple(flat, offsets);
 }
 
-py::list scan_text(const py::bytes& text) {
+py::list scan_text(const py::bytes& text, const py::object& tag_names,
+                   const py::object& action_tags, const py::object& opaque_tag) {
+  const TagTable tags = make_tags(tag_names, action_tags, opaque_tag);
   const std::string_view view(text);
   std::vector<mempo::scanner::Block> blocks;
-  mempo::scanner::scan_text(reinterpret_cast<const std::uint8_t*>(view.data()), view.size(),
+  mempo::scanner::scan_text(tags, reinterpret_cast<const std::uint8_t*>(view.data()), view.size(),
                             blocks);
   py::list out;
   for (const auto& block : blocks) {
@@ -131,20 +149,36 @@ py::list scan_text(const py::bytes& text) {
 
 PYBIND11_MODULE(_scanner, m) {
   m.doc() =
-      "C++ tag-span scanner (mempo.ops.spans is the public API). Tag codes index TAG_NAMES.";
+      "C++ tag-span scanner (mempo.ops.spans is the public API). Tag codes index the scanner's tag "
+      "table (tag_names; by default TAG_NAMES, actions ACTION_TAGS, opaque OPAQUE_TAG).";
   py::tuple names(mempo::scanner::kNumTags);
   for (int tag = 0; tag < mempo::scanner::kNumTags; ++tag) {
     names[static_cast<std::size_t>(tag)] =
         py::str(std::string(mempo::scanner::kTagNames[static_cast<std::size_t>(tag)]));
   }
   m.attr("TAG_NAMES") = names;
+  m.attr("ACTION_TAGS") = py::make_tuple(2, 3, 4);
+  m.attr("OPAQUE_TAG") = mempo::scanner::kInformationTag;
+  m.attr("MAX_TAGS") = mempo::scanner::kMaxTags;
+  m.attr("MAX_NAME_BYTES") = mempo::scanner::kMaxNameBytes;
 
   py::class_<SpanScanner>(m, "Scanner")
       .def(py::init(&make_scanner), py::arg("token_bytes"), py::arg("token_offsets"),
-           py::arg("token_path"),
+           py::arg("token_path"), py::arg("tag_names") = py::none(),
+           py::arg("action_tags") = py::none(), py::arg("opaque_tag") = py::none(),
            "Copies a CSR token table: token_bytes uint8 [B], token_offsets int64 [V+1]. "
            "token_path: scan token by token (False: concatenate and scan every byte); both paths "
-           "give identical results.")
+           "give identical results. tag_names (str list, code = index), action_tags (codes of the "
+           "tags that finish a round), opaque_tag (the tool-result code, or -1): the tag table, "
+           "all three or none (the default TAG_NAMES table); ValueError for a bad table.")
+      .def_property_readonly(
+          "tag_names",
+          [](const SpanScanner& s) {
+            std::vector<std::string> names;
+            for (int tag = 0; tag < s.tags().num_tags(); ++tag) names.push_back(s.tags().name(tag));
+            return names;
+          },
+          "The tag table's names (tag code = index).")
       .def_property_readonly("vocab_size", &SpanScanner::vocab_size)
       .def_property_readonly("token_path", &SpanScanner::token_path)
       .def_property_readonly(
@@ -153,8 +187,8 @@ PYBIND11_MODULE(_scanner, m) {
             const auto& ids = s.marker_token_ids();
             return std::vector<std::int64_t>(ids.begin(), ids.end());
           },
-          "Per marker code (2*tag + closing), the smallest id whose bytes are exactly that "
-          "marker, or -1.")
+          "Per marker code (2*tag + closing) of the tag table, the smallest id whose bytes are "
+          "exactly that marker, or -1.")
       .def("scan", &scan, py::arg("ids"), py::arg("seq_offsets"),
            py::arg("reject_out_of_vocab") = false,
            "ids int64 [T] flat, seq_offsets int64 [N+1] CSR -> (span_offsets int64 [N+1], "
@@ -165,6 +199,8 @@ PYBIND11_MODULE(_scanner, m) {
   m.def("flatten_int_sequences", &flatten_int_sequences, py::arg("sequences"),
         "list/tuple of lists/tuples of ints -> (flat int64 [T], offsets int64 [N+1]), or None "
         "when anything else is found (then convert with numpy).");
-  m.def("scan_text", &scan_text, py::arg("text"),
-        "Grammar over raw bytes: list of (tag, byte_begin, byte_end, round, closed).");
+  m.def("scan_text", &scan_text, py::arg("text"), py::arg("tag_names") = py::none(),
+        py::arg("action_tags") = py::none(), py::arg("opaque_tag") = py::none(),
+        "Grammar over raw bytes: list of (tag, byte_begin, byte_end, round, closed); the tag table "
+        "as Scanner takes it.");
 }

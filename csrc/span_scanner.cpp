@@ -10,36 +10,92 @@
 
 namespace mempo::scanner {
 
-std::string marker_string(int tag, bool closing) {
-  if (tag < 0 || tag >= kNumTags) throw std::invalid_argument("tag code out of range");
-  std::string text = closing ? "</" : "<";
-  text.append(kTagNames[static_cast<std::size_t>(tag)]);
-  text.push_back('>');
-  return text;
+namespace {
+
+bool is_name_byte(unsigned char c) noexcept {
+  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' ||
+         c == '.' || c == ':' || c == '-';
 }
 
-MarkerMatch match_marker(const std::uint8_t* text, std::size_t available) noexcept {
+}  // namespace
+
+TagTable::TagTable(std::vector<std::string> names, const std::vector<int>& action_tags,
+                   int opaque_tag)
+    : names_(std::move(names)), opaque_(opaque_tag) {
+  if (names_.empty() || names_.size() > static_cast<std::size_t>(kMaxTags)) {
+    throw std::invalid_argument("a tag table needs 1 to " + std::to_string(kMaxTags) +
+                                " tags, got " + std::to_string(names_.size()));
+  }
+  for (std::size_t i = 0; i < names_.size(); ++i) {
+    const std::string& name = names_[i];
+    if (name.empty() || name.size() > kMaxNameBytes) {
+      throw std::invalid_argument("tag name " + std::to_string(i) + " must have 1 to " +
+                                  std::to_string(kMaxNameBytes) + " bytes, got " +
+                                  std::to_string(name.size()));
+    }
+    for (const char c : name) {
+      if (!is_name_byte(static_cast<unsigned char>(c))) {
+        throw std::invalid_argument("tag name '" + name +
+                                    "' may only hold the bytes [A-Za-z0-9_.:-]");
+      }
+    }
+    for (std::size_t j = 0; j < i; ++j) {
+      if (names_[j] == name) throw std::invalid_argument("tag name '" + name + "' is repeated");
+    }
+  }
+  action_.assign(names_.size(), false);
+  for (const int tag : action_tags) {
+    if (tag < 0 || tag >= num_tags()) {
+      throw std::invalid_argument("action tag code " + std::to_string(tag) + " is not in [0, " +
+                                  std::to_string(num_tags()) + ")");
+    }
+    action_[static_cast<std::size_t>(tag)] = true;
+  }
+  if (opaque_ < -1 || opaque_ >= num_tags()) {
+    throw std::invalid_argument("opaque tag code " + std::to_string(opaque_) +
+                                " is neither -1 nor in [0, " + std::to_string(num_tags()) + ")");
+  }
+  if (opaque_ >= 0 && action_[static_cast<std::size_t>(opaque_)]) {
+    throw std::invalid_argument("the opaque tag '" + names_[static_cast<std::size_t>(opaque_)] +
+                                "' cannot be an action");
+  }
+  for (int tag = 0; tag < num_tags(); ++tag) {
+    const std::string& name = names_[static_cast<std::size_t>(tag)];
+    markers_.push_back("<" + name + ">");
+    markers_.push_back("</" + name + ">");
+    max_marker_ = std::max(max_marker_, name.size() + 3);
+    const auto first = static_cast<unsigned char>(name[0]);
+    first_byte_[first] = true;
+    by_first_byte_[first].push_back(tag);
+  }
+}
+
+const TagTable& TagTable::mempo_default() {
+  static const TagTable table(std::vector<std::string>(kTagNames.begin(), kTagNames.end()),
+                              {2, 3, 4}, kInformationTag);
+  return table;
+}
+
+std::string marker_string(int tag, bool closing) {
+  if (tag < 0 || tag >= kNumTags) throw std::invalid_argument("tag code out of range");
+  return TagTable::mempo_default().marker(2 * tag + (closing ? 1 : 0));
+}
+
+MarkerMatch match_marker(const TagTable& tags, const std::uint8_t* text,
+                         std::size_t available) noexcept {
   MarkerMatch none;
-  // "<mem>" is the shortest marker.
-  if (available < 5 || text[0] != '<') return none;
+  // "<x>" is the shortest possible marker.
+  if (available < 3 || text[0] != '<') return none;
   std::size_t name_at = 1;
   bool closing = false;
   if (text[1] == '/') {
     closing = true;
     name_at = 2;
   }
-  // The first letter picks the candidate names (only 'a' has two: access, answer).
-  int first = -1, last = -1;
-  switch (text[name_at]) {
-    case 'm': first = last = 0; break;
-    case 't': first = last = 1; break;
-    case 's': first = last = 2; break;
-    case 'a': first = 3; last = 4; break;
-    case 'i': first = last = kInformationTag; break;
-    default: return none;
-  }
-  for (int tag = first; tag <= last; ++tag) {
-    const std::string_view name = kTagNames[static_cast<std::size_t>(tag)];
+  if (name_at >= available) return none;
+  // The first letter of the name picks the candidate tags.
+  for (const int tag : tags.tags_starting_with(text[name_at])) {
+    const std::string& name = tags.name(tag);
     const std::size_t length = name_at + name.size() + 1;
     if (available < length) continue;
     if (std::memcmp(text + name_at, name.data(), name.size()) != 0) continue;
@@ -49,12 +105,17 @@ MarkerMatch match_marker(const std::uint8_t* text, std::size_t available) noexce
   return none;
 }
 
+MarkerMatch match_marker(const std::uint8_t* text, std::size_t available) noexcept {
+  return match_marker(TagTable::mempo_default(), text, available);
+}
+
 void BlockParser::on_marker(int tag, bool closing, std::int64_t begin, std::int64_t end,
                             std::vector<Block>& out) {
-  if (open_tag_ == kInformationTag) {
-    // Tool output is opaque: inside <information> only its own closing marker means anything.
-    if (closing && tag == kInformationTag) {
-      out.push_back(Block{kInformationTag, open_round_, open_begin_, end, true});
+  const int opaque = tags_->opaque_tag();
+  if (open_tag_ >= 0 && open_tag_ == opaque) {
+    // Tool output is opaque: inside it (<information>) only its own closing marker means anything.
+    if (closing && tag == opaque) {
+      out.push_back(Block{opaque, open_round_, open_begin_, end, true});
       open_tag_ = -1;
     }
     return;
@@ -71,13 +132,14 @@ void BlockParser::on_marker(int tag, bool closing, std::int64_t begin, std::int6
     // A new opening marker while a block is open: the open block lost its closing marker.
     out.push_back(Block{open_tag_, open_round_, open_begin_, begin, false});
   }
-  // <information> answers the action of the current round and never advances the round count.
-  if (tag != kInformationTag) {
+  // The opaque tag (<information>) answers the action of the current round and never advances
+  // the round count.
+  if (tag != opaque) {
     if (round_has_action_) {
       ++round_;
       round_has_action_ = false;
     }
-    if (is_action_tag(tag)) round_has_action_ = true;
+    if (tags_->is_action(tag)) round_has_action_ = true;
   }
   open_tag_ = tag;
   open_begin_ = begin;
@@ -92,13 +154,18 @@ void BlockParser::finish(std::int64_t text_end, std::vector<Block>& out) {
 }
 
 void scan_text(const std::uint8_t* text, std::size_t size, std::vector<Block>& out) {
-  BlockParser parser;
+  scan_text(TagTable::mempo_default(), text, size, out);
+}
+
+void scan_text(const TagTable& tags, const std::uint8_t* text, std::size_t size,
+               std::vector<Block>& out) {
+  BlockParser parser(tags);
   std::size_t pos = 0;
   while (pos < size) {
     const void* hit = std::memchr(text + pos, '<', size - pos);
     if (hit == nullptr) break;
     const std::size_t at = static_cast<std::size_t>(static_cast<const std::uint8_t*>(hit) - text);
-    const MarkerMatch marker = match_marker(text + at, size - at);
+    const MarkerMatch marker = match_marker(tags, text + at, size - at);
     if (marker.length == 0) {
       pos = at + 1;
       continue;
@@ -115,13 +182,13 @@ namespace {
 
 // True when some '<' of the token starts a marker inside it, or starts a proper prefix of a
 // marker that ends the token (so the marker may continue in the next tokens).
-bool may_start_marker(const std::uint8_t* bytes, std::size_t length) {
+bool may_start_marker(const TagTable& tags, const std::uint8_t* bytes, std::size_t length) {
   for (std::size_t k = 0; k < length; ++k) {
     if (bytes[k] != '<') continue;
-    if (match_marker(bytes + k, length - k).length > 0) return true;
+    if (match_marker(tags, bytes + k, length - k).length > 0) return true;
     const std::size_t rest = length - k;
-    for (int code = 0; code < kNumMarkers; ++code) {
-      const std::string marker = marker_string(code / 2, (code & 1) != 0);
+    for (int code = 0; code < tags.num_markers(); ++code) {
+      const std::string& marker = tags.marker(code);
       if (rest < marker.size() && std::memcmp(marker.data(), bytes + k, rest) == 0) return true;
     }
   }
@@ -131,9 +198,10 @@ bool may_start_marker(const std::uint8_t* bytes, std::size_t length) {
 }  // namespace
 
 SpanScanner::SpanScanner(std::vector<std::uint8_t> token_bytes,
-                         std::vector<std::int64_t> token_offsets, bool token_path)
+                         std::vector<std::int64_t> token_offsets, bool token_path, TagTable tags)
     : token_bytes_(std::move(token_bytes)),
       token_offsets_(std::move(token_offsets)),
+      tags_(std::move(tags)),
       token_path_(token_path) {
   if (token_offsets_.empty()) {
     throw std::invalid_argument("token_offsets must have V+1 >= 1 entries, got an empty array");
@@ -156,7 +224,7 @@ SpanScanner::SpanScanner(std::vector<std::uint8_t> token_bytes,
                                 std::to_string(token_offsets_.back()));
   }
 
-  marker_token_ids_.fill(-1);
+  marker_token_ids_.assign(static_cast<std::size_t>(tags_.num_markers()), -1);
   const std::int64_t vocab = vocab_size();
   token_class_.assign(static_cast<std::size_t>(vocab), kPlainToken);
   for (std::int64_t id = 0; id < vocab; ++id) {
@@ -164,7 +232,7 @@ SpanScanner::SpanScanner(std::vector<std::uint8_t> token_bytes,
     if (length == 0) continue;
     const std::uint8_t* bytes = token_bytes_.data() + token_offsets_[static_cast<std::size_t>(id)];
     if (std::memchr(bytes, '<', static_cast<std::size_t>(length)) == nullptr) continue;
-    const MarkerMatch marker = match_marker(bytes, static_cast<std::size_t>(length));
+    const MarkerMatch marker = match_marker(tags_, bytes, static_cast<std::size_t>(length));
     if (marker.length == static_cast<std::size_t>(length)) {
       const int code = 2 * marker.tag + (marker.closing ? 1 : 0);
       token_class_[static_cast<std::size_t>(id)] =
@@ -172,7 +240,7 @@ SpanScanner::SpanScanner(std::vector<std::uint8_t> token_bytes,
       if (marker_token_ids_[static_cast<std::size_t>(code)] < 0) {
         marker_token_ids_[static_cast<std::size_t>(code)] = id;
       }
-    } else if (may_start_marker(bytes, static_cast<std::size_t>(length))) {
+    } else if (may_start_marker(tags_, bytes, static_cast<std::size_t>(length))) {
       token_class_[static_cast<std::size_t>(id)] = kMayStartMarker;
     }
     // Otherwise every '<' of the token is followed, inside the token, by bytes no marker has
@@ -244,7 +312,7 @@ std::int64_t SpanScanner::scan_tokens(const std::int64_t* ids, std::int64_t n, W
   const std::int64_t vocab = vocab_size();
   std::int64_t first_out_of_vocab = -1;
   ws.blocks.clear();
-  BlockParser parser;
+  BlockParser parser(tags_);
   for (std::int64_t i = 0; i < n; ++i) {
     const std::int64_t id = ids[i];
     if (id < 0 || id >= vocab) {  // a zero-byte token
@@ -266,17 +334,17 @@ std::int64_t SpanScanner::scan_tokens(const std::int64_t* ids, std::int64_t n, W
       while (k < length && bytes[k] != '<') ++k;
       if (k == length) break;
       // Cheap rejection first (" < ", "<b", "</p>", "<="): a marker's name starts right after
-      // "<" or "</" with one of the first letters of the six names.
+      // "<" or "</" with one of the first letters of the table's names.
       const int after_lt = peek_byte(ids, n, i, k + 1);
       const int name_first = after_lt == '/' ? peek_byte(ids, n, i, k + 2) : after_lt;
-      if (name_first < 0 || std::memchr("mtsai", name_first, 5) == nullptr) {
+      if (name_first < 0 || !tags_.name_may_start_with(static_cast<std::uint8_t>(name_first))) {
         ++k;
         continue;
       }
       // The bytes from this '<' on, read on into the next tokens as far as needed.
       MarkerWindow window(i, k);
-      fill_window(window, ids, n, MarkerWindow::kCapacity);
-      const MarkerMatch marker = match_marker(window.bytes, window.filled);
+      fill_window(window, ids, n, tags_.max_marker_bytes());
+      const MarkerMatch marker = match_marker(tags_, window.bytes, window.filled);
       if (marker.length == 0) {
         ++k;
         continue;
@@ -331,7 +399,7 @@ std::int64_t SpanScanner::scan_bytes(const std::int64_t* ids, std::int64_t n, Wo
     dst += length;
   }
   ws.blocks.clear();
-  scan_text(ws.text.data(), ws.text.size(), ws.blocks);
+  scan_text(tags_, ws.text.data(), ws.text.size(), ws.blocks);
 
   // A token belongs to a span when its bytes overlap the span's bytes. token_end is sorted, and
   // token i covers [token_end[i-1], token_end[i]).

@@ -1,9 +1,15 @@
 // Tag-span scanner for MemPO trajectories: pure C++17, no Python, no torch.
 //
 // Conventions (shared with mempo/ops/spans.py, whose module docstring states the grammar in full):
-//   * Tag code = index into kTagNames: 0 mem, 1 think, 2 search, 3 access, 4 answer, 5 information.
-//   * Marker code = 2 * tag + (closing ? 1 : 0); the 12 markers are the exact byte strings "<name>"
-//     and "</name>" (case-sensitive, no attributes, no spaces).
+//   * The tags come from a TagTable given at run time (mempo.protocol.tags.TagSet on the Python
+//     side): tag code = index into its names; some tags are *actions* (they finish a round) and at
+//     most one is *opaque* (the tool result: inside it only its own closing marker counts).
+//     TagTable::mempo_default() is the tags format: 0 mem, 1 think, 2 search, 3 access, 4 answer,
+//     5 information (actions 2-4, opaque 5).
+//   * Marker code = 2 * tag + (closing ? 1 : 0); the markers are the exact byte strings "<name>"
+//     and "</name>" (case-sensitive, no attributes, no spaces). Names are 1 to kMaxNameBytes bytes
+//     of [A-Za-z0-9_.:-], so every marker holds exactly one '<' (its first byte) and one '>' (its
+//     last): markers never overlap and at most one starts at any byte.
 //   * Token table (CSR): token id t has the bytes
 //     token_bytes[token_offsets[t] .. token_offsets[t+1]).
 //     V = token_offsets.size() - 1. Ids outside [0, V) are treated as zero-byte tokens (never a
@@ -25,16 +31,57 @@
 
 namespace mempo::scanner {
 
+// The longest tag name, and so the longest marker ("</" + name + ">"), the table accepts.
+inline constexpr std::size_t kMaxNameBytes = 48;
+inline constexpr std::size_t kMaxMarkerBytes = kMaxNameBytes + 3;
+inline constexpr int kMaxTags = 64;
+
+// The default table's tag count and codes (the tags format).
 inline constexpr int kNumTags = 6;
 inline constexpr int kInformationTag = 5;
 inline constexpr int kNumMarkers = 2 * kNumTags;
 inline constexpr std::array<std::string_view, kNumTags> kTagNames = {
     "mem", "think", "search", "access", "answer", "information"};
 
-// search, access and answer are the actions that finish a round.
-constexpr bool is_action_tag(int tag) noexcept { return tag >= 2 && tag <= 4; }
+// The tags a scanner finds: names (code = index), which are actions, which one is opaque.
+class TagTable {
+ public:
+  // Throws std::invalid_argument unless there are 1..kMaxTags distinct names of 1..kMaxNameBytes
+  // bytes of [A-Za-z0-9_.:-], every action code names a tag, and opaque is -1 or a tag code that
+  // is no action.
+  TagTable(std::vector<std::string> names, const std::vector<int>& action_tags, int opaque_tag);
+  // mem, think, search, access, answer, information; actions search/access/answer; opaque
+  // information.
+  static const TagTable& mempo_default();
 
-// The marker text for a tag, e.g. marker_string(0, true) == "</mem>".
+  int num_tags() const noexcept { return static_cast<int>(names_.size()); }
+  int num_markers() const noexcept { return 2 * num_tags(); }
+  const std::string& name(int tag) const { return names_.at(static_cast<std::size_t>(tag)); }
+  bool is_action(int tag) const noexcept {
+    return tag >= 0 && tag < num_tags() && action_[static_cast<std::size_t>(tag)];
+  }
+  int opaque_tag() const noexcept { return opaque_; }
+  // The marker text of a marker code, e.g. marker(1) == "</mem>" in the default table.
+  const std::string& marker(int code) const { return markers_.at(static_cast<std::size_t>(code)); }
+  std::size_t max_marker_bytes() const noexcept { return max_marker_; }
+  // Whether some tag name starts with this byte (the cheap rejection of a '<').
+  bool name_may_start_with(std::uint8_t byte) const noexcept { return first_byte_[byte]; }
+  // The tags whose names start with `byte`.
+  const std::vector<int>& tags_starting_with(std::uint8_t byte) const noexcept {
+    return by_first_byte_[byte];
+  }
+
+ private:
+  std::vector<std::string> names_;
+  std::vector<bool> action_;
+  int opaque_ = -1;
+  std::vector<std::string> markers_;
+  std::size_t max_marker_ = 0;
+  std::array<bool, 256> first_byte_{};
+  std::array<std::vector<int>, 256> by_first_byte_{};
+};
+
+// The marker text for a tag of the default table, e.g. marker_string(0, true) == "</mem>".
 std::string marker_string(int tag, bool closing);
 
 struct MarkerMatch {
@@ -43,7 +90,10 @@ struct MarkerMatch {
   std::size_t length = 0;  // bytes of the marker, 0 when no marker starts here
 };
 
-// Matches a marker starting exactly at text[0]; reads at most `available` bytes.
+// Matches a marker of `tags` starting exactly at text[0]; reads at most `available` bytes.
+MarkerMatch match_marker(const TagTable& tags, const std::uint8_t* text,
+                         std::size_t available) noexcept;
+// The same with the default table.
 MarkerMatch match_marker(const std::uint8_t* text, std::size_t available) noexcept;
 
 // One block as found by the grammar, in caller-chosen coordinates (bytes or tokens).
@@ -60,6 +110,7 @@ struct Block {
 // tokens, so the byte path and the token path share it.
 class BlockParser {
  public:
+  explicit BlockParser(const TagTable& tags) noexcept : tags_(&tags) {}
   // Feeds one marker found at [begin, end); appends to `out` every block this marker ends.
   void on_marker(int tag, bool closing, std::int64_t begin, std::int64_t end,
                  std::vector<Block>& out);
@@ -67,6 +118,7 @@ class BlockParser {
   void finish(std::int64_t text_end, std::vector<Block>& out);
 
  private:
+  const TagTable* tags_;
   int open_tag_ = -1;
   std::int64_t open_begin_ = 0;
   std::int64_t open_round_ = 0;
@@ -74,7 +126,11 @@ class BlockParser {
   bool round_has_action_ = false;
 };
 
-// Runs the grammar over one byte string; blocks come back in byte coordinates, in order of begin.
+// Runs the grammar of `tags` over one byte string; blocks come back in byte coordinates, in order
+// of begin.
+void scan_text(const TagTable& tags, const std::uint8_t* text, std::size_t size,
+               std::vector<Block>& out);
+// The same with the default table.
 void scan_text(const std::uint8_t* text, std::size_t size, std::vector<Block>& out);
 
 // Structure-of-arrays result of SpanScanner::scan. seq_offsets has N+1 entries (CSR over spans);
@@ -88,7 +144,8 @@ struct SpanArrays {
   std::vector<std::uint8_t> closed;
 };
 
-// Holds one tokenizer's token table; scan() maps a batch of id sequences to token spans.
+// Holds one tokenizer's token table and one tag table; scan() maps a batch of id sequences to
+// token spans.
 // scan() is const and keeps its scratch buffers local, so one scanner may serve several threads.
 class SpanScanner {
  public:
@@ -96,14 +153,16 @@ class SpanScanner {
   // non-decreasing and ends at token_bytes.size().
   // token_path: scan token by token (see scan()); false: concatenate and scan every byte.
   SpanScanner(std::vector<std::uint8_t> token_bytes, std::vector<std::int64_t> token_offsets,
-              bool token_path);
+              bool token_path, TagTable tags = TagTable::mempo_default());
 
   std::int64_t vocab_size() const noexcept {
     return static_cast<std::int64_t>(token_offsets_.size()) - 1;
   }
   bool token_path() const noexcept { return token_path_; }
-  // Per marker code, the smallest id whose bytes are exactly that marker, or -1.
-  const std::array<std::int64_t, kNumMarkers>& marker_token_ids() const noexcept {
+  const TagTable& tags() const noexcept { return tags_; }
+  // Per marker code (2 * tags().num_tags() entries), the smallest id whose bytes are exactly that
+  // marker, or -1.
+  const std::vector<std::int64_t>& marker_token_ids() const noexcept {
     return marker_token_ids_;
   }
   // Byte length of a token; 0 for ids outside [0, V).
@@ -120,8 +179,8 @@ class SpanScanner {
   // no other '<', so a token without '<' never starts a marker and a token that is exactly a
   // marker is that marker; only tokens with a '<' that can start a marker (one inside the token,
   // or a marker prefix ending the token) are matched byte-wise, reading on into the next tokens
-  // for at most 13 bytes. When the markers are single added tokens and no other token can start
-  // one, the scan reads ids only.
+  // for at most max_marker_bytes() - 1 bytes. When the markers are single added tokens and no
+  // other token can start one, the scan reads ids only.
   void scan(const std::int64_t* ids, std::int64_t num_ids, const std::int64_t* seq_offsets,
             std::int64_t num_seqs, SpanArrays& out,
             std::int64_t* first_out_of_vocab = nullptr) const;
@@ -140,11 +199,11 @@ class SpanScanner {
     std::vector<Block> blocks;
   };
 
-  // Up to 14 bytes ("</information>" is the longest marker) of a sequence, from byte `offset` of
-  // token `token` on, gathered across token boundaries; segment_end[s] is where (in window bytes)
-  // the part taken from token segment_token[s] ends.
+  // Up to kMaxMarkerBytes bytes (the table's longest marker is read) of a sequence, from byte
+  // `offset` of token `token` on, gathered across token boundaries; segment_end[s] is where (in
+  // window bytes) the part taken from token segment_token[s] ends.
   struct MarkerWindow {
-    static constexpr std::size_t kCapacity = 14;
+    static constexpr std::size_t kCapacity = kMaxMarkerBytes;
     MarkerWindow(std::int64_t first_token, std::size_t first_offset)
         : token(first_token), offset(first_offset) {}
     // Left uninitialised on purpose (this runs for every '<'); only [0, filled) and
@@ -174,7 +233,8 @@ class SpanScanner {
   std::vector<std::uint8_t> token_bytes_;
   std::vector<std::int64_t> token_offsets_;
   std::vector<std::uint8_t> token_class_;
-  std::array<std::int64_t, kNumMarkers> marker_token_ids_{};
+  TagTable tags_;
+  std::vector<std::int64_t> marker_token_ids_;
   bool token_path_ = true;
 };
 

@@ -23,7 +23,7 @@ LAYERS = (
     ("mempo.errors",),
     ("mempo.utils",),
     ("mempo.seeds", "mempo.protocol", "mempo.kernels", "mempo._scanner"),  # _scanner: the compiled C++ scanner
-    ("mempo.config", "mempo.ops"),
+    ("mempo.config", "mempo.ops", "mempo.tools"),  # tools: the public tool interface
     ("mempo.records",),  # the trajectory, round and scoring records
     ("mempo.algo", "mempo.env"),
     ("mempo.model",),

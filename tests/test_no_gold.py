@@ -62,6 +62,9 @@ def test_the_checker_catches_a_gold_told_to_a_processor_or_a_prompt(tok):
     # the same state is fine once the agent has read the gold in a tool result of that call
     read = dict(call, prompts=[_chat(tok, "s", "In which city is the university?", "<information>Wehel</information>")])
     assert violations([task, read], tok) == []
+    read_json = dict(call, prompts=[_chat(tok, "s", "In which city is the university?",
+                                          "<tool_response>Wehel</tool_response>")])  # the json format's tool result
+    assert violations([task, read_json], tok) == []
     # a hint in the system prompt is caught whatever the processors hold
     hinted = {"kind": "generate", "prompts": [_chat(tok, "the answer is wehel", "In which city?")],
               "strings": [], "int_lists": []}
@@ -87,6 +90,41 @@ def test_training_under_every_memory_reward_option_never_shows_a_gold(tmp_path, 
     assert violations(trace, result.tokenizer) == []
     step = result.metrics[-1]  # the memory-reward stage ran with these options
     assert "memory/unscored_rounds" in step and "memory/scored_rounds" in step
+
+
+#: a user's tools and outcome reward (tests/support/user_tools.py) in the json action format: the reward reads the
+#: golds from each trajectory's example, after the rollout
+USER_TASK = ["rollout.action_format=json", "env.tools=['support.user_tools:lookup', search]",
+             "rollout.outcome_reward=support.user_tools:overlap_reward"]
+
+
+def test_training_and_evaluation_with_a_users_tools_and_reward_never_show_a_gold(tmp_path, trace):
+    """The json format's tool schemas in the system prompt, the user's tool results and the examples the
+    user's reward reads: no generation request (training through the scaffold, then evaluation) holds a gold."""
+    from mempo.eval import eval_episodes, evaluate
+    from mempo.synthetic.build import build_world
+    from mempo.train.trainer import train
+    from support import user_tools
+
+    torch.set_num_threads(1)
+    user_tools.LOOKUPS.clear()
+    user_tools.REWARD_CALLS.clear()
+    # a JSON call is longer than a <search>: rounds of 96 tokens hold the scaffold's whole turn
+    cfg = load_config(TINY, FAST + USER_TASK + ["rollout.max_new_tokens_per_round=96",
+                                                f"trainer.out_dir={tmp_path / 'rl'}"])
+    result = train(cfg)
+    counts = summary(trace)
+    assert counts["tasks"] == 2 and counts["generate_calls"] >= 2 and counts["processor_int_lists"] > 0, counts
+    assert user_tools.LOOKUPS and all(example["golds"] for _, example in user_tools.REWARD_CALLS)
+    assert violations(trace, result.tokenizer) == []
+    trace.clear()
+
+    eval_cfg = load_config(TINY, USER_TASK + ["eval.objectives=[2]", "eval.episodes=2", "eval.max_turns=3",
+                                              "rollout.max_new_tokens_per_round=48"])
+    world, retriever = build_world(eval_cfg)
+    evaluate(result.model, result.tokenizer, eval_episodes(world, eval_cfg), retriever, eval_cfg, show_progress=False)
+    assert summary(trace)["tasks"] == 2 and summary(trace)["generate_calls"] > 0
+    assert violations(trace, result.tokenizer) == []
 
 
 def test_train_eval_and_demo_never_show_a_gold(tmp_path, trace):

@@ -1,9 +1,12 @@
 // Fuzz driver for the span scanner.
 //
 // Input format (any byte string is a valid input; see csrc/fuzz/corpus/README.md):
-//   byte 0    flags. bit 0: put the 12 markers in the vocabulary as single tokens first.
+//   byte 0    flags. bit 0: put the tag table's markers in the vocabulary as single tokens first.
 //                    bit 1: also feed corrupted seq_offsets, which must be rejected by
 //                           std::invalid_argument (never a crash).
+//                    bit 2: scan with the JSON tool-call tag table (mem, think, tool_call,
+//                           answer, tool_response; actions tool_call and answer; opaque
+//                           tool_response) instead of the default six tags.
 //   rest      sequences separated by '\n'; tokens of a sequence separated by '|'. A token "@N"
 //             (N a signed decimal, e.g. "@-3", "@99999") is the raw id N, possibly outside the
 //             vocabulary; any other token is a vocabulary entry with exactly those bytes (the
@@ -41,6 +44,15 @@
 using namespace mempo::scanner;
 
 namespace {
+
+const TagTable& json_tool_call_tags() {
+  static const TagTable table({"mem", "think", "tool_call", "answer", "tool_response"}, {2, 3}, 4);
+  return table;
+}
+
+const TagTable& tags_of(std::uint8_t flags) {
+  return (flags & 4) ? json_tool_call_tags() : TagTable::mempo_default();
+}
 
 [[noreturn]] void fail(const char* what, std::size_t seq) {
   std::fprintf(stderr, "fuzz_span_scanner: invariant violated: %s (sequence %zu)\n", what, seq);
@@ -80,7 +92,8 @@ Batch parse(const std::uint8_t* data, std::size_t size, std::uint8_t flags) {
     return it->second;
   };
   if (flags & 1) {
-    for (int code = 0; code < kNumMarkers; ++code) add_entry(marker_string(code / 2, code & 1));
+    const TagTable& tags = tags_of(flags);
+    for (int code = 0; code < tags.num_markers(); ++code) add_entry(tags.marker(code));
   }
   const std::string_view body(reinterpret_cast<const char*>(data), size);
   std::size_t token_begin = 0;
@@ -99,14 +112,15 @@ Batch parse(const std::uint8_t* data, std::size_t size, std::uint8_t flags) {
   return batch;
 }
 
-SpanScanner make_scanner(const std::vector<std::string>& vocab, bool token_path) {
+SpanScanner make_scanner(const std::vector<std::string>& vocab, bool token_path,
+                         const TagTable& tags) {
   std::vector<std::uint8_t> bytes;
   std::vector<std::int64_t> offsets{0};
   for (const auto& token : vocab) {
     bytes.insert(bytes.end(), token.begin(), token.end());
     offsets.push_back(static_cast<std::int64_t>(bytes.size()));
   }
-  return SpanScanner(std::move(bytes), std::move(offsets), token_path);
+  return SpanScanner(std::move(bytes), std::move(offsets), token_path, tags);
 }
 
 // ---- the independent naive implementation --------------------------------------------------
@@ -116,8 +130,8 @@ struct NaiveSpan {
   bool closed;
 };
 
-std::vector<NaiveSpan> naive_spans(const std::vector<std::string>& vocab, const std::int64_t* ids,
-                                   std::int64_t n) {
+std::vector<NaiveSpan> naive_spans(const TagTable& tags, const std::vector<std::string>& vocab,
+                                   const std::int64_t* ids, std::int64_t n) {
   std::string text;
   std::vector<std::int64_t> token_begin, token_end;
   for (std::int64_t i = 0; i < n; ++i) {
@@ -140,8 +154,8 @@ std::vector<NaiveSpan> naive_spans(const std::vector<std::string>& vocab, const 
     int tag = -1;
     bool closing = false;
     std::size_t length = 0;
-    for (int code = 0; code < kNumMarkers && tag < 0; ++code) {
-      const std::string marker = marker_string(code / 2, code & 1);
+    for (int code = 0; code < tags.num_markers() && tag < 0; ++code) {
+      const std::string& marker = tags.marker(code);
       if (text.compare(pos, marker.size(), marker) == 0) {
         tag = code / 2;
         closing = code & 1;
@@ -152,7 +166,8 @@ std::vector<NaiveSpan> naive_spans(const std::vector<std::string>& vocab, const 
     const auto begin = static_cast<std::int64_t>(pos);
     const auto end = static_cast<std::int64_t>(pos + length);
     pos += length - 1;
-    if (open == kInformationTag && !(closing && tag == kInformationTag)) continue;
+    const int opaque = tags.opaque_tag();
+    if (open >= 0 && open == opaque && !(closing && tag == opaque)) continue;
     if (closing) {
       if (tag == open) {
         blocks.push_back({tag, open_begin, end, open_round, true});
@@ -161,9 +176,9 @@ std::vector<NaiveSpan> naive_spans(const std::vector<std::string>& vocab, const 
       continue;
     }
     if (open >= 0) blocks.push_back({open, open_begin, begin, open_round, false});
-    if (tag != kInformationTag) {
+    if (tag != opaque) {
       if (finished) ++round;  // the previous action finished the round
-      finished = is_action_tag(tag);
+      finished = tags.is_action(tag);
     }
     open = tag;
     open_begin = begin;
@@ -190,7 +205,7 @@ std::vector<NaiveSpan> naive_spans(const std::vector<std::string>& vocab, const 
 
 // ---- checks --------------------------------------------------------------------------------
 
-void check_well_formed(const SpanArrays& out, const Batch& batch) {
+void check_well_formed(const SpanArrays& out, const Batch& batch, int num_tags) {
   const std::size_t num_seqs = batch.seq_offsets.size() - 1;
   if (out.seq_offsets.size() != num_seqs + 1 || out.seq_offsets.front() != 0 ||
       out.seq_offsets.back() != static_cast<std::int64_t>(out.tag.size())) {
@@ -205,7 +220,7 @@ void check_well_formed(const SpanArrays& out, const Batch& batch) {
     const std::int64_t n = batch.seq_offsets[s + 1] - batch.seq_offsets[s];
     for (auto k = out.seq_offsets[s]; k < out.seq_offsets[s + 1]; ++k) {
       const auto i = static_cast<std::size_t>(k);
-      if (out.tag[i] < 0 || out.tag[i] >= kNumTags) fail("tag code out of range", s);
+      if (out.tag[i] < 0 || out.tag[i] >= num_tags) fail("tag code out of range", s);
       if (!(0 <= out.start[i] && out.start[i] < out.end[i] && out.end[i] <= n)) {
         fail("span outside its sequence or empty", s);
       }
@@ -222,11 +237,11 @@ void check_well_formed(const SpanArrays& out, const Batch& batch) {
   }
 }
 
-void check_against_naive(const SpanArrays& out, const Batch& batch) {
+void check_against_naive(const SpanArrays& out, const Batch& batch, const TagTable& tags) {
   for (std::size_t s = 0; s + 1 < batch.seq_offsets.size(); ++s) {
     const auto lo = batch.seq_offsets[s];
     const auto expected =
-        naive_spans(batch.vocab, batch.ids.data() + lo, batch.seq_offsets[s + 1] - lo);
+        naive_spans(tags, batch.vocab, batch.ids.data() + lo, batch.seq_offsets[s + 1] - lo);
     const auto first = static_cast<std::size_t>(out.seq_offsets[s]);
     if (static_cast<std::size_t>(out.seq_offsets[s + 1]) - first != expected.size()) {
       fail("span count differs from the naive scanner", s);
@@ -249,8 +264,9 @@ void run_one(const std::uint8_t* data, std::size_t size) {
   const auto num_ids = static_cast<std::int64_t>(batch.ids.size());
   const auto num_seqs = static_cast<std::int64_t>(batch.seq_offsets.size()) - 1;
 
-  const SpanScanner byte_path = make_scanner(batch.vocab, false);
-  const SpanScanner token_path = make_scanner(batch.vocab, true);
+  const TagTable& tags = tags_of(flags);
+  const SpanScanner byte_path = make_scanner(batch.vocab, false, tags);
+  const SpanScanner token_path = make_scanner(batch.vocab, true, tags);
   SpanArrays by_bytes, by_tokens;
   std::int64_t bad_by_bytes = 0, bad_by_tokens = 0;
   byte_path.scan(batch.ids.data(), num_ids, batch.seq_offsets.data(), num_seqs, by_bytes,
@@ -268,14 +284,14 @@ void run_one(const std::uint8_t* data, std::size_t size) {
   if (bad_by_bytes != first_bad || bad_by_tokens != first_bad) {
     fail("first out-of-vocabulary id misreported", 0);
   }
-  check_well_formed(by_bytes, batch);
+  check_well_formed(by_bytes, batch, tags.num_tags());
   if (by_bytes.seq_offsets != by_tokens.seq_offsets || by_bytes.tag != by_tokens.tag ||
       by_bytes.start != by_tokens.start || by_bytes.end != by_tokens.end ||
       by_bytes.round != by_tokens.round || by_bytes.closed != by_tokens.closed) {
     fail("token path differs from byte path", 0);
   }
   // The naive check is quadratic in sequence length; fuzz inputs are small.
-  if (size <= 4096) check_against_naive(by_bytes, batch);
+  if (size <= 4096) check_against_naive(by_bytes, batch, tags);
 
   if (flags & 2) {
     std::vector<std::int64_t> corrupt = batch.seq_offsets;
@@ -305,6 +321,9 @@ const char* const kFragments[] = {
     "think", "search", "access", "answer", "information", "mem>", "<mem", "><", "\n", "|", "||",
     "@-1", "@0", "@5", "@999999", "@-9223372036854775", "hello", " world", "a<b", "<MEM>", "",
     "inform", "ation>", "<info", "\xff\xfe", "\xe6\x9d\xb1",
+    "<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>", "<tool", "_call>",
+    "</tool_", "response>", "tool_call", "<tool_call", "{\"name\": \"lookup\", \"arguments\": {}}",
+    "\"", "{", "}",
 };
 
 std::string random_input(std::mt19937_64& rng, const std::vector<std::string>& corpus) {
@@ -328,10 +347,10 @@ std::string random_input(std::mt19937_64& rng, const std::vector<std::string>& c
           if (at < input.size()) input.insert(at, input.substr(at, 1 + rng() % 16));
       }
     }
-    if (input.empty()) input.push_back(static_cast<char>(rng() & 3));
+    if (input.empty()) input.push_back(static_cast<char>(rng() & 7));
     return input;
   }
-  input.push_back(static_cast<char>(rng() & 3));
+  input.push_back(static_cast<char>(rng() & 7));
   const int pieces = static_cast<int>(rng() % 64);
   for (int p = 0; p < pieces; ++p) {
     input += kFragments[rng() % std::size(kFragments)];

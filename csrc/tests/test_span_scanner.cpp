@@ -374,6 +374,123 @@ TEST(bad_token_tables_are_rejected) {
   CHECK(scan_one(empty_vocab, {0, 1, -1}).tag.empty());
 }
 
+// The JSON tool-call table of mempo.protocol.tags.JSON_TAG_SET (Hermes / Qwen tool calls).
+const TagTable& json_tags() {
+  static const TagTable table({"mem", "think", "tool_call", "answer", "tool_response"}, {2, 3}, 4);
+  return table;
+}
+
+SpanScanner make_scanner(const std::vector<std::string>& vocab, bool token_path,
+                         const TagTable& tags) {
+  std::vector<std::uint8_t> bytes;
+  std::vector<std::int64_t> offsets{0};
+  for (const auto& token : vocab) {
+    bytes.insert(bytes.end(), token.begin(), token.end());
+    offsets.push_back(static_cast<std::int64_t>(bytes.size()));
+  }
+  return SpanScanner(std::move(bytes), std::move(offsets), token_path, tags);
+}
+
+TEST(json_table_markers_match_and_default_markers_do_not) {
+  const TagTable& tags = json_tags();
+  CHECK_EQ(tags.num_tags(), 5);
+  CHECK_EQ(tags.max_marker_bytes(), std::string("</tool_response>").size());
+  CHECK(tags.is_action(2) && tags.is_action(3) && !tags.is_action(0) && !tags.is_action(4));
+  for (int code = 0; code < tags.num_markers(); ++code) {
+    const std::string padded = tags.marker(code) + "{";
+    const auto m =
+        match_marker(tags, reinterpret_cast<const std::uint8_t*>(padded.data()), padded.size());
+    CHECK_EQ(m.tag, code / 2);
+    CHECK_EQ(m.closing, (code & 1) != 0);
+    CHECK_EQ(m.length, tags.marker(code).size());
+  }
+  for (const char* miss : {"<search>", "</information>", "<tool>", "<tool_calls>", "<tool_call",
+                           "<Tool_call>", "</tool_response", "<tool_response >"}) {
+    const auto m =
+        match_marker(tags, reinterpret_cast<const std::uint8_t*>(miss), std::strlen(miss));
+    CHECK_EQ(m.length, 0u);
+  }
+}
+
+TEST(json_tool_call_trajectory) {
+  const std::string text =
+      "<mem></mem><think>look it up</think>"
+      "<tool_call>{\"name\": \"lookup\", \"arguments\": {\"key\": \"a<b\"}}</tool_call>"
+      "<tool_response>7 <answer>not a tag</answer> <tool_call></tool_response>"
+      "<mem>a is 7</mem><think>done</think><answer>7</answer><search>x</search>";
+  std::vector<Block> blocks;
+  scan_text(json_tags(), reinterpret_cast<const std::uint8_t*>(text.data()), text.size(), blocks);
+  CHECK_EQ(blocks.size(), 7u);
+  if (blocks.size() != 7u) return;
+  expect_block(blocks[2], 2, find(text, "<tool_call>"),
+               find(text, "</tool_call>") + static_cast<std::int64_t>(std::strlen("</tool_call>")),
+               0, true);
+  // The tool response is opaque (its markers are content) and belongs to the call's round.
+  expect_block(blocks[3], 4, find(text, "<tool_response>"),
+               find(text, "</tool_response>") + 16, 0, true);
+  CHECK_EQ(blocks[4].round, 1);
+  expect_block(blocks[6], 3, find(text, "<answer>7"),
+               find(text, "</answer><search>") + 9, 1, true);  // <search> is no marker here
+}
+
+TEST(json_table_token_path_equals_byte_path) {
+  std::vector<std::string> vocab = {"{\"", "name", "\": \"", "lookup", "\"}}", "<", "tool",
+                                    "_call", ">", "</", "tool_response>", "<tool_", "response",
+                                    "><", "\n", "", "a<b", "x", "call>", "<mem>", "</mem><think>"};
+  const auto first_marker_id = static_cast<std::int64_t>(vocab.size());
+  for (int code = 0; code < json_tags().num_markers(); ++code) {
+    vocab.push_back(json_tags().marker(code));
+  }
+  const auto tokens = make_scanner(vocab, true, json_tags());
+  const auto bytes = make_scanner(vocab, false, json_tags());
+  CHECK_EQ(tokens.marker_token_ids().size(), 10u);
+  CHECK_EQ(tokens.marker_token_ids()[0], 19);  // "<mem>" is a vocabulary entry before the markers
+  CHECK_EQ(tokens.marker_token_ids()[5], first_marker_id + 5);
+  std::mt19937_64 rng(4321);
+  const auto vocab_size = static_cast<std::int64_t>(vocab.size());
+  int spans = 0;
+  for (int trial = 0; trial < 5000; ++trial) {
+    std::vector<std::int64_t> ids(rng() % 40);
+    for (auto& id : ids) {
+      id = static_cast<std::int64_t>(rng() % static_cast<std::uint64_t>(vocab_size + 2)) - 1;
+    }
+    const auto a = scan_one(tokens, ids);
+    const auto b = scan_one(bytes, ids);
+    spans += static_cast<int>(a.tag.size());
+    CHECK(same(a, b));
+    if (!same(a, b)) {
+      std::fprintf(stderr, "  differing trial %d\n", trial);
+      return;
+    }
+  }
+  CHECK(spans > 5000);
+}
+
+TEST(bad_tag_tables_are_rejected) {
+  CHECK(throws_invalid_argument([] { TagTable({}, {}, -1); }, "1 to"));
+  CHECK(throws_invalid_argument([] { TagTable({"a", ""}, {}, -1); }, "tag name 1"));
+  CHECK(throws_invalid_argument([] { TagTable({"a<b"}, {}, -1); }, "may only hold"));
+  CHECK(throws_invalid_argument([] { TagTable({"a b"}, {}, -1); }, "may only hold"));
+  CHECK(throws_invalid_argument([] { TagTable({"/a"}, {}, -1); }, "may only hold"));
+  CHECK(throws_invalid_argument([] { TagTable({"a", "a"}, {}, -1); }, "repeated"));
+  CHECK(throws_invalid_argument([] { TagTable({std::string(kMaxNameBytes + 1, 'x')}, {}, -1); },
+                                "bytes"));
+  CHECK(throws_invalid_argument([] { TagTable({"a"}, {1}, -1); }, "action tag code 1"));
+  CHECK(throws_invalid_argument([] { TagTable({"a"}, {}, 1); }, "opaque tag code 1"));
+  CHECK(throws_invalid_argument([] { TagTable({"a"}, {0}, 0); }, "cannot be an action"));
+  // The longest name is accepted, and a marker that long is matched across tokens.
+  const std::string longest(kMaxNameBytes, 'z');
+  const TagTable table({longest, "k"}, {1}, -1);
+  const auto scanner = make_scanner({"<", longest, ">", "x", "</" + longest + ">"}, true, table);
+  const auto out = scan_one(scanner, {0, 1, 2, 3, 4});
+  CHECK_EQ(out.tag.size(), 1u);
+  if (out.tag.size() == 1u) {
+    CHECK_EQ(out.start[0], 0);
+    CHECK_EQ(out.end[0], 5);
+    CHECK_EQ(out.closed[0], 1);
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {

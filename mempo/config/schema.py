@@ -20,6 +20,8 @@ from typing import Any, Literal, Optional, Union
 from mempo.config.coerce import ConfigError, build_section, coerce_value
 from mempo.protocol.grammar import answer_template_text, check_answer_template
 from mempo.protocol.memory import CONTEXT_POLICIES, DEFAULT_SYSTEM_PROMPT, MEM_PREFIX
+from mempo.protocol.tags import ACTION_FORMATS
+from mempo.utils.imports import is_import_path
 
 __all__ = [
     "ModelConfig", "DataConfig", "EnvConfig", "RolloutConfig", "ScoringConfig", "AlgorithmConfig",
@@ -29,6 +31,10 @@ __all__ = [
 ]
 
 LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+#: the built-in tools `env.tools` names without an import path (`mempo.env.tools.BUILTIN_TOOLS`)
+BUILTIN_TOOL_NAMES = ("search", "access")
+#: the built-in outcome rewards `rollout.outcome_reward` names without an import path (`mempo.algo.outcome`)
+BUILTIN_OUTCOME_REWARDS = ("em", "f1")
 KL_ESTIMATORS = ("k1", "k2", "k3", "low_var_kl")
 #: The most decoder layers of a builtin-tiny model: each layer is built as a module (also on the meta
 #: device, by `mempo plan`), about 1 ms a layer; published LLMs have fewer than 200.
@@ -159,7 +165,12 @@ class DataConfig:
     len]`` (``[2, 4]``: every other episode k = 4; `mempo.env.data.compose_episodes`; a one-item list
     is that int). questions_per_step: questions per training step (B; each is
     rolled out `rollout.group_size` times). shuffle / seed: the order of the training questions and
-    the seed of the questions drawn from a synthetic world.
+    the seed of the questions drawn from a synthetic world. gold_field: where a QA record's reference
+    answers are (what the outcome reward and teacher scoring read; `mempo.env.data.qa_record_from_json`):
+    ``"auto"`` (the first of ``golden_answers``, ``answers``, ``answer``, ``reward_model.ground_truth.target``),
+    a (dotted) field name, or null: the records have no reference answer (a task scored by a user's
+    ``rollout.outcome_reward`` only; then the memory reward, which scores P(gold | memory), must be off:
+    ``algorithm.memory_weight: 0``). The synthetic world's answers are its own (``"auto"`` only).
     """
 
     source: Literal["synthetic", "files"] = "synthetic"
@@ -169,10 +180,14 @@ class DataConfig:
     questions_per_step: int = 8
     shuffle: bool = True
     seed: int = 0
+    gold_field: Optional[str] = "auto"
 
     def __post_init__(self):
         _check_types(self)
         _positive(self, "questions_per_step")
+        _require(self.source == "files" or self.gold_field == "auto", "gold_field",
+                 f"the synthetic world brings its own answers: leave it 'auto' with source 'synthetic', "
+                 f"got {self.gold_field!r}")
         counts = self.num_objectives if isinstance(self.num_objectives, list) else [self.num_objectives]
         _require(bool(counts), "num_objectives", "must be an int or a non-empty list of ints, got []")
         _require(all(k > 0 for k in counts), "num_objectives", f"must be > 0 (each), got {self.num_objectives!r}")
@@ -189,10 +204,18 @@ class DataConfig:
 
 @dataclass
 class EnvConfig:
-    """The tool environment. retriever: ``"bm25"`` (in-process over the corpus) or ``"http"``
-    (a Search-R1 compatible server at `retriever_url`). topk / doc_chars: search results and their
-    cut; page_chars: access-tool page size."""
+    """The tool environment. tools: the agent's tools (`mempo.env.build.build_tools`), each the name of a
+    built-in (``"search"``, ``"access"``: over the retriever) or the import path of a user's tool,
+    ``"package.module:name"`` (`mempo.tools.load_tools`: a `mempo.tools.Tool`, a list of them, or a
+    factory of either); tool_timeout: seconds a tool call may take before the agent reads an error
+    instead; tool_result_chars: the longest observation text kept (a longer one is cut with a notice).
+    retriever: ``"bm25"`` (in-process over the corpus) or ``"http"`` (a Search-R1 compatible server at
+    `retriever_url`); read only when a built-in tool is configured. topk / doc_chars: search results and
+    their cut; page_chars: access-tool page size."""
 
+    tools: list[str] = field(default_factory=lambda: ["search", "access"])
+    tool_timeout: float = 30.0
+    tool_result_chars: int = 65536
     retriever: Literal["bm25", "http"] = "bm25"
     retriever_url: Optional[str] = None
     corpus_path: Optional[str] = None
@@ -202,7 +225,14 @@ class EnvConfig:
 
     def __post_init__(self):
         _check_types(self)
-        _positive(self, "topk", "doc_chars", "page_chars")
+        _finite(self)
+        _positive(self, "topk", "doc_chars", "page_chars", "tool_timeout", "tool_result_chars")
+        for i, spec in enumerate(self.tools):
+            _require(spec in BUILTIN_TOOL_NAMES or is_import_path(spec), f"tools[{i}]",
+                     f"must be a built-in tool {BUILTIN_TOOL_NAMES} or an import path 'package.module:name', "
+                     f"got {spec!r}")
+        repeated = sorted({t for t in self.tools if self.tools.count(t) > 1})
+        _require(not repeated, "tools", f"lists {repeated} more than once")
         _require(self.retriever != "http" or bool(self.retriever_url), "retriever_url",
                  "must be set (e.g. 'http://127.0.0.1:8000') when retriever is 'http'")
 
@@ -229,7 +259,15 @@ class RolloutConfig:
     open every turn with ``<mem>`` itself). stop_token_ids: ids that end a round (None: the
     tokenizer's EOS, ``<|im_end|>``, ``<|endoftext|>``). tool_workers: threads running one step's
     tool calls. score_mode: how per-objective EM becomes the outcome score
-    (`mempo.protocol.reward.compute_score`: ``"mean"``, ``"all"``, ``"sum"``).
+    (`mempo.protocol.reward.compute_score`: ``"mean"``, ``"all"``, ``"sum"``). outcome_reward: the
+    outcome reward (`mempo.algo.outcome`): ``"em"`` (exact match, the paper's), ``"f1"`` (token F1, per
+    objective aggregated by score_mode), or the import path of a user's function ``reward(answer,
+    example) -> float`` (``"package.module:function"``; the answer is the final ``<answer>`` text or
+    None, the example a dict with the question(s), golds and the record's other fields); a response
+    that breaks the format scores 0 whichever it is. action_format: how the agent calls its tools
+    (`mempo.protocol.tags`): ``"tags"`` (one tag per tool, ``<search>q</search>``, answered in
+    ``<information>``) or ``"json"`` (Hermes / Qwen ``<tool_call>{"name": ..., "arguments": ...}
+    </tool_call>`` answered in ``<tool_response>``, the tools' JSON schemas in the system prompt).
 
     backend (`mempo.rollout.backends.factory.build_backend`): ``"hf"`` (transformers generate,
     CPU or GPU) or ``"sglang"``: with sglang_url null an ``sglang.Engine`` in this process,
@@ -269,6 +307,8 @@ class RolloutConfig:
     stop_token_ids: Optional[list[int]] = None
     tool_workers: int = 4
     score_mode: Literal["mean", "all", "sum"] = "mean"
+    action_format: Literal[ACTION_FORMATS] = "tags"
+    outcome_reward: str = "em"
 
     def __post_init__(self):
         _check_types(self)
@@ -289,6 +329,9 @@ class RolloutConfig:
                  "needs backend 'hf' (the scaffold is a transformers logits processor)")
         for i, token in enumerate(self.stop_token_ids or ()):
             _require(token >= 0, f"stop_token_ids[{i}]", f"must be a token id >= 0, got {token!r}")
+        _require(self.outcome_reward in BUILTIN_OUTCOME_REWARDS or is_import_path(self.outcome_reward),
+                 "outcome_reward", f"must be one of {BUILTIN_OUTCOME_REWARDS} or an import path "
+                                   f"'package.module:function', got {self.outcome_reward!r}")
 
 
 @dataclass
@@ -767,6 +810,19 @@ class MempoConfig:
         _require(self.rollout.temperature > 0, "rollout.temperature",
                  f"must be > 0, got {self.rollout.temperature!r} (training samples with it and divides the "
                  "logits by it; evaluation's is eval.temperature, 0 for greedy)")
+        _require(not self.eval.closed_book or set(self.env.tools) <= set(BUILTIN_TOOL_NAMES), "eval.closed_book",
+                 "runs the built-in search over a retriever that finds nothing; with a user's tools in env.tools "
+                 "a closed book is not defined: set it false")
+        if self.data.gold_field is None:  # no reference answers: nothing may need one
+            _require(is_import_path(self.rollout.outcome_reward), "rollout.outcome_reward",
+                     f"{self.rollout.outcome_reward!r} compares the answer with reference answers, and "
+                     "data.gold_field is null (the records have none): name your reward function "
+                     "'package.module:function'")
+            _require(self.algorithm.memory_weight == 0, "algorithm.memory_weight",
+                     "must be 0 when data.gold_field is null: the memory reward scores P(reference answer | "
+                     "memory), and the records have no reference answer (train with the outcome reward only)")
+            _require(self.algorithm.memory_pooling != "group_seen", "algorithm.memory_pooling",
+                     "'group_seen' counts the reference answers read, and data.gold_field is null")
         _require(not (self.trainer.eval_every and self.data.source == "files" and not self.data.eval_files),
                  "data.eval_files", "must list at least one QA file when data.source is 'files' and "
                                     "trainer.eval_every > 0 (the periodic evaluation's questions)")

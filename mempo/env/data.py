@@ -27,6 +27,7 @@ __all__ = [
     "PROMPT_STYLES",
     "user_turn",
     "EPISODE_INSTRUCTIONS",
+    "TOOLS_INSTRUCTIONS",
     "COMPACT_INSTRUCTIONS",
     "GOLD_KEYS",
     "MAX_QUESTION_CHARS",
@@ -48,7 +49,7 @@ __all__ = [
     "load_episodes_jsonl",
 ]
 
-PROMPT_STYLES = ("numbered", "joined", "compact", "bare")
+PROMPT_STYLES = ("numbered", "joined", "compact", "bare", "tools")
 GOLD_KEYS = ("golden_answers", "answers", "answer", "reward_model.ground_truth.target")
 
 EPISODE_INSTRUCTIONS = (
@@ -57,6 +58,14 @@ EPISODE_INSTRUCTIONS = (
     "shown again. Then write <think>...</think>, then exactly one action: <search>query</search>, "
     "<access>doc-id page</access> (read one page of a long document) or <answer>...</answer>. "
     "Search and access results come back inside <information>...</information>."
+)
+#: The instruction paragraph of the "tools" style: the turn protocol without naming a tool or a call
+#: syntax, for a user's tools and the json format (their names, schemas and call form are the system
+#: prompt's or the user's own prompt's).
+TOOLS_INSTRUCTIONS = (
+    "Answer the questions below using the tools. Every turn, first write <mem>...</mem>: everything you "
+    "still need to remember, because older turns are not shown again. Then write <think>...</think>, then "
+    "exactly one action: one tool call, or <answer>...</answer>."
 )
 
 #: The instruction paragraph of the "compact" style: the same protocol in fewer words, without
@@ -86,17 +95,19 @@ class MissingDependencyError(MempoError, ImportError):
 
 @dataclass(frozen=True)
 class QARecord:
-    """One question, its gold answer aliases (``golden_answers``), an id, and the other input fields."""
+    """One question, its gold answer aliases (``golden_answers``; None: a record without a reference
+    answer, loaded with ``gold_field=None``), an id, and the other input fields."""
 
     id: str
     question: str
-    golden_answers: list[str]
+    golden_answers: Optional[list[str]]
     metadata: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
-        """Search-R1-style object: ``{"id", "question", "golden_answers", **metadata}``."""
-        return {**self.metadata, "id": self.id, "question": self.question,
-                "golden_answers": list(self.golden_answers)}
+        """Search-R1-style object: ``{"id", "question", "golden_answers", **metadata}`` (no
+        ``golden_answers`` when it has none)."""
+        golds = {} if self.golden_answers is None else {"golden_answers": list(self.golden_answers)}
+        return {**self.metadata, "id": self.id, "question": self.question, **golds}
 
 
 @dataclass(frozen=True)
@@ -104,14 +115,15 @@ class Episode:
     """k sub-questions (the *objectives*) answered in one trajectory.
 
     ``prompt`` is the user message (`make_episode_prompt`). ``golds[i]`` lists the aliases of
-    objective i, in question order (pass it straight to `mempo.protocol.reward.compute_score`);
+    objective i, in question order (pass it straight to `mempo.protocol.reward.compute_score`), or
+    ``golds`` is None: an episode without reference answers (scored by a user's outcome reward only);
     ``source_ids[i]`` is the id of the QA record objective i came from (empty when unknown);
     ``metadata`` holds anything else (e.g. the synthetic world's hop chains).
     """
 
     id: str
     questions: list[str]
-    golds: list[list[str]]
+    golds: Optional[list[list[str]]]
     prompt: str
     source_ids: list[str] = field(default_factory=list)
     metadata: dict[str, Any] = field(default_factory=dict)
@@ -119,7 +131,7 @@ class Episode:
     def __post_init__(self) -> None:
         if not self.questions:
             raise DataError(f"episode {self.id!r} has no questions")
-        if len(self.golds) != len(self.questions):
+        if self.golds is not None and len(self.golds) != len(self.questions):
             raise DataError(f"episode {self.id!r}: {len(self.questions)} questions but "
                             f"{len(self.golds)} gold lists")
 
@@ -130,8 +142,8 @@ class Episode:
 
     def to_json(self) -> dict[str, Any]:
         """``{"id", "questions", "golds", "prompt", "source_ids", "metadata"}``."""
-        return {"id": self.id, "questions": list(self.questions),
-                "golds": [list(aliases) for aliases in self.golds], "prompt": self.prompt,
+        golds = None if self.golds is None else [list(aliases) for aliases in self.golds]
+        return {"id": self.id, "questions": list(self.questions), "golds": golds, "prompt": self.prompt,
                 "source_ids": list(self.source_ids), "metadata": dict(self.metadata)}
 
     @classmethod
@@ -145,9 +157,9 @@ class Episode:
         questions, golds = obj["questions"], obj["golds"]
         if not isinstance(questions, list) or not all(isinstance(q, str) for q in questions):
             raise DataError("field 'questions' must be a list of strings")
-        if not isinstance(golds, list) or not all(
-                isinstance(aliases, list) and all(isinstance(a, str) for a in aliases) for aliases in golds):
-            raise DataError("field 'golds' must be a list of lists of strings")
+        if golds is not None and (not isinstance(golds, list) or not all(
+                isinstance(aliases, list) and all(isinstance(a, str) for a in aliases) for aliases in golds)):
+            raise DataError("field 'golds' must be a list of lists of strings, or null")
         if not isinstance(obj["prompt"], str):
             raise DataError("field 'prompt' must be a string")
         return cls(id=str(obj["id"]), questions=questions, golds=golds, prompt=obj["prompt"],
@@ -222,7 +234,7 @@ def check_question(question: Any, name: str = "question", *, one_line: bool = Tr
     return question
 
 
-def qa_record_from_json(obj: Any, default_id: Optional[str] = None) -> QARecord:
+def qa_record_from_json(obj: Any, default_id: Optional[str] = None, gold_field: Optional[str] = "auto") -> QARecord:
     """Build a `QARecord` from one decoded record; raises `DataError`.
 
     Fields: ``question`` (required): a non-blank string of one line (no line break of any kind:
@@ -232,8 +244,10 @@ def qa_record_from_json(obj: Any, default_id: Optional[str] = None) -> QARecord:
     `GOLD_KEYS` present (``golden_answers``, ``answers``, ``answer``,
     ``reward_model.ground_truth.target``, Search-R1's processed parquet): one string or a list of
     strings (a tuple or a parquet array counts as a list; integers become ``str``, a bare year); not
-    empty, no blank alias. ``id`` (optional, string or integer): default ``default_id`` (the loaders
-    pass ``"<stem>:<line>"``, 1-based, or ``"<stem>:<row>"``, 0-based). Every other field is kept
+    empty, no blank alias. ``gold_field`` (``data.gold_field``): ``"auto"`` as just said, a (dotted)
+    field name: the aliases from that field only, None: the record has no reference answer (golds
+    None). ``id`` (optional, string or integer): default ``default_id`` (the loaders pass
+    ``"<stem>:<line>"``, 1-based, or ``"<stem>:<row>"``, 0-based). Every other field is kept
     untouched in ``QARecord.metadata`` (``data_source``, ``split`` ...).
     """
     if not isinstance(obj, dict):
@@ -248,13 +262,15 @@ def qa_record_from_json(obj: Any, default_id: Optional[str] = None) -> QARecord:
         _check_encodable(source, "data_source")
     golds: Optional[list[str]] = None
     used_key = None
-    for key in GOLD_KEYS:
+    for key in (GOLD_KEYS if gold_field == "auto" else () if gold_field is None else (gold_field,)):
         present, value = _lookup(obj, key)
         if present:
             golds, used_key = _aliases(value, key), key
             break
-    if golds is None:
+    if golds is None and gold_field == "auto":
         raise DataError("missing gold answers: expected one of the fields " + ", ".join(GOLD_KEYS))
+    if golds is None and gold_field is not None:
+        raise DataError(f"missing gold answers: no field {gold_field!r} (data.gold_field)")
     if "id" in obj and obj["id"] is not None:
         record_id = obj["id"]
         if isinstance(record_id, bool) or not isinstance(record_id, (str, int)):
@@ -265,7 +281,7 @@ def qa_record_from_json(obj: Any, default_id: Optional[str] = None) -> QARecord:
         record_id = default_id
     else:
         raise DataError("missing field 'id' (and no default id given)")
-    top_key = used_key.split(".")[0]
+    top_key = used_key.split(".")[0] if used_key is not None else None
     metadata = {k: v for k, v in obj.items() if k not in ("id", "question", top_key)}
     return QARecord(record_id, question, golds, metadata)
 
@@ -282,13 +298,14 @@ def _duplicate(record: QARecord, where: str) -> str:
     return f"duplicate id {record.id!r}{within} (first seen {where})"
 
 
-def iter_qa_jsonl(path: PathLike) -> Iterator[QARecord]:
-    """Stream the QA records of a jsonl file, checking every line; errors name file and line."""
+def iter_qa_jsonl(path: PathLike, gold_field: Optional[str] = "auto") -> Iterator[QARecord]:
+    """Stream the QA records of a jsonl file, checking every line; errors name file and line
+    (`gold_field`: as `qa_record_from_json`)."""
     stem = Path(path).stem
     first_line_of: dict[tuple[Any, str], int] = {}
 
     def parse(obj: Any, lineno: int) -> QARecord:
-        record = qa_record_from_json(obj, default_id=f"{stem}:{lineno}")
+        record = qa_record_from_json(obj, default_id=f"{stem}:{lineno}", gold_field=gold_field)
         first = first_line_of.setdefault(_record_key(record), lineno)
         if first != lineno:
             raise DataError(_duplicate(record, f"on line {first}"))
@@ -297,12 +314,12 @@ def iter_qa_jsonl(path: PathLike) -> Iterator[QARecord]:
     return iter_jsonl_records(path, parse, DataError)
 
 
-def load_qa_jsonl(path: PathLike) -> list[QARecord]:
+def load_qa_jsonl(path: PathLike, gold_field: Optional[str] = "auto") -> list[QARecord]:
     """All QA records of a jsonl file (see `iter_qa_jsonl`)."""
-    return list(iter_qa_jsonl(path))
+    return list(iter_qa_jsonl(path, gold_field))
 
 
-def load_qa_parquet(path: PathLike) -> list[QARecord]:
+def load_qa_parquet(path: PathLike, gold_field: Optional[str] = "auto") -> list[QARecord]:
     """All QA records of a parquet file (Search-R1's ``train.parquet`` / ``test.parquet``).
 
     Needs pyarrow (raises `MissingDependencyError` without it). Errors name the file and the
@@ -324,7 +341,7 @@ def load_qa_parquet(path: PathLike) -> list[QARecord]:
     records, seen = [], {}
     for row_index, row in enumerate(rows):
         try:
-            record = qa_record_from_json(row, default_id=f"{path.stem}:{row_index}")
+            record = qa_record_from_json(row, default_id=f"{path.stem}:{row_index}", gold_field=gold_field)
         except DataError as exc:
             raise DataError(f"{path}: row {row_index}: {exc}") from None
         first = seen.setdefault(_record_key(record), row_index)
@@ -334,15 +351,16 @@ def load_qa_parquet(path: PathLike) -> list[QARecord]:
     return records
 
 
-def load_qa(path: PathLike) -> list[QARecord]:
-    """QA records from ``.jsonl`` / ``.json`` (one object per line) or ``.parquet`` by file suffix."""
+def load_qa(path: PathLike, gold_field: Optional[str] = "auto") -> list[QARecord]:
+    """QA records from ``.jsonl`` / ``.json`` (one object per line) or ``.parquet`` by file suffix
+    (`gold_field`: where the reference answers are, as `qa_record_from_json` reads it)."""
     if Path(path).is_dir():
         raise DataError(f"{path}: is a directory, not a QA file")
     suffix = Path(path).suffix.lower()
     if suffix == ".parquet":
-        return load_qa_parquet(path)
+        return load_qa_parquet(path, gold_field)
     if suffix in (".jsonl", ".json", ".ndjson"):
-        return load_qa_jsonl(path)
+        return load_qa_jsonl(path, gold_field)
     raise DataError(f"{path}: unknown QA file type {suffix!r} (expected .jsonl or .parquet)")
 
 
@@ -379,7 +397,7 @@ def check_qa_files(paths: Sequence[PathLike]) -> list[Path]:
     return list(given.values())
 
 
-def load_qa_datasets(paths: Sequence[PathLike]) -> dict[str, QADataset]:
+def load_qa_datasets(paths: Sequence[PathLike], gold_field: Optional[str] = "auto") -> dict[str, QADataset]:
     """The records of QA files grouped by dataset (`dataset_name`, default: the file's stem).
     Evaluation composes and reports each dataset apart.
 
@@ -387,11 +405,11 @@ def load_qa_datasets(paths: Sequence[PathLike]) -> dict[str, QADataset]:
     (Search-R1's merged ``test.parquet``) and several files one. Raises `DataError` when no file is
     given, for a missing file, a directory or a malformed file (naming it), for a file without
     records and for a file given twice (the same file, by any path: it would double its questions
-    silently).
+    silently). `gold_field`: as `load_qa`.
     """
     groups: dict[str, QADataset] = {}
     for path in check_qa_files(paths):
-        records = load_qa(path)
+        records = load_qa(path, gold_field)
         if not records:
             raise DataError(f"{path}: no QA records (the file is empty)")
         for record in records:
@@ -435,7 +453,8 @@ def make_episode_prompt(questions: Sequence[str], style: str = "numbered") -> st
     one <answer>, separated by ";".`` (one question: ``Give the answer in one <answer>.``). Style
     ``"bare"`` is ``"compact"`` without the instruction paragraph (the question list and the closing
     line only): for a model trained from scratch on the protocol, which an instruction paragraph does
-    not teach, and which otherwise repeats it in every memory-context round.
+    not teach, and which otherwise repeats it in every memory-context round. Style ``"tools"`` is
+    ``"numbered"`` with `TOOLS_INSTRUCTIONS`, which names no tool (a user's tools, the json format).
 
     `parse_episode_prompt` recovers the questions from any layout; the agent's answer is split on
     ``";"`` by `mempo.protocol.reward.split_answer`.
@@ -454,7 +473,7 @@ def make_episode_prompt(questions: Sequence[str], style: str = "numbered") -> st
                    f"Give all {k} answers in one <answer>, separated by \";\".")
         body = f"{listing}\n\n{closing}"
         return body if style == "bare" else f"{COMPACT_INSTRUCTIONS}\n\n{body}"
-    if style == "numbered":
+    if style in ("numbered", "tools"):
         listing = "Questions:\n" + "\n".join(f"{i}. {q.strip()}" for i, q in enumerate(questions, 1))
     else:
         if k > 1 and any(";" in q for q in questions):
@@ -466,7 +485,8 @@ def make_episode_prompt(questions: Sequence[str], style: str = "numbered") -> st
         example = "; ".join(f"answer {i}" for i in range(1, min(k, 3) + 1)) + ("; ..." if k > 3 else "")
         closing = (f"Give all {k} answers in one <answer> block, in the order of the questions, "
                    f"separated by \";\", e.g. <answer>{example}</answer>.")
-    return f"{EPISODE_INSTRUCTIONS}\n\n{listing}\n\n{closing}"
+    instructions = TOOLS_INSTRUCTIONS if style == "tools" else EPISODE_INSTRUCTIONS
+    return f"{instructions}\n\n{listing}\n\n{closing}"
 
 
 def parse_episode_prompt(prompt: str) -> list[str]:
@@ -534,7 +554,8 @@ def compose_episodes(pool: Sequence[QARecord], num_objectives: Union[int, Sequen
     (MEM1's behaviour): each episode draws k distinct records independently; False: the pool is
     shuffled once and cut into disjoint episodes (needs ``len(pool) >= sum of the episodes' k``).
     Episode ids are ``f"{id_prefix}-k{k}-s{seed}-{i}"`` (k: the episode's own); an episode's
-    ``metadata["records"]`` keeps each record's metadata (e.g. hop chains).
+    ``metadata["records"]`` keeps each record's metadata (e.g. hop chains). An episode drawing a record
+    without reference answers has golds None.
     """
     cycle = [num_objectives] if isinstance(num_objectives, int) else list(num_objectives)
     if not cycle or any(not isinstance(k, int) or k < 1 for k in cycle):
@@ -561,7 +582,8 @@ def compose_episodes(pool: Sequence[QARecord], num_objectives: Union[int, Sequen
         episodes.append(Episode(
             id=f"{id_prefix}-k{len(indices)}-s{seed}-{number}",
             questions=questions,
-            golds=[list(r.golden_answers) for r in records],
+            golds=None if any(r.golden_answers is None for r in records)
+            else [list(r.golden_answers) for r in records],
             prompt=make_episode_prompt(questions, style),
             source_ids=[r.id for r in records],
             metadata={"records": [dict(r.metadata) for r in records]},

@@ -18,6 +18,7 @@ import dataclasses
 from typing import Any, NamedTuple, Optional, Sequence
 
 from mempo.config import ConfigError, MempoConfig, RolloutConfig
+from mempo.env.build import qa_prompt_style
 from mempo.env.data import DataError, compose_episodes, load_qa_datasets
 from mempo.seeds import eval_question_seed
 
@@ -27,10 +28,10 @@ __all__ = ["eval_episodes", "qa_eval_episodes", "QAEvalSets", "eval_rollout_conf
 def prompt_style(cfg: MempoConfig) -> str:
     """The layout (`mempo.env.data.PROMPT_STYLES`) of the user turn of the config's episodes, in
     training and evaluation alike: the synthetic world's ``synthetic.world_prompt_style`` (None:
-    ``"numbered"``), ``"numbered"`` for QA files."""
+    ``"numbered"``), `mempo.env.build.qa_prompt_style`'s for QA files."""
     if cfg.data.source == "synthetic":
         return cfg.synthetic.world_prompt_style or "numbered"
-    return "numbered"
+    return qa_prompt_style(cfg)
 
 
 def eval_episodes(world: Any, cfg: MempoConfig, num_episodes: Optional[int] = None,
@@ -64,14 +65,15 @@ def qa_eval_episodes(cfg: MempoConfig, num_episodes: Optional[int] = None,
     """Episodes per (dataset, k) from the QA files ``cfg.data.eval_files``: ``num_episodes`` (default
     ``cfg.eval.episodes``) per k of ``objectives`` (default ``cfg.eval.objectives``), each of k
     distinct questions of that dataset drawn with seed `mempo.seeds.eval_question_seed`
-    (``data.seed``, k). Raises `ConfigError` when no file is listed or a dataset holds fewer than k
-    questions, `DataError` for a missing, malformed or empty file."""
+    (``data.seed``, k); their reference answers from ``data.gold_field``. Raises `ConfigError` when no
+    file is listed or a dataset holds fewer than k questions, `DataError` for a missing, malformed or
+    empty file."""
     files = list(cfg.data.eval_files)
     if not files:
         raise ConfigError("data.eval_files", "must list at least one QA file (Search-R1 jsonl or parquet) to "
                                              "evaluate on (mempo eval --data files --files FILE ...)")
     try:
-        datasets = load_qa_datasets(files)
+        datasets = load_qa_datasets(files, cfg.data.gold_field)
     except DataError as error:
         raise DataError(f"data.eval_files: {error}") from None
     n = int(num_episodes if num_episodes is not None else cfg.eval.episodes)
@@ -83,7 +85,7 @@ def qa_eval_episodes(cfg: MempoConfig, num_episodes: Optional[int] = None,
                 raise ConfigError("eval.objectives", f"k={k} needs at least {k} questions per dataset; dataset "
                                                      f"{name!r} ({', '.join(dataset.files)}) has {len(dataset.records)}")
             episodes[(name, k)] = compose_episodes(dataset.records, k, n, eval_question_seed(cfg.data.seed, k),
-                                                   id_prefix=name)
+                                                   style=qa_prompt_style(cfg), id_prefix=name)
     infos = {name: {"questions": len(d.records), "files": list(d.files)} for name, d in datasets.items()}
     return QAEvalSets(episodes, infos)
 

@@ -183,13 +183,14 @@ def _record_file(path: Optional[PathLike]) -> Iterator[Optional[JsonlWriter]]:
 def _roll_out(engine: RolloutEngine, episodes: Sequence[Any], chunk_size: int, title: str,
               show_progress: bool) -> list[Any]:
     """The scored trajectories of `episodes` (one each, in order), `chunk_size` episodes per engine
-    run; `score_outcomes` (with the engine's ``score_mode``) gives their ``outcome``, which is all the
-    records and rows read."""
+    run; `score_outcomes` (with the engine's ``score_mode``, ``outcome_reward`` and tags) gives their
+    ``outcome``, which is all the records and rows read."""
     trajectories = []
     with progress(title, total=len(episodes), enabled=show_progress) as bar:
         for i in range(0, len(episodes), chunk_size):
             chunk = episodes[i:i + chunk_size]
-            trajectories.extend(score_outcomes(engine.run(chunk), mode=engine.config.score_mode))
+            trajectories.extend(score_outcomes(engine.run(chunk), mode=engine.config.score_mode,
+                                               reward=engine.config.outcome_reward, tags=engine.tags))
             bar.advance(len(chunk))
     return trajectories
 

@@ -1,10 +1,11 @@
 """Tag spans of MemPO trajectories: every `<tag> ... </tag>` block as a token span (C++ scanner).
 
-A tag's *code* is its index in ``TAGS = ("mem", "think", "search", "access", "answer",
-"information")``. A span is a token range ``[start, end)`` relative to its own sequence, markers
-included (all of ``<mem>...</mem>``). A batch of N sequences holds S spans in CSR form
-(`SpanBatch`: offsets int64 [N+1]; tag, start, end, round int64 [S]; closed bool [S]; CPU tensors).
-The span grammar is stated at `find_spans`.
+The tags are a `mempo.protocol.tags.TagSet` given at run time (default `TAG_SET`: ``TAGS = ("mem",
+"think", "search", "access", "answer", "information")``; `JSON_TAG_SET` for Hermes / Qwen tool calls);
+a tag's *code* is its index in the set's names. A span is a token range ``[start, end)`` relative to
+its own sequence, markers included (all of ``<mem>...</mem>``). A batch of N sequences holds S spans
+in CSR form (`SpanBatch`: offsets int64 [N+1]; tag, start, end, round int64 [S]; closed bool [S]; CPU
+tensors; the tag names its codes index). The span grammar is stated at `find_spans`.
 """
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from typing import Any, Iterable, NamedTuple, Optional, Sequence, Union
 import numpy as np
 import torch
 
-from mempo.protocol.tags import ACTION_TAGS, TAGS, marker_strings  # re-exported
+from mempo.protocol.tags import ACTION_TAGS, JSON_TAG_SET, TAG_SET, TAGS, TagSet, marker_strings  # re-exported
 
 try:
     from mempo import _scanner
@@ -26,7 +27,8 @@ except ImportError as _error:  # reported when a scan is first asked for, with h
     _SCANNER_IMPORT_ERROR = _error
 
 __all__ = [
-    "ACTION_TAGS", "TAGS", "Span", "SpanBatch", "TokenTable", "find_spans", "marker_strings",
+    "ACTION_TAGS", "TAGS", "TAG_SET", "JSON_TAG_SET", "TagSet", "Span", "SpanBatch", "TokenTable", "find_spans",
+    "marker_strings",
 ]
 
 
@@ -214,17 +216,22 @@ class TokenTable:
             is exactly a marker is that marker. Only tokens with a ``<`` that can start a marker
             (a marker inside the token, or a marker prefix such as ``"<"``, ``" </"`` or
             ``"<mem"`` ending it) are matched byte-wise, reading on into the next tokens for at
-            most 13 bytes; ``"<b"`` or ``"<="`` count as plain. When the 12 markers are single
-            added tokens (``markers_are_single_tokens``) and no other token of a sequence can
-            start one, the sequence is scanned from its ids alone.
+            most the longest marker's length less one byte; ``"<b"`` or ``"<="`` count as plain.
+            When the markers are single added tokens (`markers_are_single_tokens`, e.g.
+            ``<tool_call>`` in Qwen's vocabulary) and no other token of a sequence can start one,
+            the sequence is scanned from its ids alone.
             False, the *byte path*: concatenates each sequence's bytes and scans them with
             memchr; the plain implementation the token path is checked against.
-        marker_token_ids: tuple of 12 ints, per marker code (2*tag + closing, see
-            :func:`marker_strings`), the smallest id whose bytes are exactly that marker, or -1.
-        markers_are_single_tokens: every marker has such an id (e.g. the tags were added as
-            special tokens), so sequences whose other tokens hold no ``<`` are scanned from ids
-            alone.
+        marker_token_ids: tuple of 12 ints, per marker code of `TAG_SET` (2*tag + closing, see
+            :func:`marker_strings`), the smallest id whose bytes are exactly that marker, or -1
+            (another tag set's: `marker_ids`).
+        markers_are_single_tokens: every marker of `TAG_SET` has such an id (e.g. the tags were
+            added as special tokens), so sequences whose other tokens hold no ``<`` are scanned from
+            ids alone (another tag set's: ``all(i >= 0 for i in table.marker_ids(tags))``).
         source: how the bytes were obtained: "byte_level", "decode_per_id" or "explicit".
+
+    The table holds one C++ scanner per tag set it was asked to scan for (`scanner`), built on first
+    use; each copies the token bytes (O(vocabulary) once).
     """
 
     def __init__(
@@ -240,6 +247,7 @@ class TokenTable:
         scanner_module = _load_scanner_module()
         # The C++ constructor validates the CSR structure (ValueError naming the problem).
         self._scanner = scanner_module.Scanner(token_bytes, token_offsets, bool(fast_path))
+        self._scanners = {TAG_SET: self._scanner}
         self.token_bytes = token_bytes
         self.token_offsets = token_offsets
         self.vocab_size = int(token_offsets.size - 1)
@@ -297,6 +305,21 @@ class TokenTable:
         table.source = source
         per_tokenizer[fast_path] = (vocab_size, table)
         return table
+
+    def scanner(self, tags: TagSet = TAG_SET) -> Any:
+        """The C++ scanner of this token table for `tags` (built once per tag set)."""
+        found = self._scanners.get(tags)
+        if found is None:
+            if not isinstance(tags, TagSet):
+                raise TypeError(f"tags must be a mempo.protocol.tags.TagSet, got {type(tags).__name__}")
+            found = self._scanners[tags] = _load_scanner_module().Scanner(
+                self.token_bytes, self.token_offsets, self.fast_path, list(tags.names), list(tags.action_codes),
+                tags.tool_result_code)
+        return found
+
+    def marker_ids(self, tags: TagSet = TAG_SET) -> tuple[int, ...]:
+        """Per marker code of `tags`, the smallest id whose bytes are exactly that marker, or -1."""
+        return tuple(int(i) for i in self.scanner(tags).marker_token_ids)
 
     def token_bytes_of(self, token_id: int) -> bytes:
         """Bytes of one id (ValueError outside ``[0, vocab_size)``)."""
@@ -474,19 +497,19 @@ def _check_in_vocab(
 # ---------------------------------------------------------------------------------------------
 
 
-def _tag_codes(tags: Union[str, int, Iterable[Union[str, int]]]) -> list[int]:
+def _tag_codes(tags: Union[str, int, Iterable[Union[str, int]]], names: tuple[str, ...] = TAGS) -> list[int]:
     if isinstance(tags, (str, int)):
         tags = [tags]
     codes = []
     for tag in tags:
         if isinstance(tag, str):
-            if tag not in TAGS:
-                raise ValueError(f"unknown tag {tag!r}; tags are {TAGS}")
-            codes.append(TAGS.index(tag))
-        elif isinstance(tag, (int, np.integer)) and 0 <= int(tag) < len(TAGS):
+            if tag not in names:
+                raise ValueError(f"unknown tag {tag!r}; tags are {names}")
+            codes.append(names.index(tag))
+        elif isinstance(tag, (int, np.integer)) and 0 <= int(tag) < len(names):
             codes.append(int(tag))
         else:
-            raise ValueError(f"unknown tag {tag!r}; tags are names in {TAGS} or codes 0..5")
+            raise ValueError(f"unknown tag {tag!r}; tags are names in {names} or codes 0..{len(names) - 1}")
     return codes
 
 
@@ -497,11 +520,12 @@ class SpanBatch:
     Attributes:
         offsets: int64 [N+1]; spans of sequence i are rows ``offsets[i]:offsets[i+1]``, in order
             of start.
-        tag: int64 [S], tag codes (indices into ``TAGS``).
+        tag: int64 [S], tag codes (indices into ``tag_names``).
         start: int64 [S], first token of the span (inclusive), relative to its sequence.
         end: int64 [S], one past the last token of the span.
         round: int64 [S], 0-based round of the span.
         closed: bool [S], whether the span ended with its closing marker.
+        tag_names: the names the codes index (the scanned tag set's; default ``TAGS``).
     """
 
     offsets: torch.Tensor
@@ -510,6 +534,7 @@ class SpanBatch:
     end: torch.Tensor
     round: torch.Tensor
     closed: torch.Tensor
+    tag_names: tuple[str, ...] = TAGS
 
     @property
     def num_sequences(self) -> int:
@@ -539,7 +564,7 @@ class SpanBatch:
             self.round[lo:hi].tolist(),
             self.closed[lo:hi].tolist(),
         )
-        return [Span(TAGS[t], s, e, r, c) for t, s, e, r, c in columns]
+        return [Span(self.tag_names[t], s, e, r, c) for t, s, e, r, c in columns]
 
     def to_lists(self) -> list[list[Span]]:
         """All spans, one list per sequence (the form the Python reference returns)."""
@@ -547,7 +572,7 @@ class SpanBatch:
 
     def select(self, tags: Union[str, int, Iterable[Union[str, int]]]) -> "SpanBatch":
         """A new SpanBatch with only the spans of ``tags`` (names or codes); same N, CSR kept."""
-        codes = torch.tensor(_tag_codes(tags), dtype=torch.int64)
+        codes = torch.tensor(_tag_codes(tags, self.tag_names), dtype=torch.int64)
         keep = torch.isin(self.tag, codes)
         kept_before = torch.zeros(len(self) + 1, dtype=torch.int64)
         torch.cumsum(keep.to(torch.int64), dim=0, out=kept_before[1:])
@@ -558,6 +583,7 @@ class SpanBatch:
             end=self.end[keep],
             round=self.round[keep],
             closed=self.closed[keep],
+            tag_names=self.tag_names,
         )
 
 
@@ -572,13 +598,17 @@ def find_spans(
     *,
     offsets: Any = None,
     lengths: Any = None,
+    tags: TagSet = TAG_SET,
 ) -> SpanBatch:
     """Find every tag block of every sequence.
 
-    Grammar (the C++ scanner and ``mempo.ops.reference.spans`` implement exactly these rules):
+    Grammar (the C++ scanner and ``mempo.ops.reference.spans`` implement exactly these rules); below,
+    ``information`` is the tag set's tool-result tag (``tool_response`` in `JSON_TAG_SET`) and the
+    actions are its actions (``search``, ``access``, ``answer`` in `TAG_SET`; ``tool_call``, ``answer``
+    in `JSON_TAG_SET`):
 
-    1. Markers are the exact byte strings ``<name>`` (opening) and ``</name>`` (closing) for the six tag
-       names: case-sensitive, no attributes, no spaces inside. The text of a sequence is the
+    1. Markers are the exact byte strings ``<name>`` (opening) and ``</name>`` (closing) for the tag
+       set's names: case-sensitive, no attributes, no spaces inside. The text of a sequence is the
        concatenation of its tokens' bytes; markers are found left to right (they cannot overlap: a
        marker holds a single ``<``, its first byte).
     2. At most one block is open at a time.
@@ -593,10 +623,9 @@ def find_spans(
          and is ignored.
        * At the end of the text an open block ends there, unclosed (a truncated sequence).
     3. Rounds (0-based): round 0 starts at the beginning. A round is *finished* once a block of an
-       action tag (``search``, ``access``, ``answer``) has been opened in it; the next opening marker of
-       ``mem``/``think``/``search``/``access``/``answer`` after that starts the next round. An
-       ``<information>`` block belongs to the current round (the round whose action it answers). A
-       block's round is fixed when it opens.
+       action tag has been opened in it; the next opening marker of any tag but ``information`` after
+       that starts the next round. An ``<information>`` block belongs to the current round (the round
+       whose action it answers). A block's round is fixed when it opens.
     4. Bytes to tokens: a token belongs to a span when its bytes overlap the span's bytes. So ``start``
        is the first token whose byte range ends after the span's first byte, and ``end`` is one past the
        last token whose byte range starts before the span's end byte. A token that straddles a marker
@@ -604,8 +633,9 @@ def find_spans(
        Zero-byte tokens never start or end a span (they can sit inside one). Empty sequences give no
        spans.
 
-    Cost per call: O(total tokens) plus O(14) per ``<`` that may start a marker on the token path,
-    O(total bytes) on the byte path; the table is built once per tokenizer (O(vocabulary)).
+    Cost per call: O(total tokens) plus O(longest marker) per ``<`` that may start a marker on the
+    token path, O(total bytes) on the byte path; the table is built once per tokenizer (O(vocabulary))
+    and its scanner once per tag set.
 
     Args:
         ids: one of
@@ -619,10 +649,11 @@ def find_spans(
             ``offsets[-1] == len(ids)``; sequence i is ``ids[offsets[i]:offsets[i+1]]``.
         lengths: for padded ids: integer [N], ``0 <= lengths[i] <= W``; sequence i is
             ``ids[i, :lengths[i]]`` (padding values are never read).
+        tags: the `TagSet` to find (default `TAG_SET`); its codes are the result's tag codes.
 
     Returns:
         SpanBatch with CPU tensors: offsets int64 [N+1]; tag, start, end, round int64 [S];
-        closed bool [S]. Token indices are relative to each sequence.
+        closed bool [S]; ``tag_names`` = ``tags.names``. Token indices are relative to each sequence.
 
     Raises:
         ValueError: malformed offsets or lengths, a non-integer dtype, or an id outside
@@ -630,8 +661,9 @@ def find_spans(
             (sequence, position)).
     """
     table = _as_table(tokenizer_or_table)
+    scanner = table.scanner(tags)
     flat, seq_offsets = _normalise_ids(ids, offsets, lengths, table.vocab_size)
-    span_offsets, tag, start, end, round_, closed = table._scanner.scan(
+    span_offsets, tag, start, end, round_, closed = scanner.scan(
         flat, seq_offsets, reject_out_of_vocab=True
     )
     return SpanBatch(
@@ -641,4 +673,5 @@ def find_spans(
         end=torch.from_numpy(end),
         round=torch.from_numpy(round_),
         closed=torch.from_numpy(closed.view(np.bool_)),
+        tag_names=tags.names,
     )

@@ -7,14 +7,20 @@ text). A *response* is the rounds and information blocks, without the prompt. Of
 character offsets; round indices are 0-based in data (prose says "round 1" for index 0). Every
 function runs in time linear in the text's length, whatever the markers
 (tests/protocol/test_grammar.py bounds the work).
+
+Every function takes the protocol's tags (``tags``, a `mempo.protocol.tags.TagSet`; default `TAG_SET`,
+the tags above): with `JSON_TAG_SET` a tool call is ``<tool_call>{"name": ..., "arguments": {...}}
+</tool_call>`` (`parse_tool_call` reads it) answered in ``<tool_response>...</tool_response>``; below,
+"information" and the actions mean the set's tool-result tag and actions.
 """
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass
-from typing import Iterable, NamedTuple, Optional
+from typing import Any, Iterable, NamedTuple, Optional
 
-from mempo.protocol.tags import ACTION_TAGS, TAGS
+from mempo.protocol.tags import TAG_SET, TagSet
 
 __all__ = [
     "DEFAULT_ANSWER_TEMPLATE",
@@ -33,11 +39,23 @@ __all__ = [
     "validate_format",
     "extract_solution",
     "parse_access_argument",
+    "ToolCallError",
+    "parse_tool_call",
 ]
 
 INFORMATION = "information"
 
-_MARKER_RE = re.compile("<(/?)(" + "|".join(re.escape(tag) for tag in TAGS) + ")>")
+_MARKER_RES: dict[TagSet, "re.Pattern[str]"] = {}
+
+
+def _marker_re(tags: TagSet) -> "re.Pattern[str]":
+    """The regex of the set's markers (built once per tag set)."""
+    found = _MARKER_RES.get(tags)
+    if found is None:
+        found = _MARKER_RES[tags] = re.compile("<(/?)(" + "|".join(re.escape(t) for t in tags.names) + ")>")
+    return found
+
+
 _PAGE_RE = re.compile(r"([0-9]+)|\[([0-9]+)\]")  # ASCII digits only
 
 FORMAT_RULES: dict[str, str] = {
@@ -49,9 +67,9 @@ FORMAT_RULES: dict[str, str] = {
     "<think>, in this order",
     "one_action_per_round": "every round has exactly one action (<search>, <access> or <answer>); "
     "two actions with no <information> between them are two actions in one round",
-    "information_answers_tool_call": "an <information> block comes only after a round's "
-    "<search>/<access> action, at most one per round, and every search/access round but the last "
-    "is answered by one",
+    "information_answers_tool_call": "an <information> block (the tool result) comes only after a "
+    "round's tool call (<search>/<access>, or <tool_call>), at most one per round, and every tool-call "
+    "round but the last is answered by one",
     "mem_required_after_first_round": "from round 2 on every round has a non-empty <mem> block "
     "(round 1 may leave it empty or omit it)",
     "answer_last_and_nonempty": "<answer> is only the trajectory's last action, and its content is "
@@ -126,7 +144,7 @@ class FormatReport(NamedTuple):
 # ---------------------------------------------------------------------------------------------
 
 
-def _scan(text: str) -> tuple[list[Block], list[int]]:
+def _scan(text: str, tags: TagSet = TAG_SET) -> tuple[list[Block], list[int]]:
     """Blocks of ``text`` under the span grammar, and the start offset of every round.
 
     The grammar of `mempo.ops.spans.find_spans` (the C++ token scanner), applied to characters
@@ -137,10 +155,11 @@ def _scan(text: str) -> tuple[list[Block], list[int]]:
       *unclosed* and opens the new one; inside ``<information>`` only ``</information>`` is a marker
       (tool output is opaque); a closing marker for another tag, or with no open block, is stray and
       ignored; a block still open at the end of the text is unclosed;
-    - a round is finished once an action block opened in it; the next opening marker of
-      ``mem``/``think``/``search``/``access``/``answer`` starts the next round; an ``<information>``
-      block belongs to the round whose action it answers.
+    - a round is finished once an action block opened in it; the next opening marker of a tag other
+      than ``information`` starts the next round; an ``<information>`` block belongs to the round
+      whose action it answers.
     """
+    information, actions = tags.tool_result, frozenset(tags.actions)
     blocks: list[Block] = []
     round_starts = [0]
     open_tag: Optional[str] = None
@@ -152,12 +171,12 @@ def _scan(text: str) -> tuple[list[Block], list[int]]:
         blocks.append(Block(open_tag, open_start, end, text[open_content_start:content_end], closed,
                             open_round))
 
-    for match in _MARKER_RE.finditer(text):
+    for match in _marker_re(tags).finditer(text):
         closing = match.group(1) == "/"
         name = match.group(2)
         begin, end = match.span()
-        if open_tag == INFORMATION:
-            if closing and name == INFORMATION:
+        if open_tag == information:
+            if closing and name == information:
                 finish(end, begin, True)
                 open_tag = None
             continue
@@ -168,12 +187,12 @@ def _scan(text: str) -> tuple[list[Block], list[int]]:
             continue
         if open_tag is not None:
             finish(begin, begin, False)
-        if name != INFORMATION:
+        if name != information:
             if round_has_action:
                 round_index += 1
                 round_has_action = False
                 round_starts.append(begin)
-            if name in ACTION_TAGS:
+            if name in actions:
                 round_has_action = True
         open_tag, open_start, open_content_start, open_round = name, begin, end, round_index
     if open_tag is not None:
@@ -181,9 +200,9 @@ def _scan(text: str) -> tuple[list[Block], list[int]]:
     return blocks, round_starts
 
 
-def find_blocks(text: str) -> list[Block]:
-    """All blocks of ``text``, in order of start, under the span grammar (`_scan`)."""
-    return _scan(text)[0]
+def find_blocks(text: str, tags: TagSet = TAG_SET) -> list[Block]:
+    """All blocks of ``text``, in order of start, under the span grammar (`_scan`) of `tags`."""
+    return _scan(text, tags)[0]
 
 
 def parse_access_argument(argument: str) -> tuple[str, Optional[int]]:
@@ -206,14 +225,14 @@ def parse_access_argument(argument: str) -> tuple[str, Optional[int]]:
 
 
 def _round_from_blocks(text: str, index: int, start: int, end: int,
-                       blocks: tuple[Block, ...]) -> Round:
+                       blocks: tuple[Block, ...], tags: TagSet = TAG_SET) -> Round:
     def first(tag: str) -> Optional[str]:
         for block in blocks:
             if block.tag == tag:
                 return block.content.strip()
         return None
 
-    action_block = next((b for b in blocks if b.tag in ACTION_TAGS), None)
+    action_block = next((b for b in blocks if b.tag in tags.actions), None)
     action = argument = doc_id = None
     page = None
     if action_block is not None:
@@ -229,7 +248,7 @@ def _round_from_blocks(text: str, index: int, start: int, end: int,
         text=text[start:end],
         doc_id=doc_id,
         page=page,
-        information=first(INFORMATION),
+        information=first(tags.tool_result),
         index=index,
         start=start,
         end=end,
@@ -237,7 +256,7 @@ def _round_from_blocks(text: str, index: int, start: int, end: int,
     )
 
 
-def split_rounds(response_text: str) -> list[Round]:
+def split_rounds(response_text: str, tags: TagSet = TAG_SET) -> list[Round]:
     """The rounds of a response, in order, each with the ``<information>`` block that answers it.
 
     Round boundaries follow the span grammar (`_scan`), so ``Round.index`` equals the
@@ -246,19 +265,19 @@ def split_rounds(response_text: str) -> list[Round]:
     """
     if not response_text.strip():
         return []
-    blocks, round_starts = _scan(response_text)
+    blocks, round_starts = _scan(response_text, tags)
     bounds = round_starts + [len(response_text)]
     per_round: list[list[Block]] = [[] for _ in round_starts]
     for block in blocks:
         per_round[block.round].append(block)
     return [
         _round_from_blocks(response_text, index, bounds[index], bounds[index + 1],
-                           tuple(per_round[index]))
+                           tuple(per_round[index]), tags)
         for index in range(len(round_starts))
     ]
 
 
-def parse_round(text: str) -> Round:
+def parse_round(text: str, tags: TagSet = TAG_SET) -> Round:
     """Parse the text of one round (``<mem>..</mem><think>..</think><action>..</action>``).
 
     Returns the first round of ``split_rounds(text)``; text after it (a second action that opens
@@ -267,19 +286,57 @@ def parse_round(text: str) -> Round:
     ``None``. For an ``access`` action, ``doc_id``/``page`` are split as
     :func:`parse_access_argument` says.
     """
-    rounds = split_rounds(text)
+    rounds = split_rounds(text, tags)
     if not rounds:
         return Round(mem=None, think=None, action=None, argument=None, text=text, end=len(text))
     return rounds[0]
 
 
-def last_mem(turns: Iterable[str]) -> Optional[str]:
+def last_mem(turns: Iterable[str], tags: TagSet = TAG_SET) -> Optional[str]:
     """The ``<mem>`` content of the last turn (assistant texts, in order) that has one, or ``None``
     (an answered episode: its answer round's)."""
-    return next((mem for mem in (parse_round(text).mem for text in reversed(list(turns))) if mem is not None), None)
+    return next((mem for mem in (parse_round(text, tags).mem for text in reversed(list(turns)))
+                 if mem is not None), None)
 
 
-def extract_solution(response_text: str) -> Optional[str]:
+class ToolCallError(ValueError):
+    """A ``<tool_call>`` whose content is not a JSON tool call; the message is what the agent is told."""
+
+
+def parse_tool_call(content: str) -> tuple[str, dict[str, Any]]:
+    """(name, arguments) of a JSON tool call, the content of a ``<tool_call>`` block.
+
+    The Hermes / Qwen form verl's ``hermes`` tool parser reads (``json.loads`` of the content, then
+    its ``"name"`` and ``"arguments"``): a JSON object with a string ``"name"`` and an ``"arguments"``
+    object; a JSON string holding an object (how some models and the OpenAI API write arguments) is
+    accepted, and a missing ``"arguments"`` is ``{}``. Anything else raises `ToolCallError` with a
+    one-line message for the agent (no JSON, not an object, no name, arguments no object).
+    """
+    example = 'write <tool_call>{"name": "<tool name>", "arguments": {...}}</tool_call>'
+    try:
+        call = json.loads(content)
+    except (ValueError, RecursionError) as error:
+        detail = str(error).splitlines()[0][:120] if str(error) else type(error).__name__
+        raise ToolCallError(f"the tool call is not valid JSON ({detail}); {example}") from None
+    if not isinstance(call, dict):
+        raise ToolCallError(f"the tool call is a JSON {type(call).__name__}, not an object; {example}")
+    name = call.get("name")
+    if not isinstance(name, str) or not name.strip():
+        raise ToolCallError(f'the tool call has no "name" string; {example}')
+    arguments = call.get("arguments", {})
+    if isinstance(arguments, str):
+        try:
+            arguments = json.loads(arguments) if arguments.strip() else {}
+        except (ValueError, RecursionError):
+            raise ToolCallError(f'the "arguments" of the {name.strip()[:60]!r} call are a string that is not '
+                                f"a JSON object; {example}") from None
+    if not isinstance(arguments, dict):
+        raise ToolCallError(f'the "arguments" of the {name.strip()[:60]!r} call must be a JSON object, got '
+                            f"{type(arguments).__name__}; {example}")
+    return name.strip(), arguments
+
+
+def extract_solution(response_text: str, tags: TagSet = TAG_SET) -> Optional[str]:
     """The stripped content of the response's final closed ``<answer>`` block, or ``None``.
 
     Pass the response text only, never the prompt: prompts often hold example answers (MEM1's
@@ -287,7 +344,7 @@ def extract_solution(response_text: str) -> Optional[str]:
     follow the span grammar, so an ``<answer>`` inside an ``<information>`` block (retrieved text)
     does not count, and an unclosed (truncated) answer is no answer. An empty answer gives ``""``.
     """
-    for block in reversed(find_blocks(response_text)):
+    for block in reversed(find_blocks(response_text, tags)):
         if block.tag == "answer" and block.closed:
             return block.content.strip()
     return None
@@ -305,7 +362,7 @@ class _Structure(NamedTuple):
     outside: list[tuple[int, str]]  # (offset, text) of non-white text outside every block
 
 
-def _structure(text: str) -> _Structure:
+def _structure(text: str, tags: TagSet = TAG_SET) -> _Structure:
     """Stack parse of the markers (the nesting view; ``<information>`` content stays opaque).
 
     Linear time: a closing marker for a tag with no open block is stray at once (a count per tag,
@@ -316,17 +373,18 @@ def _structure(text: str) -> _Structure:
     nested: list[tuple[str, str, int]] = []
     outside: list[tuple[int, str]] = []
     stack: list[tuple[str, int, list[str]]] = []  # (tag, offset, tags opened directly inside)
-    open_count = dict.fromkeys(TAGS, 0)  # blocks of each tag on the stack
+    open_count = dict.fromkeys(tags.names, 0)  # blocks of each tag on the stack
+    information = tags.tool_result
     last_end = 0
 
     def note_outside(begin: int, end: int) -> None:
         if text[begin:end].strip():
             outside.append((begin, text[begin:end]))
 
-    for match in _MARKER_RE.finditer(text):
+    for match in _marker_re(tags).finditer(text):
         closing = match.group(1) == "/"
         name = match.group(2)
-        if stack and stack[-1][0] == INFORMATION and not (closing and name == INFORMATION):
+        if stack and stack[-1][0] == information and not (closing and name == information):
             continue
         if not stack:
             note_outside(last_end, match.start())
@@ -359,14 +417,14 @@ def _structure(text: str) -> _Structure:
     return _Structure(unclosed, stray, nested, outside)
 
 
-def _turns(rounds: list[Round]) -> list[list[Block]]:
+def _turns(rounds: list[Round], tags: TagSet = TAG_SET) -> list[list[Block]]:
     """Rounds merged into model turns: a round opening with an action joins the previous round
     when that round got no ``<information>`` (both actions were written in one turn)."""
     turns: list[list[Block]] = []
     answered = False  # the last turn holds an <information> block (tracked: a turn can be long)
     for round_ in rounds:
-        starts_with_action = bool(round_.blocks) and round_.blocks[0].tag in ACTION_TAGS
-        has_information = any(b.tag == INFORMATION for b in round_.blocks)
+        starts_with_action = bool(round_.blocks) and round_.blocks[0].tag in tags.actions
+        has_information = any(b.tag == tags.tool_result for b in round_.blocks)
         if turns and starts_with_action and not answered:
             turns[-1].extend(round_.blocks)
             answered = has_information
@@ -382,7 +440,7 @@ def _describe(problems: list[str]) -> str:
 
 
 def validate_format(response_text: str, *, allow_text_outside_tags: bool = False,
-                    require_answer: bool = True) -> FormatReport:
+                    require_answer: bool = True, tags: TagSet = TAG_SET) -> FormatReport:
     """Check a response against the protocol rules of :data:`FORMAT_RULES`.
 
     ``allow_text_outside_tags=True`` skips ``no_text_outside_tags``; ``require_answer=False``
@@ -395,10 +453,12 @@ def validate_format(response_text: str, *, allow_text_outside_tags: bool = False
     marker); the per-round rules use `split_rounds`, with one merge (`_turns`): a round that starts
     directly with an action while the previous round got no ``<information>`` is the same model
     turn (two actions in one turn), checked as part of the previous round. "Round k" in the
-    messages is 1-based and counts model turns.
+    messages is 1-based and counts model turns. ``tags``: the protocol's tag set (the content of a
+    ``<tool_call>`` is not checked here: a malformed call is answered by an error result).
     """
+    actions, information = tags.actions, tags.tool_result
     problems: dict[str, list[str]] = {name: [] for name in FORMAT_RULES}
-    structure = _structure(response_text)
+    structure = _structure(response_text, tags)
     for tag, offset in structure.unclosed:
         problems["well_formed_tags"].append(f"<{tag}> at character {offset} is never closed")
     for tag, offset in structure.stray:
@@ -413,14 +473,14 @@ def validate_format(response_text: str, *, allow_text_outside_tags: bool = False
             problems["no_text_outside_tags"].append(
                 f"text outside tags at character {offset}: {shown!r}")
 
-    turns = _turns(split_rounds(response_text))
-    all_actions = [b for turn in turns for b in turn if b.tag in ACTION_TAGS]
+    turns = _turns(split_rounds(response_text, tags), tags)
+    all_actions = [b for turn in turns for b in turn if b.tag in actions]
     last_action = all_actions[-1] if all_actions else None
     for number, turn in enumerate(turns, start=1):
-        actions = [b for b in turn if b.tag in ACTION_TAGS]
-        informations = [b for b in turn if b.tag == INFORMATION]
-        first_action = actions[0] if actions else None
-        before_action = [b for b in turn if b.tag not in ACTION_TAGS and b.tag != INFORMATION
+        turn_actions = [b for b in turn if b.tag in actions]
+        informations = [b for b in turn if b.tag == information]
+        first_action = turn_actions[0] if turn_actions else None
+        before_action = [b for b in turn if b.tag not in actions and b.tag != information
                          and (first_action is None or b.start < first_action.start)]
         order = [b.tag for b in before_action]
         if first_action is not None:
@@ -432,26 +492,26 @@ def validate_format(response_text: str, *, allow_text_outside_tags: bool = False
             problems["tag_order"].append(
                 f"round {number}: {shown} before the action (expected <mem> <think>)")
 
-        if len(actions) != 1:
+        if len(turn_actions) != 1:
             problems["one_action_per_round"].append(
-                f"round {number} has {len(actions)} actions"
-                + (": " + " ".join(f"<{b.tag}>" for b in actions) if actions else ""))
+                f"round {number} has {len(turn_actions)} actions"
+                + (": " + " ".join(f"<{b.tag}>" for b in turn_actions) if turn_actions else ""))
 
         if informations:
             if first_action is None or first_action.tag == "answer":
                 what = "no action" if first_action is None else "an <answer>"
                 problems["information_answers_tool_call"].append(
-                    f"round {number}: <information> answers {what}")
+                    f"round {number}: <{information}> answers {what}")
             elif informations[0].start < first_action.start:
                 problems["information_answers_tool_call"].append(
-                    f"round {number}: <information> comes before the action")
+                    f"round {number}: <{information}> comes before the action")
             if len(informations) > 1:
                 problems["information_answers_tool_call"].append(
-                    f"round {number} has {len(informations)} <information> blocks")
-        elif (first_action is not None and first_action.tag in ("search", "access")
+                    f"round {number} has {len(informations)} <{information}> blocks")
+        elif (first_action is not None and first_action.tag != "answer"
               and number < len(turns)):
             problems["information_answers_tool_call"].append(
-                f"round {number}: <{first_action.tag}> is not answered by <information>")
+                f"round {number}: <{first_action.tag}> is not answered by <{information}>")
 
         if number >= 2:
             mems = [b for b in before_action if b.tag == "mem"]
@@ -461,7 +521,7 @@ def validate_format(response_text: str, *, allow_text_outside_tags: bool = False
                 problems["mem_required_after_first_round"].append(
                     f"round {number} has an empty <mem>")
 
-        for block in actions:
+        for block in turn_actions:
             if block.tag != "answer":
                 continue
             if block is not last_action or number != len(turns):

@@ -31,8 +31,6 @@ DEFAULT_SYSTEM_PROMPT = "You are a helpful assistant."
 MEM_PREFIX = "<mem>"
 DEFAULT_CUT_NOTICE = "\n[... shortened: the first {shown} of {total} characters are shown]\n"
 
-_INFO_OPEN = "<information>"
-_INFO_CLOSE = "</information>"
 
 
 @dataclass(frozen=True)
@@ -62,6 +60,8 @@ class ShortTextPolicy:
     content lengths in characters; ``None`` appends nothing (the reference's silent cut; the
     visible cut and the re-wrapping, as ASearcher does for web pages, are departures on purpose:
     a short text never leaves an ``<information>`` block open).
+    ``result_tag``: the protocol's tool-result tag whose block a cut text is re-wrapped in
+    (``information``; ``tool_response`` in the json format: the rollout sets it).
     ``newest_tool_result``: under the memory policy, the newest tool result is shown as its
     short text (``"short"``, the reference as ALGORITHM.md §2 and the seed notes describe it) or
     whole (``"full"``, as ASearcher's public agent shows a fresh result once; with "short" a page
@@ -72,6 +72,7 @@ class ShortTextPolicy:
     webpage_chars: Optional[int] = 100
     cut_notice: Optional[str] = DEFAULT_CUT_NOTICE
     newest_tool_result: str = "short"
+    result_tag: str = "information"
 
     def __post_init__(self) -> None:
         for name in ("search_results_chars", "webpage_chars"):
@@ -95,15 +96,16 @@ class ShortTextPolicy:
         if limit is None:
             return text
         stripped = text.strip()
-        wrapped = stripped.startswith(_INFO_OPEN) and stripped.endswith(_INFO_CLOSE) and len(
-            stripped) >= len(_INFO_OPEN) + len(_INFO_CLOSE)
-        content = stripped[len(_INFO_OPEN):len(stripped) - len(_INFO_CLOSE)] if wrapped else text
+        opening, closing = f"<{self.result_tag}>", f"</{self.result_tag}>"
+        wrapped = stripped.startswith(opening) and stripped.endswith(closing) and len(
+            stripped) >= len(opening) + len(closing)
+        content = stripped[len(opening):len(stripped) - len(closing)] if wrapped else text
         if len(content) <= limit:
             return text
         kept = content[:limit]
         if self.cut_notice is not None:
             kept += self.cut_notice.format(shown=limit, total=len(content))
-        return _INFO_OPEN + kept + _INFO_CLOSE if wrapped else kept
+        return opening + kept + closing if wrapped else kept
 
 
 class AgentMemory:

@@ -15,6 +15,7 @@ from numbers import Real
 from typing import Any, Iterable, Mapping, Optional, Sequence, Union
 
 from mempo.protocol.grammar import extract_solution, validate_format
+from mempo.protocol.tags import TAG_SET, TagSet
 
 __all__ = [
     "SCORE_MODES",
@@ -173,7 +174,7 @@ def _aggregate(values: Sequence[float], mode: str) -> float:
 
 
 def compute_score(response_text: str, golds: Any, *, mode: str = "mean",
-                  format_kwargs: Optional[Mapping[str, Any]] = None) -> dict[str, Any]:
+                  format_kwargs: Optional[Mapping[str, Any]] = None, tags: TagSet = TAG_SET) -> dict[str, Any]:
     """Score one response against its gold answers.
 
     The answer is `mempo.protocol.grammar.extract_solution` of the response (never the prompt),
@@ -190,6 +191,7 @@ def compute_score(response_text: str, golds: Any, *, mode: str = "mean",
             (1 only when all are right) or ``"sum"`` (MEM1's reward, in [0, k]); with one
             objective the three agree.
         format_kwargs: keyword arguments for :func:`mempo.protocol.grammar.validate_format`.
+        tags: the protocol's tag set (`mempo.protocol.tags`; the json format's ``JSON_TAG_SET``).
 
     Returns a dict:
         ``score`` (float): the ``mode`` aggregate of the per-objective EM when the format is valid,
@@ -205,8 +207,8 @@ def compute_score(response_text: str, golds: Any, *, mode: str = "mean",
         golds = _sequence(golds)  # once: golds may be a one-shot iterator
     no_gold = isinstance(golds, list) and not golds
     objectives = [[]] if no_gold else objectives_from_golds(golds)  # no aliases: EM 0, F1 0
-    report = validate_format(response_text, **dict(format_kwargs or {}))
-    answer = extract_solution(response_text)
+    report = validate_format(response_text, tags=tags, **dict(format_kwargs or {}))
+    answer = extract_solution(response_text, tags)
     sub_answers = split_answer(answer, len(objectives))
     per_objective = [
         {

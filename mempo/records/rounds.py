@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Any, Optional, Sequence
 
 from mempo.protocol.grammar import find_blocks
+from mempo.protocol.tags import TAG_SET, TagSet
 
 __all__ = ["FIRST_SCORED_ROUND", "is_scored", "round_mem_span"]
 
@@ -24,19 +25,20 @@ def is_scored(index: int, mem_span: Optional[tuple[int, int]]) -> bool:
     return index >= FIRST_SCORED_ROUND and mem_span is not None
 
 
-def round_mem_span(start: int, end: int, text: str, mem_spans: Sequence[Any]) -> Optional[tuple[int, int]]:
+def round_mem_span(start: int, end: int, text: str, mem_spans: Sequence[Any],
+                   tags: TagSet = TAG_SET) -> Optional[tuple[int, int]]:
     """The `<mem>` span of the round at response ``[start, end)``, or None: the first scanner span
     starting in the round, cut at ``end``, when it is closed and the round text's first `<mem>` block
     is closed with non-blank content.
 
     text: the round's decoded text (forced prefix included); mem_spans: the scanner's ``"mem"``
     spans of the whole response (``mempo.ops.spans.Span``: ``start``, ``end``, ``closed``), in
-    order of start. Returns (start, end) int response offsets.
+    order of start; tags: the protocol's tag set. Returns (start, end) int response offsets.
     """
     span = next((s for s in mem_spans if start <= s.start < end), None)
     if span is None or not span.closed:
         return None
-    block = next((b for b in find_blocks(text) if b.tag == "mem"), None)
+    block = next((b for b in find_blocks(text, tags) if b.tag == "mem"), None)
     if block is None or not block.closed or not block.content.strip():
         return None
     return int(span.start), min(int(span.end), end)

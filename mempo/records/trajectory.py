@@ -111,7 +111,9 @@ class Trajectory:
     extracted ``<answer>`` text or None; protocol_text: the text the outcome is scored on, as the
     rollout built it (round texts and tool texts as given, in order, no chat glue; a tool segment cut
     by the token budget is whole here); outcome: ``compute_score``'s dict, empty until the rewards
-    stage (after a JSON round trip its tuples are lists); episode_id: the source episode's id.
+    stage (after a JSON round trip its tuples are lists); episode_id: the source episode's id; example:
+    the source example as the outcome reward reads it (question(s), golds, other fields; None when the
+    rollout was given none), like the golds never part of a generation request.
     """
 
     uid: str
@@ -127,6 +129,7 @@ class Trajectory:
     protocol_text: Optional[str] = None
     outcome: dict[str, Any] = field(default_factory=dict)
     episode_id: Optional[str] = None
+    example: Optional[dict[str, Any]] = None
 
     # -- views -------------------------------------------------------------------------------------
     @property
@@ -238,6 +241,7 @@ class Trajectory:
             "rounds": [r.to_dict() for r in self.rounds], "finish_reason": self.finish_reason,
             "golds": self.golds, "final_answer": self.final_answer, "protocol_text": self.protocol_text,
             "outcome": json.loads(json.dumps(self.outcome)),
+            **({"example": json.loads(json.dumps(self.example, default=str))} if self.example is not None else {}),
         }
 
     @classmethod
@@ -249,7 +253,7 @@ class Trajectory:
             response_mask=[int(t) for t in obj["response_mask"]],
             rounds=[Round.from_dict(r) for r in obj["rounds"]], finish_reason=obj["finish_reason"],
             golds=obj.get("golds"), final_answer=obj.get("final_answer"), protocol_text=obj.get("protocol_text"),
-            outcome=dict(obj.get("outcome") or {}), episode_id=obj.get("episode_id"),
+            outcome=dict(obj.get("outcome") or {}), episode_id=obj.get("episode_id"), example=obj.get("example"),
         )
         trajectory.validate()
         return trajectory

@@ -6,59 +6,80 @@ exceeds ``rollout.max_response_tokens`` (generated + tool ids, like verl's respo
 backend context never exceeds the engine's ``max_context_tokens``. The golds ride along in the
 records and never reach a generation request; the outcome is scored after the loop
 (`mempo.algo.outcome`).
+
+The protocol's tags follow ``rollout.action_format`` and the tools (`protocol_tags`): ``tags``, one tag
+per tool answered in ``<information>``; ``json``, Hermes / Qwen ``<tool_call>`` JSON calls answered in
+``<tool_response>``, with the tools' schemas in the system prompt (`Toolset.system_prompt`). Tool calls
+go through `mempo.tools.Toolset.call`: whatever a tool does, the agent reads one bounded observation.
 """
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Optional, Sequence
+from typing import Any, Mapping, Optional, Sequence, Union
 
 from mempo.config import RolloutConfig
-from mempo.env.tools import ToolResult, information, make_tools
+from mempo.env.tools import make_tools
 from mempo.ops.spans import TokenTable, find_spans
 from mempo.protocol.grammar import extract_solution, find_blocks
 from mempo.protocol.memory import AgentMemory, ShortTextPolicy
+from mempo.protocol.tags import TagSet, tag_set_for
 from mempo.records.rounds import round_mem_span
 from mempo.records.trajectory import Round, Trajectory
 from mempo.rollout.backends.base import GenerationBackend, GenerationRequest, RequestKey, SamplingParams
 from mempo.rollout.backends.stopping import STOP_LENGTH, TokenBytes, cut_round
 from mempo.rollout.chat import ChatFormat, default_stop_token_ids
 from mempo.seeds import generation_seed
+from mempo.tools import Tool, ToolResult, Toolset, as_toolset
 
-__all__ = ["RolloutConfig", "RolloutTask", "RolloutStats", "RolloutEngine", "EpisodeRun", "rollout", "as_task"]
+__all__ = ["RolloutConfig", "RolloutTask", "RolloutStats", "RolloutEngine", "EpisodeRun", "rollout", "as_task",
+           "protocol_tags"]
 
-_TOOL_KINDS = {"search": "search_results", "access": "webpage"}
+
+def protocol_tags(config: RolloutConfig, tools: Union[Toolset, Mapping[str, Tool], Sequence[Tool]]) -> TagSet:
+    """The tag set of a run: ``rollout.action_format`` over the tools' names (`tag_set_for`); what the
+    loop, the stopping rule, the scanner and the outcome's format check read."""
+    return tag_set_for(config.action_format, as_toolset(tools).names)
 
 
 @dataclass(frozen=True)
 class RolloutTask:
-    """One question to sample: ``id``, the user ``prompt`` and its ``golds`` (``None``: not scored)."""
+    """One question to sample: ``id``, the user ``prompt``, its ``golds`` (``None``: not scored by EM / F1)
+    and the ``example`` the outcome reward reads (None: ``{"id", "prompt", "golds"}``). Only the prompt
+    reaches a generation request."""
 
     id: str
     prompt: str
     golds: Any = None
+    example: Optional[Mapping[str, Any]] = None
 
 
 def as_task(item: Any, position: int = 0) -> RolloutTask:
-    """A :class:`RolloutTask` from an ``Episode`` (``id``, ``prompt``, ``golds``), a mapping
-    (``prompt`` or ``question``; ``golds`` or ``golden_answers``; optional ``id``), a
-    ``(prompt, golds)`` pair or a prompt string. Missing ids become the position."""
+    """A :class:`RolloutTask` from an ``Episode`` (``id``, ``prompt``, ``golds``; example: its ``to_json()``
+    with ``golds``), a mapping (``prompt`` or ``question``; ``golds`` or ``golden_answers``; optional
+    ``id``; example: the mapping), a ``(prompt, golds)`` pair or a prompt string. Missing ids become the
+    position."""
     if isinstance(item, RolloutTask):
         return item
     if isinstance(item, str):
-        return RolloutTask(str(position), item, None)
+        return RolloutTask(str(position), item, None, {"id": str(position), "prompt": item, "golds": None})
     if hasattr(item, "prompt") and hasattr(item, "golds"):
-        return RolloutTask(str(getattr(item, "id", position)), str(item.prompt), item.golds)
+        task_id = str(getattr(item, "id", position))
+        example = item.to_json() if hasattr(item, "to_json") else {}
+        example = {**example, "id": task_id, "prompt": str(item.prompt), "golds": item.golds}
+        return RolloutTask(task_id, str(item.prompt), item.golds, example)
     if isinstance(item, Mapping):
         prompt = item.get("prompt", item.get("question"))
         if not isinstance(prompt, str):
             raise ValueError(f"task {position}: a mapping needs a 'prompt' or 'question' string")
         golds = item.get("golds", item.get("golden_answers"))
-        return RolloutTask(str(item.get("id", position)), prompt, golds)
+        task_id = str(item.get("id", position))
+        return RolloutTask(task_id, prompt, golds, {**item, "id": task_id, "prompt": prompt, "golds": golds})
     if isinstance(item, (tuple, list)) and len(item) == 2 and isinstance(item[0], str):
-        return RolloutTask(str(position), item[0], item[1])
+        return RolloutTask(str(position), item[0], item[1], {"id": str(position), "prompt": item[0], "golds": item[1]})
     raise TypeError(f"task {position}: cannot make a rollout task from {type(item).__name__}")
 
 
@@ -108,8 +129,8 @@ class EpisodeRun:
         return self.finish_reason is not None
 
 
-def _closed_block_content(text: str, tag: str) -> Optional[str]:
-    for block in reversed(find_blocks(text)):
+def _closed_block_content(text: str, tag: str, tags: TagSet) -> Optional[str]:
+    for block in reversed(find_blocks(text, tags)):
         if block.tag == tag and block.closed:
             return block.content.strip()
     return None
@@ -122,15 +143,16 @@ class RolloutEngine:
     Args:
         backend: a generation backend (:mod:`mempo.rollout.backends`).
         tokenizer: the policy's tokenizer (transformers or ``tokenizers``).
-        tools: ``{"search": callable, "access": callable}`` taking the action's argument and
-            returning a ``ToolResult`` (default: ``make_tools(retriever)``).
+        tools: the agent's tools: a `mempo.tools.Toolset`, or `mempo.tools.Tool` s (a sequence or a
+            ``{name: tool}`` mapping; default: the built-in ``make_tools(retriever)``), called through
+            `Toolset.call`.
         retriever: used when ``tools`` is not given.
         config: the settings, `mempo.config.RolloutConfig` (the ``rollout`` section; default: its
             defaults). The loop reads ``context_policy``, ``group_size``, ``max_turns``,
             ``max_new_tokens_per_round``, ``max_response_tokens``, the sampling fields, ``seed``,
             ``system_prompt``, ``forced_prefix``, ``train_forced_prefix``, ``stop_token_ids``,
-            ``tool_workers`` and ``chat_template``; the backend fields are the
-            backend factory's.
+            ``tool_workers``, ``chat_template`` and ``action_format`` (`protocol_tags`); the backend
+            fields are the backend factory's.
         seed: this engine's seed (None: ``config.seed``); the k-th generation step of its c-th
             `run` samples with `mempo.seeds.generation_seed(seed, c, k)` (training passes the
             step's seed, `mempo.seeds.training_rollout_seed`).
@@ -140,7 +162,8 @@ class RolloutEngine:
             uses).
     """
 
-    def __init__(self, backend: GenerationBackend, tokenizer: Any, tools: Optional[Mapping[str, Callable]] = None,
+    def __init__(self, backend: GenerationBackend, tokenizer: Any,
+                 tools: Union[Toolset, Mapping[str, Tool], Sequence[Tool], None] = None,
                  *, retriever: Any = None, config: Optional[RolloutConfig] = None, seed: Optional[int] = None,
                  max_context_tokens: Optional[int] = None,
                  short_text_policy: Optional[ShortTextPolicy] = None) -> None:
@@ -151,12 +174,18 @@ class RolloutEngine:
             if retriever is None:
                 raise ValueError("give the tools, or a retriever to build them from")
             tools = make_tools(retriever)
+        self.toolset = as_toolset(tools)
+        self.tags = protocol_tags(self.config, self.toolset)
+        self.system_prompt = self.config.system_prompt if self.config.action_format == "tags" \
+            else self.toolset.system_prompt(self.config.system_prompt)
         self.seed = self.config.seed if seed is None else int(seed)
         self.max_context_tokens = max_context_tokens
-        self.short_text_policy = short_text_policy
+        # the memory context re-wraps a cut tool result in the protocol's own tool-result tag
+        self.short_text_policy = dataclasses.replace(short_text_policy or ShortTextPolicy(),
+                                                     result_tag=self.tags.tool_result)
         self.backend = backend
         self.tokenizer = tokenizer
-        self.tools = dict(tools)
+        self.tools = self.toolset.tools
         self.chat = ChatFormat(tokenizer, forced_prefix=self.config.forced_prefix, template=self.config.chat_template)
         self.token_bytes = TokenBytes.of(tokenizer)
         stops = self.config.stop_token_ids
@@ -251,7 +280,7 @@ class RolloutEngine:
         already encoded (the G samples of one task share them)."""
         cfg = self.config
         task = as_task(task)
-        memory = AgentMemory(task.prompt, system_prompt=cfg.system_prompt, short_text_policy=self.short_text_policy)
+        memory = AgentMemory(task.prompt, system_prompt=self.system_prompt, short_text_policy=self.short_text_policy)
         if prompt_ids is None:
             prompt_ids = self.chat.prompt_ids(memory.messages("full"))
         turns = cfg.max_turns if max_turns is None else int(max_turns)
@@ -292,7 +321,7 @@ class RolloutEngine:
             return None
         run.round_limit, run.round_limited = limit, limited
         key = RequestKey(run.uid, run.sample_index, len(run.rounds))
-        return GenerationRequest(context + prefix, limit, len(prefix), self.stop_token_ids, key)
+        return GenerationRequest(context + prefix, limit, len(prefix), self.stop_token_ids, key, self.tags)
 
     def accept_generation(self, run: EpisodeRun, token_ids: Sequence[int]) -> Optional[tuple[str, str]]:
         """Append the round (forced prefix, mask 1 when ``train_forced_prefix``, + the ids `cut_round`
@@ -304,7 +333,7 @@ class RolloutEngine:
         cfg = self.config
         prefix = self.chat.prefix_ids
         cut = cut_round(token_ids, self.token_bytes, prefix_ids=prefix, stop_token_ids=self.stop_token_ids,
-                        max_new_tokens=run.round_limit)
+                        max_new_tokens=run.round_limit, tags=self.tags)
         start = len(run.response_ids)
         run.response_ids.extend(prefix)
         run.response_ids.extend(cut.token_ids)
@@ -316,7 +345,7 @@ class RolloutEngine:
         text = self.chat.decode(run.response_ids[start:end])
         run.memory.add_llm_gen(text, forced_prefix=cfg.forced_prefix or None)
         run.round_texts.append(text)
-        argument = _closed_block_content(text, cut.action) if cut.action is not None else None
+        argument = _closed_block_content(text, cut.action, self.tags) if cut.action is not None else None
         run.rounds.append(Round(
             index=len(run.rounds), start=start, end=end, tool_end=end, full_end=len(run.prompt_ids) + start,
             prefix_len=len(prefix), action=cut.action, action_argument=argument, stop_reason=cut.reason,
@@ -336,22 +365,10 @@ class RolloutEngine:
         return None
 
     def call_tool(self, action: str, argument: str) -> ToolResult:
-        """The tool's `ToolResult`; a missing tool or one that raises gives an
-        ``<information>Error: ...</information>`` result with ``ok=False`` (it never ends the rollout)."""
-        kind = _TOOL_KINDS.get(action, "search_results")
-        tool = self.tools.get(action)
-        if tool is None:
-            message = f"no {action} tool is available."
-            return ToolResult(information(f"Error: {message}"), kind, ok=False, metadata={"error": message})
-        try:
-            result = tool(argument)
-        except Exception as exc:  # a tool must not end the rollout
-            return ToolResult(information(f"Error: the {action} tool failed; try again or answer with what you know."),
-                              kind, ok=False, metadata={"error": f"{type(exc).__name__}: {exc}"})
-        if isinstance(result, str):
-            text = result if result.lstrip().startswith("<information>") else information(result)
-            result = ToolResult(text, kind)
-        return result
+        """The `ToolResult` of the round's action (`mempo.tools.Toolset.call` under the run's tags): a
+        malformed call, an unknown tool, a tool that raises, hangs past its timeout or returns no text
+        gives an ``Error: ...`` result with ``ok=False``; it never ends the rollout."""
+        return self.toolset.call(action, argument, self.tags)
 
     def accept_tool(self, run: EpisodeRun, result: Any) -> None:
         """Append the tool segment (`ChatFormat.tool_segment`, mask 0) and record the result in the
@@ -400,25 +417,27 @@ class RolloutEngine:
         (`round_mem_span`); each carries its ``protocol_text`` (the memory's round and tool texts, in
         order, no chat glue) and ``final_answer`` (its ``<answer>``); no outcome yet."""
         cfg = self.config
-        batch = find_spans([run.response_ids for run in runs], self._span_table(runs)) if runs else None
+        batch = find_spans([run.response_ids for run in runs], self._span_table(runs), tags=self.tags) if runs else None
         trajectories = []
         for i, run in enumerate(runs):
             mem_spans = [s for s in batch.spans_of(i) if s.tag == "mem"]
             for round_, text in zip(run.rounds, run.round_texts):
-                round_.mem_span = round_mem_span(round_.start, round_.end, text, mem_spans)
+                round_.mem_span = round_mem_span(round_.start, round_.end, text, mem_spans, self.tags)
             protocol_text = "".join(record.text for record in run.memory.records[1:])  # records[0]: the prompt
             trajectory = Trajectory(
                 uid=run.uid, sample_index=run.sample_index, policy=cfg.context_policy, prompt_ids=run.prompt_ids,
                 response_ids=run.response_ids, response_mask=run.response_mask, rounds=run.rounds,
                 finish_reason=run.finish_reason or "malformed", golds=run.task.golds,
-                final_answer=extract_solution(protocol_text), protocol_text=protocol_text, episode_id=run.task.id,
+                example=dict(run.task.example) if run.task.example is not None else None,
+                final_answer=extract_solution(protocol_text, self.tags), protocol_text=protocol_text,
+                episode_id=run.task.id,
             )
             trajectories.append(trajectory)
         return trajectories
 
 
 def rollout(backend: GenerationBackend, tokenizer: Any, tasks: Sequence[Any], *,
-            tools: Optional[Mapping[str, Callable]] = None, retriever: Any = None,
+            tools: Union[Toolset, Mapping[str, Tool], Sequence[Tool], None] = None, retriever: Any = None,
             config: Optional[RolloutConfig] = None, **engine_options: Any) -> list[Trajectory]:
     """One-shot :class:`RolloutEngine` run (see it for the arguments; ``engine_options``: its
     ``seed``, ``max_context_tokens``, ``short_text_policy``)."""

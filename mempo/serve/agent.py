@@ -424,7 +424,7 @@ class AgentService:
         prompt_tokens = len(record.prompt_ids) if record.prompt_ids is not None else len(run.prompt_ids) + record.start
         error = None if tool_result is None or tool_result.ok else str(tool_result.metadata.get("error", "tool error"))
         round_ = AgentRound(
-            index=record.index, assistant=text, memory=parse_round(text).mem, action=record.action,
+            index=record.index, assistant=text, memory=parse_round(text, self.engine.tags).mem, action=record.action,
             argument=record.action_argument, stop_reason=record.stop_reason, tool_result=information,
             tool_ok=record.tool_ok, tool_error=error, prompt_tokens=prompt_tokens,
             generated_tokens=record.end - record.start, tool_tokens=record.tool_end - record.end)

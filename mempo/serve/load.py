@@ -8,7 +8,7 @@ from typing import Any, Callable, Optional
 
 from mempo.config import ConfigError, MempoConfig
 from mempo.env.bm25 import load_or_build_bm25
-from mempo.env.build import build_retriever
+from mempo.env.build import build_retriever, needs_retriever
 from mempo.model.loading import check_model_fits, load_model_dir
 from mempo.rollout.backends.factory import build_backend, check_backend_config
 from mempo.serve.agent import AgentService
@@ -38,7 +38,10 @@ def open_retriever(cfg: MempoConfig, *, index_dir: Optional[str] = None,
     """(retriever, what it searches): a BM25 index loaded from (or built into) `index_dir` (with
     ``env.corpus_path`` as its corpus when set), else ``cfg.env``'s (`build_retriever`: an HTTP
     server, BM25 over ``env.corpus_path``, or, with ``data.source: synthetic``, BM25 over the
-    synthetic world's documents, the corpus the demo's model was trained on)."""
+    synthetic world's documents, the corpus the demo's model was trained on). With no built-in tool in
+    ``env.tools`` (a user's tools only) nothing searches: `build_retriever`'s empty one."""
+    if not needs_retriever(cfg):
+        return build_retriever(cfg, None, log=log), "no retriever (env.tools holds no built-in tool)"
     if index_dir is not None:
         if cfg.env.retriever == "http":
             raise ConfigError("--index-dir", "give --index-dir or --retriever-url, not both")

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import random
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, Iterable, Mapping, Optional, Sequence, Union
+from typing import Any, Iterable, Mapping, Optional, Sequence, Union
 
 from mempo.utils.jsonl import iter_jsonl_records, write_jsonl
 from mempo.env.data import Episode, parse_episode_prompt
@@ -369,13 +369,13 @@ def _response_text(rounds: Sequence[OracleRound]) -> str:
     return "".join(parts)
 
 
-ToolMap = Mapping[str, Callable[[str], Any]]
+ToolMap = Mapping[str, Any]  # name -> mempo.tools.Tool (a Toolset's .tools)
 
 
 def _as_tools(tools: Any) -> ToolMap:
     if isinstance(tools, Retriever):
         return make_tools(tools)
-    return tools
+    return getattr(tools, "tools", tools)  # a Toolset: its tools by name
 
 
 def run_oracle(episode: Episode, tools: Union[ToolMap, Any], *, policy: str = "memory",
@@ -388,8 +388,9 @@ def run_oracle(episode: Episode, tools: Union[ToolMap, Any], *, policy: str = "m
 
     Args:
         episode: the episode (its ``prompt`` is the user message, its ``golds`` the answers).
-        tools: ``{"search": SearchTool, "access": AccessTool}`` (e.g. `mempo.env.tools.make_tools`)
-            or a `Retriever` to build them from.
+        tools: ``{"search": SearchTool, "access": AccessTool}`` (e.g. `mempo.env.tools.make_tools`, or a
+            `mempo.tools.Toolset` such as `mempo.env.build.build_tools` gives) or a `Retriever` to build them
+            from; each call is `Tool.run` (the tags format).
         policy: the context policy the prompts are built with (`AgentMemory.messages`).
         max_turns: the turn limit (the trajectory ends unanswered after it).
         system_prompt: the system message.
@@ -418,7 +419,7 @@ def run_oracle(episode: Episode, tools: Union[ToolMap, Any], *, policy: str = "m
         tool = tools.get(parsed.action) if parsed.action else None
         if tool is None:
             break
-        result = tool(parsed.argument)
+        result = tool.run(parsed.argument)
         round_.tool_text, round_.tool_kind, round_.tool_ok = result.text, result.kind, result.ok
         round_.tool_metadata = dict(result.metadata)
         if result.kind == "webpage":

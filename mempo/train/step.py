@@ -24,7 +24,7 @@ from __future__ import annotations
 import contextlib
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Mapping, Optional, Sequence
+from typing import Any, Iterator, Optional, Sequence
 
 import torch
 
@@ -33,7 +33,7 @@ from mempo.algo.pooling import memory_stages
 from mempo.algo.outcome import score_outcomes
 from mempo.config import MempoConfig
 from mempo.records.trajectory import Trajectory, round_training_inputs
-from mempo.rollout.loop import RolloutEngine, RolloutStats
+from mempo.rollout.loop import RolloutEngine, RolloutStats, protocol_tags
 from mempo.scoring import compute_memory_rewards
 from mempo.seeds import training_rollout_seed
 from mempo.train import metric_names as names
@@ -63,7 +63,7 @@ class StepContext:
     ref_actor: Optional[Any]
     backend: Any
     tokenizer: Any
-    tools: Mapping[str, Callable]
+    tools: Any  # a `mempo.tools.Toolset` (or `Tool` s, as RolloutEngine takes them)
     sync_bucket_bytes: int = 256 << 20
 
     @property
@@ -125,8 +125,10 @@ def rollout(ctx: StepContext, episodes: Sequence[Any], step: int) -> tuple[list[
 
 def rewards(ctx: StepContext, trajectories: Sequence[Trajectory]) -> list[Trajectory]:
     """The scored trajectories: new records with the outcome (`mempo.algo.outcome.score_outcomes`,
-    ``rollout.score_mode``); the golds reach the reward here, after the rollout."""
-    return score_outcomes(trajectories, mode=ctx.cfg.rollout.score_mode)
+    ``rollout.score_mode``, ``rollout.outcome_reward``, the run's tags); the golds (and the examples a
+    user's reward reads) reach the reward here, after the rollout."""
+    r = ctx.cfg.rollout
+    return score_outcomes(trajectories, mode=r.score_mode, reward=r.outcome_reward, tags=protocol_tags(r, ctx.tools))
 
 
 def reward_metrics(scored: Sequence[Trajectory], stats: RolloutStats) -> dict[str, float]:
@@ -152,7 +154,12 @@ def memory_rewards(ctx: StepContext,
     P(mem_ctx) - P(full_ctx) by default): per trajectory one entry per scored round (None: a round
     the definition does not score); and their means (over the rounds it scores, this rank). Under
     torch.distributed it runs on the actor's shards, every rank in step (`Actor.sharded_inference`):
-    no rank holds the whole model for it."""
+    no rank holds the whole model for it. Without reference answers (``data.gold_field: null``, every
+    trajectory's golds None; the memory weight is then 0) there is nothing to score: every round None."""
+    if all(t.golds is None for t in trajectories):
+        unscored = [[None] * len(t.scored_rounds()) for t in trajectories]
+        return unscored, {names.MEM_REWARD: 0.0, names.P_MEM: 0.0, names.P_FULL: 0.0, "memory/scored_rounds": 0.0,
+                          "memory/unscored_rounds": float(sum(len(r) for r in unscored))}
     with ctx.actor.sharded_inference() as (model, lockstep):
         mem_rewards, details = compute_memory_rewards(model, ctx.tokenizer, trajectories, ctx.cfg.scoring,
                                                       lockstep=lockstep)

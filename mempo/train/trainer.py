@@ -23,7 +23,8 @@ import torch
 import torch.distributed as dist
 
 from mempo.config import ConfigError, MempoConfig, config_to_dict, dump_config, read_yaml_mapping
-from mempo.env.build import build_retriever, build_tools
+from mempo.algo.outcome import resolve_outcome_reward
+from mempo.env.build import build_retriever, build_tools, qa_prompt_style
 from mempo.synthetic.build import synthetic_world
 from mempo.synthetic.heldout import held_out_subjects, training_episodes
 from mempo.env.corpus import iter_corpus
@@ -33,6 +34,7 @@ from mempo.model.builtin import default_corpus_texts, train_tokenizer
 from mempo.model.loading import build_causal_lm, check_model_fits, load_pretrained, pretrained_tokenizer
 from mempo.rollout.backends.factory import build_backend
 from mempo.rollout.backends.scaffold import ProtocolScaffold
+from mempo.rollout.loop import protocol_tags
 from mempo.seeds import eval_question_seed
 from mempo.train.actor import Actor, DistInfo, init_distributed
 from mempo.train.checkpoint import (CheckpointError, PendingCheckpoint, apply_optimizer_defaults,
@@ -237,9 +239,10 @@ def _setup_model(cfg: MempoConfig, tokenizer: Any, info: DistInfo):
     return build_causal_lm(cfg.model, len(tokenizer), on_meta=info.distributed and info.rank != 0)
 
 
-def _qa_pool(paths: Sequence[str]) -> list:
-    """The records of the QA files in order (each file once, none a directory: `check_qa_files`)."""
-    return [record for path in (check_qa_files(paths) if paths else []) for record in load_qa(path)]
+def _qa_pool(paths: Sequence[str], gold_field: Optional[str]) -> list:
+    """The records of the QA files in order (each file once, none a directory: `check_qa_files`), their
+    reference answers from ``data.gold_field``."""
+    return [record for path in (check_qa_files(paths) if paths else []) for record in load_qa(path, gold_field)]
 
 
 def _episode_pool(cfg: MempoConfig, world: Any) -> list:
@@ -251,13 +254,13 @@ def _episode_pool(cfg: MempoConfig, world: Any) -> list:
     which `mempo eval` refuses too, holds nothing out)."""
     d = cfg.data
     if d.source == "files":
-        pool = _qa_pool(d.train_files)
+        pool = _qa_pool(d.train_files, d.gold_field)
         cycle = d.objective_counts
         if len(pool) < max(cycle):
             raise ConfigError("data.train_files", f"hold {len(pool)} questions, fewer than "
                                                   f"data.num_objectives={d.num_objectives}")
         count = max(1, len(pool) * len(cycle) // sum(cycle))
-        return compose_episodes(pool, d.num_objectives, count, d.seed)
+        return compose_episodes(pool, d.num_objectives, count, d.seed, style=qa_prompt_style(cfg))
     try:
         held_out = held_out_subjects(eval_episodes(world, cfg))  # the evaluation's entities: never trained on
     except ConfigError:  # a world too small for the ``eval`` section's episodes: no evaluation to keep them from
@@ -276,14 +279,14 @@ def _eval_episode_sets(cfg: MempoConfig, world: Any) -> dict[int, list]:
     of ``data.eval_files`` composed per k with seed `mempo.seeds.eval_question_seed`."""
     if cfg.data.source == "synthetic":
         return eval_episodes(world, cfg)
-    pool = _qa_pool(cfg.data.eval_files)
+    pool = _qa_pool(cfg.data.eval_files, cfg.data.gold_field)
     sets = {}
     for k in cfg.eval.objectives:
         if len(pool) < k:
             raise ConfigError("eval.objectives", f"k={k} needs at least {k} questions; data.eval_files "
                                                  f"hold {len(pool)}")
         sets[int(k)] = compose_episodes(pool, k, cfg.eval.episodes, eval_question_seed(cfg.data.seed, k),
-                                        id_prefix="eval")
+                                        style=qa_prompt_style(cfg), id_prefix="eval")
     return sets
 
 
@@ -304,13 +307,15 @@ def _setup_actors(cfg: MempoConfig, model: Any, info: DistInfo) -> _Actors:
     return _Actors(Actor(model, cfg.actor, broadcast_from_rank0=broadcast), ref_actor)
 
 
-def _setup_backends(cfg: MempoConfig, model: Any, tokenizer: Any, out_dir: Path) -> _Backends:
+def _setup_backends(cfg: MempoConfig, model: Any, tokenizer: Any, out_dir: Path, tools: Any) -> _Backends:
     """`build_backend` from ``rollout.backend`` / ``rollout.sglang_url`` (SGLang loads ``model.path``;
     a server's weight versions go to ``<out>/sglang_weights``): only the config chooses, whoever
     wrote the model directory. ``rollout.protocol_scaffold`` (default off; tests, tiny demos) adds
-    the answer-blind `ProtocolScaffold` to the training backend only; evaluation never gets it."""
-    processors = [ProtocolScaffold(tokenizer, turns=min(cfg.rollout.max_turns, 3))] if cfg.rollout.protocol_scaffold \
-        else []
+    the answer-blind `ProtocolScaffold` to the training backend only, calling the first of `tools` in
+    the run's action format; evaluation never gets it."""
+    turns = min(cfg.rollout.max_turns, 3)
+    processors = [ProtocolScaffold.for_tools(tokenizer, turns, tools, protocol_tags(cfg.rollout, tools))] \
+        if cfg.rollout.protocol_scaffold else []
     options = dict(model_path=cfg.model.path, weights_dir=out_dir / "sglang_weights")
     backend = build_backend(cfg, model, tokenizer, logits_processors=processors, **options)
     eval_backend = backend if not processors else build_backend(cfg, model, tokenizer, **options)
@@ -332,6 +337,8 @@ def build_run(cfg: MempoConfig, *, model=None, tokenizer=None, episodes=None, re
         world = synthetic_world(cfg)
     if retriever is None:  # fail before anything is built or written
         retriever = build_retriever(cfg, world)
+    tools = build_tools(cfg, retriever)  # a user's tools and reward import here, before anything slow
+    resolve_outcome_reward(cfg.rollout.outcome_reward)
     episodes = list(episodes) if episodes is not None else _episode_pool(cfg, world)  # as early: no model needed
     info = init_distributed()
     out = prepare_out_dir(out_dir or cfg.trainer.out_dir)
@@ -343,9 +350,9 @@ def build_run(cfg: MempoConfig, *, model=None, tokenizer=None, episodes=None, re
     check_model_fits(model, tokenizer, _sequence_tokens(cfg))  # before anything slow
     eval_sets = _eval_episode_sets(cfg, world) if evaluating else {}
     actors = _setup_actors(cfg, model, info)
-    backends = _setup_backends(cfg, actors.actor.module, tokenizer, out)
+    backends = _setup_backends(cfg, actors.actor.module, tokenizer, out, tools)
     ctx = StepContext(cfg=cfg, actor=actors.actor, ref_actor=actors.ref_actor, backend=backends.train,
-                      tokenizer=tokenizer, tools=build_tools(cfg, retriever))
+                      tokenizer=tokenizer, tools=tools)
     return Run(cfg, out, tokenizer, model, episodes, retriever, ctx, info.rank, info.world_size, eval_sets,
                backends.eval, world)
 

@@ -160,3 +160,26 @@ def test_every_tool_call_failed_is_exit_2_unless_accepted(tmp_path, qa_files, mo
     code, err = _run(["--out", str(tmp_path / "o2"), "eval.objectives=[1]", "eval.allow_failed_tools=true", *base],
                      capsys)
     assert code == 0, err
+
+
+def test_eval_command_builds_a_users_tools_and_reward(tmp_path, model_dir, capsys):
+    """`mempo eval` with the user's tools and reward named in overrides (tests/support/user_tools.py): the
+    episodes are scored by that reward (a random model calls no tool; tests/eval/test_run.py has a scripted
+    agent that does), and a reward returning NaN stops the command with one line naming it."""
+    from mempo.apps.cli import main
+    from support import user_tools
+
+    user_tools.REWARD_CALLS.clear()
+    common = ["--no-progress", "synthetic.world_entities=30", "eval.objectives=[1]", "eval.episodes=2",
+              "eval.max_turns=2", "rollout.max_new_tokens_per_round=8", "rollout.action_format=json",
+              "env.tools=['support.user_tools:lookup', search]"]
+    out = tmp_path / "out"
+    assert main(["eval", "--model", str(model_dir), "--out", str(out), *common,
+                 "rollout.outcome_reward=support.user_tools:overlap_reward"]) == 0
+    assert len(user_tools.REWARD_CALLS) == 2 and EvalReport.load(out / "eval.json").rows[0].episodes == 2
+    assert main(["eval", "--model", str(model_dir), "--out", str(tmp_path / "nan"), *common,
+                 "rollout.outcome_reward=support.user_tools:nan_reward"]) == 2
+    err = capsys.readouterr().err
+    mine = [line for line in err.splitlines() if line.startswith("mempo eval: ")]  # transformers prints progress
+    assert len(mine) == 1 and "Traceback" not in err, err
+    assert mine[0].startswith("mempo eval: rollout.outcome_reward: support.user_tools:nan_reward returned nan")

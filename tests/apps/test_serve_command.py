@@ -129,3 +129,48 @@ def test_user_errors_are_one_line(argv, expected, capsys):
     assert main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith(f"mempo {argv[0]}: ") and expected in err[0], err
+
+
+def test_mempo_serve_with_a_users_tools_in_the_json_format(model_dir):
+    """`mempo serve` over the user's tools only (tests/support/user_tools.py; no retriever needed): the
+    loaded agent holds them in the json format; served behind the OpenAI API by a scripted model, a
+    request's rounds call them and show each observation, a malformed call included."""
+    from mempo.model.loading import load_model_dir
+    from mempo.protocol.tags import JSON_TAG_SET
+    from mempo.rollout.backends import ScriptedBackend, round_script
+    from mempo.serve.agent import AgentService
+    from support import user_tools
+
+    overrides = ["env.tools=['support.user_tools:lookup', 'support.user_tools:calc_tools']",
+                 "rollout.action_format=json", "eval.max_turns=4", "rollout.max_new_tokens_per_round=96"]
+    args = build_parser().parse_args(["serve", "--model", str(model_dir), *overrides])
+    cfg = agent_config(args)
+    agent = load_agent(cfg, args.model, model_id="tiny")
+    try:
+        engine = agent.service.engine
+        assert agent.source == "no retriever (env.tools holds no built-in tool)"
+        assert engine.toolset.names == ("lookup", "calc", "alookup") and engine.tags == JSON_TAG_SET
+        assert '"name": "calc"' in engine.system_prompt
+    finally:
+        agent.close()
+
+    model, tok = load_model_dir(str(model_dir), "float32")
+    rounds = ['</mem><think>t</think><tool_call>{"name": "calc", "arguments": {"a": 2, "b": 3}}</tool_call>',
+              '2+3=5</mem><think>t</think><tool_call>{"name": calc}</tool_call>',
+              "2+3=5</mem><think>t</think><answer>5</answer>"]
+    scripted = ScriptedBackend(round_script(tok, {}, fallback=lambda r: tok.encode(rounds[r.key.round_index])), tok)
+    service = AgentService.from_config(cfg, model, tok, agent.retriever, scripted)
+    try:
+        with AgentServer(service, model_id="tiny") as server:
+            client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
+            done = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "2+3?"}])
+    finally:
+        service.close()
+    served = done.model_extra["agent"]
+    assert done.choices[0].message.content == "5" and served["finish_reason"] == "answer"
+    assert [r["tool_result"] for r in served["rounds"][:2]] == [
+        "<tool_response>5</tool_response>",
+        "<tool_response>Error: the tool call is not valid JSON (Expecting value: line 1 column 10 (char 9)); write "
+        '<tool_call>{"name": "<tool name>", "arguments": {...}}</tool_call></tool_response>']
+    assert [r["tool_ok"] for r in served["rounds"]] == [True, False, None]
+    assert [r["memory"] for r in served["rounds"]] == ["", "2+3=5", "2+3=5"]

@@ -71,6 +71,15 @@ def test_defaults_match_the_brief():
     ("model.num_hidden_layers=100000", "model.num_hidden_layers", "must be at most 10,000"),
     ("model.vocab_size=100000000000000000", "model.vocab_size", "(hidden_size x vocab_size) in float32 would reach "
                                                                  "2^63 bytes"),
+    ("rollout.action_format=xml", "rollout.action_format", "'tags', 'json'"),
+    ("rollout.outcome_reward=exact", "rollout.outcome_reward", "must be one of ('em', 'f1') or an import path"),
+    ("rollout.outcome_reward=my.module", "rollout.outcome_reward", "'package.module:function'"),
+    ("env.tools=[search, browse]", "env.tools[1]", "a built-in tool ('search', 'access') or an import path"),
+    ("env.tools=[search, search]", "env.tools", "lists ['search'] more than once"),
+    ("env.tool_timeout=0", "env.tool_timeout", "must be > 0"),
+    ("env.tool_timeout=nan", "env.tool_timeout", "finite"),
+    ("env.tool_result_chars=0", "env.tool_result_chars", "must be > 0"),
+    ("data.gold_field=answer", "data.gold_field", "the synthetic world brings its own answers"),
 ])
 def test_errors_name_the_field_and_what_is_allowed(override, field, allowed):
     with pytest.raises(ConfigError) as info:
@@ -84,6 +93,14 @@ def test_errors_name_the_field_and_what_is_allowed(override, field, allowed):
     (["rollout.backend=sglang", "rollout.sglang_url=127.0.0.1:30000"], "rollout.sglang_url", "http(s) URL"),
     (["rollout.backend=sglang", "rollout.protocol_scaffold=true"], "rollout.protocol_scaffold", "needs backend 'hf'"),
     (["scoring.reward=log"], "scoring.threshold", "must be null with reward 'log'"),
+    (["data.source=files", "data.gold_field=null"], "rollout.outcome_reward",
+     "compares the answer with reference answers, and data.gold_field is null"),
+    (["data.source=files", "data.gold_field=null", "rollout.outcome_reward=support.user_tools:answered_reward"],
+     "algorithm.memory_weight", "must be 0 when data.gold_field is null"),
+    (["data.source=files", "data.gold_field=null", "rollout.outcome_reward=support.user_tools:answered_reward",
+      "algorithm.memory_weight=0", "algorithm.memory_pooling=group_seen"], "algorithm.memory_pooling", "group_seen"),
+    (["env.tools=[search, 'support.user_tools:lookup']", "eval.closed_book=true"], "eval.closed_book",
+     "a closed book is not defined"),
 ])
 def test_cross_field_errors_name_the_field(overrides, field, allowed):
     with pytest.raises(ConfigError) as info:
@@ -172,3 +189,15 @@ def test_num_objectives_is_an_int_or_a_mixed_k_cycle(text, value, counts):
     data = load_config(None, [f"data.num_objectives={text}"]).data
     assert data.num_objectives == value and type(data.num_objectives) is type(value)  # a one-item list is its int
     assert data.objective_counts == counts
+
+
+def test_tools_rewards_and_gold_fields_that_can_work():
+    cfg = load_config(None, ["env.tools=[search, 'support.user_tools:calc_tools']", "rollout.action_format=json",
+                             "rollout.outcome_reward=support.user_tools:overlap_reward", "env.tool_timeout=2.5"])
+    assert cfg.env.tools == ["search", "support.user_tools:calc_tools"] and cfg.env.tool_timeout == 2.5
+    assert load_config(None, ["env.tools=[]"]).env.tools == []
+    free = load_config(None, ["data.source=files", "data.gold_field=null", "algorithm.memory_weight=0",
+                              "rollout.outcome_reward=support.user_tools:answered_reward"])
+    assert free.data.gold_field is None
+    assert load_config(None, ["data.source=files", "data.gold_field=reward_model.ground_truth"]).data.gold_field \
+        == "reward_model.ground_truth"

@@ -16,6 +16,6 @@ def test_every_search_finds_nothing_and_every_access_is_not_found():
         with pytest.raises(InvalidRequestError):
             retriever.search(queries, topk)
     tools = make_tools(retriever)
-    result = tools["search"]("Where was Tamor born?")
+    result = tools["search"].run("Where was Tamor born?")
     assert result.ok and "No results found" in result.text and result.metadata["doc_ids"] == []
-    assert not tools["access"]("person-000001").ok
+    assert not tools["access"].run("person-000001").ok

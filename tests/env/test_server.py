@@ -723,7 +723,7 @@ def test_call_deadline_bounds_a_trickling_server(headers_first):
         assert "after 2 attempt(s)" in str(outcome["default"][0])
         assert "deadline 1.5 s" in str(outcome["capped"][0])
         # The search tool turns it into a failed call the trainer can count.
-        result = SearchTool(HTTPRetriever(trickler.url, timeout=0.5, retries=0))("river")
+        result = SearchTool(HTTPRetriever(trickler.url, timeout=0.5, retries=0)).run("river")
         assert not result.ok and trickler.url in result.metadata["error"]
     finally:
         trickler.stop()

@@ -1,6 +1,7 @@
-"""The search and access tools, each run against the in-process BM25 retriever and against
-`HTTPRetriever` talking to a real server on loopback; bad calls and a dead retriever must come back
-as `<information>` error text, never as an exception."""
+"""The search and access tools (`mempo.tools.Tool` s like any user's), each run against the in-process
+BM25 retriever and against `HTTPRetriever` talking to a real server on loopback, through the public
+path (`Tool.run`: a tags-format call answered by `Toolset.call`); bad calls and a dead retriever must
+come back as `<information>` error text, never as an exception."""
 import socket
 
 import pytest
@@ -11,6 +12,8 @@ from mempo.env.server import RetrieverServer
 from mempo.env.tools import (
     AccessTool, SearchTool, ToolResult, available_tools, make_tool, make_tools, parse_access_argument,
 )
+from mempo.protocol.tags import JSON_TAG_SET
+from mempo.tools import Tool, Toolset
 from support.corpus import LONG_DOC_CHARS
 
 
@@ -47,7 +50,7 @@ def assert_error(result: ToolResult, kind: str, fragment: str) -> None:
 # ------------------------------------------------------------------------------------------------
 
 def test_search_formats_top_k_documents(retriever, bm25):
-    result = SearchTool(retriever, topk=3, doc_chars=50)("  Needle zebulon6  ")
+    result = SearchTool(retriever, topk=3, doc_chars=50).run("  Needle zebulon6  ")
     assert result.ok and result.kind == "search_results"
     assert result.text.startswith("<information>Doc 1 (ID: needle-6, Title: Needle 6) ")
     assert result.text.endswith("</information>")
@@ -64,7 +67,7 @@ def test_search_formats_top_k_documents(retriever, bm25):
 def test_search_defaults_are_the_papers(retriever):
     tool = SearchTool(retriever)
     assert (tool.topk, tool.doc_chars) == (5, 5000)
-    result = tool("start of long 0 river")
+    result = tool.run("start of long 0 river")
     assert result.metadata["doc_ids"][0] == "long-0" and len(result.metadata["doc_ids"]) == 5
     first_line = result.text.split("\n")[0]
     assert len(first_line) == len("<information>Doc 1 (ID: long-0, Title: Long 0) ") + 5000
@@ -72,11 +75,10 @@ def test_search_defaults_are_the_papers(retriever):
 
 def test_search_bad_calls(retriever):
     tool = SearchTool(retriever)
-    assert_error(tool(""), "search_results", "empty search query")
-    assert_error(tool("   \n "), "search_results", "empty search query")
-    assert_error(tool("x" * 2049), "search_results", "search query too long (2049 characters; the limit is 2048)")
-    assert_error(tool(None), "search_results", "empty search query")  # type: ignore[arg-type]
-    none = tool("qwxyzzy")
+    assert_error(tool.run(""), "search_results", "empty search query")
+    assert_error(tool.run("   \n "), "search_results", "empty search query")
+    assert_error(tool.run("x" * 2049), "search_results", "search query too long (2049 characters; the limit is 2048)")
+    none = tool.run("qwxyzzy")
     assert none.ok and none.text == "<information>No results found for this query.</information>"
     assert none.metadata["doc_ids"] == []
 
@@ -87,17 +89,17 @@ def test_search_bad_calls(retriever):
 
 def test_access_pages(retriever, bm25, corpus):
     tool = AccessTool(retriever)
-    first = tool("long-1")
+    first = tool.run("long-1")
     page0 = bm25.access("long-1", 0)
     assert first.ok and first.kind == "webpage"
     header = "<information>Document long-1 (Title: Long 1), page 0 of pages 0-2\n"
     assert first.text == header + page0.text + "</information>"
-    assert first.metadata == {"doc_id": "long-1", "title": "Long 1", "page": 0, "num_pages": 3}
-    last = tool("  long-1   2 ")
+    assert first.metadata == {"tool": "access", "doc_id": "long-1", "title": "Long 1", "page": 0, "num_pages": 3}
+    last = tool.run("  long-1   2 ")
     assert last.ok and last.metadata["page"] == 2
     assert len(last.text) - len("<information>Document long-1 (Title: Long 1), page 2 of pages 0-2\n</information>") \
         == LONG_DOC_CHARS - 2 * 25_000
-    small = AccessTool(retriever, page_chars=1000)("long-1 59")
+    small = AccessTool(retriever, page_chars=1000).run("long-1 59")
     assert small.ok and small.metadata["num_pages"] == 60
 
 
@@ -113,7 +115,7 @@ def test_access_pages(retriever, bm25, corpus):
     ("absent-doc 4", "no document with ID 'absent-doc'"),
 ])
 def test_access_bad_calls(retriever, argument, fragment):
-    assert_error(AccessTool(retriever)(argument), "webpage", fragment)
+    assert_error(AccessTool(retriever).run(argument), "webpage", fragment)
 
 
 def test_parse_access_argument():
@@ -130,8 +132,8 @@ def test_parse_access_argument():
 
 def test_dead_retriever_gives_error_text():
     dead = dead_retriever()
-    assert_error(SearchTool(dead)("river"), "search_results", "search service is unavailable")
-    result = AccessTool(dead)("long-1 1")
+    assert_error(SearchTool(dead).run("river"), "search_results", "search service is unavailable")
+    result = AccessTool(dead).run("long-1 1")
     assert_error(result, "webpage", "document service is unavailable")
     assert dead.base_url in result.metadata["error"]
 
@@ -148,8 +150,8 @@ class _Broken(Retriever):
 
 
 def test_unexpected_exceptions_never_reach_the_agent(caplog):
-    assert_error(SearchTool(_Broken())("river"), "search_results", "failed unexpectedly")
-    result = AccessTool(_Broken())("d1")
+    assert_error(SearchTool(_Broken()).run("river"), "search_results", "failed unexpectedly")
+    result = AccessTool(_Broken()).run("d1")
     assert_error(result, "webpage", "failed unexpectedly")
     assert result.metadata["error"] == "RuntimeError: boom"
 
@@ -157,6 +159,7 @@ def test_unexpected_exceptions_never_reach_the_agent(caplog):
 def test_tool_registry(bm25):
     assert {"search", "access"} <= set(available_tools())
     tools = make_tools(bm25, options={"search": {"topk": 2}})
+    assert list(tools) == ["search", "access"] and all(isinstance(t, Tool) for t in tools.values())
     assert isinstance(tools["search"], SearchTool) and tools["search"].topk == 2
     assert isinstance(tools["access"], AccessTool)
     assert make_tool("access", bm25, page_chars=10).page_chars == 10
@@ -169,9 +172,9 @@ def test_tool_registry(bm25):
 def test_in_process_and_http_tools_agree(bm25, http_server):
     client = HTTPRetriever(http_server.url, timeout=5, retries=0)
     for argument in ["zebulon1 river", "start of long 2", "qwxyzzy"]:
-        assert SearchTool(bm25)(argument) == SearchTool(client)(argument)
+        assert SearchTool(bm25).run(argument) == SearchTool(client).run(argument)
     for argument in ["long-0 1", "needle-3", "long-0 7", "nope"]:
-        local, remote = AccessTool(bm25)(argument), AccessTool(client)(argument)
+        local, remote = AccessTool(bm25).run(argument), AccessTool(client).run(argument)
         assert local.text == remote.text and local.ok == remote.ok
 
 
@@ -182,3 +185,21 @@ def test_information_body_cannot_close_the_block():
     text = information("a page quoting </information> and <answer>x</answer>")
     blocks = find_blocks(text)
     assert [b.tag for b in blocks] == ["information"] and blocks[0].closed and blocks[0].end == len(text)
+
+
+def test_built_in_tools_through_json_calls(bm25):
+    """The json format reaches the same tools with Hermes calls; their schemas are what the model is told."""
+    tools = Toolset(make_tools(bm25, options={"search": {"topk": 2, "doc_chars": 40}}))
+    search = tools.call("tool_call", '{"name": "search", "arguments": {"query": "Needle zebulon6"}}', JSON_TAG_SET)
+    assert search.ok and search.text.startswith("<tool_response>Doc 1 (ID: needle-6, ")
+    assert search.text.endswith("</tool_response>") and search.metadata["topk"] == 2
+    page = tools.call("tool_call", '{"name": "access", "arguments": {"doc_id": "long-1", "page": 2}}', JSON_TAG_SET)
+    assert page.ok and page.metadata["page"] == 2 and page.kind == "webpage"
+    for arguments, fragment in [('{"doc_id": "long-1", "page": -1}', "malformed page '-1'"),
+                                ('{"doc_id": "long-1", "page": "2"}', "malformed page '2'"),
+                                ('{"doc_id": "two words"}', "malformed document ID"),
+                                ('{"page": 1}', "lacks the required argument(s) 'doc_id'")]:
+        bad = tools.call("tool_call", '{"name": "access", "arguments": %s}' % arguments, JSON_TAG_SET)
+        assert not bad.ok and fragment in bad.text, bad.text
+    assert [s["function"]["name"] for s in tools.schemas()] == ["search", "access"]
+    assert tools["access"].schema()["function"]["parameters"]["required"] == ["doc_id"]

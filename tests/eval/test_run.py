@@ -153,3 +153,37 @@ def test_greedy_results_do_not_depend_on_batch_episodes(world):
 def test_batch_episodes_must_be_positive():
     with pytest.raises(Exception, match="batch_episodes"):
         _cfg(batch_episodes=0)
+
+
+def test_evaluation_calls_a_users_tools_in_the_json_format_and_scores_with_a_users_reward(world):
+    """A scripted agent calls the user's lookup with a Hermes JSON call, then answers each question with
+    its first gold; the user's reward (tests/support/user_tools.py) scores the episodes from their examples."""
+    from mempo.rollout.backends import ScriptedBackend
+    from support import user_tools
+
+    w, retriever = world
+    tok = chat_tokenizer()
+    cfg = config_from_dict({"synthetic": {"world_entities": 30},
+                            "env": {"topk": 3, "doc_chars": 600, "tools": ["support.user_tools:lookup", "search"]},
+                            "rollout": {"max_new_tokens_per_round": 400, "action_format": "json",
+                                        "outcome_reward": "support.user_tools:overlap_reward"},
+                            "eval": {"objectives": [2], "episodes": 2, "policies": ["memory"], "max_turns": 3}})
+    episodes = eval_episodes(w, cfg)
+    answers = {e.prompt: "; ".join(aliases[0] for aliases in e.golds) for e in episodes[2]}
+
+    def respond(request):
+        text = tok.decode(request.prompt_ids)
+        if "<tool_response>" not in text:
+            return tok.encode('</mem><think>t</think><tool_call>{"name": "lookup", "arguments": {"key": "sky"}}'
+                              "</tool_call>", add_special_tokens=False)
+        answer = next(a for prompt, a in answers.items() if prompt in text)
+        return tok.encode(f"sky is blue</mem><think>t</think><answer>{answer}</answer>", add_special_tokens=False)
+
+    user_tools.LOOKUPS.clear()
+    user_tools.REWARD_CALLS.clear()
+    report = evaluate(None, tok, episodes, retriever, cfg, backend=ScriptedBackend(respond, tok), show_progress=False,
+                      log=lambda line: None)
+    (row,) = report.rows
+    assert user_tools.LOOKUPS == ["sky", "sky"] and row.tool_calls == 2 and row.failed_tool_calls == 0
+    assert row.em == row.score == 1.0 and row.format_rate == 1.0 and len(user_tools.REWARD_CALLS) == 2
+    assert {e["prompt"] for _, e in user_tools.REWARD_CALLS} == set(answers)

@@ -13,6 +13,7 @@ pytest.importorskip("transformers")
 from mempo.env.bm25 import BM25Retriever
 from mempo.env.build import build_retriever
 from mempo.env.retriever import Retriever, RetrieverUnavailableError
+from mempo.protocol.tags import TAG_SET
 from mempo.eval import EpisodeRecord, EvalReport, evaluate, qa_eval_episodes, render_episode
 from mempo.rollout.backends.base import GenerationRequest
 from mempo.records.trajectory import Trajectory
@@ -123,7 +124,8 @@ def test_no_gold_reaches_generation(tmp_path, qa_files):
     evaluate(None, tok, sets.episodes, build_retriever(cfg), cfg, backend=backend, show_progress=False,
              log=lambda line: None)
     assert {f.name for f in fields(GenerationRequest)} <= {"key", "prompt_ids", "max_new_tokens", "prefix_len",
-                                                           "stop_token_ids"}
+                                                           "stop_token_ids", "tags"}
+    assert all(request.tags == TAG_SET for request in backend.requests)  # the protocol's tags: no episode data
     golds = {alias for episodes in sets.episodes.values() for e in episodes for aliases in e.golds
              for alias in aliases}
     assert len(backend.requests) > 100

@@ -13,7 +13,7 @@ import torch
 
 from support import toy_tokenizers
 from mempo.ops.reference.spans import find_spans_reference
-from mempo.ops.spans import TAGS, Span, SpanBatch, TokenTable, find_spans, marker_strings
+from mempo.ops.spans import JSON_TAG_SET, TAGS, Span, SpanBatch, TokenTable, find_spans, marker_strings
 
 
 @pytest.fixture(scope="module")
@@ -381,6 +381,43 @@ def test_raw_binding_is_safe_on_out_of_vocabulary_ids_and_bad_offsets(byte_tok):
         _scanner.Scanner(np.zeros(3, np.uint8), np.array([0, 2]), False)
     with pytest.raises(ValueError, match=r"non-decreasing"):
         _scanner.Scanner(np.zeros(3, np.uint8), np.array([0, 2, 1, 3]), False)
+
+
+def test_raw_binding_takes_a_tag_table_and_refuses_a_bad_one():
+    from mempo import _scanner
+
+    pieces = [b"<lookup>", b"k", b"</lookup>", b"<information>", b"</information>"]
+    table = TokenTable.from_token_bytes(pieces)
+    bytes_, offsets = table.token_bytes, table.token_offsets
+    custom = _scanner.Scanner(bytes_, offsets, True, ["mem", "lookup", "answer", "information"], [1, 2], 3)
+    assert custom.tag_names == ["mem", "lookup", "answer", "information"]
+    assert custom.marker_token_ids == [-1, -1, 0, 2, -1, -1, 3, 4]
+    assert custom.scan(np.array([0, 1, 2]), np.array([0, 3]))[1].tolist() == [1]
+    assert table._scanner.scan(np.array([0, 1, 2]), np.array([0, 3]))[1].tolist() == []  # not a default tag
+    for args, message in [
+        ((["a", "a"], [], -1), "repeated"), ((["a<"], [], -1), "may only hold"), ((["a"], [3], -1), "action tag"),
+        ((["a"], [], 0 + 1), "opaque tag code 1"), ((["a"], [0], 0), "cannot be an action"), (([], [], -1), "1 to 64"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            _scanner.Scanner(bytes_, offsets, True, *args)
+    with pytest.raises(ValueError, match="together, or none"):
+        _scanner.Scanner(bytes_, offsets, True, ["a"])
+    with pytest.raises(TypeError, match="must be a mempo.protocol.tags.TagSet"):
+        find_spans([[0]], table, tags=("mem",))
+
+
+def test_json_tag_set_spans_and_select():
+    table = TokenTable.from_token_bytes([b"<mem>", b"m", b"</mem>", b"<tool_call>", b'{"name": "f"}',
+                                         b"</tool_call>", b"<tool_response>", b"r", b"</tool_response>"])
+    assert table.marker_ids(JSON_TAG_SET) == (0, 2, -1, -1, 3, 5, -1, -1, 6, 8)
+    assert table.markers_are_single_tokens is False  # of the default set
+    batch = find_spans([[0, 1, 2, 3, 4, 5, 6, 7, 8, 0]], table, tags=JSON_TAG_SET)
+    assert batch.tag_names == JSON_TAG_SET.names
+    assert batch.spans_of(0) == [Span("mem", 0, 3, 0, True), Span("tool_call", 3, 6, 0, True),
+                                 Span("tool_response", 6, 9, 0, True), Span("mem", 9, 10, 1, False)]
+    assert [s.tag for s in batch.select(["tool_call", "tool_response"]).spans_of(0)] == ["tool_call", "tool_response"]
+    with pytest.raises(ValueError, match="unknown tag 'search'"):
+        batch.select("search")
 
 
 # ---- SpanBatch ----------------------------------------------------------------------------

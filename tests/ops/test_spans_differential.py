@@ -1,6 +1,8 @@
 """Differential tests: the C++ scanner against the Python reference (decode + regex) on >= 10,000
 seeded random texts per tokenizer, on random id sequences no tokenizer would produce, and on raw
-byte strings. Every comparison batches all sequences into one `find_spans` call."""
+byte strings; then the same with the JSON tool-call tag table (`JSON_TAG_SET`), where the C++ token
+path, the C++ byte path, the Python reference and the text grammar (`mempo.protocol.grammar`) must all
+agree. Every comparison batches all sequences into one `find_spans` call."""
 import random
 
 import numpy as np
@@ -10,6 +12,8 @@ from support import toy_tokenizers
 from mempo import _scanner
 from mempo.ops.reference.spans import blocks_of_text_reference, find_spans_reference
 from mempo.ops.spans import TokenTable, find_spans
+from mempo.protocol.grammar import find_blocks
+from mempo.protocol.tags import JSON_TAG_SET, TAG_SET
 
 NUM_TEXTS = 10_000
 
@@ -128,3 +132,71 @@ def test_raw_bytes_grammar_matches_reference():
     for _ in range(5000):
         text = b"".join(rng.choice(alphabet) for _ in range(rng.randint(0, 30)))
         assert _scanner.scan_text(text) == blocks_of_text_reference(text), text
+
+
+# ---------------------------------------------------------------------------------------------
+# The JSON tool-call tag table
+# ---------------------------------------------------------------------------------------------
+
+NUM_JSON_TEXTS = 4_000
+JSON_TOKENIZERS = {
+    "byte_level": toy_tokenizers.byte_level_tokenizer,
+    "json_special_tags": toy_tokenizers.json_special_tag_tokenizer,
+    "whole_text": toy_tokenizers.whole_text_tokenizer,
+}
+
+
+@pytest.fixture(scope="module")
+def json_texts():
+    rng = random.Random(20260817)
+    return [toy_tokenizers.json_random_text(rng) for _ in range(NUM_JSON_TEXTS)]
+
+
+@pytest.mark.parametrize("name", list(JSON_TOKENIZERS))
+def test_json_table_cpp_paths_reference_and_text_grammar_agree(name, json_texts):
+    tokenizer = JSON_TOKENIZERS[name]()
+    ids = [e.ids for e in tokenizer.encode_batch(json_texts)]
+    fast = TokenTable.from_tokenizer(tokenizer)
+    got = find_spans(ids, fast, tags=JSON_TAG_SET)
+    assert got.tag_names == JSON_TAG_SET.names
+    spans = got.to_lists()
+    assert first_mismatch(spans, find_spans_reference(ids, tokenizer, JSON_TAG_SET), json_texts) is None
+    forced_bytes = TokenTable.from_tokenizer(tokenizer, fast_path=False)
+    assert spans == find_spans(ids, forced_bytes, tags=JSON_TAG_SET).to_lists()
+    # the id-only fast path applies where the JSON markers are single tokens
+    assert all(i >= 0 for i in fast.marker_ids(JSON_TAG_SET)) == (name == "json_special_tags")
+    # the text grammar finds the same blocks (tags, rounds, closed) on the decoded text
+    for i in range(0, NUM_JSON_TEXTS, 3):
+        blocks = find_blocks(json_texts[i], JSON_TAG_SET)
+        assert [(b.tag, b.round, b.closed) for b in blocks] == [(s.tag, s.round, s.closed) for s in spans[i]], \
+            json_texts[i]
+    flat = [s for seq in spans for s in seq]
+    assert {s.tag for s in flat} == set(JSON_TAG_SET.names) and max(s.round for s in flat) >= 3
+    assert sum(not s.closed for s in flat) > NUM_JSON_TEXTS // 4
+    # the default table reads the same ids differently: tool calls are text there
+    assert find_spans(ids, fast).to_lists() == find_spans_reference(ids, tokenizer, TAG_SET)
+
+
+def test_json_table_random_id_sequences():
+    tokenizer = toy_tokenizers.json_special_tag_tokenizer()
+    table = TokenTable.from_tokenizer(tokenizer)
+    interesting = [i for i in range(table.vocab_size)
+                   if any(c in table.token_bytes_of(i) for c in (b"<", b">", b"/", b"tool", b"_call", b"resp", b"{"))]
+    rng = random.Random(11)
+    sequences = [[rng.choice(interesting if rng.random() < 0.7 else range(table.vocab_size))
+                  for _ in range(rng.randint(0, 60))] for _ in range(3000)]
+    got = find_spans(sequences, table, tags=JSON_TAG_SET).to_lists()
+    assert got == find_spans_reference(sequences, tokenizer, JSON_TAG_SET)
+    assert got == find_spans(sequences, TokenTable.from_tokenizer(tokenizer, fast_path=False),
+                             tags=JSON_TAG_SET).to_lists()
+    assert sum(len(s) for s in got) > 1000
+
+
+def test_json_table_raw_bytes_grammar_matches_reference():
+    rng = random.Random(17)
+    alphabet = [m.encode() for m in toy_tokenizers.JSON_MARKERS + toy_tokenizers.MARKERS] + [
+        b"<", b">", b"/", b"tool", b"_call", b"tool_response", b"{", b'"', b"x", b" ", b"\n", b"\xff"]
+    table = (list(JSON_TAG_SET.names), list(JSON_TAG_SET.action_codes), JSON_TAG_SET.tool_result_code)
+    for _ in range(5000):
+        text = b"".join(rng.choice(alphabet) for _ in range(rng.randint(0, 30)))
+        assert _scanner.scan_text(text, *table) == blocks_of_text_reference(text, JSON_TAG_SET), text

@@ -1,5 +1,6 @@
 """Turn protocol on text (`mempo.protocol.grammar`): rounds, access arguments, format rules, answer."""
 import random
+import re
 import sys
 
 import pytest
@@ -8,16 +9,18 @@ from mempo.protocol import grammar as protocol, reward
 from mempo.protocol.grammar import (
     FORMAT_RULES,
     Round,
+    ToolCallError,
     extract_solution,
     find_blocks,
     last_mem,
     parse_access_argument,
     parse_round,
+    parse_tool_call,
     split_rounds,
     validate_format,
 )
 from mempo.protocol.reward import compute_score
-from mempo.protocol.tags import marker_strings
+from mempo.protocol.tags import JSON_TAG_SET, TAG_SET, marker_strings, tag_set_for
 from support.degenerate_tags import degenerate_texts
 
 R1_SEARCH = "<mem></mem>\n<think>need the film</think>\n<search>2010 best picture</search>"
@@ -278,17 +281,18 @@ def test_parsing_work_grows_linearly_with_repeated_tags():
         assert ratio < 24, f"{name}: {ratio:.0f}x the work for 16x the text"
 
 
-def _structure_by_stack_search(text):
+def _structure_by_stack_search(text, tags=TAG_SET):
     """The parser's nesting view as first written (a stack search per closing marker): the spec."""
     unclosed, stray, nested, outside, stack, last_end = [], [], [], [], [], 0
+    opaque = tags.tool_result
 
     def note_outside(begin, end):
         if text[begin:end].strip():
             outside.append((begin, text[begin:end]))
 
-    for match in protocol._MARKER_RE.finditer(text):
+    for match in re.finditer("<(/?)(" + "|".join(tags.names) + ")>", text):
         closing, name = match.group(1) == "/", match.group(2)
-        if stack and stack[-1][0] == "information" and not (closing and name == "information"):
+        if stack and stack[-1][0] == opaque and not (closing and name == opaque):
             continue
         if not stack:
             note_outside(last_end, match.start())
@@ -315,26 +319,27 @@ def _structure_by_stack_search(text):
     return unclosed, stray, nested, outside
 
 
-def _turns_by_rescan(rounds):
+def _turns_by_rescan(rounds, tags=TAG_SET):
     """Model turns as first written (rescanning the last turn for <information>): the spec."""
     turns = []
     for round_ in rounds:
-        starts_with_action = bool(round_.blocks) and round_.blocks[0].tag in ("search", "access", "answer")
-        if turns and starts_with_action and not any(b.tag == "information" for b in turns[-1]):
+        starts_with_action = bool(round_.blocks) and round_.blocks[0].tag in tags.actions
+        if turns and starts_with_action and not any(b.tag == tags.tool_result for b in turns[-1]):
             turns[-1].extend(round_.blocks)
         else:
             turns.append(list(round_.blocks))
     return turns
 
 
-def test_linear_parser_matches_the_first_parser_on_random_markers():
+@pytest.mark.parametrize("tags", [TAG_SET, JSON_TAG_SET], ids=["tags", "json"])
+def test_linear_parser_matches_the_first_parser_on_random_markers(tags):
     rng = random.Random(1)
-    markers = marker_strings()
+    markers = tags.marker_strings()
     for _ in range(3000):
         text = "".join(rng.choice(markers) + rng.choice(["", "", "x", " "]) for _ in range(rng.randint(0, 30)))
-        assert tuple(protocol._structure(text)) == _structure_by_stack_search(text), text
-        rounds = split_rounds(text)
-        assert protocol._turns(rounds) == _turns_by_rescan(rounds), text
+        assert tuple(protocol._structure(text, tags)) == _structure_by_stack_search(text, tags), text
+        rounds = split_rounds(text, tags)
+        assert protocol._turns(rounds, tags) == _turns_by_rescan(rounds, tags), text
 
 
 def test_last_mem_is_the_mem_of_the_last_turn_that_has_one():
@@ -353,3 +358,67 @@ def test_answer_templates_are_checked():
     for bad in ("{answer}", "<answer>{answer}</answer>{answer}", "\n<think>\nx\n</think>\n<search> {answer} </search>", 3):
         with pytest.raises(ValueError, match="answer template"):
             check_answer_template(bad)
+
+
+# ---------------------------------------------------------------------------------------------
+# The json action format (Hermes / Qwen tool calls) and tool tags of the tags format
+# ---------------------------------------------------------------------------------------------
+
+J1_CALL = ('<mem></mem>\n<think>look it up</think>\n'
+           '<tool_call>\n{"name": "lookup", "arguments": {"key": "a<b"}}\n</tool_call>')
+J_RESPONSE = "\n<tool_response>\nvalue 7 <answer>quoted</answer>\n</tool_response>\n"
+J2_ANSWER = "<mem>a<b is 7</mem>\n<think>done</think>\n<answer> 7 </answer>"
+
+
+def test_json_format_rounds_answer_and_format():
+    text = J1_CALL + J_RESPONSE + J2_ANSWER
+    rounds = split_rounds(text, JSON_TAG_SET)
+    assert [r.action for r in rounds] == ["tool_call", "answer"]
+    assert parse_tool_call(rounds[0].argument) == ("lookup", {"key": "a<b"})
+    assert rounds[0].information == "value 7 <answer>quoted</answer>"  # opaque: its markers are text
+    assert rounds[1].mem == "a<b is 7"
+    assert extract_solution(text, JSON_TAG_SET) == "7"
+    assert validate_format(text, tags=JSON_TAG_SET).ok
+    # under the tags format the same text is not a protocol response, and vice versa
+    assert not validate_format(text).ok
+    assert not validate_format(THREE_ROUNDS, tags=JSON_TAG_SET).ok
+    # an unanswered call before the answer, and an answer inside the tool response
+    report = validate_format(J1_CALL + J2_ANSWER, tags=JSON_TAG_SET)
+    assert report.failed_rules == ("information_answers_tool_call",)
+    assert "<tool_call> is not answered by <tool_response>" in report.messages[0]
+    assert extract_solution(J1_CALL + J_RESPONSE, JSON_TAG_SET) is None
+
+
+def test_tags_format_with_user_tool_tags():
+    tags = tag_set_for("tags", ["lookup", "calc"])
+    assert tags.names == ("mem", "think", "lookup", "calc", "answer", "information")
+    assert tag_set_for("tags", ["search", "access"]) == TAG_SET
+    text = ("<mem></mem><think>t</think><lookup>a</lookup><information>7</information>"
+            "<mem>a=7</mem><think>t</think><answer>7</answer>")
+    assert [r.action for r in split_rounds(text, tags)] == ["lookup", "answer"]
+    assert validate_format(text, tags=tags).ok and not validate_format(text).ok
+
+
+@pytest.mark.parametrize("content, name, arguments", [
+    ('{"name": "lookup", "arguments": {"key": "k"}}', "lookup", {"key": "k"}),
+    (' {"name": " calc ", "arguments": "{\\"x\\": 1}"} ', "calc", {"x": 1}),  # arguments as a JSON string
+    ('{"name": "now"}', "now", {}),
+])
+def test_parse_tool_call_reads_the_hermes_form(content, name, arguments):
+    assert parse_tool_call(content) == (name, arguments)
+
+
+@pytest.mark.parametrize("content, fragment", [
+    ('{"name": "lookup", "arguments": {"key": }', "not valid JSON"),
+    ("", "not valid JSON"),
+    ('["lookup"]', "JSON list, not an object"),
+    ('{"arguments": {}}', 'no "name" string'),
+    ('{"name": 3}', 'no "name" string'),
+    ('{"name": "f", "arguments": [1]}', "must be a JSON object, got list"),
+    ('{"name": "f", "arguments": "{oops"}', "a string that is not a JSON object"),
+    ("[" * 100_000, "not valid JSON"),
+])
+def test_parse_tool_call_errors_are_one_line_for_the_agent(content, fragment):
+    with pytest.raises(ToolCallError, match=re.escape(fragment)) as caught:
+        parse_tool_call(content)
+    assert "\n" not in str(caught.value) and "<tool_call>" in str(caught.value)

@@ -23,6 +23,9 @@ from mempo.rollout.chat import ChatFormat
 from mempo.records.trajectory import Trajectory, read_trajectories_jsonl, write_trajectories_jsonl
 from mempo.rollout.chat import render_builtin
 from mempo.rollout.loop import RolloutEngine
+from mempo.protocol.tags import JSON_TAG_SET
+from mempo.tools import load_tools, tool
+from support import user_tools
 from support.rollout_fixtures import chat_tokenizer, merged_closer, needle_scripts, needle_task, raw_tokenizer
 
 
@@ -251,7 +254,8 @@ def test_malformed_rounds_end_the_trajectory_with_score_zero(tok, bm25):
 # ------------------------------------------------------------------------------------------------
 
 def test_tool_errors_become_information_and_the_loop_goes_on(tok, bm25):
-    def broken_search(argument):
+    @tool(name="search")
+    def broken_search(query: str) -> str:
         raise RuntimeError("index offline")
 
     scripts = {"q2": ["</mem><think>t</think><access>no-such-doc</access>",
@@ -265,13 +269,14 @@ def test_tool_errors_become_information_and_the_loop_goes_on(tok, bm25):
     first = tok.decode(t.response_ids[t.rounds[0].information[0]:t.rounds[0].information[1]])
     second = tok.decode(t.response_ids[t.rounds[1].information[0]:t.rounds[1].information[1]])
     assert first.startswith("<information>Error: no document with ID 'no-such-doc'")
-    assert second.startswith("<information>Error: the search tool failed")
+    assert second.startswith("<information>Error: the search tool failed (RuntimeError: index offline)")
     assert t.finish_reason == "answer" and t.score == 1.0 and eng.stats.tool_errors == 2
 
+    # without tools the tags format has no <access> tag: the round holds no action and is malformed
     eng, _ = engine(tok, scripts, tools={}, group_size=1)
     (t,) = scored_run(eng, [needle_task(2)])
-    assert tok.decode(t.response_ids[t.rounds[0].information[0]:t.rounds[0].end + 40]).startswith(
-        "<information>Error: no access tool")
+    assert eng.tags.names == ("mem", "think", "answer", "information")
+    assert t.finish_reason == "malformed" and len(t.rounds) == 1 and t.rounds[0].action is None
 
 
 def test_tool_calls_of_one_step_run_concurrently(tok, bm25):
@@ -279,9 +284,10 @@ def test_tool_calls_of_one_step_run_concurrently(tok, bm25):
     barrier = threading.Barrier(group, timeout=10)
     search = make_tools(bm25)["search"]
 
-    def slow_search(argument):
+    @tool(name="search")
+    def slow_search(query: str) -> str:
         barrier.wait()  # returns only when all 4 calls are in flight at once
-        return search(argument)
+        return search.call(query=query)
 
     eng, _ = engine(tok, {"q3": needle_scripts(3)}, tools={"search": slow_search}, group_size=group, tool_workers=4)
     trajectories = scored_run(eng, [needle_task(3)])
@@ -370,3 +376,56 @@ def test_rollout_section_settings_reach_the_loop(tok, bm25):
     (default,) = RolloutEngine(ScriptedBackend(round_script(tok, {"q3": needle_scripts(3)}), tok), tok,
                                retriever=bm25, config=RolloutConfig(group_size=1)).run([needle_task(3)])
     assert "Answer briefly." not in tok.decode(default.prompt_ids) and default.response_mask[:prefix] == [1] * prefix
+
+
+# ------------------------------------------------------------------------------------------------
+# a user's tools (tests/support/user_tools.py) in both action formats
+# ------------------------------------------------------------------------------------------------
+
+JSON_ROUNDS = [
+    '</mem>\n<think>\nlook it up\n</think>\n<tool_call>\n{"name": "lookup", "arguments": {"key": "sky"}}\n</tool_call>'
+    "\n<tool_response>the model may not write this</tool_response>",  # over-generated: cut at </tool_call>
+    'sky is blue</mem>\n<think>\nand the grass\n</think>\n<tool_call>{"name": "lookup", "arguments": {"key": </tool_call>',
+    "bad call</mem>\n<think>\nanother tool\n</think>\n<tool_call>{\"name\": \"weather\", \"arguments\": {}}</tool_call>",
+    "sky is blue</mem>\n<think>\ndone\n</think>\n<answer>blue</answer>",
+]
+
+
+def test_json_tool_calls_reach_a_users_tools_and_every_bad_call_is_one_line(tok):
+    user_tools.LOOKUPS.clear()
+    tools = load_tools("support.user_tools:lookup") + load_tools("support.user_tools:calc_tools")
+    config = RolloutConfig(action_format="json", group_size=1, max_turns=6, max_new_tokens_per_round=128,
+                           outcome_reward="support.user_tools:overlap_reward")
+    backend = ScriptedBackend(round_script(tok, {"c": JSON_ROUNDS}), tok, overgenerate=True)
+    eng = RolloutEngine(backend, tok, tools, config=config)
+    assert eng.tags == JSON_TAG_SET
+    task = {"id": "c", "prompt": "What colour is the sky?", "golds": ["blue"], "topic": "colours"}
+    (t,) = score_outcomes(eng.run([task]), reward=config.outcome_reward, tags=eng.tags)
+    t.validate()
+    assert user_tools.LOOKUPS == ["sky"] and [r.action for r in t.rounds] == ["tool_call"] * 3 + ["answer"]
+    observations = [tok.decode(t.response_ids[r.information[0]:r.information[1]]) for r in t.rounds[:3]]
+    assert observations[0] == "<tool_response>sky is blue</tool_response>"
+    assert observations[1].startswith("<tool_response>Error: the tool call is not valid JSON")
+    assert observations[2] == ("<tool_response>Error: no tool named 'weather'; the tools are: lookup, calc, "
+                               "alookup</tool_response>")
+    assert [r.tool_ok for r in t.rounds] == [True, False, False, None] and eng.stats.tool_errors == 2
+    assert "the model may not write this" not in tok.decode(t.response_ids)  # cut after </tool_call>
+    assert all(r.mem_span is not None for r in t.rounds[1:])  # the scanner found every <mem> under the json tags
+    # the model was told the tools: the schemas are in the system prompt, the example reached the reward only
+    prompt = tok.decode(backend.calls[0][0].prompt_ids)
+    assert '<tools>\n{"type": "function", "function": {"name": "lookup"' in prompt and "<tool_call>" in prompt
+    assert "colours" not in prompt and t.example["topic"] == "colours"
+    assert t.outcome["format_ok"] and t.outcome["score"] == 1.0 and t.final_answer == "blue"
+
+
+def test_tags_format_calls_a_users_tool_by_its_tag(tok):
+    user_tools.LOOKUPS.clear()
+    scripts = {"c": ["</mem>\n<think>\nt\n</think>\n<lookup> grass </lookup>",
+                     "grass is green</mem>\n<think>\nt\n</think>\n<answer>green</answer>"]}
+    eng, backend = engine(tok, scripts, tools=[user_tools.lookup], group_size=1)
+    assert eng.tags.names == ("mem", "think", "lookup", "answer", "information")
+    (t,) = score_outcomes(eng.run([{"id": "c", "prompt": "Colour of grass?", "golds": ["green"]}]), tags=eng.tags)
+    assert user_tools.LOOKUPS == ["grass"] and t.outcome["score"] == 1.0
+    assert tok.decode(t.response_ids[t.rounds[0].information[0]:t.rounds[0].information[1]]) == \
+        "<information>grass is green</information>"
+    assert "<tools>" not in tok.decode(backend.calls[0][0].prompt_ids)  # the tags format's prompt is the user's

@@ -14,9 +14,9 @@ of every task run (golds that occur in some task's question are task input and n
 
 * a prompt, decoded, is split at ``<|im_end|>`` into chat turns; the text the agent legitimately
   read is removed: assistant turns (the model's own generation, including the forced prefix of
-  the open turn) and ``<information>...</information>`` blocks (tool results, which may well
-  contain the answer). What remains (system prompt, question, chat glue) must not contain a gold
-  string (case-insensitive, on word boundaries);
+  the open turn) and ``<information>...</information>`` blocks (``<tool_response>`` in the json
+  action format: tool results, which may well contain the answer). What remains (system prompt,
+  question, chat glue) must not contain a gold string (case-insensitive, on word boundaries);
 * a gold string, or its token ids (encoded alone or after a space) as a contiguous run of an
   integer sequence, found in a logits processor's state must occur in the text read in the same
   chunk's prompts (their tool results and generated turns).
@@ -35,7 +35,7 @@ import types
 from typing import Any, Callable, Iterable, Optional
 
 _MAX_TENSOR = 100_000
-_INFO = re.compile(r"<information>.*?(?:</information>|$)", re.S)
+_INFO = re.compile(r"<(information|tool_response)>.*?(?:</\1>|$)", re.S)  # the tool-result block of either format
 _ROLE = re.compile(r"<\|im_start\|>(\w+)\n")
 
 
@@ -160,7 +160,7 @@ def split_prompt(text: str) -> tuple[str, str]:
         if match.group(1) == "assistant":
             read.append(content)
         else:
-            read.extend(_INFO.findall(content))
+            read.extend(m.group(0) for m in _INFO.finditer(content))
             rest.append(_INFO.sub(" ", content))
     return "\n".join(rest), "\n".join(read)
 

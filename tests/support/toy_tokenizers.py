@@ -6,7 +6,10 @@
   id-only fast path applies).
 * `whole_text_tokenizer()`: byte-level BPE without any pre-split, so merges cross word and marker
   boundaries freely ("><", "e>\\n<", ...): the hardest case for mapping bytes back to tokens.
-All are built once per process (functools.lru_cache) from seeded generated text.
+* `json_special_tag_tokenizer()`: `byte_level_tokenizer()` with the 10 markers of the JSON tool-call
+  tag set (`JSON_MARKERS`, as Qwen's vocabulary has ``<tool_call>``) added as special tokens.
+All are built once per process (functools.lru_cache) from seeded generated text. `json_random_text`
+makes texts of the JSON tool-call format (``<tool_call>{...}</tool_call>``, ``<tool_response>``).
 """
 from __future__ import annotations
 
@@ -17,6 +20,8 @@ from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, train
 
 TAG_NAMES = ("mem", "think", "search", "access", "answer", "information")
 MARKERS = tuple(m for name in TAG_NAMES for m in (f"<{name}>", f"</{name}>"))
+JSON_TAG_NAMES = ("mem", "think", "tool_call", "answer", "tool_response")
+JSON_MARKERS = tuple(m for name in JSON_TAG_NAMES for m in (f"<{name}>", f"</{name}>"))
 
 # The pre-tokenizer split of Qwen2 (and, up to details, Llama 3 and GPT-4).
 QWEN2_SPLIT = (
@@ -112,6 +117,51 @@ def random_text(rng: random.Random) -> str:
     return malformed_text(rng)
 
 
+def json_tool_call_trajectory(rng: random.Random, rounds: int, doc_words: int = 20) -> str:
+    """A trajectory of the JSON tool-call format: per round mem, think, one ``<tool_call>`` holding a
+    Hermes JSON call (or the answer in the last round), answered in ``<tool_response>``."""
+    parts = []
+    for r in range(rounds):
+        parts.append(f"<mem>{_sentence(rng)}</mem>\n<think>\n{_sentence(rng, 5, 25)}\n</think>\n")
+        if r == rounds - 1:
+            parts.append(f"<answer>{_sentence(rng, 1, 4)}</answer>")
+            break
+        name = rng.choice(("lookup", "calc", "search"))
+        parts.append(f'<tool_call>\n{{"name": "{name}", "arguments": {{"q": "{_sentence(rng, 1, 4)}"}}}}\n</tool_call>')
+        parts.append(f"\n<tool_response>\n{_sentence(rng, doc_words // 2, doc_words)}")
+        if rng.random() < 0.3:  # tool output quoting tags (either format's): content, not structure
+            parts.append(f" {rng.choice(JSON_MARKERS + MARKERS)} {_sentence(rng, 1, 5)}")
+        parts.append("\n</tool_response>\n")
+    return "".join(parts)
+
+
+_JSON_JUNK = ("<tool", "_call>", "<tool_call", "</tool_", "<tool_calls>", "<TOOL_CALL>", "< tool_call>",
+              '{"name": "x"}', "{", "}", '"', "<tool_response", "response>", "<tool_call>{", "}</tool_call>")
+
+
+def json_random_text(rng: random.Random) -> str:
+    """Well-formed JSON-format trajectories, mutated ones, and junk mixing both formats' markers."""
+    roll = rng.random()
+    if roll < 0.3:
+        return json_tool_call_trajectory(rng, rng.randint(1, 4))
+    if roll < 0.65:
+        text = json_tool_call_trajectory(rng, rng.randint(1, 5), doc_words=16)
+        for _ in range(rng.randint(1, 6)):
+            at = rng.randint(0, len(text))
+            if rng.random() < 0.6:
+                text = text[:at] + rng.choice(JSON_MARKERS + MARKERS) + text[at:]
+            else:
+                text = text[:at]
+        return text
+    pieces = []
+    for _ in range(rng.randint(0, 40)):
+        roll = rng.random()
+        pieces.append(rng.choice(WORDS) if roll < 0.4 else rng.choice(JSON_MARKERS) if roll < 0.75
+                      else rng.choice(_JSON_JUNK + _JUNK))
+        pieces.append(rng.choice(("", "", " ", "\n")))
+    return "".join(pieces)
+
+
 def training_corpus(seed: int = 0, size: int = 400) -> list[str]:
     rng = random.Random(seed)
     corpus = [random_text(rng) for _ in range(size)]
@@ -158,3 +208,11 @@ def whole_text_tokenizer() -> Tokenizer:
     """Byte-level BPE with no pre-split (~600 ids): merges cross markers and words."""
     pre = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     return _train(pre, 600, training_corpus(1, size=200))
+
+
+@functools.lru_cache(maxsize=None)
+def json_special_tag_tokenizer() -> Tokenizer:
+    """`byte_level_tokenizer()` plus the 10 JSON tool-call markers as special tokens."""
+    tokenizer = Tokenizer.from_str(byte_level_tokenizer().to_str())
+    tokenizer.add_special_tokens(list(JSON_MARKERS))
+    return tokenizer

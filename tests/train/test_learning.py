@@ -90,7 +90,8 @@ import torch
 from mempo.algo.contexts import DEFAULT_ANSWER_TEMPLATE, scoring_requests
 from mempo.algo.outcome import score_outcomes
 from mempo.config import MempoConfig, config_from_dict
-from mempo.env.tools import ToolResult, information
+from mempo.env.tools import information
+from mempo.tools import tool
 from mempo.model.builtin import tiny_model, train_tokenizer
 from mempo.rollout.backends.factory import build_backend
 from mempo.rollout.chat import ChatFormat
@@ -257,10 +258,11 @@ class _Doors:
 
     def __init__(self) -> None:
         self.codes: dict[str, str] = {}
+        self.tool = tool(self.search, name="search", result_kind="search_results")  # a `mempo.tools.Tool`
 
-    def search(self, query: str) -> ToolResult:
+    def search(self, query: str) -> str:
         code = self.codes.get(query.strip())
-        return ToolResult(information(f"code {code}" if code else "no such door"), "search_results")
+        return f"code {code}" if code else "no such door"
 
 
 def _direct_sft(model, examples, steps: int, lr: float, seed: int, rows: int = 16) -> float:
@@ -364,7 +366,7 @@ def memory_run(model, seed: int, memory_weight: float = 1.0, broken: str = "") -
                                  "max_response_tokens": response_limit},
                   actor={"lr": 3e-4}, algorithm={"memory_weight": memory_weight})
     doors = _Doors()
-    ctx = _context(cfg, model, {"search": doors.search})
+    ctx = _context(cfg, model, [doors.tool])
     before = _memory_eval(ctx, doors, seed)
     steps = []
     with _wrapped(*BROKEN[broken]) if broken else contextlib.nullcontext():

@@ -334,7 +334,7 @@ def test_files_source_trains_on_the_given_questions_and_corpus(tmp_path):
     _, files = _files_run_dir(tmp_path)
     run = build_run(_cfg(tmp_path / "run", *files))
     assert isinstance(run.retriever, BM25Retriever) and run.retriever.num_docs == len(FACTS)
-    served = run.ctx.tools["search"]("Kestrel Bridge colour")  # the step's search tool queries our corpus
+    served = run.ctx.tools["search"].run("Kestrel Bridge colour")  # the step's search tool queries our corpus
     assert served.ok and "(ID: kestrel-bridge, Title: Kestrel Bridge)" in served.text
     train_questions = {q: a for _, _, _, q, a in FACTS[:4]}
     assert {q for e in run.episodes for q in e.questions} <= set(train_questions)
@@ -407,3 +407,74 @@ def test_a_resume_steps_with_the_optimizer_settings_of_its_config(tmp_path):
     load_checkpoint(resumed.checkpoint, resumed.model, optimizer, restore_rng=False)  # as saved after step 2
     settings = {(g["lr"], tuple(g["betas"]), g["weight_decay"]) for g in optimizer.param_groups}
     assert settings == {(1e-05, (0.9, 0.95), 0.5)}
+
+
+# ------------------------------------------------------------------------------------------------
+# a user's tools and outcome reward (tests/support/user_tools.py, outside the package) through `mempo train`
+# ------------------------------------------------------------------------------------------------
+
+USER = ["rollout.action_format=json", "env.tools=['support.user_tools:lookup', search]",
+        "rollout.outcome_reward=support.user_tools:overlap_reward"]
+
+
+def test_mempo_train_with_a_users_tool_and_reward_in_the_json_format(tmp_path):
+    """The scaffold calls the first configured tool (the user's lookup) as a Hermes JSON call, the user's
+    reward scores every trajectory from its example, and the memory reward still runs on the world's golds."""
+    from mempo.apps.cli import main
+    from support import user_tools
+
+    torch.set_num_threads(1)
+    user_tools.LOOKUPS.clear()
+    user_tools.REWARD_CALLS.clear()
+    out = tmp_path / "run"
+    assert main(["train", "--config", str(CONFIG), "--out", str(out), "--threads", "1", *FAST, *USER,
+                 "trainer.total_steps=1", "trainer.save_every=0"]) == 0
+    (row,) = _comparable(out / "metrics.jsonl")
+    trajectories = 2 * 3
+    assert len(user_tools.LOOKUPS) == row["rollout/tool_calls"] > 0 and row["rollout/tool_errors"] == 0
+    assert len(user_tools.REWARD_CALLS) == trajectories
+    for answer, example in user_tools.REWARD_CALLS:
+        assert len(example["golds"]) == len(example["questions"]) == 2 and example["prompt"]
+    assert row["reward/format_rate"] == 1.0 and row["memory/scored_rounds"] > 0
+
+
+def test_mempo_train_stops_with_one_line_on_a_bad_tool_or_reward(tmp_path, capsys):
+    from mempo.apps.cli import main
+
+    base = [*FAST, "trainer.total_steps=1", "trainer.save_every=0", "rollout.action_format=json"]
+    cases = [(["env.tools=['support.user_tools:nope']"],
+              "env.tools[0]: 'support.user_tools:nope': 'support.user_tools' has no attribute 'nope'"),
+             (["env.tools=['support.user_tools:NOT_A_TOOL']"], "expected a mempo.tools.Tool, got int"),
+             (["rollout.outcome_reward=support.user_tools:TABLE"], "rollout.outcome_reward: 'support.user_tools:TABLE'"),
+             (["rollout.outcome_reward=support.user_tools:nan_reward"],
+              "rollout.outcome_reward: support.user_tools:nan_reward returned nan on trajectory"),
+             (["rollout.outcome_reward=support.user_tools:string_reward"], "returned str '1.0'")]
+    for i, (overrides, expected) in enumerate(cases):
+        assert main(["train", "--config", str(CONFIG), "--out", str(tmp_path / f"r{i}"), "--threads", "1", *base,
+                     *overrides]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("mempo train: ") and expected in err[0], err
+
+
+def test_a_task_without_reference_answers_trains_with_the_memory_reward_off(tmp_path):
+    """``data.gold_field: null``: QA records with no answer, a user's reward that needs none, the memory
+    reward off (the config refuses it on: tests/config/test_schema.py), and tools of the user's only (no
+    retriever, no corpus)."""
+    from mempo.apps.cli import main
+    from support import user_tools
+
+    torch.set_num_threads(1)
+    qa = tmp_path / "questions.jsonl"
+    qa.write_text("".join(json.dumps({"id": f"q{i}", "question": f"What colour is thing {i}?", "topic": "colour"})
+                          + "\n" for i in range(4)))
+    user_tools.REWARD_CALLS.clear()
+    out = tmp_path / "run"
+    assert main(["train", "--config", str(CONFIG), "--out", str(out), "--threads", "1", *FAST,
+                 "trainer.total_steps=1", "trainer.save_every=0", "data.source=files", f"data.train_files=[{qa}]",
+                 "data.num_objectives=1", "data.gold_field=null", "algorithm.memory_weight=0",
+                 "env.tools=['support.user_tools:lookup']", "rollout.outcome_reward=support.user_tools:answered_reward"]) == 0
+    (row,) = _comparable(out / "metrics.jsonl")
+    assert len(user_tools.REWARD_CALLS) == 2 * 3 and row["rollout/tool_calls"] > 0
+    assert all(example["golds"] is None and example["metadata"]["records"] == [{"topic": "colour"}]
+               for _, example in user_tools.REWARD_CALLS)
+    assert row["memory/scored_rounds"] == 0 and row["memory/unscored_rounds"] > 0

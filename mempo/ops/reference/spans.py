@@ -14,12 +14,13 @@ import json
 import re
 from typing import Any, Callable, Sequence
 
-from mempo.ops.spans import TAGS, Span
+from mempo.ops.spans import TAG_SET, Span, TagSet
 
 __all__ = ["find_spans_reference", "blocks_of_text_reference", "token_bytes_function"]
 
-_MARKER = re.compile(rb"<(/?)(mem|think|search|access|answer|information)>")
-_ACTIONS = {"search", "access", "answer"}
+
+def _marker_regex(tags: TagSet) -> "re.Pattern[bytes]":
+    return re.compile(rb"<(/?)(" + b"|".join(re.escape(n.encode()) for n in tags.names) + rb")>")
 
 
 def _gpt2_unicode_to_byte() -> dict[str, int]:
@@ -86,42 +87,44 @@ def token_bytes_function(tokenizer: Any) -> Callable[[int], bytes]:
     return token_bytes
 
 
-def blocks_of_text_reference(text: bytes) -> list[tuple[int, int, int, int, bool]]:
-    """Grammar over raw bytes: (tag code, byte begin, byte end, round, closed), in order."""
+def blocks_of_text_reference(text: bytes, tags: TagSet = TAG_SET) -> list[tuple[int, int, int, int, bool]]:
+    """Grammar of `tags` over raw bytes: (tag code, byte begin, byte end, round, closed), in order."""
+    names, opaque, actions = tags.names, tags.tool_result, set(tags.actions)
     blocks = []
     open_tag = None  # (name, begin, round)
     round_ = 0
     round_has_action = False
-    for match in _MARKER.finditer(text):
+    for match in _marker_regex(tags).finditer(text):
         closing = match.group(1) == b"/"
         name = match.group(2).decode()
         begin, end = match.span()
-        if open_tag is not None and open_tag[0] == "information":
-            if closing and name == "information":
-                blocks.append((TAGS.index(name), open_tag[1], end, open_tag[2], True))
+        if open_tag is not None and open_tag[0] == opaque:
+            if closing and name == opaque:
+                blocks.append((names.index(name), open_tag[1], end, open_tag[2], True))
                 open_tag = None
             continue
         if closing:
             if open_tag is not None and open_tag[0] == name:
-                blocks.append((TAGS.index(name), open_tag[1], end, open_tag[2], True))
+                blocks.append((names.index(name), open_tag[1], end, open_tag[2], True))
                 open_tag = None
             continue
         if open_tag is not None:
-            blocks.append((TAGS.index(open_tag[0]), open_tag[1], begin, open_tag[2], False))
-        if name != "information":
+            blocks.append((names.index(open_tag[0]), open_tag[1], begin, open_tag[2], False))
+        if name != opaque:
             if round_has_action:
                 round_ += 1
                 round_has_action = False
-            if name in _ACTIONS:
+            if name in actions:
                 round_has_action = True
         open_tag = (name, begin, round_)
     if open_tag is not None:
-        blocks.append((TAGS.index(open_tag[0]), open_tag[1], len(text), open_tag[2], False))
+        blocks.append((names.index(open_tag[0]), open_tag[1], len(text), open_tag[2], False))
     return blocks
 
 
-def find_spans_reference(ids_list: Sequence[Sequence[int]], tokenizer: Any) -> list[list[Span]]:
-    """Spans of each sequence of ids, as lists of `Span` (same results as `find_spans`)."""
+def find_spans_reference(ids_list: Sequence[Sequence[int]], tokenizer: Any,
+                         tags: TagSet = TAG_SET) -> list[list[Span]]:
+    """Spans of `tags` in each sequence of ids, as lists of `Span` (same results as `find_spans`)."""
     token_bytes = token_bytes_function(tokenizer)
     memo: dict[int, bytes] = {}
     result = []
@@ -140,9 +143,9 @@ def find_spans_reference(ids_list: Sequence[Sequence[int]], tokenizer: Any) -> l
             position += len(piece)
             ends.append(position)
         spans = []
-        for tag, begin, end, round_, closed in blocks_of_text_reference(b"".join(pieces)):
+        for tag, begin, end, round_, closed in blocks_of_text_reference(b"".join(pieces), tags):
             first = bisect.bisect_right(ends, begin)  # first token ending after `begin`
             last = bisect.bisect_left(starts, end)  # tokens starting before `end`
-            spans.append(Span(TAGS[tag], first, last, round_, closed))
+            spans.append(Span(tags.names[tag], first, last, round_, closed))
         result.append(spans)
     return result

@@ -70,6 +70,8 @@ class GenerationRequest:
         ``<mem>``); stop detection starts scanning there.
     stop_token_ids: ids that end the round when generated (EOS, ``<|im_end|>``).
     key: the trajectory and round (scripted backends and request ids use it).
+    tags: the protocol's `mempo.protocol.tags.TagSet` whose actions close the round (None: the tags
+        format's ``TAG_SET``); a backend that stops on markers reads it.
     """
 
     prompt_ids: list[int]
@@ -77,6 +79,7 @@ class GenerationRequest:
     prefix_len: int = 0
     stop_token_ids: tuple[int, ...] = ()
     key: Optional[RequestKey] = None
+    tags: Any = None
 
     def __post_init__(self) -> None:
         if self.max_new_tokens < 1:

@@ -12,6 +12,7 @@ import torch
 from mempo.rollout.backends.base import (
     GenerationOutput, GenerationRequest, SamplingParams, named_tensors, register_backend,
 )
+from mempo.protocol.tags import TAG_SET
 from mempo.rollout.backends.stopping import STOP_ACTION, STOP_EOS, STOP_LENGTH, ActionStopScanner, TokenBytes
 
 __all__ = ["HFBackend", "load_weights_into"]
@@ -38,7 +39,7 @@ def _round_stop_class():
             self.stops = [frozenset(r.stop_token_ids) | frozenset(extra_stops) for r in requests]
             self.scanners = []
             for request in requests:
-                scanner = ActionStopScanner()
+                scanner = ActionStopScanner(request.tags or TAG_SET)
                 prefix = request.prompt_ids[len(request.prompt_ids) - request.prefix_len:]
                 scanner.feed(token_bytes.join(prefix))
                 self.scanners.append(scanner)

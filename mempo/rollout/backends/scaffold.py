@@ -14,30 +14,37 @@ from typing import Any, Optional, Sequence
 
 import torch
 
+from mempo.protocol.tags import TAG_SET, TagSet
 from mempo.rollout.backends.stopping import TokenBytes
 from mempo.utils.tokens import decode_ids
 
 __all__ = ["context_candidates", "ProtocolScaffold"]
 
-_INFORMATION_BLOCK = re.compile(r"<information>(.*?)</information>", re.S)
+_RESULT_BLOCKS: dict[str, "re.Pattern[str]"] = {}
 _WORD = re.compile(r"[\w'-]+")
 _WORD_GAP = re.compile(r"\s+")
 
 
-def context_candidates(text: str, *, max_words: int = 4, limit: int = 32) -> list[str]:
+def context_candidates(text: str, *, max_words: int = 4, limit: int = 32,
+                       result_tag: str = "information") -> list[str]:
     """The answer strings `ProtocolScaffold` lets the model choose from, given a round's prompt text.
 
-    Only text inside ``<information>...</information>`` blocks counts (the tool results the agent
-    read in this trajectory's context), in order. In each block, the words (maximal runs of
-    letters, digits, ``'`` and ``-``) are grouped into maximal runs of consecutive words that start
-    with an upper-case letter or a digit and are separated by white space only (any other character
-    ends a run); runs of at most `max_words` words are candidates ("Cousko Stozofal", "1798",
-    "Doc 1"). Duplicates are dropped (first appearance kept); at most `limit` are returned.
+    Only text inside ``<information>...</information>`` blocks (``result_tag``: the protocol's
+    tool-result tag) counts (the tool results the agent read in this trajectory's context), in
+    order. In each block, the words (maximal runs of letters, digits, ``'`` and ``-``) are grouped
+    into maximal runs of consecutive words that start with an upper-case letter or a digit and are
+    separated by white space only (any other character ends a run); runs of at most `max_words`
+    words are candidates ("Cousko Stozofal", "1798", "Doc 1"). Duplicates are dropped (first
+    appearance kept); at most `limit` are returned.
     A pure function of `text`: nothing else (no episode, no gold answer) goes in.
     """
     found: list[str] = []
     seen: set[str] = set()
-    for block in _INFORMATION_BLOCK.findall(text):
+    pattern = _RESULT_BLOCKS.get(result_tag)
+    if pattern is None:
+        pattern = _RESULT_BLOCKS[result_tag] = re.compile(f"<{re.escape(result_tag)}>(.*?)</{re.escape(result_tag)}>",
+                                                          re.S)
+    for block in pattern.findall(text):
         run: list[str] = []
         last_end = None
         for match in list(_WORD.finditer(block)) + [None]:
@@ -77,9 +84,15 @@ class ProtocolScaffold:
     candidate is complete) are allowed, so which string the model answers is its own (learnable)
     probability. With no candidate in the context the answer is ``query_tokens`` free tokens.
 
+    With another tool call (`action`: its forced opening and closing text, e.g. ``<tool_call>{"name":
+    "lookup", "arguments": {"key": "`` and ``"}}</tool_call>`` in the json format; `for_tools` builds them)
+    the ``<search>`` / ``</search>`` above are those, the candidates are read from ``result_tag`` blocks,
+    and with ``json_arguments`` the free query tokens hold no ``"``, ``\\`` or control character (the call
+    stays valid JSON).
+
     Args:
         tokenizer: the policy's tokenizer.
-        turns: rounds per trajectory (searches in rounds 1..turns-1, the answer in round `turns`).
+        turns: rounds per trajectory (tool calls in rounds 1..turns-1, the answer in round `turns`).
         mem_tokens / think_tokens / query_tokens: free tokens of each segment.
         max_parts: most candidates one answer may join with "; " (multi-objective episodes).
         max_words / max_candidates: `context_candidates` settings.
@@ -89,7 +102,9 @@ class ProtocolScaffold:
     """
 
     def __init__(self, tokenizer: Any, turns: int = 3, *, mem_tokens: int = 8, think_tokens: int = 4,
-                 query_tokens: int = 3, max_parts: int = 4, max_words: int = 4, max_candidates: int = 32):
+                 query_tokens: int = 3, max_parts: int = 4, max_words: int = 4, max_candidates: int = 32,
+                 action: tuple[str, str] = ("<search>", "</search>"), result_tag: str = "information",
+                 json_arguments: bool = False):
         if turns < 1:
             raise ValueError("turns must be >= 1")
         if max_parts < 1:
@@ -104,6 +119,11 @@ class ProtocolScaffold:
         self.banned = torch.tensor(sorted(set(banned)), dtype=torch.long)
         blank = [i for i in range(len(pieces)) if pieces[i] and not pieces[i].strip()]
         self.banned_first = torch.tensor(sorted(set(banned) | set(blank)), dtype=torch.long)
+        # inside a JSON string: no quote, no backslash, no control character
+        quoting = [i for i in range(len(pieces)) if b'"' in pieces[i] or b"\\" in pieces[i]
+                   or any(byte < 0x20 for byte in pieces[i])] if json_arguments else []
+        self.banned_query = torch.tensor(sorted(set(banned) | set(blank) | set(quoting)), dtype=torch.long)
+        self.action, self.result_tag, self.json_arguments = action, result_tag, json_arguments
         self.sizes = (mem_tokens, think_tokens, query_tokens)
         self.max_parts = max_parts
         self.max_words = max_words
@@ -115,10 +135,28 @@ class ProtocolScaffold:
     def _encode(self, text: str) -> list[int]:
         return list(self.tokenizer.encode(text, add_special_tokens=False))
 
+    @classmethod
+    def for_tools(cls, tokenizer: Any, turns: int, tools: Any, tags: TagSet = TAG_SET) -> "ProtocolScaffold":
+        """The scaffold of a run whose first tool (``tools``: a `mempo.tools.Toolset` or `Tool` s) is the
+        one it calls, in the run's format (`tags`): ``<name>`` free ``</name>``, or a JSON call with the
+        free tokens as the value of the tool's first (required) argument."""
+        first = next(iter(tools.tools.values() if hasattr(tools, "tools") else tools), None)
+        if first is None:
+            raise ValueError("the protocol scaffold calls a tool in every round but the last, and there is none")
+        if tags.call_tag is None:
+            return cls(tokenizer, turns, action=(f"<{first.name}>", f"</{first.name}>"), result_tag=tags.tool_result)
+        schema = first.parameters
+        argument = next(iter(list(schema.get("required", [])) + list(schema.get("properties", {}))), None)
+        call = f'<{tags.call_tag}>{{"name": "{first.name}", "arguments": {{'
+        action = (call + f'"{argument}": "', '"}}' + f"</{tags.call_tag}>") if argument is not None \
+            else (call + "}}", f"</{tags.call_tag}>")
+        return cls(tokenizer, turns, action=action, result_tag=tags.tool_result, json_arguments=True,
+                   query_tokens=3 if argument is not None else 0)
+
     def candidates(self, prompt_ids: Sequence[int]) -> list[str]:
         """`context_candidates` of the prompt's text (decoded with special tokens kept)."""
         return context_candidates(decode_ids(self.tokenizer, prompt_ids), max_words=self.max_words,
-                                  limit=self.max_candidates)
+                                  limit=self.max_candidates, result_tag=self.result_tag)
 
     def plan(self, round_index: int, prompt_ids: Sequence[int] = ()) -> list:
         """The segment plan of one round: ("free", n, first_banned), ("force", ids) and, in the
@@ -129,8 +167,10 @@ class ProtocolScaffold:
         mem, think, query = self.sizes
         segments: list = [("free", mem, True), ("force", self._encode("</mem>\n<think>\n")), ("free", think, False)]
         if not last:
-            segments += [("force", self._encode("\n</think>\n<search>")), ("free", query, True),
-                         ("force", self._encode("</search>"))]
+            opening, closing = self.action
+            segments += [("force", self._encode("\n</think>\n" + opening))]
+            segments += [("free", query, "query" if self.json_arguments else True)] if query else []
+            segments += [("force", self._encode(closing))] if closing else []
             self._fixed_plans[round_index] = segments
             return segments
         segments.append(("force", self._encode("\n</think>\n<answer>")))
@@ -200,7 +240,7 @@ class ProtocolScaffold:
             kind = segment[0]
             if kind == "free":
                 if n - pos < segment[1]:
-                    return ("free", segment[2] and n == pos)
+                    return ("free", "query" if segment[2] == "query" else (segment[2] and n == pos))
                 pos += segment[1]
             elif kind == "force":
                 k = n - pos
@@ -225,7 +265,9 @@ class ProtocolScaffold:
             if constraint is None:
                 continue
             if constraint[0] == "free":
-                scores[row, self.banned_first if constraint[1] else self.banned] = float("-inf")
+                banned = self.banned_query if constraint[1] == "query" else \
+                    self.banned_first if constraint[1] else self.banned
+                scores[row, banned] = float("-inf")
             else:
                 keep = scores[row, constraint[1]].clone()
                 if not bool(torch.isfinite(keep).any()):

@@ -11,6 +11,7 @@ from typing import Any, Callable, Mapping, Optional, Sequence, Union
 from mempo.rollout.backends.base import (
     GenerationOutput, GenerationRequest, RequestKey, SamplingParams, register_backend,
 )
+from mempo.protocol.tags import TAG_SET
 from mempo.rollout.backends.stopping import TokenBytes, cut_round
 from mempo.utils.tokens import encode_text
 
@@ -55,8 +56,8 @@ class ScriptedBackend:
                 ids, reason = scripted[:request.max_new_tokens], "length"
             else:
                 prefix = request.prompt_ids[len(request.prompt_ids) - request.prefix_len:]
-                cut = cut_round(scripted, self.token_bytes, prefix_ids=prefix,
-                                stop_token_ids=request.stop_token_ids, max_new_tokens=request.max_new_tokens)
+                cut = cut_round(scripted, self.token_bytes, prefix_ids=prefix, stop_token_ids=request.stop_token_ids,
+                                max_new_tokens=request.max_new_tokens, tags=request.tags or TAG_SET)
                 ids, reason = cut.token_ids, cut.reason
             self.raw_outputs[request.key] = list(ids)
             outputs.append(GenerationOutput(ids, reason))

@@ -3,7 +3,8 @@
 Conventions
 -----------
 * A round is generated after the forced prefix (``<mem>``); it ends at the first token whose bytes
-  *complete* a closing action marker (``</search>``, ``</access>``, ``</answer>``) that closes the
+  *complete* a closing action marker (``</search>``, ``</access>``, ``</answer>``; ``</tool_call>`` in
+  the json format: the actions of the protocol's `mempo.protocol.tags.TagSet`) that closes the
   open action block under the span grammar of :mod:`mempo.ops.spans` (the same rules as
   :mod:`mempo.protocol.grammar`): at most one block is open, an opening marker ends the open block, inside
   ``<information>`` only ``</information>`` is a marker, stray closing markers are ignored. So
@@ -23,7 +24,7 @@ from __future__ import annotations
 from typing import Any, Collection, NamedTuple, Optional, Sequence
 
 from mempo.ops.spans import TokenTable
-from mempo.protocol.tags import ACTION_TAGS, TAGS
+from mempo.protocol.tags import TAG_SET, TagSet
 
 __all__ = ["ActionStopScanner", "TokenBytes", "RoundCut", "cut_round", "STOP_ACTION", "STOP_EOS",
            "STOP_LENGTH", "action_closing_token_ids"]
@@ -32,26 +33,43 @@ STOP_ACTION = "action"
 STOP_EOS = "eos"
 STOP_LENGTH = "length"
 
-_MARKERS: dict[bytes, tuple[str, bool]] = {}
-for _name in TAGS:
-    _MARKERS[f"<{_name}>".encode()] = (_name, False)
-    _MARKERS[f"</{_name}>".encode()] = (_name, True)
-_MAX_MARKER = max(len(m) for m in _MARKERS)
-_MARKER_PREFIXES = frozenset(m[:k] for m in _MARKERS for k in range(1, len(m)))
-_INFORMATION = "information"
+
+
+class _Markers:
+    """One tag set's markers as bytes: marker -> (tag, closing), the longest, every proper prefix."""
+
+    _cache: dict[TagSet, "_Markers"] = {}
+
+    def __init__(self, tags: TagSet) -> None:
+        self.tags = tags
+        self.markers: dict[bytes, tuple[str, bool]] = {}
+        for name in tags.names:
+            self.markers[f"<{name}>".encode()] = (name, False)
+            self.markers[f"</{name}>".encode()] = (name, True)
+        self.longest = max(len(m) for m in self.markers)
+        self.prefixes = frozenset(m[:k] for m in self.markers for k in range(1, len(m)))
+        self.actions = frozenset(tags.actions)
+
+    @classmethod
+    def of(cls, tags: TagSet) -> "_Markers":
+        found = cls._cache.get(tags)
+        if found is None:
+            found = cls._cache[tags] = cls(tags)
+        return found
 
 
 class ActionStopScanner:
-    """Incremental byte scanner: ``feed`` returns True once an action block has closed.
+    """Incremental byte scanner: ``feed`` returns True once an action block of `tags` has closed.
 
-    State: the open block's tag (``open_tag``), up to 13 carried bytes that may start a marker
-    split over feeds, and ``closed_action`` (the action tag that closed, else None). After it
-    returned True it keeps returning True.
+    State: the open block's tag (``open_tag``), fewer carried bytes than the longest marker that may
+    start a marker split over feeds, and ``closed_action`` (the action tag that closed, else None).
+    After it returned True it keeps returning True.
     """
 
-    __slots__ = ("open_tag", "_carry", "closed_action")
+    __slots__ = ("open_tag", "_carry", "closed_action", "_markers")
 
-    def __init__(self) -> None:
+    def __init__(self, tags: TagSet = TAG_SET) -> None:
+        self._markers = _Markers.of(tags)
         self.open_tag: Optional[str] = None
         self._carry = b""
         self.closed_action: Optional[str] = None
@@ -64,19 +82,20 @@ class ActionStopScanner:
         self._carry = b""
         pos = 0
         size = len(buf)
+        table = self._markers
         while True:
             lt = buf.find(b"<", pos)
             if lt < 0:
                 return False
-            gt = buf.find(b">", lt + 1, lt + _MAX_MARKER)
+            gt = buf.find(b">", lt + 1, lt + table.longest)
             if gt < 0:
                 rest = buf[lt:]
-                if size - lt < _MAX_MARKER and rest in _MARKER_PREFIXES:
+                if size - lt < table.longest and rest in table.prefixes:
                     self._carry = rest
                     return False
                 pos = lt + 1
                 continue
-            marker = _MARKERS.get(buf[lt:gt + 1])
+            marker = table.markers.get(buf[lt:gt + 1])
             if marker is None:
                 pos = lt + 1
                 continue
@@ -85,14 +104,15 @@ class ActionStopScanner:
                 return True
 
     def _apply(self, tag: str, closing: bool) -> bool:
-        if self.open_tag == _INFORMATION:
-            if closing and tag == _INFORMATION:
+        information = self._markers.tags.tool_result
+        if self.open_tag == information:
+            if closing and tag == information:
                 self.open_tag = None
             return False
         if closing:
             if self.open_tag == tag:
                 self.open_tag = None
-                if tag in ACTION_TAGS:
+                if tag in self._markers.actions:
                     self.closed_action = tag
                     return True
             return False
@@ -147,7 +167,8 @@ class RoundCut(NamedTuple):
 
 
 def cut_round(token_ids: Sequence[int], token_bytes: TokenBytes, *, prefix_ids: Sequence[int] = (),
-              stop_token_ids: Collection[int] = (), max_new_tokens: Optional[int] = None) -> RoundCut:
+              stop_token_ids: Collection[int] = (), max_new_tokens: Optional[int] = None,
+              tags: TagSet = TAG_SET) -> RoundCut:
     """Cut a backend's raw output for one round, authoritatively: after the first token that completes
     the closing marker of the open action block (kept whole, even when BPE merged the marker's last
     bytes with what follows), at a stop id (kept; the round is malformed) or at ``max_new_tokens``.
@@ -158,10 +179,11 @@ def cut_round(token_ids: Sequence[int], token_bytes: TokenBytes, *, prefix_ids: 
         prefix_ids: the round's forced prefix (already in the prompt); scanned first.
         stop_token_ids: ids that end the round when generated (kept in the round).
         max_new_tokens: at most this many ids are kept (``None``: no limit).
+        tags: the protocol's tag set (its actions close a round).
 
     Returns the kept ids (a prefix of ``token_ids``), the reason and the closed action tag.
     """
-    scanner = ActionStopScanner()
+    scanner = ActionStopScanner(tags)
     scanner.feed(token_bytes.join(prefix_ids))
     limit = len(token_ids) if max_new_tokens is None else min(len(token_ids), max_new_tokens)
     stops = stop_token_ids if isinstance(stop_token_ids, (set, frozenset)) else set(stop_token_ids)
@@ -174,12 +196,12 @@ def cut_round(token_ids: Sequence[int], token_bytes: TokenBytes, *, prefix_ids: 
     return RoundCut([int(t) for t in token_ids[:limit]], STOP_LENGTH, None)
 
 
-def action_closing_token_ids(token_bytes: TokenBytes) -> list[int]:
-    """Ids whose bytes contain a whole closing action marker (``</search>`` ...).
+def action_closing_token_ids(token_bytes: TokenBytes, tags: TagSet = TAG_SET) -> list[int]:
+    """Ids whose bytes contain a whole closing action marker of `tags` (``</search>`` ...).
 
     A backend that can only stop on token ids (SGLang without a tokenizer) uses them as a cheap
     early stop; it is exact when the markers are single tokens, and otherwise :func:`cut_round`
     still cuts over-generated output at the right token.
     """
-    markers = [f"</{tag}>".encode() for tag in ACTION_TAGS]
+    markers = [f"</{tag}>".encode() for tag in tags.actions]
     return [i for i, piece in enumerate(token_bytes.pieces) if any(m in piece for m in markers)]

@@ -6,13 +6,14 @@ import pytest
 
 from mempo.protocol.grammar import find_blocks
 from mempo.rollout.backends import ActionStopScanner, TokenBytes, action_closing_token_ids, cut_round
-from mempo.protocol.tags import ACTION_TAGS
-from support.toy_tokenizers import byte_level_tokenizer, random_text, special_tag_tokenizer, whole_text_tokenizer
+from mempo.protocol.tags import ACTION_TAGS, JSON_TAG_SET, TAG_SET
+from support.toy_tokenizers import (byte_level_tokenizer, json_random_text, json_special_tag_tokenizer, random_text,
+                                    special_tag_tokenizer, whole_text_tokenizer)
 
 
-def first_action_close(text: str):
+def first_action_close(text: str, tags=TAG_SET):
     """Byte offset just past the first closed action block (the protocol's parse), or None."""
-    ends = [b.end for b in find_blocks(text) if b.tag in ACTION_TAGS and b.closed]
+    ends = [b.end for b in find_blocks(text, tags) if b.tag in tags.actions and b.closed]
     return len(text[:min(ends)].encode()) if ends else None
 
 
@@ -90,3 +91,30 @@ def test_action_closing_token_ids():
     ids = action_closing_token_ids(special)
     assert {special.pieces[i] for i in ids} >= {b"</search>", b"</access>", b"</answer>"}
     assert all(any(m in special.pieces[i] for m in (b"</search>", b"</access>", b"</answer>")) for i in ids)
+
+
+@pytest.mark.parametrize("make", [byte_level_tokenizer, json_special_tag_tokenizer, whole_text_tokenizer])
+def test_json_tags_stop_at_the_closing_tool_call(make):
+    """Under the JSON tool-call tags a round stops where the grammar closes <tool_call> or <answer>, on
+    texts of that format (markers split over tokens, merged with what follows, inside <tool_response>)."""
+    tok = make()
+    token_bytes = TokenBytes.of(tok)
+    rng = random.Random(11)
+    checked = 0
+    for _ in range(300):
+        text = json_random_text(rng)
+        ids = tok.encode(text).ids
+        cut = cut_round(ids, token_bytes, tags=JSON_TAG_SET)
+        boundary = first_action_close(text, JSON_TAG_SET)
+        if boundary is None:
+            assert cut.reason == "length" and cut.token_ids == ids
+            continue
+        checked += 1
+        kept = token_bytes.join(cut.token_ids)
+        assert cut.reason == "action" and len(kept) >= boundary > len(token_bytes.join(cut.token_ids[:-1]))
+    assert checked > 100
+    scanner = ActionStopScanner(JSON_TAG_SET)
+    assert not scanner.feed(b"<mem>a</mem><think>t</think><search>q</search><tool_response></tool_call>")
+    assert scanner.feed(b"</tool_response><tool_call>{}</tool_call>") and scanner.closed_action == "tool_call"
+    json_ids = action_closing_token_ids(TokenBytes.of(json_special_tag_tokenizer()), JSON_TAG_SET)
+    assert {TokenBytes.of(json_special_tag_tokenizer()).pieces[i] for i in json_ids} >= {b"</tool_call>", b"</answer>"}
