@@ -19,7 +19,7 @@ from support.checkpoints import torch_payload
 from support.paths import REPO
 
 TINY = REPO / "configs" / "tiny.yaml"
-SMALL = ["synthetic.world_entities=20", "eval.episodes=2", "trainer.tensorboard=false", "trainer.progress=false"]
+SMALL = ["synthetic.world_entities=40", "eval.episodes=2", "trainer.tensorboard=false", "trainer.progress=false"]
 
 
 @pytest.fixture(scope="module")
