@@ -10,7 +10,8 @@
   max_tokens and stop ids). Every request is recorded (``requests``).
 * `FakeTQ`: the two TransferQueue calls the V1 trainer makes, over a dict of rows (1-D tensors come
   back as jagged nested tensors, other values as a NonTensorStack, as verl's trainer reads them).
-* `verl_config(...)`: verl 0.9.1's full default trainer config (its generated YAML) with test lengths.
+* `verl_config(...)`: verl 0.9.1's full default trainer config (its generated YAML) with test lengths
+  and ``trainer.v1.trainer_mode=mempo_sync``.
 * `dummy_worker(...)`: an `AgentLoopWorker` without Ray (``object.__new__``), as verl's own CPU tests
   build one, so its real ``generate_sequences`` / ``_agent_loop_postprocess`` / ``_postprocess`` run.
 """
@@ -139,7 +140,8 @@ class FakeTQ:
         return KVBatchMeta(keys=list(keys), tags=[{} for _ in keys], partition_id=partition_id)
 
 
-def verl_config(agents_yaml: Path, *, prompt_length: int, response_length: int, n: int = 4):
+def verl_config(agents_yaml: Path, *, prompt_length: int, response_length: int, n: int = 4,
+                trainer_mode: str = "mempo_sync"):
     from omegaconf import OmegaConf, open_dict
     import verl
 
@@ -153,6 +155,7 @@ def verl_config(agents_yaml: Path, *, prompt_length: int, response_length: int, 
         rollout.agent.default_agent_loop = "mempo_agent"
         config.data.max_prompt_length, config.data.max_response_length = prompt_length, response_length
         config.algorithm.adv_estimator = "grpo"
+        config.trainer.v1.trainer_mode = trainer_mode  # the trainer that reads the mempo loops' rows
     return config
 
 

@@ -1,22 +1,31 @@
-"""``python -m mempo.integrations.verl``: what the verl plugin registered in this process.
+"""``python -m mempo.integrations.verl [--config RUN.yaml] [key=value ...]``: what the verl plugin
+registered in this process, and whether a run configuration can train mempo.
 
 Imports verl (which loads the plugin through its entry point, or ``VERL_USE_EXTERNAL_MODULES``),
 then reads verl's own registries: the advantage estimator "mempo", the agent loops "mempo_agent"
-and "mempo_agent_eval", the V1 trainer "mempo_sync", the legacy ``compute_advantage`` patch. Prints
-one line per component and whether the ``verl.plugins`` entry point is installed; exits 1 when any
-component is missing (with the reason the plugin recorded), 0 otherwise.
+and "mempo_agent_eval", the V1 trainer "mempo_sync", the legacy ``compute_advantage`` patch, the
+default reward function for mempo rows. Prints one line per component and whether the
+``verl.plugins`` entry point is installed. With ``--config`` and/or overrides (the ones given to
+``verl.trainer.main_ppo``), it also checks that configuration on verl's defaults
+(`mempo.integrations.verl.run_config.check_run_config`: the trainer mode, the estimator, the
+agent-loop YAML's mempo entries) and prints one line per problem. Exits 2 when the configuration
+has a problem, 1 when a component is missing (with the reason the plugin recorded), 0 otherwise.
 """
 from __future__ import annotations
 
+import argparse
 import sys
 from importlib import metadata
+from typing import Optional, Sequence
 
 import verl  # loads the plugin the way every verl process does
 
+from mempo.config import ConfigError
 from mempo.integrations.verl import AGENTS_YAML, registration_status
+from mempo.integrations.verl.run_config import check_run_config, load_run_config
 from mempo.integrations.verl.version import VERL_VERSION
 
-__all__ = ["check", "main"]
+__all__ = ["check", "check_config", "main"]
 
 
 def check() -> tuple[list[str], bool]:
@@ -56,10 +65,30 @@ def check() -> tuple[list[str], bool]:
     return lines, all(found.values())
 
 
-def main() -> int:
+def check_config(config_file: Optional[str], overrides: Sequence[str]) -> list[str]:
+    """The problems of a run configuration (`check_run_config` on `load_run_config`), one line each."""
+    try:
+        return check_run_config(load_run_config(config_file, overrides))
+    except ConfigError as error:
+        return [str(error)]
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m mempo.integrations.verl",
+                                     description="what the mempo verl plugin registered; with --config or overrides, "
+                                                 "whether that verl run configuration can train mempo")
+    parser.add_argument("--config", default=None, help="a YAML of verl config keys (merged on verl's defaults)")
+    parser.add_argument("overrides", nargs="*", help="verl.trainer.main_ppo overrides, key=value (hydra style)")
+    args = parser.parse_args(argv)
     lines, ok = check()
+    code = 0 if ok else 1
+    if args.config is not None or args.overrides:
+        problems = check_config(args.config, args.overrides)
+        lines.append("run config: ok" if not problems else f"run config: {len(problems)} problem(s)")
+        lines.extend(f"ERROR {problem}" for problem in problems)
+        code = 2 if problems else code
     print("\n".join(lines))
-    return 0 if ok else 1
+    return code
 
 
 if __name__ == "__main__":

@@ -14,6 +14,10 @@ verl's ``server_manager.generate`` (token ids in, token ids out) on the worker's
   (`mempo.integrations.verl.server_scoring`); the results go to ``extra_fields`` (`fields.EXTRA_KEYS`,
   the same keys on every output, train or validation).
 
+Start-up: a loop refuses to run (ConfigError naming ``trainer.v1.trainer_mode=mempo_sync``) unless the
+trainer that consumes its rows is mempo's (`mempo.integrations.verl.run_config.consumer_problem`):
+under verl's plain or asynchronous trainers the memory reward would be computed and dropped.
+
 Lengths: the response (rounds + tool segments) never exceeds ``rollout.response_length`` (mempo's
 ``max_response_tokens``); a prompt longer than ``rollout.prompt_length`` is refused (verl would cut
 it silently). Context policy "memory" under the V1 trainer returns one output per round (prompt =
@@ -44,6 +48,7 @@ from mempo.config import ConfigError, EnvConfig, MempoConfig, RolloutConfig, Sco
 from mempo.config.coerce import build_section
 from mempo.env.build import build_retriever, build_tools
 from mempo.integrations.verl.fields import empty_extra_fields, memory_extra_fields
+from mempo.integrations.verl.run_config import consumer_problem
 from mempo.integrations.verl.server_scoring import ServerScorer
 from mempo.integrations.verl.version import check_verl_version
 from mempo.protocol.memory import AgentMemory
@@ -271,6 +276,9 @@ class MemPOAgentLoop(AgentLoopBase):
                  name: Optional[str] = None, **kwargs: Any) -> None:
         check_verl_version()
         super().__init__(*args, **kwargs)
+        consumer = consumer_problem(self.config)
+        if consumer:  # before any generation or scoring is paid for
+            raise ConfigError("", consumer)
         entry = name or self.entry_name
         options = {"rollout": rollout, "env": env, "scoring": scoring,
                    "max_concurrent_scoring": max_concurrent_scoring,

@@ -11,16 +11,17 @@ z-scores the memory rewards per group (``uid``; `mempo.ops.advantage.memory_adva
 ``returns`` are written back. With GRPO's outcome part this is `mempo.ops.mempo_advantage`
 (`mempo train`'s advantage stage without ``skip_zero_variance_groups``, which verl does not have).
 
-verl chooses behaviour by the *name* ``trainer_mode`` (``"sync"`` gives the plain replay buffer, no
-refill and no re-issued prompts), so the trainer sets it to ``"sync"`` before verl's constructor:
-the class is already chosen by then. ``"sync"`` itself is never re-registered.
+verl chooses behaviour by the trainer's attribute ``trainer_mode`` (``"sync"`` gives the plain replay
+buffer, no refill and no re-issued prompts), so on this class the attribute always reads ``"sync"``
+while the configuration keeps ``trainer.v1.trainer_mode=mempo_sync``: the agent-loop workers get the
+same configuration and check that mempo's trainer consumes their rows
+(`mempo.integrations.verl.run_config.consumer_problem`). ``"sync"`` itself is never re-registered.
 """
 from __future__ import annotations
 
 import numpy as np
 import torch
 import transfer_queue as tq
-from omegaconf import open_dict
 from tensordict import TensorDict
 from verl.trainer.ppo.v1.trainer_base import register_trainer
 from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
@@ -73,9 +74,18 @@ class MemPOTrainerSync(PPOTrainerSync):
             raise ValueError(f"algorithm.adv_estimator={estimator!r}: the {TRAINER_NAME} trainer adds the memory "
                              "advantage to verl's GRPO; set algorithm.adv_estimator=grpo")
         memory_config(config.algorithm)  # a bad algorithm.mempo value fails here, not at the first step
-        with open_dict(config):
-            config.trainer.v1.trainer_mode = "sync"  # verl's behaviour switch (module docstring)
         super().__init__(config, *args, **kwargs)
+
+    @property
+    def trainer_mode(self) -> str:
+        """verl's behaviour switch: always the sync trainer's (module docstring)."""
+        return "sync"
+
+    @trainer_mode.setter
+    def trainer_mode(self, value: str) -> None:
+        """verl's constructor assigns the configured name; the behaviour stays "sync"."""
+        if value != TRAINER_NAME:
+            raise ValueError(f"trainer.v1.trainer_mode={value!r} built the {TRAINER_NAME} trainer")
 
     def _compute_advantage(self, batch, metrics: dict):
         batch = super()._compute_advantage(batch, metrics)
