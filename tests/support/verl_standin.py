@@ -13,7 +13,10 @@
 * `verl_config(...)`: verl 0.9.1's full default trainer config (its generated YAML) with test lengths
   and ``trainer.v1.trainer_mode=mempo_sync``.
 * `dummy_worker(...)`: an `AgentLoopWorker` without Ray (``object.__new__``), as verl's own CPU tests
-  build one, so its real ``generate_sequences`` / ``_agent_loop_postprocess`` / ``_postprocess`` run.
+  build one, so its real ``generate_sequences`` / ``_agent_loop_postprocess`` / ``_postprocess`` run;
+  its reward loop is verl's real `RewardLoopWorker` behind `RewardHandle` (the actor-handle call
+  ``handle.compute_score.remote(data)``), or none (``reward=False``: a colocated reward model, whose
+  scores the trainer writes later).
 """
 from __future__ import annotations
 
@@ -159,10 +162,41 @@ def verl_config(agents_yaml: Path, *, prompt_length: int, response_length: int, 
     return config
 
 
-def dummy_worker(config, tokenizer, server):
-    """An `AgentLoopWorker` with the attributes its real methods read, built without Ray or a model."""
+class RewardHandle:
+    """verl's `RewardLoopWorker` (built from the run's config, one per event loop: its reward manager
+    binds the loop it was built in) behind the Ray actor-handle call the agent-loop worker makes,
+    ``await handle.compute_score.remote(data)``. ``calls``: how many trajectories it scored."""
+
+    def __init__(self, config) -> None:
+        import types
+
+        self.config = config
+        self.calls = 0
+        self._workers: dict = {}
+        self.compute_score = types.SimpleNamespace(remote=self._compute_score)
+
+    async def _compute_score(self, data):
+        import asyncio
+
+        from verl.experimental.reward_loop.reward_loop import RewardLoopWorker
+
+        loop = asyncio.get_running_loop()
+        if loop not in self._workers:
+            self._workers[loop] = RewardLoopWorker(self.config)
+        self.calls += 1
+        return await self._workers[loop].compute_score(data)
+
+
+def dummy_worker(config, tokenizer, server, *, reward: bool = True):
+    """An `AgentLoopWorker` with the attributes its real methods read, built without Ray or a model;
+    with `reward`, verl's reward loop through `RewardHandle` (the tokenizer is saved to a temporary
+    folder, ``actor_rollout_ref.model.tokenizer_path``, which the reward worker loads)."""
+    import atexit
+    import shutil
+    import tempfile
+
+    from omegaconf import OmegaConf, open_dict
     from verl.experimental.agent_loop.agent_loop import AgentLoopWorker, _agent_loop_registry
-    from omegaconf import OmegaConf
     from verl.utils.config import omega_conf_to_dataclass
     from verl.utils.dataset.rl_dataset import RLHFDataset
 
@@ -171,6 +205,13 @@ def dummy_worker(config, tokenizer, server):
     worker.llm_client = server
     worker.teacher_client = None
     worker.reward_loop_worker_handles = None
+    if reward:
+        folder = tempfile.mkdtemp(prefix="verl_tok_")
+        atexit.register(shutil.rmtree, folder, True)
+        tokenizer.save_pretrained(folder)
+        with open_dict(config):
+            config.actor_rollout_ref.model.tokenizer_path = folder
+        worker.reward_loop_worker_handles = [RewardHandle(config)]
     worker.rollout_config = omega_conf_to_dataclass(config.actor_rollout_ref.rollout)
     worker.dataset_cls = RLHFDataset
     worker.tokenizer = tokenizer

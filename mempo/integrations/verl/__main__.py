@@ -58,6 +58,11 @@ def check() -> tuple[list[str], bool]:
         found["legacy compute_advantage patch"] = hasattr(ray_trainer, "_verl_compute_advantage")
     except ImportError:
         found["legacy compute_advantage patch"] = False
+    try:
+        from mempo.integrations.verl.reward import is_installed  # reason: see above
+        found["default reward function for mempo rows"] = is_installed()
+    except ImportError:
+        found["default reward function for mempo rows"] = False
     status = registration_status()
     for name, ok in found.items():
         lines.append(f"{'ok  ' if ok else 'MISSING'} {name}" + ("" if ok else f": {status.get(name, 'not imported')}"))

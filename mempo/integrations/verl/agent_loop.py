@@ -8,8 +8,10 @@ retriever tools, ``<information>`` ids with loss mask 0, the memory context, tok
 scanner's ``<mem>`` spans) on a worker thread, with a generation backend that sends every round to
 verl's ``server_manager.generate`` (token ids in, token ids out) on the worker's event loop. Then:
 
-* the outcome (`mempo.algo.outcome.score_outcomes`, the golds of ``reward_model.ground_truth``) is the
-  output's ``reward_score`` (verl's reward loop is then skipped for it);
+* the outcome goes through verl's reward path: ``reward_score`` is left unset, so verl's reward loop
+  scores the trajectory (a ``reward.custom_reward_function``, a reward model, or by default
+  mempo's EM, `mempo.integrations.verl.reward`, on the protocol text the loop puts in
+  ``extra_fields["mempo_protocol_text"]`` of its last output);
 * ``mempo_agent`` teacher-scores the scored rounds through the same servers
   (`mempo.integrations.verl.server_scoring`); the results go to ``extra_fields`` (`fields.EXTRA_KEYS`,
   the same keys on every output, train or validation).
@@ -43,11 +45,11 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from verl.experimental.agent_loop.agent_loop import (AgentLoopBase, AgentLoopMetrics, AgentLoopOutput,
                                                      _agent_loop_registry, register)
 
-from mempo.algo.outcome import score_outcomes
 from mempo.config import ConfigError, EnvConfig, MempoConfig, RolloutConfig, ScoringConfig
 from mempo.config.coerce import build_section
 from mempo.env.build import build_retriever, build_tools
 from mempo.integrations.verl.fields import empty_extra_fields, memory_extra_fields
+from mempo.integrations.verl.reward import PROTOCOL_TEXT_KEY, SCORE_MODE_KEY, gold_answers
 from mempo.integrations.verl.run_config import consumer_problem
 from mempo.integrations.verl.server_scoring import ServerScorer
 from mempo.integrations.verl.version import check_verl_version
@@ -242,17 +244,10 @@ def _question(raw_prompt: Any) -> tuple[str, Optional[str]]:
 
 
 def _golds(reward_model: Any) -> Any:
-    """The golds of ``reward_model.ground_truth``: aliases, per-objective alias lists, or Search-R1's
-    ``{"target": [aliases]}``; ValueError when there is none."""
+    """The golds of ``reward_model.ground_truth`` (`mempo.integrations.verl.reward.gold_answers`): the
+    gold answer string (or aliases, per-objective lists, ``{"target": ...}``); ValueError without."""
     reward_model = _plain(reward_model) or {}
-    truth = reward_model.get("ground_truth") if isinstance(reward_model, Mapping) else None
-    if isinstance(truth, Mapping):
-        truth = truth.get("target")
-    if truth is None:
-        raise ValueError("the sample has no reward_model.ground_truth (the gold answers the outcome is scored on)")
-    if hasattr(truth, "tolist"):
-        truth = truth.tolist()
-    return truth
+    return gold_answers(reward_model.get("ground_truth") if isinstance(reward_model, Mapping) else None)
 
 
 class MemPOAgentLoop(AgentLoopBase):
@@ -323,7 +318,7 @@ class MemPOAgentLoop(AgentLoopBase):
                               "'memory' trains one row per round, which needs verl's V1 trainer (trainer.use_v1=true);"
                               " the legacy trainer takes one row per trajectory")
         question, system_prompt = _question(kwargs.get("raw_prompt"))
-        golds = _golds(kwargs.get("reward_model"))
+        golds = _golds(kwargs.get("reward_model")) if self.score_memory else None  # teacher scoring's answer only
         request_id = uuid.uuid4().hex
         loop = asyncio.get_running_loop()
         token_bytes = TokenBytes.of(self.tokenizer)
@@ -335,7 +330,6 @@ class MemPOAgentLoop(AgentLoopBase):
         task = RolloutTask(str(kwargs.get("uid", request_id)), question, golds)
         [trajectory] = await loop.run_in_executor(_executor(self.settings.max_concurrent_trajectories),
                                                   functools.partial(engine.run, [task], group_size=1))
-        [trajectory] = score_outcomes([trajectory], mode=rollout.score_mode)
         rewards: list[Optional[float]] = []
         details: list = []
         if self.settings.scoring is not None:
@@ -347,20 +341,20 @@ class MemPOAgentLoop(AgentLoopBase):
         common = {
             "mempo_p_mem": [float(d.p_mem) for d in details], "mempo_p_full": [float(d.p_cmp) for d in details],
             "mempo_scored_rounds": [int(d.round_index) for d in details], "mempo_rounds": len(trajectory.rounds),
-            "mempo_finish_reason": trajectory.finish_reason, "mempo_score": trajectory.score,
-            "reward_extra_info": {"acc": trajectory.score, "mempo_em": float(trajectory.outcome.get("em", 0.0)),
-                                  "mempo_format_ok": float(bool(trajectory.outcome.get("format_ok", False)))},
+            "mempo_finish_reason": trajectory.finish_reason, SCORE_MODE_KEY: rollout.score_mode,
         }
+        last = {PROTOCOL_TEXT_KEY: trajectory.protocol_text or ""}  # what the reward function scores (last output)
         scored = trajectory.scored_rounds()
         logprobs = response_logprobs(trajectory, backend.generated) if sampling_params.get("logprobs") else None
         if not multi_output:
-            extra = {**empty_extra_fields(), **common,
+            extra = {**empty_extra_fields(), **common, **last,
                      **memory_extra_fields(rewards, [r.mem_span for r in scored][:len(rewards)])}
             return AgentLoopOutput(prompt_ids=trajectory.prompt_ids, response_ids=trajectory.response_ids,
                                    response_mask=trajectory.response_mask, response_logprobs=logprobs,
-                                   reward_score=trajectory.score,
                                    num_turns=self._num_turns(trajectory), metrics=metrics, extra_fields=extra)
-        return self._round_outputs(trajectory, rewards, metrics, common, logprobs)
+        outputs = self._round_outputs(trajectory, rewards, metrics, common, logprobs)
+        outputs[-1].extra_fields.update(last)
+        return outputs
 
     def _round_outputs(self, trajectory: Trajectory, rewards: Sequence[Optional[float]], metrics: AgentLoopMetrics,
                        common: dict[str, Any], logprobs: Optional[list[float]]) -> list[AgentLoopOutput]:
@@ -377,7 +371,7 @@ class MemPOAgentLoop(AgentLoopBase):
                                          [round_.mem_span] if has else [], offset=lo)
             outputs.append(AgentLoopOutput(
                 prompt_ids=prompt, response_ids=trajectory.response_ids[lo:hi],
-                response_mask=trajectory.response_mask[lo:hi], reward_score=trajectory.score,
+                response_mask=trajectory.response_mask[lo:hi],
                 response_logprobs=None if logprobs is None else logprobs[lo:hi],
                 num_turns=2 + int(hi > round_.end), metrics=metrics,
                 extra_fields={**empty_extra_fields(), **common, **memory}))

@@ -10,7 +10,11 @@ Every output of a mempo loop, train or validation, carries every key of `EXTRA_K
     mempo_scored_rounds list[int]         round index of each of those rounds
     mempo_rounds        int               rounds in the trajectory
     mempo_finish_reason str               why it ended (`mempo.records.trajectory.FINISH_REASONS`)
-    mempo_score         float             the outcome score the loop set as ``reward_score``
+    mempo_score_mode    str               ``rollout.score_mode`` (how per-objective EM becomes the outcome)
+    mempo_protocol_text str or None       the text the outcome is scored on (round and tool texts as
+                                          generated; the trajectory's last output only, None on the
+                                          others): verl's reward function reads it
+                                          (`mempo.integrations.verl.reward`)
 
 Legacy trainer: each key is a ``non_tensor_batch`` object array (one entry per row); V1: one dict per
 row in the TransferQueue field ``extra_fields``. `memory_inputs` turns either into the CSR inputs of
@@ -26,13 +30,14 @@ import torch
 __all__ = ["EXTRA_KEYS", "empty_extra_fields", "memory_inputs", "memory_extra_fields"]
 
 EXTRA_KEYS = ("mempo_mem_rewards", "mempo_mem_spans", "mempo_p_mem", "mempo_p_full", "mempo_scored_rounds",
-              "mempo_rounds", "mempo_finish_reason", "mempo_score")
+              "mempo_rounds", "mempo_finish_reason", "mempo_score_mode", "mempo_protocol_text")
 
 
 def empty_extra_fields() -> dict[str, Any]:
     """Every key of `EXTRA_KEYS` with its empty value (no round, nothing scored)."""
     return {"mempo_mem_rewards": [], "mempo_mem_spans": [], "mempo_p_mem": [], "mempo_p_full": [],
-            "mempo_scored_rounds": [], "mempo_rounds": 0, "mempo_finish_reason": "", "mempo_score": 0.0}
+            "mempo_scored_rounds": [], "mempo_rounds": 0, "mempo_finish_reason": "", "mempo_score_mode": "mean",
+            "mempo_protocol_text": None}
 
 
 def memory_extra_fields(rewards: Sequence[Optional[float]], spans: Sequence[Sequence[int]],
