@@ -3,7 +3,9 @@
 * `HFServer`: verl's ``LLMServerClient.generate(request_id, *, prompt_ids, sampling_params)`` over a
   Hugging Face causal LM (tiny random Qwen2), token ids in and out, returning verl's `TokenOutput`.
   It honours ``max_tokens``, ``stop_token_ids`` (the stop id is kept, as vLLM keeps it),
-  ``temperature`` (0: greedy) and ``prompt_logprobs=0`` in verl's layout (vLLM's
+  ``temperature`` (0: greedy), ``logprobs`` (the sampled ids' log-probs at the sampling temperature,
+  verl's ``logprobs_mode: processed_logprobs``) and ``prompt_logprobs=0`` (from the raw logits, as
+  vLLM computes prompt log-probs) in verl's layout (vLLM's
   ``extract_prompt_logprobs``: one row per prompt id, row k = [log p(prompt[k+1] | prompt[:k+1])],
   the last a dummy [0.0]; ``extra_fields["prompt_ids"]`` the matching ids). ``script(request_id,
   prompt_ids)`` may return the ids a policy "generates" instead of sampling (still cut by
@@ -88,9 +90,10 @@ class HFServer:
         else:
             ids = self._sample(request_id, list(prompt_ids), max_tokens, stops, float(params.get("temperature", 1.0)))
         log_probs = None
-        if params.get("logprobs"):  # the raw log-probs of the returned ids, as vLLM reports them
-            full = list(prompt_ids) + ids
-            logp = torch.log_softmax(self.model(input_ids=torch.tensor([full])).logits[0].float(), -1)
+        if params.get("logprobs"):  # the returned ids' log-probs under the sampling temperature, as vLLM reports
+            full = list(prompt_ids) + ids  # them with verl's logprobs_mode "processed_logprobs" (0: the raw ones)
+            temperature = float(params.get("temperature", 1.0)) or 1.0
+            logp = torch.log_softmax(self.model(input_ids=torch.tensor([full])).logits[0].float() / temperature, -1)
             start = len(prompt_ids)
             log_probs = [float(logp[start - 1 + j, t]) for j, t in enumerate(ids)]
         return TokenOutput(token_ids=ids, log_probs=log_probs, stop_reason="completed", extra_fields=extra)

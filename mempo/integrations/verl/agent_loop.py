@@ -48,10 +48,10 @@ from verl.experimental.agent_loop.agent_loop import (AgentLoopBase, AgentLoopMet
 from mempo.config import ConfigError, EnvConfig, MempoConfig, RolloutConfig, ScoringConfig
 from mempo.config.coerce import build_section
 from mempo.env.build import build_retriever, build_tools
-from mempo.integrations.verl.fields import empty_extra_fields, memory_extra_fields
+from mempo.integrations.verl.fields import FORCED_SPANS_KEY, empty_extra_fields, memory_extra_fields
 from mempo.integrations.verl.reward import PROTOCOL_TEXT_KEY, SCORE_MODE_KEY, gold_answers
-from mempo.integrations.verl.run_config import consumer_problem
-from mempo.integrations.verl.server_scoring import ServerScorer
+from mempo.integrations.verl.run_config import consumer_problem, forced_exclusion_problem
+from mempo.integrations.verl.server_scoring import ServerScorer, forced_prefix_logprobs
 from mempo.integrations.verl.version import check_verl_version
 from mempo.protocol.memory import AgentMemory
 from mempo.records.trajectory import Trajectory
@@ -211,10 +211,12 @@ class _ServerBackend:
 
 def response_logprobs(trajectory: Trajectory, generated: Sequence[tuple[list[int], Optional[list[float]]]]
                       ) -> list[float]:
-    """The rollout log-prob of every response id (verl's ``response_logprobs``): round r's kept ids are
-    the first ids of generation call r, with the server's log-probs; the forced prefix and the tool
-    segments get 0.0 (not sampled: probability 1 under the policy that produced the trajectory).
-    RuntimeError when the server sent no log-probs or the ids do not line up."""
+    """The rollout log-prob of every generated response id (verl's ``response_logprobs``): round r's
+    kept ids are the first ids of generation call r, with the server's log-probs. The forced prefix
+    (prompt input of its round's request: the server reports nothing for it) and the tool segments
+    (mask 0) get 0.0 here; `MemPOAgentLoop.run` puts the forced ids' own log-probs in
+    (`forced_prefix_logprobs`). RuntimeError when the server sent no log-probs or the ids do not
+    line up."""
     out = [0.0] * len(trajectory.response_ids)
     if len(generated) < len(trajectory.rounds):
         raise RuntimeError(f"{len(trajectory.rounds)} rounds but {len(generated)} generation calls")
@@ -228,6 +230,13 @@ def response_logprobs(trajectory: Trajectory, generated: Sequence[tuple[list[int
             raise RuntimeError(f"round {round_.index}: the kept ids are not the first ids the server generated")
         out[lo:round_.end] = [float(v) for v in logprobs[:len(kept)]]
     return out
+
+
+def trained_forced_spans(trajectory: Trajectory) -> list[tuple[int, int]]:
+    """Response offsets ``[start, start + prefix_len)`` of every round's forced prefix that carries loss
+    (``rollout.train_forced_prefix``): the ids whose rollout log-prob the trainer's correction reads."""
+    return [(r.start, r.start + r.prefix_len) for r in trajectory.rounds
+            if r.prefix_len > 0 and trajectory.response_mask[r.start] == 1]
 
 
 def _question(raw_prompt: Any) -> tuple[str, Optional[str]]:
@@ -285,6 +294,9 @@ class MemPOAgentLoop(AgentLoopBase):
         if self.score_memory and self.settings.rollout.context_policy == "memory" and not trainer.get("use_v1", True):
             raise ConfigError(f"{entry}.rollout.context_policy", "'memory' trains one row per round, which needs "
                                                                  "verl's V1 trainer (trainer.use_v1=true)")
+        forced = forced_exclusion_problem(self.config, self.settings.rollout) if self.score_memory else None
+        if forced:
+            raise ConfigError(f"{entry}.rollout.train_forced_prefix", forced)
         self.trajectory: Optional[Trajectory] = None
         self.memory_rewards: list[Optional[float]] = []
 
@@ -345,7 +357,10 @@ class MemPOAgentLoop(AgentLoopBase):
         }
         last = {PROTOCOL_TEXT_KEY: trajectory.protocol_text or ""}  # what the reward function scores (last output)
         scored = trajectory.scored_rounds()
-        logprobs = response_logprobs(trajectory, backend.generated) if sampling_params.get("logprobs") else None
+        logprobs, excluded = None, []
+        if sampling_params.get("logprobs"):
+            logprobs, excluded = await self._rollout_logprobs(trajectory, backend, sampling_params, request_id)
+        common[FORCED_SPANS_KEY] = [list(span) for span in excluded]
         if not multi_output:
             extra = {**empty_extra_fields(), **common, **last,
                      **memory_extra_fields(rewards, [r.mem_span for r in scored][:len(rewards)])}
@@ -355,6 +370,29 @@ class MemPOAgentLoop(AgentLoopBase):
         outputs = self._round_outputs(trajectory, rewards, metrics, common, logprobs)
         outputs[-1].extra_fields.update(last)
         return outputs
+
+    async def _rollout_logprobs(self, trajectory: Trajectory, backend: "_ServerBackend",
+                                sampling_params: Mapping[str, Any], request_id: str
+                                ) -> tuple[list[float], list[tuple[int, int]]]:
+        """(rollout log-prob of every response id, the trained forced spans left out of rollout correction).
+
+        Generated ids: the servers' sampled log-probs. Trained forced ids (the validation loop's rows
+        are not trained: skipped): the engine's own prompt log-probs at temperature 1
+        (`forced_prefix_logprobs`), exact when verl samples at temperature 1; at another temperature
+        the engines' prompt log-probs are not the sampling distribution's, so those spans are returned
+        as excluded (0.0 in the list; ``mempo_sync`` gives them rollout log-prob = the trainer's, IS
+        weight 1, and keeps them out of the correction's metrics)."""
+        logprobs = response_logprobs(trajectory, backend.generated)
+        forced = trained_forced_spans(trajectory) if self.score_memory else []
+        if not forced:
+            return logprobs, []
+        if float(sampling_params.get("temperature", 1.0)) != 1.0:
+            return logprobs, forced
+        values = await forced_prefix_logprobs(self.server_manager, trajectory, request_id, forced,
+                                              self.settings.max_concurrent_scoring)
+        for (start, end), span_values in zip(forced, values):
+            logprobs[start:end] = span_values
+        return logprobs, []
 
     def _round_outputs(self, trajectory: Trajectory, rewards: Sequence[Optional[float]], metrics: AgentLoopMetrics,
                        common: dict[str, Any], logprobs: Optional[list[float]]) -> list[AgentLoopOutput]:
@@ -369,6 +407,7 @@ class MemPOAgentLoop(AgentLoopBase):
             has = round_.index in reward_of
             memory = memory_extra_fields([reward_of[round_.index]] if has else [],
                                          [round_.mem_span] if has else [], offset=lo)
+            memory[FORCED_SPANS_KEY] = [[a - lo, b - lo] for a, b in common[FORCED_SPANS_KEY] if lo <= a < hi]
             outputs.append(AgentLoopOutput(
                 prompt_ids=prompt, response_ids=trajectory.response_ids[lo:hi],
                 response_mask=trajectory.response_mask[lo:hi],

@@ -9,9 +9,11 @@ start (`mempo.integrations.verl.agent_loop`). verl's asynchronous trainers (V1 `
 ``separate_async``, ``experimental.fully_async_policy``, ``experimental.one_step_off_policy``) are
 refused too: the weights change while a trajectory and its teacher scoring run.
 
-`check_run_config` is what ``python -m mempo.integrations.verl --config ... [overrides]`` checks:
-the trainer, the estimator, ``algorithm.mempo``, and every mempo entry of the agent-loop YAML
-(its options as the loop validates them); `load_run_config` builds the configuration as
+`forced_exclusion_problem`: the trainers that cannot keep forced ``<mem>`` ids without an engine
+log-prob out of rollout correction (a loop refuses those too). `check_run_config` is what
+``python -m mempo.integrations.verl --config ... [overrides]`` checks: the trainer, the estimator,
+``algorithm.mempo``, and every mempo entry of the agent-loop YAML (its options as the loop
+validates them, and `forced_exclusion_problem`); `load_run_config` builds the configuration as
 ``verl.trainer.main_ppo`` would from verl's defaults, a YAML file and hydra-style overrides.
 """
 from __future__ import annotations
@@ -25,7 +27,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from mempo.config import ConfigError
 
 __all__ = ["ASYNC_TRAINER_MODES", "MEMPO_TRAINER_MODE", "MEMPO_ESTIMATOR", "consumer_problem", "check_run_config",
-           "load_run_config", "mempo_loop_entries"]
+           "forced_exclusion_problem", "load_run_config", "mempo_loop_entries"]
 
 MEMPO_TRAINER_MODE = "mempo_sync"
 MEMPO_ESTIMATOR = "mempo"
@@ -72,6 +74,29 @@ def consumer_problem(config: Any) -> Optional[str]:
                 f"mempo loops compute (the run would be plain {estimator}); set trainer.use_v1=true "
                 f"trainer.v1.trainer_mode={MEMPO_TRAINER_MODE}, or algorithm.adv_estimator={MEMPO_ESTIMATOR}")
     return None
+
+
+def forced_exclusion_problem(config: Any, rollout: Any) -> Optional[str]:
+    """Why trained forced ``<mem>`` ids cannot be kept out of rollout correction under `config`, or None.
+
+    At a sampling temperature other than 1 the engines' prompt log-probs (temperature 1) are not the
+    forced ids' rollout log-probs, so a training loop leaves them out of the correction
+    (``mempo_forced_spans``), which only ``mempo_sync`` does, and not in bypass mode (the rollout
+    log-probs are then the PPO ratio's denominator). rollout: the loop's `mempo.config.RolloutConfig`
+    (``train_forced_prefix``, ``forced_prefix``)."""
+    temperature = float(_get(config, "actor_rollout_ref.rollout.temperature", 1.0))
+    if not (rollout.train_forced_prefix and rollout.forced_prefix and temperature != 1.0
+            and _get(config, "actor_rollout_ref.rollout.calculate_log_probs", False)):
+        return None
+    if not bool(_get(config, "trainer.use_v1", True)):
+        why = "the legacy trainer (trainer.use_v1=false) cannot keep them out of rollout correction"
+    elif _get(config, "algorithm.rollout_correction.bypass_mode", False):
+        why = "bypass mode uses the rollout log-probs as the PPO ratio's denominator"
+    else:
+        return None
+    return (f"trained forced <mem> ids at actor_rollout_ref.rollout.temperature={temperature} have no rollout "
+            f"log-prob from the engine (its prompt log-probs are at temperature 1) and {why}; sample at "
+            "temperature 1.0, or set rollout.train_forced_prefix: false")
 
 
 def mempo_loop_entries(config: Any) -> list[dict]:
@@ -131,7 +156,10 @@ def check_run_config(config: Any) -> list[str]:
         name = str(entry.get("name", "?"))
         try:
             score_memory = bool(getattr(get_class(str(entry["_target_"])), "score_memory", True))
-            loop_settings(options, entry=name, score_memory=score_memory, response_length=response_length)
+            settings = loop_settings(options, entry=name, score_memory=score_memory, response_length=response_length)
+            forced = forced_exclusion_problem(config, settings.rollout) if score_memory else None
+            if forced:
+                problems.append(f"{name}.rollout.train_forced_prefix: {forced}")
         except (ConfigError, ValueError, ImportError) as error:
             problems.append(str(error))
     return problems

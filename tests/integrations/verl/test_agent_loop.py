@@ -27,6 +27,7 @@ from mempo.algo.advantages import advantage_inputs, token_advantages  # noqa: E4
 from mempo.algo.outcome import score_outcomes  # noqa: E402
 from mempo.config import ConfigError, ScoringConfig  # noqa: E402
 from mempo.integrations.verl import estimator  # noqa: E402
+from mempo.integrations.verl.agent_loop import trained_forced_spans  # noqa: E402
 from mempo.integrations.verl.fields import EXTRA_KEYS  # noqa: E402
 from mempo.ops.spans import find_spans  # noqa: E402
 from mempo.rollout.backends import TokenBytes  # noqa: E402
@@ -168,9 +169,9 @@ def _v1_rows(worker, seen, monkeypatch, uid="q0"):
     return fake
 
 
-def _v1_advantages(config, fake, monkeypatch, memory_weight):
+def _v1_trainer(config, fake, monkeypatch, memory_weight):
+    """`MemPOTrainerSync` without its cluster (``__new__``), over the TransferQueue stand-in."""
     from omegaconf import open_dict
-    from transfer_queue import KVBatchMeta
     from verl.trainer.ppo.v1 import trainer_base
 
     from mempo.integrations.verl import trainer_v1
@@ -182,6 +183,13 @@ def _v1_advantages(config, fake, monkeypatch, memory_weight):
     with open_dict(trainer.config):
         trainer.config.algorithm.adv_estimator = "grpo"
         trainer.config.algorithm.mempo = {"memory_weight": memory_weight}
+    return trainer
+
+
+def _v1_advantages(config, fake, monkeypatch, memory_weight):
+    from transfer_queue import KVBatchMeta
+
+    trainer = _v1_trainer(config, fake, monkeypatch, memory_weight)
     keys = sorted(fake.rows)
     metrics = {}
     trainer._compute_advantage(KVBatchMeta(keys=keys, tags=[{} for _ in keys], partition_id="train"), metrics)
@@ -258,13 +266,15 @@ def test_no_generation_request_holds_a_gold(scripted, parts):
     _, server, _, _, _, _ = scripted
     tok = parts[2]
     generation = [r for r in server.requests if "prompt_logprobs" not in r["sampling_params"]]
-    scoring = [r for r in server.requests if "prompt_logprobs" in r["sampling_params"]]
-    assert len(generation) >= 2 * N and scoring
-    records = [{"kind": "task", "question": QUESTION, "golds": GOLDS}]
-    records += [{"kind": "generate", "prompts": [r["prompt_ids"]], "strings": [], "int_lists": []} for r in generation]
-    assert violations(records, tok) == []
     answer = "<answer>\nNeedle 3\n</answer>"  # the scoring template around the gold: only scoring requests
-    assert all(answer in tok.decode(r["prompt_ids"]) for r in scoring)
+    logprob_requests = [r for r in server.requests if "prompt_logprobs" in r["sampling_params"]]
+    scoring = [r for r in logprob_requests if answer in tok.decode(r["prompt_ids"])]
+    forced = [r for r in logprob_requests if answer not in tok.decode(r["prompt_ids"])]  # the forced ids' log-probs
+    assert len(generation) >= 2 * N and scoring and len(forced) == N  # context "full": one per trajectory
+    records = [{"kind": "task", "question": QUESTION, "golds": GOLDS}]
+    records += [{"kind": "generate", "prompts": [r["prompt_ids"]], "strings": [], "int_lists": []}
+                for r in generation + forced]
+    assert violations(records, tok) == []
     assert not any(answer in tok.decode(r["prompt_ids"]) for r in generation)
     for r in generation:
         assert r["sampling_params"]["max_tokens"] <= 64 and r["sampling_params"]["stop_token_ids"]
@@ -359,3 +369,117 @@ def test_bad_options_are_refused_by_name(parts):
                       response_length=64)
     with pytest.raises(VerlVersionError, match=r"built against verl 0\.9\.1 and refuses verl 0\.9\.0"):
         check_verl_version("0.9.0")
+
+
+def _policy_logprobs(model, trajectory, temperature=1.0):
+    """log softmax(logits / T) of every response id under `model` (what verl's actor computes), [RESPONSE_LENGTH]."""
+    ids = trajectory.prompt_ids + trajectory.response_ids
+    with torch.no_grad():
+        logits = model(input_ids=torch.tensor([ids])).logits[0].float() / temperature
+    logp = torch.log_softmax(logits[:-1], -1).gather(1, torch.tensor(ids[1:])[:, None])[:, 0]
+    out = torch.zeros(RESPONSE_LENGTH)
+    out[:len(trajectory.response_ids)] = logp[len(trajectory.prompt_ids) - 1:]
+    return out
+
+
+def _forced(loops, shape):
+    forced = torch.zeros(shape, dtype=torch.bool)
+    for i, loop in enumerate(loops):
+        for start, end in trained_forced_spans(loop.trajectory):
+            forced[i, start:end] = True
+    return forced
+
+
+def test_forced_ids_carry_the_engines_log_prob_so_verls_is_weights_are_one(scripted, parts):
+    """Rollout policy = training policy: verl's own rollout correction gives weight ~1 on every loss
+    token, the forced <mem> ids included (they are no longer 0.0); a known shift of the forced ids'
+    rollout log-probs gives exactly the weights it should, token and sequence level."""
+    from verl.trainer.ppo.rollout_corr_helper import compute_rollout_correction_and_rejection_mask as correct
+
+    _, _, data, _, loops, _ = scripted
+    rollout, mask = data.batch["rollout_log_probs"].float(), data.batch["response_mask"]
+    old = torch.stack([_policy_logprobs(parts[3], loop.trajectory) for loop in loops])  # the training policy's
+    forced = _forced(loops, mask.shape)
+    assert int(forced.sum()) >= 2 * N and bool((mask.bool() | ~forced).all())
+    torch.testing.assert_close(rollout[forced], old[forced], rtol=0, atol=1e-4)
+    assert (rollout[forced] < -1e-3).all()  # a real log-probability, not the 0.0 of an unsampled id
+    ones = lambda t: torch.ones_like(t)  # noqa: E731
+    for level in ("token", "sequence"):
+        weights, _, metrics = correct(old, rollout, mask, rollout_is=level, rollout_is_threshold=2.0)
+        w = weights.batch["rollout_is_weights"]
+        torch.testing.assert_close(w[mask.bool()], ones(w[mask.bool()]), rtol=0, atol=2e-3)
+    assert abs(metrics["rollout_corr/kl"]) < 1e-4
+    # a known perturbation of the forced ids' rollout log-probs: weight exp(-delta), capped at 2 (TIS)
+    delta = torch.zeros_like(rollout)
+    pattern = torch.tensor([0.5, -0.25, -1.0])
+    delta[forced] = pattern.repeat(int(forced.sum()) // 3 + 1)[:int(forced.sum())]
+    weights, _, _ = correct(old, rollout + delta, mask, rollout_is="token", rollout_is_threshold=2.0)
+    w = weights.batch["rollout_is_weights"]
+    torch.testing.assert_close(w[forced], torch.exp(-delta[forced]).clamp(max=2.0), rtol=2e-3, atol=0)
+    torch.testing.assert_close(w[mask.bool() & ~forced], ones(w[mask.bool() & ~forced]), rtol=0, atol=2e-3)
+    weights, _, _ = correct(old, rollout + delta, mask, rollout_is="sequence", rollout_is_threshold=1e4)
+    w = weights.batch["rollout_is_weights"]
+    for i in range(N):
+        torch.testing.assert_close(w[i, mask[i].bool()], torch.exp(-delta[i].sum()).expand(int(mask[i].sum())),
+                                   rtol=5e-3, atol=0)
+
+
+def test_at_another_temperature_forced_ids_are_left_out_of_verls_correction(parts, monkeypatch):
+    """Sampling at T=0.7 (the engines' prompt log-probs are at T=1): the loop sends no forced-id request
+    and lists the spans; mempo_sync, through verl's own _compute_old_log_prob and _compute_advantage,
+    gives them IS weight exactly 1 and computes the correction's metrics without them."""
+    from omegaconf import open_dict
+    from transfer_queue import KVBatchMeta
+    from verl.trainer.ppo.rollout_corr_helper import compute_rollout_correction_and_rejection_mask as correct
+
+    tmp, corpus, tok, model = parts
+    config = verl_config(write_agents_yaml(tmp / "agents_t07.yaml", corpus), prompt_length=PROMPT_LENGTH,
+                         response_length=RESPONSE_LENGTH, n=N)
+    with open_dict(config):
+        config.actor_rollout_ref.rollout.temperature = 0.7
+        config.algorithm.rollout_correction.rollout_is = "token"
+    server = HFServer(model, script=needle_script(tok))
+    worker = dummy_worker(config, tok, server)
+    _, seen = run_worker(worker, question_batch(QUESTION, GOLDS, N))
+    loops = [seen[i][0] for i in range(N)]
+    forced = _forced(loops, (N, RESPONSE_LENGTH))
+    for i, loop in enumerate(loops):
+        assert seen[i][1].extra_fields["mempo_forced_spans"] == [list(s) for s in trained_forced_spans(loop.trajectory)]
+    answer = "<answer>\nNeedle 3\n</answer>"
+    assert all(answer in tok.decode(r["prompt_ids"]) for r in server.requests if "prompt_logprobs" in
+               r["sampling_params"])  # scoring requests only: no forced-id request at this temperature
+    fake = _v1_rows(worker, seen, monkeypatch)
+    keys = sorted(fake.rows)
+
+    class Actor:  # the actor worker group: the training policy's log-probs at the sampling temperature, one
+        def compute_log_prob(self, meta):  # per input id predicting the next (verl's left-shifted layout)
+            for i, key in enumerate(meta.keys):
+                t, n = loops[i].trajectory, fake.rows[key]["responses"].numel()
+                shifted = torch.zeros(len(t.prompt_ids) + n)
+                shifted[len(t.prompt_ids) - 1:-1] = _policy_logprobs(model, t, 0.7)[:n]
+                fake.rows[key]["log_probs"], fake.rows[key]["entropy"] = shifted, torch.zeros_like(shifted)
+            return meta
+
+    trainer = _v1_trainer(config, fake, monkeypatch, 1.0)
+    trainer.actor_rollout_wg = Actor()
+    meta = KVBatchMeta(keys=keys, tags=[{} for _ in keys], partition_id="train")
+    metrics = {}
+    trainer._compute_old_log_prob(meta, metrics)
+    trainer._compute_advantage(meta, metrics)
+    assert metrics["mempo/forced_ids_excluded"] == float(forced.sum()) >= 2 * N
+    old = torch.zeros(N, RESPONSE_LENGTH)
+    rollout, mask = torch.zeros_like(old), torch.zeros_like(old)
+    for i, key in enumerate(keys):
+        n = fake.rows[key]["response_mask"].numel()
+        w = fake.rows[key]["rollout_is_weights"]
+        row_forced = forced[i, :n] & fake.rows[key]["response_mask"].bool()
+        assert (w[row_forced] == 1.0).all()
+        torch.testing.assert_close(w[~row_forced & fake.rows[key]["response_mask"].bool()],
+                                   torch.ones(int((~row_forced & fake.rows[key]["response_mask"].bool()).sum())),
+                                   rtol=0, atol=2e-3)
+        old[i, :n], rollout[i, :n] = fake.rows[key]["old_log_probs"], fake.rows[key]["rollout_log_probs"]
+        mask[i, :n] = fake.rows[key]["response_mask"].float()
+    _, _, want = correct(old, rollout, mask * ~forced, rollout_is="token", rollout_is_threshold=2.0)
+    for name, value in want.items():
+        assert metrics[name] == pytest.approx(value, rel=1e-5, abs=1e-6), name
+    assert metrics["training/rollout_probs_diff_max"] < 1e-3  # verl's diagnostics, the forced ids left out

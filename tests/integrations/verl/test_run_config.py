@@ -112,3 +112,31 @@ def test_check_run_config_without_a_mempo_loop_says_so():
                                                            "algorithm.adv_estimator=grpo"]))
     assert problems == ["actor_rollout_ref.rollout.agent.agent_loop_config_path: no mempo agent loop in it; give "
                         "mempo's agents.yaml (python -c \"import mempo.integrations.verl as m; print(m.AGENTS_YAML)\")"]
+
+
+@pytest.mark.parametrize("overrides, why", [
+    (["trainer.use_v1=false", "algorithm.adv_estimator=mempo"], "the legacy trainer"),
+    (["trainer.v1.trainer_mode=mempo_sync", "algorithm.adv_estimator=grpo",
+      "algorithm.rollout_correction.bypass_mode=true"], "bypass mode"),
+])
+def test_forced_ids_without_an_engine_log_prob_need_mempo_sync_outside_bypass(agents, overrides, why):
+    """At temperature != 1 the forced ids are left out of rollout correction, which only mempo_sync does."""
+    config = load_run_config(overrides=[*overrides, "actor_rollout_ref.rollout.temperature=0.7",
+                                        f"actor_rollout_ref.rollout.agent.agent_loop_config_path={agents}"])
+    problems = check_run_config(config)
+    assert len(problems) == 1 and problems[0].startswith("mempo_agent.rollout.train_forced_prefix: trained forced "
+                                                         "<mem> ids at actor_rollout_ref.rollout.temperature=0.7")
+    assert why in problems[0] and problems[0].endswith("or set rollout.train_forced_prefix: false")
+    ok = load_run_config(overrides=[*overrides, f"actor_rollout_ref.rollout.agent.agent_loop_config_path={agents}"])
+    assert check_run_config(ok) == []  # at temperature 1 the engine gives their log-probs
+    from hydra.errors import InstantiationException
+    from hydra.utils import instantiate
+    from verl.experimental.agent_loop.agent_loop import DictConfigWrap, ToolListWrap
+    from verl.utils.dataset.rl_dataset import RLHFDataset
+
+    entry = OmegaConf.load(agents)[0]
+    with pytest.raises(InstantiationException) as caught:  # the loop refuses it at start-up too
+        instantiate(entry, trainer_config=DictConfigWrap(config), server_manager=None, tokenizer=chat_tokenizer(),
+                    processor=None, hf_model_type="qwen2", dataset_cls=RLHFDataset,
+                    data_config=DictConfigWrap(config.data), tools=ToolListWrap([]))
+    assert isinstance(caught.value.__cause__, ConfigError) and why in str(caught.value.__cause__)
