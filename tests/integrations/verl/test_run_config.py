@@ -140,3 +140,30 @@ def test_forced_ids_without_an_engine_log_prob_need_mempo_sync_outside_bypass(ag
                     processor=None, hf_model_type="qwen2", dataset_cls=RLHFDataset,
                     data_config=DictConfigWrap(config.data), tools=ToolListWrap([]))
     assert isinstance(caught.value.__cause__, ConfigError) and why in str(caught.value.__cause__)
+
+
+@pytest.mark.parametrize("which", ["shipped", "example"])
+def test_the_retriever_url_comes_from_each_nodes_environment(which, monkeypatch):
+    """agents.yaml reads $MEMPO_RETRIEVER_URL where the loop is built (each node's agent-loop worker),
+    else the node's own 127.0.0.1:8000."""
+    from hydra.utils import instantiate
+    from support.paths import REPO
+    from verl.experimental.agent_loop.agent_loop import DictConfigWrap, ToolListWrap
+    from verl.utils.dataset.rl_dataset import RLHFDataset
+
+    from mempo.integrations.verl import AGENTS_YAML
+
+    path = AGENTS_YAML if which == "shipped" else REPO / "examples" / "verl" / "agents.yaml"
+    config = verl_config(path, prompt_length=1024, response_length=6144, n=2)
+
+    def loops():
+        return [instantiate(entry, trainer_config=DictConfigWrap(config), server_manager=None,
+                            tokenizer=chat_tokenizer(), processor=None, hf_model_type="qwen2", dataset_cls=RLHFDataset,
+                            data_config=DictConfigWrap(config.data), tools=ToolListWrap([]))
+                for entry in OmegaConf.load(path)]
+
+    monkeypatch.delenv("MEMPO_RETRIEVER_URL", raising=False)
+    assert [loop.settings.env.retriever_url for loop in loops()] == ["http://127.0.0.1:8000"] * 2
+    monkeypatch.setenv("MEMPO_RETRIEVER_URL", "http://10.0.0.7:8100")
+    assert [loop.settings.env.retriever_url for loop in loops()] == ["http://10.0.0.7:8100"] * 2
+    assert check_run_config(config) == []
