@@ -7,7 +7,7 @@ and "mempo_agent_eval", the V1 trainer "mempo_sync", the legacy ``compute_advant
 default reward function for mempo rows. Prints one line per component and whether the
 ``verl.plugins`` entry point is installed. With ``--config`` and/or overrides (the ones given to
 ``verl.trainer.main_ppo``), it also checks that configuration on verl's defaults
-(`mempo.integrations.verl.run_config.check_run_config`: the trainer mode, the estimator, the
+(`mempo.integrations.verl.run_check.check_run_config`: the trainer mode, the estimator, the
 agent-loop YAML's mempo entries) and prints one line per problem. Exits 2 when the configuration
 has a problem, 1 when a component is missing (with the reason the plugin recorded), 0 otherwise.
 """
@@ -22,7 +22,8 @@ import verl  # loads the plugin the way every verl process does
 
 from mempo.config import ConfigError
 from mempo.integrations.verl import AGENTS_YAML, registration_status
-from mempo.integrations.verl.run_config import check_run_config, load_run_config
+from mempo.integrations.verl.reward import is_installed as reward_installed
+from mempo.integrations.verl.run_check import check_run_config, load_run_config
 from mempo.integrations.verl.version import VERL_VERSION
 
 __all__ = ["check", "check_config", "main"]
@@ -59,8 +60,7 @@ def check() -> tuple[list[str], bool]:
     except ImportError:
         found["legacy compute_advantage patch"] = False
     try:
-        from mempo.integrations.verl.reward import is_installed  # reason: see above
-        found["default reward function for mempo rows"] = is_installed()
+        found["default reward function for mempo rows"] = reward_installed()
     except ImportError:
         found["default reward function for mempo rows"] = False
     status = registration_status()

@@ -183,7 +183,6 @@ class _ServerBackend:
         self.action_stop_ids = tuple(action_stop_ids)
         self.seconds = 0.0
         self.calls = 0
-        self.generated: list[tuple[list[int], Optional[list[float]]]] = []  # (ids, log-probs) per call
 
     def generate(self, requests: Sequence[GenerationRequest], sampling: SamplingParams) -> list[GenerationOutput]:
         outputs = []
@@ -200,36 +199,25 @@ class _ServerBackend:
             if getattr(output, "stop_reason", None) == "aborted":
                 raise RuntimeError("the inference server aborted a generation request (a weight sync during the "
                                    "rollout?); mempo_agent supports verl's sync trainer modes only")
-            ids = list(output.token_ids)
-            self.generated.append((ids, None if output.log_probs is None else list(output.log_probs)))
-            outputs.append(GenerationOutput(ids, str(getattr(output, "stop_reason", None))))
+            logprobs = None if output.log_probs is None else [float(v) for v in output.log_probs]
+            outputs.append(GenerationOutput(list(output.token_ids), str(getattr(output, "stop_reason", None)),
+                                            logprobs=logprobs))
         return outputs
 
     def sync_weights(self, weights: Any = None) -> None:
         raise RuntimeError("verl syncs the servers' weights itself")
 
 
-def response_logprobs(trajectory: Trajectory, generated: Sequence[tuple[list[int], Optional[list[float]]]]
-                      ) -> list[float]:
-    """The rollout log-prob of every generated response id (verl's ``response_logprobs``): round r's
-    kept ids are the first ids of generation call r, with the server's log-probs. The forced prefix
+def response_logprobs(trajectory: Trajectory) -> list[float]:
+    """The rollout log-prob of every response id (verl's ``response_logprobs``): the servers' sampled
+    log-probs the loop kept with each round's ids (`Trajectory.rollout_logprobs`); the forced prefix
     (prompt input of its round's request: the server reports nothing for it) and the tool segments
-    (mask 0) get 0.0 here; `MemPOAgentLoop.run` puts the forced ids' own log-probs in
-    (`forced_prefix_logprobs`). RuntimeError when the server sent no log-probs or the ids do not
-    line up."""
-    out = [0.0] * len(trajectory.response_ids)
-    if len(generated) < len(trajectory.rounds):
-        raise RuntimeError(f"{len(trajectory.rounds)} rounds but {len(generated)} generation calls")
-    for round_, (ids, logprobs) in zip(trajectory.rounds, generated):
-        lo = round_.start + round_.prefix_len
-        kept = trajectory.response_ids[lo:round_.end]
-        if logprobs is None or len(logprobs) < len(kept):
-            raise RuntimeError("actor_rollout_ref.rollout.calculate_log_probs is true but the inference server "
-                               "returned no log-probs for a generated round")
-        if ids[:len(kept)] != kept:
-            raise RuntimeError(f"round {round_.index}: the kept ids are not the first ids the server generated")
-        out[lo:round_.end] = [float(v) for v in logprobs[:len(kept)]]
-    return out
+    (mask 0) get 0.0 here, and `MemPOAgentLoop.run` puts the forced ids' own log-probs in
+    (`forced_prefix_logprobs`). RuntimeError when the server sent no log-probs for a round."""
+    if trajectory.rollout_logprobs is None:
+        raise RuntimeError("actor_rollout_ref.rollout.calculate_log_probs is true but the inference server "
+                           "returned no log-probs for a generated round")
+    return list(trajectory.rollout_logprobs)
 
 
 def trained_forced_spans(trajectory: Trajectory) -> list[tuple[int, int]]:
@@ -359,7 +347,7 @@ class MemPOAgentLoop(AgentLoopBase):
         scored = trajectory.scored_rounds()
         logprobs, excluded = None, []
         if sampling_params.get("logprobs"):
-            logprobs, excluded = await self._rollout_logprobs(trajectory, backend, sampling_params, request_id)
+            logprobs, excluded = await self._rollout_logprobs(trajectory, sampling_params, request_id)
         common[FORCED_SPANS_KEY] = [list(span) for span in excluded]
         if not multi_output:
             extra = {**empty_extra_fields(), **common, **last,
@@ -371,8 +359,7 @@ class MemPOAgentLoop(AgentLoopBase):
         outputs[-1].extra_fields.update(last)
         return outputs
 
-    async def _rollout_logprobs(self, trajectory: Trajectory, backend: "_ServerBackend",
-                                sampling_params: Mapping[str, Any], request_id: str
+    async def _rollout_logprobs(self, trajectory: Trajectory, sampling_params: Mapping[str, Any], request_id: str
                                 ) -> tuple[list[float], list[tuple[int, int]]]:
         """(rollout log-prob of every response id, the trained forced spans left out of rollout correction).
 
@@ -382,7 +369,7 @@ class MemPOAgentLoop(AgentLoopBase):
         the engines' prompt log-probs are not the sampling distribution's, so those spans are returned
         as excluded (0.0 in the list; ``mempo_sync`` gives them rollout log-prob = the trainer's, IS
         weight 1, and keeps them out of the correction's metrics)."""
-        logprobs = response_logprobs(trajectory, backend.generated)
+        logprobs = response_logprobs(trajectory)
         forced = trained_forced_spans(trajectory) if self.score_memory else []
         if not forced:
             return logprobs, []

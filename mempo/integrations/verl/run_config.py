@@ -10,24 +10,19 @@ start (`mempo.integrations.verl.agent_loop`). verl's asynchronous trainers (V1 `
 refused too: the weights change while a trajectory and its teacher scoring run.
 
 `forced_exclusion_problem`: the trainers that cannot keep forced ``<mem>`` ids without an engine
-log-prob out of rollout correction (a loop refuses those too). `check_run_config` is what
-``python -m mempo.integrations.verl --config ... [overrides]`` checks: the trainer, the estimator,
-``algorithm.mempo``, and every mempo entry of the agent-loop YAML (its options as the loop
-validates them, and `forced_exclusion_problem`); `load_run_config` builds the configuration as
-``verl.trainer.main_ppo`` would from verl's defaults, a YAML file and hydra-style overrides.
+log-prob out of rollout correction (a loop refuses those too). The whole check of a run
+configuration, which also validates the loops' options, is `mempo.integrations.verl.run_check`.
 """
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, Optional
 
-import yaml
-from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf import DictConfig, OmegaConf
 
 from mempo.config import ConfigError
 
-__all__ = ["ASYNC_TRAINER_MODES", "MEMPO_TRAINER_MODE", "MEMPO_ESTIMATOR", "consumer_problem", "check_run_config",
-           "forced_exclusion_problem", "load_run_config", "mempo_loop_entries"]
+__all__ = ["ASYNC_TRAINER_MODES", "MEMPO_TRAINER_MODE", "MEMPO_ESTIMATOR", "consumer_problem",
+           "forced_exclusion_problem", "mempo_loop_entries", "select"]
 
 MEMPO_TRAINER_MODE = "mempo_sync"
 MEMPO_ESTIMATOR = "mempo"
@@ -36,7 +31,7 @@ ASYNC_TRAINER_MODES = ("colocate_async", "separate_async")
 _LOOP_MODULE = "mempo.integrations.verl.agent_loop."
 
 
-def _get(config: Any, dotted: str, default: Any = None) -> Any:
+def select(config: Any, dotted: str, default: Any = None) -> Any:
     """``config``'s value at a dotted path (a DictConfig or nested mappings); `default` when absent or null."""
     if isinstance(config, DictConfig):
         value = OmegaConf.select(config, dotted, default=None)
@@ -52,22 +47,22 @@ def _get(config: Any, dotted: str, default: Any = None) -> Any:
 def consumer_problem(config: Any) -> Optional[str]:
     """One line naming the setting to change when the trainer of `config` (verl's full config) would
     not read a mempo loop's memory fields, or would run it asynchronously; None when it is mempo's."""
-    if _get(config, "async_training") is not None:
+    if select(config, "async_training") is not None:
         return ("verl's fully async trainer (experimental.fully_async_policy) does not read the mempo loops' memory "
                 "reward and changes the weights during a trajectory; run verl.trainer.main_ppo with "
                 f"trainer.v1.trainer_mode={MEMPO_TRAINER_MODE}")
-    if _get(config, "rollout.nnodes") is not None:  # the separate rollout pool of one_step_off_policy
+    if select(config, "rollout.nnodes") is not None:  # the separate rollout pool of one_step_off_policy
         return ("verl's one-step-off-policy trainer (experimental.one_step_off_policy) does not read the mempo loops' "
                 f"memory reward; run verl.trainer.main_ppo with trainer.v1.trainer_mode={MEMPO_TRAINER_MODE}")
-    if bool(_get(config, "trainer.use_v1", True)):
-        mode = str(_get(config, "trainer.v1.trainer_mode", "sync"))
+    if bool(select(config, "trainer.use_v1", True)):
+        mode = str(select(config, "trainer.v1.trainer_mode", "sync"))
         if mode == MEMPO_TRAINER_MODE:
             return None
         why = ("an asynchronous trainer changes the weights during a trajectory and its teacher scoring, and "
                "does not read the memory reward") if mode in ASYNC_TRAINER_MODES else \
             "that trainer does not read the memory reward the mempo loops compute (the run would be plain GRPO)"
         return f"trainer.v1.trainer_mode={mode}: {why}; set trainer.v1.trainer_mode={MEMPO_TRAINER_MODE}"
-    estimator = _get(config, "algorithm.adv_estimator", "gae")
+    estimator = select(config, "algorithm.adv_estimator", "gae")
     estimator = str(getattr(estimator, "value", estimator))
     if estimator != MEMPO_ESTIMATOR:
         return (f"algorithm.adv_estimator={estimator} under trainer.use_v1=false does not read the memory reward the "
@@ -84,13 +79,13 @@ def forced_exclusion_problem(config: Any, rollout: Any) -> Optional[str]:
     (``mempo_forced_spans``), which only ``mempo_sync`` does, and not in bypass mode (the rollout
     log-probs are then the PPO ratio's denominator). rollout: the loop's `mempo.config.RolloutConfig`
     (``train_forced_prefix``, ``forced_prefix``)."""
-    temperature = float(_get(config, "actor_rollout_ref.rollout.temperature", 1.0))
+    temperature = float(select(config, "actor_rollout_ref.rollout.temperature", 1.0))
     if not (rollout.train_forced_prefix and rollout.forced_prefix and temperature != 1.0
-            and _get(config, "actor_rollout_ref.rollout.calculate_log_probs", False)):
+            and select(config, "actor_rollout_ref.rollout.calculate_log_probs", False)):
         return None
-    if not bool(_get(config, "trainer.use_v1", True)):
+    if not bool(select(config, "trainer.use_v1", True)):
         why = "the legacy trainer (trainer.use_v1=false) cannot keep them out of rollout correction"
-    elif _get(config, "algorithm.rollout_correction.bypass_mode", False):
+    elif select(config, "algorithm.rollout_correction.bypass_mode", False):
         why = "bypass mode uses the rollout log-probs as the PPO ratio's denominator"
     else:
         return None
@@ -104,7 +99,7 @@ def mempo_loop_entries(config: Any) -> list[dict]:
     YAML (``actor_rollout_ref.rollout.agent.agent_loop_config_path``), as plain dicts, resolved
     (``${oc.env:...}`` read in this process); [] without a YAML. ConfigError naming the path when the
     file cannot be read."""
-    path = _get(config, "actor_rollout_ref.rollout.agent.agent_loop_config_path")
+    path = select(config, "actor_rollout_ref.rollout.agent.agent_loop_config_path")
     if not path:
         return []
     try:
@@ -116,77 +111,3 @@ def mempo_loop_entries(config: Any) -> list[dict]:
         raise ConfigError("actor_rollout_ref.rollout.agent.agent_loop_config_path",
                           f"{path} must be a YAML list of agent-loop entries")
     return [e for e in entries if isinstance(e, dict) and str(e.get("_target_", "")).startswith(_LOOP_MODULE)]
-
-
-def check_run_config(config: Any) -> list[str]:
-    """Every problem of a verl run configuration for mempo, one line each ([] when it can run): the
-    trainer (`consumer_problem`), ``algorithm.adv_estimator`` under ``mempo_sync``,
-    ``algorithm.mempo``, and each mempo entry of the agent-loop YAML (its options, as the loop reads
-    them; needs verl importable)."""
-    # reason: these import verl (the loop module registers with verl's agent-loop registry)
-    from hydra.utils import get_class
-
-    from mempo.integrations.verl.agent_loop import loop_settings
-    from mempo.integrations.verl.estimator import memory_config
-
-    problems = []
-    consumer = consumer_problem(config)
-    if consumer:
-        problems.append(consumer)
-    algorithm = _get(config, "algorithm")
-    estimator = _get(config, "algorithm.adv_estimator", "gae")
-    estimator = str(getattr(estimator, "value", estimator))
-    if consumer is None and bool(_get(config, "trainer.use_v1", True)) and estimator != "grpo":
-        problems.append(f"algorithm.adv_estimator={estimator}: the {MEMPO_TRAINER_MODE} trainer adds the memory "
-                        "advantage to verl's GRPO; set algorithm.adv_estimator=grpo")
-    try:
-        memory_config(algorithm)
-    except ValueError as error:
-        problems.append(str(error))
-    try:
-        entries = mempo_loop_entries(config)
-    except ConfigError as error:
-        return problems + [str(error)]
-    if not entries:
-        problems.append("actor_rollout_ref.rollout.agent.agent_loop_config_path: no mempo agent loop in it; give "
-                        "mempo's agents.yaml (python -c \"import mempo.integrations.verl as m; print(m.AGENTS_YAML)\")")
-    response_length = int(_get(config, "actor_rollout_ref.rollout.response_length", 1))
-    for entry in entries:
-        options = {k: v for k, v in entry.items() if k not in ("name", "_target_")}
-        name = str(entry.get("name", "?"))
-        try:
-            score_memory = bool(getattr(get_class(str(entry["_target_"])), "score_memory", True))
-            settings = loop_settings(options, entry=name, score_memory=score_memory, response_length=response_length)
-            forced = forced_exclusion_problem(config, settings.rollout) if score_memory else None
-            if forced:
-                problems.append(f"{name}.rollout.train_forced_prefix: {forced}")
-        except (ConfigError, ValueError, ImportError) as error:
-            problems.append(str(error))
-    return problems
-
-
-def load_run_config(config_file: Optional[str] = None, overrides: Sequence[str] = ()) -> DictConfig:
-    """verl 0.9.1's default trainer config (its generated ``_generated_ppo_trainer.yaml``), with
-    `config_file` (a YAML of the keys it sets) merged on top, then hydra-style ``key=value``
-    overrides (``+key=value`` adds a key; values parsed as YAML). ConfigError naming the file or the
-    override that cannot be read."""
-    import verl  # reason: the defaults are verl's own file
-
-    config = OmegaConf.load(Path(verl.__file__).parent / "trainer" / "config" / "_generated_ppo_trainer.yaml")
-    if config_file is not None:
-        try:
-            config = OmegaConf.merge(config, OmegaConf.load(config_file))
-        except (OSError, ValueError, TypeError) as error:
-            raise ConfigError("--config", f"cannot read {config_file}: {error}") from None
-    for item in overrides:
-        key, sep, value = item.partition("=")
-        key = key.lstrip("+")
-        if not sep or not key:
-            raise ConfigError(item, "an override is key=value (hydra style, e.g. trainer.v1.trainer_mode=mempo_sync)")
-        try:
-            parsed = yaml.safe_load(value) if value else None
-            with open_dict(config):
-                OmegaConf.update(config, key, parsed, force_add=True)
-        except (ValueError, TypeError, yaml.YAMLError) as error:
-            raise ConfigError(key, f"cannot set {value!r}: {error}") from None
-    return config

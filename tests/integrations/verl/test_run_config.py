@@ -16,7 +16,8 @@ from support.verl_standin import HFServer, dummy_worker, question_batch, verl_co
 
 from mempo.config import ConfigError  # noqa: E402
 from mempo.integrations.verl.__main__ import main  # noqa: E402
-from mempo.integrations.verl.run_config import check_run_config, consumer_problem, load_run_config  # noqa: E402
+from mempo.integrations.verl.run_check import check_run_config, load_run_config  # noqa: E402
+from mempo.integrations.verl.run_config import consumer_problem  # noqa: E402
 
 
 @pytest.fixture(scope="module")
