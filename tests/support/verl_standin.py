@@ -253,13 +253,16 @@ def needle_script(tokenizer, first_variant: int = 0) -> Callable[[str, list[int]
     return script
 
 
-def write_agents_yaml(path: Path, corpus: Path, *, rollout: str = "", scoring: str = "{threshold: null}") -> Path:
-    """An agent-loop YAML like the shipped one, over an in-process BM25 index of `corpus`."""
+def write_agents_yaml(path: Path, corpus: Path, *, rollout: str = "", scoring: str = "{threshold: null}",
+                      options: str = "") -> Path:
+    """An agent-loop YAML like the shipped one, over an in-process BM25 index of `corpus` (`options`:
+    more top-level keys of the ``mempo_agent`` entry, YAML lines)."""
     env = f"{{retriever: bm25, corpus_path: {corpus}, topk: 2, doc_chars: 120}}"
     base = "max_turns: 4, max_new_tokens_per_round: 64, chat_template: builtin"
     path.write_text(
         f"- name: mempo_agent\n  _target_: mempo.integrations.verl.agent_loop.MemPOAgentLoop\n"
         f"  rollout: {{{base}{', ' + rollout if rollout else ''}}}\n  env: {env}\n  scoring: {scoring}\n"
+        + "".join(f"  {line}\n" for line in options.splitlines()) +
         f"- name: mempo_agent_eval\n  _target_: mempo.integrations.verl.agent_loop.MemPOEvalAgentLoop\n"
         f"  rollout: {{{base}, context_policy: memory}}\n  env: {env}\n")
     return path

@@ -68,6 +68,10 @@ ROLLOUT_KEYS = ("max_turns", "max_new_tokens_per_round", "context_policy", "chat
 ENV_KEYS = ("retriever", "retriever_url", "corpus_path", "topk", "doc_chars", "page_chars")
 SCORING_KEYS = ("threshold", "comparator", "reward", "log_clip")
 RETRIEVER_URL_ENV = "MEMPO_RETRIEVER_URL"
+#: ``forced_logprobs``: the engine's prompt log-probs of the forced ids (exact at sampling temperature 1:
+#: one prompt-logprob request per trajectory under context "full", per round under "memory"), or none
+#: (they are left out of rollout correction: no extra request)
+FORCED_LOGPROBS = ("engine", "exclude")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,6 +82,9 @@ class LoopSettings:
     sampling are verl's). env: the retriever and tool limits. scoring: the memory-reward definition
     (None: no teacher scoring). max_concurrent_scoring: scoring requests in flight per trajectory.
     max_concurrent_trajectories: worker threads running mempo's loop in one verl worker process.
+    forced_logprobs: where the trained forced ``<mem>`` ids' rollout log-probs come from (training
+    loop only): "engine" (default; prompt-logprob requests, `FORCED_LOGPROBS`) or "exclude" (none:
+    ``mempo_sync`` leaves them out of rollout correction).
     """
 
     rollout: RolloutConfig
@@ -85,6 +92,7 @@ class LoopSettings:
     scoring: Optional[ScoringConfig]
     max_concurrent_scoring: int
     max_concurrent_trajectories: int
+    forced_logprobs: str = "engine"
 
 
 def _plain(value: Any) -> Any:
@@ -127,10 +135,16 @@ def _settings_cached(key: str, entry: str, score_memory: bool, response_length: 
         scoring = _section(ScoringConfig, options.get("scoring"), SCORING_KEYS, f"{entry}.scoring")
     elif options.get("scoring") is not None:
         raise ConfigError(f"{entry}.scoring", "is read only with score_memory: true (this entry does no scoring)")
+    forced = options.get("forced_logprobs")
+    if forced is not None and not score_memory:
+        raise ConfigError(f"{entry}.forced_logprobs", "is read only by the training loop (this entry's rows are "
+                                                      "not trained)")
+    if forced is not None and forced not in FORCED_LOGPROBS:
+        raise ConfigError(f"{entry}.forced_logprobs", f"must be one of {', '.join(FORCED_LOGPROBS)}, got {forced!r}")
     return LoopSettings(rollout, env, scoring,
                         _positive_int(options.get("max_concurrent_scoring", 8), f"{entry}.max_concurrent_scoring"),
                         _positive_int(options.get("max_concurrent_trajectories", 256),
-                                      f"{entry}.max_concurrent_trajectories"))
+                                      f"{entry}.max_concurrent_trajectories"), forced or "engine")
 
 
 def loop_settings(options: Mapping[str, Any], *, entry: str, score_memory: bool, response_length: int) -> LoopSettings:
@@ -256,7 +270,8 @@ class MemPOAgentLoop(AgentLoopBase):
     ``env`` (`ENV_KEYS`: retriever "http" + retriever_url, or "bm25" + corpus_path; topk, doc_chars,
     page_chars; without it ``$MEMPO_RETRIEVER_URL``), ``scoring`` (`SCORING_KEYS`: threshold,
     comparator, reward, log_clip), ``max_concurrent_scoring`` (8), ``max_concurrent_trajectories``
-    (256). After ``run`` the loop keeps ``trajectory`` (the mempo `Trajectory`, outcome set) and
+    (256), ``forced_logprobs`` ("engine" or "exclude", `FORCED_LOGPROBS`). After ``run`` the loop
+    keeps ``trajectory`` (the mempo `Trajectory`; its outcome is scored by verl's reward path) and
     ``memory_rewards`` (one entry per scored round).
     """
 
@@ -265,7 +280,7 @@ class MemPOAgentLoop(AgentLoopBase):
 
     def __init__(self, *args: Any, rollout: Any = None, env: Any = None, scoring: Any = None,
                  max_concurrent_scoring: int = 8, max_concurrent_trajectories: int = 256,
-                 name: Optional[str] = None, **kwargs: Any) -> None:
+                 forced_logprobs: Optional[str] = None, name: Optional[str] = None, **kwargs: Any) -> None:
         check_verl_version()
         super().__init__(*args, **kwargs)
         consumer = consumer_problem(self.config)
@@ -274,7 +289,7 @@ class MemPOAgentLoop(AgentLoopBase):
         entry = name or self.entry_name
         options = {"rollout": rollout, "env": env, "scoring": scoring,
                    "max_concurrent_scoring": max_concurrent_scoring,
-                   "max_concurrent_trajectories": max_concurrent_trajectories}
+                   "max_concurrent_trajectories": max_concurrent_trajectories, "forced_logprobs": forced_logprobs}
         self.settings = loop_settings(options, entry=entry, score_memory=self.score_memory,
                                       response_length=int(self.rollout_config.response_length))
         self.prompt_length = int(self.rollout_config.prompt_length)
@@ -282,7 +297,8 @@ class MemPOAgentLoop(AgentLoopBase):
         if self.score_memory and self.settings.rollout.context_policy == "memory" and not trainer.get("use_v1", True):
             raise ConfigError(f"{entry}.rollout.context_policy", "'memory' trains one row per round, which needs "
                                                                  "verl's V1 trainer (trainer.use_v1=true)")
-        forced = forced_exclusion_problem(self.config, self.settings.rollout) if self.score_memory else None
+        forced = forced_exclusion_problem(self.config, self.settings.rollout, self.settings.forced_logprobs) \
+            if self.score_memory else None
         if forced:
             raise ConfigError(f"{entry}.rollout.train_forced_prefix", forced)
         self.trajectory: Optional[Trajectory] = None
@@ -366,14 +382,14 @@ class MemPOAgentLoop(AgentLoopBase):
         Generated ids: the servers' sampled log-probs. Trained forced ids (the validation loop's rows
         are not trained: skipped): the engine's own prompt log-probs at temperature 1
         (`forced_prefix_logprobs`), exact when verl samples at temperature 1; at another temperature
-        the engines' prompt log-probs are not the sampling distribution's, so those spans are returned
-        as excluded (0.0 in the list; ``mempo_sync`` gives them rollout log-prob = the trainer's, IS
+        the engines' prompt log-probs are not the sampling distribution's, so (as with
+        ``forced_logprobs: exclude``, which saves those requests) the spans are returned as excluded (0.0 in the list; ``mempo_sync`` gives them rollout log-prob = the trainer's, IS
         weight 1, and keeps them out of the correction's metrics)."""
         logprobs = response_logprobs(trajectory)
         forced = trained_forced_spans(trajectory) if self.score_memory else []
         if not forced:
             return logprobs, []
-        if float(sampling_params.get("temperature", 1.0)) != 1.0:
+        if self.settings.forced_logprobs == "exclude" or float(sampling_params.get("temperature", 1.0)) != 1.0:
             return logprobs, forced
         values = await forced_prefix_logprobs(self.server_manager, trajectory, request_id, forced,
                                               self.settings.max_concurrent_scoring)

@@ -59,7 +59,8 @@ def check_run_config(config: Any) -> list[str]:
         try:
             score_memory = bool(getattr(get_class(str(entry["_target_"])), "score_memory", True))
             settings = loop_settings(options, entry=name, score_memory=score_memory, response_length=response_length)
-            forced = forced_exclusion_problem(config, settings.rollout) if score_memory else None
+            forced = forced_exclusion_problem(config, settings.rollout, settings.forced_logprobs) if score_memory \
+                else None
             if forced:
                 problems.append(f"{name}.rollout.train_forced_prefix: {forced}")
         except (ConfigError, ValueError, ImportError) as error:

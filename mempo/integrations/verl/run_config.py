@@ -71,16 +71,17 @@ def consumer_problem(config: Any) -> Optional[str]:
     return None
 
 
-def forced_exclusion_problem(config: Any, rollout: Any) -> Optional[str]:
+def forced_exclusion_problem(config: Any, rollout: Any, forced_logprobs: str = "engine") -> Optional[str]:
     """Why trained forced ``<mem>`` ids cannot be kept out of rollout correction under `config`, or None.
 
-    At a sampling temperature other than 1 the engines' prompt log-probs (temperature 1) are not the
-    forced ids' rollout log-probs, so a training loop leaves them out of the correction
-    (``mempo_forced_spans``), which only ``mempo_sync`` does, and not in bypass mode (the rollout
-    log-probs are then the PPO ratio's denominator). rollout: the loop's `mempo.config.RolloutConfig`
-    (``train_forced_prefix``, ``forced_prefix``)."""
+    A training loop leaves them out of the correction (``mempo_forced_spans``) with
+    ``forced_logprobs: exclude``, or at a sampling temperature other than 1 (the engines' prompt
+    log-probs, at temperature 1, are not their rollout log-probs); only ``mempo_sync`` does that, and
+    not in bypass mode (the rollout log-probs are then the PPO ratio's denominator). rollout: the
+    loop's `mempo.config.RolloutConfig` (``train_forced_prefix``, ``forced_prefix``)."""
     temperature = float(select(config, "actor_rollout_ref.rollout.temperature", 1.0))
-    if not (rollout.train_forced_prefix and rollout.forced_prefix and temperature != 1.0
+    excluded = forced_logprobs == "exclude" or temperature != 1.0
+    if not (rollout.train_forced_prefix and rollout.forced_prefix and excluded
             and select(config, "actor_rollout_ref.rollout.calculate_log_probs", False)):
         return None
     if not bool(select(config, "trainer.use_v1", True)):
@@ -89,9 +90,11 @@ def forced_exclusion_problem(config: Any, rollout: Any) -> Optional[str]:
         why = "bypass mode uses the rollout log-probs as the PPO ratio's denominator"
     else:
         return None
-    return (f"trained forced <mem> ids at actor_rollout_ref.rollout.temperature={temperature} have no rollout "
-            f"log-prob from the engine (its prompt log-probs are at temperature 1) and {why}; sample at "
-            "temperature 1.0, or set rollout.train_forced_prefix: false")
+    source = ("forced_logprobs: exclude gives them no rollout log-prob" if forced_logprobs == "exclude" else
+              f"at actor_rollout_ref.rollout.temperature={temperature} they have no rollout log-prob from the "
+              "engine (its prompt log-probs are at temperature 1)")
+    return (f"trained forced <mem> ids: {source}, and {why}; use forced_logprobs: engine at temperature 1.0, "
+            "or set rollout.train_forced_prefix: false")
 
 
 def mempo_loop_entries(config: Any) -> list[dict]:

@@ -367,6 +367,12 @@ def test_bad_options_are_refused_by_name(parts):
     with pytest.raises(ConfigError, match=r"mempo_agent_eval.scoring: is read only with score_memory"):
         loop_settings({"scoring": {"threshold": 0.5}, "env": env}, entry="mempo_agent_eval", score_memory=False,
                       response_length=64)
+    with pytest.raises(ConfigError, match=r"mempo_agent.forced_logprobs: must be one of engine, exclude"):
+        loop_settings({"forced_logprobs": "zero", "env": env}, entry="mempo_agent", score_memory=True,
+                      response_length=64)
+    with pytest.raises(ConfigError, match=r"mempo_agent_eval.forced_logprobs: is read only by the training loop"):
+        loop_settings({"forced_logprobs": "exclude", "env": env}, entry="mempo_agent_eval", score_memory=False,
+                      response_length=64)
     with pytest.raises(VerlVersionError, match=r"built against verl 0\.9\.1 and refuses verl 0\.9\.0"):
         check_verl_version("0.9.0")
 
@@ -424,19 +430,22 @@ def test_forced_ids_carry_the_engines_log_prob_so_verls_is_weights_are_one(scrip
                                    rtol=5e-3, atol=0)
 
 
-def test_at_another_temperature_forced_ids_are_left_out_of_verls_correction(parts, monkeypatch):
-    """Sampling at T=0.7 (the engines' prompt log-probs are at T=1): the loop sends no forced-id request
-    and lists the spans; mempo_sync, through verl's own _compute_old_log_prob and _compute_advantage,
-    gives them IS weight exactly 1 and computes the correction's metrics without them."""
+@pytest.mark.parametrize("temperature, options", [(0.7, ""), (1.0, "forced_logprobs: exclude")])
+def test_forced_ids_without_an_engine_log_prob_are_left_out_of_verls_correction(parts, monkeypatch, temperature,
+                                                                                 options):
+    """Sampling at T=0.7 (the engines' prompt log-probs are at T=1), or forced_logprobs: exclude: the loop
+    sends no forced-id request and lists the spans; mempo_sync, through verl's own _compute_old_log_prob
+    and _compute_advantage, gives them IS weight exactly 1 and computes the correction's metrics without
+    them."""
     from omegaconf import open_dict
     from transfer_queue import KVBatchMeta
     from verl.trainer.ppo.rollout_corr_helper import compute_rollout_correction_and_rejection_mask as correct
 
     tmp, corpus, tok, model = parts
-    config = verl_config(write_agents_yaml(tmp / "agents_t07.yaml", corpus), prompt_length=PROMPT_LENGTH,
-                         response_length=RESPONSE_LENGTH, n=N)
+    config = verl_config(write_agents_yaml(tmp / f"agents_{temperature}.yaml", corpus, options=options),
+                         prompt_length=PROMPT_LENGTH, response_length=RESPONSE_LENGTH, n=N)
     with open_dict(config):
-        config.actor_rollout_ref.rollout.temperature = 0.7
+        config.actor_rollout_ref.rollout.temperature = temperature
         config.algorithm.rollout_correction.rollout_is = "token"
     server = HFServer(model, script=needle_script(tok))
     worker = dummy_worker(config, tok, server)
@@ -456,7 +465,7 @@ def test_at_another_temperature_forced_ids_are_left_out_of_verls_correction(part
             for i, key in enumerate(meta.keys):
                 t, n = loops[i].trajectory, fake.rows[key]["responses"].numel()
                 shifted = torch.zeros(len(t.prompt_ids) + n)
-                shifted[len(t.prompt_ids) - 1:-1] = _policy_logprobs(model, t, 0.7)[:n]
+                shifted[len(t.prompt_ids) - 1:-1] = _policy_logprobs(model, t, temperature)[:n]
                 fake.rows[key]["log_probs"], fake.rows[key]["entropy"] = shifted, torch.zeros_like(shifted)
             return meta
 

@@ -126,10 +126,15 @@ def test_forced_ids_without_an_engine_log_prob_need_mempo_sync_outside_bypass(ag
                                         f"actor_rollout_ref.rollout.agent.agent_loop_config_path={agents}"])
     problems = check_run_config(config)
     assert len(problems) == 1 and problems[0].startswith("mempo_agent.rollout.train_forced_prefix: trained forced "
-                                                         "<mem> ids at actor_rollout_ref.rollout.temperature=0.7")
+                                                         "<mem> ids: at actor_rollout_ref.rollout.temperature=0.7")
     assert why in problems[0] and problems[0].endswith("or set rollout.train_forced_prefix: false")
     ok = load_run_config(overrides=[*overrides, f"actor_rollout_ref.rollout.agent.agent_loop_config_path={agents}"])
     assert check_run_config(ok) == []  # at temperature 1 the engine gives their log-probs
+    excluding = agents.parent / "agents_exclude.yaml"  # forced_logprobs: exclude needs mempo_sync outside bypass
+    excluding.write_text(agents.read_text().replace("  scoring:", "  forced_logprobs: exclude\n  scoring:", 1))
+    problems = check_run_config(load_run_config(overrides=[
+        *overrides, f"actor_rollout_ref.rollout.agent.agent_loop_config_path={excluding}"]))
+    assert len(problems) == 1 and "forced_logprobs: exclude gives them no rollout log-prob" in problems[0]
     from hydra.errors import InstantiationException
     from hydra.utils import instantiate
     from verl.experimental.agent_loop.agent_loop import DictConfigWrap, ToolListWrap
