@@ -136,7 +136,8 @@ def main() -> None:
         results = [measure(policy, tmp, corpus, tok, model) for policy in ("full", "memory")]
         results.append(measure("full", tmp, corpus, tok, model, options="forced_logprobs: exclude"))
     print(f"machine: {MACHINE}")
-    print("| policy | kind | requests / traj. | prompt ids / traj. | prefill ids / traj. | s / step | share of server s |")
+    print("| policy | kind | requests / traj. | prompt ids / traj. | prefill ids / traj. | s / step "
+          "| share of server s |")
     print("| --- | --- | --- | --- | --- | --- | --- |")
     for result in results:
         n = result["trajectories"]

@@ -265,7 +265,8 @@ class Trajectory:
             rounds=[Round.from_dict(r) for r in obj["rounds"]], finish_reason=obj["finish_reason"],
             golds=obj.get("golds"), final_answer=obj.get("final_answer"), protocol_text=obj.get("protocol_text"),
             outcome=dict(obj.get("outcome") or {}), episode_id=obj.get("episode_id"),
-            rollout_logprobs=None if obj.get("rollout_logprobs") is None else [float(v) for v in obj["rollout_logprobs"]],
+            rollout_logprobs=(None if obj.get("rollout_logprobs") is None
+                              else [float(v) for v in obj["rollout_logprobs"]]),
         )
         trajectory.validate()
         return trajectory

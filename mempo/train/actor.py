@@ -551,7 +551,8 @@ class Actor:
                     ratio_max = torch.maximum(ratio_max, metrics["ratio_max"].double())
                     ratio_min = torch.minimum(ratio_min, metrics["ratio_min"].double())
                 if is_stats is not None:
-                    sums[8:] += torch.stack([is_stats[k].double() for k in ("weight_sum", "clipped", "kl_sum", "count")])
+                    sums[8:] += torch.stack([is_stats[k].double()
+                                             for k in ("weight_sum", "clipped", "kl_sum", "count")])
                     if is_stats["count"] > 0:
                         is_max = torch.maximum(is_max, is_stats["weight_max"].double())
         grad_norm, skipped = self._clip_and_step(cfg)

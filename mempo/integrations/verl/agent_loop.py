@@ -381,10 +381,11 @@ class MemPOAgentLoop(AgentLoopBase):
 
         Generated ids: the servers' sampled log-probs. Trained forced ids (the validation loop's rows
         are not trained: skipped): the engine's own prompt log-probs at temperature 1
-        (`forced_prefix_logprobs`), exact when verl samples at temperature 1; at another temperature
+        (`forced_prefix_logprobs`), exact when verl samples at temperature 1. At another temperature
         the engines' prompt log-probs are not the sampling distribution's, so (as with
-        ``forced_logprobs: exclude``, which saves those requests) the spans are returned as excluded (0.0 in the list; ``mempo_sync`` gives them rollout log-prob = the trainer's, IS
-        weight 1, and keeps them out of the correction's metrics)."""
+        ``forced_logprobs: exclude``, which saves those requests) the spans are returned as excluded:
+        0.0 in the list, and ``mempo_sync`` gives them the trainer's log-prob (IS weight 1) and keeps
+        them out of the correction's metrics."""
         logprobs = response_logprobs(trajectory)
         forced = trained_forced_spans(trajectory) if self.score_memory else []
         if not forced:

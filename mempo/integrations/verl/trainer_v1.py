@@ -156,9 +156,11 @@ class MemPOTrainerSync(PPOTrainerSync):
         _, _, metrics = compute_rollout_correction_and_rejection_mask(
             old_log_prob=data["old_log_probs"].to_padded_tensor(0.0),
             rollout_log_prob=data["rollout_log_probs"].to_padded_tensor(0.0), response_mask=kept,
-            rollout_is=correction.get("rollout_is", None), rollout_is_threshold=correction.get("rollout_is_threshold", 2.0),
+            rollout_is=correction.get("rollout_is", None),
+            rollout_is_threshold=correction.get("rollout_is_threshold", 2.0),
             rollout_is_batch_normalize=correction.get("rollout_is_batch_normalize", False),
-            rollout_rs=correction.get("rollout_rs", None), rollout_rs_threshold=correction.get("rollout_rs_threshold", None))
+            rollout_rs=correction.get("rollout_rs", None),
+            rollout_rs_threshold=correction.get("rollout_rs_threshold", None))
         return metrics
 
     def _compute_advantage(self, batch, metrics: dict):
