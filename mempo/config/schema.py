@@ -26,8 +26,8 @@ from mempo.utils.imports import is_import_path
 __all__ = [
     "ModelConfig", "DataConfig", "EnvConfig", "RolloutConfig", "ScoringConfig", "AlgorithmConfig",
     "ActorConfig", "TrainerConfig", "EvalConfig", "SFTConfig", "SyntheticConfig", "MempoConfig",
-    "LOSS_AGG_MODES", "KL_ESTIMATORS", "MAX_MODEL_LAYERS", "MAX_TENSOR_BYTES", "MAX_WORLD_DOCUMENTS",
-    "flash_attention_requested",
+    "LOSS_AGG_MODES", "KL_ESTIMATORS", "ROLLOUT_IS_LEVELS", "MAX_MODEL_LAYERS", "MAX_TENSOR_BYTES",
+    "MAX_WORLD_DOCUMENTS", "flash_attention_requested",
 ]
 
 LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
@@ -45,6 +45,8 @@ MAX_TENSOR_BYTES = 1 << 63
 #: generates and BM25-indexes them at start-up, about 100 s and 4 GB for 10^6 on one core.
 MAX_WORLD_DOCUMENTS = 1_000_000
 _DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+#: actor.rollout_is: "auto" (on where rollout and training differ), a level, or "off"
+ROLLOUT_IS_LEVELS = ("auto", "token", "sequence", "off")
 
 
 # ------------------------------------------------------------------------------------------------
@@ -452,6 +454,18 @@ class ActorConfig:
     mask makes SDPA/eager slower, not faster (SDPA computes every block of a dense mask, no causal
     skipping: bench/RESULTS.md, "Teacher scoring", measured it for packed scoring on CPU). The
     update's `config` argument may switch packing per call.
+
+    Rollout correction (`mempo.train.losses.rollout_is_weights`, ALGORITHM.md section 6): the policy
+    loss of each token is multiplied by the truncated importance weight
+    ``min(pi_train / pi_rollout, rollout_is_cap)`` (detached), pi_train the trained policy before the
+    update and pi_rollout the log-prob the generation backend reported for the sampled id.
+    rollout_is: "token" (per-token weights), "sequence" (one weight per row: the product of its
+    tokens' ratios, then truncated), "off", or "auto" (default): "token" where rollout and training
+    are different computations (rollout.backend "sglang", or half-precision compute), a no-op where
+    they are the same one (the HF backend generating with the actor's own float32 weights: the
+    weights are 1 up to rounding and are not applied; the metrics are logged all the same).
+    Forced-prefix ids were not sampled: they get weight 1 and stay out of the metrics.
+    rollout_is_cap: the truncation (> 0; verl's default 2.0).
     """
 
     lr: float = 1e-6
@@ -475,12 +489,14 @@ class ActorConfig:
     gradient_checkpointing: bool = False
     param_dtype: Optional[Literal["float32", "bfloat16", "float16"]] = None
     packing: Literal["auto", "packed", "padded"] = "auto"
+    rollout_is: Literal[ROLLOUT_IS_LEVELS] = "auto"
+    rollout_is_cap: float = 2.0
 
     def __post_init__(self):
         _check_types(self)
         _finite(self)
         _positive(self, "lr", "eps", "grad_clip", "clip_ratio_low", "clip_ratio_high", "loss_norm_length",
-                  "ppo_epochs", "ppo_mini_batches", "micro_batch_tokens", "logprob_chunk_tokens")
+                  "ppo_epochs", "ppo_mini_batches", "micro_batch_tokens", "logprob_chunk_tokens", "rollout_is_cap")
         _non_negative(self, "weight_decay", "kl_coef", "entropy_coef")
         _require(self.clip_ratio_low < 1.0, "clip_ratio_low", f"must be < 1 (ratio floor 1 - low > 0), "
                                                              f"got {self.clip_ratio_low!r}")

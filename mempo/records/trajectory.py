@@ -114,6 +114,9 @@ class Trajectory:
     stage (after a JSON round trip its tuples are lists); episode_id: the source episode's id; example:
     the source example as the outcome reward reads it (question(s), golds, other fields; None when the
     rollout was given none), like the golds never part of a generation request.
+    rollout_logprobs [L]: the sampling policy's log-prob of every generated id as the backend gave it
+    (`sampled_positions`; 0.0 on forced-prefix and tool ids, which were not sampled), None when the
+    backend gave none.
     """
 
     uid: str
@@ -130,6 +133,7 @@ class Trajectory:
     outcome: dict[str, Any] = field(default_factory=dict)
     episode_id: Optional[str] = None
     example: Optional[dict[str, Any]] = None
+    rollout_logprobs: Optional[list[float]] = None
 
     # -- views -------------------------------------------------------------------------------------
     @property
@@ -146,6 +150,14 @@ class Trajectory:
     def num_generated_tokens(self) -> int:
         """Response ids with mask 1."""
         return sum(self.response_mask)
+
+    def sampled_positions(self) -> list[bool]:
+        """[L]: True on the ids the backend sampled (each round's ids after its forced prefix), False on
+        forced-prefix and tool ids."""
+        sampled = [False] * len(self.response_ids)
+        for r in self.rounds:
+            sampled[r.start + r.prefix_len:r.end] = [True] * (r.end - r.start - r.prefix_len)
+        return sampled
 
     def scored_rounds(self) -> list[Round]:
         """The rounds that get a memory reward, in order (``Round.scored``)."""
@@ -212,6 +224,8 @@ class Trajectory:
             raise ValueError(f"finish_reason must be one of {FINISH_REASONS}, got {self.finish_reason!r}")
         if len(self.response_mask) != len(self.response_ids):
             raise ValueError("response_mask and response_ids differ in length")
+        if self.rollout_logprobs is not None and len(self.rollout_logprobs) != len(self.response_ids):
+            raise ValueError("rollout_logprobs and response_ids differ in length")
         position = 0
         prompt_len = len(self.prompt_ids)
         for i, r in enumerate(self.rounds):
@@ -242,6 +256,7 @@ class Trajectory:
             "golds": self.golds, "final_answer": self.final_answer, "protocol_text": self.protocol_text,
             "outcome": json.loads(json.dumps(self.outcome)),
             **({"example": json.loads(json.dumps(self.example, default=str))} if self.example is not None else {}),
+            "rollout_logprobs": None if self.rollout_logprobs is None else [float(v) for v in self.rollout_logprobs],
         }
 
     @classmethod
@@ -254,6 +269,8 @@ class Trajectory:
             rounds=[Round.from_dict(r) for r in obj["rounds"]], finish_reason=obj["finish_reason"],
             golds=obj.get("golds"), final_answer=obj.get("final_answer"), protocol_text=obj.get("protocol_text"),
             outcome=dict(obj.get("outcome") or {}), episode_id=obj.get("episode_id"), example=obj.get("example"),
+            rollout_logprobs=(None if obj.get("rollout_logprobs") is None
+                              else [float(v) for v in obj["rollout_logprobs"]]),
         )
         trajectory.validate()
         return trajectory

@@ -43,7 +43,7 @@ from mempo.train.checkpoint import (CheckpointError, PendingCheckpoint, apply_op
 from mempo.train.logging import MetricsLogger, StageTimer
 from mempo.utils.log import log
 from mempo.utils.progress import progress
-from mempo.train.step import StepContext, generation_weights, train_step
+from mempo.train.step import StepContext, check_rollout_logprobs, generation_weights, train_step
 from mempo.utils.atomic import atomic_directory
 
 __all__ = ["TrainResult", "Run", "build_run", "train", "periodic_eval", "step_episodes", "seed_everything",
@@ -351,6 +351,7 @@ def build_run(cfg: MempoConfig, *, model=None, tokenizer=None, episodes=None, re
     eval_sets = _eval_episode_sets(cfg, world) if evaluating else {}
     actors = _setup_actors(cfg, model, info)
     backends = _setup_backends(cfg, actors.actor.module, tokenizer, out, tools)
+    check_rollout_logprobs(cfg, backends.train)  # actor.rollout_is needs a backend that reports log-probs
     ctx = StepContext(cfg=cfg, actor=actors.actor, ref_actor=actors.ref_actor, backend=backends.train,
                       tokenizer=tokenizer, tools=tools)
     return Run(cfg, out, tokenizer, model, episodes, retriever, ctx, info.rank, info.world_size, eval_sets,

@@ -3,16 +3,22 @@
 * `HFServer`: verl's ``LLMServerClient.generate(request_id, *, prompt_ids, sampling_params)`` over a
   Hugging Face causal LM (tiny random Qwen2), token ids in and out, returning verl's `TokenOutput`.
   It honours ``max_tokens``, ``stop_token_ids`` (the stop id is kept, as vLLM keeps it),
-  ``temperature`` (0: greedy) and ``prompt_logprobs=0`` in verl's layout (vLLM's
+  ``temperature`` (0: greedy), ``logprobs`` (the sampled ids' log-probs at the sampling temperature,
+  verl's ``logprobs_mode: processed_logprobs``) and ``prompt_logprobs=0`` (from the raw logits, as
+  vLLM computes prompt log-probs) in verl's layout (vLLM's
   ``extract_prompt_logprobs``: one row per prompt id, row k = [log p(prompt[k+1] | prompt[:k+1])],
   the last a dummy [0.0]; ``extra_fields["prompt_ids"]`` the matching ids). ``script(request_id,
   prompt_ids)`` may return the ids a policy "generates" instead of sampling (still cut by
   max_tokens and stop ids). Every request is recorded (``requests``).
 * `FakeTQ`: the two TransferQueue calls the V1 trainer makes, over a dict of rows (1-D tensors come
   back as jagged nested tensors, other values as a NonTensorStack, as verl's trainer reads them).
-* `verl_config(...)`: verl 0.9.1's full default trainer config (its generated YAML) with test lengths.
+* `verl_config(...)`: verl 0.9.1's full default trainer config (its generated YAML) with test lengths
+  and ``trainer.v1.trainer_mode=mempo_sync``.
 * `dummy_worker(...)`: an `AgentLoopWorker` without Ray (``object.__new__``), as verl's own CPU tests
-  build one, so its real ``generate_sequences`` / ``_agent_loop_postprocess`` / ``_postprocess`` run.
+  build one, so its real ``generate_sequences`` / ``_agent_loop_postprocess`` / ``_postprocess`` run;
+  its reward loop is verl's real `RewardLoopWorker` behind `RewardHandle` (the actor-handle call
+  ``handle.compute_score.remote(data)``), or none (``reward=False``: a colocated reward model, whose
+  scores the trainer writes later).
 """
 from __future__ import annotations
 
@@ -84,9 +90,10 @@ class HFServer:
         else:
             ids = self._sample(request_id, list(prompt_ids), max_tokens, stops, float(params.get("temperature", 1.0)))
         log_probs = None
-        if params.get("logprobs"):  # the raw log-probs of the returned ids, as vLLM reports them
-            full = list(prompt_ids) + ids
-            logp = torch.log_softmax(self.model(input_ids=torch.tensor([full])).logits[0].float(), -1)
+        if params.get("logprobs"):  # the returned ids' log-probs under the sampling temperature, as vLLM reports
+            full = list(prompt_ids) + ids  # them with verl's logprobs_mode "processed_logprobs" (0: the raw ones)
+            temperature = float(params.get("temperature", 1.0)) or 1.0
+            logp = torch.log_softmax(self.model(input_ids=torch.tensor([full])).logits[0].float() / temperature, -1)
             start = len(prompt_ids)
             log_probs = [float(logp[start - 1 + j, t]) for j, t in enumerate(ids)]
         return TokenOutput(token_ids=ids, log_probs=log_probs, stop_reason="completed", extra_fields=extra)
@@ -139,7 +146,8 @@ class FakeTQ:
         return KVBatchMeta(keys=list(keys), tags=[{} for _ in keys], partition_id=partition_id)
 
 
-def verl_config(agents_yaml: Path, *, prompt_length: int, response_length: int, n: int = 4):
+def verl_config(agents_yaml: Path, *, prompt_length: int, response_length: int, n: int = 4,
+                trainer_mode: str = "mempo_sync"):
     from omegaconf import OmegaConf, open_dict
     import verl
 
@@ -153,13 +161,45 @@ def verl_config(agents_yaml: Path, *, prompt_length: int, response_length: int, 
         rollout.agent.default_agent_loop = "mempo_agent"
         config.data.max_prompt_length, config.data.max_response_length = prompt_length, response_length
         config.algorithm.adv_estimator = "grpo"
+        config.trainer.v1.trainer_mode = trainer_mode  # the trainer that reads the mempo loops' rows
     return config
 
 
-def dummy_worker(config, tokenizer, server):
-    """An `AgentLoopWorker` with the attributes its real methods read, built without Ray or a model."""
+class RewardHandle:
+    """verl's `RewardLoopWorker` (built from the run's config, one per event loop: its reward manager
+    binds the loop it was built in) behind the Ray actor-handle call the agent-loop worker makes,
+    ``await handle.compute_score.remote(data)``. ``calls``: how many trajectories it scored."""
+
+    def __init__(self, config) -> None:
+        import types
+
+        self.config = config
+        self.calls = 0
+        self._workers: dict = {}
+        self.compute_score = types.SimpleNamespace(remote=self._compute_score)
+
+    async def _compute_score(self, data):
+        import asyncio
+
+        from verl.experimental.reward_loop.reward_loop import RewardLoopWorker
+
+        loop = asyncio.get_running_loop()
+        if loop not in self._workers:
+            self._workers[loop] = RewardLoopWorker(self.config)
+        self.calls += 1
+        return await self._workers[loop].compute_score(data)
+
+
+def dummy_worker(config, tokenizer, server, *, reward: bool = True):
+    """An `AgentLoopWorker` with the attributes its real methods read, built without Ray or a model;
+    with `reward`, verl's reward loop through `RewardHandle` (the tokenizer is saved to a temporary
+    folder, ``actor_rollout_ref.model.tokenizer_path``, which the reward worker loads)."""
+    import atexit
+    import shutil
+    import tempfile
+
+    from omegaconf import OmegaConf, open_dict
     from verl.experimental.agent_loop.agent_loop import AgentLoopWorker, _agent_loop_registry
-    from omegaconf import OmegaConf
     from verl.utils.config import omega_conf_to_dataclass
     from verl.utils.dataset.rl_dataset import RLHFDataset
 
@@ -168,6 +208,13 @@ def dummy_worker(config, tokenizer, server):
     worker.llm_client = server
     worker.teacher_client = None
     worker.reward_loop_worker_handles = None
+    if reward:
+        folder = tempfile.mkdtemp(prefix="verl_tok_")
+        atexit.register(shutil.rmtree, folder, True)
+        tokenizer.save_pretrained(folder)
+        with open_dict(config):
+            config.actor_rollout_ref.model.tokenizer_path = folder
+        worker.reward_loop_worker_handles = [RewardHandle(config)]
     worker.rollout_config = omega_conf_to_dataclass(config.actor_rollout_ref.rollout)
     worker.dataset_cls = RLHFDataset
     worker.tokenizer = tokenizer
@@ -206,13 +253,16 @@ def needle_script(tokenizer, first_variant: int = 0) -> Callable[[str, list[int]
     return script
 
 
-def write_agents_yaml(path: Path, corpus: Path, *, rollout: str = "", scoring: str = "{threshold: null}") -> Path:
-    """An agent-loop YAML like the shipped one, over an in-process BM25 index of `corpus`."""
+def write_agents_yaml(path: Path, corpus: Path, *, rollout: str = "", scoring: str = "{threshold: null}",
+                      options: str = "") -> Path:
+    """An agent-loop YAML like the shipped one, over an in-process BM25 index of `corpus` (`options`:
+    more top-level keys of the ``mempo_agent`` entry, YAML lines)."""
     env = f"{{retriever: bm25, corpus_path: {corpus}, topk: 2, doc_chars: 120}}"
     base = "max_turns: 4, max_new_tokens_per_round: 64, chat_template: builtin"
     path.write_text(
         f"- name: mempo_agent\n  _target_: mempo.integrations.verl.agent_loop.MemPOAgentLoop\n"
         f"  rollout: {{{base}{', ' + rollout if rollout else ''}}}\n  env: {env}\n  scoring: {scoring}\n"
+        + "".join(f"  {line}\n" for line in options.splitlines()) +
         f"- name: mempo_agent_eval\n  _target_: mempo.integrations.verl.agent_loop.MemPOEvalAgentLoop\n"
         f"  rollout: {{{base}, context_policy: memory}}\n  env: {env}\n")
     return path

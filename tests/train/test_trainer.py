@@ -161,6 +161,12 @@ def test_train_writes_metrics_and_checkpoints(tmp_path):
     rows = read_metrics(tmp_path / "metrics.jsonl")
     assert [r["step"] for r in rows] == [1, 2]
     assert all(math.isfinite(r["actor/loss"]) for r in rows)
+    # rollout correction's metrics: HF generation with the actor's own fp32 weights is the trained policy's
+    # computation (actor.rollout_is auto: not applied), so its weights are 1 and its KL 0 up to rounding
+    for row in rows:
+        assert row["actor/rollout_is_applied"] == 0.0 and row["actor/rollout_is_tokens"] > 0
+        assert abs(row["actor/rollout_is_mean"] - 1) < 1e-4 and abs(row["actor/rollout_is_max"] - 1) < 1e-3
+        assert abs(row["actor/rollout_kl"]) < 1e-5 and row["actor/rollout_is_clipped_frac"] == 0.0
     # the run report reads exactly the names the step writes (mempo.train.metric_names), none other
     from mempo.apps.report import CURVE
 

@@ -10,6 +10,8 @@ still register (verl swallows a failing plugin import at DEBUG level, so nothing
                         GRPO + the pooled memory advantage on the <mem> spans
     legacy patch        ``ray_trainer.compute_advantage`` reads the memory fields       `legacy`
                         (``trainer.use_v1=false``; other estimators are forwarded unchanged)
+    reward function     verl's default ``default_compute_score`` scores mempo rows      `reward`
+                        with mempo's EM (other rows are forwarded unchanged)
 
 It is loaded on every ``import verl`` through the ``verl.plugins`` entry point of mempo's
 pyproject (``VERL_USE_EXTERNAL_PLUGINS`` may name or disable it), or through
@@ -39,6 +41,7 @@ COMPONENTS = (
     ("agent loops 'mempo_agent', 'mempo_agent_eval'", "mempo.integrations.verl.agent_loop"),
     ("V1 trainer 'mempo_sync'", "mempo.integrations.verl.trainer_v1"),
     ("legacy compute_advantage patch", "mempo.integrations.verl.legacy"),
+    ("default reward function for mempo rows", "mempo.integrations.verl.reward"),
 )
 
 _logger = logging.getLogger(__name__)

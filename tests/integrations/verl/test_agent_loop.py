@@ -8,6 +8,7 @@ row, memory rewards equal to `mempo.scoring` on the same trajectories, advantage
 train`'s advantage stage through the legacy path and through the V1 trainer, and no generation
 request holding a gold.
 """
+import dataclasses
 import json
 
 import pytest
@@ -23,8 +24,10 @@ from support.verl_standin import (FakeTQ, HFServer, dummy_worker, needle_script,
                                   run_worker, verl_config, write_agents_yaml)
 
 from mempo.algo.advantages import advantage_inputs, token_advantages  # noqa: E402
+from mempo.algo.outcome import score_outcomes  # noqa: E402
 from mempo.config import ConfigError, ScoringConfig  # noqa: E402
 from mempo.integrations.verl import estimator  # noqa: E402
+from mempo.integrations.verl.agent_loop import trained_forced_spans  # noqa: E402
 from mempo.integrations.verl.fields import EXTRA_KEYS  # noqa: E402
 from mempo.ops.spans import find_spans  # noqa: E402
 from mempo.rollout.backends import TokenBytes  # noqa: E402
@@ -51,13 +54,19 @@ def scripted(parts):
     config = verl_config(write_agents_yaml(tmp / "agents.yaml", corpus), prompt_length=PROMPT_LENGTH,
                          response_length=RESPONSE_LENGTH, n=N)
     server = HFServer(model, script=needle_script(tok))
-    data, seen = run_worker(dummy_worker(config, tok, server), question_batch(QUESTION, GOLDS, N))
+    worker = dummy_worker(config, tok, server)
+    data, seen = run_worker(worker, question_batch(QUESTION, GOLDS, N))
     loops = [seen[i][0] for i in range(N)]
-    return config, server, data, seen, loops
+    return config, server, data, seen, loops, worker
+
+
+def _scored(loop):
+    """The loop's trajectory with mempo's own outcome (what the reward path must have given)."""
+    return score_outcomes([loop.trajectory])[0]
 
 
 def test_outputs_reach_a_dataproto_with_every_key_on_every_row(scripted):
-    _, _, data, seen, loops = scripted
+    config, _, data, seen, loops, worker = scripted
     assert len(data) == N and data.batch["responses"].shape == (N, RESPONSE_LENGTH)
     for key in EXTRA_KEYS:
         assert key in data.non_tensor_batch and len(data.non_tensor_batch[key]) == N
@@ -69,14 +78,18 @@ def test_outputs_reach_a_dataproto_with_every_key_on_every_row(scripted):
         assert data.batch["responses"][i, :length].tolist() == t.response_ids
         assert data.batch["response_mask"][i, :length].tolist() == t.response_mask
         assert int(data.batch["response_mask"][i, length:].sum()) == 0
-        assert float(data.batch["rm_scores"][i].sum()) == t.score == data.non_tensor_batch["mempo_score"][i]
+        # the outcome came through verl's reward loop (mempo's EM as verl's default for mempo rows)
+        assert float(data.batch["rm_scores"][i].sum()) == _scored(loop).score == data.non_tensor_batch["acc"][i]
+        assert data.non_tensor_batch["mempo_protocol_text"][i] == t.protocol_text
+        assert data.non_tensor_batch["mempo_em"][i] == _scored(loop).outcome["em"]
         assert data.non_tensor_batch["mempo_rounds"][i] == len(t.rounds) >= 2
+    assert worker.reward_loop_worker_handles[0].calls == N  # verl's reward loop scored every trajectory
     # the script's four variants: two right answers, two wrong
-    assert sorted(loop.trajectory.score for loop in loops) == [0.0, 0.0, 1.0, 1.0]
+    assert sorted(_scored(loop).score for loop in loops) == [0.0, 0.0, 1.0, 1.0]
 
 
 def test_information_is_masked_out_and_spans_are_the_scanners(scripted, parts):
-    _, _, data, _, loops = scripted
+    _, _, data, _, loops, _ = scripted
     tok = parts[2]
     for i, loop in enumerate(loops):
         t = loop.trajectory
@@ -95,7 +108,7 @@ def test_information_is_masked_out_and_spans_are_the_scanners(scripted, parts):
 
 
 def test_memory_rewards_equal_mempo_scoring_on_the_same_trajectories(scripted, parts):
-    _, _, data, _, loops = scripted
+    _, _, data, _, loops, _ = scripted
     tok, model = parts[2], parts[3]
     trajectories = [loop.trajectory for loop in loops]
     want, details = compute_memory_rewards(model, tok, trajectories, ScoringConfig(method="reference", threshold=None))
@@ -111,18 +124,22 @@ def test_memory_rewards_equal_mempo_scoring_on_the_same_trajectories(scripted, p
                                    torch.tensor([d.p_cmp for d in rows]), rtol=1e-4, atol=0)
 
 
-def _stage_advantages(loops, memory_weight):
+def _stage_advantages(loops, memory_weight, scores=None):
     """`mempo train`'s advantage stage (`token_advantages` over `advantage_inputs`) on the same batch,
-    without skip_zero_variance_groups (verl has no such mask), padded to verl's response length."""
-    trajectories = [loop.trajectory for loop in loops]
+    without skip_zero_variance_groups (verl has no such mask), padded to verl's response length;
+    `scores`: outcome scores in place of mempo's EM (a user's reward function)."""
+    trajectories = [_scored(loop) for loop in loops]
+    if scores is not None:
+        trajectories = [dataclasses.replace(t, outcome={"score": s}) for t, s in zip(trajectories, scores)]
     inputs = advantage_inputs(trajectories, memory_rewards=[loop.memory_rewards for loop in loops],
                               pad_to=RESPONSE_LENGTH)
     return token_advantages(inputs, memory_weight=memory_weight, skip_zero_variance_groups=False).advantages
 
 
 def test_legacy_path_advantages_equal_the_training_stage(scripted):
-    _, _, data, _, loops = scripted
+    _, _, data, _, loops, _ = scripted
     batch = data.select(deepcopy=True)
+    batch.non_tensor_batch["uid"] = question_batch(QUESTION, GOLDS, N).non_tensor_batch["uid"]  # fit's union
     batch.batch["token_level_rewards"] = batch.batch["rm_scores"]
     got = estimator.compute_advantage(batch, "mempo", config={"mempo": {"memory_weight": 0.5}}).batch["advantages"]
     want = _stage_advantages(loops, 0.5)
@@ -143,7 +160,8 @@ def _v1_rows(worker, seen, monkeypatch, uid="q0"):
     monkeypatch.setattr(agent_loop_tq, "tq", fake)
     postprocess = inspect.unwrap(AgentLoopWorkerTQ._agent_loop_postprocess)  # the class is a @ray.remote actor
     for session, (_, output) in sorted(seen.items()):
-        sample = {"uid": uid, "session_id": session, "global_steps": 1, "raw_prompt": [], "extra_info": {}}
+        sample = {"uid": uid, "session_id": session, "global_steps": 1, "raw_prompt": [], "extra_info": {},
+                  "data_source": "needle", "reward_model": {"ground_truth": GOLDS}}  # the dataset's fields
         asyncio.run(postprocess(worker, output, False, **sample))
     for row in fake.rows.values():
         if "rollout_log_probs" in row:
@@ -151,9 +169,9 @@ def _v1_rows(worker, seen, monkeypatch, uid="q0"):
     return fake
 
 
-def _v1_advantages(config, fake, monkeypatch, memory_weight):
+def _v1_trainer(config, fake, monkeypatch, memory_weight):
+    """`MemPOTrainerSync` without its cluster (``__new__``), over the TransferQueue stand-in."""
     from omegaconf import open_dict
-    from transfer_queue import KVBatchMeta
     from verl.trainer.ppo.v1 import trainer_base
 
     from mempo.integrations.verl import trainer_v1
@@ -165,6 +183,13 @@ def _v1_advantages(config, fake, monkeypatch, memory_weight):
     with open_dict(trainer.config):
         trainer.config.algorithm.adv_estimator = "grpo"
         trainer.config.algorithm.mempo = {"memory_weight": memory_weight}
+    return trainer
+
+
+def _v1_advantages(config, fake, monkeypatch, memory_weight):
+    from transfer_queue import KVBatchMeta
+
+    trainer = _v1_trainer(config, fake, monkeypatch, memory_weight)
     keys = sorted(fake.rows)
     metrics = {}
     trainer._compute_advantage(KVBatchMeta(keys=keys, tags=[{} for _ in keys], partition_id="train"), metrics)
@@ -172,7 +197,7 @@ def _v1_advantages(config, fake, monkeypatch, memory_weight):
 
 
 def test_v1_trainer_advantages_equal_the_training_stage(scripted, parts, monkeypatch):
-    config, server, _, seen, loops = scripted
+    config, server, _, seen, loops, _ = scripted
     fake = _v1_rows(dummy_worker(config, parts[2], server), seen, monkeypatch)
     keys, metrics = _v1_advantages(config, fake, monkeypatch, 0.5)
     assert keys == [f"q0_{i}_0" for i in range(N)]
@@ -185,17 +210,71 @@ def test_v1_trainer_advantages_equal_the_training_stage(scripted, parts, monkeyp
     assert metrics["mempo/memory_tokens"] > 0 and metrics["mempo/scored_rounds"] >= N
 
 
+USER_REWARD = """
+def compute_score(data_source, solution_str, ground_truth, extra_info=None, **kwargs):
+    assert ground_truth == "Needle 3", ground_truth  # the gold string, as the dataset gives it
+    assert extra_info["mempo_mem_rewards"] is not None  # the loop's fields reach a user's function too
+    return {"score": (len(solution_str) % 5) / 4.0, "user_reward": 1.0}
+"""
+
+
+def test_a_users_reward_function_replaces_the_outcome_and_the_memory_reward_stays(parts, monkeypatch):
+    """reward.custom_reward_function gives the outcome through verl's reward loop; teacher scoring needs
+    only the gold string of reward_model.ground_truth; mempo_sync adds the memory part to GRPO of the
+    user's scores."""
+    from omegaconf import open_dict
+
+    tmp, corpus, tok, model = parts
+    (tmp / "user_reward.py").write_text(USER_REWARD)
+    config = verl_config(write_agents_yaml(tmp / "agents_user.yaml", corpus), prompt_length=PROMPT_LENGTH,
+                         response_length=RESPONSE_LENGTH, n=N)
+    with open_dict(config):
+        config.reward.custom_reward_function.path = str(tmp / "user_reward.py")
+        config.reward.custom_reward_function.name = "compute_score"
+    server = HFServer(model, script=needle_script(tok))
+    worker = dummy_worker(config, tok, server)
+    data, seen = run_worker(worker, question_batch(QUESTION, "Needle 3", N))
+    loops = [seen[i][0] for i in range(N)]
+    user = [(len(tok.decode(loop.trajectory.response_ids, skip_special_tokens=True)) % 5) / 4.0 for loop in loops]
+    assert [float(data.batch["rm_scores"][i].sum()) for i in range(N)] == user
+    assert list(data.non_tensor_batch["user_reward"]) == [1.0] * N and "mempo_em" not in data.non_tensor_batch
+    assert len(set(user)) > 1 and user != [_scored(loop).score for loop in loops]  # not mempo's EM
+    assert sum(len(loop.memory_rewards) for loop in loops) >= N  # teacher scoring ran on the gold string
+    fake = _v1_rows(worker, seen, monkeypatch)
+    keys, _ = _v1_advantages(config, fake, monkeypatch, 0.5)
+    got = torch.zeros(N, RESPONSE_LENGTH)
+    for i, key in enumerate(keys):
+        got[i, :fake.rows[key]["advantages"].numel()] = fake.rows[key]["advantages"]
+    torch.testing.assert_close(got, _stage_advantages(loops, 0.5, scores=user), rtol=1e-5, atol=1e-5)
+    assert (got != _stage_advantages(loops, 0.0, scores=user)).any()  # the memory part is there
+
+
+def test_under_a_colocated_reward_model_the_loop_leaves_the_outcome_to_it(parts):
+    """No reward-loop workers (verl's colocated reward model scores in the trainer): the loop sets no
+    score, so no rm_scores reach the batch from it, and the memory fields are there."""
+    tmp, corpus, tok, model = parts
+    config = verl_config(write_agents_yaml(tmp / "agents_rm.yaml", corpus), prompt_length=PROMPT_LENGTH,
+                         response_length=RESPONSE_LENGTH, n=2)
+    worker = dummy_worker(config, tok, HFServer(model, script=needle_script(tok)), reward=False)
+    data, seen = run_worker(worker, question_batch(QUESTION, GOLDS, 2))
+    assert [output.reward_score for _, output in seen.values()] == [None, None]
+    assert "rm_scores" not in data.batch.keys()
+    assert all(len(rows) >= 1 for rows in data.non_tensor_batch["mempo_mem_rewards"])
+
+
 def test_no_generation_request_holds_a_gold(scripted, parts):
-    _, server, _, _, _ = scripted
+    _, server, _, _, _, _ = scripted
     tok = parts[2]
     generation = [r for r in server.requests if "prompt_logprobs" not in r["sampling_params"]]
-    scoring = [r for r in server.requests if "prompt_logprobs" in r["sampling_params"]]
-    assert len(generation) >= 2 * N and scoring
-    records = [{"kind": "task", "question": QUESTION, "golds": GOLDS}]
-    records += [{"kind": "generate", "prompts": [r["prompt_ids"]], "strings": [], "int_lists": []} for r in generation]
-    assert violations(records, tok) == []
     answer = "<answer>\nNeedle 3\n</answer>"  # the scoring template around the gold: only scoring requests
-    assert all(answer in tok.decode(r["prompt_ids"]) for r in scoring)
+    logprob_requests = [r for r in server.requests if "prompt_logprobs" in r["sampling_params"]]
+    scoring = [r for r in logprob_requests if answer in tok.decode(r["prompt_ids"])]
+    forced = [r for r in logprob_requests if answer not in tok.decode(r["prompt_ids"])]  # the forced ids' log-probs
+    assert len(generation) >= 2 * N and scoring and len(forced) == N  # context "full": one per trajectory
+    records = [{"kind": "task", "question": QUESTION, "golds": GOLDS}]
+    records += [{"kind": "generate", "prompts": [r["prompt_ids"]], "strings": [], "int_lists": []}
+                for r in generation + forced]
+    assert violations(records, tok) == []
     assert not any(answer in tok.decode(r["prompt_ids"]) for r in generation)
     for r in generation:
         assert r["sampling_params"]["max_tokens"] <= 64 and r["sampling_params"]["stop_token_ids"]
@@ -210,7 +289,7 @@ def test_random_policy_stays_within_verls_lengths(parts):
     assert data.batch["responses"].shape == (2, 48)
     for i in range(2):
         t = seen[i][0].trajectory
-        assert len(t.response_ids) <= 48 and t.score == 0.0
+        assert len(t.response_ids) <= 48 and _scored(seen[i][0]).score == 0.0
     for r in server.requests:
         if "prompt_logprobs" not in r["sampling_params"]:
             assert r["sampling_params"]["max_tokens"] <= 48
@@ -259,14 +338,14 @@ def test_memory_context_gives_a_row_per_round_through_verls_v1_postprocess_and_t
     fake = _v1_rows(worker, {0: (loop, outputs)}, monkeypatch)
     keys, metrics = _v1_advantages(config, fake, monkeypatch, 1.0)
     assert keys == [f"q0_0_{i}" for i in range(len(outputs))]  # one session, one row per round
-    assert all(float(fake.rows[k]["rm_scores"].sum()) == loop.trajectory.score for k in keys)
+    assert all(float(fake.rows[k]["rm_scores"].sum()) == _scored(loop).score for k in keys)
     # one session in its group: GRPO's outcome part is s / (1 + eps) on every row; the memory part is the
     # pooled z-score of the session's scored rounds on each row's own span
     scored = [k for k, out in zip(keys, outputs) if out.extra_fields["mempo_mem_spans"]]
     assert len(scored) >= 2 and metrics["mempo/scored_rounds"] == len(scored)
     for key, output in zip(keys, outputs):
         adv, mask = fake.rows[key]["advantages"], fake.rows[key]["response_mask"]
-        base = loop.trajectory.score / (1 + 1e-6)
+        base = _scored(loop).score / (1 + 1e-6)
         off_span = torch.ones_like(mask, dtype=torch.bool)
         for start, end in output.extra_fields["mempo_mem_spans"]:
             off_span[start:end] = False
@@ -288,5 +367,128 @@ def test_bad_options_are_refused_by_name(parts):
     with pytest.raises(ConfigError, match=r"mempo_agent_eval.scoring: is read only with score_memory"):
         loop_settings({"scoring": {"threshold": 0.5}, "env": env}, entry="mempo_agent_eval", score_memory=False,
                       response_length=64)
+    with pytest.raises(ConfigError, match=r"mempo_agent.forced_logprobs: must be one of engine, exclude"):
+        loop_settings({"forced_logprobs": "zero", "env": env}, entry="mempo_agent", score_memory=True,
+                      response_length=64)
+    with pytest.raises(ConfigError, match=r"mempo_agent_eval.forced_logprobs: is read only by the training loop"):
+        loop_settings({"forced_logprobs": "exclude", "env": env}, entry="mempo_agent_eval", score_memory=False,
+                      response_length=64)
     with pytest.raises(VerlVersionError, match=r"built against verl 0\.9\.1 and refuses verl 0\.9\.0"):
         check_verl_version("0.9.0")
+
+
+def _policy_logprobs(model, trajectory, temperature=1.0):
+    """log softmax(logits / T) of every response id under `model` (what verl's actor computes), [RESPONSE_LENGTH]."""
+    ids = trajectory.prompt_ids + trajectory.response_ids
+    with torch.no_grad():
+        logits = model(input_ids=torch.tensor([ids])).logits[0].float() / temperature
+    logp = torch.log_softmax(logits[:-1], -1).gather(1, torch.tensor(ids[1:])[:, None])[:, 0]
+    out = torch.zeros(RESPONSE_LENGTH)
+    out[:len(trajectory.response_ids)] = logp[len(trajectory.prompt_ids) - 1:]
+    return out
+
+
+def _forced(loops, shape):
+    forced = torch.zeros(shape, dtype=torch.bool)
+    for i, loop in enumerate(loops):
+        for start, end in trained_forced_spans(loop.trajectory):
+            forced[i, start:end] = True
+    return forced
+
+
+def test_forced_ids_carry_the_engines_log_prob_so_verls_is_weights_are_one(scripted, parts):
+    """Rollout policy = training policy: verl's own rollout correction gives weight ~1 on every loss
+    token, the forced <mem> ids included (they are no longer 0.0); a known shift of the forced ids'
+    rollout log-probs gives exactly the weights it should, token and sequence level."""
+    from verl.trainer.ppo.rollout_corr_helper import compute_rollout_correction_and_rejection_mask as correct
+
+    _, _, data, _, loops, _ = scripted
+    rollout, mask = data.batch["rollout_log_probs"].float(), data.batch["response_mask"]
+    old = torch.stack([_policy_logprobs(parts[3], loop.trajectory) for loop in loops])  # the training policy's
+    forced = _forced(loops, mask.shape)
+    assert int(forced.sum()) >= 2 * N and bool((mask.bool() | ~forced).all())
+    torch.testing.assert_close(rollout[forced], old[forced], rtol=0, atol=1e-4)
+    assert (rollout[forced] < -1e-3).all()  # a real log-probability, not the 0.0 of an unsampled id
+    ones = lambda t: torch.ones_like(t)  # noqa: E731
+    for level in ("token", "sequence"):
+        weights, _, metrics = correct(old, rollout, mask, rollout_is=level, rollout_is_threshold=2.0)
+        w = weights.batch["rollout_is_weights"]
+        torch.testing.assert_close(w[mask.bool()], ones(w[mask.bool()]), rtol=0, atol=2e-3)
+    assert abs(metrics["rollout_corr/kl"]) < 1e-4
+    # a known perturbation of the forced ids' rollout log-probs: weight exp(-delta), capped at 2 (TIS)
+    delta = torch.zeros_like(rollout)
+    pattern = torch.tensor([0.5, -0.25, -1.0])
+    delta[forced] = pattern.repeat(int(forced.sum()) // 3 + 1)[:int(forced.sum())]
+    weights, _, _ = correct(old, rollout + delta, mask, rollout_is="token", rollout_is_threshold=2.0)
+    w = weights.batch["rollout_is_weights"]
+    torch.testing.assert_close(w[forced], torch.exp(-delta[forced]).clamp(max=2.0), rtol=2e-3, atol=0)
+    torch.testing.assert_close(w[mask.bool() & ~forced], ones(w[mask.bool() & ~forced]), rtol=0, atol=2e-3)
+    weights, _, _ = correct(old, rollout + delta, mask, rollout_is="sequence", rollout_is_threshold=1e4)
+    w = weights.batch["rollout_is_weights"]
+    for i in range(N):
+        torch.testing.assert_close(w[i, mask[i].bool()], torch.exp(-delta[i].sum()).expand(int(mask[i].sum())),
+                                   rtol=5e-3, atol=0)
+
+
+@pytest.mark.parametrize("temperature, options", [(0.7, ""), (1.0, "forced_logprobs: exclude")])
+def test_forced_ids_without_an_engine_log_prob_are_left_out_of_verls_correction(parts, monkeypatch, temperature,
+                                                                                 options):
+    """Sampling at T=0.7 (the engines' prompt log-probs are at T=1), or forced_logprobs: exclude: the loop
+    sends no forced-id request and lists the spans; mempo_sync, through verl's own _compute_old_log_prob
+    and _compute_advantage, gives them IS weight exactly 1 and computes the correction's metrics without
+    them."""
+    from omegaconf import open_dict
+    from transfer_queue import KVBatchMeta
+    from verl.trainer.ppo.rollout_corr_helper import compute_rollout_correction_and_rejection_mask as correct
+
+    tmp, corpus, tok, model = parts
+    config = verl_config(write_agents_yaml(tmp / f"agents_{temperature}.yaml", corpus, options=options),
+                         prompt_length=PROMPT_LENGTH, response_length=RESPONSE_LENGTH, n=N)
+    with open_dict(config):
+        config.actor_rollout_ref.rollout.temperature = temperature
+        config.algorithm.rollout_correction.rollout_is = "token"
+    server = HFServer(model, script=needle_script(tok))
+    worker = dummy_worker(config, tok, server)
+    _, seen = run_worker(worker, question_batch(QUESTION, GOLDS, N))
+    loops = [seen[i][0] for i in range(N)]
+    forced = _forced(loops, (N, RESPONSE_LENGTH))
+    for i, loop in enumerate(loops):
+        assert seen[i][1].extra_fields["mempo_forced_spans"] == [list(s) for s in trained_forced_spans(loop.trajectory)]
+    answer = "<answer>\nNeedle 3\n</answer>"
+    assert all(answer in tok.decode(r["prompt_ids"]) for r in server.requests if "prompt_logprobs" in
+               r["sampling_params"])  # scoring requests only: no forced-id request at this temperature
+    fake = _v1_rows(worker, seen, monkeypatch)
+    keys = sorted(fake.rows)
+
+    class Actor:  # the actor worker group: the training policy's log-probs at the sampling temperature, one
+        def compute_log_prob(self, meta):  # per input id predicting the next (verl's left-shifted layout)
+            for i, key in enumerate(meta.keys):
+                t, n = loops[i].trajectory, fake.rows[key]["responses"].numel()
+                shifted = torch.zeros(len(t.prompt_ids) + n)
+                shifted[len(t.prompt_ids) - 1:-1] = _policy_logprobs(model, t, temperature)[:n]
+                fake.rows[key]["log_probs"], fake.rows[key]["entropy"] = shifted, torch.zeros_like(shifted)
+            return meta
+
+    trainer = _v1_trainer(config, fake, monkeypatch, 1.0)
+    trainer.actor_rollout_wg = Actor()
+    meta = KVBatchMeta(keys=keys, tags=[{} for _ in keys], partition_id="train")
+    metrics = {}
+    trainer._compute_old_log_prob(meta, metrics)
+    trainer._compute_advantage(meta, metrics)
+    assert metrics["mempo/forced_ids_excluded"] == float(forced.sum()) >= 2 * N
+    old = torch.zeros(N, RESPONSE_LENGTH)
+    rollout, mask = torch.zeros_like(old), torch.zeros_like(old)
+    for i, key in enumerate(keys):
+        n = fake.rows[key]["response_mask"].numel()
+        w = fake.rows[key]["rollout_is_weights"]
+        row_forced = forced[i, :n] & fake.rows[key]["response_mask"].bool()
+        assert (w[row_forced] == 1.0).all()
+        torch.testing.assert_close(w[~row_forced & fake.rows[key]["response_mask"].bool()],
+                                   torch.ones(int((~row_forced & fake.rows[key]["response_mask"].bool()).sum())),
+                                   rtol=0, atol=2e-3)
+        old[i, :n], rollout[i, :n] = fake.rows[key]["old_log_probs"], fake.rows[key]["rollout_log_probs"]
+        mask[i, :n] = fake.rows[key]["response_mask"].float()
+    _, _, want = correct(old, rollout, mask * ~forced, rollout_is="token", rollout_is_threshold=2.0)
+    for name, value in want.items():
+        assert metrics[name] == pytest.approx(value, rel=1e-5, abs=1e-6), name
+    assert metrics["training/rollout_probs_diff_max"] < 1e-3  # verl's diagnostics, the forced ids left out
