@@ -480,6 +480,7 @@ def _from_hidden(ctx: Ctx, ceil: dict, M: int, H: int, dname: str, seed: int, me
     import torch
 
     from mempo.ops import answer_logprob, answer_logprob_from_hidden
+    from mempo.ops.logprob import _chunked_token_logp
 
     sz = ctx.sizes
     dtype = ctx.dtype(dname)
@@ -511,12 +512,17 @@ def _from_hidden(ctx: Ctx, ceil: dict, M: int, H: int, dname: str, seed: int, me
     def materialised():
         return answer_logprob(hidden @ weight.T, targets, mask, cu, backend="triton")
 
+    def core():  # the chunked GEMMs and epilogues without the op's validation (its host syncs)
+        return _chunked_token_logp(hidden, weight, None, targets, mask, 1.0, epilogue="triton", tf32=False)
+
     ms = ctx.bench_ms(run())
     if ms is not None:
         flop = 2.0 * int(mask.sum()) * sz.vocab * H
         peak_flops = ceil.get("fp32_tflops" if dtype == torch.float32 else "bf16_tflops")
         ms_mat = ctx.bench_ms(materialised)
         ms_fused = ctx.bench_ms(run("fused"))
+        # where the time goes: the GEMM alone (as the materialised path runs it), the chunked core
+        values.update(ms_gemm_only=ctx.bench_ms(lambda: hidden @ weight.T), ms_chunked_core=ctx.bench_ms(core))
         mib, mib_mat, mib_fused = ctx.peak_mib(run()), ctx.peak_mib(materialised), ctx.peak_mib(run("fused"))
         values.update(ms_chunked=ms, ms_materialised=ms_mat, ms_fused=ms_fused,
                       ms_torch_path=ctx.bench_ms(lambda: answer_logprob_from_hidden(hidden, weight, targets, mask, cu,
@@ -538,7 +544,8 @@ def _from_hidden(ctx: Ctx, ceil: dict, M: int, H: int, dname: str, seed: int, me
 # Block shapes timed at the sizes (kept rows R x vocabulary entries N; None: planned): the
 # planner's default, narrower vocabulary blocks of every kept row (L2-sized at 2,048-4,096), and
 # Liger-style row chunks over the whole vocabulary (which re-read the weight once per chunk).
-CHUNK_SWEEP = ((None, None), (None, 2048), (None, 4096), (None, 16384), (None, 32768), (256, QWEN_V), (512, QWEN_V))
+CHUNK_SWEEP = ((None, None), (None, 1024), (None, 2048), (None, 4096), (None, 16384), (None, 32768), (256, QWEN_V),
+               (512, QWEN_V), (1152, 8192))
 
 
 def _from_hidden_chunks(ctx: Ctx) -> None:
