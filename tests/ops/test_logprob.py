@@ -992,7 +992,8 @@ def test_chunked_block_shapes(backend, chunk_rows, vocab_chunk, device):
 
 @pytest.mark.parametrize("backend,method", HIDDEN_PATHS + [("torch", "materialise")])
 def test_degenerate_calls(backend, method, device):
-    """No kept row (every row masked: no GEMM at all), M = 0, a single kept row, V = 1."""
+    """No masked-in row (every row masked: no GEMM at all), masked-in rows none of which passes the
+    threshold, M = 0, a single masked-in row, V = 1."""
     dev = device if backend == "triton" else torch.device("cpu")
     hidden, weight, bias, targets, mask = make_hidden_case(6, 50, 16, seed=83)
     none = torch.zeros(6, dtype=torch.bool)
@@ -1005,6 +1006,10 @@ def test_degenerate_calls(backend, method, device):
                                          torch.zeros(0, dtype=torch.bool), torch.tensor([0, 0])),
                                      backend=backend, method=method)
     assert out.token_logp.shape == (0,) and out.p.tolist() == [0.0]
+    out = answer_logprob_from_hidden(*on(dev, hidden, weight, targets, mask), threshold=1.0, empty_value=0.25,
+                                     backend=backend, method=method)
+    assert not out.keep.any() and out.num_kept.tolist() == [0] and out.p.tolist() == [0.25]
+    assert bool((out.token_logp.cpu()[mask] < 0).all())  # computed, just not kept
     one = torch.zeros(6, dtype=torch.bool)
     one[4] = True
     out = answer_logprob_from_hidden(*on(dev, hidden, weight, targets.clamp(min=0), one), bias=bias.to(dev),
