@@ -52,7 +52,8 @@ def main():
             targets = torch.randint(0, V, (M,), device="cuda", generator=g)
             mask = torch.ones(M, dtype=torch.bool, device="cuda")
             want = answer_logprob_from_hidden(hidden, weight, targets, mask, backend="torch").token_logp
-            run = lambda: answer_logprob_from_hidden(hidden, weight, targets, mask, backend="triton")  # noqa: E731
+            run = lambda: answer_logprob_from_hidden(hidden, weight, targets, mask, backend="triton",  # noqa: E731
+                                                     method="fused")
             mat = lambda: answer_logprob(hidden @ weight.T, targets, mask, backend="triton")  # noqa: E731
             ms_mat = timed_ms(mat, reps)
             for cand in [None] + CANDIDATES[dname]:
