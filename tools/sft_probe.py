@@ -7,9 +7,14 @@ evaluation under the memory context (64 held-out episodes at k = 2 by default).
 Every key of P below can be overridden by the JSON argument; results are appended to
 scratch/results.jsonl and the model is saved to scratch/models/NAME (scratch/ is git-ignored).
 THREADS sets torch's threads (default 1)."""
-import dataclasses, json, os, sys, time
+import dataclasses
+import json
+import os
+import sys
+import time
+
 import torch
-torch.set_num_threads(int(os.environ.get("THREADS", "1")))
+
 from mempo.apps.demo import load_demo_config
 from mempo.synthetic.world import World
 from mempo.env.bm25 import BM25Retriever
@@ -20,6 +25,8 @@ from mempo.algo.contexts import DEFAULT_ANSWER_TEMPLATE
 from mempo.model.builtin import default_corpus_texts, train_tokenizer, tiny_model
 from mempo.synthetic.copy_warmup import copy_warmup
 from mempo.train.sft import run_sft
+
+torch.set_num_threads(int(os.environ.get("THREADS", "1")))
 
 name = sys.argv[1]
 P = dict(world=dict(seed=0, num_entities=1000, relations=["birthplace", "birth_year", "alma_mater", "country", "capital", "mayor", "location"],
@@ -33,7 +40,9 @@ P = dict(world=dict(seed=0, num_entities=1000, relations=["birthplace", "birth_y
 P.update(json.loads(sys.argv[2]) if len(sys.argv) > 2 else {})
 log = {"name": name, "params": P, "load_start": open("/proc/loadavg").read().split()[:3]}
 t0 = time.time()
-wk = dict(P["world"]); wk["article_fillers"] = tuple(wk["article_fillers"]); wk["relations"] = tuple(wk["relations"])
+wk = dict(P["world"])
+wk["article_fillers"] = tuple(wk["article_fillers"])
+wk["relations"] = tuple(wk["relations"])
 world = World.generate(**wk)
 retr = BM25Retriever.build(world.documents())
 cfg = load_demo_config()
@@ -52,9 +61,11 @@ sft_eps = [e for e in drawn if not set(e.questions) & eval_q]
 trajs = [run_oracle(e, tools, policy="memory", agent=agent) for e in sft_eps]
 if P["keep"] == "correct":
     trajs = [t for t in trajs if t.score["score"] == 1.0]
-log["sft_trajs"] = len(trajs); log["oracle_em"] = sum(t.score["em"] for t in trajs) / max(1, len(trajs))
+log["sft_trajs"] = len(trajs)
+log["oracle_em"] = sum(t.score["em"] for t in trajs) / max(1, len(trajs))
 texts = default_corpus_texts(world, limit=P["tok_docs"])
-for t in trajs: texts += [t.prompt, t.response_text]
+for t in trajs:
+    texts += [t.prompt, t.response_text]
 tok = train_tokenizer(texts, P["vocab"])
 sp = [tok.encode(" " + e.name, add_special_tokens=False) for e in world.entities]
 log["single_token_share"] = sum(len(x) == 1 for x in sp) / len(sp)
@@ -73,15 +84,18 @@ log["sft"] = {k: res[k] for k in ("steps", "tokens", "epochs", "seconds", "first
 log["loss_curve"] = [round(sum(res["losses"][i:i+50]) / len(res["losses"][i:i+50]), 3) for i in range(0, len(res["losses"]), 50)]
 print("sft", log["sft"], log["loss_curve"], flush=True)
 if P.get("save", True):
-    from mempo.model.export import save_model_dir
-    model.save_pretrained(f"scratch/models/{name}"); tok.save_pretrained(f"scratch/models/{name}")
+    model.save_pretrained(f"scratch/models/{name}")
+    tok.save_pretrained(f"scratch/models/{name}")
 t3 = time.time()
 rep = evaluate(model, tok, eval_eps, retr, cfg, show_progress=False, log=lambda s: None, keep_trajectories=True)
 log["eval_s"] = time.time() - t3
 log["eval"] = {str(r.objectives): dict(em=r.em, f1=r.f1, format=r.format_rate, turns=r.mean_turns) for r in rep.rows}
 trs = list(rep.trajectories.values())[0][:2]
-log["load_end"] = open("/proc/loadavg").read().split()[:3]; log["total_s"] = time.time() - t0
+log["load_end"] = open("/proc/loadavg").read().split()[:3]
+log["total_s"] = time.time() - t0
 os.makedirs("scratch", exist_ok=True)
-with open("scratch/results.jsonl", "a") as fh: fh.write(json.dumps(log) + "\n")
+with open("scratch/results.jsonl", "a") as fh:
+    fh.write(json.dumps(log) + "\n")
 print(json.dumps({k: log[k] for k in ("name", "eval", "eval_s", "total_s", "load_start", "load_end")}))
-for t in trs: print("-----\n" + tok.decode(t.response_ids)[:1200])
+for t in trs:
+    print("-----\n" + tok.decode(t.response_ids)[:1200])

@@ -10,16 +10,17 @@ import sys
 
 import pytest
 
-pytest.importorskip("transformers")
-openai = pytest.importorskip("openai")
-
 from mempo.apps.cli import build_parser, main
 from mempo.apps.serve_command import agent_config
 from mempo.env.data import parse_episode_prompt
 from mempo.eval import EpisodeRecord
-from mempo.serve.load import load_agent
 from mempo.serve.openai_api import AgentServer
 from support.paths import python_path_env
+
+pytest.importorskip("transformers")
+openai = pytest.importorskip("openai")
+
+from mempo.serve.load import load_agent  # noqa: E402 - imports transformers
 
 #: a small world, one episode per k (each evaluated alone, as a served request runs), short rounds
 OVERRIDES = ["synthetic.world_entities=30", "eval.objectives=[1,2]", "eval.episodes=1", "eval.max_turns=3",
@@ -139,7 +140,6 @@ def test_mempo_serve_with_a_users_tools_in_the_json_format(model_dir):
     from mempo.protocol.tags import JSON_TAG_SET
     from mempo.rollout.backends import ScriptedBackend, round_script
     from mempo.serve.agent import AgentService
-    from support import user_tools
 
     overrides = ["env.tools=['support.user_tools:lookup', 'support.user_tools:calc_tools']",
                  "rollout.action_format=json", "eval.max_turns=4", "rollout.max_new_tokens_per_round=96"]

@@ -20,7 +20,7 @@ from mempo.protocol.grammar import (
     validate_format,
 )
 from mempo.protocol.reward import compute_score
-from mempo.protocol.tags import JSON_TAG_SET, TAG_SET, marker_strings, tag_set_for
+from mempo.protocol.tags import JSON_TAG_SET, TAG_SET, tag_set_for
 from support.degenerate_tags import degenerate_texts
 
 R1_SEARCH = "<mem></mem>\n<think>need the film</think>\n<search>2010 best picture</search>"

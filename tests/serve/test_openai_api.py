@@ -12,9 +12,6 @@ import urllib.parse
 
 import pytest
 
-pytest.importorskip("transformers")
-openai = pytest.importorskip("openai")
-
 from mempo.config import config_from_dict
 from mempo.env.client import HTTPRetriever
 from mempo.env.server import RetrieverServer
@@ -23,6 +20,9 @@ from mempo.serve.agent import AgentService
 from mempo.serve.openai_api import AgentServer
 from support.rollout_fixtures import chat_tokenizer, tiny_qwen2
 from support.serve_fixtures import FailingBackend, GatedBackend, needle_backend, question
+
+pytest.importorskip("transformers")
+openai = pytest.importorskip("openai")
 
 MODEL = "needle-agent"
 
