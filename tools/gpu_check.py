@@ -755,7 +755,8 @@ def sec_flash_actor(ctx: Ctx) -> None:
         forward = hf_flash._flash_attention_forward
 
         def recording(*args, **kwargs):
-            calls.append((kwargs.get("attention_mask", args[3] if len(args) > 3 else None), kwargs.get("cu_seq_lens_q")))
+            calls.append((kwargs.get("attention_mask", args[3] if len(args) > 3 else None),
+                          kwargs.get("cu_seq_lens_q")))
             return forward(*args, **kwargs)
         hf_flash._flash_attention_forward = recording
 
@@ -824,7 +825,8 @@ def _scoring_requests(n: int, length: int, vocab: int, seed: int = 0):
     for _ in range(n):
         seq = [rnd.randrange(vocab) for _ in range(length)]
         ends = [length * k // 5 for k in (1, 2, 3, 4)]
-        rounds = [ScoredRound(e, seq[:length // 15] + [rnd.randrange(vocab) for _ in range(length // 30)]) for e in ends]
+        rounds = [ScoredRound(e, seq[:length // 15] + [rnd.randrange(vocab) for _ in range(length // 30)])
+                  for e in ends]
         answer = [rnd.randrange(vocab) for _ in range(12)]
         requests.append(ScoringRequest(seq, rounds, answer, [0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0, 0]))
     return requests
@@ -926,7 +928,8 @@ def sec_train(ctx: Ctx) -> None:
         result("train", "step", "PASS" if finite else "FAIL", attn="flash_attention_2" if flash else "sdpa",
                loss=step.get("actor/loss"), grad_norm=step.get("actor/grad_norm"), reward=step.get("reward/mean"),
                tokens=step.get("train/tokens"), s=wall)
-        result("train", "stage_times", "INFO", **{k.split("/", 1)[1]: v for k, v in step.items() if k.startswith("time/")})
+        result("train", "stage_times", "INFO",
+               **{k.split("/", 1)[1]: v for k, v in step.items() if k.startswith("time/")})
     result("train", "cli_exit", "PASS" if done.returncode == 0 else "FAIL", rc=done.returncode,
            last_error=errors[-1][:200] if errors else "")
 

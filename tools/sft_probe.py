@@ -1,6 +1,7 @@
-"""The SFT probe behind docs/experiments/D01-learnable-task.md's table: a synthetic world with the small-world options, oracle
-trajectories, a BPE tokenizer, a Qwen2 from scratch, an optional copy warm-up, SFT, then greedy
-evaluation under the memory context (64 held-out episodes at k = 2 by default).
+"""The SFT probe behind docs/experiments/D01-learnable-task.md's table: a synthetic world with the
+small-world options, oracle trajectories, a BPE tokenizer, a Qwen2 from scratch, an optional copy
+warm-up, SFT, then greedy evaluation under the memory context (64 held-out episodes at k = 2 by
+default).
 
     python tools/sft_probe.py NAME '{"world": {...}, "shape": {...}, "copy_steps": 700, "sft_steps": 1200}'
 
@@ -29,11 +30,13 @@ from mempo.train.sft import run_sft
 torch.set_num_threads(int(os.environ.get("THREADS", "1")))
 
 name = sys.argv[1]
-P = dict(world=dict(seed=0, num_entities=1000, relations=["birthplace", "birth_year", "alma_mater", "country", "capital", "mayor", "location"],
-               names="short", article_style="facts", article_fillers=[0, 0], chronicles=False, chronicle_fraction=0.0,
-               distractor_ratio=0.0, question_hops=1, prompt_style="compact"),
-    topk=1, doc_chars=600, vocab=4096, tok_docs=5000, model_size="small", shape={}, tie=True, max_pos=2048, model_seed=0,
-    think="minimal", memory_style="facts", query_style="question", sft_ks=[1, 2, 3, 4], sft_episodes=512, drop=0.0, keep="all",
+P = dict(world=dict(seed=0, num_entities=1000,
+                    relations=["birthplace", "birth_year", "alma_mater", "country", "capital", "mayor", "location"],
+                    names="short", article_style="facts", article_fillers=[0, 0], chronicles=False,
+                    chronicle_fraction=0.0, distractor_ratio=0.0, question_hops=1, prompt_style="compact"),
+    topk=1, doc_chars=600, vocab=4096, tok_docs=5000, model_size="small", shape={}, tie=True, max_pos=2048,
+    model_seed=0, think="minimal", memory_style="facts", query_style="question", sft_ks=[1, 2, 3, 4], sft_episodes=512,
+    drop=0.0, keep="all",
     sft_seconds=None, sft_steps=700, lr=1e-3, warmup=0.05, batch_tokens=2048, schedule="cosine", plw=1.0, sft_seed=0,
     eval_ks=[2], eval_n=64, eval_max_turns=8, max_new=96,
     copy_steps=0, copy_lr=1e-3, copy_rows=32)
@@ -47,10 +50,12 @@ world = World.generate(**wk)
 retr = BM25Retriever.build(world.documents())
 cfg = load_demo_config()
 cfg = dataclasses.replace(cfg, env=dataclasses.replace(cfg.env, topk=P["topk"], doc_chars=P["doc_chars"]),
-                          eval=dataclasses.replace(cfg.eval, objectives=list(P["eval_ks"]), episodes=P["eval_n"], max_turns=P["eval_max_turns"]),
+                          eval=dataclasses.replace(cfg.eval, objectives=list(P["eval_ks"]), episodes=P["eval_n"],
+                                                   max_turns=P["eval_max_turns"]),
                           rollout=dataclasses.replace(cfg.rollout, max_new_tokens_per_round=P["max_new"]),
-                          sft=dataclasses.replace(cfg.sft, steps=P["sft_steps"], lr=P["lr"], warmup=P["warmup"], batch_tokens=P["batch_tokens"],
-                                                  schedule=P["schedule"], prompt_loss_weight=P["plw"], max_seconds=P["sft_seconds"]))
+                          sft=dataclasses.replace(cfg.sft, steps=P["sft_steps"], lr=P["lr"], warmup=P["warmup"],
+                                                  batch_tokens=P["batch_tokens"], schedule=P["schedule"],
+                                                  prompt_loss_weight=P["plw"], max_seconds=P["sft_seconds"]))
 tools = build_tools(cfg, retr)
 eval_eps = {k: world.episodes(k, P["eval_n"], seed=10_000 + k) for k in P["eval_ks"]}
 eval_q = {q for eps in eval_eps.values() for e in eps for q in e.questions}
@@ -69,7 +74,8 @@ for t in trajs:
 tok = train_tokenizer(texts, P["vocab"])
 sp = [tok.encode(" " + e.name, add_special_tokens=False) for e in world.entities]
 log["single_token_share"] = sum(len(x) == 1 for x in sp) / len(sp)
-model = tiny_model(tok, P["model_size"], P["model_seed"], max_position_embeddings=P["max_pos"], tie_word_embeddings=P["tie"], **P["shape"])
+model = tiny_model(tok, P["model_size"], P["model_seed"], max_position_embeddings=P["max_pos"],
+                   tie_word_embeddings=P["tie"], **P["shape"])
 log["params_M"] = sum(p.numel() for p in model.parameters()) / 1e6
 log["setup_s"] = time.time() - t0
 print("setup", {k: log[k] for k in ("sft_trajs", "oracle_em", "single_token_share", "params_M", "setup_s")}, flush=True)
@@ -81,7 +87,8 @@ if P["copy_steps"]:
 ts = time.time()
 res = run_sft(cfg, model, tok, trajs, seed=P["sft_seed"])
 log["sft"] = {k: res[k] for k in ("steps", "tokens", "epochs", "seconds", "first_loss", "last_loss")}
-log["loss_curve"] = [round(sum(res["losses"][i:i+50]) / len(res["losses"][i:i+50]), 3) for i in range(0, len(res["losses"]), 50)]
+log["loss_curve"] = [round(sum(res["losses"][i:i+50]) / len(res["losses"][i:i+50]), 3)
+                     for i in range(0, len(res["losses"]), 50)]
 print("sft", log["sft"], log["loss_curve"], flush=True)
 if P.get("save", True):
     model.save_pretrained(f"scratch/models/{name}")

@@ -61,7 +61,8 @@ def test_ask_prints_each_round_and_the_answer(model_dir, capsys):
     assert rc == (1 if answer_line.startswith("answer: (none)") else 0)
     rc = main(["ask", "Who founded Wehel?", *OVERRIDES, "--model", str(model_dir), "--json"])
     printed = json.loads(capsys.readouterr().out)
-    assert set(printed) >= {"answer", "finish_reason", "rounds"} and printed["rounds"][0]["assistant"].startswith("<mem>")
+    assert (set(printed) >= {"answer", "finish_reason", "rounds"}
+            and printed["rounds"][0]["assistant"].startswith("<mem>"))
     assert rc == (1 if printed["answer"] is None else 0)
 
 

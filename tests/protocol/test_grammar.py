@@ -355,7 +355,8 @@ def test_answer_templates_are_checked():
     for template in ANSWER_TEMPLATES.values():
         check_answer_template(template)
         assert parse_round("<mem>m</mem>" + template.replace("{answer}", "Minu; Lidar")).argument == "Minu; Lidar"
-    for bad in ("{answer}", "<answer>{answer}</answer>{answer}", "\n<think>\nx\n</think>\n<search> {answer} </search>", 3):
+    for bad in ("{answer}", "<answer>{answer}</answer>{answer}", "\n<think>\nx\n</think>\n<search> {answer} </search>",
+                3):
         with pytest.raises(ValueError, match="answer template"):
             check_answer_template(bad)
 

@@ -239,7 +239,8 @@ def test_concurrent_requests_share_hf_generation_batches(tok, bm25):
         results = [None] * 6
 
         def ask(i):
-            results[i] = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": question(i)}])
+            results[i] = client.chat.completions.create(model="tiny",
+                                                        messages=[{"role": "user", "content": question(i)}])
 
         threads = [threading.Thread(target=ask, args=(i,)) for i in range(6)]
         for thread in threads:
