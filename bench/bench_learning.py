@@ -1,5 +1,6 @@
-"""The pre-registered, powered ablation (issue 20; protocol in docs/experiments/E2-ablation-execution-2.md): does the memory
-reward help? From one SFT checkpoint, RL in every arm for every seed, equal steps and questions:
+"""The pre-registered, powered ablation (issue 20; protocol in docs/experiments/E2-ablation-execution-2.md):
+does the memory reward help? From one SFT checkpoint, RL in every arm for every seed, equal steps and
+questions:
 
     grpo            algorithm.memory_weight = 0 (the outcome reward only; scoring as the config's)
     mempo           the paper's MemPO: memory_weight = 1, the library's default scoring (definition
@@ -32,10 +33,10 @@ demo's evaluation (``eval.objectives`` x ``eval.episodes``); an evaluation here 
 Resumable: every finished (arm, seed) run is written at once, atomically, to
 ``<runs>/<arm>_s<seed>.json`` (its settings, evaluation rows and training totals; ``--runs``, default
 ``<out>/runs``: the executions in docs/experiments keep them under git in ``bench/learning_runs*/``, so
-that a fresh machine continues one once its SFT model is remade), the SFT model's evaluation to ``<runs>/sft.json``; a rerun with the same settings reuses them and runs only the
-missing ones (the training directory ``<out>/<arm>/seed<s>`` of a run without a run file is
-started over); a run file made with other settings is refused (exit 2) unless ``--rerun`` (which
-replaces it).
+that a fresh machine continues one once its SFT model is remade), the SFT model's evaluation to
+``<runs>/sft.json``; a rerun with the same settings reuses them and runs only the missing ones (the
+training directory ``<out>/<arm>/seed<s>`` of a run without a run file is started over); a run file
+made with other settings is refused (exit 2) unless ``--rerun`` (which replaces it).
 
 Run (after the demo, whose output holds the SFT model and the configuration):
 
@@ -280,9 +281,9 @@ def paired_differences(runs: Sequence[dict[str, Any]], arm: str, ks: Sequence[in
 
 
 def run(demo_out: Path, out: Path, *, seeds: Sequence[int] = tuple(range(8)), steps: Optional[int] = None,
-        ks: Optional[Sequence[int]] = None, episodes: int = 256, arms: Sequence[Arm] = (VARIANTS["grpo"], VARIANTS["mempo"]),
-        overrides: Sequence[str] = (), rerun: bool = False, runs_dir: Optional[Path] = None,
-        log=print) -> dict[str, Any]:
+        ks: Optional[Sequence[int]] = None, episodes: int = 256,
+        arms: Sequence[Arm] = (VARIANTS["grpo"], VARIANTS["mempo"]), overrides: Sequence[str] = (),
+        rerun: bool = False, runs_dir: Optional[Path] = None, log=print) -> dict[str, Any]:
     """Run every missing (arm, seed) of the ablation (module docstring), reusing finished ones from
     `runs_dir` (default ``<out>/runs``); writes the outputs and returns the results. AblationError
     before anything runs for a bad input or a run file of other settings."""
@@ -412,17 +413,18 @@ def _table(results: dict[str, Any], arms: Sequence[str], ks: Sequence[int]) -> s
     if results["paired"]:
         lines += ["", f"Paired difference to {results['baseline']} (arm - {results['baseline']}, same seed); "
                   "ahead: mean >= 2 paired SE.", "",
-                  "| arm | k | EM diff (mean ± SE) | n | ahead | per seed | F1 diff | prompt tokens diff | keeps diff |",
+                  "| arm | k | EM diff (mean ± SE) | n | ahead | per seed | F1 diff | prompt tokens diff "
+                  "| keeps diff |",
                   "|---|---|---|---|---|---|---|---|---|"]
         for arm, paired in results["paired"].items():
             for k in ks:
                 p = paired[str(k)]
-                em = p["em"]
+                em, tokens = p["em"], p["prompt_tokens_per_episode"]
                 per_seed = ", ".join(f"{s}: {d:+.3f}" for s, d in em["per_seed"].items())
                 ahead = "-" if em["ahead"] is None else ("yes" if em["ahead"] else "no")
                 lines.append(f"| {arm} | {k} | {_pm(em['mean'], em['se'], '{:+.3f}')} | {em['n']} | {ahead} | "
                              f"{per_seed} | {_pm(p['f1']['mean'], p['f1']['se'], '{:+.3f}')} | "
-                             f"{_pm(p['prompt_tokens_per_episode']['mean'], p['prompt_tokens_per_episode']['se'], '{:+.0f}')} | "
+                             f"{_pm(tokens['mean'], tokens['se'], '{:+.0f}')} | "
                              f"{_pm(p['memory_keeps']['mean'], p['memory_keeps']['se'], '{:+.3f}')} |")
     return "\n".join(lines)
 

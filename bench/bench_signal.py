@@ -529,8 +529,8 @@ def run(demo_out: Path, out: Path, *, model_name: str = "model_sft", questions: 
     seconds: dict[str, float] = defaultdict(float)
     for k, episodes in episodes_by_k.items():
         setting = rollout_setting(k, episodes, samples, seed, chunk, digest, cfg.rollout, backend)
-        trajectories, facts = rollouts(backend, model, tokenizer, cfg, env.retriever, k, episodes, out=out, setting=setting,
-                                       reroll=reroll, chunk=chunk, log=log)
+        trajectories, facts = rollouts(backend, model, tokenizer, cfg, env.retriever, k, episodes, out=out,
+                                       setting=setting, reroll=reroll, chunk=chunk, log=log)
         made[f"k={k}"] = {"trajectories": len(trajectories), "reused": facts["reused"],
                           "rollout_seconds": facts.get("seconds"),
                           "em": statistics.fmean(float(t.outcome.get("em", 0.0)) for t in trajectories),

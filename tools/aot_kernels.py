@@ -142,12 +142,13 @@ def op_calls() -> Iterator[tuple[str, Callable[[], Any]]]:
             if padded_T is not None:
                 shape = (M, padded_T)
                 logits = torch.randn(*shape, V, generator=_g(0)).to(dtype)
-                return alp_ops.answer_logprob(logits, torch.zeros(shape, dtype=tdtype), torch.ones(shape, dtype=torch.bool),
-                                              threshold=threshold, backend="triton")
+                return alp_ops.answer_logprob(logits, torch.zeros(shape, dtype=tdtype),
+                                              torch.ones(shape, dtype=torch.bool), threshold=threshold,
+                                              backend="triton")
             logits = torch.randn(M, V, generator=_g(0)).to(dtype)
             cu_seqlens = torch.tensor([0, M]) if cu else None
-            return alp_ops.answer_logprob(logits, torch.zeros(M, dtype=tdtype), torch.ones(M, dtype=torch.bool), cu_seqlens,
-                                          threshold=threshold, backend="triton")
+            return alp_ops.answer_logprob(logits, torch.zeros(M, dtype=tdtype), torch.ones(M, dtype=torch.bool),
+                                          cu_seqlens, threshold=threshold, backend="triton")
         return call
 
     def hidden_case(M, V, H, hdtype, wdtype, bias_dtype=None, tdtype=torch.int64, method="fused", **chunks):
@@ -177,7 +178,8 @@ def op_calls() -> Iterator[tuple[str, Callable[[], Any]]]:
     for hdtype in floats:
         for wdtype in floats:
             for bias_dtype in (None,) + floats:
-                yield f"from_hidden {hdtype} {wdtype} bias={bias_dtype}", hidden_case(64, 256, 16, hdtype, wdtype, bias_dtype)
+                yield (f"from_hidden {hdtype} {wdtype} bias={bias_dtype}",
+                       hidden_case(64, 256, 16, hdtype, wdtype, bias_dtype))
     for tdtype in INT_DTYPES:
         # V = 64 < 128: an int8 target can name every token
         yield f"from_hidden targets {tdtype}", hidden_case(64, 64, 16, torch.bfloat16, torch.bfloat16, tdtype=tdtype)

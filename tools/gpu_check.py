@@ -266,11 +266,14 @@ def sec_env(ctx: Ctx) -> None:
     result("env", "device", "INFO", gpu=props.name, sm=f"{props.major}{props.minor}", sms=props.multi_processor_count,
            mem_gib=props.total_memory / 2**30, l2_mib=getattr(props, "L2_cache_size", 0) / 2**20)
 
-    def ceilings():
+    def copy_bandwidth() -> float:
+        """GB/s of a 2 GiB device-to-device copy (read + write); its 4 GiB are freed on return."""
         src = torch.empty(2 << 30, dtype=torch.uint8, device="cuda").random_(0, 255)
         dst = torch.empty_like(src)
-        copy_gbs = 2 * src.numel() / ctx.bench_ms(lambda: dst.copy_(src)) / 1e6
-        del src, dst
+        return 2 * src.numel() / ctx.bench_ms(lambda: dst.copy_(src)) / 1e6
+
+    def ceilings():
+        copy_gbs = copy_bandwidth()
         a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
         b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
         bf16 = 2 * 8192**3 / ctx.bench_ms(lambda: a @ b) / 1e9
@@ -824,7 +827,7 @@ def sec_pytest_ops(ctx: Ctx) -> None:
     for line in lines:
         if line.startswith(("FAILED", "ERROR")):
             print("   ", line[:300])
-    summary = next((l for l in reversed(lines) if re.search(r"\d+ (passed|failed|error)", l)), "no summary")
+    summary = next((line for line in reversed(lines) if re.search(r"\d+ (passed|failed|error)", line)), "no summary")
     counts = {k: int(n) for n, k in re.findall(r"(\d+) (passed|failed|skipped|errors?)", summary)}
     result("pytest_ops", "suite", "PASS" if done.returncode == 0 else "FAIL", rc=done.returncode,
            workers=workers[1] if workers else 1, **counts)
@@ -871,7 +874,8 @@ def sec_flash_actor(ctx: Ctx) -> None:
         forward = hf_flash._flash_attention_forward
 
         def recording(*args, **kwargs):
-            calls.append((kwargs.get("attention_mask", args[3] if len(args) > 3 else None), kwargs.get("cu_seq_lens_q")))
+            calls.append((kwargs.get("attention_mask", args[3] if len(args) > 3 else None),
+                          kwargs.get("cu_seq_lens_q")))
             return forward(*args, **kwargs)
         hf_flash._flash_attention_forward = recording
 
@@ -940,7 +944,8 @@ def _scoring_requests(n: int, length: int, vocab: int, seed: int = 0):
     for _ in range(n):
         seq = [rnd.randrange(vocab) for _ in range(length)]
         ends = [length * k // 5 for k in (1, 2, 3, 4)]
-        rounds = [ScoredRound(e, seq[:length // 15] + [rnd.randrange(vocab) for _ in range(length // 30)]) for e in ends]
+        rounds = [ScoredRound(e, seq[:length // 15] + [rnd.randrange(vocab) for _ in range(length // 30)])
+                  for e in ends]
         answer = [rnd.randrange(vocab) for _ in range(12)]
         requests.append(ScoringRequest(seq, rounds, answer, [0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0, 0]))
     return requests
@@ -1027,11 +1032,12 @@ def sec_train(ctx: Ctx) -> None:
     for line in text.splitlines():
         if line.startswith("RESULT "):
             print(line, flush=True)
-    errors = [l for l in text.splitlines() if re.search(r"\w+(Error|Exception): ", l) and "ChildFailedError" not in l][-3:]
+    errors = [line for line in text.splitlines()
+              if re.search(r"\w+(Error|Exception): ", line) and "ChildFailedError" not in line][-3:]
     for line in errors:
         print("   ", line[:300])
     metrics_path = run_dir / "metrics.jsonl"
-    rows = [json.loads(l) for l in metrics_path.read_text().splitlines()] if metrics_path.exists() else []
+    rows = [json.loads(line) for line in metrics_path.read_text().splitlines()] if metrics_path.exists() else []
     step = next((r for r in rows if r.get("step") == 1), None)
     if step is None:
         result("train", "step", "FAIL", reason="no step-1 metrics", rc=done.returncode, s=wall)
@@ -1041,7 +1047,8 @@ def sec_train(ctx: Ctx) -> None:
         result("train", "step", "PASS" if finite else "FAIL", attn="flash_attention_2" if flash else "sdpa",
                loss=step.get("actor/loss"), grad_norm=step.get("actor/grad_norm"), reward=step.get("reward/mean"),
                tokens=step.get("train/tokens"), s=wall)
-        result("train", "stage_times", "INFO", **{k.split("/", 1)[1]: v for k, v in step.items() if k.startswith("time/")})
+        result("train", "stage_times", "INFO",
+               **{k.split("/", 1)[1]: v for k, v in step.items() if k.startswith("time/")})
     result("train", "cli_exit", "PASS" if done.returncode == 0 else "FAIL", rc=done.returncode,
            last_error=errors[-1][:200] if errors else "")
 

@@ -34,7 +34,8 @@ def main(argv=None) -> int:
     env = build_world(cfg)
     evaluated = eval_episodes(env.world, cfg)
     held = held_out_subjects(evaluated)
-    cold = oracle_cold_start(env.world, build_tools(cfg, env.retriever), cfg, frozenset() if args.nothing_held_out else held)
+    cold = oracle_cold_start(env.world, build_tools(cfg, env.retriever), cfg,
+                             frozenset() if args.nothing_held_out else held)
     prompts = [m["content"] for t in cold.trajectories for r in t.rounds for m in r.messages]
     shown_ids = {doc_id for text in prompts for doc_id in DOC_ID.findall(text)}
     shown_text = "\n".join(prompts)

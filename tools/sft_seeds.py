@@ -7,14 +7,15 @@ own stage functions), for several seeds, with greedy EM at k = 2 under the memor
 A seed s sets ``synthetic.world_seed``, ``synthetic.model_seed`` and ``synthetic.oracle_drop_seed``
 to s (``data.seed`` stays: the evaluation questions are drawn from each world with the same seeds).
 Each seed's evaluated episodes are written to ``--episodes-dir``. The held-out split is the demo's
-(every k of ``eval.objectives``); only k = 2 is evaluated, without the closed-book pass. Torch threads are fixed (``--threads``) and SFT is bounded by its steps only
-(``sft.max_seconds`` null). One JSON line per finished seed is appended to ``--out``; seeds already there
-(with the same overrides, made on the same CPU model) are skipped, so an interrupted run continues. Each
-line names the CPU model and the instruction set of torch's kernels (`mempo.utils.machine`): the SFT
-model follows them (docs/experiments/X1-another-cpu.md), so seeds run on another CPU are another
-measurement. With ``--models-dir`` each
-seed's SFT model is kept as ``<dir>/<tag>_s<seed>/`` with ``config.yaml`` and ``model_sft/``, the
-layout of a demo output (`bench/bench_signal.py --demo-out`, `bench/bench_learning.py --demo-out`).
+(every k of ``eval.objectives``); only k = 2 is evaluated, without the closed-book pass. Torch threads
+are fixed (``--threads``) and SFT is bounded by its steps only (``sft.max_seconds`` null). One JSON line
+per finished seed is appended to ``--out``; seeds already there (with the same overrides, made on the
+same CPU model) are skipped, so an interrupted run continues. Each line names the CPU model and the
+instruction set of torch's kernels (`mempo.utils.machine`): the SFT model follows them
+(docs/experiments/X1-another-cpu.md), so seeds run on another CPU are another measurement. With
+``--models-dir`` each seed's SFT model is kept as ``<dir>/<tag>_s<seed>/`` with ``config.yaml`` and
+``model_sft/``, the layout of a demo output (`bench/bench_signal.py --demo-out`,
+`bench/bench_learning.py --demo-out`).
 """
 from __future__ import annotations
 

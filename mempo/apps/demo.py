@@ -70,7 +70,8 @@ def _check_demo_config(cfg: MempoConfig) -> None:
     demo draws its cold-start episodes per number of objectives and makes them with the oracle)."""
     if cfg.synthetic.oracle_objectives is None:
         raise ConfigError("synthetic.oracle_objectives", "the demo draws its cold-start episodes per number of "
-                                                         "objectives; list them, e.g. synthetic.oracle_objectives=[1,2]")
+                                                         "objectives; list them, e.g. "
+                                                         "synthetic.oracle_objectives=[1,2]")
     if cfg.sft.trajectories is not None:
         raise ConfigError("sft.trajectories", "the demo makes its cold-start data with the oracle; leave it null "
                                               "(mempo sft --trajectories trains on a file)")
@@ -160,7 +161,8 @@ def _oracle_stage(cfg: MempoConfig, env: SyntheticEnv, held_out: frozenset[str],
     rounds = sum(t.num_rounds for t in cold.trajectories)
     return Staged(cold, f"{len(cold.trajectories)}/{cold.ran} {what} ({rounds} rounds; objectives "
                         f"{list(cfg.synthetic.oracle_objectives)}; no question about the {cold.held_out} entities the "
-                        f"evaluation asks about{'; entity names replaced at random' if cfg.synthetic.oracle_rename else ''})"
+                        f"evaluation asks about"
+                        f"{'; entity names replaced at random' if cfg.synthetic.oracle_rename else ''})"
                         f"{cold.describe_extras()}")
 
 
@@ -391,8 +393,9 @@ def target_lines(before: Optional[EvalReport], after: Optional[EvalReport], seco
 
 @dataclass(frozen=True)
 class AblationFinding:
-    """What the pre-registered ablation (docs/experiments/E2-ablation-execution-2.md and later executions) measured for one scoring: `text`, the RL it
-    ran (`rl`) and the SFT model it ran from (`sft_weights`, `mempo.utils.digest.weights_digest`)."""
+    """What the pre-registered ablation (docs/experiments/E2-ablation-execution-2.md and later executions)
+    measured for one scoring: `text`, the RL it ran (`rl`) and the SFT model it ran from (`sft_weights`,
+    `mempo.utils.digest.weights_digest`)."""
     text: str
     rl: str
     sft_weights: str
@@ -541,7 +544,8 @@ def run_demo(cfg: MempoConfig, out_dir: PathLike, *, echo: Callable[[str], None]
     pair = episode_pair(before, after, episodes_by_k, tokenizer, cfg.rollout.system_prompt)
     memory = memory_outcome_section(before, after, episodes_by_k, tokenizer, cfg.rollout.system_prompt)
     report = stages.run("report", _report_stage, out, stages, before, after, pair, memory, notes)
-    _report(out, stages, before, after, pair, memory, notes)  # again, so that the stage table includes the report stage itself
+    # again, so that the stage table includes the report stage itself
+    _report(out, stages, before, after, pair, memory, notes)
     echo(f"done in {time.perf_counter() - stages.started:.1f} s; report: {report.path}")
     return DemoResult(out, report.path, list(stages.times.stages), before, after)
 

@@ -116,7 +116,10 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("--model", f"{args.model!r} is not a directory")
     if args.episodes is not None and args.episodes < 1:
         raise ConfigError("--episodes", f"must be >= 1, got {args.episodes}")
-    log = (lambda line: print(f"mempo eval: {line}", file=sys.stderr, flush=True))
+
+    def log(line: str) -> None:
+        print(f"mempo eval: {line}", file=sys.stderr, flush=True)
+
     # data and retriever first: their errors come before the (slow) model load
     if cfg.data.source == "files":
         sets = qa_eval_episodes(cfg, args.episodes)

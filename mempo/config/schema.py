@@ -358,10 +358,10 @@ class ScoringConfig:
     which needs threshold null). log_clip: c of the ``"log"`` reward, in nats. objective_reduce:
     how the per-objective gaps of a round become its reward, ``"mean"`` (default) or ``"min"`` (the
     worst-kept retrieved fact; needs scored_objectives ``"retrieved"`` or ``"complete"``). answer_template: the answer
-    round scored after each context (`mempo.protocol.grammar.answer_template_text`): ``"line"`` (default, the reference's
-    `mempo.protocol.grammar.DEFAULT_ANSWER_TEMPLATE`: the answer on a line of its own), ``"spaced"``
-    (`SPACED_ANSWER_TEMPLATE`: ``<answer> {answer} </answer>``, where a BPE that marks words by their
-    leading space writes the first answer as the memory and the search results write it), or a
+    round scored after each context (`mempo.protocol.grammar.answer_template_text`): ``"line"`` (default, the
+    reference's `mempo.protocol.grammar.DEFAULT_ANSWER_TEMPLATE`: the answer on a line of its own),
+    ``"spaced"`` (`SPACED_ANSWER_TEMPLATE`: ``<answer> {answer} </answer>``, where a BPE that marks words by
+    their leading space writes the first answer as the memory and the search results write it), or a
     template text with ``{answer}`` once. The synthetic cold start's oracle answers in it
     (``synthetic.oracle_answer_template``).
     """
@@ -514,14 +514,15 @@ class TrainerConfig:
     all). async_save: write each checkpoint's model and optimiser shards from a background thread
     while the next step runs (`mempo.train.checkpoint.start_checkpoint`: a CPU copy of the rank's
     shards is held until written; the checkpoint is published after that next step, the final one
-    at once; `mempo sft` saves in the foreground). out_dir: checkpoints, metrics.jsonl, TensorBoard runs. resume: "never" (default: a new
-    run; an out_dir that already holds checkpoints is refused, so an old run is never continued
-    under a new config by accident), "auto" (``--resume``: the newest intact checkpoint in out_dir,
-    a new run when there is none), or a checkpoint directory (that checkpoint, verified) (`mempo
-    sft` uses save_every, keep_last and resume for its own checkpoints too). seed: python / numpy /
-    torch seed (rank added per process). deterministic: deterministic torch algorithms
-    (`mempo.train.trainer.configure_determinism`); None (default): on for CPU runs, off when CUDA is
-    used (deterministic CUDA kernels cost speed); true on CUDA also sets
+    at once; `mempo sft` saves in the foreground). out_dir: checkpoints, metrics.jsonl, TensorBoard
+    runs. resume: "never" (default: a new run; an out_dir that already holds checkpoints is
+    refused, so an old run is never continued under a new config by accident), "auto"
+    (``--resume``: the newest intact checkpoint in out_dir, a new run when there is none), or a
+    checkpoint directory (that checkpoint, verified) (`mempo sft` uses save_every, keep_last and
+    resume for its own checkpoints too). seed: python / numpy / torch seed (rank added per
+    process). deterministic: deterministic torch algorithms
+    (`mempo.train.trainer.configure_determinism`); None (default): on for CPU runs, off when CUDA
+    is used (deterministic CUDA kernels cost speed); true on CUDA also sets
     ``CUBLAS_WORKSPACE_CONFIG=:4096:8`` before CUDA starts."""
 
     total_steps: int = 100
@@ -598,12 +599,13 @@ class SFTConfig:
 
     Optimisation. steps / epochs: optimiser steps / passes over the data (both null: one epoch);
     max_seconds: a wall-time bound (null: none); with steps or epochs set it is a safety net (the
-    schedule follows the steps) and a run it cuts short says so (`run_sft`'s ``time_bound``). lr: AdamW's learning rate (betas, weight decay and
-    grad clip from the ``actor`` section). batch_tokens: padded tokens per batch. schedule:
-    ``"constant"`` or ``"cosine"`` (linear warm-up over the first ``warmup`` fraction of the run,
-    then cosine decay to lr / 10). prompt_loss_weight: the loss also models the prompt tokens
-    (question, previous round, search results) with this weight (0: assistant tokens only); a model
-    from scratch learns to copy names from its context much sooner.
+    schedule follows the steps) and a run it cuts short says so (`run_sft`'s ``time_bound``). lr:
+    AdamW's learning rate (betas, weight decay and grad clip from the ``actor`` section).
+    batch_tokens: padded tokens per batch. schedule: ``"constant"`` or ``"cosine"`` (linear warm-up
+    over the first ``warmup`` fraction of the run, then cosine decay to lr / 10).
+    prompt_loss_weight: the loss also models the prompt tokens (question, previous round, search
+    results) with this weight (0: assistant tokens only); a model from scratch learns to copy names
+    from its context much sooner.
     """
 
     trajectories: Optional[str] = None
@@ -655,24 +657,25 @@ class SyntheticConfig:
     training episodes under ``rollout.context_policy`` and ``rollout.max_turns``, every trajectory
     kept. With oracle_objectives a list (the demo's way): oracle_episodes episodes of each number of
     objectives, drawn with `mempo.seeds.sft_question_seed`, none asking about an entity an
-    evaluation question asks about (`mempo.synthetic.heldout`), under the memory context; oracle_keep ``"correct"`` keeps only the
-    correct ones (score 1; all of them when none is), ``"all"`` every one. The teacher
-    (`mempo.synthetic.oracle.OracleAgent`): oracle_think its think style (``"full"`` sentences,
-    ``"short"`` one line, ``"minimal"`` the question number and the action); oracle_memory_style
-    (``"labels"``, ``"facts"``: the found sentences copied, or ``"listed"``: facts with a ``Qn: ?``
-    line for every question from step 1); oracle_query_style (``"words"`` or ``"question"``: the
-    question itself is the first query); oracle_drop_fact_prob: the teacher's ``<mem>`` loses a fact
-    a later round needs with this probability (the episode then fails for it, so a cold-started
-    agent fails the way the memory reward exists to fix); oracle_drop_seed: the seed of those draws;
-    oracle_lost_line: how such a lost question's line reads (``"bare"``: ``Q<n>: done``; ``"subject"``:
-    ``Q<n>: <subject> done``, so keeping and dropping part after the subject both lines write; ``"value"``:
-    the fact sentence with ``unknown`` for its value: `mempo.synthetic.oracle_memory.LOST_LINES`);
-    oracle_answer_template: the answer round is exactly the teacher-scoring template
-    (``scoring.answer_template``), so P(answer | context) is scored on text the
-    model was taught. oracle_rename: every entity name of each kept trajectory replaced, consistently
-    within it, by a random name of the same kind that no evaluation question asks about
-    (`mempo.synthetic.rename`): SFT cannot learn facts or subjects by heart and learns to copy names
-    from the question and the results (the oracle_objectives way only).
+    evaluation question asks about (`mempo.synthetic.heldout`), under the memory context;
+    oracle_keep ``"correct"`` keeps only the correct ones (score 1; all of them when none is),
+    ``"all"`` every one. The teacher (`mempo.synthetic.oracle.OracleAgent`): oracle_think its think
+    style (``"full"`` sentences, ``"short"`` one line, ``"minimal"`` the question number and the
+    action); oracle_memory_style (``"labels"``, ``"facts"``: the found sentences copied, or
+    ``"listed"``: facts with a ``Qn: ?`` line for every question from step 1); oracle_query_style
+    (``"words"`` or ``"question"``: the question itself is the first query); oracle_drop_fact_prob:
+    the teacher's ``<mem>`` loses a fact a later round needs with this probability (the episode then
+    fails for it, so a cold-started agent fails the way the memory reward exists to fix);
+    oracle_drop_seed: the seed of those draws; oracle_lost_line: how such a lost question's line
+    reads (``"bare"``: ``Q<n>: done``; ``"subject"``: ``Q<n>: <subject> done``, so keeping and
+    dropping part after the subject both lines write; ``"value"``: the fact sentence with
+    ``unknown`` for its value: `mempo.synthetic.oracle_memory.LOST_LINES`); oracle_answer_template:
+    the answer round is exactly the teacher-scoring template (``scoring.answer_template``), so
+    P(answer | context) is scored on text the model was taught. oracle_rename: every entity name of
+    each kept trajectory replaced, consistently within it, by a random name of the same kind that no
+    evaluation question asks about (`mempo.synthetic.rename`): SFT cannot learn facts or subjects by
+    heart and learns to copy names from the question and the results (the oracle_objectives way
+    only).
 
     Copy warm-up (`mempo.synthetic.copy_warmup`, the demo before SFT): copy_warmup_steps steps on
     random sequences of the world's name ids (0: none) at learning rate copy_warmup_lr.
@@ -749,7 +752,8 @@ class SyntheticConfig:
                  "must list at least one relation, or be null (all)")
         _require(self.world_question_hops is None or (len(self.world_question_hops) > 0
                                                       and all(h >= 1 for h in self.world_question_hops)),
-                 "world_question_hops", f"must be a non-empty list of hops >= 1, or null; got {self.world_question_hops}")
+                 "world_question_hops",
+                 f"must be a non-empty list of hops >= 1, or null; got {self.world_question_hops}")
         _require(not self.oracle_rename or self.oracle_objectives is not None, "oracle_rename",
                  "renames the cold start drawn per oracle_objectives, which is null: set oracle_objectives")
         _require(not self.copy_sft_examples or self.oracle_objectives is not None, "copy_sft_examples",
@@ -757,7 +761,8 @@ class SyntheticConfig:
         _require(not self.scoring_sft_examples or self.oracle_objectives is not None, "scoring_sft_examples",
                  "adds to the cold start drawn per oracle_objectives, which is null: set oracle_objectives")
         _require(self.scoring_records_layout == "question" or self.scoring_sft_examples > 0, "scoring_records_layout",
-                 "places the scoring-layout records, and scoring_sft_examples is 0: set it, or leave the layout 'question'")
+                 "places the scoring-layout records, and scoring_sft_examples is 0: set it, or leave the layout "
+                 "'question'")
         _require(self.scoring_records_memories == "any" or self.scoring_sft_examples > 0, "scoring_records_memories",
                  "selects the scoring-layout records, and scoring_sft_examples is 0: set it, or leave it 'any'")
         _require(self.oracle_lost_line == "bare" or self.oracle_drop_fact_prob > 0, "oracle_lost_line",

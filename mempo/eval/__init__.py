@@ -27,4 +27,5 @@ from mempo.eval.summary import render_episode, round_prompt_tokens, standard_err
 
 __all__ = ["EvalRow", "EvalReport", "RoundRecord", "EpisodeRecord", "Examples", "evaluate", "summarize",
            "standard_error", "round_prompt_tokens", "render_episode", "eval_episodes", "qa_eval_episodes",
-           "QAEvalSets", "eval_rollout_config", "closed_book_policy", "CLOSED_BOOK_SUFFIX", "SCALAR_FIELDS", "TOOL_RESULT_CHARS", "TEXT_CHARS", "finite_report"]
+           "QAEvalSets", "eval_rollout_config", "closed_book_policy", "CLOSED_BOOK_SUFFIX", "SCALAR_FIELDS",
+           "TOOL_RESULT_CHARS", "TEXT_CHARS", "finite_report"]

@@ -83,7 +83,8 @@ def qa_eval_episodes(cfg: MempoConfig, num_episodes: Optional[int] = None,
         for k in ks:
             if len(dataset.records) < k:
                 raise ConfigError("eval.objectives", f"k={k} needs at least {k} questions per dataset; dataset "
-                                                     f"{name!r} ({', '.join(dataset.files)}) has {len(dataset.records)}")
+                                                     f"{name!r} ({', '.join(dataset.files)}) has "
+                                                     f"{len(dataset.records)}")
             episodes[(name, k)] = compose_episodes(dataset.records, k, n, eval_question_seed(cfg.data.seed, k),
                                                    style=qa_prompt_style(cfg), id_prefix=name)
     infos = {name: {"questions": len(d.records), "files": list(d.files)} for name, d in datasets.items()}

@@ -578,10 +578,14 @@ class Actor:
         _all_reduce(sums)
         extremes = torch.stack([ratio_max, -ratio_min, is_max])
         _all_reduce(extremes, dist.ReduceOp.MAX if self.distributed else None)
-        tokens = float(num_tokens)
-        per_token = (lambda value: float(value) / tokens if tokens > 0 else 0.0)
-        sampled = float(sums[11])
-        per_sampled = (lambda value, empty=0.0: float(value) / sampled if sampled > 0 else empty)
+        tokens, sampled = float(num_tokens), float(sums[11])
+
+        def per_token(value) -> float:
+            return float(value) / tokens if tokens > 0 else 0.0
+
+        def per_sampled(value, empty: float = 0.0) -> float:
+            return float(value) / sampled if sampled > 0 else empty
+
         has_tokens = tokens > 0 and math.isfinite(float(extremes[0]))
         return {
             "loss": float(sums[0]), "pg_loss": float(sums[1]), "kl_loss": float(sums[2]),

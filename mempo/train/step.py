@@ -172,7 +172,8 @@ def memory_rewards(ctx: StepContext,
     rounds = [item for per_trajectory in details for item in per_trajectory if item.reward is not None]
     k = max(len(rounds), 1)
     metrics = {names.MEM_REWARD: sum(item.reward for item in rounds) / k,
-               names.P_MEM: sum(item.p_mem for item in rounds) / k, names.P_FULL: sum(item.p_cmp for item in rounds) / k,
+               names.P_MEM: sum(item.p_mem for item in rounds) / k,
+               names.P_FULL: sum(item.p_cmp for item in rounds) / k,
                "memory/scored_rounds": float(len(rounds)),
                "memory/unscored_rounds": float(sum(len(d) for d in details) - len(rounds))}
     return mem_rewards, metrics

@@ -153,8 +153,9 @@ def refuse_used_run_dir(resume: str, checkpoints: Path, command: str = "train") 
     """
     mode = resume.strip()
     if mode == "never" and has_checkpoints(checkpoints):
-        raise ConfigError("trainer.resume", f"{checkpoints} already holds checkpoints of an earlier run; continue it "
-                                            f"with `mempo {command} --resume` (trainer.resume=auto) or give a new --out")
+        raise ConfigError("trainer.resume", f"{checkpoints} already holds checkpoints of an earlier run; "
+                                            f"continue it with `mempo {command} --resume` (trainer.resume=auto) "
+                                            "or give a new --out")
     if mode not in ("never", "auto") and not Path(mode).exists():
         raise CheckpointError(f"trainer.resume: {mode}: no such checkpoint directory")
 
@@ -405,8 +406,9 @@ def train(cfg: MempoConfig, *, model=None, tokenizer=None, episodes=None, retrie
     ckpt_root = run.out_dir / "checkpoints"
     check_checkpoint_space(ckpt_root, run.ctx.actor.module)  # collective; before any step is trained
     start, resumed = 0, None
+    # collective; every rank hashes its files, rank 0 says what it skips
     path = resume_checkpoint(t.resume, ckpt_root, log=log, model=run.ctx.actor.module,
-                             optimizer=run.ctx.actor.optimizer)  # collective; every rank hashes its files, rank 0 says what it skips
+                             optimizer=run.ctx.actor.optimizer)
     if path is not None:
         state = load_checkpoint(path, run.ctx.actor.module, run.ctx.actor.optimizer, verify=False)
         apply_optimizer_defaults(run.ctx.actor.optimizer)  # the config's lr, betas, eps, weight_decay: what it says

@@ -39,7 +39,8 @@ def test_synthetic_world_follows_the_data_section():
     from mempo.config import load_config
     from mempo.synthetic.build import synthetic_world
 
-    cfg = load_config(None, ["synthetic.world_documents=120", "synthetic.article_fillers=[0,1]", "synthetic.world_seed=3"])
+    cfg = load_config(None, ["synthetic.world_documents=120", "synthetic.article_fillers=[0,1]",
+                             "synthetic.world_seed=3"])
     world = synthetic_world(cfg)
     assert world.num_documents == 120
     assert world.manifest()["params"]["article_fillers"] == [0, 1]

@@ -154,7 +154,8 @@ def test_numeric_golds_are_aliases_in_their_string_form():
     assert objectives_from_golds(5) == [["5"]]
     assert objectives_from_golds([[5], ["six", 6.0]]) == [["5"], ["six", "6"]]
     assert objectives_from_golds(np.array([5, 6])) == [["5", "6"]]
-    assert objectives_from_golds([np.float32(2.5), np.int64(7), 1e15, 1e20]) == [["2.5", "7", "1000000000000000", "1e+20"]]
+    assert (objectives_from_golds([np.float32(2.5), np.int64(7), 1e15, 1e20])
+            == [["2.5", "7", "1000000000000000", "1e+20"]])
     assert compute_score(respond("5"), [5, 6])["score"] == 1.0
     assert compute_score(respond("6"), 6)["score"] == 1.0
     assert compute_score(respond("5; 6"), [[5], [6]])["score"] == 1.0

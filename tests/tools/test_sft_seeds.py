@@ -51,7 +51,8 @@ def test_memory_shares_read_the_last_mem_of_each_episode(tmp_path):
     records = [
         {"golds": [["Minu"], ["Lidar"]],
          "rounds": [{"assistant": "<mem>\nQ1: ?\nQ2: ?\n</mem>\n<search> q </search>"},
-                    {"assistant": "<mem>\nQ1: Bedur was born in the city of Minu.\nQ2: done\n</mem>\n<answer>Minu; unknown</answer>"}]},
+                    {"assistant": "<mem>\nQ1: Bedur was born in the city of Minu.\nQ2: done\n</mem>\n"
+                                  "<answer>Minu; unknown</answer>"}]},
         {"golds": [["Rupum"], ["Sokol"]],
          "rounds": [{"assistant": "<mem>\nQ1: Bevat studied at Nefu.\n</mem>\n<search> q </search>"}]},
     ]

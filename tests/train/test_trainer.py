@@ -206,8 +206,8 @@ def test_async_save_writes_the_same_checkpoints_as_the_foreground(tmp_path):
 
 def _cli(out, *extra):
     env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
-    return [sys.executable, "-m", "mempo.apps.cli", "train", "--config", str(CONFIG), "--out", str(out), "--threads", "1",
-            *FAST, "trainer.total_steps=3", "trainer.save_every=1", *extra], env
+    return [sys.executable, "-m", "mempo.apps.cli", "train", "--config", str(CONFIG), "--out", str(out),
+            "--threads", "1", *FAST, "trainer.total_steps=3", "trainer.save_every=1", *extra], env
 
 
 def _comparable(path):
@@ -451,7 +451,8 @@ def test_mempo_train_stops_with_one_line_on_a_bad_tool_or_reward(tmp_path, capsy
     cases = [(["env.tools=['support.user_tools:nope']"],
               "env.tools[0]: 'support.user_tools:nope': 'support.user_tools' has no attribute 'nope'"),
              (["env.tools=['support.user_tools:NOT_A_TOOL']"], "expected a mempo.tools.Tool, got int"),
-             (["rollout.outcome_reward=support.user_tools:TABLE"], "rollout.outcome_reward: 'support.user_tools:TABLE'"),
+             (["rollout.outcome_reward=support.user_tools:TABLE"],
+              "rollout.outcome_reward: 'support.user_tools:TABLE'"),
              (["rollout.outcome_reward=support.user_tools:nan_reward"],
               "rollout.outcome_reward: support.user_tools:nan_reward returned nan on trajectory"),
              (["rollout.outcome_reward=support.user_tools:string_reward"], "returned str '1.0'")]
@@ -478,7 +479,8 @@ def test_a_task_without_reference_answers_trains_with_the_memory_reward_off(tmp_
     assert main(["train", "--config", str(CONFIG), "--out", str(out), "--threads", "1", *FAST,
                  "trainer.total_steps=1", "trainer.save_every=0", "data.source=files", f"data.train_files=[{qa}]",
                  "data.num_objectives=1", "data.gold_field=null", "algorithm.memory_weight=0",
-                 "env.tools=['support.user_tools:lookup']", "rollout.outcome_reward=support.user_tools:answered_reward"]) == 0
+                 "env.tools=['support.user_tools:lookup']",
+                 "rollout.outcome_reward=support.user_tools:answered_reward"]) == 0
     (row,) = _comparable(out / "metrics.jsonl")
     assert len(user_tools.REWARD_CALLS) == 2 * 3 and row["rollout/tool_calls"] > 0
     assert all(example["golds"] is None and example["metadata"]["records"] == [{"topic": "colour"}]

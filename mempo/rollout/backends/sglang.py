@@ -267,7 +267,8 @@ class SGLangBackend:
             bucket, index = next(buckets, None), 0
             while bucket is not None:
                 following = next(buckets, None)  # one ahead: the last bucket flushes the cache
-                check_status(self.engine.update_weights_from_tensor(named_tensors=bucket, flush_cache=following is None),
+                check_status(self.engine.update_weights_from_tensor(named_tensors=bucket,
+                                                                    flush_cache=following is None),
                              f"update_weights_from_tensor (bucket {index + 1})")
                 bucket, index = following, index + 1
         except BaseException as error:  # close the session, then raise the first failure
