@@ -201,9 +201,11 @@ def op_calls() -> Iterator[tuple[str, Callable[[], Any]]]:
                    hidden_case(3, 2 ** k, 16, torch.float32, torch.float32, bias_dtype, method="chunked"))
     for v, n in ((1000, 128), (1000, 77), (151_936, 9472), (37, 1)):
         yield (f"from_hidden chunked V={v} vocab_chunk={n}",
-               hidden_case(5, v, 16, torch.bfloat16, torch.bfloat16, torch.bfloat16, method="chunked", vocab_chunk=n))
+               hidden_case(5, v, 16, torch.bfloat16, torch.bfloat16, torch.bfloat16, method="chunked",
+                           vocab_chunk=n))
     for m, v in ((1, 151_936), (64, 1), (1, 1)):
-        yield f"from_hidden chunked odd M={m} V={v}", hidden_case(m, v, 24, torch.float32, torch.float32, method="chunked")
+        yield (f"from_hidden chunked odd M={m} V={v}",
+               hidden_case(m, v, 24, torch.float32, torch.float32, method="chunked"))
 
     # Advantage ops: span scatter per mask dtype (float masks are checked in the kernel), with and without
     # the outcome and the spans; the z-score per flag combination and value dtype (loaded as given); round

@@ -36,6 +36,7 @@ where installed). Exit status: 1 if any check FAILed, else 0.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import os
@@ -562,19 +563,20 @@ def _from_hidden_chunks(ctx: Ctx) -> None:
     if not ctx.gpu:
         result("triton_ops", "from_hidden_chunks", "SKIP", reason="plumbing mode: block shapes are timed on a GPU")
         return
-    for H in (896, 3584):
+    def sweep(H: int) -> dict[str, Any]:  # a function of its own: its tensors are freed when it returns
         hidden, weight, targets, mask, cu = _hidden_case(ctx, 4608, H, torch.bfloat16, 0)
         plan = plan_chunks(4608, int(mask.sum()), QWEN_V, H, torch.bfloat16, torch.bfloat16, ctx.device)
         values: dict[str, Any] = dict(planned=f"{plan.rows}x{plan.vocab}")
         for rows, vocab in CHUNK_SWEEP:
             name = "default" if rows is None and vocab is None else f"{rows or 'all'}x{vocab}"
-            ms = ctx.bench_ms(lambda: answer_logprob_from_hidden(hidden, weight, targets, mask, cu, backend="triton",
-                                                                 chunk_rows=rows, vocab_chunk=vocab))
-            values[f"ms_{name}"] = ms
-            values[f"MiB_{name}"] = ctx.peak_mib(lambda: answer_logprob_from_hidden(
-                hidden, weight, targets, mask, cu, backend="triton", chunk_rows=rows, vocab_chunk=vocab))
-        result("triton_ops", f"from_hidden_chunks_H{H}", "INFO", **values)
-        del hidden, weight
+            call = functools.partial(answer_logprob_from_hidden, hidden, weight, targets, mask, cu, backend="triton",
+                                     chunk_rows=rows, vocab_chunk=vocab)
+            values[f"ms_{name}"] = ctx.bench_ms(call)
+            values[f"MiB_{name}"] = ctx.peak_mib(call)
+        return values
+
+    for H in (896, 3584):
+        result("triton_ops", f"from_hidden_chunks_H{H}", "INFO", **sweep(H))
         torch.cuda.empty_cache()
 
 

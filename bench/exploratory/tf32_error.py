@@ -73,7 +73,8 @@ def main():
             hidden, weight, targets = case(regime, args.rows, H, seed=H)
             exact = logp(hidden.double() @ weight.double().T, targets)
             z_exact = hidden.double() @ weight.double().T
-            spread = dict(logit_std=float(z_exact.std()), target_logit_max=float(z_exact.gather(1, targets[:, None]).max()),
+            spread = dict(logit_std=float(z_exact.std()),
+                          target_logit_max=float(z_exact.gather(1, targets[:, None]).max()),
                           logp_min=float(exact.min()), logp_median=float(exact.median()))
             for mode in ("rn", "rz"):
                 h, w = tf32(hidden, mode), tf32(weight, mode)

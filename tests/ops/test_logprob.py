@@ -1146,7 +1146,7 @@ def test_block_kernel_writes_only_its_rows(device):
     from mempo.kernels import answer_logprob as kern
 
     g = _gen(87)
-    K, V = 6, 20
+    K = 6
     block = torch.randn(3, 7, generator=g).to(device)
     targets = torch.tensor([0, 0, 8, 19, 13, 0], device=device)
     state = torch.full((3, K), SENTINEL, device=device)
