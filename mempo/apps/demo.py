@@ -25,7 +25,7 @@ from mempo.config import ConfigError, MempoConfig, dump_config, load_config
 from mempo.env.build import build_tools
 from mempo.synthetic.build import SyntheticEnv, build_world
 from mempo.synthetic.oracle_memory import MEMORY_LINE_KINDS, memory_line_kinds
-from mempo.eval import EpisodeRecord, EvalReport, eval_episodes, evaluate, render_episode
+from mempo.eval import EpisodeRecord, EvalReport, eval_episodes, evaluate, held_out_of_training, render_episode
 from mempo.protocol.grammar import last_mem
 from mempo.model.builtin import default_corpus_texts, tiny_model, train_tokenizer
 from mempo.model.export import save_model_dir
@@ -34,7 +34,7 @@ from mempo.train.logging import MetricsLogger, read_metrics
 from mempo.train.metric_names import MEM_KEEPS
 from mempo.train.sft import run_sft
 from mempo.synthetic.cold_start import ColdStart, oracle_cold_start
-from mempo.synthetic.heldout import held_out_subjects, training_episodes
+from mempo.synthetic.heldout import training_episodes
 from mempo.train.trainer import TrainResult, train
 from mempo.utils.allocator import keep_freed_memory
 from mempo.utils.atomic import check_directory_target, claim_directory
@@ -521,8 +521,8 @@ def run_demo(cfg: MempoConfig, out_dir: PathLike, *, echo: Callable[[str], None]
     stages = _Stages(out, 10 if cfg.synthetic.copy_warmup_steps else 9, echo)
 
     env = stages.run("world", _world_stage, cfg)
-    episodes_by_k = eval_episodes(env.world, cfg)
-    held_out = held_out_subjects(episodes_by_k)
+    episodes_by_k = eval_episodes(env.world, cfg)  # the split eval.split names
+    held_out = held_out_of_training(env.world, cfg)  # both splits' entities, whichever is evaluated
     cold = stages.run("oracle", _oracle_stage, cfg, env, held_out, show_progress)
     tokenizer = stages.run("tokenizer", _tokenizer_stage, cfg, env.world, cold.trajectories)
     model = stages.run("model", _model_stage, cfg, tokenizer)

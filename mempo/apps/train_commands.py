@@ -144,8 +144,7 @@ def _oracle_records(cfg: MempoConfig, run: Any) -> tuple[list, str]:
     # reason: the parser module stays light (`mempo --help` imports no torch)
     from mempo.env.build import build_tools
     from mempo.synthetic.oracle import run_oracle
-    from mempo.eval import eval_episodes
-    from mempo.synthetic.heldout import held_out_subjects
+    from mempo.eval import held_out_of_training
     from mempo.synthetic.cold_start import oracle_agent, oracle_cold_start
 
     s = cfg.synthetic
@@ -160,7 +159,7 @@ def _oracle_records(cfg: MempoConfig, run: Any) -> tuple[list, str]:
         raise ConfigError("synthetic.oracle_objectives", "draws synthetic-world episodes; it needs data.source "
                                                          "'synthetic' (or null: the training episodes)")
     cold = oracle_cold_start(run.world, build_tools(cfg, run.retriever), cfg,
-                             held_out_subjects(eval_episodes(run.world, cfg)))
+                             held_out_of_training(run.world, cfg))
     return (cold.sft_records,
             f"oracle on {s.oracle_episodes} episodes of each of {list(s.oracle_objectives)} objectives"
             + cold.describe_extras())

@@ -564,7 +564,17 @@ class EvalConfig:
     batch_episodes: episodes generated together (one ``generate`` call per round holds that many
     rows; also the progress bar's granularity). Greedy results do not depend on it (tested); more
     rows a call mean fewer calls: on the CPU demo 128 instead of 16 halved the evaluation's time
-    (docs/experiments/D07-demo-retrieved-min-c10.md), for a larger KV cache."""
+    (docs/experiments/D07-demo-retrieved-min-c10.md), for a larger KV cache.
+    split / validation_episodes (the synthetic world only; `mempo.eval.eval_episodes`): which held-out
+    episodes an evaluation reads. ``"test"``: ``episodes`` per k drawn with
+    `mempo.seeds.eval_question_seed` (the split results are reported on). ``"validation"``:
+    ``validation_episodes`` per k of ``objectives``, drawn with `mempo.seeds.validation_question_seed`
+    and asking about no entity a test episode asks about (`mempo.eval.validation_episodes`), for every
+    choice a result must not be tuned on (SFT seed, reward definition, steps). With
+    ``validation_episodes`` > 0 the validation subjects are held out of SFT and RL data as the test
+    subjects are (`mempo.eval.held_out_of_training`); 0 (the default) leaves every draw as it was. `mempo
+    eval`, the demo, the trainer's periodic evaluation and the benchmarks (bench/bench_signal.py,
+    bench/bench_learning.py, tools/sft_seeds.py) all read ``split``."""
 
     objectives: list[int] = field(default_factory=lambda: [2, 4, 6, 8, 10])
     max_turns: int = 64
@@ -574,12 +584,17 @@ class EvalConfig:
     allow_failed_tools: bool = False
     closed_book: bool = False
     batch_episodes: int = 16
+    split: Literal["test", "validation"] = "test"
+    validation_episodes: int = 0
 
     def __post_init__(self):
         _check_types(self)
         _finite(self)
         _positive(self, "max_turns", "episodes", "batch_episodes")
-        _non_negative(self, "temperature")
+        _non_negative(self, "temperature", "validation_episodes")
+        _require(self.split == "test" or self.validation_episodes > 0, "split",
+                 "'validation' reads the validation episodes, and validation_episodes is 0 (none are held out): "
+                 "set eval.validation_episodes (per k), or evaluate the 'test' split")
         _require(len(self.objectives) > 0, "objectives", "must list at least one number of objectives")
         for i, k in enumerate(self.objectives):
             _require(k >= 1, f"objectives[{i}]", f"must be >= 1, got {k!r}")
@@ -844,6 +859,12 @@ class MempoConfig:
                      "memory), and the records have no reference answer (train with the outcome reward only)")
             _require(self.algorithm.memory_pooling != "group_seen", "algorithm.memory_pooling",
                      "'group_seen' counts the reference answers read, and data.gold_field is null")
+        _require(self.data.source == "synthetic" or self.eval.split == "test", "eval.split",
+                 "'validation' is a split of the synthetic world (disjoint by entity from its test episodes); "
+                 "with data.source 'files' the evaluation reads data.eval_files: leave it 'test'")
+        _require(self.data.source == "synthetic" or self.eval.validation_episodes == 0, "eval.validation_episodes",
+                 "holds out validation episodes of the synthetic world; with data.source 'files' there is no such "
+                 "split: leave it 0")
         _require(not (self.trainer.eval_every and self.data.source == "files" and not self.data.eval_files),
                  "data.eval_files", "must list at least one QA file when data.source is 'files' and "
                                     "trainer.eval_every > 0 (the periodic evaluation's questions)")

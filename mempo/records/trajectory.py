@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator, NamedTuple, Optional, Union
 
 from mempo.protocol.memory import CONTEXT_POLICIES
-from mempo.protocol.reward import memory_keeps, retrieved_objectives
+from mempo.protocol.reward import memory_keeps, memory_kept_share, objectives_from_golds, retrieved_objectives
 from mempo.records.rounds import is_scored
 from mempo.utils.jsonl import iter_jsonl_records, write_jsonl
 from mempo.utils.tokens import decode_ids
@@ -202,6 +202,27 @@ class Trajectory:
             return []
         return [memory_keeps(decode_ids(tokenizer, self.response_ids[r.mem_span[0]:r.mem_span[1]]), seen, self.golds)
                 for r, seen in zip(self.scored_rounds(), self.read_before_scored(tokenizer))]
+
+    def memory_kept_shares(self, tokenizer: Any) -> list[Optional[float]]:
+        """Per scored round (`Round.scored`, in order): the share of the golds already retrieved that
+        its ``<mem>`` keeps (`mempo.protocol.reward.memory_kept_share`, the graded `memory_keeps`: 1.0
+        where that is True; None where no gold was retrieved yet). Empty without golds."""
+        if self.golds is None:
+            return []
+        return [memory_kept_share(decode_ids(tokenizer, self.response_ids[r.mem_span[0]:r.mem_span[1]]), seen,
+                                  self.golds)
+                for r, seen in zip(self.scored_rounds(), self.read_before_scored(tokenizer))]
+
+    def answered_pending(self, tokenizer: Any) -> Optional[bool]:
+        """Whether the episode was answered with a question still pending: it ends with an answer
+        (``final_answer`` not None) and some objective's gold appeared in none of its ``<information>``
+        texts (`mempo.protocol.reward.retrieved_objectives`; the answer round searches nothing, so
+        they all came before it). None without golds or without an answer."""
+        if self.golds is None or self.final_answer is None:
+            return None
+        seen = " ".join(decode_ids(tokenizer, self.response_ids[r.information[0]:r.information[1]])
+                        for r in self.rounds if r.information is not None)
+        return len(retrieved_objectives(seen, self.golds)) < len(objectives_from_golds(self.golds))
 
     def retrieved_objectives(self, tokenizer: Any) -> list[list[int]]:
         """Per scored round (`Round.scored`, in order): the objectives (indices into
