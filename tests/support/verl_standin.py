@@ -200,6 +200,7 @@ def dummy_worker(config, tokenizer, server, *, reward: bool = True):
 
     from omegaconf import OmegaConf, open_dict
     from verl.experimental.agent_loop.agent_loop import AgentLoopWorker, _agent_loop_registry
+    from verl.tools.tool_registry import load_all_tools
     from verl.utils.config import omega_conf_to_dataclass
     from verl.utils.dataset.rl_dataset import RLHFDataset
 
@@ -222,7 +223,9 @@ def dummy_worker(config, tokenizer, server, *, reward: bool = True):
     worker.hf_model_type = "qwen2"
     worker.mm_processor_kwargs = {}
     worker.distillation_enabled = False
-    worker.tools = []
+    multi_turn = config.actor_rollout_ref.rollout.multi_turn  # verl's tools, loaded as AgentLoopWorker does
+    worker.tools = load_all_tools(tool_config_path=multi_turn.tool_config_path,
+                                  function_tool_path=multi_turn.function_tool_path)
     for entry in OmegaConf.load(config.actor_rollout_ref.rollout.agent.agent_loop_config_path):
         _agent_loop_registry[entry.name] = entry  # what AgentLoopWorker.__init__ does with the YAML
     return worker
@@ -253,24 +256,49 @@ def needle_script(tokenizer, first_variant: int = 0) -> Callable[[str, list[int]
     return script
 
 
-def write_agents_yaml(path: Path, corpus: Path, *, rollout: str = "", scoring: str = "{threshold: null}",
-                      options: str = "") -> Path:
+def rounds_script(tokenizer, variants: list[list[str]]) -> Callable[[str, list[int]], list[int]]:
+    """A scripted policy: trajectory i (in the order of its first request id) takes ``variants[i %
+    len(variants)]``, its k-th generation request round k of it (the last round repeated)."""
+    import itertools
+
+    rounds: dict[str, int] = {}
+    chosen: dict[str, int] = {}
+    turn = itertools.count()
+
+    def script(request_id: str, prompt_ids: list[int]) -> list[int]:
+        k = rounds.get(request_id, 0)
+        rounds[request_id] = k + 1
+        texts = variants[chosen.setdefault(request_id, next(turn) % len(variants))]
+        return tokenizer.encode(texts[min(k, len(texts) - 1)], add_special_tokens=False)
+
+    return script
+
+
+def write_agents_yaml(path: Path, corpus: Optional[Path], *, rollout: str = "", scoring: str = "{threshold: null}",
+                      options: str = "", env: Optional[str] = None, max_turns: int = 4,
+                      max_new_tokens: int = 64, eval_rollout: str = "") -> Path:
     """An agent-loop YAML like the shipped one, over an in-process BM25 index of `corpus` (`options`:
-    more top-level keys of the ``mempo_agent`` entry, YAML lines)."""
-    env = f"{{retriever: bm25, corpus_path: {corpus}, topk: 2, doc_chars: 120}}"
-    base = "max_turns: 4, max_new_tokens_per_round: 64, chat_template: builtin"
+    more top-level keys of the ``mempo_agent`` entry, YAML lines; `env`: the entries' env section
+    instead, a YAML flow mapping; max_turns / max_new_tokens: the entries' round limits;
+    `eval_rollout`: more rollout keys of the ``mempo_agent_eval`` entry)."""
+    env = env or f"{{retriever: bm25, corpus_path: {corpus}, topk: 2, doc_chars: 120}}"
+    base = f"max_turns: {max_turns}, max_new_tokens_per_round: {max_new_tokens}, chat_template: builtin"
     path.write_text(
         f"- name: mempo_agent\n  _target_: mempo.integrations.verl.agent_loop.MemPOAgentLoop\n"
         f"  rollout: {{{base}{', ' + rollout if rollout else ''}}}\n  env: {env}\n  scoring: {scoring}\n"
         + "".join(f"  {line}\n" for line in options.splitlines()) +
         f"- name: mempo_agent_eval\n  _target_: mempo.integrations.verl.agent_loop.MemPOEvalAgentLoop\n"
-        f"  rollout: {{{base}, context_policy: memory}}\n  env: {env}\n")
+        f"  rollout: {{{base}, context_policy: memory{', ' + eval_rollout if eval_rollout else ''}}}\n"
+        f"  env: {env}\n")
     return path
 
 
-def question_batch(question: str, golds, n: int, agent_name: str = "mempo_agent", uid: str = "q0"):
+def question_batch(question: str, golds, n: int, agent_name: str = "mempo_agent", uid: str = "q0",
+                   system: Optional[str] = None, extra_info: Optional[dict] = None, tools_kwargs=None):
     """A verl `DataProto` of one question repeated n times (what the trainer hands the agent-loop
-    workers: raw_prompt, reward_model.ground_truth, uid, agent_name, ...), extra_info.row = the row."""
+    workers: raw_prompt, reward_model.ground_truth, uid, agent_name, ...), extra_info.row = the row
+    (`extra_info`: more of its fields); `system`: a system message before the question;
+    `tools_kwargs`: the per-sample tool options verl's dataset reads from extra_info."""
     import numpy as np
     from verl import DataProto
 
@@ -279,11 +307,15 @@ def question_batch(question: str, golds, n: int, agent_name: str = "mempo_agent"
         array[:] = values
         return array
 
+    messages = ([{"role": "system", "content": system}] if system is not None else []) + [
+        {"role": "user", "content": question}]
+    extra = {"tools_kwargs": column([tools_kwargs] * n)} if tools_kwargs is not None else {}
     return DataProto.from_dict(non_tensors={
-        "raw_prompt": column([[{"role": "user", "content": question}] for _ in range(n)]),
+        **extra, "raw_prompt": column([list(messages) for _ in range(n)]),
         "reward_model": column([{"ground_truth": golds, "style": "rule"} for _ in range(n)]),
         "uid": column([uid] * n), "agent_name": column([agent_name] * n), "data_source": column(["needle"] * n),
-        "extra_info": column([{"row": i} for i in range(n)]), "index": np.zeros(n, dtype=np.int64)})
+        "extra_info": column([{"row": i, **(extra_info or {})} for i in range(n)]),
+        "index": np.zeros(n, dtype=np.int64)})
 
 
 def run_worker(worker, batch):

@@ -9,8 +9,9 @@ and "mempo_agent_eval", the V1 trainer "mempo_sync", the legacy ``compute_advant
 default reward function for mempo rows. Prints one line per component and whether the
 ``verl.plugins`` entry point is installed. With ``--config`` and/or overrides (the ones given to
 ``verl.trainer.main_ppo``), it also checks that configuration on verl's defaults
-(`mempo.integrations.verl.run_check.check_run_config`: the trainer mode, the estimator, the
-agent-loop YAML's mempo entries) and prints one line per problem. Exits 2 when the configuration
+(`mempo.integrations.verl.run_check.check_run_config`: the trainer mode, the estimator, mempo's
+outcome reward as verl's reward function, verl's tools, the agent-loop YAML's mempo entries with
+their action format and tools) and prints one line per problem. Exits 2 when the configuration
 has a problem or an option is unknown (argparse's usage), 1 when a component is missing (with the
 reason the plugin recorded) or verl cannot be imported (one line naming the error), 0 otherwise.
 """

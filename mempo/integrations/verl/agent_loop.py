@@ -3,10 +3,15 @@
 verl builds one loop per trajectory (``hydra.utils.instantiate`` of the ``agents.yaml`` entry, or of
 the ``@register`` name, with the worker's ``trainer_config``, ``server_manager``, ``tokenizer``, ...)
 and awaits ``run(sampling_params, **dataset_fields)``. ``run`` drives mempo's own agent loop
-(`mempo.rollout.loop.RolloutEngine`: forced ``<mem>``, ``<search>`` / ``<access>`` through mempo's
-retriever tools, ``<information>`` ids with loss mask 0, the memory context, token budgets, the C++
-scanner's ``<mem>`` spans) on a worker thread, with a generation backend that sends every round to
-verl's ``server_manager.generate`` (token ids in, token ids out) on the worker's event loop. Then:
+(`mempo.rollout.loop.RolloutEngine`: forced ``<mem>``, the tool calls, the tool results with loss mask
+0, the memory context, token budgets, the C++ scanner's ``<mem>`` spans) on a worker thread, with a
+generation backend that sends every round to verl's ``server_manager.generate`` (token ids in, token
+ids out) on the worker's event loop. The tools (`mempo.integrations.verl.tools`) are the entry's
+``env.tools`` (the built-in ``search`` / ``access``, mempo `Tool` s by import path) and verl's own
+(``multi_turn.tool_config_path`` `BaseTool` s, ``function_tool_path`` functions), called in the entry's
+``rollout.action_format``: ``tags`` (``<search>q</search>`` answered in ``<information>``) or ``json``
+(Hermes / Qwen ``<tool_call>`` JSON, answered in ``<tool_response>``, the schemas in the system prompt).
+Then:
 
 * the outcome goes through verl's reward path: ``reward_score`` is left unset, so verl's reward loop
   scores the trajectory (a ``reward.custom_reward_function``, a reward model, or by default
@@ -47,25 +52,30 @@ from verl.experimental.agent_loop.agent_loop import (AgentLoopBase, AgentLoopMet
 
 from mempo.config import ConfigError, EnvConfig, MempoConfig, RolloutConfig, ScoringConfig
 from mempo.config.coerce import build_section
-from mempo.env.build import build_retriever, build_tools
+from mempo.env.build import build_retriever
 from mempo.integrations.verl.fields import FORCED_SPANS_KEY, empty_extra_fields, memory_extra_fields
-from mempo.integrations.verl.reward import PROTOCOL_TEXT_KEY, SCORE_MODE_KEY, gold_answers
-from mempo.integrations.verl.run_config import consumer_problem, forced_exclusion_problem
+from mempo.integrations.verl.reward import (ACTION_FORMAT_KEY, PROMPT_KEY, PROTOCOL_TEXT_KEY, SCORE_MODE_KEY,
+                                            TOOLS_KEY, gold_answers)
+from mempo.integrations.verl.run_config import consumer_problem, forced_exclusion_problem, outcome_reward_problem
 from mempo.integrations.verl.server_scoring import ServerScorer, forced_prefix_logprobs
+from mempo.integrations.verl.tools import loop_toolset
 from mempo.integrations.verl.version import check_verl_version
 from mempo.protocol.memory import AgentMemory
 from mempo.records.trajectory import Trajectory
 from mempo.rollout.backends.base import GenerationOutput, GenerationRequest, SamplingParams
 from mempo.rollout.backends.stopping import TokenBytes, action_closing_token_ids
 from mempo.rollout.loop import RolloutEngine, RolloutStats, RolloutTask
+from mempo.tools import Toolset
 
 __all__ = ["ROLLOUT_KEYS", "ENV_KEYS", "SCORING_KEYS", "LoopSettings", "MemPOAgentLoop", "MemPOEvalAgentLoop",
            "loop_settings", "response_logprobs"]
 
 #: the agent-loop YAML's accepted keys per section (everything else is verl's: sampling, lengths, n)
 ROLLOUT_KEYS = ("max_turns", "max_new_tokens_per_round", "context_policy", "chat_template", "system_prompt",
-                "forced_prefix", "train_forced_prefix", "stop_token_ids", "tool_workers", "score_mode")
-ENV_KEYS = ("retriever", "retriever_url", "corpus_path", "topk", "doc_chars", "page_chars")
+                "forced_prefix", "train_forced_prefix", "stop_token_ids", "tool_workers", "score_mode",
+                "action_format")
+ENV_KEYS = ("tools", "tool_timeout", "tool_result_chars", "retriever", "retriever_url", "corpus_path", "topk",
+            "doc_chars", "page_chars")
 SCORING_KEYS = ("threshold", "comparator", "reward", "log_clip")
 RETRIEVER_URL_ENV = "MEMPO_RETRIEVER_URL"
 #: ``forced_logprobs``: the engine's prompt log-probs of the forced ids (exact at sampling temperature 1:
@@ -127,7 +137,8 @@ def _settings_cached(key: str, entry: str, score_memory: bool, response_length: 
         url = os.environ.get(RETRIEVER_URL_ENV)
         if not url:
             raise ConfigError(f"{entry}.env", f"no retriever: give env.retriever_url (or env.corpus_path) in the "
-                                              f"agent-loop YAML, or set {RETRIEVER_URL_ENV}")
+                                              f"agent-loop YAML, or set {RETRIEVER_URL_ENV} (or give env.tools "
+                                              "without search / access: [] for verl's tools only)")
         env_data = {"retriever": "http", "retriever_url": url}
     env = _section(EnvConfig, env_data, ENV_KEYS, f"{entry}.env")
     scoring = None
@@ -158,23 +169,29 @@ def loop_settings(options: Mapping[str, Any], *, entry: str, score_memory: bool,
 
 
 # ------------------------------------------------------------------------------------------------
-# per-process shared state: the retrievers, the engines' tokenizer tables, the worker threads
+# per-process shared state: the tools, the engines' tokenizer tables, the worker threads
 # ------------------------------------------------------------------------------------------------
 _LOCK = threading.Lock()
-_TOOLS: dict[str, dict[str, Any]] = {}
+_TOOLS: dict[tuple, tuple[Toolset, tuple]] = {}
 _ENGINES: dict[tuple, RolloutEngine] = {}
 _EXECUTOR: list[ThreadPoolExecutor] = []
 
 
-def _tools(env: EnvConfig) -> dict[str, Any]:
-    """The search / access tools of `env`, built once per process (a BM25 index loads once)."""
-    key = repr(sorted(dataclasses.asdict(env).items()))
+def _toolset(settings: LoopSettings, verl_tools: Sequence[Any], entry: str, *, checked: bool = False) -> Toolset:
+    """The loop's tools (`mempo.integrations.verl.tools.loop_toolset`), built once per process per entry
+    settings and verl tool list (verl loads its tools once per worker; a BM25 index loads once).
+    checked: the names and schemas only, over a retriever that finds nothing (what a loop checks at
+    construction, before any retriever is reached)."""
+    env = settings.env
+    key = (repr(sorted(dataclasses.asdict(env).items())), settings.rollout.action_format,
+           tuple(id(t) for t in verl_tools), entry, checked)
     with _LOCK:
-        tools = _TOOLS.get(key)
-        if tools is None:
-            cfg = MempoConfig(env=env)
-            tools = _TOOLS[key] = build_tools(cfg, build_retriever(cfg))
-        return tools
+        found = _TOOLS.get(key)
+        if found is None:
+            retriever = None if checked else build_retriever(MempoConfig(env=env))
+            toolset = loop_toolset(env, settings.rollout.action_format, verl_tools, retriever, entry=entry)
+            found = _TOOLS[key] = (toolset, tuple(verl_tools))  # the verl tools kept: their ids are in the key
+        return found[0]
 
 
 def _executor(threads: int) -> ThreadPoolExecutor:
@@ -254,6 +271,19 @@ def _question(raw_prompt: Any) -> tuple[str, Optional[str]]:
     return str(users[0]["content"]), (str(systems[0]["content"]) if systems else None)
 
 
+def _check_no_tool_options(sample: Mapping[str, Any]) -> None:
+    """ValueError naming the dataset field when a sample asks for per-sample tool options, which the
+    mempo loops do not apply: ``tools_kwargs`` (a verl tool's ``create_kwargs``, which can carry the
+    sample's gold into a tool and so into an observation) or ``extra_info.tool_selection``."""
+    if _plain(sample.get("tools_kwargs")):
+        raise ValueError("the sample has tools_kwargs (extra_info.tools_kwargs); the mempo loops create every verl "
+                         "tool with empty create_kwargs (they could carry the gold into an observation): drop them")
+    extra_info = _plain(sample.get("extra_info")) or {}
+    if isinstance(extra_info, Mapping) and extra_info.get("tool_selection"):
+        raise ValueError("the sample has extra_info.tool_selection; the mempo loops give every sample all the "
+                         "entry's tools: drop it, or make an agent-loop entry per tool set")
+
+
 def _golds(reward_model: Any) -> Any:
     """The golds of ``reward_model.ground_truth`` (`mempo.integrations.verl.reward.gold_answers`): the
     gold answer string (or aliases, per-objective lists, ``{"target": ...}``); ValueError without."""
@@ -266,11 +296,13 @@ class MemPOAgentLoop(AgentLoopBase):
 
     YAML options (each section validated by mempo's typed config; unknown keys refused by name):
     ``rollout`` (`ROLLOUT_KEYS`: max_turns, max_new_tokens_per_round, context_policy, chat_template,
-    system_prompt, forced_prefix, train_forced_prefix, stop_token_ids, tool_workers, score_mode),
-    ``env`` (`ENV_KEYS`: retriever "http" + retriever_url, or "bm25" + corpus_path; topk, doc_chars,
-    page_chars; without it ``$MEMPO_RETRIEVER_URL``), ``scoring`` (`SCORING_KEYS`: threshold,
+    system_prompt, forced_prefix, train_forced_prefix, stop_token_ids, tool_workers, score_mode,
+    action_format), ``env`` (`ENV_KEYS`: tools, tool_timeout, tool_result_chars; retriever "http" +
+    retriever_url, or "bm25" + corpus_path; topk, doc_chars, page_chars; without it
+    ``$MEMPO_RETRIEVER_URL``), ``scoring`` (`SCORING_KEYS`: threshold,
     comparator, reward, log_clip), ``max_concurrent_scoring`` (8), ``max_concurrent_trajectories``
-    (256), ``forced_logprobs`` ("engine" or "exclude", `FORCED_LOGPROBS`). After ``run`` the loop
+    (256), ``forced_logprobs`` ("engine" or "exclude", `FORCED_LOGPROBS`). verl's tools (the
+    ``tools`` argument verl's worker passes) follow ``env.tools``. After ``run`` the loop
     keeps ``trajectory`` (the mempo `Trajectory`; its outcome is scored by verl's reward path) and
     ``memory_rewards`` (one entry per scored round).
     """
@@ -280,13 +312,17 @@ class MemPOAgentLoop(AgentLoopBase):
 
     def __init__(self, *args: Any, rollout: Any = None, env: Any = None, scoring: Any = None,
                  max_concurrent_scoring: int = 8, max_concurrent_trajectories: int = 256,
-                 forced_logprobs: Optional[str] = None, name: Optional[str] = None, **kwargs: Any) -> None:
+                 forced_logprobs: Optional[str] = None, name: Optional[str] = None, tools: Any = None,
+                 **kwargs: Any) -> None:
         check_verl_version()
         super().__init__(*args, **kwargs)
         consumer = consumer_problem(self.config)
         if consumer:  # before any generation or scoring is paid for
             raise ConfigError("", consumer)
-        entry = name or self.entry_name
+        reward = outcome_reward_problem(self.config)
+        if reward:
+            raise ConfigError("", reward)
+        entry = self.entry = name or self.entry_name
         options = {"rollout": rollout, "env": env, "scoring": scoring,
                    "max_concurrent_scoring": max_concurrent_scoring,
                    "max_concurrent_trajectories": max_concurrent_trajectories, "forced_logprobs": forced_logprobs}
@@ -301,19 +337,27 @@ class MemPOAgentLoop(AgentLoopBase):
             if self.score_memory else None
         if forced:
             raise ConfigError(f"{entry}.rollout.train_forced_prefix", forced)
+        # verl's tools of this worker (tool_config_path / function_tool_path), as verl hands them to every loop
+        self.verl_tools = list(tools.tools) if tools is not None else []
+        _toolset(self.settings, self.verl_tools, entry, checked=True)  # names and schemas, before any request
         self.trajectory: Optional[Trajectory] = None
         self.memory_rewards: list[Optional[float]] = []
 
     # -- the engine --------------------------------------------------------------------------------
-    def _engine(self, backend: _ServerBackend, system_prompt: Optional[str]) -> RolloutEngine:
+    def _engine(self, backend: Optional[_ServerBackend], system_prompt: Optional[str]) -> RolloutEngine:
+        """The engine of one trajectory: a copy of this process's engine for the entry and its tools (the
+        chat-template check and the tokenizer's byte table made once), with `backend` and the dataset's
+        system message (None: the entry's ``system_prompt``), followed by the tools' schemas in the json
+        format."""
         settings = self.settings
+        toolset = _toolset(settings, self.verl_tools, self.entry)
         max_context = self.rollout_config.get("max_model_len", None) or (
             self.prompt_length + int(self.rollout_config.response_length))
-        key = (id(self.tokenizer), repr(settings), int(max_context))
+        key = (id(self.tokenizer), repr(settings), int(max_context), id(toolset))
         with _LOCK:
             template = _ENGINES.get(key)
         if template is None:  # the chat template check and the tokenizer's byte table, once per process
-            template = RolloutEngine(backend, self.tokenizer, _tools(settings.env), config=settings.rollout,
+            template = RolloutEngine(backend, self.tokenizer, toolset, config=settings.rollout,
                                      max_context_tokens=int(max_context))
             with _LOCK:
                 _ENGINES[key] = template
@@ -321,6 +365,8 @@ class MemPOAgentLoop(AgentLoopBase):
         engine.backend, engine.stats, engine._calls = backend, RolloutStats(), 0
         if system_prompt is not None and system_prompt != settings.rollout.system_prompt:
             engine.config = dataclasses.replace(settings.rollout, system_prompt=system_prompt)
+            engine.system_prompt = system_prompt if settings.rollout.action_format == "tags" \
+                else toolset.system_prompt(system_prompt)
         return engine
 
     # -- run ---------------------------------------------------------------------------------------
@@ -334,14 +380,14 @@ class MemPOAgentLoop(AgentLoopBase):
                               "'memory' trains one row per round, which needs verl's V1 trainer (trainer.use_v1=true);"
                               " the legacy trainer takes one row per trajectory")
         question, system_prompt = _question(kwargs.get("raw_prompt"))
+        _check_no_tool_options(kwargs)
         golds = _golds(kwargs.get("reward_model")) if self.score_memory else None  # teacher scoring's answer only
         request_id = uuid.uuid4().hex
         loop = asyncio.get_running_loop()
-        token_bytes = TokenBytes.of(self.tokenizer)
-        backend = _ServerBackend(self.server_manager, loop, request_id, sampling_params,
-                                 action_closing_token_ids(token_bytes))
-        engine = self._engine(backend, system_prompt)
-        memory = AgentMemory(question, system_prompt=engine.config.system_prompt)
+        engine = self._engine(None, system_prompt)
+        backend = engine.backend = _ServerBackend(self.server_manager, loop, request_id, sampling_params,
+                                                  action_closing_token_ids(TokenBytes.of(self.tokenizer), engine.tags))
+        memory = AgentMemory(question, system_prompt=engine.system_prompt)
         self._check_prompt(engine.chat.prompt_ids(memory.messages("full")), "the prompt")  # before any generation
         task = RolloutTask(str(kwargs.get("uid", request_id)), question, golds)
         [trajectory] = await loop.run_in_executor(_executor(self.settings.max_concurrent_trajectories),
@@ -358,8 +404,10 @@ class MemPOAgentLoop(AgentLoopBase):
             "mempo_p_mem": [float(d.p_mem) for d in details], "mempo_p_full": [float(d.p_cmp) for d in details],
             "mempo_scored_rounds": [int(d.round_index) for d in details], "mempo_rounds": len(trajectory.rounds),
             "mempo_finish_reason": trajectory.finish_reason, SCORE_MODE_KEY: rollout.score_mode,
+            ACTION_FORMAT_KEY: rollout.action_format, TOOLS_KEY: list(engine.toolset.names),
         }
-        last = {PROTOCOL_TEXT_KEY: trajectory.protocol_text or ""}  # what the reward function scores (last output)
+        # what the reward function scores, and the question its example holds (last output)
+        last = {PROTOCOL_TEXT_KEY: trajectory.protocol_text or "", PROMPT_KEY: question}
         scored = trajectory.scored_rounds()
         logprobs, excluded = None, []
         if sampling_params.get("logprobs"):

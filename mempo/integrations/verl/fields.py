@@ -15,6 +15,11 @@ Every output of a mempo loop, train or validation, carries every key of `EXTRA_K
                                           generated; the trajectory's last output only, None on the
                                           others): verl's reward function reads it
                                           (`mempo.integrations.verl.reward`)
+    mempo_prompt        str or None       the question the trajectory ran (last output only, None on the
+                                          others): the example a mempo outcome reward reads
+    mempo_action_format str               ``rollout.action_format`` ("tags" or "json")
+    mempo_tools         list[str]         the loop's tool names, in order (with the action format: the
+                                          tag set the outcome's format check uses)
     mempo_forced_spans  list[[int, int]]  trained forced-prefix ids whose ``rollout_log_probs`` are not
                                           the engine's (0.0 placeholders; rollout temperature != 1): the
                                           ``mempo_sync`` trainer keeps them out of rollout correction
@@ -35,14 +40,16 @@ __all__ = ["EXTRA_KEYS", "FORCED_SPANS_KEY", "empty_extra_fields", "forced_mask"
 
 FORCED_SPANS_KEY = "mempo_forced_spans"
 EXTRA_KEYS = ("mempo_mem_rewards", "mempo_mem_spans", "mempo_p_mem", "mempo_p_full", "mempo_scored_rounds",
-              "mempo_rounds", "mempo_finish_reason", "mempo_score_mode", "mempo_protocol_text", FORCED_SPANS_KEY)
+              "mempo_rounds", "mempo_finish_reason", "mempo_score_mode", "mempo_protocol_text", "mempo_prompt",
+              "mempo_action_format", "mempo_tools", FORCED_SPANS_KEY)
 
 
 def empty_extra_fields() -> dict[str, Any]:
     """Every key of `EXTRA_KEYS` with its empty value (no round, nothing scored)."""
     return {"mempo_mem_rewards": [], "mempo_mem_spans": [], "mempo_p_mem": [], "mempo_p_full": [],
             "mempo_scored_rounds": [], "mempo_rounds": 0, "mempo_finish_reason": "", "mempo_score_mode": "mean",
-            "mempo_protocol_text": None, FORCED_SPANS_KEY: []}
+            "mempo_protocol_text": None, "mempo_prompt": None, "mempo_action_format": "tags", "mempo_tools": [],
+            FORCED_SPANS_KEY: []}
 
 
 def memory_extra_fields(rewards: Sequence[Optional[float]], spans: Sequence[Sequence[int]],

@@ -2,10 +2,13 @@
 RUN.yaml [key=value ...]`` (`check_run_config` on `load_run_config`).
 
 The checks: the trainer that consumes the mempo loops' rows (`run_config.consumer_problem`), the
-estimator under ``mempo_sync``, ``algorithm.mempo`` (`estimator.memory_config`), and every mempo
-entry of the agent-loop YAML: its options as the loop validates them (`agent_loop.loop_settings`)
-and whether forced ``<mem>`` ids without an engine log-prob can be kept out of rollout correction
-(`run_config.forced_exclusion_problem`).
+estimator under ``mempo_sync``, ``algorithm.mempo`` (`estimator.memory_config`), mempo's outcome
+reward as verl's reward function (`run_config.outcome_reward_problem`), verl's tools
+(``multi_turn.tool_config_path`` / ``function_tool_path``, loaded as verl's worker loads them), and
+every mempo entry of the agent-loop YAML: its options as the loop validates them
+(`agent_loop.loop_settings`), its tools (``env.tools`` with verl's, `tools.loop_toolset`: imports,
+names, schemas; no retriever is reached) and whether forced ``<mem>`` ids without an engine log-prob
+can be kept out of rollout correction (`run_config.forced_exclusion_problem`).
 """
 from __future__ import annotations
 
@@ -21,7 +24,8 @@ from mempo.config import ConfigError
 from mempo.integrations.verl.agent_loop import loop_settings
 from mempo.integrations.verl.estimator import memory_config
 from mempo.integrations.verl.run_config import (MEMPO_TRAINER_MODE, consumer_problem, forced_exclusion_problem,
-                                                mempo_loop_entries, select)
+                                                mempo_loop_entries, outcome_reward_problem, select)
+from mempo.integrations.verl.tools import FUNCTION_TOOL_PATH, TOOL_CONFIG_PATH, load_verl_tools, loop_toolset
 
 __all__ = ["check_run_config", "load_run_config"]
 
@@ -29,8 +33,8 @@ __all__ = ["check_run_config", "load_run_config"]
 def check_run_config(config: Any) -> list[str]:
     """Every problem of a verl run configuration for mempo, one line each ([] when it can run): the
     trainer (`consumer_problem`), ``algorithm.adv_estimator`` under ``mempo_sync``,
-    ``algorithm.mempo``, and each mempo entry of the agent-loop YAML (its options, as the loop reads
-    them; needs verl importable)."""
+    ``algorithm.mempo``, the outcome reward (`outcome_reward_problem`), verl's tools, and each mempo
+    entry of the agent-loop YAML (its options and tools, as the loop reads them; needs verl importable)."""
     problems = []
     consumer = consumer_problem(config)
     if consumer:
@@ -45,6 +49,14 @@ def check_run_config(config: Any) -> list[str]:
         memory_config(algorithm)
     except ValueError as error:
         problems.append(str(error))
+    reward = outcome_reward_problem(config)
+    if reward:
+        problems.append(reward)
+    verl_tools: list = []
+    try:
+        verl_tools = load_verl_tools(select(config, TOOL_CONFIG_PATH), select(config, FUNCTION_TOOL_PATH))
+    except ConfigError as error:
+        problems.append(str(error))  # the entries' own tools are still checked
     try:
         entries = mempo_loop_entries(config)
     except ConfigError as error:
@@ -63,9 +75,10 @@ def check_run_config(config: Any) -> list[str]:
                 else None
             if forced:
                 problems.append(f"{name}.rollout.train_forced_prefix: {forced}")
+            loop_toolset(settings.env, settings.rollout.action_format, verl_tools, entry=name)
         except (ConfigError, ValueError, ImportError) as error:
             problems.append(str(error))
-    return problems
+    return list(dict.fromkeys(problems))  # a verl tool's problem is found once per entry: said once
 
 
 def load_run_config(config_file: Optional[str] = None, overrides: Sequence[str] = ()) -> DictConfig:

@@ -10,19 +10,23 @@ start (`mempo.integrations.verl.agent_loop`). verl's asynchronous trainers (V1 `
 refused too: the weights change while a trajectory and its teacher scoring run.
 
 `forced_exclusion_problem`: the trainers that cannot keep forced ``<mem>`` ids without an engine
-log-prob out of rollout correction (a loop refuses those too). The whole check of a run
-configuration, which also validates the loops' options, is `mempo.integrations.verl.run_check`.
+log-prob out of rollout correction (a loop refuses those too). `outcome_reward_problem`: a mempo
+outcome reward as verl's reward function (`mempo.integrations.verl.reward.outcome_reward_score`)
+without a reward it can call. The whole check of a run configuration, which also validates the
+loops' options and tools, is `mempo.integrations.verl.run_check`.
 """
 from __future__ import annotations
 
+import os
 from typing import Any, Optional
 
 from omegaconf import DictConfig, OmegaConf
 
 from mempo.config import ConfigError
+from mempo.integrations.verl import reward as reward_module
 
 __all__ = ["ASYNC_TRAINER_MODES", "MEMPO_TRAINER_MODE", "MEMPO_ESTIMATOR", "consumer_problem",
-           "forced_exclusion_problem", "mempo_loop_entries", "select"]
+           "forced_exclusion_problem", "mempo_loop_entries", "outcome_reward_problem", "select"]
 
 MEMPO_TRAINER_MODE = "mempo_sync"
 MEMPO_ESTIMATOR = "mempo"
@@ -95,6 +99,34 @@ def forced_exclusion_problem(config: Any, rollout: Any, forced_logprobs: str = "
               "engine (its prompt log-probs are at temperature 1)")
     return (f"trained forced <mem> ids: {source}, and {why}; use forced_logprobs: engine at temperature 1.0, "
             "or set rollout.train_forced_prefix: false")
+
+
+def _is_mempo_reward_module(path: str) -> bool:
+    """Whether verl's ``custom_reward_function.path`` (``pkg://`` module, ``file://`` or plain file path)
+    names `mempo.integrations.verl.reward`."""
+    if path.startswith("pkg://"):
+        return path[len("pkg://"):].replace("/", ".").removesuffix(".py") == reward_module.__name__
+    path = path.removeprefix("file://")
+    return os.path.exists(path) and os.path.samefile(path, reward_module.__file__)
+
+
+def outcome_reward_problem(config: Any) -> Optional[str]:
+    """One line naming ``reward.custom_reward_function.reward_kwargs.outcome_reward`` when verl's reward
+    function is mempo's `outcome_reward_score` and that setting names no reward it can call ("em",
+    "f1" or a function's import path); None otherwise (verl copies a top-level
+    ``custom_reward_function`` there, so either place is read)."""
+    for prefix in ("reward.custom_reward_function", "custom_reward_function"):
+        path = select(config, f"{prefix}.path")
+        if path is None:
+            continue
+        if select(config, f"{prefix}.name") != "outcome_reward_score" or not _is_mempo_reward_module(str(path)):
+            return None
+        try:
+            reward_module.check_outcome_reward(select(config, f"{prefix}.reward_kwargs.outcome_reward"))
+        except ConfigError as error:
+            return str(error)
+        return None
+    return None
 
 
 def mempo_loop_entries(config: Any) -> list[dict]:

@@ -21,7 +21,7 @@ from support.corpus import make_corpus  # noqa: E402
 from support.gold_trace import violations  # noqa: E402
 from support.rollout_fixtures import chat_tokenizer, tiny_qwen2  # noqa: E402
 from support.verl_standin import (FakeTQ, HFServer, dummy_worker, needle_script, question_batch,  # noqa: E402
-                                  run_worker, verl_config, write_agents_yaml)
+                                  rounds_script, run_worker, verl_config, write_agents_yaml)
 
 from mempo.algo.advantages import advantage_inputs, token_advantages  # noqa: E402
 from mempo.algo.outcome import score_outcomes  # noqa: E402
@@ -492,3 +492,199 @@ def test_forced_ids_without_an_engine_log_prob_are_left_out_of_verls_correction(
     for name, value in want.items():
         assert metrics[name] == pytest.approx(value, rel=1e-5, abs=1e-6), name
     assert metrics["training/rollout_probs_diff_max"] < 1e-3  # verl's diagnostics, the forced ids left out
+
+
+# ------------------------------------------------------------------------------------------------
+# your tools (verl's tool YAML and function tools, mempo Tools by import path) and the json format
+# ------------------------------------------------------------------------------------------------
+COLOUR_QUESTION, COLOUR_GOLDS = "What colour is the sky?", ["blue"]
+SYSTEM = "You are a careful colour expert."
+
+
+def _call(name, arguments):
+    return f'<tool_call>{{"name": "{name}", "arguments": {arguments}}}</tool_call>'
+
+
+def _json_rounds(answer):
+    """Every tool once (a mempo Tool, a verl BaseTool subclass, a verl function tool, verl's own BaseTool),
+    then every way a call can fail, then the answer."""
+    mem = "sky is blue</mem>\n<think>\n"
+    return ["</mem>\n<think>\nlook it up\n</think>\n" + _call("lookup", '{"key": "sky"}'),
+            mem + "the book\n</think>\n" + _call("colour", '{"thing": "grass"}'),
+            mem + "shout\n</think>\n" + _call("shout", '{"text": "sky"}'),
+            mem + "touch\n</think>\n" + _call("touch", "{}"),
+            mem + "explode\n</think>\n" + _call("explode", "{}"),
+            mem + "bad json\n</think>\n" + '<tool_call>{"name": "colour", "arguments": {"thing": </tool_call>',
+            mem + "unknown\n</think>\n" + _call("weather", "{}"),
+            mem + "slow\n</think>\n" + _call("sleep", "{}"),
+            mem + "flood\n</think>\n" + _call("flood", "{}"),
+            mem + f"done\n</think>\n<answer>{answer}</answer>"]
+
+
+JSON_VARIANTS = [_json_rounds("blue"), _json_rounds("red")]
+USER_TOOLS = ["lookup", "touch", "colour", "explode", "sleep", "flood", "shout"]
+JSON_N = 2  # one trajectory per variant
+
+
+def _tools_config(tmp, name, *, outcome_reward="support.user_tools:overlap_reward"):
+    """A verl run whose mempo loops take verl's tools (tool YAML + function tools) and a mempo Tool, in the
+    json format, and whose reward is a mempo outcome reward through verl's reward function."""
+    from omegaconf import open_dict
+    from support.verl_user_tools import FUNCTION_TOOLS, tool_yaml
+
+    env = "{tools: ['support.user_tools:lookup'], tool_timeout: 1, tool_result_chars: 300}"
+    agents = write_agents_yaml(tmp / f"{name}.yaml", None, rollout="action_format: json", env=env, max_turns=10,
+                               max_new_tokens=160, eval_rollout="action_format: json")
+    config = verl_config(agents, prompt_length=1536, response_length=2048, n=JSON_N)
+    with open_dict(config):
+        multi_turn = config.actor_rollout_ref.rollout.multi_turn
+        multi_turn.tool_config_path = str(tool_yaml(tmp / f"{name}_tools.yaml", ["touch", "colour", "explode", "sleep",
+                                                                                   "flood"]))
+        multi_turn.function_tool_path = str(FUNCTION_TOOLS)
+        config.reward.custom_reward_function.path = "pkg://mempo.integrations.verl.reward"
+        config.reward.custom_reward_function.name = "outcome_reward_score"
+        config.reward.custom_reward_function.reward_kwargs = {"outcome_reward": outcome_reward}
+    return config
+
+
+@pytest.fixture(scope="module")
+def json_tools(parts):
+    from support import user_tools, verl_user_tools
+
+    tmp, _, tok, model = parts
+    config = _tools_config(tmp, "agents_tools")
+    server = HFServer(model, script=rounds_script(tok, JSON_VARIANTS))
+    user_tools.LOOKUPS.clear()
+    user_tools.REWARD_CALLS.clear()
+    verl_user_tools.LIFECYCLE.clear()
+    worker = dummy_worker(config, tok, server)
+    data, seen = run_worker(worker, question_batch(COLOUR_QUESTION, COLOUR_GOLDS, JSON_N, system=SYSTEM,
+                                                   extra_info={"id": "colours-1", "topic": "colours"}))
+    return config, server, data, [seen[i][0] for i in range(JSON_N)], seen, worker
+
+
+def test_json_tool_calls_reach_verls_tools_and_a_mempo_tool_and_every_failure_is_one_line(json_tools, parts):
+    from mempo.protocol.tags import JSON_TAG_SET
+    from support import user_tools, verl_user_tools
+
+    _, server, data, loops, seen, worker = json_tools
+    tok = parts[2]
+    assert [t.name for t in worker.tools] == USER_TOOLS[1:]  # verl's own loading: the YAML, then function tools
+    assert user_tools.LOOKUPS == ["sky"] * JSON_N
+    failed = [False] * 4 + [True] * 4 + [False]
+    for loop in loops:
+        t = loop.trajectory
+        assert loop.memory_rewards and t.finish_reason == "answer" and len(t.rounds) == 10
+        assert [r.action for r in t.rounds] == ["tool_call"] * 9 + ["answer"]
+        seen_text = [tok.decode(t.response_ids[r.information[0]:r.information[1]]) for r in t.rounds[:9]]
+        assert seen_text[:4] == ["<tool_response>sky is blue</tool_response>",
+                                 "<tool_response>grass is green</tool_response>", "<tool_response>SKY!</tool_response>",
+                                 "<tool_response>Updated the tool state.</tool_response>"]
+        assert seen_text[4] == ("<tool_response>Error: the explode tool failed (RuntimeError: the sandbox is down "
+                                "second line); try again or answer with what you know.</tool_response>")
+        assert seen_text[5].startswith("<tool_response>Error: the tool call is not valid JSON")
+        assert seen_text[6] == ("<tool_response>Error: no tool named 'weather'; the tools are: "
+                                f"{', '.join(USER_TOOLS)}</tool_response>")
+        assert seen_text[7] == ("<tool_response>Error: the sleep tool did not answer within 1 s; try again or answer "
+                                "with what you know.</tool_response>")
+        assert seen_text[8] == ("<tool_response>" + "y" * 300 + "\n[... cut: the first 300 of 1048576 characters]"
+                                "</tool_response>")
+        assert all("\n" not in text.removesuffix("</tool_response>") for text in seen_text[4:8])  # one line each
+        assert [not r.tool_ok for r in t.rounds[:9]] == failed
+        assert all(tok.decode(t.response_ids[r.start:r.start + r.prefix_len]) == "<mem>" for r in t.rounds)
+        # masks 0 exactly on the tool segments; the <mem> spans are the C++ scanner's under the JSON tags
+        tool = [0] * len(t.response_ids)
+        for r in t.rounds:
+            tool[r.end:r.tool_end] = [1] * (r.tool_end - r.end)
+        assert [1 - m for m in t.response_mask] == tool
+        spans = find_spans([t.response_ids], TokenBytes.of(tok).table, tags=JSON_TAG_SET).spans_of(0)
+        assert {r.mem_span for r in t.scored_rounds()} <= {(s.start, s.end) for s in spans if s.tag == "mem"}
+        assert len(t.scored_rounds()) == 9
+    # verl's BaseTool lifecycle for every call: create (no per-sample create_kwargs), execute, release, even
+    # after the tool raised
+    calls = verl_user_tools.LIFECYCLE
+    assert sorted(c[0] for c in calls) == ["create"] * 2 * JSON_N + ["execute"] * JSON_N + ["release"] * 2 * JSON_N
+    assert all(c[2] == {"create_kwargs": {}} for c in calls if c[0] == "create")
+    for instance in {c[1] for c in calls}:
+        assert [c[0] for c in calls if c[1] == instance] in (["create", "execute", "release"], ["create", "release"])
+    # the model was told the tools: the dataset's system message, then every schema, mempo's and verl's
+    first = [r for r in server.requests if "prompt_logprobs" not in r["sampling_params"]][0]
+    prompt = tok.decode(first["prompt_ids"])
+    assert f"{SYSTEM}\n\n# Tools\n" in prompt
+    assert ('{"type": "function", "function": {"name": "colour", "description": "The colour of a thing, from a colour '
+            'book.", "parameters": {"type": "object", "properties": {"thing": {"type": "string", "description": '
+            '"what to look up"}}, "required": ["thing"]}}}') in prompt
+    assert [prompt.index(f'"name": "{n}"') for n in USER_TOOLS] == sorted(prompt.index(f'"name": "{n}"')
+                                                                            for n in USER_TOOLS)
+    assert "colours" not in prompt  # the row's other fields reach the reward only
+    for i in range(JSON_N):
+        assert data.non_tensor_batch["mempo_action_format"][i] == "json"
+        assert list(data.non_tensor_batch["mempo_tools"][i]) == USER_TOOLS
+
+
+def test_the_json_rollout_scores_its_memory_and_a_mempo_reward_gives_the_outcome(json_tools, parts):
+    """The memory rewards are mempo.scoring's on the same trajectories; the outcome is the user's mempo
+    reward (support.user_tools:overlap_reward) through verl's reward loop and mempo's adapter, with
+    mempo's EM under the JSON tags as its diagnostics; no generation request holds the gold."""
+    from support import user_tools
+
+    _, server, data, loops, _, worker = json_tools
+    tok, model = parts[2], parts[3]
+    want, _ = compute_memory_rewards(model, tok, [loop.trajectory for loop in loops],
+                                     ScoringConfig(method="reference", threshold=None))
+    flat = lambda rows: torch.tensor([v for row in rows for v in row], dtype=torch.float64)  # noqa: E731
+    torch.testing.assert_close(flat([loop.memory_rewards for loop in loops]), flat(want), rtol=1e-4, atol=1e-9)
+    assert flat(want).abs().max() > 0
+    assert [float(data.batch["rm_scores"][i].sum()) for i in range(JSON_N)] == [1.0, 0.0]
+    assert list(data.non_tensor_batch["mempo_reward"]) == [1.0, 0.0]
+    assert list(data.non_tensor_batch["mempo_em"]) == [1.0, 0.0]  # format ok under the JSON tags
+    assert list(data.non_tensor_batch["mempo_format_ok"]) == [1.0] * JSON_N
+    assert worker.reward_loop_worker_handles[0].calls == JSON_N and len(user_tools.REWARD_CALLS) == JSON_N
+    for answer, example in user_tools.REWARD_CALLS:
+        assert answer in ("blue", "red") and example["golds"] == [["blue"]]
+        assert example["prompt"] == COLOUR_QUESTION and example["questions"] == [COLOUR_QUESTION]
+        assert example["id"] == "colours-1" and example["topic"] == "colours" and example["data_source"] == "needle"
+        assert not any(key.startswith("mempo_") for key in example)
+    # no request but the scoring ones (prompt_logprobs over a context + the answer template) holds the gold
+    scoring = [r for r in server.requests if "<answer>\nblue\n</answer>" in tok.decode(r["prompt_ids"])]
+    others = [r for r in server.requests if r not in scoring]
+    assert len(scoring) == 2 * 9 * JSON_N and all("prompt_logprobs" in r["sampling_params"] for r in scoring)
+    assert sum("prompt_logprobs" not in r["sampling_params"] for r in others) == 10 * JSON_N
+    assert sum("prompt_logprobs" in r["sampling_params"] for r in others) == JSON_N  # the forced ids' log-probs
+    records = [{"kind": "task", "question": COLOUR_QUESTION, "golds": COLOUR_GOLDS}]
+    records += [{"kind": "generate", "prompts": [r["prompt_ids"]], "strings": [], "int_lists": []} for r in others]
+    assert violations(records, tok) == []
+
+
+def test_per_sample_tool_options_are_refused_before_any_request(parts):
+    """verl's tools_kwargs (create_kwargs can carry the gold into a tool) and extra_info.tool_selection are
+    not applied by the mempo loops: the sample is refused by name, before any request."""
+    tmp, _, tok, model = parts
+    config = _tools_config(tmp, "agents_tools_kwargs")
+    server = HFServer(model, script=rounds_script(tok, JSON_VARIANTS))
+    worker = dummy_worker(config, tok, server)
+    kwargs = {"colour": {"create_kwargs": {"ground_truth": "blue"}}}
+    with pytest.raises(ValueError, match=r"the sample has tools_kwargs .* drop them"):
+        run_worker(worker, question_batch(COLOUR_QUESTION, COLOUR_GOLDS, 2, tools_kwargs=kwargs))
+    with pytest.raises(ValueError, match=r"the sample has extra_info.tool_selection"):
+        run_worker(worker, question_batch(COLOUR_QUESTION, COLOUR_GOLDS, 2, extra_info={"tool_selection": ["colour"]}))
+    assert server.requests == []
+
+
+def test_the_json_tools_under_the_memory_context(parts):
+    """mempo_agent_eval (context_policy memory): each round sees the system prompt with the tools' schemas,
+    the question, the last <mem> and the last <tool_response>, not the rounds before."""
+    tmp, _, tok, model = parts
+    config = _tools_config(tmp, "agents_tools_memory")
+    worker = dummy_worker(config, tok, HFServer(model, script=rounds_script(tok, JSON_VARIANTS)), reward=False)
+    _, seen = run_worker(worker, question_batch(COLOUR_QUESTION, COLOUR_GOLDS, 1, agent_name="mempo_agent_eval"))
+    loop, output = seen[0]
+    t = loop.trajectory
+    assert t.policy == "memory" and len(t.rounds) == 10 and t.finish_reason == "answer"
+    assert output.extra_fields["mempo_action_format"] == "json" and output.extra_fields["mempo_mem_rewards"] == []
+    contexts = [tok.decode(r.prompt_ids) for r in t.rounds]
+    assert all('"name": "colour"' in c and COLOUR_QUESTION in c for c in contexts)
+    assert "<tool_response>grass is green</tool_response>" in contexts[2]
+    assert "<tool_response>sky is blue</tool_response>" not in contexts[2]  # round 0's result: no longer shown
+    assert "the book" not in contexts[3] and "<tool_response>SKY!</tool_response>" in contexts[3]
+    assert "Error: the explode tool failed" in contexts[5]

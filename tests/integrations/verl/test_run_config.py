@@ -173,3 +173,114 @@ def test_the_retriever_url_comes_from_each_nodes_environment(which, monkeypatch)
     monkeypatch.setenv("MEMPO_RETRIEVER_URL", "http://10.0.0.7:8100")
     assert [loop.settings.env.retriever_url for loop in loops()] == ["http://10.0.0.7:8100"] * 2
     assert check_run_config(config) == []
+
+
+def _tools_run(tmp_path, agents, tools_yaml=None, reward=("pkg://mempo.integrations.verl.reward",
+                                                          "support.user_tools:overlap_reward")):
+    """Overrides of a mempo_sync run whose loops take verl's tools and whose reward is a mempo reward."""
+    from support.verl_user_tools import FUNCTION_TOOLS, tool_yaml
+
+    tools_yaml = tools_yaml or tool_yaml(tmp_path / "tools.yaml", ["touch", "colour"])
+    overrides = ["trainer.v1.trainer_mode=mempo_sync", "algorithm.adv_estimator=grpo",
+                 f"actor_rollout_ref.rollout.agent.agent_loop_config_path={agents}",
+                 f"actor_rollout_ref.rollout.multi_turn.tool_config_path={tools_yaml}",
+                 f"actor_rollout_ref.rollout.multi_turn.function_tool_path={FUNCTION_TOOLS}"]
+    if reward is not None:
+        overrides += [f"reward.custom_reward_function.path={reward[0]}",
+                      "reward.custom_reward_function.name=outcome_reward_score"]
+        if reward[1] is not None:
+            overrides.append(f"+reward.custom_reward_function.reward_kwargs.outcome_reward={reward[1]}")
+    return overrides
+
+
+def _tool_agents(path, rollout="action_format: json", tools="['support.user_tools:lookup']"):
+    return write_agents_yaml(path, None, rollout=rollout, env=f"{{tools: {tools}, tool_timeout: 5}}")
+
+
+def test_check_command_checks_the_action_format_the_tools_and_the_reward(tmp_path, capsys):
+    import mempo.integrations.verl.reward as reward_module
+
+    good = _tool_agents(tmp_path / "agents.yaml")
+    assert main(_tools_run(tmp_path, good)) == 0
+    assert "run config: ok" in capsys.readouterr().out
+    # mempo's reward module named by file path is the same adapter
+    assert main(_tools_run(tmp_path, good, reward=(reward_module.__file__, "support.user_tools:overlap_reward"))) == 0
+    capsys.readouterr()
+    cases = [
+        (_tools_run(tmp_path, _tool_agents(tmp_path / "a1.yaml", rollout="action_format: xml")),
+         r"ERROR mempo_agent\.rollout\.action_format: must be one of 'tags', 'json'"),
+        (_tools_run(tmp_path, _tool_agents(tmp_path / "a2.yaml", tools="['support.user_tools:nothing']")),
+         r"ERROR mempo_agent\.env\.tools\[0\]: 'support\.user_tools:nothing': 'support\.user_tools' has no attribute"),
+        (_tools_run(tmp_path, _tool_agents(tmp_path / "a3.yaml", tools="[lookup]")),
+         r"ERROR mempo_agent\.env\.tools\[0\]: must be a built-in tool"),
+        (_tools_run(tmp_path, good, tools_yaml=tmp_path / "missing.yaml"),
+         r"ERROR actor_rollout_ref\.rollout\.multi_turn\.tool_config_path: cannot load the verl tools of "
+         r".*missing\.yaml \(FileNotFoundError"),
+        (_tools_run(tmp_path, _tool_agents(tmp_path / "a4.yaml", tools="['support.user_tools:calc_tools']")),
+         None),  # a factory of several tools
+        (_tools_run(tmp_path, good, reward=("pkg://mempo.integrations.verl.reward", None)),
+         r"ERROR reward\.custom_reward_function\.reward_kwargs\.outcome_reward: must name the reward "
+         r"outcome_reward_score calls"),
+        (_tools_run(tmp_path, good, reward=("pkg://mempo.integrations.verl.reward", "my_missing_module:reward")),
+         r"ERROR reward\.custom_reward_function\.reward_kwargs\.outcome_reward: 'my_missing_module:reward': cannot "
+         r"import 'my_missing_module'"),
+    ]
+    for overrides, match in cases:
+        code = main(overrides)
+        out = capsys.readouterr().out
+        if match is None:
+            assert code == 0 and "run config: ok" in out, out
+        else:
+            assert code == 2 and re.search(match, out), out
+    # a verl tool of the same name as one of env.tools: said once, though both entries have it
+    from support.verl_user_tools import TOOLS
+
+    clash = tmp_path / "clash.yaml"
+    schema = dict(TOOLS["colour"][2], function=dict(TOOLS["colour"][2]["function"], name="lookup"))
+    clash.write_text(json.dumps({"tools": [{"class_name": TOOLS["colour"][0], "config": TOOLS["colour"][1],
+                                            "tool_schema": schema}]}))
+    both = _tool_agents(tmp_path / "both.yaml")
+    both.write_text(both.read_text().replace("MemPOEvalAgentLoop\n  rollout: {", "MemPOEvalAgentLoop\n  rollout: {"
+                                                                                  "action_format: json, "))
+    assert main(_tools_run(tmp_path, both, tools_yaml=clash)) == 2
+    out = capsys.readouterr().out
+    assert out.count("ERROR") == 2, out  # mempo_agent's and mempo_agent_eval's, each named
+    assert "ERROR mempo_agent.env.tools: tool(s) ['lookup'] are both in env.tools and among verl's tools" in out
+    assert "ERROR mempo_agent_eval.env.tools: tool(s) ['lookup']" in out
+
+
+def test_the_loop_refuses_a_bad_reward_setting_and_bad_tools_before_any_request(tmp_path):
+    from hydra.errors import InstantiationException
+    from hydra.utils import instantiate
+    from verl.experimental.agent_loop.agent_loop import DictConfigWrap, ToolListWrap
+    from verl.tools.tool_registry import load_all_tools
+    from verl.utils.dataset.rl_dataset import RLHFDataset
+
+    agents = _tool_agents(tmp_path / "agents.yaml")
+
+    def build(overrides, verl_tools=()):
+        config = load_run_config(overrides=overrides)
+        with open_dict(config):
+            config.actor_rollout_ref.rollout.name = "vllm"
+        return instantiate(OmegaConf.load(agents)[0], trainer_config=DictConfigWrap(config), server_manager=None,
+                           tokenizer=chat_tokenizer(), processor=None, hf_model_type="qwen2", dataset_cls=RLHFDataset,
+                           data_config=DictConfigWrap(config.data), tools=ToolListWrap(list(verl_tools)))
+
+    overrides = _tools_run(tmp_path, agents)
+    config = load_run_config(overrides=overrides)
+    multi_turn = config.actor_rollout_ref.rollout.multi_turn
+    verl_tools = load_all_tools(multi_turn.tool_config_path, multi_turn.function_tool_path)
+    loop = build(overrides, verl_tools)
+    assert [t.name for t in loop.verl_tools] == ["touch", "colour", "shout"]
+    with pytest.raises(InstantiationException) as caught:
+        build(_tools_run(tmp_path, agents, reward=("pkg://mempo.integrations.verl.reward", None)), verl_tools)
+    assert isinstance(caught.value.__cause__, ConfigError)
+    assert str(caught.value.__cause__).startswith("reward.custom_reward_function.reward_kwargs.outcome_reward: must")
+    from support.verl_user_tools import ColourBook, TOOLS
+    from verl.tools.schemas import OpenAIFunctionToolSchema
+
+    schema = dict(TOOLS["colour"][2], function=dict(TOOLS["colour"][2]["function"], name="lookup"))
+    twin = ColourBook({"type": "native", "table": {}}, OpenAIFunctionToolSchema.model_validate(schema))
+    with pytest.raises(InstantiationException) as caught:
+        build(overrides, [twin])
+    assert str(caught.value.__cause__).startswith("mempo_agent.env.tools: tool(s) ['lookup'] are both in env.tools")
