@@ -19,7 +19,8 @@ Then:
   ``extra_fields["mempo_protocol_text"]`` of its last output);
 * ``mempo_agent`` teacher-scores the scored rounds through the same servers
   (`mempo.integrations.verl.server_scoring`); the results go to ``extra_fields`` (`fields.EXTRA_KEYS`,
-  the same keys on every output, train or validation).
+  the same keys on every output, train or validation). With the memory reward off
+  (``+algorithm.mempo.memory_weight=0``) it scores nothing and needs no gold.
 
 Start-up: a loop refuses to run (ConfigError naming ``trainer.v1.trainer_mode=mempo_sync``) unless the
 trainer that consumes its rows is mempo's (`mempo.integrations.verl.run_config.consumer_problem`):
@@ -53,10 +54,12 @@ from verl.experimental.agent_loop.agent_loop import (AgentLoopBase, AgentLoopMet
 from mempo.config import ConfigError, EnvConfig, MempoConfig, RolloutConfig, ScoringConfig
 from mempo.config.coerce import build_section
 from mempo.env.build import build_retriever
+from mempo.integrations.verl.estimator import memory_config
 from mempo.integrations.verl.fields import FORCED_SPANS_KEY, empty_extra_fields, memory_extra_fields
 from mempo.integrations.verl.reward import (ACTION_FORMAT_KEY, PROMPT_KEY, PROTOCOL_TEXT_KEY, SCORE_MODE_KEY,
                                             TOOLS_KEY, gold_answers)
-from mempo.integrations.verl.run_config import consumer_problem, forced_exclusion_problem, outcome_reward_problem
+from mempo.integrations.verl.run_config import (consumer_problem, forced_exclusion_problem, outcome_reward_problem,
+                                                select)
 from mempo.integrations.verl.server_scoring import ServerScorer, forced_prefix_logprobs
 from mempo.integrations.verl.tools import loop_toolset
 from mempo.integrations.verl.version import check_verl_version
@@ -67,8 +70,8 @@ from mempo.rollout.backends.stopping import TokenBytes, action_closing_token_ids
 from mempo.rollout.loop import RolloutEngine, RolloutStats, RolloutTask
 from mempo.tools import Toolset
 
-__all__ = ["ROLLOUT_KEYS", "ENV_KEYS", "SCORING_KEYS", "LoopSettings", "MemPOAgentLoop", "MemPOEvalAgentLoop",
-           "loop_settings", "response_logprobs"]
+__all__ = ["ROLLOUT_KEYS", "ENV_KEYS", "SCORING_KEYS", "MEMORY_OFF", "LoopSettings", "MemPOAgentLoop",
+           "MemPOEvalAgentLoop", "loop_settings", "response_logprobs"]
 
 #: the agent-loop YAML's accepted keys per section (everything else is verl's: sampling, lengths, n)
 ROLLOUT_KEYS = ("max_turns", "max_new_tokens_per_round", "context_policy", "chat_template", "system_prompt",
@@ -82,6 +85,8 @@ RETRIEVER_URL_ENV = "MEMPO_RETRIEVER_URL"
 #: one prompt-logprob request per trajectory under context "full", per round under "memory"), or none
 #: (they are left out of rollout correction: no extra request)
 FORCED_LOGPROBS = ("engine", "exclude")
+#: the setting that turns the memory reward off (as ``algorithm.memory_weight: 0`` in `mempo train`)
+MEMORY_OFF = "+algorithm.mempo.memory_weight=0"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -284,11 +289,17 @@ def _check_no_tool_options(sample: Mapping[str, Any]) -> None:
                          "entry's tools: drop it, or make an agent-loop entry per tool set")
 
 
-def _golds(reward_model: Any) -> Any:
-    """The golds of ``reward_model.ground_truth`` (`mempo.integrations.verl.reward.gold_answers`): the
-    gold answer string (or aliases, per-objective lists, ``{"target": ...}``); ValueError without."""
+def _golds(reward_model: Any, entry: str) -> Any:
+    """The golds teacher scoring needs, of ``reward_model.ground_truth``
+    (`mempo.integrations.verl.reward.gold_answers`): the gold answer string (or aliases, per-objective
+    lists, ``{"target": ...}``); ValueError without, naming the field and how to train without one."""
     reward_model = _plain(reward_model) or {}
-    return gold_answers(reward_model.get("ground_truth") if isinstance(reward_model, Mapping) else None)
+    try:
+        return gold_answers(reward_model.get("ground_truth") if isinstance(reward_model, Mapping) else None)
+    except ValueError as error:
+        raise ValueError(f"{error}; {entry}'s memory reward scores P(reference answer | memory) and needs one: "
+                         f"for a task without reference answers train with the memory reward off "
+                         f"({MEMORY_OFF}) and an outcome reward that needs none") from None
 
 
 class MemPOAgentLoop(AgentLoopBase):
@@ -304,7 +315,9 @@ class MemPOAgentLoop(AgentLoopBase):
     (256), ``forced_logprobs`` ("engine" or "exclude", `FORCED_LOGPROBS`). verl's tools (the
     ``tools`` argument verl's worker passes) follow ``env.tools``. After ``run`` the loop
     keeps ``trajectory`` (the mempo `Trajectory`; its outcome is scored by verl's reward path) and
-    ``memory_rewards`` (one entry per scored round).
+    ``memory_rewards`` (one entry per scored round). With the memory reward off
+    (``algorithm.mempo.memory_weight`` 0, `MEMORY_OFF`) the loop does no teacher scoring and reads no
+    gold: a dataset without reference answers trains on the outcome alone.
     """
 
     score_memory = True
@@ -329,6 +342,8 @@ class MemPOAgentLoop(AgentLoopBase):
         self.settings = loop_settings(options, entry=entry, score_memory=self.score_memory,
                                       response_length=int(self.rollout_config.response_length))
         self.prompt_length = int(self.rollout_config.prompt_length)
+        # the memory reward off (memory_weight 0): nothing would read the teacher scores, so none are asked
+        self.scoring = self.settings.scoring if memory_config(select(self.config, "algorithm"))[2] > 0 else None
         trainer = self.config.get("trainer", None) or {}
         if self.score_memory and self.settings.rollout.context_policy == "memory" and not trainer.get("use_v1", True):
             raise ConfigError(f"{entry}.rollout.context_policy", "'memory' trains one row per round, which needs "
@@ -381,7 +396,8 @@ class MemPOAgentLoop(AgentLoopBase):
                               " the legacy trainer takes one row per trajectory")
         question, system_prompt = _question(kwargs.get("raw_prompt"))
         _check_no_tool_options(kwargs)
-        golds = _golds(kwargs.get("reward_model")) if self.score_memory else None  # teacher scoring's answer only
+        # teacher scoring's answer only; before any request
+        golds = _golds(kwargs.get("reward_model"), self.entry) if self.scoring is not None else None
         request_id = uuid.uuid4().hex
         loop = asyncio.get_running_loop()
         engine = self._engine(None, system_prompt)
@@ -394,8 +410,8 @@ class MemPOAgentLoop(AgentLoopBase):
                                                   functools.partial(engine.run, [task], group_size=1))
         rewards: list[Optional[float]] = []
         details: list = []
-        if self.settings.scoring is not None:
-            scorer = ServerScorer(self.server_manager, self.tokenizer, self.settings.scoring,
+        if self.scoring is not None:
+            scorer = ServerScorer(self.server_manager, self.tokenizer, self.scoring,
                                   self.settings.max_concurrent_scoring)
             rewards, details = await scorer.score(trajectory, request_id)
         self.trajectory, self.memory_rewards = trajectory, rewards

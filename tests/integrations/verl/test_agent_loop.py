@@ -19,7 +19,7 @@ pytestmark = pytest.mark.verl
 
 from support.corpus import make_corpus  # noqa: E402
 from support.gold_trace import violations  # noqa: E402
-from support.rollout_fixtures import chat_tokenizer, tiny_qwen2  # noqa: E402
+from support.rollout_fixtures import chat_tokenizer, needle_scripts, tiny_qwen2  # noqa: E402
 from support.verl_standin import (FakeTQ, HFServer, dummy_worker, needle_script, question_batch,  # noqa: E402
                                   rounds_script, run_worker, verl_config, write_agents_yaml)
 
@@ -124,14 +124,18 @@ def test_memory_rewards_equal_mempo_scoring_on_the_same_trajectories(scripted, p
                                    torch.tensor([d.p_cmp for d in rows]), rtol=1e-4, atol=0)
 
 
-def _stage_advantages(loops, memory_weight, scores=None):
+def _stage_advantages(loops, memory_weight, scores=None, memory_rewards=None):
     """`mempo train`'s advantage stage (`token_advantages` over `advantage_inputs`) on the same batch,
     without skip_zero_variance_groups (verl has no such mask), padded to verl's response length;
-    `scores`: outcome scores in place of mempo's EM (a user's reward function)."""
-    trajectories = [_scored(loop) for loop in loops]
-    if scores is not None:
-        trajectories = [dataclasses.replace(t, outcome={"score": s}) for t, s in zip(trajectories, scores)]
-    inputs = advantage_inputs(trajectories, memory_rewards=[loop.memory_rewards for loop in loops],
+    `scores`: outcome scores in place of mempo's EM (a user's reward function); `memory_rewards`: in
+    place of the loops' own."""
+    if scores is None:
+        trajectories = [_scored(loop) for loop in loops]
+    else:  # no gold needed
+        trajectories = [dataclasses.replace(loop.trajectory, outcome={"score": s}) for loop, s in zip(loops, scores)]
+    if memory_rewards is None:
+        memory_rewards = [loop.memory_rewards for loop in loops]
+    inputs = advantage_inputs(trajectories, memory_rewards=memory_rewards,
                               pad_to=RESPONSE_LENGTH)
     return token_advantages(inputs, memory_weight=memory_weight, skip_zero_variance_groups=False).advantages
 
@@ -147,9 +151,10 @@ def test_legacy_path_advantages_equal_the_training_stage(scripted):
     assert (got != _stage_advantages(loops, 0.0)).any()  # the memory part is there
 
 
-def _v1_rows(worker, seen, monkeypatch, uid="q0"):
+def _v1_rows(worker, seen, monkeypatch, uid="q0", golds=GOLDS):
     """The outputs through verl's V1 `AgentLoopWorkerTQ._agent_loop_postprocess` into a TransferQueue
-    stand-in (one row per output, keys {uid}_{session}_{i}); old_log_probs as the actor would add them."""
+    stand-in (one row per output, keys {uid}_{session}_{i}; `golds`: the samples' ground_truth);
+    old_log_probs as the actor would add them."""
     import asyncio
     import inspect
 
@@ -161,7 +166,7 @@ def _v1_rows(worker, seen, monkeypatch, uid="q0"):
     postprocess = inspect.unwrap(AgentLoopWorkerTQ._agent_loop_postprocess)  # the class is a @ray.remote actor
     for session, (_, output) in sorted(seen.items()):
         sample = {"uid": uid, "session_id": session, "global_steps": 1, "raw_prompt": [], "extra_info": {},
-                  "data_source": "needle", "reward_model": {"ground_truth": GOLDS}}  # the dataset's fields
+                  "data_source": "needle", "reward_model": {"ground_truth": golds}}  # the dataset's fields
         asyncio.run(postprocess(worker, output, False, **sample))
     for row in fake.rows.values():
         if "rollout_log_probs" in row:
@@ -262,6 +267,113 @@ def test_under_a_colocated_reward_model_the_loop_leaves_the_outcome_to_it(parts)
     assert all(len(rows) >= 1 for rows in data.non_tensor_batch["mempo_mem_rewards"])
 
 
+# ------------------------------------------------------------------------------------------------
+# a task without reference answers: the memory reward off (algorithm.mempo.memory_weight 0)
+# ------------------------------------------------------------------------------------------------
+ANSWERED = "support.user_tools:answered_reward"  # a user's reward that needs no reference answer
+#: an answer, then a blank one (answered_reward: 1, then 0)
+NO_GOLD_VARIANTS = [needle_scripts(3), needle_scripts(3)[:-1] + [
+    "zebulon3 is in some document</mem>\n<think>\nI cannot tell\n</think>\n<answer> </answer>"]]
+#: samples without a gold: no reward_model, one without ground_truth, a null ground_truth
+NO_GOLD_SAMPLES = {"no reward_model": {}, "no ground_truth": {"reward_model": {"style": "rule"}},
+                   "null ground_truth": {"reward_model": {"style": "rule", "ground_truth": None}}}
+
+
+def _no_gold_config(tmp, corpus, name, memory_weight=None):
+    """A run whose outcome is `ANSWERED` through mempo's adapter; `memory_weight`:
+    ``algorithm.mempo.memory_weight`` (None: not set, the default 1)."""
+    from omegaconf import open_dict
+
+    config = verl_config(write_agents_yaml(tmp / f"{name}.yaml", corpus), prompt_length=PROMPT_LENGTH,
+                         response_length=RESPONSE_LENGTH, n=N)
+    with open_dict(config):
+        config.reward.custom_reward_function.path = "pkg://mempo.integrations.verl.reward"
+        config.reward.custom_reward_function.name = "outcome_reward_score"
+        config.reward.custom_reward_function.reward_kwargs = {"outcome_reward": ANSWERED}
+        if memory_weight is not None:
+            config.algorithm.mempo = {"memory_weight": memory_weight}
+    return config
+
+
+def test_without_reference_answers_the_memory_reward_off_trains_on_a_users_reward(parts, monkeypatch):
+    """+algorithm.mempo.memory_weight=0, rows whose reward_model.ground_truth is null: the loop reads no gold
+    and sends no scoring request; the outcome is a user's reward that needs none, through verl's reward loop
+    and mempo's adapter; the advantages (mempo_sync's, the legacy estimator's) are GRPO's of those scores."""
+    from support import user_tools
+
+    tmp, corpus, tok, model = parts
+    config = _no_gold_config(tmp, corpus, "agents_no_gold", memory_weight=0.0)
+    server = HFServer(model, script=rounds_script(tok, NO_GOLD_VARIANTS))
+    worker = dummy_worker(config, tok, server)
+    user_tools.REWARD_CALLS.clear()
+    data, seen = run_worker(worker, question_batch(QUESTION, None, N))
+    loops = [seen[i][0] for i in range(N)]
+    assert all(loop.trajectory.finish_reason == "answer" and loop.trajectory.golds is None for loop in loops)
+    assert all(loop.memory_rewards == [] and loop.trajectory.scored_rounds() for loop in loops)  # none scored
+    for key in ("mempo_mem_rewards", "mempo_mem_spans", "mempo_p_mem", "mempo_p_full", "mempo_scored_rounds"):
+        assert [list(v) for v in data.non_tensor_batch[key]] == [[]] * N, key
+    scores = [float(data.batch["rm_scores"][i].sum()) for i in range(N)]
+    assert scores == [float("<answer>Needle 3</answer>" in loop.trajectory.protocol_text) for loop in loops]
+    assert sorted(scores) == [0.0, 0.0, 1.0, 1.0]  # the answered trajectories score 1, the blank ones 0
+    assert [example["golds"] for _, example in user_tools.REWARD_CALLS] == [None] * N
+    # the only prompt-logprob requests are the forced ids' (one per trajectory): no teacher scoring
+    assert sum("prompt_logprobs" in r["sampling_params"] for r in server.requests) == N
+    fake = _v1_rows(worker, seen, monkeypatch, golds=None)
+    keys, metrics = _v1_advantages(config, fake, monkeypatch, 0.0)
+    got = torch.zeros(N, RESPONSE_LENGTH)
+    for i, key in enumerate(keys):
+        got[i, :fake.rows[key]["advantages"].numel()] = fake.rows[key]["advantages"]
+    unscored = [[None] * len(loop.trajectory.scored_rounds()) for loop in loops]  # mempo train's, without golds
+    want = _stage_advantages(loops, 0.0, scores=scores, memory_rewards=unscored)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    assert got.abs().max() > 0 and metrics["mempo/scored_rounds"] == 0
+    batch = data.select(deepcopy=True)  # and the legacy trainer's estimator
+    batch.non_tensor_batch["uid"] = question_batch(QUESTION, None, N).non_tensor_batch["uid"]
+    batch.batch["token_level_rewards"] = batch.batch["rm_scores"]
+    legacy = estimator.compute_advantage(batch, "mempo", config={"mempo": {"memory_weight": 0.0}}).batch["advantages"]
+    torch.testing.assert_close(legacy, got, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("sample", NO_GOLD_SAMPLES.values(), ids=NO_GOLD_SAMPLES.keys())
+def test_a_sample_without_a_gold_runs_with_the_memory_reward_off(parts, sample):
+    """The loop called as verl's worker calls it, on a sample without a gold: one output, no memory field
+    scored; mempo's adapter scores it with a reward that needs no gold."""
+    import asyncio
+
+    from mempo.integrations.verl.reward import outcome_reward_score
+
+    tmp, corpus, tok, model = parts
+    config = _no_gold_config(tmp, corpus, "agents_no_gold_direct", memory_weight=0.0)
+    worker = dummy_worker(config, tok, HFServer(model, script=needle_script(tok)), reward=False)
+    loop = _build_loop(config, worker, tok)
+    output = asyncio.run(loop.run({"temperature": 1.0, "logprobs": False}, uid="q0", extra_info={},
+                                  raw_prompt=[{"role": "user", "content": QUESTION}], **sample))
+    assert output.response_ids == loop.trajectory.response_ids and loop.trajectory.finish_reason == "answer"
+    assert output.extra_fields["mempo_mem_rewards"] == [] and output.extra_fields["mempo_mem_spans"] == []
+    got = outcome_reward_score("needle", "", None, dict(output.extra_fields), outcome_reward=ANSWERED)
+    assert got["score"] == 1.0 and got["mempo_format_ok"] == 1.0
+
+
+@pytest.mark.parametrize("sample", NO_GOLD_SAMPLES.values(), ids=NO_GOLD_SAMPLES.keys())
+def test_the_memory_reward_on_a_sample_without_a_gold_is_refused_before_any_request(parts, sample):
+    """The memory reward on (verl's config without algorithm.mempo, or a weight above 0): one line naming
+    reward_model.ground_truth and how to train without one, before any generation request."""
+    import asyncio
+
+    tmp, corpus, tok, model = parts
+    for weight in (None, 0.5):
+        config = _no_gold_config(tmp, corpus, "agents_no_gold_on", memory_weight=weight)
+        server = HFServer(model, script=needle_script(tok))
+        loop = _build_loop(config, dummy_worker(config, tok, server, reward=False), tok)
+        with pytest.raises(ValueError, match=r"^the sample has no reward_model\.ground_truth .*; mempo_agent's memory "
+                                             r"reward scores P\(reference answer \| memory\) and needs one: for a task "
+                                             r"without reference answers train with the memory reward off "
+                                             r"\(\+algorithm\.mempo\.memory_weight=0\)"):
+            asyncio.run(loop.run({"temperature": 1.0, "logprobs": False}, uid="q0", extra_info={},
+                                 raw_prompt=[{"role": "user", "content": QUESTION}], **sample))
+        assert server.requests == []
+
+
 def test_no_generation_request_holds_a_gold(scripted, parts):
     _, server, _, _, _, _ = scripted
     tok = parts[2]
@@ -297,6 +409,17 @@ def test_random_policy_stays_within_verls_lengths(parts):
     assert logprobs.shape == (2, 48) and (logprobs <= 0).all() and (logprobs < 0).any()
 
 
+def _build_loop(config, worker, tok, name="mempo_agent"):
+    """The agent-loop entry `name` as verl's worker instantiates it, for calling its ``run`` directly."""
+    from hydra.utils import instantiate
+    from verl.experimental.agent_loop.agent_loop import DictConfigWrap, ToolListWrap, _agent_loop_registry
+    from verl.utils.dataset.rl_dataset import RLHFDataset
+
+    return instantiate(_agent_loop_registry[name], trainer_config=DictConfigWrap(config),
+                       server_manager=worker.llm_client, tokenizer=tok, processor=None, hf_model_type="qwen2",
+                       dataset_cls=RLHFDataset, data_config=DictConfigWrap(config.data), tools=ToolListWrap([]))
+
+
 def _memory_context_rows(parts):
     """context_policy memory: refused without V1's session_id; under V1 one output per round."""
     tmp, corpus, tok, model = parts
@@ -305,14 +428,8 @@ def _memory_context_rows(parts):
     worker = dummy_worker(config, tok, HFServer(model, script=needle_script(tok, first_variant=2)))
     import asyncio
 
-    from hydra.utils import instantiate
-    from verl.experimental.agent_loop.agent_loop import DictConfigWrap, ToolListWrap, _agent_loop_registry
-    from verl.utils.dataset.rl_dataset import RLHFDataset
-
     def build():
-        return instantiate(_agent_loop_registry["mempo_agent"], trainer_config=DictConfigWrap(config),
-                           server_manager=worker.llm_client, tokenizer=tok, processor=None, hf_model_type="qwen2",
-                           dataset_cls=RLHFDataset, data_config=DictConfigWrap(config.data), tools=ToolListWrap([]))
+        return _build_loop(config, worker, tok)
 
     sample = {"raw_prompt": [{"role": "user", "content": QUESTION}], "reward_model": {"ground_truth": GOLDS},
               "uid": "q0", "extra_info": {}}

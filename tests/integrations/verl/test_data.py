@@ -34,7 +34,7 @@ def test_parquet_rows_are_what_verl_and_the_loop_read(tmp_path, capsys):
     row = rows.iloc[0]
     question, system = _question(row["prompt"])  # numpy arrays of dicts, as verl's dataset hands them on
     assert system is None and "who wrote book" in question and "<answer>" in question
-    golds = _golds(row["reward_model"])
+    golds = _golds(row["reward_model"], "mempo_agent")
     i = int(re.search(r"book (\d+)", question).group(1))
     assert objectives_from_golds(golds) == [[f"Author {i}", f"A. {i}"]]
     assert "Author" not in question
@@ -43,7 +43,7 @@ def test_parquet_rows_are_what_verl_and_the_loop_read(tmp_path, capsys):
     assert main(["--train", str(train), "--val", str(val), "--out", str(tmp_path / "k2"), "--objectives", "2",
                  "--train-episodes", "5"]) == 0
     two = pq.read_table(tmp_path / "k2" / "train.parquet").to_pandas()
-    assert len(two) == 5 and len(objectives_from_golds(_golds(two.iloc[0]["reward_model"]))) == 2
+    assert len(two) == 5 and len(objectives_from_golds(_golds(two.iloc[0]["reward_model"], "mempo_agent"))) == 2
     assert main(["--train", str(train), "--val", str(tmp_path / "missing.jsonl"), "--out", str(tmp_path / "x")]) == 2
     assert "missing.jsonl" in capsys.readouterr().err
 
