@@ -33,6 +33,7 @@ from mempo.eval.records import EvalReport, EvalRow, Examples, is_correct, json_d
 from mempo.eval.summary import render_episode, summarize
 from mempo.rollout.backends.factory import hf_backend
 from mempo.rollout.loop import RolloutEngine
+from mempo.tools import Toolset
 from mempo.utils.jsonl import JsonlWriter, jsonl_writer
 from mempo.utils.machine import machine_facts
 from mempo.utils.progress import progress
@@ -54,7 +55,8 @@ def evaluate(model: Any, tokenizer: Any, episodes_by_k: Mapping[Any, Sequence[An
              backend: Any = None, policies: Optional[Sequence[str]] = None, max_new_tokens: Optional[int] = None,
              label: str = "", log: Optional[Callable[[str], None]] = None,
              show_progress: bool = True, keep_trajectories: bool = False,
-             trajectories_path: Optional[PathLike] = None) -> EvalReport:
+             trajectories_path: Optional[PathLike] = None, tools: Optional[Toolset] = None,
+             closed_book_tools: Optional[Toolset] = None) -> EvalReport:
     """Run every episode once under every policy and summarise per (dataset, k, policy): cells in the
     order datasets first appear, k ascending, each with the settings of `eval_rollout_config`.
 
@@ -75,6 +77,10 @@ def evaluate(model: Any, tokenizer: Any, episodes_by_k: Mapping[Any, Sequence[An
         keep_trajectories: keep the trajectories on the report (``report.trajectories``).
         trajectories_path: write every episode's `EpisodeRecord` there as its cell finishes (jsonl;
             the file appears when the evaluation succeeds, never partly written).
+        tools: the agent's tools (None: `mempo.env.build.build_tools` of ``cfg`` over `retriever`), e.g. a
+            synthetic task's own (`mempo.synthetic.task`).
+        closed_book_tools: the closed-book pass's tools (None: ``build_tools`` over a
+            `ClosedBookRetriever`); needed with ``eval.closed_book`` when `tools` is given (ValueError).
     """
     log = log or (lambda line: print(line, file=sys.stderr, flush=True))
     policies = list(policies or cfg.eval.policies)
@@ -83,8 +89,13 @@ def evaluate(model: Any, tokenizer: Any, episodes_by_k: Mapping[Any, Sequence[An
     if backend is None:
         backend = hf_backend(model, tokenizer)
     max_context = model_context_tokens(model)
-    tools = build_tools(cfg, retriever)
-    closed_tools = build_tools(cfg, ClosedBookRetriever()) if cfg.eval.closed_book else None
+    if tools is not None and cfg.eval.closed_book and closed_book_tools is None:
+        raise ValueError("evaluate: with tools given and eval.closed_book on, give closed_book_tools (the same "
+                         "tools finding nothing)")
+    tools = tools if tools is not None else build_tools(cfg, retriever)
+    closed_tools = None
+    if cfg.eval.closed_book:
+        closed_tools = closed_book_tools if closed_book_tools is not None else build_tools(cfg, ClosedBookRetriever())
     rows, kept, examples = [], {}, {}
     started = time.perf_counter()
     with _eval_mode(model), _record_file(trajectories_path) as records:
