@@ -3,7 +3,7 @@
 One `mempo.config.MempoConfig` (default ``configs/demo.yaml``, `DEMO_CONFIG`; dotted overrides such as
 ``sft.steps=100``) drives every stage; the world, oracle, copy warm-up and the demo's tokenizer and
 model are its ``synthetic`` section, whose ``task`` chooses the world, its tools, episodes and teacher
-(`mempo.synthetic.task`: ``search``, ``configs/demo.yaml``; ``ledger``, ``configs/ledger.yaml``). Each stage
+(`mempo.apps.tasks`: ``search``, ``configs/demo.yaml``; ``ledger``, ``configs/ledger.yaml``). Each stage
 is a function of the previous stages' values and prints what it did and how long it took
 (``stages.json``). No SFT or RL question is about an entity an evaluation question asks about (the
 held-out subjects; the ledger's: every test and validation account).
@@ -34,7 +34,7 @@ from mempo.train.logging import MetricsLogger, read_metrics
 from mempo.train.metric_names import MEM_KEEPS
 from mempo.train.sft import run_sft
 from mempo.synthetic.cold_start import ColdStart
-from mempo.synthetic.task import TASKS, SyntheticTask, TaskEnv, synthetic_task
+from mempo.apps.tasks import TASKS, SyntheticTask, TaskEnv, synthetic_task
 from mempo.train.trainer import TrainResult, train
 from mempo.utils.allocator import keep_freed_memory
 from mempo.utils.atomic import check_directory_target, claim_directory
@@ -141,7 +141,7 @@ def _echo(line: str) -> None:
 # the stages
 # ------------------------------------------------------------------------------------------------
 def _world_stage(cfg: MempoConfig) -> Staged[TaskEnv]:
-    """The task's world and tools (`mempo.synthetic.task`, ``synthetic.task``): the search world and the
+    """The task's world and tools (`mempo.apps.tasks`, ``synthetic.task``): the search world and the
     ``env`` section's retriever over it (BM25 by default) with ``env.tools``, or the ledger with its own
     lookup and calc."""
     env = synthetic_task(cfg).build(cfg)

@@ -621,7 +621,7 @@ class SyntheticConfig:
     that builds the world (`mempo train`, `eval`, `sft`, `demo` with ``data.source: synthetic``)
     reads this section, so they agree on it.
 
-    task: the synthetic task (`mempo.synthetic.task`): ``"search"`` (default: the world below, k questions an
+    task: the synthetic task (`mempo.apps.tasks`): ``"search"`` (default: the world below, k questions an
     episode, the built-in search / access tools) or ``"ledger"`` (`mempo.synthetic.ledger`: accounts whose
     amounts sit on ledger pages, one question an episode over k accounts, the task's own ``lookup`` and
     ``calc`` tools as JSON tool calls; `mempo demo` only: the other commands build the search world and
@@ -745,7 +745,7 @@ class SyntheticConfig:
     model_seed: int = 0
     ledger_accounts: int = 1000
     ledger_page_entries: int = 4
-    ledger_amounts: list[int] = field(default_factory=lambda: [10, 99])
+    ledger_amounts: list[int] = field(default_factory=lambda: [1, 9])
 
     def __post_init__(self):
         _check_types(self)

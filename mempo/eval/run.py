@@ -78,7 +78,7 @@ def evaluate(model: Any, tokenizer: Any, episodes_by_k: Mapping[Any, Sequence[An
         trajectories_path: write every episode's `EpisodeRecord` there as its cell finishes (jsonl;
             the file appears when the evaluation succeeds, never partly written).
         tools: the agent's tools (None: `mempo.env.build.build_tools` of ``cfg`` over `retriever`), e.g. a
-            synthetic task's own (`mempo.synthetic.task`).
+            synthetic task's own (`mempo.apps.tasks`).
         closed_book_tools: the closed-book pass's tools (None: ``build_tools`` over a
             `ClosedBookRetriever`); needed with ``eval.closed_book`` when `tools` is given (ValueError).
     """

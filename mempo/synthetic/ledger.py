@@ -4,15 +4,22 @@ ledger``; its tools: `mempo.synthetic.ledger_tools`, its teacher: `mempo.synthet
 Accounts with one-word names each have one entry, an amount, written on a ledger page; a page lists the
 entries of ``page_entries`` accounts (the others on a page are the distractors a lookup shows too)::
 
-    L0042: Kodan 17, Tamor 35, Rivel 50, Belis 12.
+    L0042: Kodan7, Tamor3, Rivel5, Belis1.
+
+An amount is written right after its account's name. A byte-level BPE that splits digits apart (Qwen's,
+the demo's) then reads the amount's first digit as the token after the name's, which a small model copies
+in one step (an induction head: the token that followed this name before); with a space between them a
+~1 M-parameter model copied no two-digit amount right (docs/experiments/G01-ledger-demo.md; a second
+digit would need the same two-token context), so the demo's amounts are one digit (``synthetic.ledger_amounts:
+[1, 9]``).
 
 A question names k accounts on k different pages and asks for arithmetic over their amounts, so it
 needs k lookups, then one calculation (`QUESTION_KINDS`)::
 
-    balance     (k = 1)   What is the balance of Tamor?                         35
-    total       (k >= 2)  What is the total balance of Tamor and Belis?          47   (35 + 12)
-    difference  (k >= 2)  How much more does Tamor hold than Belis?              23   (35 - 12)
-                          How much more do Tamor and Belis hold together than Kodan?   (35 + 12 - 17)
+    balance     (k = 1)   What is the balance of Tamor?                         3
+    total       (k >= 2)  What is the total balance of Tamor and Belis?          4    (3 + 1)
+    difference  (k >= 2)  How much more does Tamor hold than Belis?              2    (3 - 1)
+                          How much more do Tamor and Kodan hold together than Belis?   9 (3 + 7 - 1)
     larger      (k = 2)   Which holds more, Tamor or Belis?                      Tamor
 
 Under the memory context the agent sees only its last turn and the last tool result, so every amount
@@ -20,8 +27,7 @@ found must travel in its ``<mem>`` to the calculation: an agent that drops one c
 task k (``eval.objectives``, ``data.num_objectives``, ``synthetic.oracle_objectives``) counts the accounts
 a question needs, and an episode asks one question (one gold).
 
-Golds are strings: a non-negative integer in digits (a difference subtracts the smallest amount, so it
-is positive) or an account name. EM compares after SQuAD normalisation (`mempo.protocol.reward.
+Golds are strings: a positive integer in digits (a difference subtracts the smallest amount) or an account name. EM compares after SQuAD normalisation (`mempo.protocol.reward.
 normalize_answer`: lower case, punctuation and articles dropped, white space collapsed): ``47``,
 `` 47 `` and ``47.`` match the gold ``47``; ``47.0`` and ``forty-seven`` do not; ``tamor`` matches ``Tamor``.
 
@@ -143,8 +149,8 @@ def answer_of(kind: str, accounts: Sequence[str], amounts: Sequence[int]) -> str
 
 
 def page_line(page_id: str, entries: Sequence[tuple[str, int]]) -> str:
-    """A page as a lookup shows it: ``L0042: Kodan 17, Tamor 35.``"""
-    return f"{page_id}: " + ", ".join(f"{name} {amount}" for name, amount in entries) + "."
+    """A page as a lookup shows it: ``L0042: Kodan7, Tamor3.`` (each amount right after its name)."""
+    return f"{page_id}: " + ", ".join(f"{name}{amount}" for name, amount in entries) + "."
 
 
 @dataclass
@@ -168,7 +174,7 @@ class Ledger:
 
     @classmethod
     def generate(cls, seed: int = 0, num_accounts: int = 200, *, page_entries: int = 4,
-                 amounts: tuple[int, int] = (10, 99), prompt_style: str = "numbered") -> "Ledger":
+                 amounts: tuple[int, int] = (1, 9), prompt_style: str = "numbered") -> "Ledger":
         """A ledger deterministic from ``seed``: ``num_accounts`` accounts (at least `MIN_ACCOUNTS`) with
         unique one-word names, each with an amount drawn uniformly from ``amounts`` (``[least, most]``,
         1 <= least < most), on pages of ``page_entries`` (>= 1) entries (the last page may hold fewer);

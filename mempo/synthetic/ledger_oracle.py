@@ -7,7 +7,7 @@ the ledger: every amount comes from a lookup result, and everything it knows tra
 ``<mem>``, one line per account of the question from the first round on, then the calculation's result::
 
     <mem>
-    1. Tamor 35
+    1. Tamor3
     2. Belis ?
     </mem>
     <think>
@@ -15,11 +15,12 @@ the ledger: every amount comes from a lookup result, and everything it knows tra
     </think>
     <tool_call>{"name": "lookup", "arguments": {"key": " Belis"}}</tool_call>
 
-A round after the last lookup calls ``calc`` (``{"expression": "35 + 12"}``; none for a one-account
-question), the next writes ``Result 47`` under the account lines and answers. Names are written after a
+A round after the last lookup calls ``calc`` (``{"expression": "3 + 1"}``; none for a one-account
+question), the next writes ``Result 4`` under the account lines and answers. Names are written after a
 space everywhere (the JSON argument too: ``" Belis"``), so that a byte-level BPE whose words carry their
 leading space (GPT-2's, Qwen's) spells a name the same way in the question, the page, the ``<mem>``, the
-call and the answer, and a small model copies one id.
+call and the answer, and a small model copies one id; an amount follows its name without a space, as on
+the page (``Tamor3``: `mempo.synthetic.ledger`).
 
 Imperfect where the search demo's teacher is (`mempo.synthetic.oracle.OracleAgent`): with probability
 ``drop_fact_prob`` an amount a later round needs is closed in the ``<mem>`` without its number (``lost_line``
@@ -37,7 +38,6 @@ from typing import Mapping, Optional, Sequence, Union
 
 from mempo.env.data import DataError, parse_episode_prompt
 from mempo.protocol.grammar import ToolCallError, check_answer_template, parse_round, parse_tool_call
-from mempo.protocol.reward import normalize_answer
 from mempo.protocol.tags import JSON_TAG_SET
 from mempo.synthetic.ledger import expression_of, parse_ledger_question
 from mempo.synthetic.oracle_memory import LOST, LOST_LINES, UNKNOWN
@@ -47,9 +47,9 @@ __all__ = ["LedgerOracle", "LEDGER_MEMORY_KINDS", "ledger_memory_kinds", "parse_
 #: A found amount, pending (None), lost (`LOST`) or not found (`UNKNOWN`).
 Value = Union[int, str, None]
 _LINE_RE = re.compile(r"^(\d+)\. (.*)$")
+_TRAILING_NUMBER_RE = re.compile(r"(-?\d+(?:\.\d+)?)$")
 _RESULT_RE = re.compile(r"^Result (.*)$")
 _CALC_RESULT_RE = re.compile(r"= (-?\d+(?:\.\d+)?)\s*$")
-_NUMBER_RE = re.compile(r"-?\d+(?:\.\d+)?")
 
 
 def _body_value(body: str) -> Value:
@@ -59,10 +59,11 @@ def _body_value(body: str) -> Value:
         return LOST
     if body == UNKNOWN or body.endswith(" " + UNKNOWN):
         return UNKNOWN
-    last = body.split(" ")[-1] if body else ""
-    if _NUMBER_RE.fullmatch(last):
-        return int(last) if last.lstrip("-").isdigit() else last
-    return None
+    match = _TRAILING_NUMBER_RE.search(body.split(" ")[-1]) if body else None  # "Tamor3", "Result 4"
+    if match is None:
+        return None
+    number = match.group(1)
+    return int(number) if number.lstrip("-").isdigit() else number
 
 
 def parse_ledger_memory(mem: Optional[str], k: int) -> tuple[list[Value], Value]:
@@ -166,7 +167,7 @@ class LedgerOracle:
             for i, account in enumerate(accounts):
                 if values[i] is not None:
                     continue
-                match = re.search(rf"(?<!\w){re.escape(account)} (\d+)(?!\d)", tool_text)
+                match = re.search(rf"(?<!\w){re.escape(account)}(\d+)(?!\d)", tool_text)
                 if match:
                     values[i] = int(match.group(1))
                     found.append(i)
@@ -205,8 +206,10 @@ class LedgerOracle:
     def _line(self, position: int, account: str, value: Value) -> str:
         if value == LOST:
             body = {"bare": LOST, "subject": f"{account} {LOST}", "value": f"{account} {UNKNOWN}"}[self.lost_line]
+        elif value is None or value == UNKNOWN:
+            body = f"{account} {'?' if value is None else UNKNOWN}"
         else:
-            body = f"{account} {'?' if value is None else value}"
+            body = f"{account}{value}"  # the amount right after the name, as the page writes it
         return f"{position}. {body}"
 
     def _round(self, accounts: Sequence[str], state: Optional[tuple[list[Value], Value]], kind: str,
@@ -253,7 +256,7 @@ LEDGER_MEMORY_KINDS = ("kept", "dropped", "other", "pending")
 
 def ledger_memory_kinds(mem: Optional[str], amounts: Sequence[int]) -> list[str]:
     """For each account of a question (line ``<i>.`` of a teacher-format ``<mem>``): ``"kept"`` (the line ends
-    in its amount), ``"dropped"`` (`LOST` or `UNKNOWN`: closed without its number), ``"pending"`` (no line, or
+    in its amount, ``Tamor3``), ``"dropped"`` (`LOST` or `UNKNOWN`: closed without its number), ``"pending"`` (no line, or
     ``?``) or ``"other"`` (any other text: another number, a garbled copy). ``mem`` None: all pending."""
     bodies: dict[int, str] = {}
     for line in (mem or "").splitlines():
@@ -264,7 +267,7 @@ def ledger_memory_kinds(mem: Optional[str], amounts: Sequence[int]) -> list[str]
     for position, amount in enumerate(amounts, 1):
         body = bodies.get(position)
         value = _body_value(body) if body is not None else None
-        if body is not None and normalize_answer(body).split()[-1:] == [str(amount)]:
+        if body is not None and value == amount:
             kinds.append("kept")
         elif value in (LOST, UNKNOWN):
             kinds.append("dropped")

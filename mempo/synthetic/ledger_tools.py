@@ -40,7 +40,7 @@ _TOKEN_RE = re.compile(r"\s*(?:(?P<number>\d+(?:\.\d+)?)|(?P<op>[-+*/()]))")
 
 class LedgerLookup(Tool):
     """``lookup``: the ledger page listing an account's entries (by its exact name) or a page by its id, as
-    ``L0042: Kodan 17, Tamor 35.``; a key that finds nothing is answered ``No account or page named
+    ``L0042: Kodan7, Tamor3.``; a key that finds nothing is answered ``No account or page named
     'X'.`` (a result the agent reads, like a search without hits); a key that is not one line of at most
     `MAX_KEY_CHARS` characters is a `ToolError`. ledger: the book (None: an empty one, the closed book)."""
 

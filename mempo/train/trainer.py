@@ -331,7 +331,7 @@ def build_run(cfg: MempoConfig, *, model=None, tokenizer=None, episodes=None, re
     it (episodes, retriever or tokenizer not given, or the periodic evaluation on). Retriever:
     `mempo.env.build.build_retriever`, the one `mempo eval` uses (files source with neither corpus
     nor server: a ConfigError naming ``env.corpus_path``). Tools: `tools` when given (a synthetic task's
-    own, `mempo.synthetic.task`), else `mempo.env.build.build_tools` over the retriever. A ``--out`` that
+    own, `mempo.apps.tasks`), else `mempo.env.build.build_tools` over the retriever. A ``--out`` that
     is a file is a ConfigError (`prepare_out_dir`)."""
     configure_determinism(cfg.trainer.deterministic)
     evaluating = cfg.trainer.eval_every > 0

@@ -276,7 +276,7 @@ def test_the_ledger_config_file():
 
     cfg = load_demo_config(LEDGER_CONFIG)
     s = cfg.synthetic
-    assert (s.task, s.ledger_accounts, s.ledger_page_entries, s.ledger_amounts) == ("ledger", 1000, 4, [10, 99])
+    assert (s.task, s.ledger_accounts, s.ledger_page_entries, s.ledger_amounts) == ("ledger", 1000, 4, [1, 9])
     assert cfg.rollout.action_format == "json" and cfg.env.tools == [] and cfg.eval.closed_book is True
     assert s.oracle_keep == "all" and 0 < s.oracle_drop_fact_prob < 1 and s.oracle_rename and s.copy_warmup_steps > 0
     assert s.oracle_objectives == [1, 2, 3, 4] and cfg.eval.objectives == [2, 4] and cfg.eval.episodes >= 128
@@ -293,7 +293,7 @@ def test_the_ledger_teacher_through_the_agent_loop_and_the_ledger_memory_table()
     the amounts its last <mem> kept or dropped."""
     from mempo.protocol.grammar import SPACED_ANSWER_TEMPLATE
     from mempo.synthetic.ledger_oracle import LedgerOracle
-    from mempo.synthetic.task import synthetic_task
+    from mempo.apps.tasks import synthetic_task
     from support.rollout_fixtures import chat_tokenizer
 
     cfg = load_demo_config(LEDGER_CONFIG, ["eval.episodes=4", "rollout.max_new_tokens_per_round=400"])

@@ -212,7 +212,7 @@ def test_the_ledger_task_and_its_fields():
                                       "synthetic.ledger_amounts=[1,9]", "synthetic.world_prompt_style=bare"])
     s = cfg.synthetic
     assert (s.task, s.ledger_accounts, s.ledger_page_entries, s.ledger_amounts) == ("ledger", 500, 3, [1, 9])
-    assert MempoConfig().synthetic.task == "search" and MempoConfig().synthetic.ledger_amounts == [10, 99]
+    assert MempoConfig().synthetic.task == "search" and MempoConfig().synthetic.ledger_amounts == [1, 9]
 
 
 @pytest.mark.parametrize("overrides, field, allowed", [

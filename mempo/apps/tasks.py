@@ -1,5 +1,6 @@
 """The synthetic tasks the demo runs (``synthetic.task``): what differs between the search world and the
-ledger, behind one interface the demo's stages call (`SyntheticTask`, `synthetic_task`).
+ledger, behind one interface the demo's stages call (`SyntheticTask`, `synthetic_task`). It sits with the
+demo above the library it composes (the evaluation's episodes, the synthetic worlds and teachers).
 
 * ``search`` (`SearchTask`): the world of `mempo.synthetic.world` (entities, articles, k questions an
   episode), the tools of ``env.tools`` (built-in ``search`` / ``access`` over the world's retriever), the
@@ -232,7 +233,7 @@ class LedgerTask(SyntheticTask):
         all_kept = not kept
         kept = kept or trajectories
         if s.oracle_rename:
-            kept = rename_trajectories(kept, ledger.entities, held, seed=cfg.data.seed)
+            kept = rename_trajectories(kept, ledger.entities, held, seed=cfg.data.seed, digit_suffix=True)
         copies = copy_records([e.name for e in ledger.entities], s.copy_sft_examples, seed=s.model_seed,
                               system_prompt=cfg.rollout.system_prompt)
         return ColdStart(kept, len(trajectories), len(held), all_kept, copies, [])

@@ -1,4 +1,4 @@
-"""mempo.synthetic.task: the search task is the demo as it was; the ledger task builds its world and tools
+"""mempo.apps.tasks: the search task is the demo as it was; the ledger task builds its world and tools
 from the config, evaluates on the test split, keeps training and the cold start to the train split, and
 offers a validation split disjoint by account from both."""
 
@@ -14,7 +14,7 @@ from mempo.synthetic.build import build_world, synthetic_world
 from mempo.synthetic.cold_start import oracle_cold_start
 from mempo.synthetic.heldout import held_out_subjects
 from mempo.synthetic.ledger_tools import LedgerLookup
-from mempo.synthetic.task import TASKS, LedgerTask, SearchTask, synthetic_task
+from mempo.apps.tasks import TASKS, LedgerTask, SearchTask, synthetic_task
 from support.demo_smoke import LEDGER_SMOKE, SMOKE
 from support.paths import REPO
 
