@@ -27,6 +27,7 @@ from mempo.config import ConfigError, MempoConfig, dump_config, load_config
 from mempo.eval import EpisodeRecord, EvalReport, evaluate, render_episode
 from mempo.protocol.grammar import last_mem
 from mempo.protocol.tags import JSON_TAG_SET
+from mempo.rollout.loop import rollout_system_prompt
 from mempo.model.builtin import default_corpus_texts, tiny_model, train_tokenizer
 from mempo.model.export import save_model_dir
 from mempo.synthetic.copy_warmup import CopyWarmup, copy_warmup
@@ -610,8 +611,7 @@ def run_demo(cfg: MempoConfig, out_dir: PathLike, *, echo: Callable[[str], None]
     rl_metrics = out / "rl" / "metrics.jsonl"
     keeps = memory_keeps_line(read_metrics(rl_metrics)) if rl_metrics.is_file() else None
     notes += [keeps] if keeps else []
-    system = env.tools.system_prompt(cfg.rollout.system_prompt) if cfg.rollout.action_format == "json" \
-        else cfg.rollout.system_prompt  # the system message the agent loop wrote
+    system = rollout_system_prompt(cfg.rollout, env.tools)  # the system message the agent loop wrote
     pair = episode_pair(before, after, episodes_by_k, tokenizer, system)
     memory = memory_outcome_section(before, after, episodes_by_k, tokenizer, system, task)
     report = stages.run("report", _report_stage, out, stages, before, after, pair, memory, notes, task.name)

@@ -26,6 +26,7 @@ from mempo.env.retriever import Retriever
 from mempo.eval.episodes import eval_episodes
 from mempo.protocol.grammar import answer_template_text
 from mempo.protocol.tags import JSON_TAG_SET
+from mempo.rollout.loop import rollout_system_prompt
 from mempo.seeds import eval_question_seed, sft_question_seed
 from mempo.synthetic.cold_start import ColdStart, oracle_cold_start
 from mempo.synthetic.build import synthetic_world
@@ -219,7 +220,7 @@ class LedgerTask(SyntheticTask):
         template = answer_template_text(cfg.scoring.answer_template) if s.oracle_answer_template else None
         agent = LedgerOracle(think=s.oracle_think, drop_fact_prob=s.oracle_drop_fact_prob, drop_seed=s.oracle_drop_seed,
                              lost_line=s.oracle_lost_line, answer_template=template)
-        system = env.tools.system_prompt(cfg.rollout.system_prompt)
+        system = rollout_system_prompt(cfg.rollout, env.tools)  # the agent loop's
         episodes = [e for k in s.oracle_objectives
                     for e in self.training_episodes(ledger, int(k), s.oracle_episodes, sft_question_seed(cfg.data.seed, k),
                                                     held)]

@@ -272,6 +272,11 @@ class RolloutConfig:
     (`mempo.protocol.tags`): ``"tags"`` (one tag per tool, ``<search>q</search>``, answered in
     ``<information>``) or ``"json"`` (Hermes / Qwen ``<tool_call>{"name": ..., "arguments": ...}
     </tool_call>`` answered in ``<tool_response>``, the tools' JSON schemas in the system prompt).
+    tool_schemas: in the json format, whether the system prompt carries the tools' schemas block
+    (`mempo.tools.Toolset.system_prompt`: what a pretrained chat model reads to know its tools); false:
+    ``system_prompt`` alone, for a model trained from scratch on one toolset, which learns the calls from
+    its SFT data (the block is ~220 tokens in every round of configs/ledger.yaml's tokenizer); the json
+    format only.
 
     backend (`mempo.rollout.backends.factory.build_backend`): ``"hf"`` (transformers generate,
     CPU or GPU) or ``"sglang"``: with sglang_url null an ``sglang.Engine`` in this process,
@@ -312,6 +317,7 @@ class RolloutConfig:
     tool_workers: int = 4
     score_mode: Literal["mean", "all", "sum"] = "mean"
     action_format: Literal[ACTION_FORMATS] = "tags"
+    tool_schemas: bool = True
     outcome_reward: str = "em"
 
     def __post_init__(self):
@@ -333,6 +339,9 @@ class RolloutConfig:
                  "needs backend 'hf' (the scaffold is a transformers logits processor)")
         for i, token in enumerate(self.stop_token_ids or ()):
             _require(token >= 0, f"stop_token_ids[{i}]", f"must be a token id >= 0, got {token!r}")
+        _require(self.tool_schemas or self.action_format == "json", "tool_schemas",
+                 "says whether the json format's system prompt carries the tools' schemas, and action_format is "
+                 "'tags' (no schemas block): leave it true")
         _require(self.outcome_reward in BUILTIN_OUTCOME_REWARDS or is_import_path(self.outcome_reward),
                  "outcome_reward", f"must be one of {BUILTIN_OUTCOME_REWARDS} or an import path "
                                    f"'package.module:function', got {self.outcome_reward!r}")

@@ -312,8 +312,7 @@ def test_the_ledger_teacher_through_the_agent_loop_and_the_ledger_memory_table()
     for k in (2, 4):
         assert perfect.row(k, "memory").em == 1.0 and perfect.row(k, "memory").mean_turns == k + 2
         assert perfect.row(k, "memory-closed-book").em == 0.0 and dropping.row(k, "memory").em == 0.0
-    system = env.tools.system_prompt(cfg.rollout.system_prompt)
-    lines = memory_outcome_section(dropping, perfect, episodes, tok, system, task)
+    lines = memory_outcome_section(dropping, perfect, episodes, tok, cfg.rollout.system_prompt, task)
     assert lines[0] == "## What the last `<mem>` held"
     # columns: k, evaluation, accounts, kept, dropped, other, pending, episodes keeping every amount, right when kept;
     # the dropping teacher loses every amount a later round needs: all but the last found (its round answers)

@@ -101,8 +101,14 @@ def test_the_ledger_cold_start_follows_the_oracle_fields(ledger_cfg, ledger_env)
     cold = task.cold_start(ledger_cfg, ledger_env, held)
     assert cold.ran == 16 * 4 and len(cold.trajectories) == 64 and len(cold.copy_records) == 2048
     assert cold.held_out == 300 and not cold.scoring_records
-    system = ledger_env.tools.system_prompt("")
+    from mempo.rollout.loop import rollout_system_prompt
+
+    system = rollout_system_prompt(ledger_cfg.rollout, ledger_env.tools)  # the agent loop's: "" without the schemas
+    assert system == "" and not ledger_cfg.rollout.tool_schemas
     assert all(t.system_prompt == system and t.rounds[0].messages[0]["content"] == system for t in cold.trajectories)
+    schemas = load_demo_config(LEDGER, ["synthetic.oracle_episodes=2", "rollout.tool_schemas=true"])
+    assert all(t.system_prompt == ledger_env.tools.system_prompt("") and "<tools>" in t.system_prompt
+               for t in task.cold_start(schemas, ledger_env, held).trajectories)
     assert any(" done\n" in r.assistant for t in cold.trajectories for r in t.rounds)  # the teacher drops amounts
     correct = load_demo_config(LEDGER, ["synthetic.oracle_episodes=16", "synthetic.oracle_keep=correct",
                                         "synthetic.oracle_rename=false", "synthetic.oracle_think=short"])

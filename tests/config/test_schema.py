@@ -234,6 +234,7 @@ def test_the_ledger_task_and_its_fields():
     (["synthetic.ledger_accounts=300"], "synthetic.ledger_accounts", "describes the ledger task's world"),
     (["synthetic.ledger_amounts=[1,5]"], "synthetic.ledger_amounts", "task is 'search'"),
     (LEDGER + ["synthetic.world_prompt_style=compact"], "synthetic.world_prompt_style", "names the search tools"),
+    (["rollout.tool_schemas=false"], "rollout.tool_schemas", "action_format is 'tags' (no schemas block)"),
 ])
 def test_ledger_settings_that_cannot_work_name_their_field(overrides, field, allowed):
     with pytest.raises(ConfigError) as info:
