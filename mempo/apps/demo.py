@@ -210,12 +210,12 @@ def _model_stage(cfg: MempoConfig, tokenizer: Any) -> Staged[Any]:
 
 def _copy_stage(cfg: MempoConfig, model: Any, tokenizer: Any, world: Any) -> Staged[CopyWarmup]:
     """The copy warm-up (`mempo.synthetic.copy_warmup`, run when ``synthetic.copy_warmup_steps`` > 0):
-    the model learns to copy ids from its context, on random sequences of the world's one-id names."""
+    the model learns to copy ids from its context, on random sequences of the task's ids
+    (`SyntheticTask.copy_pool`: the world's one-id names; the ledger's with its digits)."""
     d = cfg.synthetic
-    ids = [tokenizer.encode(" " + e.name, add_special_tokens=False) for e in world.entities]
-    pool = sorted({x[0] for x in ids if len(x) == 1})
+    pool, what = synthetic_task(cfg).copy_pool(world, tokenizer)
     result = copy_warmup(model, pool, steps=d.copy_warmup_steps, lr=d.copy_warmup_lr, seed=d.model_seed)
-    return Staged(result, f"{result.steps} steps on random sequences of {len(pool)} name ids, loss "
+    return Staged(result, f"{result.steps} steps on random sequences of {what}, loss "
                           f"{result.first_loss:.3f} -> {result.last_loss:.3f}")
 
 

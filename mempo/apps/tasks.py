@@ -42,7 +42,7 @@ from mempo.tools import Toolset
 from mempo.utils.progress import progress
 
 __all__ = ["TaskEnv", "SyntheticTask", "SearchTask", "LedgerTask", "TASKS", "synthetic_task", "ledger_world",
-           "LEDGER_PROMPT_STYLES"]
+           "copy_entries", "name_ids", "LEDGER_PROMPT_STYLES"]
 
 #: The prompt layouts a ledger episode may have (``synthetic.world_prompt_style``; None: ``"tools"``): the
 #: others name the search tools.
@@ -103,6 +103,12 @@ class SyntheticTask:
         """What a ``<mem>`` of the teacher's format holds per item of `episode` (one of `memory_kinds` each)."""
         raise NotImplementedError
 
+    def copy_pool(self, world: Any, tokenizer: Any) -> tuple[list[int], str]:
+        """The ids the copy warm-up draws its sequences from (repeats weight an id) and a phrase saying what
+        they are: the ids of the names that are one id (`name_ids`)."""
+        pool = name_ids(world, tokenizer)
+        return pool, f"{len(pool)} name ids"
+
 
 class SearchTask(SyntheticTask):
     """The search world (the demo as it was: `mempo.synthetic.build`, `mempo.synthetic.cold_start`)."""
@@ -140,6 +146,23 @@ class SearchTask(SyntheticTask):
 
     def memory_kinds_of(self, mem: Optional[str], episode: Any) -> list[str]:
         return memory_line_kinds(mem, episode.golds)
+
+
+def copy_entries(ledger: Ledger) -> list[str]:
+    """What the ledger's copy-task records repeat: every account's name with every amount the ledger allows,
+    written as a page writes an entry (``Tamor3``), held-out names too. Copying one teaches the step the
+    ``<mem>`` needs, the digit after a name (a copy warm-up and records over names alone left the SFT model
+    at chance on it: docs/experiments/G01-ledger-demo.md); the amounts are all of them, so no record tells an
+    account's own."""
+    least, most = ledger.params["amounts"]
+    return [f"{e.name}{amount}" for e in ledger.entities for amount in range(least, most + 1)]
+
+
+def name_ids(world: Any, tokenizer: Any) -> list[int]:
+    """The ids of the world's names that the tokenizer spells as one id (after a space, as the texts write
+    them), sorted."""
+    ids = [tokenizer.encode(" " + e.name, add_special_tokens=False) for e in world.entities]
+    return sorted({x[0] for x in ids if len(x) == 1})
 
 
 def ledger_world(cfg: MempoConfig) -> Ledger:
@@ -210,7 +233,7 @@ class LedgerTask(SyntheticTask):
         with ``oracle_answer_template``) under the memory context with the task's tools in the json format and
         the system prompt the agent loop writes; ``oracle_keep`` as for the search world; ``oracle_rename``
         renames the accounts of each kept trajectory (`mempo.synthetic.rename`, drawn from the train split);
-        ``copy_sft_examples`` copy-task records over every account name."""
+        ``copy_sft_examples`` copy-task records over entries as pages write them (`copy_entries`)."""
         s = cfg.synthetic
         if s.oracle_objectives is None:
             raise ConfigError("synthetic.oracle_objectives", "the ledger's cold start draws its episodes per number "
@@ -235,12 +258,22 @@ class LedgerTask(SyntheticTask):
         kept = kept or trajectories
         if s.oracle_rename:
             kept = rename_trajectories(kept, ledger.entities, held, seed=cfg.data.seed, digit_suffix=True)
-        copies = copy_records([e.name for e in ledger.entities], s.copy_sft_examples, seed=s.model_seed,
+        copies = copy_records(copy_entries(ledger), s.copy_sft_examples, seed=s.model_seed,
                               system_prompt=cfg.rollout.system_prompt)
         return ColdStart(kept, len(trajectories), len(held), all_kept, copies, [])
 
     def memory_kinds_of(self, mem: Optional[str], episode: Any) -> list[str]:
         return ledger_memory_kinds(mem, episode.metadata["records"][0]["amounts"])
+
+    def copy_pool(self, world: Any, tokenizer: Any) -> tuple[list[int], str]:
+        """The names' ids and the digits' ids, the digits drawn as often as the names together: a model that
+        never copied a digit in its warm-up copied none after SFT either (each digit's id, trained only where
+        digits are random, ended too like the others to copy: docs/experiments/G01-ledger-demo.md)."""
+        names = name_ids(world, tokenizer)
+        digits = [ids[0] for ids in (tokenizer.encode(str(d), add_special_tokens=False) for d in range(10))
+                  if len(ids) == 1]
+        weight = max(1, len(names) // max(1, len(digits)))
+        return names + digits * weight, f"{len(names)} name ids and {len(digits)} digit ids (weighted to half)"
 
 
 #: The tasks by ``synthetic.task`` value.

@@ -2,9 +2,11 @@
 ledger``; its tools: `mempo.synthetic.ledger_tools`, its teacher: `mempo.synthetic.ledger_oracle`).
 
 Accounts with one-word names each have one entry, an amount, written on a ledger page; a page lists the
-entries of ``page_entries`` accounts (the others on a page are the distractors a lookup shows too)::
+entries of ``page_entries`` accounts, and a lookup of an account shows its entry and the page, the other
+accounts' entries beside it being the distractors (`entry_line`)::
 
-    L0042: Kodan7, Tamor3, Rivel5, Belis1.
+    L0042: Kodan7, Tamor3, Rivel5, Belis1.                 the page (a lookup by its id)
+    Found Tamor3 on L0042: Kodan7, Tamor3, Rivel5, Belis1.  a lookup of Tamor
 
 An amount is written right after its account's name. A byte-level BPE that splits digits apart (Qwen's,
 the demo's) then reads the amount's first digit as the token after the name's, which a small model copies
@@ -48,7 +50,7 @@ from mempo.env.data import PROMPT_STYLES, Episode, QARecord, make_episode_prompt
 from mempo.synthetic.entities import Entity, Names
 
 __all__ = ["Ledger", "QUESTION_KINDS", "SPLITS", "TEST_SHARE", "VALIDATION_SHARE", "MIN_ACCOUNTS", "kinds_for",
-           "question_text", "parse_ledger_question", "expression_of", "answer_of", "page_line"]
+           "question_text", "parse_ledger_question", "expression_of", "answer_of", "page_line", "entry_line"]
 
 #: The question kinds (module docstring); `kinds_for` says which a k allows.
 QUESTION_KINDS = ("balance", "total", "difference", "larger")
@@ -148,6 +150,15 @@ def answer_of(kind: str, accounts: Sequence[str], amounts: Sequence[int]) -> str
     raise ValueError(f"unknown question kind {kind!r}; kinds are {QUESTION_KINDS}")
 
 
+def entry_line(name: str, amount: int, page: str) -> str:
+    """An account's lookup: its entry, then the page listing it among the other accounts' entries (the
+    distractors): ``Found Tamor3 on L0042: Kodan7, Tamor3, Rivel5, Belis1.`` The entry comes first so that its
+    amount is the first number of the result, a place a small model learns to copy from; found only on the
+    page, it is the digit after a name the context holds three more times (the question, the call, the
+    ``<mem>``), which a ~1 M-parameter model never learnt to pick (docs/experiments/G01-ledger-demo.md)."""
+    return f"Found {name}{amount} on {page}"
+
+
 def page_line(page_id: str, entries: Sequence[tuple[str, int]]) -> str:
     """A page as a lookup shows it: ``L0042: Kodan7, Tamor3.`` (each amount right after its name)."""
     return f"{page_id}: " + ", ".join(f"{name}{amount}" for name, amount in entries) + "."
@@ -238,13 +249,16 @@ class Ledger:
         return page_line(page_id, [(self.entities[i].name, self.amounts[i]) for i in self.pages[page_id]])
 
     def lookup(self, key: str) -> list[str]:
-        """The pages a key finds, as `page_line` s: an account's name (exact, case-sensitive) finds the page
-        listing its entry, a page id that page; anything else nothing."""
+        """What a key finds, one line each: an account's name (exact, case-sensitive) its entry and the page
+        listing it (`entry_line`: ``Found Tamor3 on L0042: Kodan7, Tamor3, Rivel5, Belis1.``), a page id that
+        page (`page_line`); anything else nothing."""
         key = key.strip()
         if key in self.pages:
             return [self.page_text(key)]
         index = self._by_name.get(key)
-        return [] if index is None else [self.page_text(self.entities[index].doc_id)]
+        if index is None:
+            return []
+        return [entry_line(key, self.amounts[index], self.page_text(self.entities[index].doc_id))]
 
     def documents(self) -> Iterator[Document]:
         """Every page as a `Document` (id, title ``"Ledger page <id>"``, text `page_line`), in id order."""

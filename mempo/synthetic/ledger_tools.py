@@ -1,6 +1,6 @@
 """The ledger task's tools, written as a user's tools are (`mempo.tools`: a `Tool` subclass and an ``@tool``
-function; the agent loop knows nothing of them): `LedgerLookup` (an account or page id -> the page listing
-its entries) and `calc` (an arithmetic expression -> its value). `ledger_tools` makes both over a
+function; the agent loop knows nothing of them): `LedgerLookup` (an account -> its entry and the page listing
+it; a page id -> the page) and `calc` (an arithmetic expression -> its value). `ledger_tools` makes both over a
 `mempo.synthetic.ledger.Ledger`; over no ledger (`ledger_tools(None)`) the lookup finds nothing, the
 closed-book evaluation's tools.
 
@@ -39,13 +39,13 @@ _TOKEN_RE = re.compile(r"\s*(?:(?P<number>\d+(?:\.\d+)?)|(?P<op>[-+*/()]))")
 
 
 class LedgerLookup(Tool):
-    """``lookup``: the ledger page listing an account's entries (by its exact name) or a page by its id, as
-    ``L0042: Kodan7, Tamor3.``; a key that finds nothing is answered ``No account or page named
+    """``lookup``: an account's entry and the ledger page listing it (by its exact name: ``Found Tamor3 on L0042:
+    Kodan7, Tamor3.``) or a page by its id (``L0042: Kodan7, Tamor3.``); a key that finds nothing is answered ``No account or page named
     'X'.`` (a result the agent reads, like a search without hits); a key that is not one line of at most
     `MAX_KEY_CHARS` characters is a `ToolError`. ledger: the book (None: an empty one, the closed book)."""
 
     name = "lookup"
-    description = "The ledger page listing an account's entries, or a page by its id."
+    description = "An account's entry and the ledger page listing it, or a page by its id."
     parameters = {"type": "object", "properties": {"key": {"type": "string",
                                                            "description": "an account name or a page id"}},
                   "required": ["key"]}

@@ -52,7 +52,9 @@ def test_pages_hold_every_account_once_with_its_amount(ledger):
 
 def test_lookup_finds_an_account_or_a_page_and_nothing_else(ledger):
     account = ledger.entities[17]
-    assert ledger.lookup(account.name) == [ledger.page_text(account.doc_id)]
+    page = ledger.page_text(account.doc_id)
+    assert ledger.lookup(account.name) == [f"Found {account.name}{ledger.amounts[17]} on {page}"]
+    assert f" {account.name}{ledger.amounts[17]}" in f" {page}"  # the entry is on that page too
     assert ledger.lookup(f"  {account.doc_id} ") == [ledger.page_text(account.doc_id)]
     assert ledger.lookup(account.name.lower()) == [] and ledger.lookup("Nobody") == [] and ledger.lookup("") == []
 

@@ -45,12 +45,13 @@ def test_they_are_user_style_tools_that_load_by_import_path():
                                "required": ["expression"]}
 
 
-def test_lookup_shows_the_page_of_an_account_or_by_id(toolset, ledger):
+def test_lookup_shows_an_accounts_entry_and_page_or_a_page_by_id(toolset, ledger):
     account = ledger.entities[5]
     page = ledger.page_text(account.doc_id)
-    for key in (account.name, f" {account.name} ", account.doc_id):
+    entry = f"Found {account.name}{ledger.amounts[5]} on {page}"
+    for key, shown in ((account.name, entry), (f" {account.name} ", entry), (account.doc_id, page)):
         result = call(toolset, "lookup", key=key)
-        assert result.ok and body(result) == page
+        assert result.ok and body(result) == shown
     assert f" {account.name}{ledger.amounts[5]}" in f" {page}" and page.count(",") == 3  # three other accounts beside it
 
 
