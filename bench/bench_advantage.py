@@ -2,11 +2,11 @@
 
 Run: pytest bench/bench_advantage.py --benchmark-only
 Shapes: 3 questions x 16 trajectories x 8 rounds x 8,192 response tokens, and 128 x 16 trajectories
-x 4,096 tokens (2,048 trajectories); 8 rounds per trajectory, rounds 2-8 scored, 64-token <mem> spans. Compares the vectorised torch path (what runs on CPU, e.g. in
-verl's CPU-only advantage actor; the groups as verl's uid array or as an int tensor) with the loop
-reference and, when verl is installed, verl's GRPO. The Triton path is timed only on a GPU (never the
-interpreter): device group ids with validate="host" (one read per call) and "device" (none), and
-verl's uid array.
+x 4,096 tokens (2,048 trajectories); 8 rounds per trajectory, rounds 2-8 scored, 64-token <mem>
+spans. Compares the vectorised torch path (what runs on CPU, e.g. in verl's CPU-only advantage actor;
+the groups as verl's uid array or as an int tensor) with the loop reference and, when verl is
+installed, verl's GRPO. The Triton path is timed only on a GPU (never the interpreter): device group
+ids with validate="host" (one read per call) and "device" (none), and verl's uid array.
 """
 import numpy as np
 import pytest

@@ -72,8 +72,7 @@ print(json.dumps(out))
 DEMO_PROBE = """
 import json, sys, time
 from mempo.apps import demo
-from mempo.eval import eval_episodes
-from mempo.synthetic.heldout import held_out_subjects
+from mempo.eval import held_out_of_training
 from mempo.train.sft import run_sft
 from mempo.utils.allocator import keep_freed_memory
 mode, threads = sys.argv[1], int(sys.argv[3])
@@ -82,7 +81,7 @@ if mode == "keep":
 cfg = demo.load_demo_config(overrides=["sft.max_seconds=null", "synthetic.copy_warmup_steps=200"])
 demo._set_threads(threads)
 env = demo._world_stage(cfg).value
-cold = demo._oracle_stage(cfg, env, held_out_subjects(eval_episodes(env.world, cfg)), False).value
+cold = demo._oracle_stage(cfg, env, held_out_of_training(env.world, cfg), False).value
 tokenizer = demo._tokenizer_stage(cfg, env.world, cold.trajectories).value
 model = demo._model_stage(cfg, tokenizer).value
 copy = demo._copy_stage(cfg, model, tokenizer, env.world).value.seconds / 200

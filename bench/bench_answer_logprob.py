@@ -1,12 +1,14 @@
-"""Benchmark: answer log-probs fused from hidden states vs materialised logits (Qwen2.5-0.5B shapes).
+"""Benchmark: answer log-probs from hidden states (chunked) vs materialised logits (Qwen2.5-0.5B shapes).
 
 Run: `.venv/bin/pytest bench/bench_answer_logprob.py --benchmark-only`
 
 CPU (always): V = 151,936, H = 896, M = 1,152 rows (72 contexts x 16 tokens), fp32.
-  * fused:        `answer_logprob_from_hidden(hidden, weight, ...)` (torch path, vocab_chunk 8192)
+  * chunked:      `answer_logprob_from_hidden(hidden, weight, ...)` (torch path; its default method,
+                  blocks planned from the memory budget: `mempo.ops.logprob.plan_chunks`)
   * materialised: `logits = hidden @ weight.T; answer_logprob(logits, ...)` (torch path)
   each with two answer masks: "gold" (6 gold-answer tokens inside each 16-token template: the
-  realistic case, 432 masked-in rows) and "all" (every row masked in: the fused path's worst case).
+  realistic case, 432 masked-in rows) and "all" (every row masked in: the chunked path's worst case,
+  as it computes only masked-in rows).
 
 Peak memory: each variant runs once in a fresh Python process (`python bench/bench_answer_logprob.py
 --peak VARIANT MASK`). After the inputs are allocated and a small warm-up call has loaded the math
@@ -15,9 +17,9 @@ libraries, the process resets the kernel's resident-set high-water mark (writing
 op once and reports VmHWM - baseline: the extra resident memory the op needed at its peak. Where
 clear_refs is not writable it falls back to ru_maxrss growth over the baseline (an upper bound).
 
-GPU (only with CUDA): the Triton paths (fused kernel; row kernel on materialised logits) and the
-torch paths at M = 4,608, H = 896 and 3,584, bf16, timed with `triton.testing.do_bench`; peak memory
-from `torch.cuda.max_memory_allocated`.
+GPU (only with CUDA): the Triton paths (chunked: cuBLAS blocks and the block kernel; the fused kernel;
+the row kernel on materialised logits) and the torch paths at M = 4,608, H = 896 and 3,584, bf16,
+timed with `triton.testing.do_bench`; peak memory from `torch.cuda.max_memory_allocated`.
 """
 from __future__ import annotations
 
@@ -56,8 +58,8 @@ def make_inputs(mask_kind: str, m=M, v=V, h=H, contexts=C, seq=T, dtype=torch.fl
 def run_variant(variant, hidden, weight, targets, mask, cu, backend="torch"):
     from mempo.ops import answer_logprob, answer_logprob_from_hidden
 
-    if variant == "fused":
-        return answer_logprob_from_hidden(hidden, weight, targets, mask, cu, backend=backend)
+    if variant in ("chunked", "fused"):
+        return answer_logprob_from_hidden(hidden, weight, targets, mask, cu, backend=backend, method=variant)
     logits = hidden @ weight.T
     return answer_logprob(logits, targets, mask, cu, backend=backend)
 
@@ -114,30 +116,33 @@ def _bench_cpu(benchmark, variant, mask_kind):
         "variant": variant, "mask": mask_kind, "kept_rows": int(inputs[3].sum()),
         "V": V, "H": H, "M": M, "contexts": C, "tokens_per_context": T,
         "dtype": "float32", "device": "cpu", "machine": DEVICE_NOTE, "threads": torch.get_num_threads(),
-        "vocab_chunk": 8192 if variant == "fused" else None,
         "peak_extra_mib": round(mem["peak_extra_mib"], 1), "peak_method": mem["method"],
     })
-    if variant == "fused":
+    if variant == "chunked":
+        from mempo.ops.logprob import plan_chunks
+
+        plan = plan_chunks(M, int(inputs[3].sum()), V, H, torch.float32, torch.float32, "cpu")
+        benchmark.extra_info["block"] = f"{plan.rows} x {plan.vocab}"
         other = peak_extra_memory("materialised", mask_kind)
         ratio = mem["peak_extra_mib"] / other["peak_extra_mib"]
         benchmark.extra_info["peak_ratio_vs_materialised"] = round(ratio, 4)
         ref = run_variant("materialised", *inputs)
         torch.testing.assert_close(result.token_logp, ref.token_logp, atol=2e-4, rtol=1e-5)
         if ratio > 1 / 8:
-            pytest.fail(f"fused peak memory is {ratio:.3f} of materialised (target <= 1/8)")
+            pytest.fail(f"chunked peak memory is {ratio:.3f} of materialised (target <= 1/8)")
     return result
 
 
-def test_cpu_fused_gold(benchmark):
-    _bench_cpu(benchmark, "fused", "gold")
+def test_cpu_chunked_gold(benchmark):
+    _bench_cpu(benchmark, "chunked", "gold")
 
 
 def test_cpu_materialised_gold(benchmark):
     _bench_cpu(benchmark, "materialised", "gold")
 
 
-def test_cpu_fused_all(benchmark):
-    _bench_cpu(benchmark, "fused", "all")
+def test_cpu_chunked_all(benchmark):
+    _bench_cpu(benchmark, "chunked", "all")
 
 
 def test_cpu_materialised_all(benchmark):
@@ -147,8 +152,8 @@ def test_cpu_materialised_all(benchmark):
 @pytest.mark.parametrize("mask_kind", ["gold", "all"])
 def test_cpu_interleaved_ab(benchmark, mask_kind):
     """A/B interleaved in one process (robust to a shared machine's load drifting between tests):
-    the timed function is the fused path; pytest-benchmark's untimed `setup` runs (and times) the
-    materialised path right before each fused round. Both series go to extra_info."""
+    the timed function is the chunked path; pytest-benchmark's untimed `setup` runs (and times) the
+    materialised path right before each chunked round. Both series go to extra_info."""
     import time
 
     inputs = _cpu_inputs(mask_kind)
@@ -158,23 +163,23 @@ def test_cpu_interleaved_ab(benchmark, mask_kind):
         t0 = time.perf_counter()
         run_variant("materialised", *inputs)
         materialised_s.append(time.perf_counter() - t0)
-        return (("fused", *inputs), {})
+        return (("chunked", *inputs), {})
 
     benchmark.pedantic(run_variant, setup=setup, rounds=5, warmup_rounds=1, iterations=1)
-    fused_s = benchmark.stats.stats.data if benchmark.stats else []
+    chunked_s = benchmark.stats.stats.data if benchmark.stats else []
     benchmark.extra_info.update({
-        "variant": "fused (timed) vs materialised (setup, interleaved)", "mask": mask_kind,
+        "variant": "chunked (timed) vs materialised (setup, interleaved)", "mask": mask_kind,
         "kept_rows": int(inputs[3].sum()), "V": V, "H": H, "M": M, "dtype": "float32", "device": "cpu",
         "machine": DEVICE_NOTE, "materialised_s": [round(t, 4) for t in materialised_s[1:]],
         "materialised_min_s": round(min(materialised_s[1:]), 4),
-        "fused_min_s": round(min(fused_s), 4) if fused_s else None,
+        "chunked_min_s": round(min(chunked_s), 4) if chunked_s else None,
     })
 
 
 # ------------------------------------------------------------------------------------------------
 # GPU benchmarks (skipped without CUDA)
 # ------------------------------------------------------------------------------------------------
-GPU_PATHS = ("triton_fused", "triton_materialised", "torch_fused", "torch_materialised")
+GPU_PATHS = ("triton_chunked", "triton_fused", "triton_materialised", "torch_chunked", "torch_materialised")
 
 
 @pytest.mark.gpu
@@ -216,4 +221,4 @@ if __name__ == "__main__":
     if len(sys.argv) == 4 and sys.argv[1] == "--peak":
         print(json.dumps(_measure_peak_here(sys.argv[2], sys.argv[3])))
     else:
-        sys.exit("usage: bench_answer_logprob.py --peak fused|materialised gold|all")
+        sys.exit("usage: bench_answer_logprob.py --peak chunked|materialised gold|all")

@@ -1,5 +1,6 @@
-"""The pre-registered, powered ablation (issue 20; protocol in docs/experiments/E2-ablation-execution-2.md): does the memory
-reward help? From one SFT checkpoint, RL in every arm for every seed, equal steps and questions:
+"""The pre-registered, powered ablation (issue 20; protocol in docs/experiments/E2-ablation-execution-2.md):
+does the memory reward help? From one SFT checkpoint, RL in every arm for every seed, equal steps and
+questions:
 
     grpo            algorithm.memory_weight = 0 (the outcome reward only; scoring as the config's)
     mempo           the paper's MemPO: memory_weight = 1, the library's default scoring (definition
@@ -25,17 +26,21 @@ the mean is at least 2 SE above 0.
 
 Held out: the evaluation asks only about entities no SFT or RL question asks about
 (`mempo.synthetic.heldout`). The SFT model is the demo's, whose data left out the subjects of the
-demo's evaluation (``eval.objectives`` x ``eval.episodes``); an evaluation here (``--ks``,
-``--episodes``) asking about any other entity is refused before anything runs (run the demo with
-``eval.episodes=256`` for the default 256 episodes here), and the RL questions leave out both sets.
+demo's held-out splits (`mempo.eval.held_out_of_training`: the test split, ``eval.objectives`` x
+``eval.episodes``, and the validation split, ``eval.validation_episodes`` per k); an evaluation here
+(``--ks``, ``--episodes``) asking about any other entity is refused before anything runs (run the
+demo with ``eval.episodes=256`` for the default 256 episodes here), and the RL questions leave out
+both sets. The evaluated split is the config's ``eval.split`` (``test``, the demo's default; the
+override ``eval.split=validation`` evaluates the first ``--episodes`` validation episodes per k, for
+every choice a pre-registered test run must not be tuned on); the results and the table name it.
 
 Resumable: every finished (arm, seed) run is written at once, atomically, to
 ``<runs>/<arm>_s<seed>.json`` (its settings, evaluation rows and training totals; ``--runs``, default
 ``<out>/runs``: the executions in docs/experiments keep them under git in ``bench/learning_runs*/``, so
-that a fresh machine continues one once its SFT model is remade), the SFT model's evaluation to ``<runs>/sft.json``; a rerun with the same settings reuses them and runs only the
-missing ones (the training directory ``<out>/<arm>/seed<s>`` of a run without a run file is
-started over); a run file made with other settings is refused (exit 2) unless ``--rerun`` (which
-replaces it).
+that a fresh machine continues one once its SFT model is remade), the SFT model's evaluation to
+``<runs>/sft.json``; a rerun with the same settings reuses them and runs only the missing ones (the
+training directory ``<out>/<arm>/seed<s>`` of a run without a run file is started over); a run file
+made with other settings is refused (exit 2) unless ``--rerun`` (which replaces it).
 
 Run (after the demo, whose output holds the SFT model and the configuration):
 
@@ -70,7 +75,7 @@ import torch
 from mempo.apps.demo import rl_episodes
 from mempo.config import MempoConfig, config_from_dict, config_to_dict, load_config, split_overrides
 from mempo.errors import MempoError
-from mempo.eval import eval_episodes, evaluate
+from mempo.eval import eval_episodes, evaluate, held_out_of_training
 from mempo.model.loading import pretrained_causal_lm, pretrained_tokenizer
 from mempo.synthetic.build import build_world
 from mempo.synthetic.heldout import held_out_subjects
@@ -119,7 +124,12 @@ VARIANTS = {
 #: The sections `--best-overrides` may set (what the memory reward and its advantage compute).
 ARM_SECTIONS = ("algorithm", "scoring")
 BASELINE = "grpo"
-METRICS = ("em", "f1", "prompt_tokens_per_episode", "memory_keeps", "memory_drops")
+#: Per k, what each run's evaluation records and the tables summarise (`_rows`); the last three are the
+#: monitors of execution 7 (docs/experiments/E7-ablation-execution-7.md): turns per episode, the share of
+#: answers given with a question pending (an agent that learnt to answer early) and the memory context's
+#: prompt tokens over the full context's of the same rounds.
+METRICS = ("em", "f1", "prompt_tokens_per_episode", "memory_keeps", "memory_drops", "turns", "answered_pending",
+           "token_ratio")
 RUN_FORMAT = "mempo-bench-learning-run/1"
 
 
@@ -137,9 +147,9 @@ def check_held_out(sft_held_out: frozenset[str], eval_held_out: frozenset[str]) 
     missing = eval_held_out - sft_held_out
     if missing:
         raise NotHeldOut(f"{len(missing)} of the {len(eval_held_out)} entities this evaluation asks about were not "
-                         "held out of the demo's SFT data (its eval.objectives x eval.episodes); evaluate the demo's "
-                         "k and episodes (--ks / --episodes) or rerun the demo with them in eval.objectives / "
-                         "eval.episodes")
+                         "held out of the demo's SFT data (its eval.objectives x eval.episodes, and "
+                         "eval.validation_episodes); evaluate the demo's k and episodes (--ks / --episodes) or rerun "
+                         "the demo with them in eval.objectives / eval.episodes")
 
 
 def best_arm(definition: str, overrides: Sequence[str] = ()) -> Arm:
@@ -209,18 +219,27 @@ def finished_run(path: Path, settings: dict[str, Any], rerun: bool) -> Optional[
 
 
 def _rows(report: Any, ks: Sequence[int], tokenizer: Any) -> dict[str, dict[str, Optional[float]]]:
-    """Per k: EM, F1, prompt tokens per episode (memory context), and the shares of scored ``<mem>``
-    blocks keeping / dropping a gold retrieved before them (None when no block had one)."""
+    """Per k: EM, F1, prompt tokens per episode (memory context), the shares of scored ``<mem>``
+    blocks keeping / dropping a gold retrieved before them (None when no block had one), turns per
+    episode, the share of the answered episodes answered with a question pending
+    (`Trajectory.answered_pending`; None when none was answered), the full context's prompt tokens of
+    the same rounds and the memory / full ratio (``EvalRow.token_ratio``)."""
     rows = {}
     for k in ks:
         row = report.row(k, "memory")
         flags = [flag for t in report.trajectories[("", k, "memory")] for flag in t.memory_keeps(tokenizer)
                  if flag is not None]
         keeps = statistics.fmean(float(f) for f in flags) if flags else None
+        pending = [p for t in report.trajectories[("", k, "memory")] for p in [t.answered_pending(tokenizer)]
+                   if p is not None]
         rows[str(k)] = {"em": float(row.em), "f1": float(row.f1),
                         "prompt_tokens_per_episode": float(row.prompt_tokens_per_episode),
                         "memory_keeps": keeps, "memory_drops": None if keeps is None else 1.0 - keeps,
-                        "memory_judged": len(flags)}
+                        "memory_judged": len(flags), "turns": float(row.mean_turns),
+                        "answered_pending": statistics.fmean(float(p) for p in pending) if pending else None,
+                        "answered": len(pending),
+                        "full_context_tokens_per_episode": float(row.full_context_tokens_per_episode),
+                        "token_ratio": row.token_ratio}
     return rows
 
 
@@ -249,7 +268,7 @@ def arm_summary(runs: Sequence[dict[str, Any]], arm: str, ks: Sequence[int]) -> 
         summary[str(k)] = {}
         for metric in METRICS:
             values = [r["rows"][str(k)][metric] for r in runs if r["arm"] == arm
-                      and r["rows"][str(k)][metric] is not None]
+                      and r["rows"][str(k)].get(metric) is not None]  # a run file from before a metric: left out
             mean, se = mean_se(values)
             summary[str(k)][metric] = {"mean": mean, "se": se, "n": len(values)}
     return summary
@@ -269,7 +288,7 @@ def paired_differences(runs: Sequence[dict[str, Any]], arm: str, ks: Sequence[in
                 base = by_seed.get((baseline, seed))
                 if name != arm or base is None:
                     continue
-                value, base_value = record["rows"][str(k)][metric], base["rows"][str(k)][metric]
+                value, base_value = record["rows"][str(k)].get(metric), base["rows"][str(k)].get(metric)
                 if value is not None and base_value is not None:
                     per_seed[str(seed)] = value - base_value
             mean, se = mean_se(list(per_seed.values()))
@@ -280,9 +299,9 @@ def paired_differences(runs: Sequence[dict[str, Any]], arm: str, ks: Sequence[in
 
 
 def run(demo_out: Path, out: Path, *, seeds: Sequence[int] = tuple(range(8)), steps: Optional[int] = None,
-        ks: Optional[Sequence[int]] = None, episodes: int = 256, arms: Sequence[Arm] = (VARIANTS["grpo"], VARIANTS["mempo"]),
-        overrides: Sequence[str] = (), rerun: bool = False, runs_dir: Optional[Path] = None,
-        log=print) -> dict[str, Any]:
+        ks: Optional[Sequence[int]] = None, episodes: int = 256,
+        arms: Sequence[Arm] = (VARIANTS["grpo"], VARIANTS["mempo"]), overrides: Sequence[str] = (),
+        rerun: bool = False, runs_dir: Optional[Path] = None, log=print) -> dict[str, Any]:
     """Run every missing (arm, seed) of the ablation (module docstring), reusing finished ones from
     `runs_dir` (default ``<out>/runs``); writes the outputs and returns the results. AblationError
     before anything runs for a bad input or a run file of other settings."""
@@ -301,12 +320,12 @@ def run(demo_out: Path, out: Path, *, seeds: Sequence[int] = tuple(range(8)), st
     ks = [int(k) for k in (ks if ks is not None else cfg.eval.objectives)]
     env = build_world(cfg)
     episodes_by_k = eval_episodes(env.world, cfg, num_episodes=episodes, objectives=ks)
-    sft_held_out = held_out_subjects(eval_episodes(env.world, cfg))  # what the demo's SFT data left out
+    sft_held_out = held_out_of_training(env.world, cfg)  # what the demo's SFT data left out (both splits)
     eval_held_out = held_out_subjects(episodes_by_k)
     check_held_out(sft_held_out, eval_held_out)
     training = rl_episodes(cfg, env.world, sft_held_out | eval_held_out, steps)
     digest = bench_signal.model_digest(sft_model)
-    facts = {"model_sha256": digest, "ks": ks, "episodes": episodes,
+    facts = {"model_sha256": digest, "ks": ks, "episodes": episodes, "split": cfg.eval.split,
              "eval_episodes_sha256": {str(k): episodes_digest(e) for k, e in episodes_by_k.items()}}
     rl_facts = {"steps": steps, "rl_k": cfg.data.num_objectives, "rl_episodes_sha256": episodes_digest(training)}
     runs_dir = out / "runs" if runs_dir is None else Path(runs_dir)
@@ -360,8 +379,8 @@ def run(demo_out: Path, out: Path, *, seeds: Sequence[int] = tuple(range(8)), st
             f"{time.perf_counter() - began:.0f} s so far)")
     results: dict[str, Any] = {
         "demo_out": str(demo_out), "model_sha256": digest, "steps": steps, "rl_k": cfg.data.num_objectives,
-        "seeds": list(seeds), "ks": ks, "episodes": episodes, "questions_per_step": cfg.data.questions_per_step,
-        "group_size": cfg.rollout.group_size, "baseline": BASELINE,
+        "seeds": list(seeds), "ks": ks, "episodes": episodes, "split": cfg.eval.split,
+        "questions_per_step": cfg.data.questions_per_step, "group_size": cfg.rollout.group_size, "baseline": BASELINE,
         "arms": {a.name: {"definition": a.definition,
                           "scoring": None if a.definition is None else DEFINITIONS[a.definition],
                           "overrides": list(a.overrides)} for a in arms},
@@ -394,15 +413,16 @@ def _table(results: dict[str, Any], arms: Sequence[str], ks: Sequence[int]) -> s
     lines = [f"RL: {results['steps']} steps on k = {_rl_k_text(results['rl_k'])} "
              f"from `{results['demo_out']}/model_sft` "
              f"(sha256 {results['model_sha256'][:12]}), seeds {results['seeds']} paired; evaluation: "
-             f"{results['episodes']} held-out episodes per k, greedy, memory context. Mean ± SE over seeds.", "",
-             f"| arm | k | EM ({n} seeds) | F1 | prompt tokens / episode | <mem> keeps | <mem> drops |",
-             "|---|---|---|---|---|---|---|"]
+             f"{results['episodes']} held-out {results.get('split', 'test')} episodes per k, greedy, memory context. "
+             "Mean ± SE over seeds.", "",
+             f"| arm | k | EM ({n} seeds) | F1 | prompt tokens / episode | <mem> keeps | <mem> drops | turns | "
+             "answered with a question pending | memory / full prompt tokens |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for k in ks:
         sft = results["sft"][str(k)]
-        keeps = "-" if sft["memory_keeps"] is None else f"{sft['memory_keeps']:.3f}"
-        drops = "-" if sft["memory_drops"] is None else f"{sft['memory_drops']:.3f}"
-        lines.append(f"| SFT (no RL) | {k} | {sft['em']:.3f} | {sft['f1']:.3f} | "
-                     f"{sft['prompt_tokens_per_episode']:.0f} | {keeps} | {drops} |")
+        lines.append(f"| SFT (no RL) | {k} | " + " | ".join(
+            "-" if sft.get(m) is None else ("{:.0f}" if m == "prompt_tokens_per_episode" else "{:.3f}").format(sft[m])
+            for m in METRICS) + " |")
     for arm in arms:
         for k in ks:
             s = results["summary"][arm][str(k)]
@@ -412,18 +432,21 @@ def _table(results: dict[str, Any], arms: Sequence[str], ks: Sequence[int]) -> s
     if results["paired"]:
         lines += ["", f"Paired difference to {results['baseline']} (arm - {results['baseline']}, same seed); "
                   "ahead: mean >= 2 paired SE.", "",
-                  "| arm | k | EM diff (mean ± SE) | n | ahead | per seed | F1 diff | prompt tokens diff | keeps diff |",
-                  "|---|---|---|---|---|---|---|---|---|"]
+                  "| arm | k | EM diff (mean ± SE) | n | ahead | per seed | F1 diff | prompt tokens diff | "
+                  "keeps diff | turns diff | answered-pending diff |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|"]
         for arm, paired in results["paired"].items():
             for k in ks:
                 p = paired[str(k)]
-                em = p["em"]
+                em, tokens = p["em"], p["prompt_tokens_per_episode"]
                 per_seed = ", ".join(f"{s}: {d:+.3f}" for s, d in em["per_seed"].items())
                 ahead = "-" if em["ahead"] is None else ("yes" if em["ahead"] else "no")
                 lines.append(f"| {arm} | {k} | {_pm(em['mean'], em['se'], '{:+.3f}')} | {em['n']} | {ahead} | "
                              f"{per_seed} | {_pm(p['f1']['mean'], p['f1']['se'], '{:+.3f}')} | "
-                             f"{_pm(p['prompt_tokens_per_episode']['mean'], p['prompt_tokens_per_episode']['se'], '{:+.0f}')} | "
-                             f"{_pm(p['memory_keeps']['mean'], p['memory_keeps']['se'], '{:+.3f}')} |")
+                             f"{_pm(tokens['mean'], tokens['se'], '{:+.0f}')} | "
+                             f"{_pm(p['memory_keeps']['mean'], p['memory_keeps']['se'], '{:+.3f}')} | "
+                             f"{_pm(p['turns']['mean'], p['turns']['se'], '{:+.2f}')} | "
+                             f"{_pm(p['answered_pending']['mean'], p['answered_pending']['se'], '{:+.3f}')} |")
     return "\n".join(lines)
 
 

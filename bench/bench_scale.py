@@ -82,7 +82,8 @@ def worker(out: Path, record: Path, argv: list[str]) -> None:
     def timed_start(root, step, model, optimizer, **kwargs):
         if "model_state_bytes" not in numbers:
             params = list(model.parameters())
-            numbers["model_state_bytes"] = (_storages(params) + _storages([p.grad for p in params if p.grad is not None])
+            numbers["model_state_bytes"] = (_storages(params)
+                                            + _storages([p.grad for p in params if p.grad is not None])
                                             + _storages([v for s in optimizer.state.values() for v in s.values()
                                                          if torch.is_tensor(v) and v.dim() > 0]))
         began = time.perf_counter()

@@ -18,6 +18,19 @@ scored one):
                    rewards; overall a pool is a group's scored rounds, per round index the group's
                    rounds of that index); None without such a pool
 
+and the graded label (at k >= 4 a ``<mem>`` keeping every retrieved fact is rare, so the binary AUC
+is often not judgeable there):
+
+    share_spearman the Spearman rank correlation (`spearman`, pooled over the rounds) of the reward
+                   with the share of the retrieved facts the ``<mem>`` keeps
+                   (`Trajectory.memory_kept_shares`; 1.0 where keeps is True); None without a ranking
+    share_spearman_se  its bootstrap SE over groups (`spearman_bootstrap_se`); overall cells only
+    pending_auc    the AUC (keeps vs drops) on the rounds with a question still pending: some
+                   objective's gold not retrieved before the round (`Trajectory.retrieved_objectives`;
+                   the rounds ``scoring.scored_objectives: complete`` leaves out), with
+                   ``pending_keeps`` / ``pending_drops``
+    pending_auc_se its bootstrap SE over groups (`auc_bootstrap_se`); overall cells only
+
 Run (after the demo, whose output holds the SFT model and the configuration):
 
     bash tools/demo.sh                                   # writes demo_out/ (model_sft, config.yaml)
@@ -28,18 +41,23 @@ Options: --model (the model folder in --demo-out, default model_sft; model_rl fo
 --definitions (default all of `DEFINITIONS`), --seed (rollout seed, default the config's
 rollout.seed), --reroll (roll out again over saved rollouts of another setting), --device, --threads,
 and dotted config overrides (``key=value``, anywhere; not of the ``synthetic``, ``data`` and ``eval``
-sections, which fix the world and the held-out draw). Writes ``<out>/rollouts_k<k>.jsonl`` with
+sections, which fix the world and the held-out draw, except ``eval.split``: which held-out split is
+scored). Writes ``<out>/rollouts_k<k>.jsonl`` with
 ``<out>/rollouts_k<k>.json`` (the trajectories, scored, and the setting they were made with: a rerun
 with the same setting reuses them; another setting is refused unless --reroll), ``<out>/rounds.jsonl``
 (one row per scored round: k, group, sample, round index, keeps, every definition's reward),
 ``<out>/results.json`` and ``<out>/results.md`` (the tables the signal experiments in docs/experiments cite).
 
-Held out: the episodes are the demo's evaluation episodes (`mempo.eval.eval_episodes` with the demo's
-configuration: ``eval.episodes`` per k of ``eval.objectives``, the first ``--questions`` of each). The
-demo's SFT and RL questions never have a subject of them (`mempo.synthetic.heldout`), so the SFT
-model never trained on these questions' entities; a k outside ``eval.objectives`` is refused, and the
-results record how many of the rollout episodes' subjects an SFT episode of this configuration asks
-about (0 unless the demo changed). The rollouts use the
+Held out: the episodes are the first ``--questions`` per k of the demo's held-out split that
+``eval.split`` names (`mempo.eval.eval_episodes` with the demo's configuration): ``test``, the
+``eval.episodes`` per k of ``eval.objectives`` that results are reported on, or ``validation``,
+``eval.validation_episodes`` per k disjoint by entity from the test split, on which every choice
+made from this benchmark (a definition, an SFT seed) belongs: ``eval.split=validation`` on the
+command line (the demo must have held them out: ``eval.validation_episodes`` > 0). The results and
+the table's first line name the split. The demo's SFT and RL questions never have a subject of
+either split (`mempo.eval.held_out_of_training`), so the SFT model never trained on these questions'
+entities; a k outside ``eval.objectives`` is refused, and the results record how many of the rollout
+episodes' subjects an SFT episode of this configuration asks about (0 unless the demo changed). The rollouts use the
 ``rollout`` section (the RL rollouts' settings: the memory reward is computed on those in training)
 with ``group_size`` = --samples; the golds reach the outcome and the teacher scoring only.
 
@@ -73,7 +91,8 @@ from mempo.config import ConfigError, MempoConfig, config_from_dict, config_to_d
 from mempo.env.build import build_tools
 from mempo.errors import MempoError
 from mempo.model.loading import pretrained_causal_lm, pretrained_tokenizer
-from mempo.eval import eval_episodes
+from mempo.protocol.reward import objectives_from_golds
+from mempo.eval import eval_episodes, held_out_of_training
 from mempo.records.trajectory import Trajectory, read_trajectories_jsonl, write_trajectories_jsonl
 from mempo.rollout.backends.factory import build_backend
 from mempo.rollout.backends.scaffold import ProtocolScaffold
@@ -124,6 +143,8 @@ ROLLOUT_KEY_FIELDS = ("format", "k", "episode_ids", "samples", "seed", "chunk", 
 ROLLOUT_FORMAT = "mempo-bench-signal-rollouts/1"
 #: Sections no override may change: they fix the world and the held-out draw the SFT model was made with.
 FIXED_SECTIONS = ("synthetic", "data", "eval")
+#: The one field of them an override may set: which held-out split is scored (the draw stays the same).
+FREE_FIELDS = ("eval.split",)
 
 
 class BenchError(MempoError):
@@ -168,23 +189,42 @@ def auc(scores: Sequence[float], labels: Sequence[bool]) -> Optional[float]:
     return (rank_sum - n1 * (n1 + 1) / 2) / (n1 * n0)
 
 
-def auc_bootstrap_se(groups: Sequence[Sequence[tuple[float, bool]]], resamples: int = 500,
-                     seed: int = 0) -> Optional[float]:
-    """The standard error of `auc` over `groups` (each a list of (score, label) rows that share an
-    episode) by a bootstrap over groups: draw len(groups) groups with replacement `resamples` times
-    (random.Random(seed): the same SE on every run), the sample std of the draws' AUCs (draws
-    lacking a class are skipped). None when the pooled rows lack a class or fewer than 2 draws
-    have both."""
-    if len({y for group in groups for _, y in group}) < 2:  # one class (or none): no AUC to draw
-        return None
+def bootstrap_se(groups: Sequence[Sequence[Any]], statistic, resamples: int = 500,
+                 seed: int = 0) -> Optional[float]:
+    """The standard error of ``statistic(rows)`` (a float, or None where undefined) over `groups`
+    (each a list of rows that share an episode) by a bootstrap over groups: draw len(groups) groups
+    with replacement `resamples` times (random.Random(seed): the same SE on every run), the sample
+    std of the draws' values (draws where it is None are skipped). None when fewer than 2 draws have
+    a value."""
     rng = random.Random(seed)
     draws = []
     for _ in range(resamples):
-        drawn = [row for _ in groups for row in groups[rng.randrange(len(groups))]]
-        value = auc([v for v, _ in drawn], [y for _, y in drawn])
+        value = statistic([row for _ in groups for row in groups[rng.randrange(len(groups))]])
         if value is not None:
             draws.append(value)
     return statistics.stdev(draws) if len(draws) >= 2 else None
+
+
+def auc_bootstrap_se(groups: Sequence[Sequence[tuple[float, bool]]], resamples: int = 500,
+                     seed: int = 0) -> Optional[float]:
+    """The standard error of `auc` over `groups` (each a list of (score, label) rows that share an
+    episode) by `bootstrap_se` (draws lacking a class are skipped). None when the pooled rows lack a
+    class or fewer than 2 draws have both."""
+    if len({y for group in groups for _, y in group}) < 2:  # one class (or none): no AUC to draw
+        return None
+    return bootstrap_se(groups, lambda rows: auc([v for v, _ in rows], [y for _, y in rows]), resamples, seed)
+
+
+def spearman_bootstrap_se(groups: Sequence[Sequence[tuple[float, float]]], resamples: int = 500,
+                          seed: int = 0) -> Optional[float]:
+    """The standard error of `spearman` over `groups` (each a list of (x, y) rows that share an
+    episode) by `bootstrap_se` (draws without a ranking are skipped). None when the pooled rows have
+    no ranking or fewer than 2 draws have one."""
+    def rho(rows: Sequence[tuple[float, float]]) -> Optional[float]:
+        return spearman([x for x, _ in rows], [y for _, y in rows])
+    if rho([row for group in groups for row in group]) is None:
+        return None
+    return bootstrap_se(groups, rho, resamples, seed)
 
 
 def spearman(x: Sequence[float], y: Sequence[float]) -> Optional[float]:
@@ -233,8 +273,10 @@ def no_spread_share(pools: Iterable[Sequence[float]], tolerance: float = 0.0) ->
 @dataclasses.dataclass
 class RoundRow:
     """One scored round: objectives k, group (the episode's uid), sample, round index, whether its
-    ``<mem>`` keeps the retrieved golds (None: none retrieved yet), and each definition's reward
-    (None: the definition does not score the round)."""
+    ``<mem>`` keeps the retrieved golds (None: none retrieved yet), each definition's reward (None:
+    the definition does not score the round), the share of the retrieved golds the ``<mem>`` keeps
+    (None: none retrieved yet) and whether a question is still pending (some objective's gold not
+    retrieved before the round; None without golds)."""
 
     k: int
     group: str
@@ -242,15 +284,20 @@ class RoundRow:
     round_index: int
     keeps: Optional[bool]
     rewards: dict[str, Optional[float]]
+    kept_share: Optional[float] = None
+    pending: Optional[bool] = None
 
 
 def signal_metrics(rows: Sequence[RoundRow], definition: str, with_se: bool = False) -> dict[str, Any]:
     """The metrics of one definition on `rows` (module docstring); pools are per group within
-    `rows` (pass one round index's rows for (group, round) pools); ``auc_se`` only `with_se` (else
-    None: the bootstrap is the slow part). Plain JSON (None, never NaN)."""
+    `rows` (pass one round index's rows for (group, round) pools); the SEs (``auc_se``,
+    ``share_spearman_se``, ``pending_auc_se``) only `with_se` (else None: the bootstrap is the slow
+    part). Plain JSON (None, never NaN)."""
     labelled = [(r.rewards[definition], bool(r.keeps)) for r in rows
                 if r.keeps is not None and r.rewards[definition] is not None]
     by_group: dict[str, list[tuple[float, bool]]] = defaultdict(list)
+    graded: dict[str, list[tuple[float, float]]] = defaultdict(list)  # (reward, kept share) per group
+    pending: dict[str, list[tuple[float, bool]]] = defaultdict(list)  # (reward, keeps), question pending
     pools: dict[str, list[float]] = defaultdict(list)
     for r in rows:
         value = r.rewards[definition]
@@ -259,6 +306,12 @@ def signal_metrics(rows: Sequence[RoundRow], definition: str, with_se: bool = Fa
         pools[r.group].append(value)
         if r.keeps is not None:
             by_group[r.group].append((value, bool(r.keeps)))
+            if r.pending:
+                pending[r.group].append((value, bool(r.keeps)))
+        if r.kept_share is not None:
+            graded[r.group].append((value, float(r.kept_share)))
+    shares = [row for group in graded.values() for row in group]
+    pending_rows = [row for group in pending.values() for row in group]
     rho, groups = within_group_spearman(([v for v, _ in g], [y for _, y in g]) for g in by_group.values())
     flat, num_pools = no_spread_share(pools.values())
     keep_values = [v for v, y in labelled if y]
@@ -271,6 +324,13 @@ def signal_metrics(rows: Sequence[RoundRow], definition: str, with_se: bool = Fa
         "spearman": rho, "spearman_groups": groups, "no_spread": flat, "pools": num_pools,
         "mean_reward_keeps": statistics.fmean(keep_values) if keep_values else None,
         "mean_reward_drops": statistics.fmean(drop_values) if drop_values else None,
+        "graded_rounds": len(shares),
+        "share_spearman": spearman([v for v, _ in shares], [x for _, x in shares]),
+        "share_spearman_se": spearman_bootstrap_se(list(graded.values())) if with_se else None,
+        "pending_keeps": sum(1 for _, y in pending_rows if y),
+        "pending_drops": sum(1 for _, y in pending_rows if not y),
+        "pending_auc": auc([v for v, _ in pending_rows], [y for _, y in pending_rows]),
+        "pending_auc_se": auc_bootstrap_se(list(pending.values())) if with_se else None,
     }
 
 
@@ -302,8 +362,10 @@ def _se(value: Optional[float]) -> str:
 def markdown_table(table: Mapping[str, Mapping[str, Mapping[str, Mapping[str, Any]]]]) -> str:
     """The signal table as markdown: one line per (k, definition, round split)."""
     lines = ["| k | definition | rounds | AUC keeps vs drops (bootstrap SE) | keeps / drops | "
-             "within-group Spearman (groups) | pools with no spread (pools) | mean reward keeps / drops |",
-             "|---|---|---|---|---|---|---|---|"]
+             "within-group Spearman (groups) | pools with no spread (pools) | mean reward keeps / drops | "
+             "Spearman with kept share (bootstrap SE; rounds) | AUC with a question pending (bootstrap SE; "
+             "keeps / drops) |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     ks = sorted({k for per_k in table.values() for k in per_k}, key=lambda s: int(s.split("=")[1]))
     for k in ks:
         for name, per_k in table.items():
@@ -313,7 +375,10 @@ def markdown_table(table: Mapping[str, Mapping[str, Mapping[str, Mapping[str, An
                     f"{m['keeps']} / {m['drops']} | "
                     f"{_fmt(m['spearman'], '{:+.3f}')} ({m['spearman_groups']}) | {_fmt(m['no_spread'], '{:.2f}')} "
                     f"({m['pools']}) | {_fmt(m['mean_reward_keeps'], '{:.4f}')} / "
-                    f"{_fmt(m['mean_reward_drops'], '{:.4f}')} |")
+                    f"{_fmt(m['mean_reward_drops'], '{:.4f}')} | "
+                    f"{_fmt(m['share_spearman'], '{:+.3f}')}{_se(m.get('share_spearman_se'))}; {m['graded_rounds']} | "
+                    f"{_fmt(m['pending_auc'])}{_se(m.get('pending_auc_se'))}; "
+                    f"{m['pending_keeps']} / {m['pending_drops']} |")
     return "\n".join(lines)
 
 
@@ -372,18 +437,24 @@ def memory_read(tokenizer: Any, trajectories: Sequence[Trajectory],
 def round_rows(trajectories: Sequence[Trajectory], k: int, tokenizer: Any,
                rewards: Mapping[str, Sequence[Sequence[Optional[float]]]]) -> list[RoundRow]:
     """One `RoundRow` per scored round of every trajectory (`rewards`: per definition, as
-    `definition_rewards` returns them). ValueError when a definition's lists do not line up."""
+    `definition_rewards` returns them), with its keeps, kept share and pending labels. ValueError
+    when a definition's lists do not line up."""
     rows = []
     for i, t in enumerate(trajectories):
         scored = t.scored_rounds()
         keeps = t.memory_keeps(tokenizer) or [None] * len(scored)  # [] without golds
+        shares = t.memory_kept_shares(tokenizer) or [None] * len(scored)
+        objectives = len(objectives_from_golds(t.golds)) if t.golds is not None else None
+        pending = ([len(seen) < objectives for seen in t.retrieved_objectives(tokenizer)] if objectives
+                   else [None] * len(scored))
         for name, per_trajectory in rewards.items():
             if len(per_trajectory) != len(trajectories) or len(per_trajectory[i]) != len(scored):
                 raise ValueError(f"definition {name!r}: its rewards do not line up with the scored rounds of "
                                  f"trajectory {t.uid}/{t.sample_index}")
         for j, (round_, keep) in enumerate(zip(scored, keeps)):
             rows.append(RoundRow(k, t.uid, t.sample_index, round_.index, keep,
-                                 {name: (None if v[i][j] is None else float(v[i][j])) for name, v in rewards.items()}))
+                                 {name: (None if v[i][j] is None else float(v[i][j])) for name, v in rewards.items()},
+                                 shares[j], pending[j]))
     return rows
 
 
@@ -391,28 +462,32 @@ def round_rows(trajectories: Sequence[Trajectory], k: int, tokenizer: Any,
 # held-out episodes and their rollouts, made once
 # ------------------------------------------------------------------------------------------------
 def held_out_episodes(world: Any, cfg: MempoConfig, ks: Sequence[int], questions: int) -> dict[int, list[Any]]:
-    """The first `questions` of the demo's evaluation episodes of each k (module docstring). BenchError
-    for a k outside ``eval.objectives`` or more questions than ``eval.episodes``."""
+    """The first `questions` episodes of each k of the demo's held-out split ``eval.split`` (module
+    docstring). BenchError for a k outside ``eval.objectives``, more questions than the split holds
+    per k (``eval.episodes`` / ``eval.validation_episodes``) or a validation split the demo did not
+    hold out."""
     outside = [k for k in ks if k not in cfg.eval.objectives]
     if outside:
         raise BenchError(f"--ks: k={outside} is not among the demo's evaluation objectives "
                          f"{list(cfg.eval.objectives)} (eval.objectives), whose episodes alone are held out of SFT")
-    if questions > cfg.eval.episodes:
-        raise BenchError(f"--questions {questions}: the demo held out {cfg.eval.episodes} episodes per k "
-                         f"(eval.episodes); ask for at most that many")
-    drawn = eval_episodes(world, cfg)  # exactly the demo's draw: the held-out set of its SFT
+    field = "eval.episodes" if cfg.eval.split == "test" else "eval.validation_episodes"
+    held = cfg.eval.episodes if cfg.eval.split == "test" else cfg.eval.validation_episodes
+    if questions > held:
+        raise BenchError(f"--questions {questions}: the demo held out {held} {cfg.eval.split} episodes per k "
+                         f"({field}); ask for at most that many")
+    drawn = eval_episodes(world, cfg)  # exactly the demo's draw of that split: held out of its SFT
     return {k: drawn[k][:questions] for k in ks}
 
 
 def sft_subjects_shared(world: Any, cfg: MempoConfig, asked: Mapping[int, Sequence[Any]]) -> Optional[int]:
     """How many hop subjects of the `asked` episodes an SFT (cold-start) episode of this configuration
     asks about: the demo's draw (`mempo.synthetic.heldout.training_episodes`, ``synthetic.oracle_objectives``
-    x ``oracle_episodes``, seed `sft_question_seed`, the evaluation's subjects held out). 0 unless the
+    x ``oracle_episodes``, seed `sft_question_seed`, both splits' subjects held out). 0 unless the
     demo changed; None without ``oracle_objectives``."""
     s = cfg.synthetic
     if s.oracle_objectives is None:
         return None
-    held = held_out_subjects(eval_episodes(world, cfg))
+    held = held_out_of_training(world, cfg)
     sft = held_out_subjects([e for k in s.oracle_objectives
                              for e in training_episodes(world, int(k), s.oracle_episodes,
                                                         sft_question_seed(cfg.data.seed, k), held)])
@@ -501,10 +576,12 @@ def run(demo_out: Path, out: Path, *, model_name: str = "model_sft", questions: 
     unknown = [name for name in definitions if name not in DEFINITIONS]
     if unknown:
         raise BenchError(f"--definitions: unknown {unknown}; known: {list(DEFINITIONS)}")
-    fixed = [o for o in overrides if o.split("=", 1)[0].strip().split(".")[0] in FIXED_SECTIONS]
+    fixed = [o for o in overrides if o.split("=", 1)[0].strip().split(".")[0] in FIXED_SECTIONS
+             and o.split("=", 1)[0].strip() not in FREE_FIELDS]
     if fixed:
         raise BenchError(f"{', '.join(fixed)}: the {'/'.join(FIXED_SECTIONS)} sections fix the world and the "
-                         "held-out episodes the demo's SFT model was made with; they cannot be overridden here")
+                         "held-out episodes the demo's SFT model was made with; they cannot be overridden here "
+                         f"(but {', '.join(FREE_FIELDS)})")
     model_dir = demo_out / model_name
     if not (demo_out / "config.yaml").is_file() or not model_dir.is_dir():
         raise BenchError(f"{demo_out}: not a demo output with {model_name}/ (config.yaml and {model_name}/ "
@@ -515,6 +592,7 @@ def run(demo_out: Path, out: Path, *, model_name: str = "model_sft", questions: 
     configs = {name: definition_config(cfg, DEFINITIONS[name]) for name in definitions}  # bad ones fail first
     env = build_world(cfg)
     episodes_by_k = held_out_episodes(env.world, cfg, ks, questions)
+    log(f"split: {cfg.eval.split} (the first {questions} of its episodes per k)")
     asked = {q for eps in episodes_by_k.values() for e in eps for q in e.questions}
     shared = sft_subjects_shared(env.world, cfg, episodes_by_k)
     tokenizer = pretrained_tokenizer(model_dir)
@@ -529,8 +607,8 @@ def run(demo_out: Path, out: Path, *, model_name: str = "model_sft", questions: 
     seconds: dict[str, float] = defaultdict(float)
     for k, episodes in episodes_by_k.items():
         setting = rollout_setting(k, episodes, samples, seed, chunk, digest, cfg.rollout, backend)
-        trajectories, facts = rollouts(backend, model, tokenizer, cfg, env.retriever, k, episodes, out=out, setting=setting,
-                                       reroll=reroll, chunk=chunk, log=log)
+        trajectories, facts = rollouts(backend, model, tokenizer, cfg, env.retriever, k, episodes, out=out,
+                                       setting=setting, reroll=reroll, chunk=chunk, log=log)
         made[f"k={k}"] = {"trajectories": len(trajectories), "reused": facts["reused"],
                           "rollout_seconds": facts.get("seconds"),
                           "em": statistics.fmean(float(t.outcome.get("em", 0.0)) for t in trajectories),
@@ -553,8 +631,10 @@ def run(demo_out: Path, out: Path, *, model_name: str = "model_sft", questions: 
         "samples": samples,
         "ks": list(ks), "seed": seed, "definitions": {name: DEFINITIONS[name] for name in definitions},
         "scoring": {name: dataclasses.asdict(configs[name].scoring) for name in definitions},
+        "split": cfg.eval.split,
         "held_out": {"episodes": "the first --questions of mempo.eval.eval_episodes(world, demo config) per k",
-                     "eval_episodes_per_k": cfg.eval.episodes, "questions": len(asked),
+                     "eval_episodes_per_k": cfg.eval.episodes,
+                     "validation_episodes_per_k": cfg.eval.validation_episodes, "questions": len(asked),
                      "subjects_in_sft_episodes": shared},
         "rollouts": made, "scoring_seconds": dict(seconds), "seconds": time.perf_counter() - began,
         "machine": machine_facts(), "device": device,
@@ -578,7 +658,8 @@ def setting_lines(results: Mapping[str, Any]) -> list[str]:
                 f"{_fmt(r['median_worst_logp_mem_drops'], '{:.2f}')} for those that drop one ({r['drops']})")
     made = "; ".join(f"{k}: {m['trajectories']} trajectories, {m['scored_rounds']} scored rounds, rollout EM "
                      f"{m['em']:.3f}{read(m)}" for k, m in results["rollouts"].items())
-    return [f"{results['questions']} held-out episodes x {results['samples']} samples per k (rollout seed "
+    return [f"{results['questions']} held-out {results.get('split', 'test')} episodes x {results['samples']} samples "
+            f"per k (rollout seed "
             f"{results['seed']}) from `{results['demo_out']}/{results.get('model', 'model_sft')}` (weights sha256 "
             f"{results['model_sha256'][:12]}); {made}. Questions of these episodes in SFT episodes: "
             f"{results['held_out']['subjects_in_sft_episodes']}.",

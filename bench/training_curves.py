@@ -56,8 +56,8 @@ def markdown(runs: dict[str, dict[str, Optional[float]]], window: int) -> str:
         se = statistics.stdev(values) / math.sqrt(len(values)) if len(values) > 1 else None
         return f"{statistics.fmean(values):.3f}" + (f" ± {se:.3f}" if se is not None else "")
 
-    lines = [f"| arm | seeds | " + " | ".join(c.replace("_first", f", first {window}").replace("_last", f", last {window}")
-                                         for c in columns) + " |",
+    lines = ["| arm | seeds | " + " | ".join(c.replace("_first", f", first {window}")
+                                              .replace("_last", f", last {window}") for c in columns) + " |",
              "|---|---|" + "---|" * len(columns)]
     for arm, rows in arms.items():
         lines.append(f"| {arm} | {len(rows)} | " + " | ".join(cell(rows, c) for c in columns) + " |")

@@ -1,10 +1,15 @@
 """Triton kernels: masked, thresholded answer log-probabilities (ALGORITHM.md section 4).
 
-Three kernels, each with its launcher below it (the functional API, validation and dispatch live in
-`mempo.ops.answer_logprob`):
+Four kernels, each with its launcher below it (the functional API, validation, chunk planning and
+dispatch live in `mempo.ops.logprob`):
 
 * `_row_logp_kernel`      one program per row of materialised logits `[M, V]`: online log-sum-exp
                           over BLOCK_V vocabulary tiles, target logit read directly -> token_logp.
+* `_block_logp_kernel`    the epilogue of the chunked path: one program per row of a `[R, N]` fp32
+                          logits block that cuBLAS wrote (R kept rows x N vocabulary entries from v0);
+                          the row kernel's online log-sum-exp, continued from the row's running
+                          (max, rescaled sum, target logit) of the earlier blocks, stored back, or
+                          turned into token_logp at the row's last block.
 * `_hidden_logp_kernel`   one program per (block of BLOCK_M rows, vocabulary split): logits tile
                           = hidden @ weight.T built with `tl.dot` over H chunks, never stored;
                           online log-sum-exp over the split's tiles -> per-split partials
@@ -96,6 +101,103 @@ def row_logp(logits, targets, mask_u8, out, inv_temp: float, block_v: int = None
         _row_logp_kernel[(M,)](
             logits, logits.stride(0), targets, mask_u8, out, V, float(inv_temp),
             BLOCK_V=block_v, num_warps=num_warps,
+        )
+    return out
+
+
+# ------------------------------------------------------------------------------------------------
+# (a') block kernel: the chunked path's epilogue over one cuBLAS logits block
+# ------------------------------------------------------------------------------------------------
+# row0, v0 and K are offsets: left unspecialised, so that each block of a call compiles to one variant.
+@triton.jit(do_not_specialize=["row0", "v0", "K"])
+def _block_logp_kernel(
+    block_ptr,           # [R, N] fp32 logits block (no bias, no temperature), last dim contiguous
+    stride_row,          # elements between consecutive rows of the block
+    bias_ptr,            # [V] fp32 or dummy
+    targets_ptr,         # [K] int64: targets of the kept rows
+    state_ptr,           # [3, K] fp32: running max m, rescaled sum d, target logit z_t per kept row
+    out_ptr,             # [K] fp32 token_logp of the kept rows (written at the last block only)
+    row0,                # kept row of the block's first row
+    N,                   # vocabulary entries in the block
+    v0,                  # vocabulary index of the block's first column
+    K,                   # kept rows (the stride between the three state vectors)
+    inv_temp,
+    HAS_BIAS: tl.constexpr,
+    FIRST: tl.constexpr,  # the row's first block: the state starts at (-inf, 0, -inf), nothing is read
+    LAST: tl.constexpr,   # the row's last block: write token_logp instead of the state
+    BLOCK_V: tl.constexpr,
+):
+    r = tl.program_id(0).to(tl.int64)
+    k = row0 + r
+    base = block_ptr + r * stride_row
+    cols = tl.arange(0, BLOCK_V)
+
+    # 1. The row's running state from the earlier vocabulary blocks (m: max of z, d: sum exp(z - m),
+    #    z_t: the target logit if an earlier block held it).
+    if FIRST:
+        m = float("-inf")
+        d = 0.0
+        z_t = float("-inf")
+    else:
+        m = tl.load(state_ptr + k)
+        d = tl.load(state_ptr + K + k)
+        z_t = tl.load(state_ptr + 2 * K + k)
+
+    # 2. Online log-sum-exp over the block, z = (logits + bias) / T, exactly as the row kernel:
+    #      m' = max(m, max_tile z);  d' = d * exp(m - m') + sum_tile exp(z - m')
+    #    (lanes past N load -inf; subtract 0 while every z so far is -inf, so -inf - -inf never occurs).
+    for c0 in range(0, N, BLOCK_V):
+        offs = c0 + cols
+        ok = offs < N
+        z = tl.load(base + offs, mask=ok, other=float("-inf"))
+        if HAS_BIAS:
+            z += tl.load(bias_ptr + v0 + offs, mask=ok, other=0.0)
+        z = z * inv_temp
+        m_new = tl.maximum(m, tl.max(z, axis=0))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        d = d * tl.exp(m - m_safe) + tl.sum(tl.exp(z - m_safe), axis=0)
+        m = m_new
+
+    # 3. The target logit, read directly if this block holds the target's column.
+    local = tl.load(targets_ptr + k) - v0
+    inside = (local >= 0) & (local < N)
+    picked = tl.load(base + local, mask=inside, other=float("-inf"))
+    if HAS_BIAS:
+        picked += tl.load(bias_ptr + v0 + local, mask=inside, other=0.0)
+    z_t = tl.where(inside, picked * inv_temp, z_t)
+
+    # 4. Last block: log p = (z_t - m) - log d, the max subtracted first and the all -inf row giving
+    #    -inf, never NaN (the row kernel's step 3). Otherwise the state goes back for the next block.
+    if LAST:
+        m_safe = tl.where(m == float("-inf"), 0.0, m)
+        logp = (z_t - m_safe) - tl.log(tl.where(d == 0.0, 1.0, d))  # a NaN d (NaN / +inf logit) stays NaN
+        tl.store(out_ptr + k, logp)
+    else:
+        tl.store(state_ptr + k, m)
+        tl.store(state_ptr + K + k, d)
+        tl.store(state_ptr + 2 * K + k, z_t)
+
+
+def block_logp(block, bias, targets, state, out, row0: int, v0: int, inv_temp: float, *, first: bool,
+               last: bool, block_v: int = None):
+    """Launch one program per row of `block` `[R, N]` fp32 (stride(1) == 1): the logits of kept rows
+    row0 .. row0 + R - 1 over vocabulary entries v0 .. v0 + N - 1. bias `[V]` fp32 or None, targets
+    `[K]` int64, state `[3, K]` fp32 (read unless `first`, written unless `last`), out `[K]` fp32
+    (written at `last`)."""
+    R, N = block.shape
+    if R == 0:
+        return out
+    if block_v is None:
+        block_v = min(4096, triton.next_power_of_2(N))
+    num_warps = 8 if block_v >= 2048 else 4
+    K = targets.numel()
+    tensors = (block, targets, state, out) + ((bias,) if bias is not None else ())
+    with _launch.launch_device(*tensors):
+        _block_logp_kernel[(R,)](
+            block, block.stride(0), bias if bias is not None else block, targets, state, out,
+            row0, N, v0, K, float(inv_temp),
+            HAS_BIAS=bias is not None, FIRST=bool(first), LAST=bool(last), BLOCK_V=block_v,
+            num_warps=num_warps,
         )
     return out
 

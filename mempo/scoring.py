@@ -41,8 +41,8 @@ from mempo.protocol.grammar import answer_template_text
 from mempo.records.scoring import ScoringRequest, ScoringResult
 from mempo.records.trajectory import Trajectory
 
-__all__ = ["METHODS", "DEFAULT_TOKEN_BUDGET", "ForwardSync", "ScoringStats", "compute_memory_rewards", "resolve_method", "score",
-           "score_cached", "score_packed", "score_reference"]
+__all__ = ["METHODS", "DEFAULT_TOKEN_BUDGET", "ForwardSync", "ScoringStats", "compute_memory_rewards", "resolve_method",
+           "score", "score_cached", "score_packed", "score_reference"]
 
 METHODS = ("packed", "cached", "reference")  # the ways to score; "auto" (`resolve_method`) picks one of them
 DEFAULT_TOKEN_BUDGET = 16384
@@ -623,9 +623,10 @@ def compute_memory_rewards(
 ) -> tuple[list[list[Optional[float]]], list[list[RoundMemoryReward]]]:
     """Teacher-score `trajectories` with `model` and turn the results into memory rewards, by the
     definition of `scoring_cfg` (the ``scoring`` section: method, threshold, token_budget, comparator,
-    scored_objectives, reward, log_clip, objective_reduce, answer_template; `mempo.algo.memory_reward`). The one entry point of the
-    training step, the signal benchmark and integrations. The golds reach the scored answer only;
-    nothing is generated. lockstep: as `score_reference` (a sharded model under torch.distributed).
+    scored_objectives, reward, log_clip, objective_reduce, answer_template;
+    `mempo.algo.memory_reward`). The one entry point of the training step, the signal benchmark and
+    integrations. The golds reach the scored answer only; nothing is generated. lockstep: as
+    `score_reference` (a sharded model under torch.distributed).
 
     Returns:
         (rewards, details): per trajectory, one entry per `Trajectory.scored_rounds` in order:

@@ -1,12 +1,13 @@
 """Every derived seed, by name: how one seed of the configuration becomes the seed of a step, a
 generation call or a set of questions. Rollout seeds stay below ``SEED_MODULUS`` (2**31 - 1, a
-prime), so every backend takes them; the question-seed offsets keep the evaluation, cold-start and
-training (``data.seed`` itself) draws apart.
+prime), so every backend takes them; the question-seed offsets keep the evaluation (test), validation,
+cold-start and training (``data.seed`` itself) draws apart.
 """
 from __future__ import annotations
 
 __all__ = ["SEED_MODULUS", "STEP_SEED_STRIDE", "CALL_SEED_STRIDE", "EVAL_SEED_OFFSET", "SFT_SEED_OFFSET",
-           "training_rollout_seed", "generation_seed", "eval_question_seed", "sft_question_seed"]
+           "VALIDATION_SEED_OFFSET", "training_rollout_seed", "generation_seed", "eval_question_seed",
+           "sft_question_seed", "validation_question_seed"]
 
 #: Rollout seeds are taken modulo this prime (2**31 - 1).
 SEED_MODULUS = 2 ** 31 - 1
@@ -18,6 +19,8 @@ CALL_SEED_STRIDE = 10_007
 EVAL_SEED_OFFSET = 10_000
 #: Cold-start (SFT) question seeds: ``data.seed + SFT_SEED_OFFSET + k``.
 SFT_SEED_OFFSET = 20_000
+#: Validation question seeds: ``data.seed + VALIDATION_SEED_OFFSET + k``.
+VALIDATION_SEED_OFFSET = 30_000
 
 
 def training_rollout_seed(rollout_seed: int, step: int) -> int:
@@ -43,3 +46,9 @@ def sft_question_seed(data_seed: int, objectives: int) -> int:
     """The question seed of the cold-start (SFT) episodes of `objectives` objectives (the demo's and
     ``sft.objectives``')."""
     return int(data_seed) + SFT_SEED_OFFSET + int(objectives)
+
+
+def validation_question_seed(data_seed: int, objectives: int) -> int:
+    """The question seed of the validation episodes of `objectives` objectives (``eval.split:
+    validation``; `mempo.eval.validation_episodes`)."""
+    return int(data_seed) + VALIDATION_SEED_OFFSET + int(objectives)

@@ -44,6 +44,8 @@ LAZY_SUBMODULES = {"torch.utils.tensorboard"}  # torch's optional tensorboard wr
 LAZY_ALLOWED = {
     "mempo.ops": ("mempo.kernels",),  # `import mempo.ops` stays without triton
     "mempo.apps": ("mempo", "torch"),  # the command modules: `mempo --help` imports no library
+    # the verl checker: its modules that import verl come after `import verl` failing is reported in one line
+    "mempo.integrations.verl.__main__": ("mempo.integrations.verl",),
 }
 
 

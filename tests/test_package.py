@@ -51,5 +51,6 @@ def test_the_cli_imports_its_commands_and_no_command_imports_the_cli():
             "'torch') if m in sys.modules])\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.split("\n")[:3] == ["False", "['ask', 'demo', 'eval', 'export', 'plan', 'serve', 'serve-retriever', "
+    assert out.stdout.split("\n")[:3] == ["False",
+                                          "['ask', 'demo', 'eval', 'export', 'plan', 'serve', 'serve-retriever', "
                                           "'sft', 'train']", "[]"]

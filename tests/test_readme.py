@@ -65,7 +65,7 @@ def test_readme_python_block_runs_as_pasted(line, code, tmp_path):
 
 
 def test_readme_keeps_the_quick_start_near_the_top_and_stays_a_manual():
-    lines = README.read_text().split("\n")
+    lines = README.read_text().splitlines()
     assert len(lines) <= 300, f"README.md has {len(lines)} lines (the manual's limit is 300)"
     head = lines[:60]
     # the demo and test commands CI and the issue name, unchanged

@@ -53,7 +53,8 @@ def test_a_decorated_function_a_subclass_and_a_factory_are_tools():
 def test_calls_in_both_formats(tools):
     ok = json_call(tools, '{"name": "lookup", "arguments": {"key": "Sky"}}')
     assert ok.ok and ok.text == "<tool_response>Sky is blue</tool_response>" and ok.metadata == {"tool": "lookup"}
-    assert json_call(tools, '{"name": "calc", "arguments": {"a": 2, "b": 40}}').text == "<tool_response>42</tool_response>"
+    assert (json_call(tools, '{"name": "calc", "arguments": {"a": 2, "b": 40}}').text
+            == "<tool_response>42</tool_response>")
     assert json_call(tools, '{"name": "alookup", "arguments": "{\\"key\\": \\"grass\\"}"}').text.count("green") == 1
     tags = tag_set_for("tags", tools.names)
     assert tools.call("lookup", " apple ", tags).text == "<information>apple is red</information>"

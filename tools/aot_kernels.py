@@ -142,22 +142,23 @@ def op_calls() -> Iterator[tuple[str, Callable[[], Any]]]:
             if padded_T is not None:
                 shape = (M, padded_T)
                 logits = torch.randn(*shape, V, generator=_g(0)).to(dtype)
-                return alp_ops.answer_logprob(logits, torch.zeros(shape, dtype=tdtype), torch.ones(shape, dtype=torch.bool),
-                                              threshold=threshold, backend="triton")
+                return alp_ops.answer_logprob(logits, torch.zeros(shape, dtype=tdtype),
+                                              torch.ones(shape, dtype=torch.bool), threshold=threshold,
+                                              backend="triton")
             logits = torch.randn(M, V, generator=_g(0)).to(dtype)
             cu_seqlens = torch.tensor([0, M]) if cu else None
-            return alp_ops.answer_logprob(logits, torch.zeros(M, dtype=tdtype), torch.ones(M, dtype=torch.bool), cu_seqlens,
-                                          threshold=threshold, backend="triton")
+            return alp_ops.answer_logprob(logits, torch.zeros(M, dtype=tdtype), torch.ones(M, dtype=torch.bool),
+                                          cu_seqlens, threshold=threshold, backend="triton")
         return call
 
-    def hidden_case(M, V, H, hdtype, wdtype, bias_dtype=None, tdtype=torch.int64):
+    def hidden_case(M, V, H, hdtype, wdtype, bias_dtype=None, tdtype=torch.int64, method="fused", **chunks):
         def call():
             hidden = torch.randn(M, H, generator=_g(1)).to(hdtype)
             weight = torch.randn(V, H, generator=_g(2)).to(wdtype)
             bias = None if bias_dtype is None else torch.zeros(V, dtype=bias_dtype)
             return alp_ops.answer_logprob_from_hidden(hidden, weight, torch.zeros(M, dtype=tdtype),
                                                       torch.ones(M, dtype=torch.bool), torch.tensor([0, M]),
-                                                      bias=bias, backend="triton")
+                                                      bias=bias, method=method, backend="triton", **chunks)
         return call
 
     # Row kernel: BLOCK_V = min(4096, next_pow2(V)) and the warps follow it: V across powers of two.
@@ -177,7 +178,8 @@ def op_calls() -> Iterator[tuple[str, Callable[[], Any]]]:
     for hdtype in floats:
         for wdtype in floats:
             for bias_dtype in (None,) + floats:
-                yield f"from_hidden {hdtype} {wdtype} bias={bias_dtype}", hidden_case(64, 256, 16, hdtype, wdtype, bias_dtype)
+                yield (f"from_hidden {hdtype} {wdtype} bias={bias_dtype}",
+                       hidden_case(64, 256, 16, hdtype, wdtype, bias_dtype))
     for tdtype in INT_DTYPES:
         # V = 64 < 128: an int8 target can name every token
         yield f"from_hidden targets {tdtype}", hidden_case(64, 64, 16, torch.bfloat16, torch.bfloat16, tdtype=tdtype)
@@ -189,6 +191,21 @@ def op_calls() -> Iterator[tuple[str, Callable[[], Any]]]:
     for dtype in (torch.bfloat16, torch.float32):
         for m, v in ((1, 151_936), (3, 37), (64, 1), (1, 1)):
             yield f"from_hidden odd M={m} V={v} {dtype}", hidden_case(m, v, 24, dtype, dtype)
+    # Block kernel (the chunked method's epilogue): BLOCK_V = min(4096, next_pow2(N)) over block widths
+    # N across powers of two (one block per row: first and last), with and without a bias; several
+    # vocabulary blocks per row (first / middle / last, widths that are and are not multiples of 16);
+    # the planner's own blocks at V = 151,936; odd sizes. The GEMM runs on the CPU here (not a kernel).
+    for k in range(0, 14):
+        for bias_dtype in (None, torch.float32):
+            yield (f"from_hidden chunked V={2 ** k} bias={bias_dtype}",
+                   hidden_case(3, 2 ** k, 16, torch.float32, torch.float32, bias_dtype, method="chunked"))
+    for v, n in ((1000, 128), (1000, 77), (151_936, 9472), (37, 1)):
+        yield (f"from_hidden chunked V={v} vocab_chunk={n}",
+               hidden_case(5, v, 16, torch.bfloat16, torch.bfloat16, torch.bfloat16, method="chunked",
+                           vocab_chunk=n))
+    for m, v in ((1, 151_936), (64, 1), (1, 1)):
+        yield (f"from_hidden chunked odd M={m} V={v}",
+               hidden_case(m, v, 24, torch.float32, torch.float32, method="chunked"))
 
     # Advantage ops: span scatter per mask dtype (float masks are checked in the kernel), with and without
     # the outcome and the spans; the z-score per flag combination and value dtype (loaded as given); round

@@ -16,10 +16,9 @@ import sys
 
 from mempo.config import load_config, split_overrides
 from mempo.env.build import build_tools
-from mempo.eval import eval_episodes
+from mempo.eval import eval_episodes, held_out_of_training
 from mempo.synthetic.build import build_world
 from mempo.synthetic.cold_start import oracle_cold_start
-from mempo.synthetic.heldout import held_out_subjects
 
 DOC_ID = re.compile(r"\(ID: ([^,\s]+),")
 
@@ -32,9 +31,10 @@ def main(argv=None) -> int:
     args = parser.parse_args(rest)
     cfg = load_config(args.config, overrides)
     env = build_world(cfg)
-    evaluated = eval_episodes(env.world, cfg)
-    held = held_out_subjects(evaluated)
-    cold = oracle_cold_start(env.world, build_tools(cfg, env.retriever), cfg, frozenset() if args.nothing_held_out else held)
+    evaluated = eval_episodes(env.world, cfg)  # the split eval.split names
+    held = held_out_of_training(env.world, cfg)  # both splits' subjects
+    cold = oracle_cold_start(env.world, build_tools(cfg, env.retriever), cfg,
+                             frozenset() if args.nothing_held_out else held)
     prompts = [m["content"] for t in cold.trajectories for r in t.rounds for m in r.messages]
     shown_ids = {doc_id for text in prompts for doc_id in DOC_ID.findall(text)}
     shown_text = "\n".join(prompts)

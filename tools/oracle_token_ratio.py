@@ -55,7 +55,8 @@ def main() -> None:
             rounds += len(runs["memory"].rounds)
             em += runs["memory"].score["em"]
         n = len(episodes)
-        print(f"| {k} | {n} | {rounds / n:.2f} | {em / n:.3f} | {memory / n:.0f} | {full / n:.0f} | {memory / full:.3f} |")
+        print(f"| {k} | {n} | {rounds / n:.2f} | {em / n:.3f} | {memory / n:.0f} | {full / n:.0f} "
+              f"| {memory / full:.3f} |")
 
 
 if __name__ == "__main__":

@@ -1,20 +1,30 @@
 """How much the demo's SFT result depends on its seeds: the demo's stages up to the evaluation before
 RL (world, held-out split, oracle cold start, tokenizer, model, copy warm-up, SFT; `mempo.apps.demo`'s
-own stage functions), for several seeds, with greedy EM at k = 2 under the memory context.
+own stage functions), for several seeds, with greedy EM at k = 2 (``--ks``) under the memory context.
 
     python tools/sft_seeds.py --seeds 0 1 2 --out bench/sft_seeds/default.jsonl [overrides ...]
+    python tools/sft_seeds.py --config configs/demo_k8.yaml --ks 2 4 8 --seeds 0 1 2 --out rows.jsonl \
+        eval.split=validation                   # an SFT gate judged on the validation split
 
 A seed s sets ``synthetic.world_seed``, ``synthetic.model_seed`` and ``synthetic.oracle_drop_seed``
 to s (``data.seed`` stays: the evaluation questions are drawn from each world with the same seeds).
-Each seed's evaluated episodes are written to ``--episodes-dir``. The held-out split is the demo's
-(every k of ``eval.objectives``); only k = 2 is evaluated, without the closed-book pass. Torch threads are fixed (``--threads``) and SFT is bounded by its steps only
-(``sft.max_seconds`` null). One JSON line per finished seed is appended to ``--out``; seeds already there
-(with the same overrides, made on the same CPU model) are skipped, so an interrupted run continues. Each
+``--config``: the configuration (default the demo's, ``configs/demo.yaml``). Each seed's evaluated
+episodes are written to ``--episodes-dir``. The held-out splits are the demo's
+(`mempo.eval.held_out_of_training`: the test split and, with ``eval.validation_episodes``, the
+validation split, every k of ``eval.objectives``); the k of ``--ks`` (each one of ``eval.objectives``)
+are evaluated on the split ``eval.split`` names (the row records it), without the closed-book pass.
+Torch threads are fixed (``--threads``) and SFT is bounded by its steps only (``sft.max_seconds``
+null). One JSON line per finished seed is appended to ``--out``: per evaluated k ``em_k<k>``,
+``em_se_k<k>``, ``format_k<k>``, ``turns_k<k>``, ``eval_seconds_k<k>``, ``mem_kinds_k<k>`` and
+``right_by_position_k<k>`` (for k = 2 also under the names without the suffix, as rows before
+``--ks`` had them); seeds already there (with the same config, overrides and ``--ks``, made on the
+same CPU model) are skipped, so an interrupted run continues. Each
 line names the CPU model and the instruction set of torch's kernels (`mempo.utils.machine`): the SFT
 model follows them (docs/experiments/X1-another-cpu.md), so seeds run on another CPU are another
 measurement. With ``--models-dir`` each
 seed's SFT model is kept as ``<dir>/<tag>_s<seed>/`` with ``config.yaml`` and ``model_sft/``, the
-layout of a demo output (`bench/bench_signal.py --demo-out`, `bench/bench_learning.py --demo-out`).
+layout of a demo output (`bench/bench_signal.py --demo-out`, `bench/bench_learning.py --demo-out`),
+and its row records the weights' digest (``weights_sha256``, `mempo.utils.digest.weights_digest`).
 """
 from __future__ import annotations
 
@@ -31,12 +41,13 @@ from typing import Any, NamedTuple
 
 from mempo.apps import demo
 from mempo.utils.allocator import keep_freed_memory
-from mempo.config import MempoConfig, dump_config
-from mempo.eval import eval_episodes, evaluate
+from mempo.config import ConfigError, MempoConfig, dump_config, split_overrides
+from mempo.errors import MempoError
+from mempo.eval import eval_episodes, evaluate, held_out_of_training
 from mempo.protocol.grammar import last_mem
 from mempo.protocol.reward import em_check
 from mempo.synthetic.oracle_memory import MEMORY_LINE_KINDS, memory_line_kinds
-from mempo.synthetic.heldout import held_out_subjects
+from mempo.utils.digest import weights_digest
 from mempo.utils.machine import machine_facts
 
 
@@ -75,12 +86,13 @@ def right_by_position(episodes_path: Path) -> list[float]:
     return [round(n / max(1, len(records)), 3) for n in right]
 
 
-def seed_config(seed: int, overrides: list[str]) -> "MempoConfig":
-    """The demo's configuration for seed s (world, model and teacher-drop seeds = s), SFT bounded by its
-    steps only (``sft.max_seconds`` null: the probe measures the step-bounded model, whatever else runs on
-    the machine), then `overrides`."""
-    return demo.load_demo_config(overrides=[f"synthetic.world_seed={seed}", f"synthetic.model_seed={seed}",
-                                            f"synthetic.oracle_drop_seed={seed}", "sft.max_seconds=null", *overrides])
+def seed_config(seed: int, overrides: list[str], config: Path | None = None) -> "MempoConfig":
+    """The demo's configuration (`config`; None: the demo's own) for seed s (world, model and
+    teacher-drop seeds = s), SFT bounded by its steps only (``sft.max_seconds`` null: the probe measures
+    the step-bounded model, whatever else runs on the machine), then `overrides`."""
+    return demo.load_demo_config(config, overrides=[f"synthetic.world_seed={seed}", f"synthetic.model_seed={seed}",
+                                                    f"synthetic.oracle_drop_seed={seed}", "sft.max_seconds=null",
+                                                    *overrides])
 
 
 class BeforeSFT(NamedTuple):
@@ -95,11 +107,12 @@ class BeforeSFT(NamedTuple):
 
 
 def before_sft(cfg) -> BeforeSFT:
-    """The demo's own stages up to SFT: world, evaluation episodes and their held-out subjects, oracle
-    cold start, tokenizer, model, copy warm-up (`mempo.apps.demo`'s stage functions)."""
+    """The demo's own stages up to SFT: world, the evaluation episodes of the split ``eval.split`` names
+    and the held-out subjects of both splits (`held_out_of_training`), oracle cold start, tokenizer,
+    model, copy warm-up (`mempo.apps.demo`'s stage functions)."""
     env = demo._world_stage(cfg).value
     episodes_by_k = eval_episodes(env.world, cfg)
-    held_out = held_out_subjects(episodes_by_k)
+    held_out = held_out_of_training(env.world, cfg)
     cold = demo._oracle_stage(cfg, env, held_out, False).value
     tokenizer = demo._tokenizer_stage(cfg, env.world, cold.trajectories).value
     model = demo._model_stage(cfg, tokenizer).value
@@ -109,31 +122,56 @@ def before_sft(cfg) -> BeforeSFT:
     return BeforeSFT(env, episodes_by_k, held_out, cold, tokenizer, model, copy_losses)
 
 
-def run_seed(seed: int, overrides: list[str], episodes_path: Path, threads: int,
-             model_dir: Path | None = None) -> dict:
-    cfg = seed_config(seed, overrides)
+def check_ks(cfg: "MempoConfig", ks: list[int]) -> None:
+    """ConfigError naming ``--ks`` unless every k is one of ``eval.objectives`` (only those are held out)."""
+    outside = [k for k in ks if k not in cfg.eval.objectives]
+    if outside or not ks:
+        raise ConfigError("--ks", f"k={outside or ks} is not among eval.objectives {list(cfg.eval.objectives)}, "
+                                  "whose episodes alone are held out of SFT")
+
+
+def episodes_file(episodes_dir: Path, tag: str, k: int) -> Path:
+    """Where the evaluated episodes of k go: ``<dir>/<tag>.jsonl`` for k = 2 (the name before
+    ``--ks``), ``<dir>/<tag>_k<k>.jsonl`` otherwise."""
+    return episodes_dir / (f"{tag}.jsonl" if k == 2 else f"{tag}_k{k}.jsonl")
+
+
+def run_seed(seed: int, overrides: list[str], episodes_dir: Path, tag: str, threads: int,
+             model_dir: Path | None = None, ks: tuple[int, ...] = (2,), config: Path | None = None) -> dict:
+    cfg = seed_config(seed, overrides, config)
+    check_ks(cfg, list(ks))
     threads = demo._set_threads(threads)
     began = time.perf_counter()
     env, episodes_by_k, held_out, cold, tokenizer, model, copy_losses = before_sft(cfg)
     with tempfile.TemporaryDirectory() as tmp:
         sft = demo._sft_stage(cfg, model, tokenizer, cold.sft_records, Path(tmp)).value
     sft_seconds = time.perf_counter() - began
+    weights = None
     if model_dir is not None:  # a demo output's layout: the run's configuration and its SFT model
         model_dir.mkdir(parents=True, exist_ok=True)
         dump_config(cfg, model_dir / "config.yaml")
         demo._save_model(model_dir / "model_sft", model, tokenizer)
+        weights = weights_digest(model_dir / "model_sft")
     eval_cfg = dataclasses.replace(cfg, eval=dataclasses.replace(cfg.eval, closed_book=False))
-    report = evaluate(model, tokenizer, {2: episodes_by_k[2]}, env.retriever, eval_cfg, label="sft", log=lambda _: None,
-                      show_progress=False, trajectories_path=episodes_path)
-    row = report.rows[0]
-    return {"seed": seed, "overrides": overrides, "em_k2": row.em, "em_se_k2": row.em_se, "format_k2": row.format_rate,
-            "turns_k2": row.mean_turns, "eval_seconds": row.seconds,
+    per_k: dict[str, Any] = {}
+    for k in ks:
+        path = episodes_file(episodes_dir, tag, k)
+        report = evaluate(model, tokenizer, {k: episodes_by_k[k]}, env.retriever, eval_cfg, label="sft",
+                          log=lambda _: None, show_progress=False, trajectories_path=path)
+        row = report.rows[0]
+        per_k.update({f"em_k{k}": row.em, f"em_se_k{k}": row.em_se, f"format_k{k}": row.format_rate,
+                      f"turns_k{k}": row.mean_turns, f"eval_seconds_k{k}": row.seconds,
+                      f"mem_kinds_k{k}": mem_kinds(path), f"right_by_position_k{k}": right_by_position(path)})
+        if k == 2:  # the names rows had before --ks
+            per_k.update({"eval_seconds": row.seconds, "mem_kinds": per_k["mem_kinds_k2"],
+                          "right_by_position": per_k["right_by_position_k2"]})
+    return {"seed": seed, "overrides": overrides, "config": None if config is None else str(config),
+            "ks": list(ks), "split": cfg.eval.split, "weights_sha256": weights, **per_k,
             "copy_loss_last50": round(sum(copy_losses[-50:]) / max(1, len(copy_losses[-50:])), 3),
             "sft_steps": sft["steps"], "sft_last_loss": sft["last_loss"],
             "sft_time_bound": sft["time_bound"], "seconds_to_sft_end": round(sft_seconds, 1),
             "seconds": round(time.perf_counter() - began, 1), "threads": threads,
-            "load_start": os.getloadavg()[0], "mem_kinds": mem_kinds(episodes_path),
-            "right_by_position": right_by_position(episodes_path), **cpu_facts()}
+            "load_start": os.getloadavg()[0], **cpu_facts()}
 
 
 def cpu_facts() -> dict[str, str]:
@@ -152,19 +190,30 @@ def main(argv: list[str]) -> int:
                         help="each seed's evaluated episodes (EpisodeRecord jsonl) go here")
     parser.add_argument("--models-dir", type=Path, default=None,
                         help="keep each seed's SFT model here, as <dir>/<tag>_s<seed>/{config.yaml,model_sft}")
-    parser.add_argument("overrides", nargs="*")
-    args = parser.parse_args(argv)
+    parser.add_argument("--config", type=Path, default=None, help="the configuration (default: the demo's)")
+    parser.add_argument("--ks", type=int, nargs="+", default=[2],
+                        help="the k evaluated after SFT (each one of eval.objectives; default 2)")
+    overrides, rest = split_overrides(argv)
+    args = parser.parse_args(rest)
+    args.overrides = overrides
     keep_freed_memory()  # the demo's allocator setting: bit-identical floats, faster steps
     rows = [json.loads(line) for line in args.out.read_text().splitlines()] if args.out.exists() else []
     here = cpu_facts().get("cpu_model")  # rows from before the CPU was recorded count as this CPU's
-    done = {row["seed"] for row in rows if row["overrides"] == args.overrides and row.get("cpu_model", here) == here}
+    config = None if args.config is None else str(args.config)
+    done = {row["seed"] for row in rows if row["overrides"] == args.overrides and row.get("cpu_model", here) == here
+            and row.get("config") == config and row.get("ks", [2]) == args.ks}
     args.out.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        check_ks(seed_config(0, args.overrides, args.config), args.ks)  # a bad k, config or override: before any run
+    except MempoError as error:
+        print(f"sft_seeds: {error}", file=sys.stderr)
+        return 2
     for seed in args.seeds:
         if seed in done:
             continue
-        tag = f"{episodes_tag(args.overrides)}_s{seed}"
-        row = run_seed(seed, args.overrides, args.episodes_dir / f"{tag}.jsonl", args.threads,
-                       None if args.models_dir is None else args.models_dir / tag)
+        tag = f"{'' if args.config is None else args.config.stem + '_'}{episodes_tag(args.overrides)}_s{seed}"
+        row = run_seed(seed, args.overrides, args.episodes_dir, tag, args.threads,
+                       None if args.models_dir is None else args.models_dir / tag, tuple(args.ks), args.config)
         print(json.dumps(row), flush=True)
         with args.out.open("a") as f:
             f.write(json.dumps(row) + "\n")

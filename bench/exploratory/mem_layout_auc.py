@@ -69,4 +69,5 @@ for (label, part), r in sorted(rows.items()):
     a = b.auc([v for v, _ in r], [kk for _, kk in r])
     kept = [v for v, kk in r if kk]
     med_k = statistics.median_high(kept) if kept else None
-    print(f"{label:14s} {part:8s} AUC {None if a is None else round(a, 3)}  n={len(r)}  median keeps {med_k if med_k is None else round(med_k, 2)}")
+    print(f"{label:14s} {part:8s} AUC {None if a is None else round(a, 3)}  n={len(r)}  "
+          f"median keeps {med_k if med_k is None else round(med_k, 2)}")

@@ -56,8 +56,9 @@ for t, rounds in zip(trajs, details):
         parts["all"].append(row)
 
 lines = [f"k = {k}: {sys.argv[2]} (model {sys.argv[1]}/model_sft); retrieved_min_c10",
-         "| part | rounds | keeps / drops | AUC retrieved_min_c10 | AUC no comparator | median worst l_mem keeps / drops "
-         "| top-1 tokens where the first retrieved answer starts |", "|---|---|---|---|---|---|---|"]
+         "| part | rounds | keeps / drops | AUC retrieved_min_c10 | AUC no comparator "
+         "| median worst l_mem keeps / drops | top-1 tokens where the first retrieved answer starts |",
+         "|---|---|---|---|---|---|---|"]
 for part in ("all", "complete", "pending"):
     rows = parts.get(part, [])
     if not rows:

@@ -1,5 +1,6 @@
 """The shared setup of the exploratory signal scripts: a `bench/bench_signal.py` run's saved rollouts at one k,
-the SFT model they came from, and `retrieved_min_c10`'s per-round details on them (`bench_signal.definition_rewards`)."""
+the SFT model they came from, and `retrieved_min_c10`'s per-round details on them
+(`bench_signal.definition_rewards`)."""
 import sys
 from pathlib import Path
 from typing import Any, NamedTuple

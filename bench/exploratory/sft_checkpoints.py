@@ -42,7 +42,8 @@ with tempfile.TemporaryDirectory() as tmp:
     for ckpt in sorted(Path(tmp).glob("step_*"), key=lambda p: int(p.name.split("_")[1])):
         load_checkpoint(ckpt, model, restore_rng=False)
         model.eval()
-        row = {"seed": args.seed, "overrides": args.overrides, "step": int(ckpt.name.split("_")[1]), **sft_seeds.cpu_facts()}
+        row = {"seed": args.seed, "overrides": args.overrides, "step": int(ckpt.name.split("_")[1]),
+               **sft_seeds.cpu_facts()}
         for name, episodes in (("eval", episodes_by_k[2]), ("val", val)):
             began = time.perf_counter()
             with tempfile.TemporaryDirectory() as tmp2:

@@ -9,7 +9,8 @@
                   = every objective when each one's gold           scored_objectives "complete" (a round
                      appeared before round r, else {}               with a question still to search is not
                                                                    scored: an agent that answers only when
-                                                                   done reads no memory there, docs/experiments/S3-pending-rounds-complete.md)
+                                                                   done reads no memory there,
+                                                                   docs/experiments/S3-pending-rounds-complete.md)
     mem_reward[r] = mean_{j in K_r} gap_j(r)                       objective_reduce "mean" (default)
                   = min_{j in K_r} gap_j(r)                        objective_reduce "min" (per objective:
                                                                    the memory is as good as the worst-kept
@@ -33,8 +34,8 @@ from mempo.protocol.reward import objectives_from_golds
 from mempo.records.scoring import ScoringResult
 from mempo.records.trajectory import Trajectory
 
-__all__ = ["OBJECTIVE_REDUCES", "PER_OBJECTIVE", "REWARD_SPACES", "SCORED_OBJECTIVES", "RoundMemoryReward", "memory_rewards", "memory_rewards_of",
-           "reward_gap", "round_memory_rewards"]
+__all__ = ["OBJECTIVE_REDUCES", "PER_OBJECTIVE", "REWARD_SPACES", "SCORED_OBJECTIVES", "RoundMemoryReward",
+           "memory_rewards", "memory_rewards_of", "reward_gap", "round_memory_rewards"]
 
 #: how one (mem, comparator) pair becomes a number; "prob" is the library default (the paper's)
 REWARD_SPACES = ("prob", "log")
@@ -101,10 +102,11 @@ class RoundMemoryReward:
     """The memory reward of one scored round and what it was computed from.
 
     round_index: `Round.index`. reward: mem_reward[r], or None when the round is not scored (no
-    objective retrieved before it under scored_objectives "retrieved", not every one under "complete"). objectives: K_r, the
-    objectives averaged over (all of them for "all"). p_mem / p_cmp / logp_mem / logp_cmp: P and mean
-    gold log-prob of the whole answer after mem_ctx / full_ctx. objective_*: the same per objective
-    (empty lists unless scored per objective).
+    objective retrieved before it under scored_objectives "retrieved", not every one under
+    "complete"). objectives: K_r, the objectives averaged over (all of them for "all").
+    p_mem / p_cmp / logp_mem / logp_cmp: P and mean gold log-prob of the whole answer after mem_ctx /
+    full_ctx.
+    objective_*: the same per objective (empty lists unless scored per objective).
     """
 
     round_index: int
@@ -128,8 +130,8 @@ def round_memory_rewards(trajectory: Trajectory, result: ScoringResult, retrieve
     result: its `ScoringResult` (per-objective fields filled when scored_objectives is "retrieved" or
     "complete", `PER_OBJECTIVE`); retrieved: per scored round the objectives retrieved before it
     (`Trajectory.retrieved_objectives`), read for those two only. objective_reduce: "mean" or "min" of
-    the per-objective gaps ("min" needs per-objective scoring: with "all" there is one gap). ValueError on an unknown name, a count mismatch, missing
-    per-objective results or a non-finite reward.
+    the per-objective gaps ("min" needs per-objective scoring: with "all" there is one gap). ValueError on
+    an unknown name, a count mismatch, missing per-objective results or a non-finite reward.
     """
     if scored_objectives not in SCORED_OBJECTIVES:
         raise ValueError(f"scored_objectives must be one of {SCORED_OBJECTIVES}, got {scored_objectives!r}")

@@ -32,7 +32,7 @@ from mempo.records.trajectory import Trajectory
 from mempo.utils.imports import is_import_path, load_object
 
 __all__ = ["BUILTIN_REWARDS", "OutcomeRewardError", "OutcomeReward", "outcome", "resolve_outcome_reward",
-           "reward_name", "score_outcomes"]
+           "reward_name", "score_outcomes", "text_outcome"]
 
 BUILTIN_REWARDS = ("em", "f1")
 OutcomeReward = Union[str, Callable[[Optional[str], dict], float]]
@@ -72,31 +72,50 @@ def _example(trajectory: Trajectory) -> dict[str, Any]:
     return {"id": trajectory.episode_id, "golds": trajectory.golds}
 
 
-def _user_outcome(trajectory: Trajectory, reward: Callable, mode: str, format_kwargs: Mapping[str, Any],
-                  tags: TagSet) -> dict[str, Any]:
-    text = trajectory.protocol_text
+def _user_outcome(text: str, golds: Any, example: dict[str, Any], reward: Callable, mode: str,
+                  format_kwargs: Mapping[str, Any], tags: TagSet, where: str, option: str) -> dict[str, Any]:
     answer = extract_solution(text, tags)
-    where = f"trajectory {trajectory.uid}/{trajectory.sample_index}"
     try:
-        value = reward(answer, _example(trajectory))
+        value = reward(answer, example)
     except Exception as error:  # reason: a user's reward failing is reported as one line naming it
         detail = " ".join(f"{type(error).__name__}: {error}".split())[:300]
-        raise OutcomeRewardError(f"rollout.outcome_reward: {reward_name(reward)} raised on {where} ({detail})") \
-            from None
+        raise OutcomeRewardError(f"{option}: {reward_name(reward)} raised on {where} ({detail})") from None
     if isinstance(value, bool) or not isinstance(value, Real):
-        raise OutcomeRewardError(f"rollout.outcome_reward: {reward_name(reward)} returned {type(value).__name__} "
+        raise OutcomeRewardError(f"{option}: {reward_name(reward)} returned {type(value).__name__} "
                                  f"{str(value)[:60]!r} on {where}; it must return a float")
     value = float(value)
     if not math.isfinite(value):
-        raise OutcomeRewardError(f"rollout.outcome_reward: {reward_name(reward)} returned {value} on {where}; "
+        raise OutcomeRewardError(f"{option}: {reward_name(reward)} returned {value} on {where}; "
                                  "it must return a finite float")
-    if trajectory.golds is not None:  # EM / F1 against the golds stay as diagnostics
-        result = compute_score(text, trajectory.golds, mode=mode, format_kwargs=format_kwargs, tags=tags)
+    if golds is not None:  # EM / F1 against the golds stay as diagnostics
+        result = compute_score(text, golds, mode=mode, format_kwargs=format_kwargs, tags=tags)
     else:
         report = validate_format(text, tags=tags, **format_kwargs)
         result = {"em": 0.0, "f1": 0.0, "format_ok": report.ok, "failed_rules": report.failed_rules,
                   "num_objectives": 0, "per_objective": [], "answer": answer}
     result.update(score=value if result["format_ok"] else 0.0, reward=value)
+    return result
+
+
+def text_outcome(text: str, golds: Any, example: Mapping[str, Any], *, mode: str = "mean",
+                 format_kwargs: Optional[Mapping[str, Any]] = None, reward: OutcomeReward = "em",
+                 tags: TagSet = TAG_SET, where: str = "a trajectory",
+                 option: str = "rollout.outcome_reward") -> dict[str, Any]:
+    """The outcome of a protocol text (what `outcome` computes for a trajectory, for a caller that holds
+    the text, its golds and its example but no `Trajectory`, such as verl's reward function). where:
+    how an error names the scored item; option: the setting an error names (the one that chose the
+    reward). {} for a built-in reward without golds; `OutcomeRewardError` for a user's reward that fails."""
+    reward = resolve_outcome_reward(reward)
+    if golds is None and not callable(reward):
+        return {}
+    format_kwargs = dict(format_kwargs or {})
+    if callable(reward):
+        return _user_outcome(text, golds, dict(example), reward, mode, format_kwargs, tags, where, option)
+    result = compute_score(text, golds, mode=mode, format_kwargs=format_kwargs, tags=tags)
+    if reward == "f1":
+        f1 = [item["f1"] for item in result["per_objective"]]
+        aggregate = {"mean": sum(f1) / len(f1), "all": float(all(v == 1.0 for v in f1)), "sum": float(sum(f1))}[mode]
+        result["score"] = aggregate if result["format_ok"] else 0.0
     return result
 
 
@@ -111,16 +130,9 @@ def outcome(trajectory: Trajectory, *, mode: str = "mean", format_kwargs: Option
         return {}
     if trajectory.protocol_text is None:
         raise ValueError(f"trajectory {trajectory.uid}/{trajectory.sample_index} has no protocol_text to score")
-    format_kwargs = dict(format_kwargs or {})
-    if callable(reward):
-        return _user_outcome(trajectory, reward, mode, format_kwargs, tags)
-    result = compute_score(trajectory.protocol_text, trajectory.golds, mode=mode, format_kwargs=format_kwargs,
-                           tags=tags)
-    if reward == "f1":
-        f1 = [item["f1"] for item in result["per_objective"]]
-        aggregate = {"mean": sum(f1) / len(f1), "all": float(all(v == 1.0 for v in f1)), "sum": float(sum(f1))}[mode]
-        result["score"] = aggregate if result["format_ok"] else 0.0
-    return result
+    return text_outcome(trajectory.protocol_text, trajectory.golds, _example(trajectory), mode=mode,
+                        format_kwargs=format_kwargs, reward=reward, tags=tags,
+                        where=f"trajectory {trajectory.uid}/{trajectory.sample_index}")
 
 
 def score_outcomes(trajectories: Sequence[Trajectory], *, mode: str = "mean",

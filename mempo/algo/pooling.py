@@ -46,7 +46,8 @@ def round_stages(trajectory: Trajectory, pooling: str, tokenizer: Any) -> list[i
 
 
 def memory_stages(trajectories: Sequence[Trajectory], pooling: str, tokenizer: Any, *,
-                  memory_rewards: Optional[Sequence[Optional[Sequence[Optional[float]]]]] = None) -> Optional[torch.Tensor]:
+                  memory_rewards: Optional[Sequence[Optional[Sequence[Optional[float]]]]] = None
+                  ) -> Optional[torch.Tensor]:
     """The ``mem_stages`` of a batch: int64 [R], one per scored round in the CSR order of
     `mempo.algo.advantages.advantage_inputs` with the same `memory_rewards` (the rounds of a
     trajectory whose entry is None are left out there, so here too, and so is a round whose own entry

@@ -6,10 +6,11 @@
 
 Overrides go anywhere among the options. QUESTION is what a person asks: one question, or several
 as numbered lines (``1. …`` ``2. …``); it is laid out as the config's episodes are
-(`mempo.env.data.user_turn`). The same loop as `mempo serve` and `mempo eval` (`mempo.serve.agent.AgentService`); the rounds go
-to stdout as they happen (memory, action, a result excerpt), then the answer (``--json``: one JSON
-object, `AgentAnswer.to_dict`, at the end instead). Exit 0 when the agent answered, 1 when it ended
-without an answer, 2 for a user error (one line).
+(`mempo.env.data.user_turn`). The same loop as `mempo serve` and `mempo eval`
+(`mempo.serve.agent.AgentService`); the rounds go to stdout as they happen (memory, action, a
+result excerpt), then the answer (``--json``: one JSON object, `AgentAnswer.to_dict`, at the end
+instead). Exit 0 when the agent answered, 1 when it ended without an answer, 2 for a user error
+(one line).
 """
 from __future__ import annotations
 

@@ -73,7 +73,8 @@ def _check_demo_config(cfg: MempoConfig) -> None:
     demo evaluates before and after RL)."""
     if cfg.synthetic.oracle_objectives is None:
         raise ConfigError("synthetic.oracle_objectives", "the demo draws its cold-start episodes per number of "
-                                                         "objectives; list them, e.g. synthetic.oracle_objectives=[1,2]")
+                                                         "objectives; list them, e.g. "
+                                                         "synthetic.oracle_objectives=[1,2]")
     if cfg.sft.trajectories is not None:
         raise ConfigError("sft.trajectories", "the demo makes its cold-start data with the oracle; leave it null "
                                               "(mempo sft --trajectories trains on a file)")
@@ -460,8 +461,9 @@ def target_lines(before: Optional[EvalReport], after: Optional[EvalReport], seco
 
 @dataclass(frozen=True)
 class AblationFinding:
-    """What the pre-registered ablation (docs/experiments/E2-ablation-execution-2.md and later executions) measured for one scoring: `text`, the RL it
-    ran (`rl`) and the SFT model it ran from (`sft_weights`, `mempo.utils.digest.weights_digest`)."""
+    """What the pre-registered ablation (docs/experiments/E2-ablation-execution-2.md and later executions)
+    measured for one scoring: `text`, the RL it ran (`rl`) and the SFT model it ran from (`sft_weights`,
+    `mempo.utils.digest.weights_digest`)."""
     text: str
     rl: str
     sft_weights: str
@@ -592,7 +594,7 @@ def run_demo(cfg: MempoConfig, out_dir: PathLike, *, echo: Callable[[str], None]
     task = synthetic_task(cfg)
     env = stages.run("world", _world_stage, cfg)
     episodes_by_k = task.eval_episodes(env.world, cfg)
-    held_out = task.held_out(env.world, episodes_by_k)
+    held_out = task.held_out(env.world, cfg)  # both splits' names, whichever is evaluated
     cold = stages.run("oracle", _oracle_stage, cfg, env, held_out, show_progress)
     tokenizer = stages.run("tokenizer", _tokenizer_stage, cfg, env.world, cold.trajectories)
     model = stages.run("model", _model_stage, cfg, tokenizer)

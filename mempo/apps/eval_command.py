@@ -95,7 +95,8 @@ def run(args: argparse.Namespace) -> int:
     The model directory holds a saved HF causal LM and its tokenizer (``save_pretrained``, e.g.
     ``demo_out/model_rl``); it generates through the backend ``rollout.backend`` names (`build_backend`:
     HF, or SGLang loading the directory). Data: ``data.source: synthetic`` (the world of
-    ``cfg.synthetic``, episodes from ``cfg.eval``: `eval_episodes`) or ``files`` (``data.eval_files``,
+    ``cfg.synthetic``, episodes from ``cfg.eval``: `eval_episodes`, of the split ``eval.split`` names,
+    recorded as the report's ``split``) or ``files`` (``data.eval_files``,
     one table per dataset and k: `qa_eval_episodes`); the retriever is the ``env`` section's
     (`build_retriever`, as in training). Outputs, flags, data and retriever are checked before the
     slow model load. Every row counts its tool calls and the failed ones; when every call failed the
@@ -116,7 +117,10 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("--model", f"{args.model!r} is not a directory")
     if args.episodes is not None and args.episodes < 1:
         raise ConfigError("--episodes", f"must be >= 1, got {args.episodes}")
-    log = (lambda line: print(f"mempo eval: {line}", file=sys.stderr, flush=True))
+
+    def log(line: str) -> None:
+        print(f"mempo eval: {line}", file=sys.stderr, flush=True)
+
     # data and retriever first: their errors come before the (slow) model load
     if cfg.data.source == "files":
         sets = qa_eval_episodes(cfg, args.episodes)
@@ -144,6 +148,8 @@ def run(args: argparse.Namespace) -> int:
         source = cfg.env.corpus_path or "the synthetic world's documents"
     report.metadata.update(model_dir=os.path.abspath(args.model), data=cfg.data.source, datasets=datasets,
                            retriever=f"{cfg.env.retriever} over {source}")
+    if cfg.data.source == "synthetic":  # which held-out split the numbers are of (eval.split)
+        report.metadata["split"] = cfg.eval.split
     paths = report.write(args.out, args.name, title=f"Evaluation of {args.model}")
     if trajectories is not None:
         paths["trajectories"] = report.metadata["trajectories"]["path"]

@@ -15,13 +15,14 @@ Conventions
 * Plots (matplotlib, Agg backend, PNG): ``reward.png`` (reward and the other outcome metrics per
   step), ``memory_reward.png`` (the memory reward, P_mem and P_full per step), ``kl.png`` (KL,
   entropy, clip fraction per step), ``tokens.png`` (prompt tokens per episode by objectives, memory
-  vs full context, before vs after), ``sft.png`` (the SFT loss, when logged). A plot with no data is not written (and the report says so).
+  vs full context, before vs after), ``sft.png`` (the SFT loss, when logged). A plot with no data is
+  not written (and the report says so).
 * The report states the measured numbers: machine facts (CPU count, torch version, ...), stage wall
   times, a before/after table (EM, F1, prompt tokens per episode, peak prompt tokens per turn) for
   every evaluated number of objectives under the memory context (and the full context when
   evaluated; and closed-book, ``eval.closed_book``: the same model with a search that finds nothing,
-  with the EM that retrieval adds, `closed_book_lines`), the training curve (per step, the main metrics) and a first/last/mean summary of every
-  numeric metric.
+  with the EM that retrieval adds, `closed_book_lines`), the training curve (per step, the main
+  metrics) and a first/last/mean summary of every numeric metric.
 """
 from __future__ import annotations
 
@@ -45,8 +46,8 @@ __all__ = ["write_report", "ReportResult", "RunFiles", "StageRecord", "StageTime
 #: The training curve's metrics: (label, metric name), in table order.
 CURVE: tuple[tuple[str, str], ...] = (
     ("reward", names.REWARD), ("em", names.EM), ("f1", names.F1), ("format_rate", names.FORMAT_RATE),
-    ("mem_reward", names.MEM_REWARD), ("mem_keeps", names.MEM_KEEPS), ("p_mem", names.P_MEM), ("p_full", names.P_FULL), ("kl", names.KL),
-    ("entropy", names.ENTROPY), ("clip_fraction", names.CLIP_FRACTION), ("tokens", names.TOKENS),
+    ("mem_reward", names.MEM_REWARD), ("mem_keeps", names.MEM_KEEPS), ("p_mem", names.P_MEM), ("p_full", names.P_FULL),
+    ("kl", names.KL), ("entropy", names.ENTROPY), ("clip_fraction", names.CLIP_FRACTION), ("tokens", names.TOKENS),
     ("loss", names.LOSS),
 )
 
@@ -336,7 +337,8 @@ def _before_after_section(before: Any, after: Any) -> list[str]:
                 policies.append(row.policy)
     policies.sort(key=lambda p: (p != "memory", p))
     for policy in policies:
-        ks = sorted({r.objectives for rep in (before, after) if rep is not None for r in rep.rows if r.policy == policy})
+        ks = sorted({r.objectives for rep in (before, after) if rep is not None
+                     for r in rep.rows if r.policy == policy})
         rows = []
         for k in ks:
             b = before.row(k, policy) if before is not None else None
@@ -501,7 +503,8 @@ def write_report(run_dir: PathLike, *, out_path: Optional[PathLike] = None,
     lines += _stages_section(stages)
     if sft_losses:
         lines += ["## SFT cold start", "", f"{len(sft_losses)} optimiser steps; loss {sft_losses[0]:.3f} (first) -> "
-                  f"{sft_losses[-1]:.3f} (last), mean of the last 10 {sum(sft_losses[-10:]) / len(sft_losses[-10:]):.3f}.", ""]
+                  f"{sft_losses[-1]:.3f} (last), mean of the last 10 "
+                  f"{sum(sft_losses[-10:]) / len(sft_losses[-10:]):.3f}.", ""]
     lines += _before_after_section(before, after)
     for section in sections:
         lines += list(section)

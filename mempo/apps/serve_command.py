@@ -4,10 +4,11 @@
                 [--corpus CORPUS.jsonl | --retriever-url URL | --index-dir DIR] [--host H] [--port P]
                 [--api-key KEY] [--max-in-flight N] [--request-deadline S] ...
 
-Overrides go anywhere among the options. The agent runs as `mempo eval` runs it (`mempo.serve.agent.serving_rollout_config`); the retriever
-is the ``env`` section's, or the synthetic world's documents for ``data.source: synthetic`` (the
-demo: ``--config demo_out/config.yaml``). A user error is a `mempo.errors.MempoError` (one line,
-exit 2); a port that cannot be bound exits 1.
+Overrides go anywhere among the options. The agent runs as `mempo eval` runs it
+(`mempo.serve.agent.serving_rollout_config`); the retriever is the ``env`` section's, or the
+synthetic world's documents for ``data.source: synthetic`` (the demo:
+``--config demo_out/config.yaml``). A user error is a `mempo.errors.MempoError` (one line, exit 2); a
+port that cannot be bound exits 1.
 """
 from __future__ import annotations
 
@@ -73,7 +74,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--api-key", default=None, help=f"require 'Authorization: Bearer KEY' on every route but "
                                                         f"/health (default: ${API_KEY_ENV} if set, else no key)")
     parser.add_argument("--max-in-flight", type=int, default=DEFAULT_MAX_IN_FLIGHT,
-                        help=f"requests running or waiting at once; more get HTTP 429 (default {DEFAULT_MAX_IN_FLIGHT})")
+                        help=f"requests running or waiting at once; more get HTTP 429 "
+                             f"(default {DEFAULT_MAX_IN_FLIGHT})")
     parser.add_argument("--max-batch", type=int, default=None,
                         help="most episodes per generation batch (default: every waiting one)")
     parser.add_argument("--max-turns-limit", type=int, default=None,

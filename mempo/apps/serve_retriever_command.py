@@ -7,8 +7,9 @@ The index is loaded from ``--index-dir`` when it holds one built from the same c
 built (and saved there); its files are checked against the digests in its manifest before the
 server says it is ready (an index of format 1, without digests, is rebuilt when --corpus is given,
 else refused: rebuild it with --rebuild). Connections are bounded (--request-timeout,
---keep-alive, --max-connections; out of file descriptors: one log line per 10 s). A bad flag, a missing or malformed corpus or a damaged index is a
-`mempo.errors.MempoError` (one line, exit 2, printed by `mempo.apps.cli.main`).
+--keep-alive, --max-connections; out of file descriptors: one log line per 10 s). A bad flag, a
+missing or malformed corpus or a damaged index is a `mempo.errors.MempoError` (one line, exit 2,
+printed by `mempo.apps.cli.main`).
 """
 from __future__ import annotations
 

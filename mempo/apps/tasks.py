@@ -23,11 +23,11 @@ from mempo.config import ConfigError, MempoConfig
 from mempo.env.build import build_retriever, build_tools
 from mempo.env.closed_book import ClosedBookRetriever
 from mempo.env.retriever import Retriever
-from mempo.eval.episodes import eval_episodes
+from mempo.eval.episodes import eval_episodes, held_out_of_training
 from mempo.protocol.grammar import answer_template_text
 from mempo.protocol.tags import JSON_TAG_SET
 from mempo.rollout.loop import rollout_system_prompt
-from mempo.seeds import eval_question_seed, sft_question_seed
+from mempo.seeds import eval_question_seed, sft_question_seed, validation_question_seed
 from mempo.synthetic.cold_start import ColdStart, oracle_cold_start
 from mempo.synthetic.build import synthetic_world
 from mempo.synthetic.copy_warmup import copy_records
@@ -82,11 +82,13 @@ class SyntheticTask:
 
     def eval_episodes(self, world: Any, cfg: MempoConfig) -> dict[int, list]:
         """``{k: episodes}``: ``eval.episodes`` test episodes per k of ``eval.objectives`` (question seed
-        `mempo.seeds.eval_question_seed`); a world too small for them is a ConfigError naming the field."""
+        `mempo.seeds.eval_question_seed`) of the split ``eval.split`` names; a world too small for them is a
+        ConfigError naming the field."""
         raise NotImplementedError
 
-    def held_out(self, world: Any, episodes_by_k: dict[int, list]) -> frozenset[str]:
-        """The names no SFT or RL question may be about (the evaluation's)."""
+    def held_out(self, world: Any, cfg: MempoConfig) -> frozenset[str]:
+        """The names no SFT or RL question may be about: the test split's and the validation split's,
+        whichever ``eval.split`` evaluates."""
         raise NotImplementedError
 
     def training_episodes(self, world: Any, num_objectives: Union[int, Sequence[int]], num_episodes: int, seed: int,
@@ -133,8 +135,8 @@ class SearchTask(SyntheticTask):
     def eval_episodes(self, world: Any, cfg: MempoConfig) -> dict[int, list]:
         return eval_episodes(world, cfg)
 
-    def held_out(self, world: Any, episodes_by_k: dict[int, list]) -> frozenset[str]:
-        return held_out_subjects(episodes_by_k)
+    def held_out(self, world: Any, cfg: MempoConfig) -> frozenset[str]:
+        return held_out_of_training(world, cfg)
 
     def training_episodes(self, world: Any, num_objectives: Union[int, Sequence[int]], num_episodes: int, seed: int,
                           held_out: Collection[str]) -> list:
@@ -199,26 +201,26 @@ class LedgerTask(SyntheticTask):
         return f"{ledger.num_documents} ledger pages ({len(ledger.entities)} accounts: {split}); tools lookup, calc"
 
     def eval_episodes(self, world: Any, cfg: MempoConfig) -> dict[int, list]:
-        return self._episodes(world, cfg, "test")
-
-    def validation_episodes(self, world: Any, cfg: MempoConfig) -> dict[int, list]:
-        """As `eval_episodes`, from the validation split (accounts no test or training question names)."""
-        return self._episodes(world, cfg, "validation")
+        """From the split ``eval.split`` names (accounts split three ways: `mempo.synthetic.ledger.SPLITS`)."""
+        return self._episodes(world, cfg, cfg.eval.split)
 
     @staticmethod
     def _episodes(world: Ledger, cfg: MempoConfig, split: str) -> dict[int, list]:
+        # the search world's counts and seeds per split (`mempo.eval.episodes`): eval.episodes test episodes,
+        # eval.validation_episodes validation ones, each split with its own question seed
+        count = cfg.eval.episodes if split == "test" else cfg.eval.validation_episodes
+        seed_of = eval_question_seed if split == "test" else validation_question_seed
         sets = {}
         for k in cfg.eval.objectives:
             try:
-                sets[int(k)] = world.episodes(int(k), cfg.eval.episodes, eval_question_seed(cfg.data.seed, k),
-                                              split=split)
+                sets[int(k)] = world.episodes(int(k), count, seed_of(cfg.data.seed, k), split=split)
             except ValueError as error:
-                raise ConfigError("synthetic.ledger_accounts", f"{cfg.eval.episodes} {split} episodes of {k} accounts: "
+                raise ConfigError("synthetic.ledger_accounts", f"{count} {split} episodes of {k} accounts: "
                                                                f"{error}") from None
         return sets
 
-    def held_out(self, world: Any, episodes_by_k: dict[int, list]) -> frozenset[str]:
-        """Every account outside the train split (test and validation): a superset of the evaluation's."""
+    def held_out(self, world: Any, cfg: MempoConfig) -> frozenset[str]:
+        """Every account outside the train split (test and validation), whichever split is evaluated."""
         return frozenset(world.entities[i].name for split in ("test", "validation") for i in world.accounts(split))
 
     def training_episodes(self, world: Any, num_objectives: Union[int, Sequence[int]], num_episodes: int, seed: int,

@@ -127,8 +127,8 @@ def add_sft_arguments(parser: argparse.ArgumentParser) -> None:
     _common(parser)
     parser.add_argument("--trajectories", help="jsonl of oracle trajectories or {'messages': [...]} chats "
                                                "(sets sft.trajectories; default: the oracle makes them)")
-    parser.add_argument("--episodes", type=int, help="oracle episodes when no trajectories file (sets synthetic.oracle_episodes, "
-                                                     "default 16)")
+    parser.add_argument("--episodes", type=int, help="oracle episodes when no trajectories file "
+                                                     "(sets synthetic.oracle_episodes, default 16)")
     parser.add_argument("--steps", type=int, help="optimiser steps (sets sft.steps)")
     parser.add_argument("--epochs", type=float, help="passes over the data (sets sft.epochs; default 1 when no "
                                                      "steps are given)")
@@ -144,8 +144,7 @@ def _oracle_records(cfg: MempoConfig, run: Any) -> tuple[list, str]:
     # reason: the parser module stays light (`mempo --help` imports no torch)
     from mempo.env.build import build_tools
     from mempo.synthetic.oracle import run_oracle
-    from mempo.eval import eval_episodes
-    from mempo.synthetic.heldout import held_out_subjects
+    from mempo.eval import held_out_of_training
     from mempo.synthetic.cold_start import oracle_agent, oracle_cold_start
 
     s = cfg.synthetic
@@ -157,10 +156,10 @@ def _oracle_records(cfg: MempoConfig, run: Any) -> tuple[list, str]:
                    for episode in run.episodes[:s.oracle_episodes]]
         return records, f"oracle on {s.oracle_episodes} episodes"
     if run.world is None:
-        raise ConfigError("synthetic.oracle_objectives", "draws synthetic-world episodes; it needs data.source 'synthetic' "
-                                            "(or null: the training episodes)")
+        raise ConfigError("synthetic.oracle_objectives", "draws synthetic-world episodes; it needs data.source "
+                                                         "'synthetic' (or null: the training episodes)")
     cold = oracle_cold_start(run.world, build_tools(cfg, run.retriever), cfg,
-                             held_out_subjects(eval_episodes(run.world, cfg)))
+                             held_out_of_training(run.world, cfg))
     return (cold.sft_records,
             f"oracle on {s.oracle_episodes} episodes of each of {list(s.oracle_objectives)} objectives"
             + cold.describe_extras())

@@ -9,8 +9,9 @@ from mempo.config.loader import (
     apply_overrides, config_from_dict, config_to_dict, dump_config, load_config, read_yaml_mapping, split_overrides,
 )
 from mempo.config.schema import (
-    KL_ESTIMATORS, LOSS_AGG_MODES, ActorConfig, AlgorithmConfig, DataConfig, SyntheticConfig, EnvConfig, EvalConfig,
-    MempoConfig, ModelConfig, RolloutConfig, ScoringConfig, SFTConfig, TrainerConfig, flash_attention_requested,
+    KL_ESTIMATORS, LOSS_AGG_MODES, ROLLOUT_IS_LEVELS, ActorConfig, AlgorithmConfig, DataConfig, SyntheticConfig,
+    EnvConfig, EvalConfig, MempoConfig, ModelConfig, RolloutConfig, ScoringConfig, SFTConfig, TrainerConfig,
+    flash_attention_requested,
 )
 
 __all__ = [
@@ -18,5 +19,5 @@ __all__ = [
     "AlgorithmConfig", "ActorConfig", "TrainerConfig", "EvalConfig", "SFTConfig", "SyntheticConfig", "MempoConfig",
     "load_config", "read_yaml_mapping", "config_from_dict", "config_to_dict", "dump_config", "apply_overrides",
     "split_overrides", "coerce_value",
-    "LOSS_AGG_MODES", "KL_ESTIMATORS", "flash_attention_requested",
+    "LOSS_AGG_MODES", "KL_ESTIMATORS", "ROLLOUT_IS_LEVELS", "flash_attention_requested",
 ]

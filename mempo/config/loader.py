@@ -7,7 +7,8 @@ text), then builds the tree, converting every value to its field's type and vali
 (`mempo.config.schema`). A config file is bounded before anything is built from it: at most
 `MAX_CONFIG_BYTES` bytes read (10 MiB; a pipe is read as one), `MAX_YAML_DEPTH` levels of nesting
 and `MAX_YAML_NODES` values counted with every alias expanded
-(a YAML "alias bomb" of nine levels expands to 10^9), else a ConfigError naming the file and line. `dump_config` writes plain YAML; loading it back gives an equal config.
+(a YAML "alias bomb" of nine levels expands to 10^9), else a ConfigError naming the file and
+line. `dump_config` writes plain YAML; loading it back gives an equal config.
 """
 from __future__ import annotations
 
@@ -22,8 +23,8 @@ from mempo.config.coerce import MAX_YAML_DEPTH, ConfigError, build_section, type
 from mempo.config.schema import MempoConfig
 from mempo.utils.atomic import replace_file_atomically
 
-__all__ = ["MAX_CONFIG_BYTES", "MAX_YAML_DEPTH", "MAX_YAML_NODES", "load_config", "read_yaml_mapping", "config_from_dict", "config_to_dict", "dump_config", "apply_overrides",
-           "split_overrides"]
+__all__ = ["MAX_CONFIG_BYTES", "MAX_YAML_DEPTH", "MAX_YAML_NODES", "load_config", "read_yaml_mapping",
+           "config_from_dict", "config_to_dict", "dump_config", "apply_overrides", "split_overrides"]
 
 
 #: The most values (scalars, lists and mappings, every alias expanded) a config file may hold.

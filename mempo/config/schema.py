@@ -26,8 +26,8 @@ from mempo.utils.imports import is_import_path
 __all__ = [
     "ModelConfig", "DataConfig", "EnvConfig", "RolloutConfig", "ScoringConfig", "AlgorithmConfig",
     "ActorConfig", "TrainerConfig", "EvalConfig", "SFTConfig", "SyntheticConfig", "MempoConfig",
-    "LOSS_AGG_MODES", "KL_ESTIMATORS", "MAX_MODEL_LAYERS", "MAX_TENSOR_BYTES", "MAX_WORLD_DOCUMENTS",
-    "flash_attention_requested",
+    "LOSS_AGG_MODES", "KL_ESTIMATORS", "ROLLOUT_IS_LEVELS", "MAX_MODEL_LAYERS", "MAX_TENSOR_BYTES",
+    "MAX_WORLD_DOCUMENTS", "flash_attention_requested",
 ]
 
 LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
@@ -49,6 +49,8 @@ _DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 MIN_LEDGER_ACCOUNTS = 40
 #: The largest ledger amount (a number the agent copies digit by digit; a sum of many stays far below calc's bound).
 MAX_LEDGER_AMOUNT = 10 ** 9
+#: actor.rollout_is: "auto" (on where rollout and training differ), a level, or "off"
+ROLLOUT_IS_LEVELS = ("auto", "token", "sequence", "off")
 
 
 # ------------------------------------------------------------------------------------------------
@@ -369,10 +371,10 @@ class ScoringConfig:
     which needs threshold null). log_clip: c of the ``"log"`` reward, in nats. objective_reduce:
     how the per-objective gaps of a round become its reward, ``"mean"`` (default) or ``"min"`` (the
     worst-kept retrieved fact; needs scored_objectives ``"retrieved"`` or ``"complete"``). answer_template: the answer
-    round scored after each context (`mempo.protocol.grammar.answer_template_text`): ``"line"`` (default, the reference's
-    `mempo.protocol.grammar.DEFAULT_ANSWER_TEMPLATE`: the answer on a line of its own), ``"spaced"``
-    (`SPACED_ANSWER_TEMPLATE`: ``<answer> {answer} </answer>``, where a BPE that marks words by their
-    leading space writes the first answer as the memory and the search results write it), or a
+    round scored after each context (`mempo.protocol.grammar.answer_template_text`): ``"line"`` (default, the
+    reference's `mempo.protocol.grammar.DEFAULT_ANSWER_TEMPLATE`: the answer on a line of its own),
+    ``"spaced"`` (`SPACED_ANSWER_TEMPLATE`: ``<answer> {answer} </answer>``, where a BPE that marks words by
+    their leading space writes the first answer as the memory and the search results write it), or a
     template text with ``{answer}`` once. The synthetic cold start's oracle answers in it
     (``synthetic.oracle_answer_template``).
     """
@@ -465,6 +467,18 @@ class ActorConfig:
     mask makes SDPA/eager slower, not faster (SDPA computes every block of a dense mask, no causal
     skipping: bench/RESULTS.md, "Teacher scoring", measured it for packed scoring on CPU). The
     update's `config` argument may switch packing per call.
+
+    Rollout correction (`mempo.train.losses.rollout_is_weights`, ALGORITHM.md section 6): the policy
+    loss of each token is multiplied by the truncated importance weight
+    ``min(pi_train / pi_rollout, rollout_is_cap)`` (detached), pi_train the trained policy before the
+    update and pi_rollout the log-prob the generation backend reported for the sampled id.
+    rollout_is: "token" (per-token weights), "sequence" (one weight per row: the product of its
+    tokens' ratios, then truncated), "off", or "auto" (default): "token" where rollout and training
+    are different computations (rollout.backend "sglang", or half-precision compute), a no-op where
+    they are the same one (the HF backend generating with the actor's own float32 weights: the
+    weights are 1 up to rounding and are not applied; the metrics are logged all the same).
+    Forced-prefix ids were not sampled: they get weight 1 and stay out of the metrics.
+    rollout_is_cap: the truncation (> 0; verl's default 2.0).
     """
 
     lr: float = 1e-6
@@ -488,12 +502,14 @@ class ActorConfig:
     gradient_checkpointing: bool = False
     param_dtype: Optional[Literal["float32", "bfloat16", "float16"]] = None
     packing: Literal["auto", "packed", "padded"] = "auto"
+    rollout_is: Literal[ROLLOUT_IS_LEVELS] = "auto"
+    rollout_is_cap: float = 2.0
 
     def __post_init__(self):
         _check_types(self)
         _finite(self)
         _positive(self, "lr", "eps", "grad_clip", "clip_ratio_low", "clip_ratio_high", "loss_norm_length",
-                  "ppo_epochs", "ppo_mini_batches", "micro_batch_tokens", "logprob_chunk_tokens")
+                  "ppo_epochs", "ppo_mini_batches", "micro_batch_tokens", "logprob_chunk_tokens", "rollout_is_cap")
         _non_negative(self, "weight_decay", "kl_coef", "entropy_coef")
         _require(self.clip_ratio_low < 1.0, "clip_ratio_low", f"must be < 1 (ratio floor 1 - low > 0), "
                                                              f"got {self.clip_ratio_low!r}")
@@ -511,14 +527,15 @@ class TrainerConfig:
     all). async_save: write each checkpoint's model and optimiser shards from a background thread
     while the next step runs (`mempo.train.checkpoint.start_checkpoint`: a CPU copy of the rank's
     shards is held until written; the checkpoint is published after that next step, the final one
-    at once; `mempo sft` saves in the foreground). out_dir: checkpoints, metrics.jsonl, TensorBoard runs. resume: "never" (default: a new
-    run; an out_dir that already holds checkpoints is refused, so an old run is never continued
-    under a new config by accident), "auto" (``--resume``: the newest intact checkpoint in out_dir,
-    a new run when there is none), or a checkpoint directory (that checkpoint, verified) (`mempo
-    sft` uses save_every, keep_last and resume for its own checkpoints too). seed: python / numpy /
-    torch seed (rank added per process). deterministic: deterministic torch algorithms
-    (`mempo.train.trainer.configure_determinism`); None (default): on for CPU runs, off when CUDA is
-    used (deterministic CUDA kernels cost speed); true on CUDA also sets
+    at once; `mempo sft` saves in the foreground). out_dir: checkpoints, metrics.jsonl, TensorBoard
+    runs. resume: "never" (default: a new run; an out_dir that already holds checkpoints is
+    refused, so an old run is never continued under a new config by accident), "auto"
+    (``--resume``: the newest intact checkpoint in out_dir, a new run when there is none), or a
+    checkpoint directory (that checkpoint, verified) (`mempo sft` uses save_every, keep_last and
+    resume for its own checkpoints too). seed: python / numpy / torch seed (rank added per
+    process). deterministic: deterministic torch algorithms
+    (`mempo.train.trainer.configure_determinism`); None (default): on for CPU runs, off when CUDA
+    is used (deterministic CUDA kernels cost speed); true on CUDA also sets
     ``CUBLAS_WORKSPACE_CONFIG=:4096:8`` before CUDA starts."""
 
     total_steps: int = 100
@@ -560,7 +577,17 @@ class EvalConfig:
     batch_episodes: episodes generated together (one ``generate`` call per round holds that many
     rows; also the progress bar's granularity). Greedy results do not depend on it (tested); more
     rows a call mean fewer calls: on the CPU demo 128 instead of 16 halved the evaluation's time
-    (docs/experiments/D07-demo-retrieved-min-c10.md), for a larger KV cache."""
+    (docs/experiments/D07-demo-retrieved-min-c10.md), for a larger KV cache.
+    split / validation_episodes (the synthetic world only; `mempo.eval.eval_episodes`): which held-out
+    episodes an evaluation reads. ``"test"``: ``episodes`` per k drawn with
+    `mempo.seeds.eval_question_seed` (the split results are reported on). ``"validation"``:
+    ``validation_episodes`` per k of ``objectives``, drawn with `mempo.seeds.validation_question_seed`
+    and asking about no entity a test episode asks about (`mempo.eval.validation_episodes`), for every
+    choice a result must not be tuned on (SFT seed, reward definition, steps). With
+    ``validation_episodes`` > 0 the validation subjects are held out of SFT and RL data as the test
+    subjects are (`mempo.eval.held_out_of_training`); 0 (the default) leaves every draw as it was. `mempo
+    eval`, the demo, the trainer's periodic evaluation and the benchmarks (bench/bench_signal.py,
+    bench/bench_learning.py, tools/sft_seeds.py) all read ``split``."""
 
     objectives: list[int] = field(default_factory=lambda: [2, 4, 6, 8, 10])
     max_turns: int = 64
@@ -570,12 +597,17 @@ class EvalConfig:
     allow_failed_tools: bool = False
     closed_book: bool = False
     batch_episodes: int = 16
+    split: Literal["test", "validation"] = "test"
+    validation_episodes: int = 0
 
     def __post_init__(self):
         _check_types(self)
         _finite(self)
         _positive(self, "max_turns", "episodes", "batch_episodes")
-        _non_negative(self, "temperature")
+        _non_negative(self, "temperature", "validation_episodes")
+        _require(self.split == "test" or self.validation_episodes > 0, "split",
+                 "'validation' reads the validation episodes, and validation_episodes is 0 (none are held out): "
+                 "set eval.validation_episodes (per k), or evaluate the 'test' split")
         _require(len(self.objectives) > 0, "objectives", "must list at least one number of objectives")
         for i, k in enumerate(self.objectives):
             _require(k >= 1, f"objectives[{i}]", f"must be >= 1, got {k!r}")
@@ -595,12 +627,13 @@ class SFTConfig:
 
     Optimisation. steps / epochs: optimiser steps / passes over the data (both null: one epoch);
     max_seconds: a wall-time bound (null: none); with steps or epochs set it is a safety net (the
-    schedule follows the steps) and a run it cuts short says so (`run_sft`'s ``time_bound``). lr: AdamW's learning rate (betas, weight decay and
-    grad clip from the ``actor`` section). batch_tokens: padded tokens per batch. schedule:
-    ``"constant"`` or ``"cosine"`` (linear warm-up over the first ``warmup`` fraction of the run,
-    then cosine decay to lr / 10). prompt_loss_weight: the loss also models the prompt tokens
-    (question, previous round, search results) with this weight (0: assistant tokens only); a model
-    from scratch learns to copy names from its context much sooner.
+    schedule follows the steps) and a run it cuts short says so (`run_sft`'s ``time_bound``). lr:
+    AdamW's learning rate (betas, weight decay and grad clip from the ``actor`` section).
+    batch_tokens: padded tokens per batch. schedule: ``"constant"`` or ``"cosine"`` (linear warm-up
+    over the first ``warmup`` fraction of the run, then cosine decay to lr / 10).
+    prompt_loss_weight: the loss also models the prompt tokens (question, previous round, search
+    results) with this weight (0: assistant tokens only); a model from scratch learns to copy names
+    from its context much sooner.
     """
 
     trajectories: Optional[str] = None
@@ -669,24 +702,25 @@ class SyntheticConfig:
     training episodes under ``rollout.context_policy`` and ``rollout.max_turns``, every trajectory
     kept. With oracle_objectives a list (the demo's way): oracle_episodes episodes of each number of
     objectives, drawn with `mempo.seeds.sft_question_seed`, none asking about an entity an
-    evaluation question asks about (`mempo.synthetic.heldout`), under the memory context; oracle_keep ``"correct"`` keeps only the
-    correct ones (score 1; all of them when none is), ``"all"`` every one. The teacher
-    (`mempo.synthetic.oracle.OracleAgent`): oracle_think its think style (``"full"`` sentences,
-    ``"short"`` one line, ``"minimal"`` the question number and the action); oracle_memory_style
-    (``"labels"``, ``"facts"``: the found sentences copied, or ``"listed"``: facts with a ``Qn: ?``
-    line for every question from step 1); oracle_query_style (``"words"`` or ``"question"``: the
-    question itself is the first query); oracle_drop_fact_prob: the teacher's ``<mem>`` loses a fact
-    a later round needs with this probability (the episode then fails for it, so a cold-started
-    agent fails the way the memory reward exists to fix); oracle_drop_seed: the seed of those draws;
-    oracle_lost_line: how such a lost question's line reads (``"bare"``: ``Q<n>: done``; ``"subject"``:
-    ``Q<n>: <subject> done``, so keeping and dropping part after the subject both lines write; ``"value"``:
-    the fact sentence with ``unknown`` for its value: `mempo.synthetic.oracle_memory.LOST_LINES`);
-    oracle_answer_template: the answer round is exactly the teacher-scoring template
-    (``scoring.answer_template``), so P(answer | context) is scored on text the
-    model was taught. oracle_rename: every entity name of each kept trajectory replaced, consistently
-    within it, by a random name of the same kind that no evaluation question asks about
-    (`mempo.synthetic.rename`): SFT cannot learn facts or subjects by heart and learns to copy names
-    from the question and the results (the oracle_objectives way only).
+    evaluation question asks about (`mempo.synthetic.heldout`), under the memory context;
+    oracle_keep ``"correct"`` keeps only the correct ones (score 1; all of them when none is),
+    ``"all"`` every one. The teacher (`mempo.synthetic.oracle.OracleAgent`): oracle_think its think
+    style (``"full"`` sentences, ``"short"`` one line, ``"minimal"`` the question number and the
+    action); oracle_memory_style (``"labels"``, ``"facts"``: the found sentences copied, or
+    ``"listed"``: facts with a ``Qn: ?`` line for every question from step 1); oracle_query_style
+    (``"words"`` or ``"question"``: the question itself is the first query); oracle_drop_fact_prob:
+    the teacher's ``<mem>`` loses a fact a later round needs with this probability (the episode then
+    fails for it, so a cold-started agent fails the way the memory reward exists to fix);
+    oracle_drop_seed: the seed of those draws; oracle_lost_line: how such a lost question's line
+    reads (``"bare"``: ``Q<n>: done``; ``"subject"``: ``Q<n>: <subject> done``, so keeping and
+    dropping part after the subject both lines write; ``"value"``: the fact sentence with
+    ``unknown`` for its value: `mempo.synthetic.oracle_memory.LOST_LINES`); oracle_answer_template:
+    the answer round is exactly the teacher-scoring template (``scoring.answer_template``), so
+    P(answer | context) is scored on text the model was taught. oracle_rename: every entity name of
+    each kept trajectory replaced, consistently within it, by a random name of the same kind that no
+    evaluation question asks about (`mempo.synthetic.rename`): SFT cannot learn facts or subjects by
+    heart and learns to copy names from the question and the results (the oracle_objectives way
+    only).
 
     Copy warm-up (`mempo.synthetic.copy_warmup`, the demo before SFT): copy_warmup_steps steps on
     random sequences of the world's name ids (0: none) at learning rate copy_warmup_lr.
@@ -767,7 +801,8 @@ class SyntheticConfig:
                  "must list at least one relation, or be null (all)")
         _require(self.world_question_hops is None or (len(self.world_question_hops) > 0
                                                       and all(h >= 1 for h in self.world_question_hops)),
-                 "world_question_hops", f"must be a non-empty list of hops >= 1, or null; got {self.world_question_hops}")
+                 "world_question_hops",
+                 f"must be a non-empty list of hops >= 1, or null; got {self.world_question_hops}")
         _require(not self.oracle_rename or self.oracle_objectives is not None, "oracle_rename",
                  "renames the cold start drawn per oracle_objectives, which is null: set oracle_objectives")
         _require(not self.copy_sft_examples or self.oracle_objectives is not None, "copy_sft_examples",
@@ -775,7 +810,8 @@ class SyntheticConfig:
         _require(not self.scoring_sft_examples or self.oracle_objectives is not None, "scoring_sft_examples",
                  "adds to the cold start drawn per oracle_objectives, which is null: set oracle_objectives")
         _require(self.scoring_records_layout == "question" or self.scoring_sft_examples > 0, "scoring_records_layout",
-                 "places the scoring-layout records, and scoring_sft_examples is 0: set it, or leave the layout 'question'")
+                 "places the scoring-layout records, and scoring_sft_examples is 0: set it, or leave the layout "
+                 "'question'")
         _require(self.scoring_records_memories == "any" or self.scoring_sft_examples > 0, "scoring_records_memories",
                  "selects the scoring-layout records, and scoring_sft_examples is 0: set it, or leave it 'any'")
         _require(self.oracle_lost_line == "bare" or self.oracle_drop_fact_prob > 0, "oracle_lost_line",
@@ -893,6 +929,12 @@ class MempoConfig:
                      "memory), and the records have no reference answer (train with the outcome reward only)")
             _require(self.algorithm.memory_pooling != "group_seen", "algorithm.memory_pooling",
                      "'group_seen' counts the reference answers read, and data.gold_field is null")
+        _require(self.data.source == "synthetic" or self.eval.split == "test", "eval.split",
+                 "'validation' is a split of the synthetic world (disjoint by entity from its test episodes); "
+                 "with data.source 'files' the evaluation reads data.eval_files: leave it 'test'")
+        _require(self.data.source == "synthetic" or self.eval.validation_episodes == 0, "eval.validation_episodes",
+                 "holds out validation episodes of the synthetic world; with data.source 'files' there is no such "
+                 "split: leave it 0")
         _require(not (self.trainer.eval_every and self.data.source == "files" and not self.data.eval_files),
                  "data.eval_files", "must list at least one QA file when data.source is 'files' and "
                                     "trainer.eval_every > 0 (the periodic evaluation's questions)")

@@ -559,7 +559,8 @@ def compose_episodes(pool: Sequence[QARecord], num_objectives: Union[int, Sequen
     """
     cycle = [num_objectives] if isinstance(num_objectives, int) else list(num_objectives)
     if not cycle or any(not isinstance(k, int) or k < 1 for k in cycle):
-        raise ValueError(f"num_objectives must be >= 1 (an int or a non-empty sequence of them), got {num_objectives!r}")
+        raise ValueError(f"num_objectives must be >= 1 (an int or a non-empty sequence of them), "
+                         f"got {num_objectives!r}")
     if num_episodes < 0:
         raise ValueError(f"num_episodes must be >= 0, got {num_episodes}")
     counts = [cycle[i % len(cycle)] for i in range(num_episodes)]

@@ -2,8 +2,9 @@
 economy per (dataset, objectives k, context policy).
 
 * `mempo.eval.episodes`: what is evaluated: the synthetic world's episodes (`eval_episodes`, keyed by
-  k) or QA files' (`qa_eval_episodes`, keyed by (dataset, k)), and the agent-loop settings
-  (`eval_rollout_config`: the ``rollout`` section with G = 1, ``eval.max_turns``,
+  k: the test or the validation split, ``eval.split``; `held_out_of_training`: the entities neither
+  split lets SFT or RL data ask about) or QA files' (`qa_eval_episodes`, keyed by (dataset, k)), and
+  the agent-loop settings (`eval_rollout_config`: the ``rollout`` section with G = 1, ``eval.max_turns``,
   ``eval.temperature``, no response budget).
 * `mempo.eval.run`: `evaluate` rolls every episode out once per policy of ``cfg.eval.policies`` and
   summarises each cell; it can write every episode's record to a jsonl file; with
@@ -17,7 +18,10 @@ economy per (dataset, objectives k, context policy).
 
 The oracle as a policy is a backend like any other (`mempo.synthetic.backend.OracleBackend`).
 """
-from mempo.eval.episodes import QAEvalSets, eval_episodes, eval_rollout_config, qa_eval_episodes
+from mempo.eval.episodes import (
+    EVAL_SPLITS, QAEvalSets, eval_episodes, eval_rollout_config, held_out_of_training, qa_eval_episodes,
+    validation_episodes,
+)
 from mempo.eval.records import (
     SCALAR_FIELDS, TEXT_CHARS, TOOL_RESULT_CHARS, EpisodeRecord, EvalReport, EvalRow, Examples, RoundRecord,
     finite_report,
@@ -26,5 +30,7 @@ from mempo.eval.run import CLOSED_BOOK_SUFFIX, closed_book_policy, evaluate
 from mempo.eval.summary import render_episode, round_prompt_tokens, standard_error, summarize
 
 __all__ = ["EvalRow", "EvalReport", "RoundRecord", "EpisodeRecord", "Examples", "evaluate", "summarize",
-           "standard_error", "round_prompt_tokens", "render_episode", "eval_episodes", "qa_eval_episodes",
-           "QAEvalSets", "eval_rollout_config", "closed_book_policy", "CLOSED_BOOK_SUFFIX", "SCALAR_FIELDS", "TOOL_RESULT_CHARS", "TEXT_CHARS", "finite_report"]
+           "standard_error", "round_prompt_tokens", "render_episode", "eval_episodes", "validation_episodes",
+           "held_out_of_training", "EVAL_SPLITS", "qa_eval_episodes", "QAEvalSets", "eval_rollout_config",
+           "closed_book_policy", "CLOSED_BOOK_SUFFIX", "SCALAR_FIELDS", "TOOL_RESULT_CHARS", "TEXT_CHARS",
+           "finite_report"]

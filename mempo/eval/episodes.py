@@ -1,7 +1,11 @@
 """What an evaluation runs: its episodes and its agent-loop settings.
 
-* Synthetic world (`eval_episodes`): ``cfg.eval.episodes`` episodes per k of ``cfg.eval.objectives``,
-  question seed `mempo.seeds.eval_question_seed` (``data.seed``, k), keyed by k.
+* Synthetic world (`eval_episodes`): the split ``cfg.eval.split`` names, keyed by k. The test split:
+  ``cfg.eval.episodes`` episodes per k of ``cfg.eval.objectives``, question seed
+  `mempo.seeds.eval_question_seed` (``data.seed``, k). The validation split (`validation_episodes`):
+  ``cfg.eval.validation_episodes`` per k, question seed `mempo.seeds.validation_question_seed`, no
+  hop subject of any test episode (disjoint by entity). SFT and RL data leave out the subjects of both
+  (`held_out_of_training`), whichever split an evaluation reads.
 * QA files (`qa_eval_episodes`, ``data.source: files``): the records of ``data.eval_files``
   (`mempo.env.data.load_qa_datasets`: Search-R1 jsonl / parquet) grouped by dataset (the record's
   ``data_source``, else the file's stem); per dataset and k, ``cfg.eval.episodes`` episodes composed
@@ -20,9 +24,14 @@ from typing import Any, NamedTuple, Optional, Sequence
 from mempo.config import ConfigError, MempoConfig, RolloutConfig
 from mempo.env.build import qa_prompt_style
 from mempo.env.data import DataError, compose_episodes, load_qa_datasets
-from mempo.seeds import eval_question_seed
+from mempo.seeds import eval_question_seed, validation_question_seed
+from mempo.synthetic.heldout import held_out_subjects
 
-__all__ = ["eval_episodes", "qa_eval_episodes", "QAEvalSets", "eval_rollout_config", "prompt_style"]
+__all__ = ["EVAL_SPLITS", "eval_episodes", "validation_episodes", "held_out_of_training",
+           "qa_eval_episodes", "QAEvalSets", "eval_rollout_config", "prompt_style"]
+
+#: The held-out splits of a synthetic world (``eval.split``).
+EVAL_SPLITS = ("test", "validation")
 
 
 def prompt_style(cfg: MempoConfig) -> str:
@@ -35,8 +44,21 @@ def prompt_style(cfg: MempoConfig) -> str:
 
 
 def eval_episodes(world: Any, cfg: MempoConfig, num_episodes: Optional[int] = None,
-                  objectives: Optional[Sequence[int]] = None) -> dict[int, list[Any]]:
-    """``{k: episodes}`` of the synthetic `world` for every k of ``cfg.eval.objectives``
+                  objectives: Optional[Sequence[int]] = None, split: Optional[str] = None) -> dict[int, list[Any]]:
+    """``{k: episodes}`` of the synthetic `world`'s split `split` (None: ``cfg.eval.split``): the test
+    split (`_test_episodes`) or `validation_episodes` (num_episodes / objectives: theirs). ValueError
+    for a split not in `EVAL_SPLITS`."""
+    split = cfg.eval.split if split is None else split
+    if split == "test":
+        return _test_episodes(world, cfg, num_episodes, objectives)
+    if split == "validation":
+        return validation_episodes(world, cfg, num_episodes, objectives)
+    raise ValueError(f"split must be one of {EVAL_SPLITS}, got {split!r}")
+
+
+def _test_episodes(world: Any, cfg: MempoConfig, num_episodes: Optional[int] = None,
+                   objectives: Optional[Sequence[int]] = None) -> dict[int, list[Any]]:
+    """``{k: episodes}`` of the synthetic `world`'s test split for every k of ``cfg.eval.objectives``
     (``cfg.eval.episodes`` each), drawn with question seed `mempo.seeds.eval_question_seed`
     (``data.seed``, k). A world too small for that many episodes is a ConfigError naming
     ``eval.episodes`` (and the world's size fields)."""
@@ -50,6 +72,61 @@ def eval_episodes(world: Any, cfg: MempoConfig, num_episodes: Optional[int] = No
             raise ConfigError("eval.episodes", f"{n} episodes of {k} objectives: {error} (synthetic.world_entities / "
                                                "synthetic.world_documents set the world's size)") from None
     return sets
+
+
+def validation_episodes(world: Any, cfg: MempoConfig, num_episodes: Optional[int] = None,
+                        objectives: Optional[Sequence[int]] = None) -> dict[int, list[Any]]:
+    """``{k: episodes}`` of the synthetic `world`'s validation split: per k of `objectives` (default
+    ``cfg.eval.objectives``; each must be one of them, whose validation subjects training leaves out),
+    the first `num_episodes` (default all) of the ``cfg.eval.validation_episodes`` episodes drawn with
+    question seed `mempo.seeds.validation_question_seed` (``data.seed``, k) among the questions none of
+    whose hop subjects a test episode has; no question twice within a k. Deterministic in (world,
+    ``data.seed``, ``eval`` section). ConfigError naming ``eval.validation_episodes`` when it
+    is 0, below `num_episodes` or too many for the world, ``eval.objectives`` for a k outside it."""
+    held = cfg.eval.validation_episodes
+    if held < 1:
+        raise ConfigError("eval.validation_episodes", "is 0: no validation episodes are held out (set it, per k)")
+    n = held if num_episodes is None else int(num_episodes)
+    if not 1 <= n <= held:
+        raise ConfigError("eval.validation_episodes", f"{held} validation episodes per k are held out; "
+                                                      f"{n} asked for")
+    ks = [int(k) for k in (objectives if objectives is not None else cfg.eval.objectives)]
+    outside = [k for k in ks if k not in cfg.eval.objectives]
+    if outside:
+        raise ConfigError("eval.objectives", f"the validation split holds out k in {list(cfg.eval.objectives)}; "
+                                             f"k={outside} asked for")
+    return {k: episodes[:n] for k, episodes in _validation_draw(world, cfg, ks).items()}
+
+
+def _validation_draw(world: Any, cfg: MempoConfig, ks: Sequence[int]) -> dict[int, list[Any]]:
+    """Every validation episode of each k of `ks` (`validation_episodes`' draw: ``eval.validation_episodes``
+    per k)."""
+    test_subjects = held_out_subjects(_test_episodes(world, cfg))
+    n = cfg.eval.validation_episodes
+    style = world.params.get("prompt_style", "numbered")
+    sets = {}
+    for k in ks:
+        seed = validation_question_seed(cfg.data.seed, k)
+        try:
+            pool = world.questions(k * n, None, seed, id_prefix=f"w{world.seed}-k{k}-q{seed}",
+                                   exclude_subjects=test_subjects)
+        except ValueError as error:
+            raise ConfigError("eval.validation_episodes",
+                              f"{n} episodes of {k} objectives asking about no test entity: {error} "
+                              "(synthetic.world_entities sets the world's size)") from None
+        sets[k] = compose_episodes(pool, k, n, seed, reuse_questions=False, style=style, id_prefix=f"w{world.seed}")
+    return sets
+
+
+def held_out_of_training(world: Any, cfg: MempoConfig) -> frozenset[str]:
+    """The entity names no SFT or RL question may have as a hop subject (`mempo.synthetic.heldout`):
+    the subjects of the test split and, with ``eval.validation_episodes`` > 0, of the validation split
+    (every k of ``eval.objectives``), whichever split ``eval.split`` evaluates.
+    ConfigError as `eval_episodes` (either split) for a world too small for them."""
+    held = held_out_subjects(_test_episodes(world, cfg))
+    if cfg.eval.validation_episodes:
+        held |= held_out_subjects(_validation_draw(world, cfg, cfg.eval.objectives))
+    return held
 
 
 class QAEvalSets(NamedTuple):
@@ -83,7 +160,8 @@ def qa_eval_episodes(cfg: MempoConfig, num_episodes: Optional[int] = None,
         for k in ks:
             if len(dataset.records) < k:
                 raise ConfigError("eval.objectives", f"k={k} needs at least {k} questions per dataset; dataset "
-                                                     f"{name!r} ({', '.join(dataset.files)}) has {len(dataset.records)}")
+                                                     f"{name!r} ({', '.join(dataset.files)}) has "
+                                                     f"{len(dataset.records)}")
             episodes[(name, k)] = compose_episodes(dataset.records, k, n, eval_question_seed(cfg.data.seed, k),
                                                    style=qa_prompt_style(cfg), id_prefix=name)
     infos = {name: {"questions": len(d.records), "files": list(d.files)} for name, d in datasets.items()}

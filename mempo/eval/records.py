@@ -247,7 +247,8 @@ class EvalReport:
         (tool results and long texts shortened) when ``examples``, or a line saying there is none."""
         lines = [f"## {title}", ""] if title else []
         meta = self.metadata
-        settings = [f"{k}={meta[k]}" for k in ("model", "max_turns", "max_new_tokens", "temperature") if k in meta]
+        settings = [f"{k}={meta[k]}" for k in ("model", "split", "max_turns", "max_new_tokens", "temperature")
+                    if k in meta]
         if settings:
             lines += ["Settings: " + ", ".join(settings) + ".", ""]
         infos = meta.get("datasets") or {}

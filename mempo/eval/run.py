@@ -109,8 +109,8 @@ def evaluate(model: Any, tokenizer: Any, episodes_by_k: Mapping[Any, Sequence[An
                     engine = RolloutEngine(backend, tokenizer, cell_tools, config=rollout_cfg,
                                            max_context_tokens=max_context)
                     cell_start = time.perf_counter()
-                    trajectories = _roll_out(engine, episodes, cfg.eval.batch_episodes, f"eval{' ' + name if name else ''} k={k} "
-                                                                            f"{row_policy}", show_progress)
+                    trajectories = _roll_out(engine, episodes, cfg.eval.batch_episodes,
+                                             f"eval{' ' + name if name else ''} k={k} {row_policy}", show_progress)
                     row = summarize(trajectories, k, row_policy, time.perf_counter() - cell_start, dataset=dataset)
                     rows.append(row)
                     if keep_trajectories:
@@ -120,8 +120,9 @@ def evaluate(model: Any, tokenizer: Any, episodes_by_k: Mapping[Any, Sequence[An
                                                  system_prompt=rollout_cfg.system_prompt, records=records, found=found)
                     log(_cell_line(name, row))
                     if row.failed_tool_calls:
-                        log(f"eval{' ' + name if name else ''}: k={k} {row_policy}: warning: {row.failed_tool_calls} of "
-                            f"{row.tool_calls} tool calls failed (retriever: {retriever_name(retriever)})")
+                        log(f"eval{' ' + name if name else ''}: k={k} {row_policy}: warning: "
+                            f"{row.failed_tool_calls} of {row.tool_calls} tool calls failed "
+                            f"(retriever: {retriever_name(retriever)})")
             examples[(dataset, k)] = found
     metadata = {
         "label": label, "max_turns": cfg.eval.max_turns, "max_new_tokens": max_new,

@@ -3,7 +3,8 @@
 Advantages (`mempo.ops.advantage`): `grpo_outcome_advantage`, `memory_advantage`,
 `mempo_advantage`, `group_zscore`.
 Teacher scoring (`mempo.ops.logprob`): `answer_logprob` (from logits), `answer_logprob_from_hidden`
-(from final hidden states and the lm_head, never materialising the logits), `answer_logprob_from_token_logp`
+(from final hidden states and the lm_head, never materialising the [M, V] logits: blocks of them through
+the GEMM by default, or the fused Triton kernel), `answer_logprob_from_token_logp`
 (from per-row log-probs computed elsewhere, e.g. an inference server's prompt log-probs), `AnswerLogProb`.
 Span scanner (`mempo.ops.spans`, C++): `find_spans`, `TokenTable`, `SpanBatch`, `TAGS`.
 

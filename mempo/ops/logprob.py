@@ -10,12 +10,14 @@ i and context c (`answer_mask` is 1 on gold-answer tokens):
     keep_i  = answer_mask_i and (logp_i > log(threshold))        (threshold=None: keep_i = answer_mask_i)
     P_c     = exp(mean_{i in c, keep_i} logp_i)                   (no kept row: P_c = empty_value)
 
-Every backend reads fp32 / bf16 / fp16 inputs as they are, accumulates in fp32 and returns fp32;
-nothing is NaN for finite inputs. Forward only: every op runs under ``torch.no_grad()`` and its outputs
+Every backend reads fp32 / bf16 / fp16 inputs as they are, accumulates in fp32 and returns fp32 (fp32
+GEMMs in TF32 only where the caller allows it: `answer_logprob_from_hidden`'s allow_tf32); nothing is
+NaN for finite inputs. Forward only: every op runs under ``torch.no_grad()`` and its outputs
 carry no autograd graph (teacher scoring is a reward, not a loss).
 """
 from __future__ import annotations
 
+import contextlib
 import math
 from numbers import Integral, Real
 from typing import NamedTuple, Optional
@@ -24,7 +26,8 @@ import torch
 
 from mempo.ops._dispatch import interpreting, resolve_backend
 
-__all__ = ["AnswerLogProb", "answer_logprob", "answer_logprob_from_hidden", "answer_logprob_from_token_logp"]
+__all__ = ["AnswerLogProb", "ChunkPlan", "METHODS", "answer_logprob", "answer_logprob_from_hidden",
+           "answer_logprob_from_token_logp", "plan_chunks"]
 
 _FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
@@ -189,8 +192,197 @@ def _torch_token_logp(logits2d, targets, mask, inv_temp):
     return out
 
 
-def _torch_hidden_token_logp(hidden2d, weight, bias, targets, mask, inv_temp, vocab_chunk):
-    M = hidden2d.shape[0]
+# ------------------------------------------------------------------------------------------------
+# chunked path: blocks of fp32 logits through the GEMM, an online log-sum-exp epilogue per block
+# ------------------------------------------------------------------------------------------------
+METHODS = ("chunked", "materialise", "fused")
+# Largest fp32 logits block the chunked method plans, per device type (bytes). CUDA: binds only past
+# about 7,000 bf16 rows at V = 151,936 (below, 1/8 of the materialised logits is less); a block of
+# thousands of rows x thousands of entries already keeps cuBLAS at its tile efficiency (the GPU
+# check times other shapes: tools/gpu_check.py CHUNK_SWEEP). CPU: blocks above ~40 MB ran slower (the
+# exp pass falls out of cache: bench/RESULTS.md "Answer log-prob", vocab_chunk 16,384 vs 1,024-8,192).
+MAX_CHUNK_BYTES = {"cuda": 256 << 20, "cpu": 32 << 20}
+# The budget never goes below this: a few MiB cost nothing and spare tiny calls (teacher scoring of a
+# few rows) a string of small GEMMs.
+MIN_CHUNK_BYTES = 8 << 20
+# Planned block sides below the whole K or V are multiples of this (cuBLAS tiles are 64-256 wide).
+CHUNK_ALIGN = 128
+# bf16 / fp16 operands, fp32 output in one cuBLAS call (torch >= 2.8, CUDA only).
+_MM_OUT_DTYPE = hasattr(torch.ops.aten.mm, "dtype_out")
+
+
+class ChunkPlan(NamedTuple):
+    """Block shape of `answer_logprob_from_hidden`'s chunked and materialise methods.
+
+    rows:   kept (masked-in) rows per block, R <= K.
+    vocab:  vocabulary entries per block, N <= V.
+    budget: bytes the block was planned for (the limit `peak` stays under unless a side was given).
+    peak:   extra bytes the call holds at most: the fp32 [R, N] block, the block's hidden rows
+            (gathered and / or upcast), an upcast weight slice, the bias in fp32, per-row vectors.
+    """
+
+    rows: int
+    vocab: int
+    budget: int
+    peak: int
+
+
+def _native_low_precision_gemm(hidden_dtype, weight_dtype, device) -> bool:
+    """cuBLAS multiplies the bf16 / fp16 operands as they are and writes fp32 (no upcast copies)."""
+    return (_MM_OUT_DTYPE and device.type == "cuda" and hidden_dtype == weight_dtype
+            and hidden_dtype != torch.float32)
+
+
+def _free_device_bytes(device) -> Optional[int]:
+    """Bytes a new allocation can get on a CUDA device: free on the device plus what the caching
+    allocator holds unused. None elsewhere."""
+    if device.type != "cuda":
+        return None
+    free, _ = torch.cuda.mem_get_info(device)
+    return int(free) + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+
+
+def plan_chunks(M: int, K: int, V: int, H: int, hidden_dtype, weight_dtype, device, *,
+                chunk_rows: Optional[int] = None, vocab_chunk: Optional[int] = None, whole: bool = False,
+                has_bias: bool = False, free_bytes: Optional[int] = None) -> ChunkPlan:
+    """Block shape for M rows of which K are kept, V vocabulary entries, hidden size H.
+
+    Budget B (every extra byte, `ChunkPlan.peak`) = 1/8 of the materialised logits (M x V in the dtype
+    of hidden @ weight.T), at most half of `free_bytes` (default: on CUDA `torch.cuda.mem_get_info`
+    plus the allocator's unused cache), at least MIN_CHUNK_BYTES; the fp32 block alone at most
+    MAX_CHUNK_BYTES[device type]. Square-ish blocks re-read the fewest operand bytes (the hidden rows
+    once per vocabulary block, the weight once per row block): R = min(K, the side s of a square
+    block that fits B), which for K up to a few thousand is every kept row, so that the weight is
+    read once; then N = what fits next to R rows (if that is all of V, R = what fits next to V).
+    Sides below K / V are rounded down to multiples of CHUNK_ALIGN. `chunk_rows` / `vocab_chunk` fix
+    a side (the other still follows B); `whole` is one [K, V] block (method "materialise")."""
+    device = torch.device(device)
+    h_size = hidden_dtype.itemsize
+    upcast = not (hidden_dtype == weight_dtype == torch.float32
+                  or _native_low_precision_gemm(hidden_dtype, weight_dtype, device))
+    # Bytes per block row besides its logits: the gathered hidden row (when rows are skipped) and its
+    # fp32 copy (upcast GEMM); per block column: the fp32 copy of a weight row (upcast GEMM).
+    a = (H * h_size if K < M else 0) + (H * 4 if upcast and hidden_dtype != torch.float32 else 0)
+    b = H * 4 if upcast and weight_dtype != torch.float32 else 0
+    # Per kept row: state (3 fp32), target (int64), index (int64), compact log-prob (fp32) and the
+    # torch epilogue's [R] temporaries (max, shifted max, target column, ...); the [M] output; the bias
+    # in fp32.
+    fixed = 96 * K + 4 * M + (4 * V if has_bias else 0)
+
+    materialised = M * V * torch.promote_types(hidden_dtype, weight_dtype).itemsize
+    budget = materialised // 8
+    if free_bytes is None:
+        free_bytes = _free_device_bytes(device)
+    if free_bytes is not None:
+        budget = min(budget, free_bytes // 2)
+    # Never below MIN_CHUNK_BYTES: on a device with less free memory the allocation fails with torch's
+    # out-of-memory error rather than the call crawling through thousands of tiny blocks.
+    budget = max(budget, MIN_CHUNK_BYTES)
+    avail = max(budget - fixed, 0)
+    block_cap = MAX_CHUNK_BYTES.get(device.type, MIN_CHUNK_BYTES)
+
+    def align(n, whole_n):
+        return n - n % CHUNK_ALIGN if CHUNK_ALIGN <= n < whole_n else n
+
+    def rows_for(n):  # rows that fit next to n columns
+        return max(1, min(K, (avail - n * b) // (4 * n + a), block_cap // (4 * n)))
+
+    def cols_for(r):  # columns that fit next to r rows
+        return max(1, min(V, (avail - r * a) // (4 * r + b), block_cap // (4 * r)))
+
+    if whole:
+        R, N = K, V
+    elif chunk_rows is not None and vocab_chunk is not None:
+        R, N = min(chunk_rows, K), min(vocab_chunk, V)
+    elif chunk_rows is not None:
+        R = min(chunk_rows, K)
+        N = align(cols_for(R), V)
+    elif vocab_chunk is not None:
+        N = min(vocab_chunk, V)
+        R = align(rows_for(N), K)
+    else:
+        # s: 4 s^2 + (a + b) s = avail
+        side = int((math.sqrt((a + b) ** 2 + 16 * avail) - (a + b)) / 8)
+        R = max(1, min(K, side, math.isqrt(block_cap // 4)))
+        N = cols_for(R)
+        if N == V:  # the whole vocabulary fits next to R rows: as many rows as fit next to it
+            R = rows_for(V)
+        R = align(R, K)
+        N = align(cols_for(R), V)
+    peak = 4 * R * N + R * a + N * b + fixed
+    return ChunkPlan(R, N, budget, peak)
+
+
+def _gemm_precision(device, tf32: bool):
+    """Context under which fp32 GEMMs run as IEEE fp32 (TF32 on CUDA when `tf32`), whatever the
+    caller's global setting (`torch.set_float32_matmul_precision("medium")` makes CPU fp32 matmuls
+    bf16); the setting is restored on exit. Uses the backend's `fp32_precision` (torch >= 2.9) and
+    CUDA's `allow_tf32` before it; leaves a setting alone when it already holds the wanted value."""
+    if device.type == "cuda":
+        backend, want = torch.backends.cuda.matmul, "tf32" if tf32 else "ieee"
+    elif device.type == "cpu":
+        backend, want = getattr(torch.backends.mkldnn, "matmul", None), "ieee"
+    else:
+        return contextlib.nullcontext()
+    if backend is not None and hasattr(backend, "fp32_precision"):
+        name, old = "fp32_precision", backend.fp32_precision
+        if old == want or (old == "none" and want == "ieee"):
+            return contextlib.nullcontext()
+    elif device.type == "cuda":
+        name, old, want = "allow_tf32", backend.allow_tf32, bool(tf32)
+        if old == want:
+            return contextlib.nullcontext()
+    else:
+        return contextlib.nullcontext()
+
+    @contextlib.contextmanager
+    def scoped():
+        setattr(backend, name, want)
+        try:
+            yield
+        finally:
+            setattr(backend, name, old)
+    return scoped()
+
+
+def _tf32_allowed_globally() -> bool:
+    """The caller's CUDA fp32 matmul setting: TF32 (`torch.set_float32_matmul_precision("high")`,
+    `torch.backends.cuda.matmul.allow_tf32 = True` or its `fp32_precision = "tf32"`)."""
+    matmul = torch.backends.cuda.matmul
+    if hasattr(matmul, "fp32_precision"):
+        return matmul.fp32_precision == "tf32"
+    return bool(matmul.allow_tf32)
+
+
+def _torch_block(z, bias32, v0, tgt, state, inv_temp):
+    """Epilogue of one block in torch ops (the Triton block kernel's steps): z `[r, n]` fp32 logits of
+    vocabulary v0 .. v0 + n (our buffer: overwritten), tgt `[r]` int64, state `[3, r]` (m, d, z_t)."""
+    n = z.shape[1]
+    # 1. z = (logits + bias) / T, in place.
+    if bias32 is not None:
+        z.add_(bias32[v0:v0 + n])
+    if inv_temp != 1.0:
+        z.mul_(inv_temp)
+    m, d, z_t = state[0], state[1], state[2]
+    # 2. The target logit, if this block holds the target's column.
+    local = tgt - v0
+    inside = (local >= 0) & (local < n)
+    picked = z.gather(1, local.clamp(0, n - 1).unsqueeze(1)).squeeze(1)
+    z_t.copy_(torch.where(inside, picked, z_t))
+    # 3. Online log-sum-exp, merged into the running state with the row kernel's -inf guard:
+    #      m' = max(m, max z);  d' = d * exp(m - m') + sum exp(z - m')
+    m_new = torch.maximum(m, z.amax(dim=1))
+    m_safe = torch.where(torch.isneginf(m_new), torch.zeros_like(m_new), m_new)
+    d.mul_(torch.exp(m - m_safe)).add_(z.sub_(m_safe.unsqueeze(1)).exp_().sum(dim=1))
+    m.copy_(m_new)
+
+
+def _chunked_token_logp(hidden2d, weight, bias, targets, mask, inv_temp, *, epilogue, tf32, whole=False,
+                        chunk_rows=None, vocab_chunk=None):
+    """token_logp `[M]` of the chunked / materialise methods: the kept rows' logits in blocks of
+    plan_chunks' shape, each block one fp32 GEMM and one epilogue ("torch" ops or the "triton" block
+    kernel), rows skipped where the mask is 0."""
+    M, H = hidden2d.shape
     V = weight.shape[0]
     device = hidden2d.device
     out = torch.zeros(M, dtype=torch.float32, device=device)
@@ -198,39 +390,53 @@ def _torch_hidden_token_logp(hidden2d, weight, bias, targets, mask, inv_temp, vo
     K = rows.numel()
     if K == 0:
         return out
-    h = hidden2d.index_select(0, rows).float() if K < M else hidden2d.float()
-    tgt = targets.index_select(0, rows).long()
-    chunk = min(vocab_chunk, V)
-    buf = torch.empty(K * chunk, dtype=torch.float32, device=device)
-    run_m = torch.full((K,), float("-inf"), dtype=torch.float32, device=device)
-    run_d = torch.zeros(K, dtype=torch.float32, device=device)
-    z_t = torch.full((K,), float("-inf"), dtype=torch.float32, device=device)
-    bias32 = bias.float() if bias is not None else None
-    for v0 in range(0, V, chunk):
-        n = min(chunk, V - v0)
-        z = buf[: K * n].view(K, n)
-        w = weight[v0:v0 + n]
-        # 1. z = (h @ w.T + b) / T for this vocabulary chunk, fp32, into a reused buffer.
-        torch.mm(h, w.t() if w.dtype == torch.float32 else w.float().t(), out=z)
-        if bias32 is not None:
-            z.add_(bias32[v0:v0 + n])
-        if inv_temp != 1.0:
-            z.mul_(inv_temp)
-        # 2. Pick up the target logit if this chunk holds it.
-        local = tgt - v0
-        inside = (local >= 0) & (local < n)
-        picked = z.gather(1, local.clamp(0, n - 1).unsqueeze(1)).squeeze(1)
-        z_t = torch.where(inside, picked, z_t)
-        # 3. Chunk log-sum-exp in place (max, subtract, exp, sum), guarded against all -inf rows.
-        c_m = z.amax(dim=1)
-        c_safe = torch.where(torch.isneginf(c_m), torch.zeros_like(c_m), c_m)
-        c_d = z.sub_(c_safe.unsqueeze(1)).exp_().sum(dim=1)
-        # 4. Merge into the running (max, rescaled sum): d = d*exp(m - m') + d_c*exp(m_c - m').
-        new_m = torch.maximum(run_m, c_m)
-        new_safe = torch.where(torch.isneginf(new_m), torch.zeros_like(new_m), new_m)
-        run_d = run_d * torch.exp(run_m - new_safe) + c_d * torch.exp(c_safe - new_safe)
-        run_m = new_m
-    out.index_copy_(0, rows, _logp_from_parts(z_t, run_m, run_d))
+    plan = plan_chunks(M, K, V, H, hidden2d.dtype, weight.dtype, device, chunk_rows=chunk_rows,
+                       vocab_chunk=vocab_chunk, whole=whole, has_bias=bias is not None)
+    R, N = plan.rows, plan.vocab
+    skip = K < M
+    tgt = (targets.index_select(0, rows) if skip else targets).to(torch.int64).contiguous()
+    bias32 = bias.to(torch.float32).contiguous() if bias is not None else None
+    native = _native_low_precision_gemm(hidden2d.dtype, weight.dtype, device)
+    upcast = not (native or hidden2d.dtype == weight.dtype == torch.float32)
+    lp = torch.empty(K, dtype=torch.float32, device=device) if skip else out
+    several = N < V  # a row's state lives across vocabulary blocks
+    if epilogue == "torch":
+        state = torch.empty((3, K), dtype=torch.float32, device=device)
+        state[0].fill_(float("-inf"))
+        state[1].zero_()
+        state[2].fill_(float("-inf"))
+    else:
+        # reason: `import mempo.ops` stays without triton (heavy; only the CUDA path launches kernels)
+        from mempo.kernels import answer_logprob as kern
+
+        state = torch.empty((3, K), dtype=torch.float32, device=device) if several else lp
+    buf = torch.empty(R * N, dtype=torch.float32, device=device)
+    with contextlib.nullcontext() if native else _gemm_precision(device, tf32):
+        for r0 in range(0, K, R):
+            r = min(R, K - r0)
+            h = hidden2d.index_select(0, rows[r0:r0 + r]) if skip else hidden2d[r0:r0 + r]
+            if upcast:
+                h = h.float()
+            for v0 in range(0, V, N):
+                n = min(N, V - v0)
+                z = buf[: r * n].view(r, n)
+                w = weight[v0:v0 + n]
+                # 1. z = h @ w.T: fp32 out of bf16 / fp16 operands (cuBLAS), of fp32 ones (IEEE or TF32).
+                if native:
+                    torch.mm(h, w.t(), out_dtype=torch.float32, out=z)
+                else:
+                    torch.mm(h, (w.float() if upcast else w).t(), out=z)
+                # 2. Bias, temperature and the online log-sum-exp of the block, into the rows' state.
+                if epilogue == "torch":
+                    _torch_block(z, bias32, v0, tgt[r0:r0 + r], state[:, r0:r0 + r], inv_temp)
+                else:
+                    kern.block_logp(z, bias32, tgt, state, lp, r0, v0, inv_temp, first=v0 == 0,
+                                    last=v0 + n == V)
+    # 3. log p = (z_t - m) - log d once every block is in (the block kernel did it at the last block).
+    if epilogue == "torch":
+        lp.copy_(_logp_from_parts(state[2], state[0], state[1]))
+    if skip:
+        out.index_copy_(0, rows, lp)
     return out
 
 
@@ -364,6 +570,12 @@ def answer_logprob(
     return AnswerLogProb(token_logp.view(row_shape), keep.view(row_shape), p, mean_logp, num_kept)
 
 
+def _check_chunk_side(name, value):
+    if value is not None and (isinstance(value, bool) or not isinstance(value, Integral) or value < 1):
+        raise ValueError(f"{name} must be a positive int or None, got {value!r}")
+    return None if value is None else int(value)
+
+
 @torch.no_grad()
 def answer_logprob_from_hidden(
     hidden: torch.Tensor,
@@ -376,27 +588,83 @@ def answer_logprob_from_hidden(
     threshold: Optional[float] = 0.5,
     temperature: float = 1.0,
     empty_value: float = 0.0,
-    vocab_chunk: int = 8192,
+    method: str = "chunked",
+    chunk_rows: Optional[int] = None,
+    vocab_chunk: Optional[int] = None,
+    allow_tf32: Optional[bool] = None,
     backend: str = "auto",
 ) -> AnswerLogProb:
-    """Same as `answer_logprob` on logits = hidden @ weight.T + bias, without materialising them; forward
-    only (no autograd). Row i's hidden state predicts targets[i] (the causal shift is the caller's).
+    """Same as `answer_logprob` on logits = hidden @ weight.T + bias, without materialising the `[M, V]`
+    logits; forward only (no autograd). Row i's hidden state predicts targets[i] (the causal shift is
+    the caller's). Only masked-in (kept) rows are computed.
+
+    Methods, for the K kept rows, V vocabulary entries and z = (hidden @ weight.T + bias) / T:
+
+    * "chunked" (default): blocks of R kept rows x N vocabulary entries (`plan_chunks`).
+        1. z_blk = hidden[rows] @ weight[v0:v0+N].T        one GEMM per block into one reused fp32
+                                                            [R, N] buffer (cuBLAS on CUDA)
+        2. m' = max(m, max z_blk)                           online log-sum-exp per row, continued
+           d' = d exp(m - m') + sum exp(z_blk - m')         across the row's vocabulary blocks
+           z_t = z_blk[target - v0] if the block holds it   (epilogue: the Triton block kernel, one
+                                                            program per row; torch ops on "torch")
+        3. log p = (z_t - m) - log d                        after the row's last block
+      Extra memory (the block, the hidden rows it gathers, per-row state) stays under max(1/8 of
+      the materialised logits, i.e. M x V in the dtype of hidden @ weight.T, 8 MiB) and half the
+      free device memory. Time is the GEMM's plus one fp32 read of each block, against the
+      materialised path's write and read of M x V logits (the shape of Liger-Kernel's fused linear
+      cross-entropy; tools/gpu_check.py times both). bf16 / fp16 operands go to cuBLAS as they are
+      with an fp32 output (CUDA, torch >= 2.8; elsewhere they are upcast per block), so z is never
+      rounded to the input dtype.
+    * "materialise": the same with one [K, V] block (fp32 logits of the kept rows; the baseline).
+    * "fused": the Triton kernel that builds logit tiles with `tl.dot` and never stores them (extra
+      memory: a few fp32 values per row and vocabulary split; backend "triton" only; fp32 operands
+      use its IEEE dot). Slower than the GEMM on large M (bench/RESULTS.md "GPU").
 
     Args:
         hidden: `[M, H]` or `[N, T, H]` final hidden states (fp32 / bf16 / fp16).
-        weight: `[V, H]` lm_head weight (fp32 / bf16 / fp16).
+        weight: `[V, H]` lm_head weight (fp32 / bf16 / fp16). Operands of different dtypes meet in an
+            fp32 GEMM (each upcast per block).
         targets, answer_mask, cu_seqlens, threshold, temperature, empty_value, backend: as in
-            `answer_logprob`.
+            `answer_logprob`. Backend "triton" runs the chunked epilogue as a Triton kernel (and
+            is the only backend of "fused"); "torch" runs it in torch ops.
         bias: optional `[V]` lm_head bias.
-        vocab_chunk: torch path only: vocabulary entries per matmul chunk; extra memory is about
-            K x vocab_chunk fp32 values (K = masked-in rows). The Triton path tiles on its own.
+        method: "chunked" | "materialise" | "fused" (above).
+        chunk_rows / vocab_chunk: method "chunked" only: fix the block's kept rows / vocabulary
+            entries (None: planned from the memory budget; a fixed side may exceed it).
+        allow_tf32: fp32 GEMMs (fp32 or mixed-dtype operands) on CUDA may use TF32 tensor cores:
+            True / False, or None to follow the caller's setting (`torch.backends.cuda.matmul`,
+            e.g. `torch.set_float32_matmul_precision("high")`). TF32 keeps 10 of the operands' 23
+            mantissa bits. Error of log p against fp64, emulated on CPU at H = 896 / 3,584 and
+            V = 151,936 (bench/exploratory/tf32_error.py, max over 64-512 rows): operands rounded to
+            nearest 1e-3 (inputs like the GPU check's, logits ~N(0, 1)) to 5e-3 (a few hidden
+            dimensions 30x the rest, as LLM "massive activations"); truncated 6.6e-3 to 1.5e-2. The
+            GPU check measures cuBLAS's own TF32 GEMM against fp64. Otherwise the GEMM is IEEE fp32,
+            whatever the global setting, as on CPU always (CPU has no TF32, and
+            `set_float32_matmul_precision("medium")` would make its fp32 matmuls bf16). The global
+            setting is switched for the op's GEMMs and restored (process-wide while they run, as
+            torch has no per-call flag). Not for method "fused".
 
     Returns:
-        AnswerLogProb, as `answer_logprob`. Only masked-in rows are computed: an online
-        log-sum-exp over vocabulary chunks (running max and rescaled sum), the target logit taken
-        from the chunk that holds it.
+        AnswerLogProb, as `answer_logprob`.
+
+    Raises:
+        ValueError naming the argument or row, as `answer_logprob`; also an unknown method, block
+        sides that are not positive ints (or given to a method without blocks), allow_tf32=True
+        with method "fused", and method "fused" on a call that resolves to the torch backend.
     """
     log_threshold, inv_temp, empty_value = _check_scalars(threshold, temperature, empty_value)
+    if method not in METHODS:
+        raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+    chunk_rows = _check_chunk_side("chunk_rows", chunk_rows)
+    vocab_chunk = _check_chunk_side("vocab_chunk", vocab_chunk)
+    if method != "chunked" and (chunk_rows is not None or vocab_chunk is not None):
+        raise ValueError(f"chunk_rows / vocab_chunk shape the blocks of method 'chunked'; method {method!r} "
+                         "has none (leave them None)")
+    if allow_tf32 is not None and not isinstance(allow_tf32, bool):
+        raise ValueError(f"allow_tf32 must be True, False or None, got {allow_tf32!r}")
+    if allow_tf32 and method == "fused":
+        raise ValueError("allow_tf32=True applies to the cuBLAS GEMM of methods 'chunked' / 'materialise'; "
+                         "method 'fused' always uses its IEEE fp32 dot")
     hidden2d, tgt, mask, cu, seq_len, row_shape = _flatten_rows(
         "hidden", hidden, targets, answer_mask, cu_seqlens)
     if not isinstance(weight, torch.Tensor) or weight.dim() != 2 or weight.shape[1] != hidden.shape[-1]:
@@ -417,20 +685,17 @@ def answer_logprob_from_hidden(
             raise ValueError(f"bias is on {bias.device} but hidden is on {hidden.device}")
         if bias.dtype not in _FLOAT_DTYPES:
             raise ValueError(f"bias must be fp32, bf16 or fp16, got {bias.dtype}")
-    if isinstance(vocab_chunk, bool) or not isinstance(vocab_chunk, Integral) or vocab_chunk < 1:
-        raise ValueError(f"vocab_chunk must be a positive int, got {vocab_chunk!r}")
     M = hidden2d.shape[0]
-    _check_targets(tgt, mask, V, row_shape)
-    C = _num_contexts(cu, row_shape)
     tensors = (hidden, weight, targets, answer_mask) + ((bias,) if bias is not None else ())
     use = resolve_backend(backend, *tensors)
+    if method == "fused" and use != "triton":
+        raise ValueError("method 'fused' is the Triton kernel: it needs backend 'triton', or 'auto' with CUDA "
+                         f"tensors (this call resolved to backend {use!r}); method 'chunked' runs anywhere")
+    _check_targets(tgt, mask, V, row_shape)
+    C = _num_contexts(cu, row_shape)
+    tf32 = _tf32_allowed_globally() if allow_tf32 is None else allow_tf32
 
-    if use == "torch":
-        token_logp = _torch_hidden_token_logp(hidden2d, weight, bias, tgt, mask, inv_temp, int(vocab_chunk))
-        _check_token_logp(token_logp, row_shape, "the logits hidden @ weight.T + bias")
-        keep, p, mean_logp, num_kept = _torch_segments(
-            token_logp, mask, cu, seq_len, C, log_threshold, empty_value)
-    else:
+    if method == "fused":
         # reason: `import mempo.ops` stays without triton (heavy; only the CUDA path launches kernels)
         from mempo.kernels import answer_logprob as kern
 
@@ -438,9 +703,17 @@ def answer_logprob_from_hidden(
         token_logp = torch.empty(M, dtype=torch.float32, device=hidden2d.device)
         kern.hidden_logp(hidden2d, weight, bias.contiguous() if bias is not None else None,
                          tgt.contiguous(), mask_u8, token_logp, inv_temp, interpret=interpreting())
-        _check_token_logp(token_logp, row_shape, "the logits hidden @ weight.T + bias")
+    else:
+        token_logp = _chunked_token_logp(hidden2d, weight, bias, tgt, mask, inv_temp, epilogue=use, tf32=tf32,
+                                         whole=method == "materialise", chunk_rows=chunk_rows,
+                                         vocab_chunk=vocab_chunk)
+    _check_token_logp(token_logp, row_shape, "the logits hidden @ weight.T + bias")
+    if use == "torch":
+        keep, p, mean_logp, num_kept = _torch_segments(
+            token_logp, mask, cu, seq_len, C, log_threshold, empty_value)
+    else:
         keep, p, mean_logp, num_kept = _triton_segments(
-            token_logp, mask_u8, cu, seq_len, C, log_threshold, empty_value)
+            token_logp, _mask_u8(mask), cu, seq_len, C, log_threshold, empty_value)
     return AnswerLogProb(token_logp.view(row_shape), keep.view(row_shape), p, mean_logp, num_kept)
 
 

@@ -548,7 +548,8 @@ def validate_format(response_text: str, *, allow_text_outside_tags: bool = False
 DEFAULT_ANSWER_TEMPLATE = "\n<think>\nI have the answer.\n</think>\n<answer>\n{answer}\n</answer>"
 #: The same with the answer after a space: with a byte-level BPE whose words carry their leading space
 #: (GPT-2, Qwen), the first answer is then the token a `<mem>` line or a search result writes
-#: (`` Minu``), not a line-initial spelling (``Min`` + ``u``) a small model cannot copy (docs/experiments/T14-first-question.md).
+#: (`` Minu``), not a line-initial spelling (``Min`` + ``u``) a small model cannot copy
+#: (docs/experiments/T14-first-question.md).
 SPACED_ANSWER_TEMPLATE = "\n<think>\nI have the answer.\n</think>\n<answer> {answer} </answer>"
 
 

@@ -26,6 +26,7 @@ __all__ = [
     "objectives_from_golds",
     "compute_score",
     "memory_keeps",
+    "memory_kept_share",
     "objectives_seen",
     "retrieved_objectives",
 ]
@@ -265,5 +266,21 @@ def memory_keeps(mem_text: str, seen_text: str, golds: Any) -> Optional[bool]:
     needed = retrieved_objectives(seen_text, golds)
     if not needed:
         return None
+    return len(_kept(mem_text, objectives, needed)) == len(needed)
+
+
+def memory_kept_share(mem_text: str, seen_text: str, golds: Any) -> Optional[float]:
+    """The graded `memory_keeps`: the share of the needed objectives (those with an alias in
+    ``seen_text``, `retrieved_objectives`) that have an alias in ``mem_text`` too, in [0, 1] (1.0
+    exactly when `memory_keeps` is True); None when nothing is needed yet."""
+    objectives = objectives_from_golds(golds)
+    needed = retrieved_objectives(seen_text, golds)
+    if not needed:
+        return None
+    return len(_kept(mem_text, objectives, needed)) / len(needed)
+
+
+def _kept(mem_text: str, objectives: Sequence[Sequence[str]], needed: Sequence[int]) -> list[int]:
+    """The objectives of `needed` with an alias in `mem_text` as whole words (as `retrieved_objectives`)."""
     mem = _word_text(mem_text)
-    return all(any(f" {normalize_answer(a)} " in mem for a in objectives[j] if normalize_answer(a)) for j in needed)
+    return [j for j in needed if any(f" {normalize_answer(a)} " in mem for a in objectives[j] if normalize_answer(a))]

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator, NamedTuple, Optional, Union
 
 from mempo.protocol.memory import CONTEXT_POLICIES
-from mempo.protocol.reward import memory_keeps, retrieved_objectives
+from mempo.protocol.reward import memory_keeps, memory_kept_share, objectives_from_golds, retrieved_objectives
 from mempo.records.rounds import is_scored
 from mempo.utils.jsonl import iter_jsonl_records, write_jsonl
 from mempo.utils.tokens import decode_ids
@@ -114,6 +114,9 @@ class Trajectory:
     stage (after a JSON round trip its tuples are lists); episode_id: the source episode's id; example:
     the source example as the outcome reward reads it (question(s), golds, other fields; None when the
     rollout was given none), like the golds never part of a generation request.
+    rollout_logprobs [L]: the sampling policy's log-prob of every generated id as the backend gave it
+    (`sampled_positions`; 0.0 on forced-prefix and tool ids, which were not sampled), None when the
+    backend gave none.
     """
 
     uid: str
@@ -130,6 +133,7 @@ class Trajectory:
     outcome: dict[str, Any] = field(default_factory=dict)
     episode_id: Optional[str] = None
     example: Optional[dict[str, Any]] = None
+    rollout_logprobs: Optional[list[float]] = None
 
     # -- views -------------------------------------------------------------------------------------
     @property
@@ -146,6 +150,14 @@ class Trajectory:
     def num_generated_tokens(self) -> int:
         """Response ids with mask 1."""
         return sum(self.response_mask)
+
+    def sampled_positions(self) -> list[bool]:
+        """[L]: True on the ids the backend sampled (each round's ids after its forced prefix), False on
+        forced-prefix and tool ids."""
+        sampled = [False] * len(self.response_ids)
+        for r in self.rounds:
+            sampled[r.start + r.prefix_len:r.end] = [True] * (r.end - r.start - r.prefix_len)
+        return sampled
 
     def scored_rounds(self) -> list[Round]:
         """The rounds that get a memory reward, in order (``Round.scored``)."""
@@ -191,6 +203,27 @@ class Trajectory:
         return [memory_keeps(decode_ids(tokenizer, self.response_ids[r.mem_span[0]:r.mem_span[1]]), seen, self.golds)
                 for r, seen in zip(self.scored_rounds(), self.read_before_scored(tokenizer))]
 
+    def memory_kept_shares(self, tokenizer: Any) -> list[Optional[float]]:
+        """Per scored round (`Round.scored`, in order): the share of the golds already retrieved that
+        its ``<mem>`` keeps (`mempo.protocol.reward.memory_kept_share`, the graded `memory_keeps`: 1.0
+        where that is True; None where no gold was retrieved yet). Empty without golds."""
+        if self.golds is None:
+            return []
+        return [memory_kept_share(decode_ids(tokenizer, self.response_ids[r.mem_span[0]:r.mem_span[1]]), seen,
+                                  self.golds)
+                for r, seen in zip(self.scored_rounds(), self.read_before_scored(tokenizer))]
+
+    def answered_pending(self, tokenizer: Any) -> Optional[bool]:
+        """Whether the episode was answered with a question still pending: it ends with an answer
+        (``final_answer`` not None) and some objective's gold appeared in none of its ``<information>``
+        texts (`mempo.protocol.reward.retrieved_objectives`; the answer round searches nothing, so
+        they all came before it). None without golds or without an answer."""
+        if self.golds is None or self.final_answer is None:
+            return None
+        seen = " ".join(decode_ids(tokenizer, self.response_ids[r.information[0]:r.information[1]])
+                        for r in self.rounds if r.information is not None)
+        return len(retrieved_objectives(seen, self.golds)) < len(objectives_from_golds(self.golds))
+
     def retrieved_objectives(self, tokenizer: Any) -> list[list[int]]:
         """Per scored round (`Round.scored`, in order): the objectives (indices into
         `mempo.protocol.reward.objectives_from_golds`) whose gold appeared in an ``<information>`` of
@@ -212,6 +245,8 @@ class Trajectory:
             raise ValueError(f"finish_reason must be one of {FINISH_REASONS}, got {self.finish_reason!r}")
         if len(self.response_mask) != len(self.response_ids):
             raise ValueError("response_mask and response_ids differ in length")
+        if self.rollout_logprobs is not None and len(self.rollout_logprobs) != len(self.response_ids):
+            raise ValueError("rollout_logprobs and response_ids differ in length")
         position = 0
         prompt_len = len(self.prompt_ids)
         for i, r in enumerate(self.rounds):
@@ -242,6 +277,7 @@ class Trajectory:
             "golds": self.golds, "final_answer": self.final_answer, "protocol_text": self.protocol_text,
             "outcome": json.loads(json.dumps(self.outcome)),
             **({"example": json.loads(json.dumps(self.example, default=str))} if self.example is not None else {}),
+            "rollout_logprobs": None if self.rollout_logprobs is None else [float(v) for v in self.rollout_logprobs],
         }
 
     @classmethod
@@ -254,6 +290,8 @@ class Trajectory:
             rounds=[Round.from_dict(r) for r in obj["rounds"]], finish_reason=obj["finish_reason"],
             golds=obj.get("golds"), final_answer=obj.get("final_answer"), protocol_text=obj.get("protocol_text"),
             outcome=dict(obj.get("outcome") or {}), episode_id=obj.get("episode_id"), example=obj.get("example"),
+            rollout_logprobs=(None if obj.get("rollout_logprobs") is None
+                              else [float(v) for v in obj["rollout_logprobs"]]),
         )
         trajectory.validate()
         return trajectory

@@ -125,6 +125,9 @@ class EpisodeRun:
         self.max_turns, self.max_new_tokens = int(max_turns), int(max_new_tokens)
         self.response_ids: list[int] = []
         self.response_mask: list[int] = []
+        # the sampling policy's log-prob of every generated id (0.0 on forced and tool ids); None once a
+        # round came without them
+        self.response_logprobs: Optional[list[float]] = []
         self.rounds: list[Round] = []
         self.round_texts: list[str] = []
         self.finish_reason: Optional[str] = None
@@ -245,7 +248,7 @@ class RolloutEngine:
                 stats.batch_sizes.append(len(requests))
                 calls = []
                 for run, output in zip(waiting, outputs):
-                    tool_call = self.accept_generation(run, output.token_ids)
+                    tool_call = self.accept_generation(run, output.token_ids, output.logprobs)
                     if tool_call is not None:
                         calls.append((run, tool_call))
                 if calls:
@@ -330,9 +333,11 @@ class RolloutEngine:
         key = RequestKey(run.uid, run.sample_index, len(run.rounds))
         return GenerationRequest(context + prefix, limit, len(prefix), self.stop_token_ids, key, self.tags)
 
-    def accept_generation(self, run: EpisodeRun, token_ids: Sequence[int]) -> Optional[tuple[str, str]]:
+    def accept_generation(self, run: EpisodeRun, token_ids: Sequence[int],
+                          logprobs: Optional[Sequence[float]] = None) -> Optional[tuple[str, str]]:
         """Append the round (forced prefix, mask 1 when ``train_forced_prefix``, + the ids `cut_round`
-        keeps) and its decoded text to the memory (``add_llm_gen`` stores the leading ``<mem>`` as is).
+        keeps, with their `logprobs` as the backend gave them: the kept ids are the first ids it
+        generated) and its decoded text to the memory (``add_llm_gen`` stores the leading ``<mem>`` as is).
         Returns the (action, argument) tool call to make, or None when the trajectory ends:
         ``<answer>``: "answer"; a search/access in round ``run.max_turns``: "turn_limit" (nothing would
         read the result); a round cut by the budget's room: "token_budget"; no closed action
@@ -346,6 +351,12 @@ class RolloutEngine:
         run.response_ids.extend(cut.token_ids)
         run.response_mask.extend([1 if cfg.train_forced_prefix else 0] * len(prefix))
         run.response_mask.extend([1] * len(cut.token_ids))
+        if run.response_logprobs is not None:
+            kept = len(cut.token_ids)
+            if logprobs is None or list(token_ids[:kept]) != list(cut.token_ids):
+                run.response_logprobs = None  # this round's ids have no log-prob from the sampler
+            else:
+                run.response_logprobs.extend([0.0] * len(prefix) + [float(v) for v in logprobs[:kept]])
         end = len(run.response_ids)
         self.stats.generated_tokens += len(cut.token_ids)
         self.stats.forced_tokens += len(prefix)
@@ -392,6 +403,8 @@ class RolloutEngine:
         base = len(run.response_ids)
         run.response_ids.extend(ids)
         run.response_mask.extend([0] * len(ids))
+        if run.response_logprobs is not None:
+            run.response_logprobs.extend([0.0] * len(ids))
         last = run.rounds[-1]
         last.tool_end = len(run.response_ids)
         last.information = (base + min(segment.information_start, len(ids)),
@@ -422,7 +435,8 @@ class RolloutEngine:
     def finish(self, runs: list[EpisodeRun]) -> list[Trajectory]:
         """The trajectories: one `find_spans` call over all responses gives each round's ``mem_span``
         (`round_mem_span`); each carries its ``protocol_text`` (the memory's round and tool texts, in
-        order, no chat glue) and ``final_answer`` (its ``<answer>``); no outcome yet."""
+        order, no chat glue), ``final_answer`` (its ``<answer>``) and ``rollout_logprobs`` (the
+        backend's, None when a round had none); no outcome yet."""
         cfg = self.config
         batch = find_spans([run.response_ids for run in runs], self._span_table(runs), tags=self.tags) if runs else None
         trajectories = []
@@ -438,6 +452,7 @@ class RolloutEngine:
                 example=dict(run.task.example) if run.task.example is not None else None,
                 final_answer=extract_solution(protocol_text, self.tags), protocol_text=protocol_text,
                 episode_id=run.task.id,
+                rollout_logprobs=run.response_logprobs,
             )
             trajectories.append(trajectory)
         return trajectories

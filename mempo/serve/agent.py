@@ -11,11 +11,11 @@ first of ``eval.policies``: same chat template, context policy, stop rules, gree
 ``eval.temperature``), so a served answer equals `mempo eval`'s for the same question and model
 under greedy decoding. A plain question is laid out as the config's episodes are (`mempo.env.data.user_turn`:
 the question list and its closing line, ``synthetic.world_prompt_style``'s layout for the demo's
-world), so it reaches the model as training showed it questions. A request may lower or raise (within the service's bounds) the temperature,
-top-p, the tokens per round and the number of rounds (`AgentOptions`). A question is all a request
-gives: no gold answer ever reaches generation. A failing retriever is a tool error in the rounds
-(`RolloutEngine.call_tool`); a failing backend fails the requests of that batch, and the service
-keeps serving.
+world), so it reaches the model as training showed it questions. A request may lower or raise (within the
+service's bounds) the temperature, top-p, the tokens per round and the number of rounds (`AgentOptions`). A
+question is all a request gives: no gold answer ever reaches generation. A failing retriever is a tool error
+in the rounds (`RolloutEngine.call_tool`); a failing backend fails the requests of that batch, and the
+service keeps serving.
 """
 from __future__ import annotations
 
@@ -235,7 +235,8 @@ class AgentService:
         """The service `mempo serve` and `mempo ask` run: the tools of ``cfg.env`` over `retriever`
         (`build_tools`), `serving_rollout_config`, the model's context bound (as `mempo eval`), the
         config's question layout (`prompt_style`), and `options` (this class's keywords)."""
-        engine = RolloutEngine(backend, tokenizer, build_tools(cfg, retriever), config=serving_rollout_config(cfg, policy),
+        engine = RolloutEngine(backend, tokenizer, build_tools(cfg, retriever),
+                               config=serving_rollout_config(cfg, policy),
                                max_context_tokens=model_context_tokens(model))
         return cls(engine, **{"prompt_style": prompt_style(cfg), **options})
 

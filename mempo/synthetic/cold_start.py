@@ -60,8 +60,10 @@ def oracle_agent(cfg: MempoConfig, max_turns: Optional[int] = None) -> OracleAge
     s = cfg.synthetic
     extra = {} if max_turns is None else {"max_turns": max_turns}
     return OracleAgent(think=s.oracle_think, memory_style=s.oracle_memory_style, query_style=s.oracle_query_style,
-                       drop_fact_prob=s.oracle_drop_fact_prob, drop_seed=s.oracle_drop_seed, lost_line=s.oracle_lost_line,
-                       answer_template=answer_template_text(cfg.scoring.answer_template) if s.oracle_answer_template else None, **extra)
+                       drop_fact_prob=s.oracle_drop_fact_prob, drop_seed=s.oracle_drop_seed,
+                       lost_line=s.oracle_lost_line,
+                       answer_template=(answer_template_text(cfg.scoring.answer_template)
+                                        if s.oracle_answer_template else None), **extra)
 
 
 def oracle_cold_start(world: Any, tools: Mapping[str, Any], cfg: MempoConfig, held_out: Collection[str] = (), *,

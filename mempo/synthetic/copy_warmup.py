@@ -12,7 +12,8 @@ Conventions
   2L-2`` predict ids ``L .. 2L-1``); the first half cannot be predicted and is not trained on.
 * Optimiser: AdamW (``lr``, no weight decay), linear warm-up of the learning rate over the first
   ``warmup_steps`` steps, constant after, grad-norm clip ``grad_clip``. The learning rate decides
-  whether the copy head forms at all (measurements: ``docs/experiments/D01-learnable-task.md``, ``docs/experiments/T01-copy-warmup-2000.md``).
+  whether the copy head forms at all (measurements: ``docs/experiments/D01-learnable-task.md``,
+  ``docs/experiments/T01-copy-warmup-2000.md``).
 * Randomness: ``random.Random(f"mempo-copy-warmup/{seed}")`` draws every row, so a run is a pure
   function of (model, token_ids, arguments).
 """

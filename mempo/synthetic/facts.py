@@ -19,7 +19,8 @@ from mempo.synthetic.grammar import CHRONICLE_RELATIONS, RELATIONS
 __all__ = ["draw_facts", "place_chronicle_facts"]
 
 
-def draw_facts(rng: random.Random, by_kind: dict[str, list[int]], on: Callable[[str], bool]) -> dict[str, dict[int, int]]:
+def draw_facts(rng: random.Random, by_kind: dict[str, list[int]],
+               on: Callable[[str], bool]) -> dict[str, dict[int, int]]:
     """``facts[relation][subject] = value`` (an entity index, or a year / number) for the relations
     `on` accepts, drawn from `rng`; by_kind: the entity indices of each kind."""
     # Facts. With every relation enabled the draws are those of the original world; a subset

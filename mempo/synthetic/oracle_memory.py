@@ -28,8 +28,8 @@ from typing import Optional, Sequence
 from mempo.protocol.reward import normalize_answer
 from mempo.synthetic.grammar import RELATIONS, QuestionParse, fact_pattern, parse_question
 
-__all__ = ["UNKNOWN", "LOST", "LOST_LINES", "FACT_STYLES", "HopState", "ObjectiveState", "parse_oracle_memory", "MEMORY_LINE_KINDS",
-           "memory_line_kinds"]
+__all__ = ["UNKNOWN", "LOST", "LOST_LINES", "FACT_STYLES", "HopState", "ObjectiveState", "parse_oracle_memory",
+           "MEMORY_LINE_KINDS", "memory_line_kinds"]
 
 UNKNOWN = "unknown"
 LOST = "done"
@@ -38,8 +38,8 @@ LOST = "done"
 #: <subject> = unknown`` in the labels style) with `UNKNOWN` in the value's place. With "subject" the
 #: keep-or-drop choice of a listed/facts memory falls after the subject, which both lines write, not on
 #: the subject itself (a held-out name in evaluation, which the cold start's trajectories never write:
-#: docs/experiments/T11-em-along-sft.md); with "value" it falls on the value, and the answer for the question is always the
-#: line's last word.
+#: docs/experiments/T11-em-along-sft.md); with "value" it falls on the value, and the answer for the
+#: question is always the line's last word.
 LOST_LINES = ("bare", "subject", "value")
 
 _LABEL_TO_RELATION = {r.label: r.name for r in RELATIONS.values()}

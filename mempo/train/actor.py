@@ -31,9 +31,10 @@ from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from mempo.config import ActorConfig, ConfigError
 from mempo.model.adapter import DTYPES, PolicyLogProbs, attn_implementation, resolve_packing
 from mempo.train.checkpoint import load_model_state, load_optimizer_state, model_state_dict, optimizer_state_dict
-from mempo.train.losses import agg_loss, kl_penalty, policy_loss
+from mempo.train.losses import agg_loss, kl_penalty, policy_loss, rollout_is_weights
 
-__all__ = ["Actor", "DistInfo", "LogProbs", "init_distributed", "shutdown_distributed", "plan_micro_batches"]
+__all__ = ["Actor", "DistInfo", "LogProbs", "RolloutCorrection", "init_distributed", "shutdown_distributed",
+           "plan_micro_batches"]
 
 
 # ------------------------------------------------------------------------------------------------
@@ -111,6 +112,19 @@ class LogProbs(NamedTuple):
 
     log_probs: torch.Tensor
     entropy: Optional[torch.Tensor]
+
+
+class RolloutCorrection(NamedTuple):
+    """What `Actor.update` needs to correct for the policy that sampled the batch
+    (`mempo.train.losses.rollout_is_weights`): log_probs fp32 `[B, L]` the sampling policy's
+    log-prob of each token (token-aligned like the batch); known bool `[B, L]` the tokens it sampled
+    (not forced-prefix ids); level "token", "sequence", or None (weights computed for the metrics
+    only: rollout and training are the same computation); cap: the truncation."""
+
+    log_probs: torch.Tensor
+    known: torch.Tensor
+    level: Optional[str]
+    cap: float
 
 
 # ------------------------------------------------------------------------------------------------
@@ -413,7 +427,8 @@ class Actor:
     # --------------------------------------------------------------------------------------------
     def update(self, batch: Mapping[str, torch.Tensor], advantages: torch.Tensor,
                old_log_probs: Optional[torch.Tensor] = None, ref_log_probs: Optional[torch.Tensor] = None,
-               config: Optional[ActorConfig] = None, temperature: float = 1.0) -> dict[str, float]:
+               config: Optional[ActorConfig] = None, temperature: float = 1.0,
+               rollout: Optional[RolloutCorrection] = None) -> dict[str, float]:
         """PPO-clip + KL update on this rank's rows; returns metrics averaged over
         the optimiser steps: ``loss``, ``pg_loss``, ``kl_loss``, ``entropy``, ``pg_clipfrac``,
         ``pg_clipfrac_lower``, ``ppo_kl``, ``ratio_mean/max/min``, ``grad_norm``, ``lr``,
@@ -434,6 +449,13 @@ class Actor:
         log-probs (ratio 1 in every epoch; pass the rollout policy's log-probs for multi-epoch or
         multi-mini-batch PPO). ``kl_coef > 0`` needs ``ref_log_probs``. Train mode; PPO ratios
         assume dropout 0 (true for Qwen2/Llama configs).
+
+        rollout: the sampling policy's log-probs (`RolloutCorrection`); each token's policy loss is
+        then multiplied by its truncated importance weight against the old log-probs (the level's;
+        none with level None) and the metrics add ``rollout_is_mean`` / ``rollout_is_max`` (weights
+        over the sampled loss tokens), ``rollout_is_clipped_frac`` (share truncated at the cap),
+        ``rollout_kl`` (mean rollout - old log-prob: KL(pi_rollout || pi_train)), ``rollout_is_tokens``
+        and ``rollout_is_applied`` (1.0 when the weights entered the loss).
         """
         if self.optimizer is None:
             raise RuntimeError("this Actor was built with trainable=False")
@@ -443,11 +465,15 @@ class Actor:
             raise ValueError("kl_coef > 0 needs ref_log_probs (or set kl_coef to 0)")
         data = _prepare_batch(batch["input_ids"], batch.get("attention_mask"), batch.get("position_ids"),
                               batch["response_mask"], self.device)
-        targets = {"advantages": advantages, "old_log_probs": old_log_probs, "ref_log_probs": ref_log_probs}
+        targets = {"advantages": advantages, "old_log_probs": old_log_probs, "ref_log_probs": ref_log_probs,
+                   "rollout_log_probs": None if rollout is None else rollout.log_probs,
+                   "rollout_known": None if rollout is None else rollout.known}
         for name, tensor in targets.items():
             if tensor is not None and tensor.shape != data.input_ids.shape:
                 raise ValueError(f"{name} must have shape {tuple(data.input_ids.shape)}, got {tuple(tensor.shape)}")
-        targets = {k: None if v is None else v.to(self.device, torch.float32) for k, v in targets.items()}
+        targets = {k: None if v is None else v.to(self.device, torch.bool if k == "rollout_known" else torch.float32)
+                   for k, v in targets.items()}
+        correction = None if rollout is None else (rollout.level, float(rollout.cap))
         num_rows = data.input_ids.shape[0]
         if num_rows < cfg.ppo_mini_batches:  # every rank must pass at least ppo_mini_batches rows
             raise ValueError(f"{num_rows} rows cannot be split into ppo_mini_batches={cfg.ppo_mini_batches}")
@@ -455,7 +481,7 @@ class Actor:
         step_metrics = []
         for _ in range(cfg.ppo_epochs):
             for rows in torch.arange(num_rows, device=self.device).tensor_split(cfg.ppo_mini_batches):
-                step_metrics.append(self._train_mini_batch(data, rows, targets, cfg, temperature, packed))
+                step_metrics.append(self._train_mini_batch(data, rows, targets, cfg, temperature, packed, correction))
         return {name: sum(m[name] for m in step_metrics) / len(step_metrics) for name in step_metrics[0]} | {
             "optimizer_steps": float(sum(1 - m["skipped_steps"] for m in step_metrics)),
             "skipped_steps": float(sum(m["skipped_steps"] for m in step_metrics))}
@@ -468,14 +494,19 @@ class Actor:
         _all_reduce(length, dist.ReduceOp.MAX if self.distributed else None)
         return counts[0], counts[1], int(length.item())
 
-    def _micro_loss(self, part: _Batch, extras, cfg: ActorConfig, temperature: float, norms, packed: bool):
-        advantages, old, ref = extras
+    def _micro_loss(self, part: _Batch, extras, cfg: ActorConfig, temperature: float, norms, packed: bool,
+                    correction: Optional[tuple[Optional[str], float]]):
+        advantages, old, ref, rollout_logp, rollout_known = extras
         log_probs, entropy = self._forward(part, temperature, with_entropy=True, packed=packed)
         if cfg.entropy_coef == 0:
             entropy = entropy.detach()
         old = log_probs.detach() if old is None else old
+        is_weights, is_stats = None, None
+        if correction is not None:  # pi_train / pi_rollout against the policy before the update
+            is_weights, is_stats = rollout_is_weights(old, rollout_logp, rollout_known, part.loss_mask, *correction)
         pg_loss, metrics = policy_loss(log_probs, old, advantages, part.loss_mask, cfg.clip_ratio_low,
-                                       cfg.clip_ratio_high, cfg.clip_ratio_c, cfg.loss_agg_mode, **norms)
+                                       cfg.clip_ratio_high, cfg.clip_ratio_c, cfg.loss_agg_mode, **norms,
+                                       is_weights=is_weights)
         loss = pg_loss
         kl_loss = torch.zeros((), device=self.device)
         if cfg.kl_coef > 0:
@@ -485,38 +516,50 @@ class Actor:
         if cfg.entropy_coef > 0:
             loss = loss - cfg.entropy_coef * agg_loss(entropy, part.loss_mask, cfg.loss_agg_mode, **norms)
         entropy_sum = torch.where(part.loss_mask, entropy.detach(), 0.0).sum()
-        return loss, pg_loss.detach(), kl_loss.detach(), entropy_sum, metrics
+        return loss, pg_loss.detach(), kl_loss.detach(), entropy_sum, metrics, is_stats
 
     def _train_mini_batch(self, data: _Batch, rows: torch.Tensor, targets: dict, cfg: ActorConfig,
-                          temperature: float, packed: bool) -> dict[str, float]:
+                          temperature: float, packed: bool,
+                          correction: Optional[tuple[Optional[str], float]] = None) -> dict[str, float]:
         num_tokens, num_sequences, padded_length = self._global_normalisers(data.loss_mask[rows])
         norms = {"num_tokens": num_tokens, "num_sequences": num_sequences,
                  "norm_length": cfg.loss_norm_length or padded_length}
         plans, count = self._synced_plans(data, rows, cfg.micro_batch_tokens, packed)
-        # loss, pg_loss, kl_loss, entropy sum, then token-weighted clipfrac, clipfrac_lower, ppo_kl, ratio_mean
-        sums = torch.zeros(8, dtype=torch.float64, device=self.device)
+        # loss, pg_loss, kl_loss, entropy sum, then token-weighted clipfrac, clipfrac_lower, ppo_kl, ratio_mean,
+        # then the rollout correction's weight sum, clipped tokens, rollout - old sum, sampled loss tokens
+        sums = torch.zeros(12, dtype=torch.float64, device=self.device)
         ratio_max = torch.full((), -math.inf, dtype=torch.float64, device=self.device)
         ratio_min = torch.full((), math.inf, dtype=torch.float64, device=self.device)
+        is_max = torch.full((), -math.inf, dtype=torch.float64, device=self.device)
         self.optimizer.zero_grad(set_to_none=True)
         for index in range(count):
             real = index < len(plans)
             part, extras, _ = _slice_rows(data, plans[index] if real else rows[:1], targets["advantages"],
-                                          targets["old_log_probs"], targets["ref_log_probs"])
-            loss, pg_loss, kl_loss, entropy_sum, metrics = self._micro_loss(part, extras, cfg, temperature, norms,
-                                                                            packed)
+                                          targets["old_log_probs"], targets["ref_log_probs"],
+                                          targets["rollout_log_probs"], targets["rollout_known"])
+            loss, pg_loss, kl_loss, entropy_sum, metrics, is_stats = self._micro_loss(
+                part, extras, cfg, temperature, norms, packed, correction)
             # The normalisers are global (all-reduced), so the ranks' losses sum to the loss of the
             # whole batch; times world_size undoes FSDP's gradient averaging (N ranks = one process).
             (loss * (self.world_size if real else 0.0)).backward()
             if real:
                 n = metrics["num_tokens"].double()
-                sums += torch.stack([v.double() for v in (
+                sums[:8] += torch.stack([v.double() for v in (
                     loss.detach(), pg_loss, kl_loss, entropy_sum, metrics["pg_clipfrac"] * n,
                     metrics["pg_clipfrac_lower"] * n, metrics["ppo_kl"] * n, metrics["ratio_mean"] * n)])
                 if n > 0:
                     ratio_max = torch.maximum(ratio_max, metrics["ratio_max"].double())
                     ratio_min = torch.minimum(ratio_min, metrics["ratio_min"].double())
+                if is_stats is not None:
+                    sums[8:] += torch.stack([is_stats[k].double()
+                                             for k in ("weight_sum", "clipped", "kl_sum", "count")])
+                    if is_stats["count"] > 0:
+                        is_max = torch.maximum(is_max, is_stats["weight_max"].double())
         grad_norm, skipped = self._clip_and_step(cfg)
-        return self._reduce_metrics(sums, ratio_max, ratio_min, num_tokens, grad_norm, skipped)
+        metrics = self._reduce_metrics(sums, ratio_max, ratio_min, num_tokens, grad_norm, skipped, is_max)
+        if correction is None:
+            return {k: v for k, v in metrics.items() if not k.startswith("rollout_")}
+        return metrics | {"rollout_is_applied": float(correction[0] is not None)}
 
     def _clip_and_step(self, cfg: ActorConfig) -> tuple[float, int]:
         params = [p for p in self.module.parameters() if p.requires_grad]
@@ -531,12 +574,18 @@ class Actor:
         self.optimizer.step()
         return norm, 0
 
-    def _reduce_metrics(self, sums, ratio_max, ratio_min, num_tokens, grad_norm, skipped) -> dict[str, float]:
+    def _reduce_metrics(self, sums, ratio_max, ratio_min, num_tokens, grad_norm, skipped, is_max) -> dict[str, float]:
         _all_reduce(sums)
-        extremes = torch.stack([ratio_max, -ratio_min])
+        extremes = torch.stack([ratio_max, -ratio_min, is_max])
         _all_reduce(extremes, dist.ReduceOp.MAX if self.distributed else None)
-        tokens = float(num_tokens)
-        per_token = (lambda value: float(value) / tokens if tokens > 0 else 0.0)
+        tokens, sampled = float(num_tokens), float(sums[11])
+
+        def per_token(value) -> float:
+            return float(value) / tokens if tokens > 0 else 0.0
+
+        def per_sampled(value, empty: float = 0.0) -> float:
+            return float(value) / sampled if sampled > 0 else empty
+
         has_tokens = tokens > 0 and math.isfinite(float(extremes[0]))
         return {
             "loss": float(sums[0]), "pg_loss": float(sums[1]), "kl_loss": float(sums[2]),
@@ -546,6 +595,9 @@ class Actor:
             "ratio_min": float(-extremes[1]) if has_tokens else 1.0,
             "grad_norm": grad_norm, "lr": float(self.optimizer.param_groups[0]["lr"]), "num_tokens": tokens,
             "skipped_steps": skipped,
+            "rollout_is_mean": per_sampled(sums[8], 1.0), "rollout_is_clipped_frac": per_sampled(sums[9]),
+            "rollout_kl": per_sampled(sums[10]), "rollout_is_tokens": sampled,
+            "rollout_is_max": float(extremes[2]) if sampled > 0 else 1.0,
         }
 
     # --------------------------------------------------------------------------------------------

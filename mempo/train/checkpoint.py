@@ -19,8 +19,9 @@ Layout (``root`` is the checkpoint root, e.g. ``<out_dir>/checkpoints``)::
 
 Nothing is gathered on one rank: each rank writes and hashes its own shard files (`save_checkpoint`),
 hashes them again on resume (`verify_on_all_ranks`) and reads only the saved chunks that overlap
-its shards, so a checkpoint written by N ranks resumes on M ranks (or in one plain process) with the same parameters and optimiser state. Checkpoints of
-formats 1 and 2 (full-state model.pt / optimizer.pt, `mempo.train.full_state`) still load.
+its shards, so a checkpoint written by N ranks resumes on M ranks (or in one plain process) with the
+same parameters and optimiser state. Checkpoints of formats 1 and 2 (full-state model.pt /
+optimizer.pt, `mempo.train.full_state`) still load.
 
 Every file is read as data, never run: the DCP index through a restricted unpickler
 (`mempo.train.sharded.read_index`), RNG files and model.pt / optimizer.pt with
@@ -81,7 +82,8 @@ __all__ = [
     "list_checkpoints", "has_checkpoints", "latest_checkpoint", "verify_checkpoint", "verify_on_all_ranks",
     "newest_intact_checkpoint", "resolve_checkpoint", "resume_checkpoint", "checkpoint_step", "save_checkpoint",
     "start_checkpoint", "PendingCheckpoint", "load_checkpoint", "write_error", "os_error_text",
-    "prune_checkpoints", "check_fits", "model_state_dict", "optimizer_state_dict", "load_model_state", "load_optimizer_state",
+    "prune_checkpoints", "check_fits", "model_state_dict", "optimizer_state_dict", "load_model_state",
+    "load_optimizer_state",
 ]
 CHECKPOINT_FORMAT = 3  # 3: sharded (DCP) model/ and optimizer/; 2: full model.pt, digests; 1: no digests
 MODEL_DIR = "model"
@@ -1115,15 +1117,15 @@ def load_checkpoint(path: PathLike, model: Optional[torch.nn.Module] = None,
     optimizer's own back). strict: the saved model state must hold
     exactly the model's keys (missing and unexpected ones are named; shapes must match whatever
     `strict`); the optimiser state must name exactly the optimizer's parameters, whatever `strict`.
-    Both are checked before anything is loaded, so a refused checkpoint leaves `model` and `optimizer` as they were. verify: check the manifest's
-    digests, field types and steps first (False: the caller just did, e.g. through
-    `resume_checkpoint`). Collective when torch.distributed is initialised: each rank reads the saved
-    chunks that overlap its own shards (`mempo.train.sharded`), so a checkpoint written by N ranks
-    loads on M ranks, or into a plain single-process model (an older full-state checkpoint: rank 0
-    reads it and broadcasts). A rank without an RNG file (another world size) keeps its RNG state,
-    with a warning. A format-1 checkpoint (no digests) loads with a warning. Returns a
-    CheckpointState. CheckpointError (naming the file) when the checkpoint is missing, damaged, or
-    does not fit `model` / `optimizer`.
+    Both are checked before anything is loaded, so a refused checkpoint leaves `model` and
+    `optimizer` as they were. verify: check the manifest's digests, field types and steps first
+    (False: the caller just did, e.g. through `resume_checkpoint`). Collective when torch.distributed
+    is initialised: each rank reads the saved chunks that overlap its own shards
+    (`mempo.train.sharded`), so a checkpoint written by N ranks loads on M ranks, or into a plain
+    single-process model (an older full-state checkpoint: rank 0 reads it and broadcasts). A rank
+    without an RNG file (another world size) keeps its RNG state, with a warning. A format-1
+    checkpoint (no digests) loads with a warning. Returns a CheckpointState. CheckpointError (naming
+    the file) when the checkpoint is missing, damaged, or does not fit `model` / `optimizer`.
     """
     path = Path(path)
     if optimizer is not None and model is None:
@@ -1152,7 +1154,8 @@ def load_checkpoint(path: PathLike, model: Optional[torch.nn.Module] = None,
         try:
             restore_rng_state(rng_state)
         except (KeyError, TypeError, ValueError, RuntimeError, IndexError) as error:
-            raise CheckpointError(f"{path / 'rng' / f'rank_{rank:05d}.pt'}: not an RNG state ({short_error(error)})") from None
+            raise CheckpointError(f"{path / 'rng' / f'rank_{rank:05d}.pt'}: not an RNG state "
+                                  f"({short_error(error)})") from None
     _barrier()
     return CheckpointState(path=path, step=int(state["step"]), data_state=state.get("data_state"),
                            extra=state.get("extra"), rng_state=rng_state)

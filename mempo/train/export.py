@@ -40,14 +40,14 @@ def export_checkpoint(checkpoint: PathLike, directory: PathLike, cfg: MempoConfi
                       provenance: Optional[Mapping[str, Any]] = None, phase: Optional[str] = None,
                       field: str = "") -> Path:
     """Write checkpoint `checkpoint`'s model (a ``step_N`` directory, or a root: its newest complete
-    one; verified against its manifest, a damaged one refused naming the file) as a Hugging Face directory `directory`, one safetensors file
-    at a time. cfg: the run's config (its ``model`` section gives the architecture; builtin-tiny's
-    vocabulary is read from the checkpoint). dtype: the written dtype (None: as saved, e.g. the
-    fp32 masters; "bfloat16" halves the files). Peak memory: one file's tensors (`max_shard_bytes`)
-    plus the largest tensor. This process only; not collective. CheckpointError for a checkpoint
-    that is damaged, of the older full-state format, or not of this architecture; `directory` must be
-    one `atomic_directory` may replace (`mempo.utils.atomic.OutputPathError` naming `field`, checked
-    before the checkpoint is read)."""
+    one; verified against its manifest, a damaged one refused naming the file) as a Hugging Face
+    directory `directory`, one safetensors file at a time. cfg: the run's config (its ``model``
+    section gives the architecture; builtin-tiny's vocabulary is read from the checkpoint). dtype:
+    the written dtype (None: as saved, e.g. the fp32 masters; "bfloat16" halves the files). Peak
+    memory: one file's tensors (`max_shard_bytes`) plus the largest tensor. This process only; not
+    collective. CheckpointError for a checkpoint that is damaged, of the older full-state format, or
+    not of this architecture; `directory` must be one `atomic_directory` may replace
+    (`mempo.utils.atomic.OutputPathError` naming `field`, checked before the checkpoint is read)."""
     path = Path(checkpoint)
     check_directory_target(directory, field)
     if not path.name.startswith("step_"):  # a root: its newest complete checkpoint (no collective here)

@@ -1,5 +1,6 @@
 """Policy-update losses: PPO-clip with clip-higher and dual-clip, KL estimators, loss aggregation,
-entropy (verl `core_algos` semantics). The token advantages and the loss mask they act on come from
+entropy, truncated importance weights for rollout correction (verl `core_algos` /
+`rollout_corr_helper` semantics). The token advantages and the loss mask they act on come from
 `mempo.algo.advantages`.
 
 Tensors are ``[B, L]``; ``mask`` (bool, or 0/1 of any dtype) is 1 on the tokens that carry loss.
@@ -17,9 +18,12 @@ import torch
 from mempo.config import KL_ESTIMATORS, LOSS_AGG_MODES
 
 __all__ = [
-    "LOSS_AGG_MODES", "KL_ESTIMATORS", "agg_loss", "masked_mean", "policy_loss", "kl_penalty",
-    "entropy_from_logits",
+    "LOSS_AGG_MODES", "KL_ESTIMATORS", "ROLLOUT_IS_APPLIED", "agg_loss", "masked_mean", "policy_loss", "kl_penalty",
+    "entropy_from_logits", "rollout_is_weights",
 ]
+
+#: the levels `rollout_is_weights` applies (None: weights computed for the metrics only)
+ROLLOUT_IS_APPLIED = ("token", "sequence")
 
 Number = Union[int, float, torch.Tensor]
 _LOG_RATIO_CLAMP = 20.0
@@ -115,12 +119,14 @@ def policy_loss(log_prob: torch.Tensor, old_log_prob: torch.Tensor, advantages: 
                 clip_ratio_low: float = 0.2, clip_ratio_high: float = 0.28, clip_ratio_c: Optional[float] = 3.0,
                 loss_agg_mode: str = "token-mean", *, num_tokens: Optional[Number] = None,
                 num_sequences: Optional[Number] = None, norm_length: Optional[Number] = None,
-                ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+                is_weights: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """PPO-clip surrogate with clip-higher and dual-clip (verl `compute_policy_loss_vanilla`),
     aggregated by `agg_loss`.
 
     log_prob: `[B, L]` current policy log-probs (carries the gradient); old_log_prob: `[B, L]`
-    behaviour-policy log-probs (no gradient); advantages: `[B, L]`; mask: `[B, L]` loss tokens.
+    behaviour-policy log-probs (no gradient); advantages: `[B, L]`; mask: `[B, L]` loss tokens;
+    is_weights: `[B, L]` rollout-correction weights (`rollout_is_weights`, no gradient) multiplying
+    each token's clipped loss, as verl multiplies ``pg_losses`` (None: 1).
     Returns (loss 0-dim, metrics) where metrics are detached 0-dim tensors over the mask tokens:
     ``pg_clipfrac`` (fraction where the clipped term was taken), ``pg_clipfrac_lower`` (fraction where
     dual-clip bound the loss), ``ppo_kl`` (mean old - new log-prob), ``ratio_mean`` / ``ratio_max`` /
@@ -156,6 +162,11 @@ def policy_loss(log_prob: torch.Tensor, old_log_prob: torch.Tensor, advantages: 
         bound = -adv * clip_ratio_c
         dual_clipped = (adv < 0) & (loss_mat > bound)
         loss_mat = torch.where(adv < 0, torch.minimum(loss_mat, bound), loss_mat)
+    if is_weights is not None:
+        if is_weights.shape != log_prob.shape:
+            raise ValueError(f"is_weights must have shape {tuple(log_prob.shape)}, got {tuple(is_weights.shape)}")
+        loss_mat = loss_mat * torch.where(bool_mask, is_weights.detach().to(dtype), torch.ones((), dtype=dtype,
+                                                                                               device=log_prob.device))
     loss = agg_loss(loss_mat, bool_mask, loss_agg_mode, num_tokens=num_tokens, num_sequences=num_sequences,
                     norm_length=norm_length)
     with torch.no_grad():
@@ -169,6 +180,52 @@ def policy_loss(log_prob: torch.Tensor, old_log_prob: torch.Tensor, advantages: 
             "num_tokens": bool_mask.sum().to(dtype),
         }
     return loss, {k: v.detach() for k, v in metrics.items()}
+
+
+def rollout_is_weights(old_log_prob: torch.Tensor, rollout_log_prob: torch.Tensor, known: torch.Tensor,
+                       mask: torch.Tensor, level: Optional[str], cap: float
+                       ) -> tuple[Optional[torch.Tensor], dict[str, torch.Tensor]]:
+    """Truncated importance weights correcting for a rollout policy that is not the trained one
+    (verl's ``rollout_is`` with a single threshold: TIS), and their statistics.
+
+    old_log_prob: `[B, L]` the trained policy's log-probs before the update (pi_train);
+    rollout_log_prob: `[B, L]` the sampling policy's (pi_rollout); known: `[B, L]` the tokens whose
+    rollout log-prob is known (the sampled ones; forced-prefix ids are not); mask: `[B, L]` loss
+    tokens. With r = clamp(old - rollout, -20, 20) on the known loss tokens:
+
+        "token"     w_t = min(exp(r_t), cap) on them, 1 on the other loss tokens (the forced ids)
+        "sequence"  w = min(exp(sum_row r_t), cap) on every loss token of the row
+        None        no weights (returned None); the statistics are the token level's
+
+    Returns (weights `[B, L]` float32 detached or None, stats): 0-dim sums over the known loss tokens
+    for a token-weighted reduction: ``weight_sum``, ``clipped`` (tokens whose weight was truncated),
+    ``kl_sum`` (sum of rollout - old: KL(pi_rollout || pi_train) by the k1 estimator), ``count``, and
+    ``weight_max`` (1.0 over no token).
+    """
+    if level is not None and level not in ROLLOUT_IS_APPLIED:
+        raise ValueError(f"rollout correction level must be one of {ROLLOUT_IS_APPLIED} or None, got {level!r}")
+    if not cap > 0:
+        raise ValueError(f"the rollout correction cap must be > 0, got {cap!r}")
+    known = _bool_mask(known, old_log_prob, "known") & _bool_mask(mask, old_log_prob)
+    with torch.no_grad():
+        zero = torch.zeros((), dtype=torch.float32, device=old_log_prob.device)
+        ratio_log = torch.where(known, (old_log_prob.float() - rollout_log_prob.float()), zero)
+        ratio_log = ratio_log.clamp(-_LOG_RATIO_CLAMP, _LOG_RATIO_CLAMP)
+        if level == "sequence":
+            row_log = ratio_log.sum(dim=-1, keepdim=True).clamp(-_LOG_RATIO_CLAMP, _LOG_RATIO_CLAMP)
+            raw = torch.exp(row_log).expand_as(ratio_log)
+            weights = torch.where(_bool_mask(mask, old_log_prob), raw.clamp(max=cap), 1.0)
+        else:
+            raw = torch.exp(ratio_log)
+            weights = torch.where(known, raw.clamp(max=cap), 1.0)
+        stats = {
+            "weight_sum": torch.where(known, weights, zero).sum(),
+            "clipped": (known & (raw > cap)).sum().float(),
+            "kl_sum": torch.where(known, rollout_log_prob.float() - old_log_prob.float(), zero).sum(),
+            "count": known.sum().float(),
+            "weight_max": _masked_extreme(weights, known, largest=True).float(),
+        }
+    return (weights if level is not None else None), stats
 
 
 def kl_penalty(log_prob: torch.Tensor, ref_log_prob: torch.Tensor, estimator: str = "low_var_kl") -> torch.Tensor:

@@ -271,6 +271,7 @@ def format_plan(plan: Plan) -> str:
         lines += [f"  {part:<42}{value / GIB:>12.2f}" for part, value in stage.parts.items()]
     lines += [f"host memory per rank: {part}: {value / GIB:.2f} GiB" for part, value in plan.host.items()]
     verdict = "fits" if plan.fits else "does NOT fit"
-    lines.append(f"peak: {plan.peak.name}, {plan.peak.total / GIB:.2f} GiB of {plan.gpu_bytes / GIB:.1f} GiB: {verdict}")
+    lines.append(f"peak: {plan.peak.name}, {plan.peak.total / GIB:.2f} GiB of {plan.gpu_bytes / GIB:.1f} GiB: "
+                 f"{verdict}")
     lines += [f"  to fit: {tip}" for tip in plan.advice]
     return "\n".join(lines)

@@ -61,7 +61,8 @@ def _turns(record: Any) -> Iterable[tuple[list[dict], str, str]]:
                    str(message.get("content", "")))
 
 
-def examples_from_trajectories(records: Iterable[Any], tokenizer: Any, *, chat_template: str = "auto") -> list[SFTExample]:
+def examples_from_trajectories(records: Iterable[Any], tokenizer: Any, *,
+                               chat_template: str = "auto") -> list[SFTExample]:
     """One `SFTExample` per assistant turn, built as the rollout builds a round (`ChatFormat` with
     `chat_template`, the template rollouts and evaluation use): ``prompt_ids(messages)`` (chat
     rendering with the generation prompt, no forced prefix) + the forced prefix ids (``<mem>``,
@@ -208,7 +209,8 @@ def run_sft(cfg: MempoConfig, model: Any, tokenizer: Any, trajectories: Sequence
     max_steps: stop after this many steps in this call (an interruption, for
     tests; the schedule is unchanged). Returns {"losses": [...] (this call's), "first_loss",
     "last_loss", "steps" (total), "tokens" (total), "examples", "epochs", "seconds" (total),
-    "time_bound" (True when ``max_seconds`` ended the run before ``steps`` / ``epochs`` did), "resumed_from" (the step, or None), "checkpoint" (the last one written, or None)}.
+    "time_bound" (True when ``max_seconds`` ended the run before ``steps`` / ``epochs`` did), "resumed_from"
+    (the step, or None), "checkpoint" (the last one written, or None)}.
     """
     s = cfg.sft
     steps, epochs, lr, batch_tokens = s.steps, s.epochs, s.lr, s.batch_tokens
@@ -298,7 +300,8 @@ def run_sft(cfg: MempoConfig, model: Any, tokenizer: Any, trajectories: Sequence
                 ids[r, :n] = torch.tensor(examples[i].input_ids)
                 attention[r, :n] = 1
                 mask[r, :n] = torch.tensor(examples[i].loss_mask, dtype=torch.bool)
-                lm_ok[r, :n] = True if examples[i].lm_mask is None else torch.tensor(examples[i].lm_mask, dtype=torch.bool)
+                lm_ok[r, :n] = (True if examples[i].lm_mask is None
+                                else torch.tensor(examples[i].lm_mask, dtype=torch.bool))
             ids, attention, mask = ids.to(device), attention.to(device), mask.to(device)
             targets, target_mask = ids[:, 1:], mask[:, 1:]
             states = lm.states(ids, attention)[:, :-1]

@@ -487,7 +487,8 @@ def load_optimizer_shards(directory: PathLike, model: torch.nn.Module, optimizer
     set_optimizer_state_dict(model, optimizer, template, options=_OPTIM_OPTIONS)
 
 
-def read_tensors(directory: PathLike, keys: Iterable[str], dtype: Optional[torch.dtype] = None) -> dict[str, torch.Tensor]:
+def read_tensors(directory: PathLike, keys: Iterable[str],
+                 dtype: Optional[torch.dtype] = None) -> dict[str, torch.Tensor]:
     """The full (unsharded) CPU tensors of `keys` from a DCP directory, in this process only (no
     collective, whatever the world size that wrote it): only their bytes are read, so a caller
     streaming a large checkpoint asks for a few keys at a time. dtype: cast after reading (None:

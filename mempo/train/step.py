@@ -31,18 +31,20 @@ import torch
 from mempo.algo.advantages import TokenAdvantages, advantage_inputs, token_advantages
 from mempo.algo.pooling import memory_stages
 from mempo.algo.outcome import score_outcomes
-from mempo.config import MempoConfig
+from mempo.config import ConfigError, MempoConfig
 from mempo.records.trajectory import Trajectory, round_training_inputs
 from mempo.rollout.loop import RolloutEngine, RolloutStats, protocol_tags
 from mempo.scoring import compute_memory_rewards
 from mempo.seeds import training_rollout_seed
 from mempo.train import metric_names as names
+from mempo.train.actor import RolloutCorrection
 from mempo.train.logging import StageTimer
 from mempo.train.run_metrics import reduce_run_metrics
 from mempo.utils.buckets import plan_buckets
 
 __all__ = ["StepContext", "StepResult", "TrainBatch", "rollout", "rewards", "reward_metrics", "memory_rewards",
-           "memory_keeps_metrics", "advantages", "build_batch", "old_and_ref_log_probs", "update", "sync_weights",
+           "memory_keeps_metrics", "advantages", "build_batch", "old_and_ref_log_probs", "rollout_is_level",
+           "check_rollout_logprobs", "rollout_correction", "update", "sync_weights",
            "generation_weights", "streamed_weights", "release_generation_memory", "train_step", "STAGES"]
 
 STAGES = ("rollout", "rewards", "memory_rewards", "advantages", "old_and_ref_log_probs", "update", "sync_weights")
@@ -77,7 +79,9 @@ class StepContext:
 class TrainBatch:
     """Training rows (token-aligned `[N, L]`, made by `build_batch`): ids, attention, loss mask
     (``response_mask``), advantages; ``row_traj``: the trajectory of each row; ``row_round``: its
-    round (-1 for full-policy rows)."""
+    round (-1 for full-policy rows); ``rollout_log_probs`` float32 / ``rollout_sampled`` bool: the
+    backend's log-prob of each sampled token and which tokens it sampled (None when a trajectory of
+    the batch has none: `Trajectory.rollout_logprobs`)."""
 
     input_ids: torch.Tensor
     attention_mask: torch.Tensor
@@ -85,6 +89,8 @@ class TrainBatch:
     advantages: torch.Tensor
     row_traj: list[int]
     row_round: list[int]
+    rollout_log_probs: Optional[torch.Tensor] = None
+    rollout_sampled: Optional[torch.Tensor] = None
 
     def as_dict(self) -> dict[str, torch.Tensor]:
         """The four ``[N, L]`` tensors by name."""
@@ -166,7 +172,8 @@ def memory_rewards(ctx: StepContext,
     rounds = [item for per_trajectory in details for item in per_trajectory if item.reward is not None]
     k = max(len(rounds), 1)
     metrics = {names.MEM_REWARD: sum(item.reward for item in rounds) / k,
-               names.P_MEM: sum(item.p_mem for item in rounds) / k, names.P_FULL: sum(item.p_cmp for item in rounds) / k,
+               names.P_MEM: sum(item.p_mem for item in rounds) / k,
+               names.P_FULL: sum(item.p_cmp for item in rounds) / k,
                "memory/scored_rounds": float(len(rounds)),
                "memory/unscored_rounds": float(sum(len(d) for d in details) - len(rounds))}
     return mem_rewards, metrics
@@ -207,7 +214,8 @@ def build_batch(ctx: StepContext, trajectories: Sequence[Trajectory], token_adv:
     ``response_ids[start:end]``). A row's columns after its context C hold response positions
     ``[lo, hi)``; there ``response_mask[i, C + k] = loss_mask[b, lo + k]`` and ``advantages[i, C + k]
     = A[b, lo + k]`` (so each round carries its own memory advantage on its ``<mem>`` span); 0 / False
-    elsewhere. input_ids / attention_mask int64, response_mask bool, advantages float32.
+    elsewhere. input_ids / attention_mask int64, response_mask bool, advantages float32; the
+    trajectories' rollout log-probs and sampled positions in the same columns (when all have them).
     """
     adv, loss_mask = token_adv.advantages.cpu(), token_adv.loss_mask.cpu()
     rows: list[tuple[list[int], int, int, int]] = []  # (ids, context length C, response lo, hi)
@@ -230,13 +238,20 @@ def build_batch(ctx: StepContext, trajectories: Sequence[Trajectory], token_adv:
     attention = torch.zeros((n_rows, width), dtype=torch.long)
     response_mask = torch.zeros((n_rows, width), dtype=torch.bool)
     advantages_ = torch.zeros((n_rows, width), dtype=torch.float32)
+    with_logprobs = all(t.rollout_logprobs is not None for t in trajectories)
+    rollout_logp = torch.zeros((n_rows, width), dtype=torch.float32) if with_logprobs else None
+    sampled = torch.zeros((n_rows, width), dtype=torch.bool) if with_logprobs else None
+    positions = [t.sampled_positions() for t in trajectories] if with_logprobs else []
     for i, (b, (ids, c, lo, hi)) in enumerate(zip(row_traj, rows)):
         k = len(ids)
         input_ids[i, :k] = torch.tensor(ids, dtype=torch.long)
         attention[i, :k] = 1
         response_mask[i, c:k] = loss_mask[b, lo:hi]
         advantages_[i, c:k] = adv[b, lo:hi]
-    return TrainBatch(input_ids, attention, response_mask, advantages_, row_traj, row_round)
+        if with_logprobs:
+            rollout_logp[i, c:k] = torch.tensor(trajectories[b].rollout_logprobs[lo:hi], dtype=torch.float32)
+            sampled[i, c:k] = torch.tensor(positions[b][lo:hi], dtype=torch.bool)
+    return TrainBatch(input_ids, attention, response_mask, advantages_, row_traj, row_round, rollout_logp, sampled)
 
 
 def old_and_ref_log_probs(ctx: StepContext,
@@ -259,14 +274,54 @@ def old_and_ref_log_probs(ctx: StepContext,
     return old, ref
 
 
+def rollout_is_level(cfg: MempoConfig) -> Optional[str]:
+    """The rollout-correction level ``actor.rollout_is`` applies: "token" / "sequence" as given; "auto":
+    None where rollout and training are the same computation (``rollout.backend`` "hf" generating
+    with the actor's own weights in float32, ``actor.param_dtype`` or else ``model.dtype``), else
+    "token" (SGLang, half-precision compute); "off": None."""
+    mode = cfg.actor.rollout_is
+    if mode == "off":
+        return None
+    if mode != "auto":
+        return mode
+    same = cfg.rollout.backend == "hf" and (cfg.actor.param_dtype or cfg.model.dtype) == "float32"
+    return None if same else "token"
+
+
+def check_rollout_logprobs(cfg: MempoConfig, backend: Any) -> None:
+    """ConfigError naming ``actor.rollout_is`` when it applies weights (`rollout_is_level`) and the
+    backend gives no log-probs (``returns_logprobs``)."""
+    if rollout_is_level(cfg) is not None and not getattr(backend, "returns_logprobs", False):
+        raise ConfigError("actor.rollout_is", f"{cfg.actor.rollout_is!r} corrects for the rollout policy with the "
+                                              f"sampled ids' log-probs, which the {type(backend).__name__} backend "
+                                              "does not give; set actor.rollout_is: off to train without it")
+
+
+def rollout_correction(ctx: StepContext, batch: TrainBatch) -> Optional[RolloutCorrection]:
+    """The batch's `RolloutCorrection` for the update: its rollout log-probs at `rollout_is_level`
+    (None: the weights are computed for the metrics only); None with ``actor.rollout_is: off`` or no
+    log-probs from the backend. ConfigError naming ``actor.rollout_is`` when the level needs them and
+    the backend gave none for a round."""
+    level = rollout_is_level(ctx.cfg)
+    if ctx.cfg.actor.rollout_is == "off":
+        return None
+    if batch.rollout_log_probs is None:
+        if level is not None:
+            raise ConfigError("actor.rollout_is", f"{ctx.cfg.actor.rollout_is!r} needs the sampled ids' log-probs, "
+                                                  "but the backend returned none for a generated round; set "
+                                                  "actor.rollout_is: off to train without rollout correction")
+        return None
+    return RolloutCorrection(batch.rollout_log_probs, batch.rollout_sampled, level, ctx.cfg.actor.rollout_is_cap)
+
+
 def update(ctx: StepContext, batch: TrainBatch, old: Optional[torch.Tensor],
            ref: Optional[torch.Tensor]) -> dict[str, float]:
-    """PPO-clip + KL update (`Actor.update`) on the batch with its own advantages; returns its
-    metrics under ``actor/``."""
+    """PPO-clip + KL update (`Actor.update`) on the batch with its own advantages and its rollout
+    correction (`rollout_correction`); returns its metrics under ``actor/``."""
     if not batch.response_mask.any():
         return {"actor/skipped_empty": 1.0}
     metrics = ctx.actor.update(batch.as_dict(), batch.advantages, old_log_probs=old, ref_log_probs=ref,
-                               temperature=ctx.cfg.rollout.temperature)
+                               temperature=ctx.cfg.rollout.temperature, rollout=rollout_correction(ctx, batch))
     return {f"{names.ACTOR_PREFIX}{k}": float(v) for k, v in metrics.items()}
 
 

@@ -27,10 +27,10 @@ from mempo.algo.outcome import resolve_outcome_reward
 from mempo.env.build import build_retriever, build_tools, qa_prompt_style
 from mempo.tools import Toolset
 from mempo.synthetic.build import synthetic_world
-from mempo.synthetic.heldout import held_out_subjects, training_episodes
+from mempo.synthetic.heldout import training_episodes
 from mempo.env.corpus import iter_corpus
 from mempo.env.data import check_qa_files, compose_episodes, load_qa
-from mempo.eval import eval_episodes, evaluate
+from mempo.eval import eval_episodes, evaluate, held_out_of_training
 from mempo.model.builtin import default_corpus_texts, train_tokenizer
 from mempo.model.loading import build_causal_lm, check_model_fits, load_pretrained, pretrained_tokenizer
 from mempo.rollout.backends.factory import build_backend
@@ -44,7 +44,7 @@ from mempo.train.checkpoint import (CheckpointError, PendingCheckpoint, apply_op
 from mempo.train.logging import MetricsLogger, StageTimer
 from mempo.utils.log import log
 from mempo.utils.progress import progress
-from mempo.train.step import StepContext, generation_weights, train_step
+from mempo.train.step import StepContext, check_rollout_logprobs, generation_weights, train_step
 from mempo.utils.atomic import atomic_directory
 
 __all__ = ["TrainResult", "Run", "build_run", "train", "periodic_eval", "step_episodes", "seed_everything",
@@ -154,8 +154,9 @@ def refuse_used_run_dir(resume: str, checkpoints: Path, command: str = "train") 
     """
     mode = resume.strip()
     if mode == "never" and has_checkpoints(checkpoints):
-        raise ConfigError("trainer.resume", f"{checkpoints} already holds checkpoints of an earlier run; continue it "
-                                            f"with `mempo {command} --resume` (trainer.resume=auto) or give a new --out")
+        raise ConfigError("trainer.resume", f"{checkpoints} already holds checkpoints of an earlier run; "
+                                            f"continue it with `mempo {command} --resume` (trainer.resume=auto) "
+                                            "or give a new --out")
     if mode not in ("never", "auto") and not Path(mode).exists():
         raise CheckpointError(f"trainer.resume: {mode}: no such checkpoint directory")
 
@@ -251,8 +252,9 @@ def _episode_pool(cfg: MempoConfig, world: Any) -> list:
     composed into episodes of k = ``data.num_objectives`` questions (seed ``data.seed``; a list: mixed
     k, `compose_episodes`), as many as the pool holds questions for.
     "synthetic": ``max(4 * questions_per_step, 8)`` episodes of the world, seed ``data.seed``, none
-    about an entity the ``eval`` section's episodes ask about (a world too small to draw those,
-    which `mempo eval` refuses too, holds nothing out)."""
+    about an entity the ``eval`` section's episodes of either split ask about
+    (`mempo.eval.held_out_of_training`; a world too small to draw the test episodes, which `mempo
+    eval` refuses too, holds nothing out; one too small for the validation split is a ConfigError)."""
     d = cfg.data
     if d.source == "files":
         pool = _qa_pool(d.train_files, d.gold_field)
@@ -263,8 +265,10 @@ def _episode_pool(cfg: MempoConfig, world: Any) -> list:
         count = max(1, len(pool) * len(cycle) // sum(cycle))
         return compose_episodes(pool, d.num_objectives, count, d.seed, style=qa_prompt_style(cfg))
     try:
-        held_out = held_out_subjects(eval_episodes(world, cfg))  # the evaluation's entities: never trained on
-    except ConfigError:  # a world too small for the ``eval`` section's episodes: no evaluation to keep them from
+        held_out = held_out_of_training(world, cfg)  # both splits' entities: never trained on
+    except ConfigError as error:  # a world too small for the test episodes: no evaluation to keep them from
+        if error.field != "eval.episodes":
+            raise  # a validation split the world cannot hold is the user's to fix, not to train past
         held_out = frozenset()
     try:
         return training_episodes(world, d.num_objectives, max(d.questions_per_step * 4, 8), d.seed, held_out)
@@ -276,8 +280,9 @@ def _episode_pool(cfg: MempoConfig, world: Any) -> list:
 
 def _eval_episode_sets(cfg: MempoConfig, world: Any) -> dict[int, list]:
     """``{k: episodes}`` of the periodic evaluation, drawn once. Synthetic source:
-    `mempo.eval.eval_episodes` (question seeds apart from training's); files source: the QA records
-    of ``data.eval_files`` composed per k with seed `mempo.seeds.eval_question_seed`."""
+    `mempo.eval.eval_episodes` (the split ``eval.split`` names; question seeds apart from training's);
+    files source: the QA records of ``data.eval_files`` composed per k with seed
+    `mempo.seeds.eval_question_seed`."""
     if cfg.data.source == "synthetic":
         return eval_episodes(world, cfg)
     pool = _qa_pool(cfg.data.eval_files, cfg.data.gold_field)
@@ -355,6 +360,7 @@ def build_run(cfg: MempoConfig, *, model=None, tokenizer=None, episodes=None, re
     eval_sets = _eval_episode_sets(cfg, world) if evaluating else {}
     actors = _setup_actors(cfg, model, info)
     backends = _setup_backends(cfg, actors.actor.module, tokenizer, out, tools)
+    check_rollout_logprobs(cfg, backends.train)  # actor.rollout_is needs a backend that reports log-probs
     ctx = StepContext(cfg=cfg, actor=actors.actor, ref_actor=actors.ref_actor, backend=backends.train,
                       tokenizer=tokenizer, tools=tools)
     return Run(cfg, out, tokenizer, model, episodes, retriever, ctx, info.rank, info.world_size, eval_sets,
@@ -410,8 +416,9 @@ def train(cfg: MempoConfig, *, model=None, tokenizer=None, episodes=None, retrie
     ckpt_root = run.out_dir / "checkpoints"
     check_checkpoint_space(ckpt_root, run.ctx.actor.module)  # collective; before any step is trained
     start, resumed = 0, None
+    # collective; every rank hashes its files, rank 0 says what it skips
     path = resume_checkpoint(t.resume, ckpt_root, log=log, model=run.ctx.actor.module,
-                             optimizer=run.ctx.actor.optimizer)  # collective; every rank hashes its files, rank 0 says what it skips
+                             optimizer=run.ctx.actor.optimizer)
     if path is not None:
         state = load_checkpoint(path, run.ctx.actor.module, run.ctx.actor.optimizer, verify=False)
         apply_optimizer_defaults(run.ctx.actor.optimizer)  # the config's lr, betas, eps, weight_decay: what it says

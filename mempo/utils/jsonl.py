@@ -22,7 +22,8 @@ from typing import IO, Any, Callable, Iterable, Iterator, Optional, TypeVar, Uni
 from mempo.utils.types import PathLike
 T = TypeVar("T")
 
-__all__ = ["MAX_JSON_DEPTH", "too_deep_at", "loads_bounded", "iter_jsonl", "iter_jsonl_records", "write_jsonl", "jsonl_writer", "JsonlWriter"]
+__all__ = ["MAX_JSON_DEPTH", "too_deep_at", "loads_bounded", "iter_jsonl", "iter_jsonl_records", "write_jsonl",
+           "jsonl_writer", "JsonlWriter"]
 
 
 class JsonlWriter:

@@ -32,8 +32,9 @@ def _batch():
     """Rows 0 and 3 form group "a" (scores 1, 0: variance); rows 1 and 2 group "b" (0.5, 0.5: none).
     One scored round each in rows 0-2; row 3 has no response token."""
     response = torch.tensor([[1, 1, 1, 1, 0], [1, 1, 1, 1, 1], [0, 1, 1, 1, 1], [0, 0, 0, 0, 0]])
-    return AdvantageInputs(scores=torch.tensor([1.0, 0.5, 0.5, 0.0]), index=np.array(["a", "b", "b", "a"], dtype=object),
-                           response_mask=response, mem_rewards=torch.tensor([0.9, 0.3, 0.1]),
+    return AdvantageInputs(scores=torch.tensor([1.0, 0.5, 0.5, 0.0]),
+                           index=np.array(["a", "b", "b", "a"], dtype=object), response_mask=response,
+                           mem_rewards=torch.tensor([0.9, 0.3, 0.1]),
                            mem_offsets=torch.tensor([0, 1, 2, 3, 3]), mem_spans=torch.tensor([[1, 3], [1, 3], [0, 2]]))
 
 
@@ -129,7 +130,8 @@ def test_a_round_the_definition_does_not_score_gets_no_memory_advantage():
     a0, b0 = batch(None)  # a has no scored round at all
     want = advantage_inputs([a0, b0], memory_rewards=[[], [0.5]])
     for skip in (False, True):
-        g, w = token_advantages(got, skip_zero_variance_groups=skip), token_advantages(want, skip_zero_variance_groups=skip)
+        g, w = (token_advantages(got, skip_zero_variance_groups=skip),
+                token_advantages(want, skip_zero_variance_groups=skip))
         assert torch.equal(g.advantages, w.advantages) and torch.equal(g.memory_mask, w.memory_mask)
         assert not g.memory_mask[0].any()
     with pytest.raises(ValueError, match="2 memory rewards for 1 scored rounds"):

@@ -144,8 +144,8 @@ def _cases(tmp: Path) -> dict[str, tuple[list[str], str]]:
 CASE_NAMES = ["threads", "out_is_a_file", "missing_model_path", "missing_corpus", "resume_nonexistent",
               "used_run_dir", "dead_retriever", "latin1_yaml", "duplicate_yaml_key", "small_world",
               "eval_empty_model_dir", "eval_non_model_dir", "corrupt_index", "sft_empty_file",
-              "sft_no_assistant_turns", "eval_out_is_a_file", "eval_out_under_a_file", "eval_empty_name", "eval_hidden_name",
-              "alias_bomb_in_a_field", "train_files_directory", "eval_question_with_newline",
+              "sft_no_assistant_turns", "eval_out_is_a_file", "eval_out_under_a_file", "eval_empty_name",
+              "eval_hidden_name", "alias_bomb_in_a_field", "train_files_directory", "eval_question_with_newline",
               "vocab_below_tokenizer", "context_below_sequence", "plan_config_dev_zero", "world_unknown_relation",
               "world_hops_50", "world_documents_1", "objectives_1000", "world_distractors_1e7", "world_entities_1e7",
               "train_model_dir_not_mempo_s", "sft_model_dir_not_mempo_s"]

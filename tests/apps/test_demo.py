@@ -25,8 +25,10 @@ def test_config_file_equals_builtin_defaults():
     cfg = load_demo_config(REPO / "configs" / "demo.yaml")
     assert cfg == load_demo_config(None)
     assert cfg.eval.objectives == [2, 4] and cfg.eval.policies == ["memory"] and cfg.synthetic.model_size == "mini"
-    assert cfg.synthetic.oracle_objectives == [1, 2, 3, 4] and cfg.sft.lr == 1e-3 and cfg.synthetic.oracle_think == "minimal"
-    assert cfg.synthetic.oracle_keep == "all" and 0 < cfg.synthetic.oracle_drop_fact_prob < 1 and cfg.synthetic.copy_warmup_steps > 0
+    assert (cfg.synthetic.oracle_objectives == [1, 2, 3, 4] and cfg.sft.lr == 1e-3
+            and cfg.synthetic.oracle_think == "minimal")
+    assert (cfg.synthetic.oracle_keep == "all" and 0 < cfg.synthetic.oracle_drop_fact_prob < 1
+            and cfg.synthetic.copy_warmup_steps > 0)
     # bounded by steps, the time bound a safety net; the report's closed-book line; RL on the k of the gain target
     assert cfg.sft.steps == 3200 and cfg.sft.max_seconds is not None and cfg.eval.closed_book is True
     assert DemoTargets().rl_k in cfg.data.objective_counts and cfg.eval.episodes >= 128
@@ -77,7 +79,8 @@ def test_memory_keeps_line_compares_the_first_and_last_steps():
         "memory: the share of `<mem>` blocks keeping every fact retrieved so far (memory/keeps_facts) fell in RL, "
         "0.70 over its first 2 steps, 0.10 over its last 2")
     assert " rose in RL, 0.10 over its first 2 steps, 0.70 " in memory_keeps_line(records[::-1], window=2)
-    assert " stayed in RL, 0.50 over its first 1 step, 0.50 over its last 1" in memory_keeps_line([{"step": 1, "memory/keeps_facts": 0.5}])
+    assert " stayed in RL, 0.50 over its first 1 step, 0.50 over its last 1" in memory_keeps_line(
+        [{"step": 1, "memory/keeps_facts": 0.5}])
     assert memory_keeps_line([{"step": 1, "reward/mean": 0.5}]) is None  # the metric was never logged
     assert memory_keeps_line([]) is None
 

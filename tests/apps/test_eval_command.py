@@ -33,13 +33,43 @@ def test_eval_command(tmp_path):
     assert main(["eval", "--model", str(tmp_path / "missing"), "--out", str(out)]) == 2
 
 
+def test_eval_command_reads_the_split_eval_split_names(tmp_path):
+    """eval.split=validation: `mempo eval` evaluates the validation episodes (none of whose entities a
+    test episode asks about), --episodes counts within them, and the report names the split."""
+    from mempo.apps.cli import main
+    from mempo.config import load_config
+    from mempo.eval import eval_episodes
+    from mempo.synthetic.build import synthetic_world
+
+    tok = chat_tokenizer()
+    model_dir = tmp_path / "model"
+    tiny_qwen2(len(tok)).save_pretrained(model_dir)
+    tok.save_pretrained(model_dir)
+    overrides = ["synthetic.world_entities=40", "eval.objectives=[1]", "eval.episodes=2", "eval.validation_episodes=3",
+                 "eval.max_turns=2", "rollout.max_new_tokens_per_round=8"]
+    cfg = load_config(None, overrides)
+    world = synthetic_world(cfg)
+    for split, expected in (("test", eval_episodes(world, cfg, split="test")[1]),
+                            ("validation", eval_episodes(world, cfg, split="validation")[1][:2])):
+        out = tmp_path / split
+        assert main(["eval", "--model", str(model_dir), "--out", str(out), "--no-progress", "--episodes", "2",
+                     *overrides, f"eval.split={split}"]) == 0
+        report = EvalReport.load(out / "eval.json")
+        assert report.metadata["split"] == split and f"split={split}" in (out / "eval.md").read_text()
+        ids = [json.loads(line)["episode_id"] for line in (out / "eval_trajectories.jsonl").read_text().splitlines()]
+        assert ids == [e.id for e in expected]
+    assert main(["eval", "--model", str(model_dir), "--out", str(tmp_path / "more"), "--episodes", "4", *overrides,
+                 "eval.split=validation"]) == 2  # 3 validation episodes per k are held out
+
+
 def test_synthetic_world_follows_the_data_section():
     """train, eval and the demo build the world through `synthetic_world`: the synthetic section's size
     and filler options reach it (a demo config's world is rebuilt exactly by `mempo eval`)."""
     from mempo.config import load_config
     from mempo.synthetic.build import synthetic_world
 
-    cfg = load_config(None, ["synthetic.world_documents=120", "synthetic.article_fillers=[0,1]", "synthetic.world_seed=3"])
+    cfg = load_config(None, ["synthetic.world_documents=120", "synthetic.article_fillers=[0,1]",
+                             "synthetic.world_seed=3"])
     world = synthetic_world(cfg)
     assert world.num_documents == 120
     assert world.manifest()["params"]["article_fillers"] == [0, 1]

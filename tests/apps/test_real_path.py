@@ -127,7 +127,7 @@ def test_hf_model_through_sft_and_two_process_training(tmp_path):
     from mempo.eval import EvalReport
     from mempo.train.logging import read_metrics
 
-    files = _user_files(tmp_path)
+    _user_files(tmp_path)
     trace = str(tmp_path / "trace" / "gold")
     Path(trace).parent.mkdir()
     data = ["data.train_files=[qa_train.jsonl]", "data.eval_files=[qa_eval.jsonl]", "env.corpus_path=corpus.jsonl"]

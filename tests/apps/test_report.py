@@ -95,13 +95,15 @@ def test_the_report_reads_one_name_per_metric(run_dir):
 def test_closed_book_rows_say_what_retrieval_adds(tmp_path):
     from mempo.apps.report import closed_book_lines
 
-    before = EvalReport([_row(2, "memory", 0.375, 0.5, 1000.0, 500), _row(2, "memory-closed-book", 0.125, 0.2, 900.0, 450),
+    before = EvalReport([_row(2, "memory", 0.375, 0.5, 1000.0, 500),
+                         _row(2, "memory-closed-book", 0.125, 0.2, 900.0, 450),
                          _row(4, "memory", 0.25, 0.3, 2000.0, 600)], {})
     after = EvalReport([_row(2, "memory", 0.5, 0.6, 1000.0, 500)], {})
     assert closed_book_lines(before, after) == [
         "### Closed book", "", "The same model, every search answered with no results (`eval.closed_book`): how much "
         "of the EM comes from retrieval.", "",
-        "* before RL, k=2, memory context: EM with search 0.375 ± 0.000, closed-book 0.125 ± 0.000: retrieval adds +0.250",
+        "* before RL, k=2, memory context: EM with search 0.375 ± 0.000, closed-book 0.125 ± 0.000: "
+        "retrieval adds +0.250",
         ""]
     assert closed_book_lines(after, None) == []  # no closed-book row: no lines
     text = write_report(tmp_path, before=before, after=after).path.read_text()

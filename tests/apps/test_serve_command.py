@@ -10,16 +10,17 @@ import sys
 
 import pytest
 
-pytest.importorskip("transformers")
-openai = pytest.importorskip("openai")
-
 from mempo.apps.cli import build_parser, main
 from mempo.apps.serve_command import agent_config
 from mempo.env.data import parse_episode_prompt
 from mempo.eval import EpisodeRecord
-from mempo.serve.load import load_agent
 from mempo.serve.openai_api import AgentServer
 from support.paths import python_path_env
+
+pytest.importorskip("transformers")
+openai = pytest.importorskip("openai")
+
+from mempo.serve.load import load_agent  # noqa: E402 - imports transformers
 
 #: a small world, one episode per k (each evaluated alone, as a served request runs), short rounds
 OVERRIDES = ["synthetic.world_entities=30", "eval.objectives=[1,2]", "eval.episodes=1", "eval.max_turns=3",
@@ -60,7 +61,8 @@ def test_ask_prints_each_round_and_the_answer(model_dir, capsys):
     assert rc == (1 if answer_line.startswith("answer: (none)") else 0)
     rc = main(["ask", "Who founded Wehel?", *OVERRIDES, "--model", str(model_dir), "--json"])
     printed = json.loads(capsys.readouterr().out)
-    assert set(printed) >= {"answer", "finish_reason", "rounds"} and printed["rounds"][0]["assistant"].startswith("<mem>")
+    assert (set(printed) >= {"answer", "finish_reason", "rounds"}
+            and printed["rounds"][0]["assistant"].startswith("<mem>"))
     assert rc == (1 if printed["answer"] is None else 0)
 
 
@@ -139,7 +141,6 @@ def test_mempo_serve_with_a_users_tools_in_the_json_format(model_dir):
     from mempo.protocol.tags import JSON_TAG_SET
     from mempo.rollout.backends import ScriptedBackend, round_script
     from mempo.serve.agent import AgentService
-    from support import user_tools
 
     overrides = ["env.tools=['support.user_tools:lookup', 'support.user_tools:calc_tools']",
                  "rollout.action_format=json", "eval.max_turns=4", "rollout.max_new_tokens_per_round=96"]

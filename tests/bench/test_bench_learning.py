@@ -4,7 +4,9 @@ model, paired by seed; the overrides reach the runs wherever they stand on the c
 run files, results, paired differences, table and plot are written; a rerun with the same settings
 skips every finished run, also one kept in a --runs folder elsewhere; a run file of other settings
 is refused (exit 2) unless --rerun; an evaluation of entities the demo's SFT data did not leave out
-is refused; the statistics and `check_held_out` themselves."""
+is refused; ``eval.split=validation`` evaluates the validation episodes instead (disjoint by entity
+from the test ones); the monitors (turns, answers with a question pending, memory / full prompt
+tokens) are recorded; the statistics and `check_held_out` themselves."""
 import importlib.util
 import json
 import math
@@ -33,8 +35,8 @@ def _bench_learning():
 def test_the_ablation_runs_paired_arms_resumes_and_refuses_other_settings(tmp_path, capsys, monkeypatch):
     from mempo.apps.cli import main as mempo_main
 
-    demo_out = tmp_path / "demo_out"
-    assert mempo_main(["demo", "--out", str(demo_out), "--no-progress", *SMOKE]) == 0
+    demo_out = tmp_path / "demo_out"  # with a validation split of 2 episodes per k, held out of SFT and RL too
+    assert mempo_main(["demo", "--out", str(demo_out), "--no-progress", *SMOKE, "eval.validation_episodes=2"]) == 0
     bench = _bench_learning()
     out = tmp_path / "ablation"
     # the override stands after a list option: it must not be read as a value of --ks; the --best
@@ -65,6 +67,11 @@ def test_the_ablation_runs_paired_arms_resumes_and_refuses_other_settings(tmp_pa
     for record in results["runs"]:
         row = record["rows"]["2"]
         assert 0.0 <= row["em"] <= 1.0 and row["prompt_tokens_per_episode"] > 0
+        assert row["turns"] >= 1 and row["full_context_tokens_per_episode"] >= row["prompt_tokens_per_episode"] > 0
+        ratio = row["prompt_tokens_per_episode"] / row["full_context_tokens_per_episode"]
+        assert row["token_ratio"] == pytest.approx(ratio)
+        assert (row["answered_pending"] is None) == (row["answered"] == 0)
+        assert row["answered_pending"] is None or 0.0 <= row["answered_pending"] <= 1.0
         assert record["training"]["steps"] == 1 and record["training"]["trained_tokens"] > 0
         saved = json.loads((out / "runs" / f"{record['arm']}_s{record['seed']}.json").read_text())
         assert saved == record
@@ -82,6 +89,8 @@ def test_the_ablation_runs_paired_arms_resumes_and_refuses_other_settings(tmp_pa
     table = (out / "results.md").read_text()
     assert "| SFT (no RL) | 2 |" in table and "| grpo | 2 |" in table and "| mempo_all_fixes | 2 |" in table
     assert "Paired difference to grpo" in table and "RL: 1 steps on k = 2, 4 in turn" in table
+    assert "2 held-out test episodes per k" in table and results["split"] == "test"
+    assert "| turns | answered with a question pending | memory / full prompt tokens |" in table
     assert (out / "ablation.png").read_bytes()[:8] == PNG_MAGIC
     capsys.readouterr()
 
@@ -120,6 +129,29 @@ def test_the_ablation_runs_paired_arms_resumes_and_refuses_other_settings(tmp_pa
     assert bench.main(["--demo-out", str(demo_out), "--out", str(refused), "--seeds", "0", "--steps", "1",
                        "--ks", "6", "--episodes", "2"]) == 2
     assert "were not held out of the demo's SFT data" in capsys.readouterr().err and not refused.exists()
+    # eval.split=validation: the validation episodes (none of the test split's entities), the split named
+    from mempo.config import load_config
+    from mempo.eval import eval_episodes
+    from mempo.synthetic.build import synthetic_world
+    from mempo.synthetic.heldout import held_out_subjects
+
+    val_out = tmp_path / "validation"
+    val_argv = ["--demo-out", str(demo_out), "--out", str(val_out), "--seeds", "0", "--steps", "1", "--episodes", "2",
+                "--variants", "grpo", "--ks", "2", "4", "eval.split=validation"]
+    assert bench.main(val_argv) == 0
+    validated = json.loads((val_out / "results.json").read_text())
+    cfg = load_config(demo_out / "config.yaml")
+    world = synthetic_world(cfg)
+    validation, test = eval_episodes(world, cfg, split="validation"), eval_episodes(world, cfg, split="test")
+    assert validated["split"] == "validation" and not held_out_subjects(validation) & held_out_subjects(test)
+    settings = validated["runs"][0]["settings"]
+    assert settings["split"] == "validation" and settings["eval_episodes_sha256"] == {
+        str(k): bench.episodes_digest(validation[k]) for k in (2, 4)}
+    assert settings["eval_episodes_sha256"]["2"] != results["runs"][0]["settings"]["eval_episodes_sha256"]["2"]
+    assert "2 held-out validation episodes per k" in (val_out / "results.md").read_text()
+    capsys.readouterr()
+    assert bench.main([*val_argv[:9], "3", *val_argv[10:]]) == 2  # the demo held out 2 validation episodes per k
+    assert "eval.validation_episodes: 2 validation episodes per k are held out; 3 asked for" in capsys.readouterr().err
     assert bench.main(["--demo-out", str(demo_out), "--episodes", "0"]) == 2
     assert "--episodes and --steps must be >= 1, got 0" in capsys.readouterr().err
     assert bench.main(["--demo-out", str(demo_out), "--best-overrides", "algorithm.memory_pooling=group_seen"]) == 2

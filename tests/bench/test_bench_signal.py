@@ -1,8 +1,10 @@
 """bench/bench_signal.py (the memory-reward signal benchmark): its metrics (AUC, within-group Spearman,
-no-spread share) against brute-force references, with ties, one class only and empty input giving
-their documented results, never NaN; definitions as config overrides; and the script end to end on a
-smoke demo's output: held-out episodes, rollouts made once and reused, every definition on the same
-rollouts, results that the written per-round rows reproduce."""
+no-spread share, the graded label: Spearman with the kept share and the AUC of rounds with a question
+pending, with their bootstrap SEs) against brute-force references, with ties, one class only and empty
+input giving their documented results, never NaN; definitions as config overrides; and the script end
+to end on a smoke demo's output: held-out episodes of the split named (test or validation), rollouts
+made once and reused, every definition on the same rollouts, results that the written per-round rows
+reproduce."""
 import importlib.util
 import json
 import math
@@ -123,8 +125,8 @@ def test_no_spread_share_counts_pools_of_two_or_more():
     assert bench.no_spread_share([]) == (None, 0)
 
 
-def _row(group, index, keeps, reward, k=2):
-    return bench.RoundRow(k, group, 0, index, keeps, {"d": reward})
+def _row(group, index, keeps, reward, k=2, share=None, pending=None):
+    return bench.RoundRow(k, group, 0, index, keeps, {"d": reward}, share, pending)
 
 
 def test_auc_bootstrap_se_resamples_whole_groups():
@@ -178,6 +180,67 @@ def test_signal_metrics_leave_out_unknown_keeps_and_unscored_rounds():
     assert "| 2 | d | all |" in text and "n/a" in text
 
 
+def test_spearman_with_the_kept_share_on_known_correlations_and_ties():
+    # reward = share: +1 whatever the ties (the same ranking on both sides); reward = -share: -1
+    shares = [0.0, 0.25, 0.5, 0.5, 1.0, 1.0, 0.25, 0.0]
+    for sign in (1.0, -1.0):
+        rows = [_row(str(i // 2), 2, s == 1.0, sign * s, share=s) for i, s in enumerate(shares)]
+        m = bench.signal_metrics(rows, "d", with_se=True)
+        assert m["share_spearman"] == pytest.approx(sign) and m["graded_rounds"] == len(shares)
+        assert m["share_spearman_se"] == 0.0  # every bootstrap draw ranks alike: no spread
+    # many ties, random data: the pooled rank correlation of the brute-force reference
+    rng = random.Random(3)
+    rows = [_row(str(g), 1 + i, None, float(rng.randint(0, 3)), share=rng.choice([0.0, 1 / 3, 2 / 3, 1.0]))
+            for g in range(12) for i in range(4)]
+    rewards, kept = [r.rewards["d"] for r in rows], [r.kept_share for r in rows]
+    m = bench.signal_metrics(rows, "d", with_se=True)
+    assert m["share_spearman"] == pytest.approx(_pearson(_count_ranks(rewards), _count_ranks(kept)), abs=1e-12)
+    groups = [[(r.rewards["d"], r.kept_share) for r in rows if r.group == str(g)] for g in range(12)]
+    assert m["share_spearman_se"] == bench.spearman_bootstrap_se(groups) > 0  # seeded: the same on every run
+    assert bench.spearman_bootstrap_se(groups, seed=1) != m["share_spearman_se"]
+    # a positive correlation of independent groups: the bootstrap SE near the normal-theory one
+    many = [[(x + rng.gauss(0.0, 1.0), x)] for x in (rng.random() for _ in range(400))]
+    rho = bench.spearman([a for g in many for a, _ in g], [b for g in many for _, b in g])
+    se = bench.spearman_bootstrap_se(many)
+    assert 0.1 < rho < 0.5 and 0.7 * (1 - rho ** 2) / math.sqrt(400 - 3) < se < 1.3 * (1 - rho ** 2) / math.sqrt(397)
+    # no ranking: all shares equal, all rewards equal, rows without a share or a reward
+    flat = [_row("a", 1, True, 0.1 * i, share=1.0) for i in range(4)]
+    assert bench.signal_metrics(flat, "d", with_se=True)["share_spearman"] is None
+    assert bench.signal_metrics(flat, "d", with_se=True)["share_spearman_se"] is None
+    same = [_row("a", 1, None, 0.3, share=0.5 * i) for i in range(3)]
+    assert bench.signal_metrics(same, "d")["share_spearman"] is None
+    unlabelled = [_row("a", 1, None, 0.2), _row("a", 2, False, None, share=0.5), _row("b", 1, True, 0.4)]
+    m = bench.signal_metrics(unlabelled, "d", with_se=True)
+    assert (m["graded_rounds"], m["share_spearman"], m["share_spearman_se"]) == (0, None, None)
+    assert bench.spearman_bootstrap_se([]) is None and bench.spearman_bootstrap_se([[(0.1, 0.2)]]) is None
+
+
+def test_auc_on_rounds_with_a_question_pending():
+    rows = [_row("a", 1, True, 0.9, pending=True), _row("a", 1, False, 0.2, pending=True),
+            _row("a", 2, True, 0.1, pending=False), _row("a", 2, False, 0.8, pending=False),  # complete: left out
+            _row("b", 1, False, 0.3, pending=True), _row("b", 1, True, 0.3, pending=True),
+            _row("b", 2, None, 0.7, pending=True),  # nothing retrieved yet: no label
+            _row("c", 1, True, 0.5, pending=None)]  # no golds: not a pending round
+    m = bench.signal_metrics(rows, "d", with_se=True)
+    assert (m["pending_keeps"], m["pending_drops"]) == (2, 2)
+    assert m["pending_auc"] == pytest.approx(_auc_pairs([0.9, 0.2, 0.3, 0.3], [True, False, False, True]))
+    assert m["auc"] == pytest.approx(_auc_pairs([0.9, 0.2, 0.1, 0.8, 0.3, 0.3, 0.5],
+                                                [True, False, True, False, False, True, True]))
+    assert m["pending_auc_se"] == bench.auc_bootstrap_se([[(0.9, True), (0.2, False)], [(0.3, False), (0.3, True)]])
+    # one class among the pending rounds: no AUC, no SE (the complete rounds hold both classes)
+    one = [r for r in rows if not (r.pending and r.keeps is False)]
+    m = bench.signal_metrics(one, "d", with_se=True)
+    assert m["pending_auc"] is None and m["pending_auc_se"] is None and m["auc"] is not None
+    empty = bench.signal_metrics([], "d", with_se=True)
+    assert (empty["pending_auc"], empty["pending_keeps"], empty["share_spearman"]) == (None, 0, None)
+    table = bench.signal_table(rows, ["d"])
+    assert table["d"]["k=2"]["round 1"]["pending_auc_se"] is None  # the SEs: overall cells only
+    json.dumps(table, allow_nan=False)
+    text = bench.markdown_table(table)
+    assert "Spearman with kept share" in text and "AUC with a question pending" in text
+    assert "| 2 | d | all |" in text and "; 2 / 2 |" in text
+
+
 def test_definitions_start_from_the_library_scoring_defaults(tmp_path):
     from mempo.config import ConfigError, ScoringConfig, load_config
 
@@ -219,10 +282,11 @@ def test_the_benchmark_rolls_out_held_out_episodes_once_and_scores_every_definit
     from mempo.synthetic.backend import OracleBackend
     from mempo.synthetic.build import build_world
     from mempo.synthetic.cold_start import oracle_agent
+    from mempo.synthetic.heldout import held_out_subjects
     from support.demo_smoke import SMOKE
 
-    demo_out = tmp_path / "demo_out"
-    assert mempo_main(["demo", "--out", str(demo_out), "--no-progress", *SMOKE]) == 0
+    demo_out = tmp_path / "demo_out"  # with a validation split: 2 episodes per k, held out of SFT too
+    assert mempo_main(["demo", "--out", str(demo_out), "--no-progress", *SMOKE, "eval.validation_episodes=2"]) == 0
 
     # 1. the command line, the SFT model generating (the override stands after a list option)
     out = tmp_path / "signal"
@@ -238,9 +302,24 @@ def test_the_benchmark_rolls_out_held_out_episodes_once_and_scores_every_definit
         assert meta["episode_ids"] == [e.id for e in held_out[k][:2]] and meta["rollout"]["temperature"] == 0.7
         trajectories = read_trajectories_jsonl(out / f"rollouts_k{k}.jsonl")
         assert [t.uid for t in trajectories] == [e.id for e in held_out[k][:2] for _ in range(2)]
-    assert results["held_out"]["subjects_in_sft_episodes"] == 0
+    assert results["held_out"]["subjects_in_sft_episodes"] == 0 and results["split"] == "test"
     text = (out / "results.md").read_text()
-    assert text.startswith("2 held-out episodes x 2 samples per k") and "\n| k | definition |" in text
+    assert text.startswith("2 held-out test episodes x 2 samples per k") and "\n| k | definition |" in text
+    # eval.split=validation: the validation episodes, disjoint by entity from the test ones, held out of SFT too
+    val_out = tmp_path / "signal_validation"
+    assert bench.main(["--demo-out", str(demo_out), "--out", str(val_out), "--questions", "2", "--samples", "2",
+                       "--ks", "2", "4", "eval.split=validation", "--definitions", "paper"]) == 0
+    validation = eval_episodes(world, cfg, split="validation")
+    val_results = json.loads((val_out / "results.json").read_text())
+    assert val_results["split"] == "validation" and val_results["held_out"]["subjects_in_sft_episodes"] == 0
+    for k in (2, 4):
+        ids = json.loads((val_out / f"rollouts_k{k}.json").read_text())["episode_ids"]
+        assert ids == [e.id for e in validation[k][:2]] and not set(ids) & {e.id for e in held_out[k]}
+    assert not held_out_subjects(validation) & held_out_subjects(held_out)
+    assert (val_out / "results.md").read_text().startswith("2 held-out validation episodes x 2 samples per k")
+    assert bench.main(["--demo-out", str(demo_out), "--out", str(val_out), "--questions", "3", "--ks", "2",
+                       "eval.split=validation"]) == 2  # the demo held out 2 validation episodes per k
+    assert "held out 2 validation episodes per k (eval.validation_episodes)" in capsys.readouterr().err
     # another setting over saved rollouts: refused (exit 2, one line) unless --reroll; a k the demo trained on too
     assert bench.main(["--demo-out", str(demo_out), "--out", str(out), "--questions", "2", "--samples", "3",
                        "--ks", "2"]) == 2
@@ -266,6 +345,12 @@ def test_the_benchmark_rolls_out_held_out_episodes_once_and_scores_every_definit
                         log=lambda line: None)
     rows = [bench.RoundRow(**r) for r in map(json.loads, (out / "rounds.jsonl").read_text().splitlines())]
     assert {r.keeps for r in rows} >= {True, False}, "the oracle's rollouts should hold both classes"
+    # the graded label: the kept share is 1.0 exactly where keeps is True; rounds pending and complete
+    assert all((r.kept_share is None) == (r.keeps is None) for r in rows)
+    assert all(r.kept_share == 1.0 for r in rows if r.keeps)
+    assert all(r.kept_share < 1.0 for r in rows if r.keeps is False)
+    assert {r.pending for r in rows} == {True, False}
+    assert results["signal"]["paper"]["k=4"]["all"]["graded_rounds"] == sum(r.kept_share is not None for r in rows)
     assert results["signal"] == json.loads(json.dumps(bench.signal_table(rows, list(bench.DEFINITIONS), [4])))
     assert results["signal"]["paper"]["k=4"]["all"]["auc"] is not None
     read = results["rollouts"]["k=4"]["memory_read"]  # the worst retrieved objective's log P(gold | mem), by class

@@ -80,6 +80,9 @@ def test_defaults_match_the_brief():
     ("env.tool_timeout=nan", "env.tool_timeout", "finite"),
     ("env.tool_result_chars=0", "env.tool_result_chars", "must be > 0"),
     ("data.gold_field=answer", "data.gold_field", "the synthetic world brings its own answers"),
+    ("eval.split=train", "eval.split", "'test', 'validation'"),
+    ("eval.split=validation", "eval.split", "validation_episodes is 0 (none are held out)"),
+    ("eval.validation_episodes=-1", "eval.validation_episodes", "must be >= 0"),
 ])
 def test_errors_name_the_field_and_what_is_allowed(override, field, allowed):
     with pytest.raises(ConfigError) as info:
@@ -101,6 +104,9 @@ def test_errors_name_the_field_and_what_is_allowed(override, field, allowed):
       "algorithm.memory_weight=0", "algorithm.memory_pooling=group_seen"], "algorithm.memory_pooling", "group_seen"),
     (["env.tools=[search, 'support.user_tools:lookup']", "eval.closed_book=true"], "eval.closed_book",
      "a closed book is not defined"),
+    (["data.source=files", "eval.validation_episodes=4", "eval.split=validation"], "eval.split",
+     "a split of the synthetic world"),
+    (["data.source=files", "eval.validation_episodes=4"], "eval.validation_episodes", "with data.source 'files'"),
 ])
 def test_cross_field_errors_name_the_field(overrides, field, allowed):
     with pytest.raises(ConfigError) as info:

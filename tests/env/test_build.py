@@ -14,7 +14,8 @@ def test_built_in_and_user_tools_in_order_with_the_env_bounds(bm25):
     cfg = load_config(None, ["env.tools=[search, 'support.user_tools:calc_tools', 'support.user_tools:lookup']",
                              "env.tool_timeout=2", "env.tool_result_chars=100", "env.topk=2"])
     tools = build_tools(cfg, bm25)
-    assert tools.names == ("search", "calc", "alookup", "lookup") and all(isinstance(t, Tool) for t in tools.tools.values())
+    assert (tools.names == ("search", "calc", "alookup", "lookup")
+            and all(isinstance(t, Tool) for t in tools.tools.values()))
     assert (tools.timeout, tools.max_chars, tools["search"].topk) == (2.0, 100, 2)
     assert needs_retriever(cfg) and qa_prompt_style(cfg) == "tools"
 

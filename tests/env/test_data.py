@@ -139,7 +139,8 @@ def test_prompt_format_is_exact():
                        'Give all 2 answers in one <answer>, separated by ";".')
     bare = make_episode_prompt(["Who wrote A?", "Where is B?"], style="bare")
     assert bare == compact[len(COMPACT_INSTRUCTIONS) + 2:]  # the compact prompt without its instructions
-    assert make_episode_prompt(["Who wrote A?"], style="bare") == "Questions:\n1. Who wrote A?\n\nGive the answer in one <answer>."
+    assert (make_episode_prompt(["Who wrote A?"], style="bare")
+            == "Questions:\n1. Who wrote A?\n\nGive the answer in one <answer>.")
 
 
 def test_prompt_parse_round_trip_and_errors():

@@ -272,7 +272,8 @@ def test_connection_bounds_are_validated(bm25):
     from mempo.env.server import max_connections_for
 
     for options, fragment in [({"request_timeout": 0}, "request_timeout must be"),
-                              ({"keep_alive": 0}, "keep_alive must be"), ({"max_connections": True}, "max_connections")]:
+                              ({"keep_alive": 0}, "keep_alive must be"),
+                              ({"max_connections": True}, "max_connections")]:
         with pytest.raises(ValueError, match=fragment):
             RetrieverServer(bm25, **options).start()
     assert 1 <= max_connections_for(10**9) < 10**9 or max_connections_for(10**9) == 10**9
@@ -825,8 +826,9 @@ def test_client_rejects_bad_configuration():
 
 def _start_cli(args: list[str]) -> tuple[subprocess.Popen, str]:
     env = dict(os.environ, PYTHONUNBUFFERED="1")
-    proc = subprocess.Popen([sys.executable, "-m", "mempo.apps.cli", "serve-retriever", *args], cwd=tempfile.gettempdir(),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    proc = subprocess.Popen([sys.executable, "-m", "mempo.apps.cli", "serve-retriever", *args],
+                            cwd=tempfile.gettempdir(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=env)
     lines: "queue.Queue[str]" = queue.Queue()
     threading.Thread(target=lambda: [lines.put(line) for line in proc.stdout], daemon=True).start()
     try:

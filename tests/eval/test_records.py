@@ -37,7 +37,7 @@ def test_examples_and_the_markdown_report(tmp_path, qa_files):
     assert rendered.startswith("[system] You are a helpful assistant.\n[user] Answer the questions below")
     assert "[assistant, turn 1] <mem>nothing found yet</mem>" in rendered
     assert "[search result] <information>Doc 1 (ID: k" in rendered and "more characters]" in rendered
-    assert f"[score] EM 1.00, F1 1.00, score 1.00, format ok" in rendered
+    assert "[score] EM 1.00, F1 1.00, score 1.00, format ok" in rendered
     assert rendered in text
     assert "A correct episode" not in report.markdown("Files", examples=False)
 

@@ -23,7 +23,8 @@ HAS_CUDA = torch.cuda.is_available()
 
 
 def run_every_op(device):
-    """Each public op's Triton path once (varlen, padded, fused, advantage: every kernel)."""
+    """Each public op's Triton path once (varlen, padded, fused, chunked in 3 vocabulary blocks,
+    advantage: every kernel)."""
     g = torch.Generator().manual_seed(0)
     M, V, H = 12, 40, 16
     logits = torch.randn(M, V, generator=g)
@@ -34,7 +35,8 @@ def run_every_op(device):
     on = lambda *ts: [t.to(device) for t in ts]  # noqa: E731
     outs = [answer_logprob(*on(logits, targets, mask, cu), backend="triton"),
             answer_logprob(*on(logits.view(3, 4, V), targets.view(3, 4), mask.view(3, 4)), backend="triton"),
-            answer_logprob_from_hidden(*on(hidden, weight, targets, mask, cu), backend="triton")]
+            answer_logprob_from_hidden(*on(hidden, weight, targets, mask, cu), backend="triton", method="fused"),
+            answer_logprob_from_hidden(*on(hidden, weight, targets, mask, cu), backend="triton", vocab_chunk=16)]
     scores, index = torch.tensor([1.0, 0.0, 2.0, 1.0]), [0, 0, 1, 1]
     response = torch.rand(4, 20, generator=g) < 0.8
     adv, _ = mempo_advantage(*on(scores), index, *on(response, torch.tensor([0.5, -1.0])),
@@ -77,7 +79,7 @@ def test_every_kernel_launch_runs_under_the_launch_device_guard(monkeypatch, dev
             return launch
 
     kernels = kernel_objects()
-    assert len(kernels) >= 6  # row, hidden, combine, segment, group z-score, span scatter
+    assert len(kernels) >= 7  # row, block, hidden, combine, segment, group z-score, span scatter
     for module, name in kernels:
         monkeypatch.setattr(module, name, Recorder(f"{module.__name__}.{name}", getattr(module, name)))
     monkeypatch.setattr(_launch, "launch_device", recording_guard)
@@ -93,10 +95,10 @@ def test_ops_on_a_second_gpu_while_the_first_is_current():
     if torch.cuda.device_count() < 2:
         pytest.skip("needs two CUDA devices")
     with torch.cuda.device(0):
-        (a, b, c), adv, z = run_every_op(torch.device("cuda", 1))
+        outs, adv, z = run_every_op(torch.device("cuda", 1))
         torch.cuda.synchronize(1)
-    (ra, rb, rc), radv, rz = run_every_op(torch.device("cpu"))
-    for got, want in ((a, ra), (b, rb), (c, rc)):
+    routs, radv, rz = run_every_op(torch.device("cpu"))
+    for got, want in zip(outs, routs):
         torch.testing.assert_close(got.token_logp.cpu(), want.token_logp, atol=1e-4, rtol=1e-4)
         assert torch.equal(got.num_kept.cpu(), want.num_kept)
     torch.testing.assert_close(adv.cpu(), radv, atol=1e-5, rtol=1e-5)

@@ -38,7 +38,8 @@ def test_tokenizer_specials_and_chat(tok):
     assert ChatFormat(tok).render(messages) == render_builtin(messages)
     text = "<mem> Q1: founder of X = Tamsk </mem>"
     assert tok.decode(tok.encode(text, add_special_tokens=False)) == text
-    assert train_tokenizer(default_corpus_texts(), 300).get_vocab() == train_tokenizer(default_corpus_texts(), 300).get_vocab()
+    assert (train_tokenizer(default_corpus_texts(), 300).get_vocab()
+            == train_tokenizer(default_corpus_texts(), 300).get_vocab())
 
 
 @pytest.mark.parametrize("size", ["tiny", "small"])

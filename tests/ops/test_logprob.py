@@ -1,7 +1,10 @@
 """Tests of the masked, thresholded answer log-prob ops (mempo.ops.logprob).
 
 Three implementations are compared on random inputs: the Triton kernels (CPU interpreter here, small
-shapes), the vectorised torch path, and the float64 loop reference (mempo.ops.reference).
+shapes), the vectorised torch path, and the float64 loop reference (mempo.ops.reference). The hidden
+entry point has three methods (issue 45): "chunked" (the default: fp32 logits blocks through the GEMM,
+an online log-sum-exp epilogue per block, Triton or torch), "materialise" (one block) and "fused"
+(the Triton kernel that never stores logits); HIDDEN_PATHS runs a test through each backend's.
 
 Tolerances. fp32 paths vs the float64 reference: |d logp| <= 2e-5 + 2e-6 |logp| (fp32 log-sum-exp
 over up to 151,936 terms). Low-precision inputs (bf16 / fp16 logits or hidden states) are checked
@@ -19,16 +22,21 @@ import sys
 
 import pytest
 import torch
+from torch.overrides import TorchFunctionMode
 
 from mempo.ops.logprob import (AnswerLogProb, answer_logprob, answer_logprob_from_hidden,
-                               answer_logprob_from_token_logp)
+                               answer_logprob_from_token_logp, plan_chunks)
 from mempo.ops.reference.logprob import (
     answer_logprob_from_hidden_reference,
     answer_logprob_reference,
 )
+from support.live_bytes import LiveBytes
 
 HAS_CUDA = torch.cuda.is_available()
 BACKENDS = ["torch", "triton"]
+# (backend, method) of answer_logprob_from_hidden: the chunked epilogue in torch ops and as the Triton
+# block kernel, and the fused Triton kernel.
+HIDDEN_PATHS = [("torch", "chunked"), ("triton", "chunked"), ("triton", "fused")]
 
 
 # ------------------------------------------------------------------------------------------------
@@ -224,16 +232,17 @@ def test_low_precision_logits(backend, dtype, device):
     assert ours <= 2 * theirs + 1e-5, (ours, theirs)
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend,method", HIDDEN_PATHS)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_low_precision_hidden(backend, dtype, device):
+def test_low_precision_hidden(backend, method, dtype, device):
     M, V, H = 33, 1000, 40
     hidden, weight, bias, targets, mask = make_hidden_case(M, V, H, seed=22)
     cu = torch.tensor([0, 8, 16, 24, 33])
     h, w, b = hidden.to(dtype), weight.to(dtype), bias.to(dtype)
     dev = device if backend == "triton" else torch.device("cpu")
+    chunks = dict(vocab_chunk=300) if method == "chunked" else {}
     out = answer_logprob_from_hidden(*on(dev, h, w), *on(dev, targets, mask, cu), bias=b.to(dev),
-                                     threshold=0.5, backend=backend, vocab_chunk=300)
+                                     threshold=0.5, backend=backend, method=method, **chunks)
     ref = answer_logprob_from_hidden_reference(h, w, targets, mask, cu, bias=b, threshold=0.5)
     assert_matches(out, ref, mask, 0.5, cu, atol=5e-5, min_compared=0.25)
     ref32 = answer_logprob_from_hidden_reference(hidden, weight, targets, mask, cu, bias=bias).token_logp
@@ -246,29 +255,31 @@ def test_low_precision_hidden(backend, dtype, device):
 # ------------------------------------------------------------------------------------------------
 # fused hidden entry point
 # ------------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("backend", BACKENDS)
-def test_mixed_dtypes_hidden(backend, device):
+@pytest.mark.parametrize("backend,method", HIDDEN_PATHS)
+def test_mixed_dtypes_hidden(backend, method, device):
     """hidden bf16, weight fp32, bias fp16: every operand is read as it is and upcast to fp32."""
     hidden, weight, bias, targets, mask = make_hidden_case(17, 300, 40, seed=71)
     h, b = hidden.to(torch.bfloat16), bias.to(torch.float16)
     dev = device if backend == "triton" else torch.device("cpu")
+    chunks = dict(vocab_chunk=128) if method == "chunked" else {}
     out = answer_logprob_from_hidden(*on(dev, h, weight, targets, mask), bias=b.to(dev), threshold=None,
-                                     vocab_chunk=128, backend=backend)
+                                     backend=backend, method=method, **chunks)
     ref = answer_logprob_from_hidden_reference(h, weight, targets, mask, None, bias=b, threshold=None)
     assert_matches(out, ref, mask, None)
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend,method", HIDDEN_PATHS)
 @pytest.mark.parametrize("M,V,H", [(1, 1, 16), (7, 17, 16), (33, 1000, 40), (7, 4097, 40)])
 @pytest.mark.parametrize("with_bias", [False, True])
-def test_hidden_equals_logits_path(backend, M, V, H, with_bias, device):
+def test_hidden_equals_logits_path(backend, method, M, V, H, with_bias, device):
     hidden, weight, bias, targets, mask = make_hidden_case(M, V, H, seed=M + V + H, with_bias=with_bias)
     cu = random_cu(M, 3, _gen(M))
     logits = hidden @ weight.T + (bias if bias is not None else 0)
     dev = device if backend == "triton" else torch.device("cpu")
     a = answer_logprob(*on(dev, logits, targets, mask, cu), threshold=0.5, temperature=1.3, backend=backend)
+    chunks = dict(vocab_chunk=64) if method == "chunked" else {}
     b = answer_logprob_from_hidden(*on(dev, hidden, weight, targets, mask, cu), bias=on(dev, bias)[0],
-                                   threshold=0.5, temperature=1.3, backend=backend, vocab_chunk=64)
+                                   threshold=0.5, temperature=1.3, backend=backend, method=method, **chunks)
     ref = answer_logprob_from_hidden_reference(hidden, weight, targets, mask, cu, bias=bias, threshold=0.5,
                                                temperature=1.3)
     assert_matches(b, ref, mask, 0.5, cu, min_compared=0.3)
@@ -682,7 +693,8 @@ def test_gpu_real_sizes(dtype):
     hidden, weight, targets, mask = on("cuda", hidden.to(dtype), weight.to(dtype), targets, mask)
     cu = (torch.arange(C + 1) * T).cuda()
     a = answer_logprob_from_hidden(hidden, weight, targets, mask, cu, backend="torch")
-    b = answer_logprob_from_hidden(hidden, weight, targets, mask, cu, backend="triton")
+    b = answer_logprob_from_hidden(hidden, weight, targets, mask, cu, backend="triton", method="fused")
+    e = answer_logprob_from_hidden(hidden, weight, targets, mask, cu, backend="triton")  # chunked, cuBLAS
     logits = (hidden.float() @ weight.float().T).to(dtype)
     c = answer_logprob(logits, targets, mask, cu, backend="triton")
     d = answer_logprob(logits, targets, mask, cu, backend="torch")
@@ -690,14 +702,16 @@ def test_gpu_real_sizes(dtype):
     # fp32 matmul of the same bf16 values (identical products, different summation order).
     atol = 1e-4 if dtype == torch.float32 else 2e-3
     torch.testing.assert_close(b.token_logp, a.token_logp, atol=atol, rtol=1e-4)
+    torch.testing.assert_close(e.token_logp, a.token_logp, atol=atol, rtol=1e-4)
     torch.testing.assert_close(c.token_logp, d.token_logp, atol=1e-5, rtol=1e-5)
-    for out in (a, b, c, d):
+    for out in (a, b, c, d, e):
         assert_no_nan(out)
     ref_rows = torch.arange(0, M, 97)
     sub = answer_logprob_from_hidden_reference(hidden[ref_rows].cpu(), weight.cpu(), targets[ref_rows].cpu(),
                                                mask[ref_rows].cpu(), threshold=None)
-    err = (b.token_logp[ref_rows].cpu().double() - sub.token_logp).abs().max().item()
-    assert err < atol * 10
+    for out in (b, e):
+        err = (out.token_logp[ref_rows].cpu().double() - sub.token_logp).abs().max().item()
+        assert err < atol * 10
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -725,6 +739,9 @@ def test_never_nan_banned_vocab_blocks(backend, device):
     else:
         results = [answer_logprob_from_hidden(h, w, t, m, bias=b, threshold=None, vocab_chunk=50,
                                               backend="torch").token_logp]
+        # the chunked method with blocks of 3 rows x 16 vocabulary entries (the first 12 blocks all -inf)
+        results.append(answer_logprob_from_hidden(h, w, t, m, bias=b, threshold=None, chunk_rows=3, vocab_chunk=16,
+                                                  backend=backend).token_logp)
     for lp in results:
         lp = lp.cpu().double()
         assert not torch.isnan(lp).any()
@@ -732,9 +749,10 @@ def test_never_nan_banned_vocab_blocks(backend, device):
         finite = mask.clone()
         finite[0] = False
         assert (lp[finite] - ref.token_logp[finite]).abs().max().item() < 2e-5
-    out = answer_logprob_from_hidden(h, w, t, m, bias=b, threshold=None, backend=backend)
-    assert_no_nan(out)
-    assert out.p.item() == 0.0 and out.mean_logp.item() == float("-inf")
+    for method in ("chunked", "fused") if backend == "triton" else ("chunked",):
+        out = answer_logprob_from_hidden(h, w, t, m, bias=b, threshold=None, backend=backend, method=method)
+        assert_no_nan(out)
+        assert out.p.item() == 0.0 and out.mean_logp.item() == float("-inf")
 
 
 def test_hidden_triton_qwen_vocab_multi_h_chunks(device):
@@ -826,15 +844,16 @@ def test_nan_or_inf_logits_are_rejected_naming_the_row(backend, device, bad, dty
     assert_matches(out, ref, mask, 0.5, atol=2e-5, rtol=2e-6)
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-def test_hidden_path_nan_or_overflow_is_rejected_naming_the_row(backend, device):
+@pytest.mark.parametrize("backend,method", HIDDEN_PATHS)
+def test_hidden_path_nan_or_overflow_is_rejected_naming_the_row(backend, method, device):
     dev = device if backend == "triton" else torch.device("cpu")
     hidden, weight, bias, targets, mask = make_hidden_case(9, 40, 16, seed=6, p_mask=1.0)
     for row, value in ((2, float("nan")), (6, 3e38)):  # 3e38 x weight sums overflow fp32: +-inf logits
         bad = hidden.clone()
         bad[row] = value
         with pytest.raises(ValueError, match=f"row {row} is NaN: the logits hidden @ weight.T"):
-            answer_logprob_from_hidden(*on(dev, bad, weight, targets, mask), bias=bias.to(dev), backend=backend)
+            answer_logprob_from_hidden(*on(dev, bad, weight, targets, mask), bias=bias.to(dev), backend=backend,
+                                       method=method)
 
 
 F32_MAX = float(torch.finfo(torch.float32).max)
@@ -900,3 +919,279 @@ def test_from_token_logp_equals_the_logits_path_and_refuses_bad_values():
     answer_logprob_from_token_logp(bad, mask, cu)
     with pytest.raises(ValueError, match="cu_seqlens must end at M = 9"):
         answer_logprob_from_token_logp(token_logp, mask, torch.tensor([0, 4]))
+
+
+# ------------------------------------------------------------------------------------------------
+# the chunked method: blocks of logits through the GEMM, an online log-sum-exp epilogue (issue 45)
+# ------------------------------------------------------------------------------------------------
+FLOAT_DTYPES = [torch.float32, torch.bfloat16, torch.float16]
+
+
+class MatmulShapes(TorchFunctionMode):
+    """Records the [rows, cols] of every `torch.mm` the op runs (its GEMMs)."""
+
+    def __init__(self):
+        super().__init__()
+        self.shapes = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is torch.mm:
+            self.shapes.append((args[0].shape[0], args[1].shape[1]))
+        return func(*args, **kwargs)
+
+
+@pytest.mark.parametrize("backend,method", HIDDEN_PATHS + [("torch", "materialise"), ("triton", "materialise")])
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+def test_every_method_and_dtype_matches_the_reference(backend, method, dtype, device):
+    """Odd sizes (M = 37 rows, V = 1,001), a bias, a temperature, empty and all-masked contexts: each
+    method in each accepted dtype gives the float64 reference's numbers on the same inputs, and the
+    chunked method the materialise method's."""
+    M, V, H = 37, 1001, 24
+    hidden, weight, bias, targets, mask = make_hidden_case(M, V, H, seed=81)
+    mask[10:14] = False
+    targets[10:14] = -100
+    cu = torch.tensor([0, 0, 10, 14, 30, 37])
+    h, w, b = hidden.to(dtype), weight.to(dtype), bias.to(dtype)
+    dev = device if backend == "triton" else torch.device("cpu")
+    kw = dict(threshold=0.5, temperature=1.3)
+    out = answer_logprob_from_hidden(*on(dev, h, w, targets, mask, cu), bias=b.to(dev), backend=backend, method=method,
+                                     **kw)
+    ref = answer_logprob_from_hidden_reference(h, w, targets, mask, cu, bias=b, **kw)
+    assert_matches(out, ref, mask, 0.5, cu, atol=2e-5 if dtype == torch.float32 else 5e-5, min_compared=0.3)
+    assert out.num_kept[0].item() == 0 and out.p[0].item() == 0.0  # the empty context
+    assert out.num_kept[2].item() == 0 and out.p[2].item() == 0.0  # the all-masked one
+    whole = answer_logprob_from_hidden(h, w, targets, mask, cu, bias=b, method="materialise", backend="torch", **kw)
+    torch.testing.assert_close(out.token_logp.cpu(), whole.token_logp, atol=2e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("chunk_rows,vocab_chunk", [(1, 1), (5, 77), (1, None), (None, 1), (4, 1001), (100, 3),
+                                                    (None, None)])
+def test_chunked_block_shapes(backend, chunk_rows, vocab_chunk, device):
+    """Any block shape gives the reference's numbers: 1 x 1 blocks, M (here the 9 kept of 14 rows) not
+    a multiple of the block's rows, V = 31 not a multiple of its columns, a block larger than K. The
+    GEMMs run exactly on the planned blocks: ceil(K / R) x ceil(V / N) of them, none larger than R x N."""
+    M, V, H = 14, 31, 16
+    hidden, weight, bias, targets, mask = make_hidden_case(M, V, H, seed=82, p_mask=0.6)
+    K = int(mask.sum())
+    dev = device if backend == "triton" else torch.device("cpu")
+    with MatmulShapes() as mm:
+        out = answer_logprob_from_hidden(*on(dev, hidden, weight, targets, mask), bias=bias.to(dev), threshold=None,
+                                         chunk_rows=chunk_rows, vocab_chunk=vocab_chunk, backend=backend)
+    assert_matches(out, answer_logprob_from_hidden_reference(hidden, weight, targets, mask, bias=bias, threshold=None),
+                   mask, None)
+    plan = plan_chunks(M, K, V, H, torch.float32, torch.float32, "cpu", chunk_rows=chunk_rows, vocab_chunk=vocab_chunk,
+                       has_bias=True)
+    R, N = plan.rows, plan.vocab
+    assert R == min(chunk_rows or K, K) and N == min(vocab_chunk or V, V)  # tiny sizes: everything fits
+    assert len(mm.shapes) == math.ceil(K / R) * math.ceil(V / N)
+    assert all(r <= R and n <= N for r, n in mm.shapes)
+    assert sum(r * n for r, n in mm.shapes) == K * V  # every kept row x every entry, once
+
+
+@pytest.mark.parametrize("backend,method", HIDDEN_PATHS + [("torch", "materialise")])
+def test_degenerate_calls(backend, method, device):
+    """No masked-in row (every row masked: no GEMM at all), masked-in rows none of which passes the
+    threshold, M = 0, a single masked-in row, V = 1."""
+    dev = device if backend == "triton" else torch.device("cpu")
+    hidden, weight, bias, targets, mask = make_hidden_case(6, 50, 16, seed=83)
+    none = torch.zeros(6, dtype=torch.bool)
+    with MatmulShapes() as mm:
+        out = answer_logprob_from_hidden(*on(dev, hidden, weight, torch.full_like(targets, -100), none,
+                                             torch.tensor([0, 2, 6])), backend=backend, method=method, empty_value=-1.0)
+    assert mm.shapes == []
+    assert out.token_logp.tolist() == [0.0] * 6 and not out.keep.any() and out.p.tolist() == [-1.0, -1.0]
+    out = answer_logprob_from_hidden(*on(dev, torch.zeros(0, 16), weight, torch.zeros(0, dtype=torch.long),
+                                         torch.zeros(0, dtype=torch.bool), torch.tensor([0, 0])),
+                                     backend=backend, method=method)
+    assert out.token_logp.shape == (0,) and out.p.tolist() == [0.0]
+    out = answer_logprob_from_hidden(*on(dev, hidden, weight, targets, mask), threshold=1.0, empty_value=0.25,
+                                     backend=backend, method=method)
+    assert not out.keep.any() and out.num_kept.tolist() == [0] and out.p.tolist() == [0.25]
+    assert bool((out.token_logp.cpu()[mask] < 0).all())  # computed, just not kept
+    one = torch.zeros(6, dtype=torch.bool)
+    one[4] = True
+    out = answer_logprob_from_hidden(*on(dev, hidden, weight, targets.clamp(min=0), one), bias=bias.to(dev),
+                                     threshold=None, backend=backend, method=method)
+    ref = answer_logprob_from_hidden_reference(hidden, weight, targets.clamp(min=0), one, bias=bias, threshold=None)
+    assert_matches(out, ref, one, None)
+    out = answer_logprob_from_hidden(*on(dev, hidden, weight[:1], torch.zeros(6, dtype=torch.long), mask),
+                                     threshold=None, backend=backend, method=method)
+    assert out.token_logp.tolist() == [0.0] * 6  # V = 1: log p = log 1 on kept rows, 0.0 on masked ones
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_chunked_all_banned_block_after_very_negative_logits_is_not_nan(backend, device):
+    """Logits of -200 in the first vocabulary block, every logit -inf in the second: log p = -log 10.
+    The torch path merged a block's sum with exp(0 - running max) = exp(200) = inf times its sum 0,
+    i.e. NaN, and rejected finite inputs as holding NaN."""
+    dev = device if backend == "triton" else torch.device("cpu")
+    H, V = 4, 20
+    bias = torch.full((V,), -200.0)
+    bias[10:] = float("-inf")
+    out = answer_logprob_from_hidden(*on(dev, torch.ones(2, H), torch.zeros(V, H), torch.tensor([3, 5]),
+                                         torch.ones(2, dtype=torch.bool)), bias=bias.to(dev), threshold=None,
+                                     vocab_chunk=10, backend=backend)
+    torch.testing.assert_close(out.token_logp.cpu(), torch.full((2,), -math.log(10.0)))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_chunked_peak_memory_is_one_block(dtype):
+    """At the real vocabulary (M = 256 rows, 200 kept, V = 151,936) the tensors the chunked call
+    allocates never hold more than its plan's peak, which is at most 1/8 of the materialised logits
+    M x V (in the dtype of hidden @ weight.T); its largest tensor is the [R, N] fp32 block. The
+    materialise method, counted the same way, holds its [K, V] fp32 logits (so the count sees them)."""
+    M, V, H = 256, QWEN_V, 16
+    g = _gen(84)
+    hidden = torch.randn(M, H, generator=g).to(dtype)
+    weight = (torch.randn(V, H, generator=g) / H ** 0.5).to(dtype)
+    targets = torch.randint(0, V, (M,), generator=g)
+    mask = torch.arange(M) % 32 < 25
+    K = int(mask.sum())
+    materialised = M * V * torch.empty((), dtype=dtype).element_size()
+    plan = plan_chunks(M, K, V, H, dtype, dtype, "cpu")
+    assert plan.peak <= plan.budget <= materialised // 8
+    with LiveBytes(hidden, weight, targets, mask) as live, MatmulShapes() as mm:
+        answer_logprob_from_hidden(hidden, weight, targets, mask, threshold=None, backend="torch")
+    assert set(mm.shapes) <= {(plan.rows, plan.vocab), (plan.rows, V % plan.vocab)}, (mm.shapes, plan)
+    assert live.largest == 4 * plan.rows * plan.vocab
+    assert live.peak <= plan.peak, (live.peak, plan)
+    with LiveBytes(hidden, weight, targets, mask) as whole:
+        answer_logprob_from_hidden(hidden, weight, targets, mask, threshold=None, backend="torch", method="materialise")
+    assert whole.largest == 4 * K * V and live.peak <= materialised // 8 < whole.peak
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_fp32_gemm_is_ieee_whatever_the_global_matmul_precision(backend, device):
+    """`torch.set_float32_matmul_precision("medium")` makes CPU fp32 matmuls bf16 (errors ~1e-1 at
+    H = 256): the op's fp32 GEMM still matches the float64 reference to fp32 accuracy (it ran
+    torch.mm under the global setting before), and the setting is back as it was afterwards."""
+    dev = device if backend == "triton" else torch.device("cpu")
+    hidden, weight, bias, targets, mask = make_hidden_case(24, 300, 256, seed=85)
+    ref = answer_logprob_from_hidden_reference(hidden, weight, targets, mask, bias=bias, threshold=None)
+    before = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("medium")
+    try:
+        native = (hidden @ weight.T).double()
+        if (native - hidden.double() @ weight.double().T).abs().max().item() < 1e-3:
+            pytest.skip("this machine's fp32 matmul ignores the 'medium' precision")
+        out = answer_logprob_from_hidden(*on(dev, hidden, weight, targets, mask), bias=bias.to(dev), threshold=None,
+                                         backend=backend, vocab_chunk=128)
+        assert torch.get_float32_matmul_precision() == "medium"
+    finally:
+        torch.set_float32_matmul_precision(before)
+    assert_matches(out, ref, mask, None)
+
+
+def test_gemm_precision_scopes_and_restores_the_cuda_setting():
+    """allow_tf32 switches CUDA's fp32 matmul setting for the op's GEMMs only: TF32 inside when
+    allowed, IEEE inside when not (even under a global TF32), the caller's value after, and the
+    legacy `allow_tf32` flag still readable (torch raises on a mix of its old and new flags)."""
+    from mempo.ops.logprob import _gemm_precision, _tf32_allowed_globally
+
+    matmul, cuda = torch.backends.cuda.matmul, torch.device("cuda")
+    before = torch.get_float32_matmul_precision()
+    try:
+        torch.set_float32_matmul_precision("highest")
+        assert not _tf32_allowed_globally()
+        with _gemm_precision(cuda, True):
+            assert _tf32_allowed_globally()
+        assert not _tf32_allowed_globally() and matmul.allow_tf32 is False
+        torch.set_float32_matmul_precision("high")
+        assert _tf32_allowed_globally()
+        with _gemm_precision(cuda, False):
+            assert not _tf32_allowed_globally()
+        assert _tf32_allowed_globally() and matmul.allow_tf32 is True
+        assert torch.get_float32_matmul_precision() == "high"
+    finally:
+        torch.set_float32_matmul_precision(before)
+
+
+def test_allow_tf32_is_exact_on_cpu():
+    """CPU has no TF32: allow_tf32=True gives the IEEE result (bit for bit on this path)."""
+    hidden, weight, bias, targets, mask = make_hidden_case(17, 300, 40, seed=86)
+    a = answer_logprob_from_hidden(hidden, weight, targets, mask, bias=bias, allow_tf32=True)
+    b = answer_logprob_from_hidden(hidden, weight, targets, mask, bias=bias, allow_tf32=False)
+    assert torch.equal(a.token_logp, b.token_logp)
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(method="chunky"), r"method must be one of \('chunked', 'materialise', 'fused'\)"),
+    (dict(method="fused", vocab_chunk=8), "chunk_rows / vocab_chunk shape the blocks of method 'chunked'"),
+    (dict(method="materialise", chunk_rows=8), "chunk_rows / vocab_chunk shape the blocks"),
+    (dict(chunk_rows=0), "chunk_rows must be a positive int or None"),
+    (dict(chunk_rows=2.0), "chunk_rows must be a positive int or None"),
+    (dict(allow_tf32=1), "allow_tf32 must be True, False or None"),
+    (dict(method="fused", allow_tf32=True, backend="triton"), "method 'fused' always uses its IEEE fp32 dot"),
+    (dict(method="fused", backend="torch"), "method 'fused' is the Triton kernel"),
+])
+def test_bad_method_arguments_are_rejected_by_name(kwargs, match):
+    hidden, weight, bias, targets, mask = make_hidden_case(6, 10, 4)
+    with pytest.raises(ValueError, match=match):
+        answer_logprob_from_hidden(hidden, weight, targets, mask, **kwargs)
+
+
+def test_method_fused_on_cpu_tensors_with_auto_names_the_backend():
+    """backend "auto" resolves to torch on CPU tensors, where no fused kernel exists: an error, never
+    the chunked path in its place."""
+    hidden, weight, bias, targets, mask = make_hidden_case(6, 10, 4)
+    with pytest.raises(ValueError, match="resolved to backend 'torch'"):
+        answer_logprob_from_hidden(hidden, weight, targets, mask, method="fused")
+
+
+def test_block_kernel_writes_only_its_rows(device):
+    """The block kernel on a [3, 7] block of kept rows 2..4 of K = 6, vocabulary 7..13 of V = 20:
+    it writes the state (or, at the last block, the log-probs) of those rows only."""
+    from mempo.kernels import answer_logprob as kern
+
+    g = _gen(87)
+    K = 6
+    block = torch.randn(3, 7, generator=g).to(device)
+    targets = torch.tensor([0, 0, 8, 19, 13, 0], device=device)
+    state = torch.full((3, K), SENTINEL, device=device)
+    out = torch.full((K,), SENTINEL, device=device)
+    kern.block_logp(block, None, targets, state, out, 2, 7, 1.0, first=True, last=False)
+    assert bool((out == SENTINEL).all())
+    assert bool((state[:, [0, 1, 5]] == SENTINEL).all()) and not bool((state[:, 2:5] == SENTINEL).any())
+    z = block.cpu().double()
+    torch.testing.assert_close(state[0, 2:5].cpu().double(), z.max(1).values)
+    torch.testing.assert_close(state[1, 2:5].cpu().double(), (z - z.max(1, keepdim=True).values).exp().sum(1),
+                               rtol=1e-5, atol=1e-6)
+    assert state[2, 2].item() == block[0, 1].item() and state[2, 4].item() == block[2, 6].item()
+    assert state[2, 3].item() == float("-inf")  # target 19 lies outside the block
+    kern.block_logp(block, None, targets, state, out, 2, 7, 1.0, first=False, last=True)
+    assert bool((out[[0, 1, 5]] == SENTINEL).all()) and not bool((out[2:5] == SENTINEL).any())
+
+
+def test_plan_chunks_keeps_to_its_budget():
+    """The planner's blocks at Qwen2.5 shapes: every extra byte under 1/8 of the materialised logits,
+    half the free device memory when that is less (never under MIN_CHUNK_BYTES), the block under the
+    device's cap; all kept rows in one block while they fit (the weight read once), rows in aligned
+    chunks beyond; a fixed side honoured with the other planned; one [K, V] block for "materialise"."""
+    from mempo.ops.logprob import CHUNK_ALIGN, MAX_CHUNK_BYTES, MIN_CHUNK_BYTES
+
+    bf16, fp32 = torch.bfloat16, torch.float32
+    for M, K, H, dtype in ((4608, 4608, 3584, bf16), (4608, 4516, 896, bf16), (4608, 1728, 896, fp32),
+                           (200, 196, 896, bf16), (65_536, 65_536, 896, bf16), (16, 16, 3584, bf16)):
+        materialised = M * QWEN_V * dtype.itemsize
+        plan = plan_chunks(M, K, QWEN_V, H, dtype, dtype, "cuda", free_bytes=100 << 30)
+        assert plan.budget == max(materialised // 8, MIN_CHUNK_BYTES) and plan.peak <= plan.budget, plan
+        assert 4 * plan.rows * plan.vocab <= MAX_CHUNK_BYTES["cuda"]
+        assert plan.rows == K or plan.rows % CHUNK_ALIGN == 0
+        assert plan.vocab == QWEN_V or plan.vocab % CHUNK_ALIGN == 0
+        if K <= 4608:
+            assert plan.rows == K, plan  # the weight is read once
+    assert plan_chunks(65_536, 65_536, QWEN_V, 896, bf16, bf16, "cuda", free_bytes=100 << 30).rows < 65_536
+    tight = plan_chunks(4608, 4608, QWEN_V, 3584, bf16, bf16, "cuda", free_bytes=64 << 20)
+    assert tight.budget == 32 << 20 and tight.peak <= tight.budget
+    floor = plan_chunks(4608, 4608, QWEN_V, 3584, bf16, bf16, "cuda", free_bytes=1 << 20)
+    assert floor.budget == MIN_CHUNK_BYTES and floor.peak <= floor.budget and floor.rows * floor.vocab >= 1 << 20
+    cpu = plan_chunks(4608, 4608, QWEN_V, 896, fp32, fp32, "cpu")
+    assert 4 * cpu.rows * cpu.vocab <= MAX_CHUNK_BYTES["cpu"] and cpu.peak <= cpu.budget
+    rows = plan_chunks(4608, 4608, QWEN_V, 896, bf16, bf16, "cuda", chunk_rows=256, free_bytes=100 << 30)
+    assert rows.rows == 256 and rows.vocab == QWEN_V  # 256 x V fits the budget: the whole vocabulary
+    vocab = plan_chunks(4608, 4608, QWEN_V, 896, bf16, bf16, "cuda", vocab_chunk=2048, free_bytes=100 << 30)
+    assert vocab.vocab == 2048 and vocab.rows == 4608 and vocab.peak <= vocab.budget
+    whole = plan_chunks(4608, 4516, QWEN_V, 896, bf16, bf16, "cuda", whole=True, free_bytes=100 << 30)
+    assert (whole.rows, whole.vocab) == (4516, QWEN_V) and whole.peak > whole.budget

@@ -20,7 +20,7 @@ from mempo.protocol.grammar import (
     validate_format,
 )
 from mempo.protocol.reward import compute_score
-from mempo.protocol.tags import JSON_TAG_SET, TAG_SET, marker_strings, tag_set_for
+from mempo.protocol.tags import JSON_TAG_SET, TAG_SET, tag_set_for
 from support.degenerate_tags import degenerate_texts
 
 R1_SEARCH = "<mem></mem>\n<think>need the film</think>\n<search>2010 best picture</search>"
@@ -355,7 +355,8 @@ def test_answer_templates_are_checked():
     for template in ANSWER_TEMPLATES.values():
         check_answer_template(template)
         assert parse_round("<mem>m</mem>" + template.replace("{answer}", "Minu; Lidar")).argument == "Minu; Lidar"
-    for bad in ("{answer}", "<answer>{answer}</answer>{answer}", "\n<think>\nx\n</think>\n<search> {answer} </search>", 3):
+    for bad in ("{answer}", "<answer>{answer}</answer>{answer}", "\n<think>\nx\n</think>\n<search> {answer} </search>",
+                3):
         with pytest.raises(ValueError, match="answer template"):
             check_answer_template(bad)
 

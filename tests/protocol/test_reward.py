@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 from mempo.protocol.reward import memory_keeps as reward_memory_keeps
-from mempo.protocol.reward import retrieved_objectives
+from mempo.protocol.reward import memory_kept_share, retrieved_objectives
 from mempo.protocol.reward import (
     compute_score,
     em_check,
@@ -154,7 +154,8 @@ def test_numeric_golds_are_aliases_in_their_string_form():
     assert objectives_from_golds(5) == [["5"]]
     assert objectives_from_golds([[5], ["six", 6.0]]) == [["5"], ["six", "6"]]
     assert objectives_from_golds(np.array([5, 6])) == [["5", "6"]]
-    assert objectives_from_golds([np.float32(2.5), np.int64(7), 1e15, 1e20]) == [["2.5", "7", "1000000000000000", "1e+20"]]
+    assert (objectives_from_golds([np.float32(2.5), np.int64(7), 1e15, 1e20])
+            == [["2.5", "7", "1000000000000000", "1e+20"]])
     assert compute_score(respond("5"), [5, 6])["score"] == 1.0
     assert compute_score(respond("6"), 6)["score"] == 1.0
     assert compute_score(respond("5; 6"), [[5], [6]])["score"] == 1.0
@@ -182,6 +183,19 @@ def test_memory_keeps():
     assert reward_memory_keeps("Q1: Belisar", seen, golds) is False  # whole words only
     assert reward_memory_keeps("Q1: ?", "<information>nothing yet</information>", golds) is None
     assert reward_memory_keeps("Belis and Rome", seen + " Rome", golds) is True
+
+
+def test_memory_kept_share_is_the_graded_memory_keeps():
+    golds = [["Belis"], ["Rome", "Roma"], ["Nefu"], ["Sokol"]]
+    seen = "Tamor was born in Belis. The river is the Roma. Bevat studied at Nefu."  # three retrieved
+    assert memory_kept_share("Q1: Belis\nQ2: Roma\nQ3: Nefu\nQ4: ?", seen, golds) == 1.0
+    assert memory_kept_share("Q1: Belis\nQ2: done\nQ3: Nefu\nQ4: ?", seen, golds) == pytest.approx(2 / 3)
+    assert memory_kept_share("Q1: Belisar\nQ2: Rome", seen, golds) == pytest.approx(1 / 3)  # whole words, any alias
+    assert memory_kept_share("nothing kept", seen, golds) == 0.0
+    assert memory_kept_share("Q4: Sokol", seen, golds) == 0.0  # a gold not yet retrieved is not counted
+    assert memory_kept_share("Q1: Belis", "nothing read yet", golds) is None
+    for mem in ("Q1: Belis Roma Nefu", "Q1: Belis", ""):  # 1.0 exactly where memory_keeps is True
+        assert (memory_kept_share(mem, seen, golds) == 1.0) is reward_memory_keeps(mem, seen, golds)
 
 
 def test_retrieved_objectives():

@@ -51,5 +51,31 @@ def test_retrieved_objectives_per_scored_round():
     assert len(t.scored_rounds()) == 3
     assert t.retrieved_objectives(tok) == [[], [0], [0, 1]]
     assert t.memory_keeps(tok) == [None, True, True]
+    assert t.memory_kept_shares(tok) == [None, 1.0, 1.0]
     t.golds = None
-    assert t.retrieved_objectives(tok) == [] and t.memory_keeps(tok) == []
+    assert t.retrieved_objectives(tok) == [] and t.memory_keeps(tok) == [] and t.memory_kept_shares(tok) == []
+
+
+def test_memory_kept_shares_and_answered_pending():
+    """The graded keeps (the share of retrieved golds a <mem> keeps), and whether the answer came while
+    some objective's gold had not been read: answering after one of three searches is answering pending."""
+    from support.rollout_fixtures import chat_tokenizer, text_trajectory
+
+    tok = chat_tokenizer()
+    golds = [["Paris"], ["Rome"], ["Nefu"]]
+    rounds = [("q", "<search>a</search>", "<information>Tamor lives in Paris and swims in the Rome.</information>"),
+              ("Paris", "<search>b</search>", "<information>Bevat studied at Nefu.</information>"),
+              ("Rome", "<answer>Paris; Rome; Nefu</answer>", None)]
+    t = text_trajectory(tok, "Where, which river, which university?", rounds, golds)
+    assert len(t.scored_rounds()) == 2  # the first round writes no memory of anything read
+    assert t.memory_kept_shares(tok) == [pytest.approx(1 / 2), pytest.approx(1 / 3)]
+    assert t.memory_keeps(tok) == [False, False]
+    assert t.answered_pending(tok) is None  # no answer extracted: nothing to judge
+    t.final_answer = "Paris; Rome; Nefu"
+    assert t.answered_pending(tok) is False  # every gold was read before the answer
+    early = text_trajectory(tok, "Where, which river, which university?",
+                            [rounds[0], ("Paris Rome", "<answer>Paris; Rome; unknown</answer>", None)], golds)
+    early.final_answer = "Paris; Rome; unknown"
+    assert early.answered_pending(tok) is True  # Nefu was never read: answered with a question pending
+    early.golds = None
+    assert early.answered_pending(tok) is None

@@ -385,8 +385,10 @@ def test_rollout_section_settings_reach_the_loop(tok, bm25):
 JSON_ROUNDS = [
     '</mem>\n<think>\nlook it up\n</think>\n<tool_call>\n{"name": "lookup", "arguments": {"key": "sky"}}\n</tool_call>'
     "\n<tool_response>the model may not write this</tool_response>",  # over-generated: cut at </tool_call>
-    'sky is blue</mem>\n<think>\nand the grass\n</think>\n<tool_call>{"name": "lookup", "arguments": {"key": </tool_call>',
-    "bad call</mem>\n<think>\nanother tool\n</think>\n<tool_call>{\"name\": \"weather\", \"arguments\": {}}</tool_call>",
+    'sky is blue</mem>\n<think>\nand the grass\n</think>\n'
+    '<tool_call>{"name": "lookup", "arguments": {"key": </tool_call>',
+    "bad call</mem>\n<think>\nanother tool\n</think>\n"
+    "<tool_call>{\"name\": \"weather\", \"arguments\": {}}</tool_call>",
     "sky is blue</mem>\n<think>\ndone\n</think>\n<answer>blue</answer>",
 ]
 

@@ -12,9 +12,6 @@ import urllib.parse
 
 import pytest
 
-pytest.importorskip("transformers")
-openai = pytest.importorskip("openai")
-
 from mempo.config import config_from_dict
 from mempo.env.client import HTTPRetriever
 from mempo.env.server import RetrieverServer
@@ -23,6 +20,9 @@ from mempo.serve.agent import AgentService
 from mempo.serve.openai_api import AgentServer
 from support.rollout_fixtures import chat_tokenizer, tiny_qwen2
 from support.serve_fixtures import FailingBackend, GatedBackend, needle_backend, question
+
+pytest.importorskip("transformers")
+openai = pytest.importorskip("openai")
 
 MODEL = "needle-agent"
 
@@ -239,7 +239,8 @@ def test_concurrent_requests_share_hf_generation_batches(tok, bm25):
         results = [None] * 6
 
         def ask(i):
-            results[i] = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": question(i)}])
+            results[i] = client.chat.completions.create(model="tiny",
+                                                        messages=[{"role": "user", "content": question(i)}])
 
         threads = [threading.Thread(target=ask, args=(i,)) for i in range(6)]
         for thread in threads:

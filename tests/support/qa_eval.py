@@ -4,8 +4,9 @@ The agent is a rule-based *reader* (`ReaderAgent`, behind
 `mempo.synthetic.backend.OracleBackend`'s prompt decoding): it searches each question in turn
 and answers with the title of the first search hit. It sees only its prompt (system, question, its
 memory, tool results), so it answers a question right exactly when the corpus holds a document
-titled with the gold answer that the question's words find: "answerable" questions below. The unanswerable ones have golds that appear nowhere in
-the corpus or the questions, which also lets the tests check that no gold reaches generation.
+titled with the gold answer that the question's words find: "answerable" questions below. The
+unanswerable ones have golds that appear nowhere in the corpus or the questions, which also lets
+the tests check that no gold reaches generation.
 """
 import json
 import re

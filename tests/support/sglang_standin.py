@@ -12,8 +12,12 @@ What they enforce, as SGLang does:
   scrambles them) and ``resume_memory_occupation(tags)`` re-allocates it; generating while the
   KV cache or the weights are released fails;
 * the server's ``/update_weights_from_disk`` answers ``{"success", "message",
-  "num_paused_requests"}``, HTTP 400 on failure; ``/generate`` takes ``input_ids`` and
-  ``sampling_params`` and answers one ``{"output_ids", "meta_info"}`` per request.
+  "num_paused_requests"}``, HTTP 400 on failure; ``/generate`` takes ``input_ids``,
+  ``sampling_params`` and ``return_logprob`` and answers one ``{"output_ids", "meta_info"}`` per
+  request;
+* ``return_logprob=True`` adds ``meta_info["output_token_logprobs"]``: one ``(logprob, id, None)`` per
+  output id (no text under skip_tokenizer_init), the log-prob after temperature scaling (SGLang's
+  default, without ``SGLANG_RETURN_ORIGINAL_LOGPROB``).
 """
 from __future__ import annotations
 
@@ -47,11 +51,12 @@ class StandInEngine:
             self.begin_weight_update = None
             self.end_weight_update = None
 
-    def generate(self, input_ids, sampling_params):
+    def generate(self, input_ids, sampling_params, return_logprob=False):
         self.events.append(("generate", len(input_ids)))
         if self.released:
             raise RuntimeError(f"stand-in: generate while {sorted(self.released)} are released")
         self.last_sampling_params = list(sampling_params)
+        self.last_return_logprob = return_logprob
         results = []
         for ids, params in zip(input_ids, sampling_params):
             request = GenerationRequest(list(ids), params["max_new_tokens"], 0, tuple(params["stop_token_ids"]))
@@ -60,7 +65,10 @@ class StandInEngine:
             ids = output.token_ids
             stop = ids[-1] if ids and ids[-1] in params["stop_token_ids"] else None
             finish = {"type": "stop", "matched": stop} if stop is not None else {"type": "length", "length": len(ids)}
-            results.append({"output_ids": output.token_ids, "meta_info": {"finish_reason": finish, "id": "x"}})
+            meta = {"finish_reason": finish, "id": "x"}
+            if return_logprob:  # one (logprob, id, text) per output id; no text without a tokenizer
+                meta["output_token_logprobs"] = [[lp, t, None] for lp, t in zip(output.logprobs, ids)]
+            results.append({"output_ids": output.token_ids, "meta_info": meta})
         return results
 
     def begin_weight_update(self):  # replaced by None when session_api is False
@@ -148,7 +156,8 @@ class StandInServer:
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])) or b"null")
                 server.requests.append((self.path, body))
                 if self.path == "/generate":
-                    self._reply(200, server.engine.generate(body["input_ids"], body["sampling_params"]))
+                    self._reply(200, server.engine.generate(body["input_ids"], body["sampling_params"],
+                                                            bool(body.get("return_logprob", False))))
                 elif self.path == "/update_weights_from_disk":
                     path = Path(body["model_path"])
                     if server.fail_disk or not (path / "config.json").is_file():

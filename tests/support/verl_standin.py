@@ -3,16 +3,22 @@
 * `HFServer`: verl's ``LLMServerClient.generate(request_id, *, prompt_ids, sampling_params)`` over a
   Hugging Face causal LM (tiny random Qwen2), token ids in and out, returning verl's `TokenOutput`.
   It honours ``max_tokens``, ``stop_token_ids`` (the stop id is kept, as vLLM keeps it),
-  ``temperature`` (0: greedy) and ``prompt_logprobs=0`` in verl's layout (vLLM's
+  ``temperature`` (0: greedy), ``logprobs`` (the sampled ids' log-probs at the sampling temperature,
+  verl's ``logprobs_mode: processed_logprobs``) and ``prompt_logprobs=0`` (from the raw logits, as
+  vLLM computes prompt log-probs) in verl's layout (vLLM's
   ``extract_prompt_logprobs``: one row per prompt id, row k = [log p(prompt[k+1] | prompt[:k+1])],
   the last a dummy [0.0]; ``extra_fields["prompt_ids"]`` the matching ids). ``script(request_id,
   prompt_ids)`` may return the ids a policy "generates" instead of sampling (still cut by
   max_tokens and stop ids). Every request is recorded (``requests``).
 * `FakeTQ`: the two TransferQueue calls the V1 trainer makes, over a dict of rows (1-D tensors come
   back as jagged nested tensors, other values as a NonTensorStack, as verl's trainer reads them).
-* `verl_config(...)`: verl 0.9.1's full default trainer config (its generated YAML) with test lengths.
+* `verl_config(...)`: verl 0.9.1's full default trainer config (its generated YAML) with test lengths
+  and ``trainer.v1.trainer_mode=mempo_sync``.
 * `dummy_worker(...)`: an `AgentLoopWorker` without Ray (``object.__new__``), as verl's own CPU tests
-  build one, so its real ``generate_sequences`` / ``_agent_loop_postprocess`` / ``_postprocess`` run.
+  build one, so its real ``generate_sequences`` / ``_agent_loop_postprocess`` / ``_postprocess`` run;
+  its reward loop is verl's real `RewardLoopWorker` behind `RewardHandle` (the actor-handle call
+  ``handle.compute_score.remote(data)``), or none (``reward=False``: a colocated reward model, whose
+  scores the trainer writes later).
 """
 from __future__ import annotations
 
@@ -84,9 +90,10 @@ class HFServer:
         else:
             ids = self._sample(request_id, list(prompt_ids), max_tokens, stops, float(params.get("temperature", 1.0)))
         log_probs = None
-        if params.get("logprobs"):  # the raw log-probs of the returned ids, as vLLM reports them
-            full = list(prompt_ids) + ids
-            logp = torch.log_softmax(self.model(input_ids=torch.tensor([full])).logits[0].float(), -1)
+        if params.get("logprobs"):  # the returned ids' log-probs under the sampling temperature, as vLLM reports
+            full = list(prompt_ids) + ids  # them with verl's logprobs_mode "processed_logprobs" (0: the raw ones)
+            temperature = float(params.get("temperature", 1.0)) or 1.0
+            logp = torch.log_softmax(self.model(input_ids=torch.tensor([full])).logits[0].float() / temperature, -1)
             start = len(prompt_ids)
             log_probs = [float(logp[start - 1 + j, t]) for j, t in enumerate(ids)]
         return TokenOutput(token_ids=ids, log_probs=log_probs, stop_reason="completed", extra_fields=extra)
@@ -139,7 +146,8 @@ class FakeTQ:
         return KVBatchMeta(keys=list(keys), tags=[{} for _ in keys], partition_id=partition_id)
 
 
-def verl_config(agents_yaml: Path, *, prompt_length: int, response_length: int, n: int = 4):
+def verl_config(agents_yaml: Path, *, prompt_length: int, response_length: int, n: int = 4,
+                trainer_mode: str = "mempo_sync"):
     from omegaconf import OmegaConf, open_dict
     import verl
 
@@ -153,13 +161,46 @@ def verl_config(agents_yaml: Path, *, prompt_length: int, response_length: int, 
         rollout.agent.default_agent_loop = "mempo_agent"
         config.data.max_prompt_length, config.data.max_response_length = prompt_length, response_length
         config.algorithm.adv_estimator = "grpo"
+        config.trainer.v1.trainer_mode = trainer_mode  # the trainer that reads the mempo loops' rows
     return config
 
 
-def dummy_worker(config, tokenizer, server):
-    """An `AgentLoopWorker` with the attributes its real methods read, built without Ray or a model."""
+class RewardHandle:
+    """verl's `RewardLoopWorker` (built from the run's config, one per event loop: its reward manager
+    binds the loop it was built in) behind the Ray actor-handle call the agent-loop worker makes,
+    ``await handle.compute_score.remote(data)``. ``calls``: how many trajectories it scored."""
+
+    def __init__(self, config) -> None:
+        import types
+
+        self.config = config
+        self.calls = 0
+        self._workers: dict = {}
+        self.compute_score = types.SimpleNamespace(remote=self._compute_score)
+
+    async def _compute_score(self, data):
+        import asyncio
+
+        from verl.experimental.reward_loop.reward_loop import RewardLoopWorker
+
+        loop = asyncio.get_running_loop()
+        if loop not in self._workers:
+            self._workers[loop] = RewardLoopWorker(self.config)
+        self.calls += 1
+        return await self._workers[loop].compute_score(data)
+
+
+def dummy_worker(config, tokenizer, server, *, reward: bool = True):
+    """An `AgentLoopWorker` with the attributes its real methods read, built without Ray or a model;
+    with `reward`, verl's reward loop through `RewardHandle` (the tokenizer is saved to a temporary
+    folder, ``actor_rollout_ref.model.tokenizer_path``, which the reward worker loads)."""
+    import atexit
+    import shutil
+    import tempfile
+
+    from omegaconf import OmegaConf, open_dict
     from verl.experimental.agent_loop.agent_loop import AgentLoopWorker, _agent_loop_registry
-    from omegaconf import OmegaConf
+    from verl.tools.tool_registry import load_all_tools
     from verl.utils.config import omega_conf_to_dataclass
     from verl.utils.dataset.rl_dataset import RLHFDataset
 
@@ -168,6 +209,13 @@ def dummy_worker(config, tokenizer, server):
     worker.llm_client = server
     worker.teacher_client = None
     worker.reward_loop_worker_handles = None
+    if reward:
+        folder = tempfile.mkdtemp(prefix="verl_tok_")
+        atexit.register(shutil.rmtree, folder, True)
+        tokenizer.save_pretrained(folder)
+        with open_dict(config):
+            config.actor_rollout_ref.model.tokenizer_path = folder
+        worker.reward_loop_worker_handles = [RewardHandle(config)]
     worker.rollout_config = omega_conf_to_dataclass(config.actor_rollout_ref.rollout)
     worker.dataset_cls = RLHFDataset
     worker.tokenizer = tokenizer
@@ -175,7 +223,9 @@ def dummy_worker(config, tokenizer, server):
     worker.hf_model_type = "qwen2"
     worker.mm_processor_kwargs = {}
     worker.distillation_enabled = False
-    worker.tools = []
+    multi_turn = config.actor_rollout_ref.rollout.multi_turn  # verl's tools, loaded as AgentLoopWorker does
+    worker.tools = load_all_tools(tool_config_path=multi_turn.tool_config_path,
+                                  function_tool_path=multi_turn.function_tool_path)
     for entry in OmegaConf.load(config.actor_rollout_ref.rollout.agent.agent_loop_config_path):
         _agent_loop_registry[entry.name] = entry  # what AgentLoopWorker.__init__ does with the YAML
     return worker
@@ -206,21 +256,49 @@ def needle_script(tokenizer, first_variant: int = 0) -> Callable[[str, list[int]
     return script
 
 
-def write_agents_yaml(path: Path, corpus: Path, *, rollout: str = "", scoring: str = "{threshold: null}") -> Path:
-    """An agent-loop YAML like the shipped one, over an in-process BM25 index of `corpus`."""
-    env = f"{{retriever: bm25, corpus_path: {corpus}, topk: 2, doc_chars: 120}}"
-    base = "max_turns: 4, max_new_tokens_per_round: 64, chat_template: builtin"
+def rounds_script(tokenizer, variants: list[list[str]]) -> Callable[[str, list[int]], list[int]]:
+    """A scripted policy: trajectory i (in the order of its first request id) takes ``variants[i %
+    len(variants)]``, its k-th generation request round k of it (the last round repeated)."""
+    import itertools
+
+    rounds: dict[str, int] = {}
+    chosen: dict[str, int] = {}
+    turn = itertools.count()
+
+    def script(request_id: str, prompt_ids: list[int]) -> list[int]:
+        k = rounds.get(request_id, 0)
+        rounds[request_id] = k + 1
+        texts = variants[chosen.setdefault(request_id, next(turn) % len(variants))]
+        return tokenizer.encode(texts[min(k, len(texts) - 1)], add_special_tokens=False)
+
+    return script
+
+
+def write_agents_yaml(path: Path, corpus: Optional[Path], *, rollout: str = "", scoring: str = "{threshold: null}",
+                      options: str = "", env: Optional[str] = None, max_turns: int = 4,
+                      max_new_tokens: int = 64, eval_rollout: str = "") -> Path:
+    """An agent-loop YAML like the shipped one, over an in-process BM25 index of `corpus` (`options`:
+    more top-level keys of the ``mempo_agent`` entry, YAML lines; `env`: the entries' env section
+    instead, a YAML flow mapping; max_turns / max_new_tokens: the entries' round limits;
+    `eval_rollout`: more rollout keys of the ``mempo_agent_eval`` entry)."""
+    env = env or f"{{retriever: bm25, corpus_path: {corpus}, topk: 2, doc_chars: 120}}"
+    base = f"max_turns: {max_turns}, max_new_tokens_per_round: {max_new_tokens}, chat_template: builtin"
     path.write_text(
         f"- name: mempo_agent\n  _target_: mempo.integrations.verl.agent_loop.MemPOAgentLoop\n"
         f"  rollout: {{{base}{', ' + rollout if rollout else ''}}}\n  env: {env}\n  scoring: {scoring}\n"
+        + "".join(f"  {line}\n" for line in options.splitlines()) +
         f"- name: mempo_agent_eval\n  _target_: mempo.integrations.verl.agent_loop.MemPOEvalAgentLoop\n"
-        f"  rollout: {{{base}, context_policy: memory}}\n  env: {env}\n")
+        f"  rollout: {{{base}, context_policy: memory{', ' + eval_rollout if eval_rollout else ''}}}\n"
+        f"  env: {env}\n")
     return path
 
 
-def question_batch(question: str, golds, n: int, agent_name: str = "mempo_agent", uid: str = "q0"):
+def question_batch(question: str, golds, n: int, agent_name: str = "mempo_agent", uid: str = "q0",
+                   system: Optional[str] = None, extra_info: Optional[dict] = None, tools_kwargs=None):
     """A verl `DataProto` of one question repeated n times (what the trainer hands the agent-loop
-    workers: raw_prompt, reward_model.ground_truth, uid, agent_name, ...), extra_info.row = the row."""
+    workers: raw_prompt, reward_model.ground_truth, uid, agent_name, ...), extra_info.row = the row
+    (`extra_info`: more of its fields); `system`: a system message before the question;
+    `tools_kwargs`: the per-sample tool options verl's dataset reads from extra_info."""
     import numpy as np
     from verl import DataProto
 
@@ -229,11 +307,15 @@ def question_batch(question: str, golds, n: int, agent_name: str = "mempo_agent"
         array[:] = values
         return array
 
+    messages = ([{"role": "system", "content": system}] if system is not None else []) + [
+        {"role": "user", "content": question}]
+    extra = {"tools_kwargs": column([tools_kwargs] * n)} if tools_kwargs is not None else {}
     return DataProto.from_dict(non_tensors={
-        "raw_prompt": column([[{"role": "user", "content": question}] for _ in range(n)]),
+        **extra, "raw_prompt": column([list(messages) for _ in range(n)]),
         "reward_model": column([{"ground_truth": golds, "style": "rule"} for _ in range(n)]),
         "uid": column([uid] * n), "agent_name": column([agent_name] * n), "data_source": column(["needle"] * n),
-        "extra_info": column([{"row": i} for i in range(n)]), "index": np.zeros(n, dtype=np.int64)})
+        "extra_info": column([{"row": i, **(extra_info or {})} for i in range(n)]),
+        "index": np.zeros(n, dtype=np.int64)})
 
 
 def run_worker(worker, batch):

@@ -22,12 +22,14 @@ def test_world_options_reach_the_world():
                                            "synthetic.world_chronicles=true"])).manifest()
 
 
-@pytest.mark.parametrize("override, field", [("synthetic.world_relations=[]", "synthetic.world_relations"),
-                                              ("synthetic.world_question_hops=[0]", "synthetic.world_question_hops"),
-                                              ("synthetic.world_distractor_ratio=-1", "synthetic.world_distractor_ratio"),
-                                              ("synthetic.world_names=long", "synthetic.world_names"),
-                                              ("synthetic.oracle_drop_fact_prob=1.5", "synthetic.oracle_drop_fact_prob"),
-                                              ("synthetic.copy_warmup_steps=-1", "synthetic.copy_warmup_steps")])
+@pytest.mark.parametrize("override, field", [
+    ("synthetic.world_relations=[]", "synthetic.world_relations"),
+    ("synthetic.world_question_hops=[0]", "synthetic.world_question_hops"),
+    ("synthetic.world_distractor_ratio=-1", "synthetic.world_distractor_ratio"),
+    ("synthetic.world_names=long", "synthetic.world_names"),
+    ("synthetic.oracle_drop_fact_prob=1.5", "synthetic.oracle_drop_fact_prob"),
+    ("synthetic.copy_warmup_steps=-1", "synthetic.copy_warmup_steps"),
+])
 def test_bad_options_name_the_field(override, field):
     with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
         load_config(None, [override])

@@ -8,8 +8,9 @@ from support.small_world import SMALL
 
 
 def test_the_imperfect_teacher_from_the_config():
-    overrides = SMALL + ["synthetic.oracle_objectives=[2]", "synthetic.oracle_episodes=40", "synthetic.oracle_memory_style=facts",
-                         "synthetic.oracle_query_style=question", "synthetic.oracle_think=minimal", "synthetic.oracle_answer_template=true"]
+    overrides = SMALL + ["synthetic.oracle_objectives=[2]", "synthetic.oracle_episodes=40",
+                         "synthetic.oracle_memory_style=facts", "synthetic.oracle_query_style=question",
+                         "synthetic.oracle_think=minimal", "synthetic.oracle_answer_template=true"]
     perfect_cfg = load_config(None, overrides + ["synthetic.oracle_keep=all"])
     env = build_world(perfect_cfg)
     tools = build_tools(perfect_cfg, env.retriever)
@@ -21,7 +22,8 @@ def test_the_imperfect_teacher_from_the_config():
     failed = [t for t in lossy.trajectories if t.score["score"] < 1.0]
     assert 8 <= len(failed) <= 32  # about half lose Q1's fact, which the answer needs
     assert all("Q1: done" in t.response_text for t in failed)
-    kept_correct = oracle_cold_start(env.world, tools, load_config(None, overrides + ["synthetic.oracle_drop_fact_prob=0.5"]))
+    kept_correct = oracle_cold_start(env.world, tools,
+                                     load_config(None, overrides + ["synthetic.oracle_drop_fact_prob=0.5"]))
     assert len(kept_correct.trajectories) == 40 - len(failed)  # keep: correct drops them
     agent = oracle_agent(lossy_cfg)
     assert (agent.drop_fact_prob, agent.memory_style, agent.query_style) == (0.5, "facts", "question")
@@ -35,7 +37,8 @@ def test_the_imperfect_teacher_from_the_config():
 
 def test_the_cold_start_uses_the_rollout_system_prompt():
     """SFT trains on the system message RL and evaluation will show (rollout.system_prompt)."""
-    overrides = SMALL + ["synthetic.oracle_objectives=[1]", "synthetic.oracle_episodes=3", "rollout.system_prompt=Be brief."]
+    overrides = SMALL + ["synthetic.oracle_objectives=[1]", "synthetic.oracle_episodes=3",
+                         "rollout.system_prompt=Be brief."]
     cfg = load_config(None, overrides)
     env = build_world(cfg)
     cold = oracle_cold_start(env.world, build_tools(cfg, env.retriever), cfg)

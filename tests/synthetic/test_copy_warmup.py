@@ -29,7 +29,8 @@ def test_copy_warmup_teaches_copying():
 def test_copy_records_repeat_random_name_sequences():
     names = ["Vefa", "Kido", "Sufun", "Tamor"]
     records = copy_records(names, 50, seed=3, system_prompt="Be brief.", min_len=2, max_len=5)
-    assert len(records) == 50 and records == copy_records(names, 50, seed=3, system_prompt="Be brief.", min_len=2, max_len=5)
+    assert len(records) == 50 and records == copy_records(names, 50, seed=3, system_prompt="Be brief.",
+                                                          min_len=2, max_len=5)
     assert records != copy_records(names, 50, seed=4, system_prompt="Be brief.", min_len=2, max_len=5)
     lengths = set()
     for record in records:

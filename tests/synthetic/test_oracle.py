@@ -388,9 +388,11 @@ def test_a_lost_line_can_name_its_subject_or_its_fact(small_world, small_tools, 
         parsed = parse_question(episode.questions[0])
         line = (f"Q1: {parsed.start} done" if lost_line == "subject" else
                 "Q1: " + RELATIONS[parsed.relations[0]].fact.format(s=parsed.start, o=UNKNOWN))
-        plain, with_subject = run_oracle(episode, small_tools, agent=bare), run_oracle(episode, small_tools, agent=named)
+        plain, with_subject = (run_oracle(episode, small_tools, agent=bare),
+                               run_oracle(episode, small_tools, agent=named))
         # the same episode, round for round: only the lost line's text differs, and it reads back as lost
-        assert [r.assistant.replace(line, "Q1: done") for r in with_subject.rounds] == [r.assistant for r in plain.rounds]
+        assert ([r.assistant.replace(line, "Q1: done") for r in with_subject.rounds]
+                == [r.assistant for r in plain.rounds])
         assert lost_lines(with_subject) == [[], [], []]
         mems = [parse_round(r.assistant).mem for r in with_subject.rounds]
         assert [line in m for m in mems] == [False, True, True]

@@ -27,7 +27,8 @@ def cold():
 def _names_in(trajectory, names):
     texts = [trajectory.prompt] + [m["content"] for r in trajectory.rounds for m in r.messages]
     texts += [r.assistant for r in trajectory.rounds] + [r.tool_text or "" for r in trajectory.rounds]
-    pattern = re.compile(r"(?<!\w)(" + "|".join(re.escape(n) for n in sorted(names, key=len, reverse=True)) + r")(?!\w)")
+    pattern = re.compile(r"(?<!\w)(" + "|".join(re.escape(n) for n in sorted(names, key=len, reverse=True))
+                         + r")(?!\w)")
     return [m.group(1) for text in texts for m in pattern.finditer(text)]
 
 
@@ -82,7 +83,8 @@ def test_the_cold_start_adds_copy_records_over_every_name_when_configured():
     assert len(cold.copy_records) == 30
     names = {e.name for e in env.world.entities}
     assert all(set(r["messages"][-1]["content"].split(" ")) <= names for r in cold.copy_records)
-    assert oracle_cold_start(env.world, build_tools(cfg, env.retriever), load_config(None, OVERRIDES)).copy_records == []
+    assert oracle_cold_start(env.world, build_tools(cfg, env.retriever),
+                             load_config(None, OVERRIDES)).copy_records == []
     with pytest.raises(ConfigError, match="copy_sft_examples"):
         load_config(None, SMALL + ["synthetic.copy_sft_examples=3"])
 

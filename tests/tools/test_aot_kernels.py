@@ -83,6 +83,9 @@ def test_the_sweep_reaches_every_kernel_and_its_block_size_choices(aot_report):
     assert choices("answer_logprob._combine_kernel", "BLOCK_S") == {2, 4, 8, 16, 32}
     assert choices("answer_logprob._hidden_logp_kernel", "DOT_FP32") == {True, False}
     assert choices("answer_logprob._hidden_logp_kernel", "HAS_BIAS") == {True, False}
+    assert choices("answer_logprob._block_logp_kernel", "BLOCK_V") == {2 ** k for k in range(13)}
+    for flag in ("HAS_BIAS", "FIRST", "LAST"):
+        assert choices("answer_logprob._block_logp_kernel", flag) == {True, False}, flag
     assert choices("group_zscore._group_zscore_kernel", "NORM_BY_STD") == {True, False}
     assert choices("group_zscore._group_zscore_kernel", "SINGLETON_ZERO") == {True, False}
     mask_types = {v["signature"]["mask_ptr"] for v in variants if v["kernel"] == "span_scatter._span_scatter_kernel"}

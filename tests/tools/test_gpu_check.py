@@ -55,15 +55,20 @@ def test_plumbing_mode_runs_every_section_and_writes_the_report(tmp_path):
     assert set(by_section) == {name for name, _, _ in gpu_check.SECTIONS}
     # the CPU parts ran and passed
     passed = {f"{r['section']}.{r['check']}" for r in results if r["status"] == "PASS"}
-    for check in ("triton_ops.fused_M48_H64_bfloat16", "triton_ops.fused_neginf_float32", "triton_ops.row_float16",
+    for check in ("triton_ops.from_hidden_M48_H64_bfloat16", "triton_ops.from_hidden_M48_H40_float32",
+                  "triton_ops.from_hidden_neginf_float32", "triton_ops.row_float16",
                   "triton_ops.advantage_bool", "triton_ops.advantage_device_ids", "triton_ops.advantage_uid_array",
                   "flash_actor.logprob_packed_vs_padded",
                   "flash_actor.grad_packed_vs_padded", "scoring.cached_fusedTrue_float32"):
         assert check in passed, (check, sorted(passed))
     assert {r["check"] for r in by_section["train"]} == {"step"}  # the config loaded; the step needs CUDA
-    # issue 45's GPU-only parts of the advantage check say why they did not run
+    # issue 45's GPU-only parts of the advantage and log-prob checks say why they did not run
     skipped = {r["check"]: r["values"]["reason"] for r in by_section["triton_ops"] if r["status"] == "SKIP"}
-    assert {"advantage_graph", "advantage_targets"} <= set(skipped), skipped
+    assert {"advantage_graph", "advantage_targets", "from_hidden_chunks", "from_hidden_targets"} <= set(skipped), \
+        skipped
+    # the log-prob cases checked both methods (chunked, fused) against the torch path and fp64
+    case = next(r for r in by_section["triton_ops"] if r["check"] == "from_hidden_M48_H64_bfloat16")
+    assert {"chunked_err_vs_fp64", "fused_err_vs_fp64", "chunked_nan", "fused_nan"} <= set(case["values"]), case
 
 
 def test_result_lines_round_trip():

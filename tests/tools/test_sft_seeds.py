@@ -1,10 +1,15 @@
 """tools/sft_seeds.py (the demo's stages up to SFT for several seeds) at the smallest demo sizes:
-one row per seed with the evaluation at k = 2 and the memory shares, a rerun skips finished seeds,
-and the memory shares are those of the last `<mem>` of each episode."""
+one row per seed with the evaluation at k = 2 (or the --ks of a --config, on the split eval.split
+names) and the memory shares, a rerun skips finished seeds, and the memory shares are those of the
+last `<mem>` of each episode."""
 import importlib.util
 import json
 import sys
 
+from mempo.config import load_config
+from mempo.eval import eval_episodes
+from mempo.synthetic.build import synthetic_world
+from mempo.utils.digest import weights_digest
 from support.demo_smoke import SMOKE
 from support.paths import REPO
 
@@ -45,13 +50,42 @@ def test_one_row_per_seed_and_a_rerun_continues(tmp_path):
     assert [r["seed"] for r in rows] == [0, 0] and rows[1].get("cpu_model") == row.get("cpu_model")
 
 
+def test_the_ks_and_the_split_of_a_config_are_evaluated(tmp_path, capsys):
+    """--config and --ks: an SFT gate judged at k = 2 and 4 on the validation split (eval.split); each k's
+    episodes, named by the config; a k outside eval.objectives is refused before any run."""
+    tool = load_sft_seeds()
+    out, episodes = tmp_path / "rows.jsonl", tmp_path / "episodes"
+    config = REPO / "configs" / "demo.yaml"
+    split = ["eval.validation_episodes=2", "eval.split=validation"]
+    argv = ["--seeds", "0", "--out", str(out), "--threads", "1", "--episodes-dir", str(episodes),
+            "--config", str(config), "--ks", "2", "4", *SMOKE, *split]
+    assert tool.main([*argv, "--models-dir", str(tmp_path / "models")]) == 0
+    row = json.loads(out.read_text())
+    tag = f"demo_{tool.episodes_tag([*SMOKE, *split])}_s0"
+    assert row["weights_sha256"] == weights_digest(tmp_path / "models" / tag / "model_sft")
+    assert row["split"] == "validation" and row["ks"] == [2, 4] and row["config"] == str(config)
+    assert 0.0 <= row["em_k4"] <= 1.0 and len(row["right_by_position_k4"]) == 4 and 0.0 <= row["em_k2"] <= 1.0
+    assert row["mem_kinds"] == row["mem_kinds_k2"] and "mem_kinds_k4" in row
+    cfg = tool.seed_config(0, [*SMOKE, *split], config)
+    validation = eval_episodes(synthetic_world(cfg), cfg)
+    for k, path in ((2, episodes / f"{tag}.jsonl"), (4, episodes / f"{tag}_k4.jsonl")):
+        ids = [json.loads(line)["episode_id"] for line in path.read_text().splitlines()]
+        assert ids == [e.id for e in validation[k]]
+    assert load_config(config, [*SMOKE, *split]).eval.split == "validation"
+    assert tool.main(argv) == 0 and len(out.read_text().splitlines()) == 1  # the same config and ks: done
+    assert tool.main([*argv[:-len(SMOKE) - 2], "6", *SMOKE, *split]) == 2  # --ks 2 4 6: 6 is not evaluated
+    assert "--ks: k=[6] is not among eval.objectives [2, 4]" in capsys.readouterr().err
+    assert len(out.read_text().splitlines()) == 1
+
+
 def test_memory_shares_read_the_last_mem_of_each_episode(tmp_path):
     tool = load_sft_seeds()
     path = tmp_path / "episodes.jsonl"
     records = [
         {"golds": [["Minu"], ["Lidar"]],
          "rounds": [{"assistant": "<mem>\nQ1: ?\nQ2: ?\n</mem>\n<search> q </search>"},
-                    {"assistant": "<mem>\nQ1: Bedur was born in the city of Minu.\nQ2: done\n</mem>\n<answer>Minu; unknown</answer>"}]},
+                    {"assistant": "<mem>\nQ1: Bedur was born in the city of Minu.\nQ2: done\n</mem>\n"
+                                  "<answer>Minu; unknown</answer>"}]},
         {"golds": [["Rupum"], ["Sokol"]],
          "rounds": [{"assistant": "<mem>\nQ1: Bevat studied at Nefu.\n</mem>\n<search> q </search>"}]},
     ]

@@ -201,3 +201,40 @@ def test_two_process_fsdp2_matches_single_process(tmp_path):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4, msg=name)
     assert sorted(p.name for p in (tmp_path / "two" / "ckpt" / "step_00000002" / "rng").iterdir()) == \
         ["rank_00000.pt", "rank_00001.pt"]
+
+
+def test_rollout_correction_weights_each_tokens_loss_and_reports_its_metrics():
+    """With the sampling policy's log-probs, each sampled token's policy loss is scaled by
+    min(pi_old / pi_rollout, cap) (forced ids: 1): on policy (ratio 1, no clipping) that is the update
+    with advantages times the weights; level None changes nothing and reports the same metrics."""
+    from mempo.train.actor import RolloutCorrection
+
+    batch, advantages = make_batch()
+    cfg = ActorConfig(lr=1e-3, kl_coef=0.0, micro_batch_tokens=30)
+    probe = Actor(make_model(0), cfg)
+    old = probe.compute_log_probs(batch["input_ids"], batch["attention_mask"],
+                                  response_mask=batch["response_mask"]).log_probs
+    g = torch.Generator().manual_seed(1)
+    delta = (torch.rand(old.shape, generator=g) * 2 - 1) * batch["response_mask"]
+    rollout = old - delta  # pi_old / pi_rollout = exp(delta)
+    known = batch["response_mask"].clone()
+    known[:, 9] = False  # a forced id in every row: no rollout log-prob
+    weights = torch.where(known, torch.exp(delta).clamp(max=1.5), torch.ones_like(delta))
+    actors = [Actor(make_model(0), cfg) for _ in range(4)]
+    corrected = actors[0].update(batch, advantages, rollout=RolloutCorrection(rollout, known, "token", 1.5))
+    actors[1].update(batch, advantages * weights)
+    for a, b in zip(actors[0].module.parameters(), actors[1].module.parameters()):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    sampled = known & batch["response_mask"]
+    assert corrected["rollout_is_applied"] == 1.0 and corrected["rollout_is_tokens"] == float(sampled.sum())
+    assert corrected["rollout_is_mean"] == pytest.approx(float(weights[sampled].mean()), rel=1e-5)
+    assert corrected["rollout_is_max"] == pytest.approx(1.5)
+    clipped = (torch.exp(delta) > 1.5)[sampled].float().mean()
+    assert corrected["rollout_is_clipped_frac"] == pytest.approx(float(clipped))
+    assert corrected["rollout_kl"] == pytest.approx(float(-delta[sampled].mean()), rel=1e-4, abs=1e-6)
+    metrics_only = actors[2].update(batch, advantages, rollout=RolloutCorrection(rollout, known, None, 1.5))
+    plain = actors[3].update(batch, advantages)
+    for a, b in zip(actors[2].module.parameters(), actors[3].module.parameters()):
+        assert torch.equal(a, b)
+    assert metrics_only["rollout_is_applied"] == 0.0 and "rollout_is_mean" not in plain
+    assert metrics_only["rollout_is_mean"] == pytest.approx(corrected["rollout_is_mean"], rel=1e-5)

@@ -555,7 +555,8 @@ INCONSISTENT = [  # (file the reason names, what it says, how the checkpoint is 
     ("COMPLETE", r"'sha256' of model/__0_0.distcp is not 64 hex digits",
      lambda p: _edit_manifest(p, lambda m: m["files"]["model/__0_0.distcp"].update(sha256=5))),
     ("COMPLETE", r"entry '\.\./step_00000001/state\.json' is not a path inside",
-     lambda p: _edit_manifest(p, lambda m: m["files"].update({"../step_00000001/state.json": m["files"]["state.json"]}))),
+     lambda p: _edit_manifest(p, lambda m: m["files"].update(
+         {"../step_00000001/state.json": m["files"]["state.json"]}))),
     ("rng", r"rng: not a regular file", lambda p: _edit_manifest(
         p, lambda m: m["files"].update(rng={"bytes": (p / "rng").stat().st_size, "sha256": "0" * 64}))),
 ]
@@ -859,8 +860,9 @@ def test_a_file_size_limit_mid_save_is_efbig_in_one_line(tmp_path):
     resource.setrlimit(resource.RLIMIT_FSIZE, (200_000, hard))  # the model shard is ~1 MB
     try:
         with pytest.raises(ckpt.CheckpointWriteError,
-                           match=r"^checkpoint step 2 not saved: .*/\.tmp-step_00000002/model/__0_0\.distcp: File too "
-                                 r"large \(the file-size limit, ulimit -f, is 200000 bytes\) \(EFBIG\); the checkpoints"):
+                           match=r"^checkpoint step 2 not saved: .*/\.tmp-step_00000002/model/__0_0\.distcp: "
+                                 r"File too large \(the file-size limit, ulimit -f, is 200000 bytes\) \(EFBIG\); "
+                                 r"the checkpoints"):
             save_checkpoint(tmp_path, 2, model, optimizer)
     finally:
         resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))

@@ -51,7 +51,8 @@ def test_the_command_exports_a_run_with_its_config(tmp_path, capsys):
     assert "wrote" in capsys.readouterr().out
     loaded = AutoModelForCausalLM.from_pretrained(tmp_path / "m")
     assert torch.equal(loaded.model.embed_tokens.weight, model.model.embed_tokens.weight)
-    assert main(["export", "--checkpoint", str(tmp_path / "nowhere" / "checkpoints"), "--out", str(tmp_path / "x")]) == 2
+    assert main(["export", "--checkpoint", str(tmp_path / "nowhere" / "checkpoints"),
+                 "--out", str(tmp_path / "x")]) == 2
 
 
 def test_another_architecture_is_refused(tmp_path):

@@ -63,13 +63,13 @@ Thresholds (from the sweep): memory_weight=1 must raise the keep share by >= 0.1
 +0.063 / +0.061 and "flip" falls on every seed); memory_weight=0 (same seed and SFT) moves each by at
 most 0.05 (it cannot move at all: zero advantages on the only loss tokens give a zero gradient). The CI
 test runs seed 0.
-Known limit of the design, measured (with the earlier tokenizer): run longer (15 steps) and the correct trainer can drift: seed
-1's keep share fell (0.33 -> 0.10), and with 3 more ids of room seed 0's round-2 ``<mem>`` mostly
-stopped closing inside the budget ("<mem>\n<think>..."): an unscored round gets no memory advantage and
-the outcome is constant by design, so pushing down the dropped fact's tokens can move probability onto
-malformed, never-penalised ``<mem>`` blocks (the design has no format signal). Hence 10 steps.
-Limit: a span off by one token still covers the token that decides keep/drop, so these tests do
-not catch it (tests/train/test_trainer.py checks the span offsets directly).
+Known limit of the design, measured (with the earlier tokenizer): run longer (15 steps) and the correct
+trainer can drift: seed 1's keep share fell (0.33 -> 0.10), and with 3 more ids of room seed 0's
+round-2 ``<mem>`` mostly stopped closing inside the budget ("<mem>\n<think>..."): an unscored round
+gets no memory advantage and the outcome is constant by design, so pushing down the dropped fact's
+tokens can move probability onto malformed, never-penalised ``<mem>`` blocks (the design has no format
+signal). Hence 10 steps. Limit: a span off by one token still covers the token that decides keep/drop,
+so these tests do not catch it (tests/train/test_trainer.py checks the span offsets directly).
 
 The sweeps run one process on one thread; about 21 s (outcome) and 35 s (memory) per seed on 2
 shared cores.

@@ -229,3 +229,57 @@ def test_entropy_from_logits_chunked_matches_reference():
 
 def test_masked_mean_empty():
     assert masked_mean(torch.ones(2, 2), torch.zeros(2, 2), empty_value=0.0).item() == 0.0
+
+
+# ------------------------------------------------------------------------------------------------
+# rollout correction: truncated importance weights
+# ------------------------------------------------------------------------------------------------
+def test_rollout_is_weights_token_and_sequence_levels():
+    from mempo.train.losses import rollout_is_weights
+
+    old = torch.tensor([[-1.0, -2.0, -0.5, -3.0], [-0.2, -0.4, -0.6, 0.0]], dtype=torch.float64)
+    rollout = old - torch.tensor([[0.1, -0.3, 1.5, 0.0], [0.2, 0.1, -0.1, 0.0]], dtype=torch.float64)
+    mask = torch.tensor([[1, 1, 1, 1], [1, 1, 1, 0]], dtype=torch.bool)  # loss tokens
+    known = torch.tensor([[0, 1, 1, 1], [1, 1, 1, 0]], dtype=torch.bool)  # [0, 0] a forced id: not sampled
+    weights, stats = rollout_is_weights(old, rollout, known, mask, "token", 2.0)
+    ratio = torch.exp(old - rollout)
+    want = torch.where(known, ratio.clamp(max=2.0), torch.ones_like(ratio)).float()
+    torch.testing.assert_close(weights, want)
+    assert weights[0, 0] == 1.0 and weights[0, 2] == 2.0  # the forced id: 1; exp(1.5) truncated at the cap
+    n = int(known.sum())
+    assert stats["count"] == n and stats["clipped"] == 1
+    torch.testing.assert_close(stats["weight_sum"], want[known].sum())
+    torch.testing.assert_close(stats["kl_sum"], (rollout - old)[known].sum().float())
+    torch.testing.assert_close(stats["weight_max"], torch.tensor(2.0))
+    weights, stats = rollout_is_weights(old, rollout, known, mask, "sequence", 10.0)
+    for b in range(2):  # one weight per row: the product of its sampled tokens' ratios, on every loss token
+        row = float(torch.exp((old - rollout)[b][known[b]].sum()))
+        torch.testing.assert_close(weights[b][mask[b]], torch.full((int(mask[b].sum()),), row, dtype=torch.float32))
+    none, stats_none = rollout_is_weights(old, rollout, known, mask, None, 2.0)
+    assert none is None and stats_none["clipped"] == 1  # the metrics of the token level, nothing applied
+    with pytest.raises(ValueError, match="must be one of"):
+        rollout_is_weights(old, rollout, known, mask, "auto", 2.0)
+    with pytest.raises(ValueError, match="cap must be > 0"):
+        rollout_is_weights(old, rollout, known, mask, "token", 0.0)
+
+
+def test_policy_loss_multiplies_each_tokens_loss_by_its_weight():
+    g = torch.Generator().manual_seed(3)
+    log_prob = torch.randn(3, 5, generator=g, dtype=torch.float64).requires_grad_()
+    old = log_prob.detach() + 0.1 * torch.randn(3, 5, generator=g, dtype=torch.float64)
+    adv = torch.randn(3, 5, generator=g, dtype=torch.float64)
+    mask = torch.rand(3, 5, generator=g) > 0.2
+    weights = 0.5 + torch.rand(3, 5, generator=g, dtype=torch.float64)
+    weighted, _ = policy_loss(log_prob, old, adv, mask, is_weights=weights, loss_agg_mode="seq-mean-token-sum")
+    plain = []  # each loss token's own clipped loss, times its weight (seq-mean-token-sum: summed, / rows)
+    for b in range(3):
+        for t in range(5):
+            one = torch.zeros(3, 5, dtype=torch.bool)
+            one[b, t] = bool(mask[b, t])
+            loss, _ = policy_loss(log_prob, old, adv, one, loss_agg_mode="token-mean")
+            plain.append(float(loss.detach()) * float(weights[b, t]) if one.any() else 0.0)
+    rows = int(mask.any(dim=-1).sum())
+    assert float(weighted) == pytest.approx(sum(plain) / rows, rel=1e-12)
+    unit, _ = policy_loss(log_prob, old, adv, mask, is_weights=torch.ones_like(weights))
+    base, _ = policy_loss(log_prob, old, adv, mask)
+    assert float(unit) == float(base)

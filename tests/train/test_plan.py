@@ -73,8 +73,8 @@ def test_teacher_scoring_gathers_one_layer_and_only_hf_generation_the_whole_mode
     assert "whole model gathered" not in scoring.parts
     assert scoring.parts["one layer gathered"] < 0.05 * plan_memory(cfg, 8, parse_bytes("80GiB")).parameters * 2
     assert not any(name.startswith("HF generation") for name in stages)
-    hf = plan_memory(load_config(REPO / "configs" / "qwen2.5-7b-8gpu.yaml", ["rollout.backend=hf", "rollout.dtype=null"]), 8,
-                     parse_bytes("80GiB"))
+    hf = plan_memory(load_config(REPO / "configs" / "qwen2.5-7b-8gpu.yaml",
+                                 ["rollout.backend=hf", "rollout.dtype=null"]), 8, parse_bytes("80GiB"))
     generation = next(stage for stage in hf.stages if stage.name.startswith("HF generation"))
     assert generation.parts["whole model gathered"] == hf.parameters * 2  # bf16 compute
 

@@ -165,9 +165,9 @@ def test_cli_sft_resume(tmp_path):
     env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
 
     def sft(*extra, code=0):
-        cmd = [sys.executable, "-m", "mempo.apps.cli", "sft", "--config", str(config), "--out", str(out), "--threads", "1",
-               "--episodes", "2", "--batch-tokens", "2048", "trainer.save_every=1", "trainer.tensorboard=false",
-               "trainer.resume=never", *extra]
+        cmd = [sys.executable, "-m", "mempo.apps.cli", "sft", "--config", str(config), "--out", str(out),
+               "--threads", "1", "--episodes", "2", "--batch-tokens", "2048", "trainer.save_every=1",
+               "trainer.tensorboard=false", "trainer.resume=never", *extra]
         done = subprocess.run(cmd, env=env, cwd=tmp_path, timeout=240, capture_output=True, text=True)
         assert done.returncode == code, done.stderr[-2000:]
         return done.stderr
@@ -204,7 +204,8 @@ def test_an_assistant_context_is_read_not_trained(setup, tmp_path):
     tok, _ = setup
     from mempo.algo.contexts import build_answer
     messages = [{"role": "system", "content": ""}, {"role": "user", "content": "1. Where was Ada born?"}]
-    mem, answer = "<mem>\nStep 2.\nQ1: Ada was born in Rome.\n</mem>", "\n<think>\nok\n</think>\n<answer>\nRome\n</answer>"
+    mem, answer = ("<mem>\nStep 2.\nQ1: Ada was born in Rome.\n</mem>",
+                   "\n<think>\nok\n</think>\n<answer>\nRome\n</answer>")
     record = {"messages": messages + [{"role": "assistant", "context": mem, "content": answer}]}
     (example,) = examples_from_trajectories([record], tok)
     chat = ChatFormat(tok)
@@ -262,9 +263,11 @@ def test_sft_flags_set_the_sft_section(tmp_path):
     cfg = _run_config(parse(["sft", "--config", tiny, "--out", str(tmp_path), "--steps", "3", "--lr", "0.01",
                              "--trajectories", "t.jsonl", "sft.lr=0.5", "sft.schedule=cosine"]), SFT_FLAGS)
     assert (cfg.sft.steps, cfg.sft.lr, cfg.sft.schedule, cfg.sft.trajectories) == (3, 0.01, "cosine", "t.jsonl")
-    assert (cfg.synthetic.oracle_episodes, cfg.sft.batch_tokens, cfg.sft.epochs) == (16, 4096, None)  # the section's defaults
+    # the section's defaults
+    assert (cfg.synthetic.oracle_episodes, cfg.sft.batch_tokens, cfg.sft.epochs) == (16, 4096, None)
     assert cfg.trainer.out_dir == str(tmp_path)
-    assert _run_config(parse(["sft", "--config", tiny, "synthetic.oracle_episodes=5"]), SFT_FLAGS).synthetic.oracle_episodes == 5
+    assert _run_config(parse(["sft", "--config", tiny, "synthetic.oracle_episodes=5"]),
+                       SFT_FLAGS).synthetic.oracle_episodes == 5
     with pytest.raises(ConfigError, match=r"^sft\.steps: must be > 0"):
         _run_config(parse(["sft", "--config", tiny, "--steps", "0"]), SFT_FLAGS)
     with pytest.raises(ConfigError, match=r"^sft\.schedule: must be one of"):
@@ -293,7 +296,8 @@ def test_sft_oracle_data_by_training_episodes_or_by_objectives(tmp_path):
     searches = [rnd for r in records for rnd in r.rounds if rnd.tool_kind == "search_results" and rnd.tool_ok]
     assert searches and all(rnd.tool_metadata["topk"] == 2 for rnd in searches)
 
-    by_k = load_config(tiny, base + ["synthetic.oracle_episodes=4", "synthetic.oracle_objectives=[1,2]", "synthetic.oracle_think=short",
+    by_k = load_config(tiny, base + ["synthetic.oracle_episodes=4", "synthetic.oracle_objectives=[1,2]",
+                                     "synthetic.oracle_think=short",
                                      "eval.objectives=[1,2]", "eval.episodes=2"])  # what is held out
     records, source = _oracle_records(by_k, run)
     evaluated = eval_episodes(run.world, by_k)

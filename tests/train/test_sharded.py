@@ -136,7 +136,8 @@ def test_a_format_2_full_state_checkpoint_still_loads(tmp_path):
     fresh_optimizer = torch.optim.AdamW(fresh.parameters(), lr=1e-2)
     assert ckpt.load_checkpoint(tmp_path, fresh, fresh_optimizer).step == 4
     assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), fresh.state_dict().values()))
-    assert torch.equal(fresh_optimizer.state_dict()["state"][0]["exp_avg"], optimizer.state_dict()["state"][0]["exp_avg"])
+    assert torch.equal(fresh_optimizer.state_dict()["state"][0]["exp_avg"],
+                       optimizer.state_dict()["state"][0]["exp_avg"])
     torch.save({"0.weight": model[0].weight}, path / "model.pt")  # keys checked against the file as before
     files["model.pt"] = {"bytes": (path / "model.pt").stat().st_size, "sha256": sha256_file(path / "model.pt")}
     (path / "COMPLETE").write_text(json.dumps({"format": 2, "step": 4, "world_size": 1, "time": 0.0, "files": files}))

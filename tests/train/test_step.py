@@ -58,3 +58,40 @@ def test_old_log_probs_only_where_a_later_optimiser_step_needs_them(epochs, mini
         update(dataclasses.replace(ctx, actor=actors[1]), batch, explicit, None)
         for a, b in zip(actors[0].module.parameters(), actors[1].module.parameters()):
             torch.testing.assert_close(a, b, rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("overrides, level", [
+    ([], None),                                                       # HF with the actor's fp32 weights: a no-op
+    (["rollout.backend=sglang"], "token"),                            # another engine: on by default
+    (["actor.param_dtype=bfloat16"], "token"),                        # half-precision compute
+    (["model.dtype=bfloat16"], "token"),
+    (["actor.rollout_is=sequence"], "sequence"),
+    (["rollout.backend=sglang", "actor.rollout_is=off"], None),
+])
+def test_rollout_correction_is_on_where_rollout_and_training_differ(overrides, level):
+    from mempo.config import load_config
+    from mempo.train.step import rollout_is_level
+
+    assert rollout_is_level(load_config(None, overrides)) == level
+
+
+def test_a_backend_without_log_probs_is_refused_by_name():
+    from mempo.config import ConfigError, load_config
+    from mempo.rollout.backends import ScriptedBackend
+    from mempo.train.step import TrainBatch, check_rollout_logprobs, rollout_correction
+
+    from support.rollout_fixtures import chat_tokenizer
+
+    scripted = ScriptedBackend(lambda request: [1], chat_tokenizer())
+    check_rollout_logprobs(load_config(None, []), scripted)  # auto on HF fp32: nothing to correct
+    cfg = load_config(None, ["actor.rollout_is=token"])
+    with pytest.raises(ConfigError, match=r"^actor\.rollout_is: 'token' corrects for the rollout policy .* "
+                                          r"ScriptedBackend backend does not give; set actor.rollout_is: off"):
+        check_rollout_logprobs(cfg, scripted)
+    batch = TrainBatch(torch.zeros(1, 3, dtype=torch.long), torch.ones(1, 3, dtype=torch.long),
+                       torch.tensor([[False, True, True]]), torch.zeros(1, 3), [0], [-1])
+    ctx = StepContext(cfg=cfg, actor=None, ref_actor=None, backend=scripted, tokenizer=TOK, tools={})
+    with pytest.raises(ConfigError, match=r"^actor\.rollout_is: 'token' needs the sampled ids' log-probs, but the "
+                                          r"backend returned none"):
+        rollout_correction(ctx, batch)
+    assert rollout_correction(dataclasses.replace(ctx, cfg=load_config(None, [])), batch) is None

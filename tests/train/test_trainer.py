@@ -161,6 +161,12 @@ def test_train_writes_metrics_and_checkpoints(tmp_path):
     rows = read_metrics(tmp_path / "metrics.jsonl")
     assert [r["step"] for r in rows] == [1, 2]
     assert all(math.isfinite(r["actor/loss"]) for r in rows)
+    # rollout correction's metrics: HF generation with the actor's own fp32 weights is the trained policy's
+    # computation (actor.rollout_is auto: not applied), so its weights are 1 and its KL 0 up to rounding
+    for row in rows:
+        assert row["actor/rollout_is_applied"] == 0.0 and row["actor/rollout_is_tokens"] > 0
+        assert abs(row["actor/rollout_is_mean"] - 1) < 1e-4 and abs(row["actor/rollout_is_max"] - 1) < 1e-3
+        assert abs(row["actor/rollout_kl"]) < 1e-5 and row["actor/rollout_is_clipped_frac"] == 0.0
     # the run report reads exactly the names the step writes (mempo.train.metric_names), none other
     from mempo.apps.report import CURVE
 
@@ -200,8 +206,8 @@ def test_async_save_writes_the_same_checkpoints_as_the_foreground(tmp_path):
 
 def _cli(out, *extra):
     env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
-    return [sys.executable, "-m", "mempo.apps.cli", "train", "--config", str(CONFIG), "--out", str(out), "--threads", "1",
-            *FAST, "trainer.total_steps=3", "trainer.save_every=1", *extra], env
+    return [sys.executable, "-m", "mempo.apps.cli", "train", "--config", str(CONFIG), "--out", str(out),
+            "--threads", "1", *FAST, "trainer.total_steps=3", "trainer.save_every=1", *extra], env
 
 
 def _comparable(path):
@@ -445,7 +451,8 @@ def test_mempo_train_stops_with_one_line_on_a_bad_tool_or_reward(tmp_path, capsy
     cases = [(["env.tools=['support.user_tools:nope']"],
               "env.tools[0]: 'support.user_tools:nope': 'support.user_tools' has no attribute 'nope'"),
              (["env.tools=['support.user_tools:NOT_A_TOOL']"], "expected a mempo.tools.Tool, got int"),
-             (["rollout.outcome_reward=support.user_tools:TABLE"], "rollout.outcome_reward: 'support.user_tools:TABLE'"),
+             (["rollout.outcome_reward=support.user_tools:TABLE"],
+              "rollout.outcome_reward: 'support.user_tools:TABLE'"),
              (["rollout.outcome_reward=support.user_tools:nan_reward"],
               "rollout.outcome_reward: support.user_tools:nan_reward returned nan on trajectory"),
              (["rollout.outcome_reward=support.user_tools:string_reward"], "returned str '1.0'")]
@@ -472,7 +479,8 @@ def test_a_task_without_reference_answers_trains_with_the_memory_reward_off(tmp_
     assert main(["train", "--config", str(CONFIG), "--out", str(out), "--threads", "1", *FAST,
                  "trainer.total_steps=1", "trainer.save_every=0", "data.source=files", f"data.train_files=[{qa}]",
                  "data.num_objectives=1", "data.gold_field=null", "algorithm.memory_weight=0",
-                 "env.tools=['support.user_tools:lookup']", "rollout.outcome_reward=support.user_tools:answered_reward"]) == 0
+                 "env.tools=['support.user_tools:lookup']",
+                 "rollout.outcome_reward=support.user_tools:answered_reward"]) == 0
     (row,) = _comparable(out / "metrics.jsonl")
     assert len(user_tools.REWARD_CALLS) == 2 * 3 and row["rollout/tool_calls"] > 0
     assert all(example["golds"] is None and example["metadata"]["records"] == [{"topic": "colour"}]

@@ -4,12 +4,17 @@ Importing this package registers, each part on its own so that one broken part w
 still register (verl swallows a failing plugin import at DEBUG level, so nothing would say why):
 
     "mempo"             advantage estimator (``algorithm.adv_estimator=mempo``)      `estimator`
-    "mempo_agent"       agent loop: the <mem> protocol, tools, teacher scoring         `agent_loop`
+    "mempo_agent"       agent loop: the <mem> protocol, your tools (mempo's and      `agent_loop`,
+                        verl's), tags or JSON tool calls, teacher scoring            `tools`
     "mempo_agent_eval"  agent loop for validation: no teacher scoring                  `agent_loop`
     "mempo_sync"        V1 trainer (``trainer.v1.trainer_mode=mempo_sync``): verl's    `trainer_v1`
                         GRPO + the pooled memory advantage on the <mem> spans
     legacy patch        ``ray_trainer.compute_advantage`` reads the memory fields       `legacy`
                         (``trainer.use_v1=false``; other estimators are forwarded unchanged)
+    reward function     verl's default ``default_compute_score`` scores mempo rows      `reward`
+                        with mempo's EM (other rows are forwarded unchanged); a mempo
+                        outcome reward as verl's custom_reward_function
+                        (``outcome_reward_score``)
 
 It is loaded on every ``import verl`` through the ``verl.plugins`` entry point of mempo's
 pyproject (``VERL_USE_EXTERNAL_PLUGINS`` may name or disable it), or through
@@ -39,6 +44,7 @@ COMPONENTS = (
     ("agent loops 'mempo_agent', 'mempo_agent_eval'", "mempo.integrations.verl.agent_loop"),
     ("V1 trainer 'mempo_sync'", "mempo.integrations.verl.trainer_v1"),
     ("legacy compute_advantage patch", "mempo.integrations.verl.legacy"),
+    ("default reward function for mempo rows", "mempo.integrations.verl.reward"),
 )
 
 _logger = logging.getLogger(__name__)

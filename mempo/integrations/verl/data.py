@@ -1,11 +1,13 @@
 """Search-R1-style QA files -> verl's RL parquet for the mempo agent loops.
 
     python -m mempo.integrations.verl.data --train nq_train.jsonl --val nq_dev.jsonl --out data/ \\
-        [--objectives 1] [--train-episodes N] [--val-episodes N] [--seed 0]
+        [--objectives 1] [--train-episodes N] [--val-episodes N] [--seed 0] [--prompt-style numbered]
 
 Reads QA records (`mempo.env.data.load_qa`: jsonl or parquet of ``{"id", "question",
 "golden_answers"}``), composes episodes of ``--objectives`` questions (`compose_episodes`; 1: one
-question each, the prompt `make_episode_prompt`'s), and writes ``train.parquet`` / ``val.parquet``
+question each, the prompt `make_episode_prompt`'s in ``--prompt-style``: "numbered", whose
+instructions name the built-in search and access, or "tools", which names no tool: for loops with your
+own tools or the json action format), and writes ``train.parquet`` / ``val.parquet``
 with one row per episode, the columns verl's ``RLHFDataset`` and the agent loops read::
 
     data_source   the QA file's dataset name
@@ -28,7 +30,7 @@ import sys
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from mempo.env.data import QARecord, compose_episodes, dataset_name, load_qa, make_episode_prompt
+from mempo.env.data import PROMPT_STYLES, QARecord, compose_episodes, dataset_name, load_qa, make_episode_prompt
 from mempo.errors import MempoError
 from mempo.utils.atomic import check_output_folder
 
@@ -38,9 +40,10 @@ TRAIN_AGENT, VAL_AGENT = "mempo_agent", "mempo_agent_eval"
 
 
 def verl_rows(records: Sequence[QARecord], *, split: str, agent_name: str, objectives: int = 1,
-              episodes: Optional[int] = None, seed: int = 0, source: str = "qa") -> list[dict[str, Any]]:
+              episodes: Optional[int] = None, seed: int = 0, source: str = "qa",
+              prompt_style: str = "numbered") -> list[dict[str, Any]]:
     """One verl row per episode (module docstring). ``episodes`` None: one per record (objectives 1)
-    or ``len(records) // objectives`` disjoint episodes."""
+    or ``len(records) // objectives`` disjoint episodes. prompt_style: `make_episode_prompt`'s."""
     if objectives < 1:
         raise ValueError(f"--objectives must be >= 1, got {objectives}")
     if episodes is None:
@@ -53,7 +56,7 @@ def verl_rows(records: Sequence[QARecord], *, split: str, agent_name: str, objec
     for i, episode in enumerate(compose_episodes(list(records), objectives, episodes, seed, reuse_questions=reuse,
                                                  id_prefix=split)):
         golds = episode.golds[0] if objectives == 1 else episode.golds
-        prompt = make_episode_prompt(episode.questions)
+        prompt = make_episode_prompt(episode.questions, prompt_style)
         first = by_id.get(episode.source_ids[0]) if episode.source_ids else None
         rows.append({
             "data_source": dataset_name(first, source) if first is not None else source,
@@ -90,6 +93,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--val-episodes", type=int, default=None, help="val episodes, >= 1 (default: every "
                                                                        "record once)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--prompt-style", choices=PROMPT_STYLES, default="numbered",
+                        help="the episode prompt's layout: numbered (instructions naming search and access; "
+                             "default) or tools (naming no tool: your tools, the json format); see "
+                             "mempo.env.data.make_episode_prompt")
     args = parser.parse_args(argv)
     try:
         for flag, count in (("--train-episodes", args.train_episodes), ("--val-episodes", args.val_episodes)):
@@ -105,7 +112,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 raise MempoError(f"--{split}: {source} has {len(records)} questions, fewer than "
                                  f"--objectives={args.objectives}")
             rows = verl_rows(records, split=split, agent_name=agent, objectives=args.objectives, episodes=episodes,
-                             seed=args.seed, source=Path(source).stem)
+                             seed=args.seed, source=Path(source).stem, prompt_style=args.prompt_style)
             path = write_parquet(rows, out / f"{split}.parquet")
             print(f"mempo: {len(rows)} {split} rows -> {path}")
     except (MempoError, ValueError) as error:

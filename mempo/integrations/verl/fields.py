@@ -10,7 +10,19 @@ Every output of a mempo loop, train or validation, carries every key of `EXTRA_K
     mempo_scored_rounds list[int]         round index of each of those rounds
     mempo_rounds        int               rounds in the trajectory
     mempo_finish_reason str               why it ended (`mempo.records.trajectory.FINISH_REASONS`)
-    mempo_score         float             the outcome score the loop set as ``reward_score``
+    mempo_score_mode    str               ``rollout.score_mode`` (how per-objective EM becomes the outcome)
+    mempo_protocol_text str or None       the text the outcome is scored on (round and tool texts as
+                                          generated; the trajectory's last output only, None on the
+                                          others): verl's reward function reads it
+                                          (`mempo.integrations.verl.reward`)
+    mempo_prompt        str or None       the question the trajectory ran (last output only, None on the
+                                          others): the example a mempo outcome reward reads
+    mempo_action_format str               ``rollout.action_format`` ("tags" or "json")
+    mempo_tools         list[str]         the loop's tool names, in order (with the action format: the
+                                          tag set the outcome's format check uses)
+    mempo_forced_spans  list[[int, int]]  trained forced-prefix ids whose ``rollout_log_probs`` are not
+                                          the engine's (0.0 placeholders; rollout temperature != 1): the
+                                          ``mempo_sync`` trainer keeps them out of rollout correction
 
 Legacy trainer: each key is a ``non_tensor_batch`` object array (one entry per row); V1: one dict per
 row in the TransferQueue field ``extra_fields``. `memory_inputs` turns either into the CSR inputs of
@@ -23,16 +35,21 @@ from typing import Any, Mapping, Optional, Sequence
 
 import torch
 
-__all__ = ["EXTRA_KEYS", "empty_extra_fields", "memory_inputs", "memory_extra_fields"]
+__all__ = ["EXTRA_KEYS", "FORCED_SPANS_KEY", "empty_extra_fields", "forced_mask", "memory_inputs",
+           "memory_extra_fields"]
 
+FORCED_SPANS_KEY = "mempo_forced_spans"
 EXTRA_KEYS = ("mempo_mem_rewards", "mempo_mem_spans", "mempo_p_mem", "mempo_p_full", "mempo_scored_rounds",
-              "mempo_rounds", "mempo_finish_reason", "mempo_score")
+              "mempo_rounds", "mempo_finish_reason", "mempo_score_mode", "mempo_protocol_text", "mempo_prompt",
+              "mempo_action_format", "mempo_tools", FORCED_SPANS_KEY)
 
 
 def empty_extra_fields() -> dict[str, Any]:
     """Every key of `EXTRA_KEYS` with its empty value (no round, nothing scored)."""
     return {"mempo_mem_rewards": [], "mempo_mem_spans": [], "mempo_p_mem": [], "mempo_p_full": [],
-            "mempo_scored_rounds": [], "mempo_rounds": 0, "mempo_finish_reason": "", "mempo_score": 0.0}
+            "mempo_scored_rounds": [], "mempo_rounds": 0, "mempo_finish_reason": "", "mempo_score_mode": "mean",
+            "mempo_protocol_text": None, "mempo_prompt": None, "mempo_action_format": "tags", "mempo_tools": [],
+            FORCED_SPANS_KEY: []}
 
 
 def memory_extra_fields(rewards: Sequence[Optional[float]], spans: Sequence[Sequence[int]],
@@ -77,3 +94,15 @@ def memory_inputs(rows: Sequence[Optional[Mapping[str, Any]]]) -> tuple[torch.Te
         offsets.append(len(rewards))
     return (torch.tensor(rewards, dtype=torch.float32), torch.tensor(offsets, dtype=torch.int64),
             torch.tensor(spans, dtype=torch.int64).reshape(-1, 2))
+
+
+def forced_mask(rows: Sequence[Optional[Mapping[str, Any]]], shape: tuple[int, int]) -> torch.Tensor:
+    """bool [B, L]: True on every row's ``mempo_forced_spans`` positions (inside [0, L)); rows without
+    the key (another agent loop) have none. ValueError naming the row for a malformed span."""
+    mask = torch.zeros(shape, dtype=torch.bool)
+    for row, fields in enumerate(rows):
+        for span in (fields or {}).get(FORCED_SPANS_KEY) or ():
+            if len(span) != 2 or not 0 <= int(span[0]) <= int(span[1]) <= shape[1]:
+                raise ValueError(f"row {row}: {FORCED_SPANS_KEY} entry {span!r} is not a span inside [0, {shape[1]}]")
+            mask[row, int(span[0]):int(span[1])] = True
+    return mask

@@ -17,6 +17,9 @@ is row ``Lc - 1 + j``. The contexts, the answer and its mask come from `mempo.al
 log-probs. These are the only requests that hold a gold answer; they generate one token that is
 thrown away. Prompt-logprob requests do not reuse the engines' prefix caches (both engines recompute
 the prefill), and the scorer cannot share prefixes as `mempo.scoring`'s packed method does.
+
+The same ``prompt_logprobs`` requests give the rollout log-probs of the forced ``<mem>`` ids, which
+were prompt input of their round's generation request (`forced_prefix_logprobs`).
 """
 from __future__ import annotations
 
@@ -33,7 +36,8 @@ from mempo.protocol.grammar import answer_template_text
 from mempo.records.scoring import ScoringResult
 from mempo.records.trajectory import Trajectory
 
-__all__ = ["SCORING_SAMPLING_PARAMS", "ServerScorer", "ServerScoringError", "answer_row_logprobs"]
+__all__ = ["SCORING_SAMPLING_PARAMS", "ServerScorer", "ServerScoringError", "answer_row_logprobs",
+           "forced_prefix_logprobs", "prompt_row_logprobs"]
 
 #: the sampling parameters of a scoring request (verl's distillation teacher sends the same)
 SCORING_SAMPLING_PARAMS = {"max_tokens": 1, "temperature": 1.0, "prompt_logprobs": 0}
@@ -43,22 +47,22 @@ class ServerScoringError(RuntimeError):
     """An inference server answered a scoring request without usable prompt log-probs."""
 
 
-def answer_row_logprobs(output: Any, prompt_ids: Sequence[int], context_len: int) -> list[float]:
-    """log p(answer token j | context, answer[:j]) for every answer token, read off a verl
-    ``TokenOutput`` of a ``prompt_logprobs=0`` request over ``prompt_ids`` (context + answer).
+def prompt_row_logprobs(output: Any, prompt_ids: Sequence[int], start: int, end: int) -> list[float]:
+    """log p(prompt_ids[k] | prompt_ids[:k]) for k in [start, end) (1 <= start <= end <= len), read off
+    a verl ``TokenOutput`` of a ``prompt_logprobs=0`` request over ``prompt_ids`` (row k - 1).
     ServerScoringError naming what is wrong when the rows are missing, of the wrong count, for other
     ids, or not finite-or--inf numbers."""
     extra = getattr(output, "extra_fields", None) or {}
     rows = extra.get("prompt_logprobs")
     if rows is None:
-        raise ServerScoringError("the inference server returned no extra_fields['prompt_logprobs'] for a scoring "
-                                 "request (teacher scoring needs rollout.name vllm or sglang)")
+        raise ServerScoringError("the inference server returned no extra_fields['prompt_logprobs'] for a "
+                                 "prompt-logprob request (mempo_agent needs rollout.name vllm or sglang)")
     if len(rows) != len(prompt_ids):
         raise ServerScoringError(f"prompt_logprobs has {len(rows)} rows for a prompt of {len(prompt_ids)} ids "
                                  "(verl's layout: one row per prompt id, the last a dummy)")
     ids = extra.get("prompt_ids")
     values = []
-    for k in range(context_len - 1, len(prompt_ids) - 1):
+    for k in range(start - 1, end - 1):
         row = rows[k]
         if not row:
             raise ServerScoringError(f"prompt_logprobs row {k} is empty")
@@ -70,6 +74,53 @@ def answer_row_logprobs(output: Any, prompt_ids: Sequence[int], context_len: int
             raise ServerScoringError(f"prompt_logprobs row {k} holds {value!r}, not a log-probability")
         values.append(value)
     return values
+
+
+def answer_row_logprobs(output: Any, prompt_ids: Sequence[int], context_len: int) -> list[float]:
+    """log p(answer token j | context, answer[:j]) for every answer token, read off a verl
+    ``TokenOutput`` of a ``prompt_logprobs=0`` request over ``prompt_ids`` (context + answer)
+    (`prompt_row_logprobs` from ``context_len``; its errors)."""
+    return prompt_row_logprobs(output, prompt_ids, context_len, len(prompt_ids))
+
+
+async def forced_prefix_logprobs(server_manager: Any, trajectory: Trajectory, request_id: str,
+                                 spans: Sequence[tuple[int, int]], max_concurrent: int = 8) -> list[list[float]]:
+    """The policy's log-prob of every forced-prefix id, as the servers that generated the trajectory
+    give it: one list per span of `spans` (response offsets ``[start, start + prefix_len)`` of rounds),
+    log p(id | the round's context and the prefix before it).
+
+    The forced ``<mem>`` ids were prompt input of their round's generation request, so the engine
+    reports no sampled log-prob for them; they are read off ``prompt_logprobs=0`` requests
+    (`SCORING_SAMPLING_PARAMS`, temperature 1: the engines' prompt log-probs are not temperature
+    scaled) over each round's context + its prefix. A round whose sequence is a prefix of another's
+    (every round under context policy "full") is read off that one request: "full" needs one request
+    per trajectory, "memory" one per round."""
+    needed = []  # (span, the sequence its generation saw through the prefix)
+    by_start = {r.start: r for r in trajectory.rounds}
+    for start, end in spans:
+        round_ = by_start[start]
+        needed.append(((start, end), trajectory.round_context_ids(round_) + trajectory.response_ids[start:end]))
+    requests: list[list[int]] = []
+    owner = []
+    for span, sequence in sorted(needed, key=lambda item: -len(item[1])):
+        home = next((i for i, ids in enumerate(requests) if ids[:len(sequence)] == sequence), None)
+        if home is None:
+            requests.append(sequence)
+            home = len(requests) - 1
+        owner.append((span, sequence, home))
+    gate = asyncio.Semaphore(max_concurrent)
+
+    async def send(prompt_ids: list[int]) -> Any:
+        async with gate:
+            return await server_manager.generate(request_id, prompt_ids=prompt_ids,
+                                                 sampling_params=dict(SCORING_SAMPLING_PARAMS))
+
+    outputs = await asyncio.gather(*(send(ids) for ids in requests))
+    values = {}
+    for (start, end), sequence, home in owner:
+        length = len(sequence)
+        values[(start, end)] = prompt_row_logprobs(outputs[home], requests[home], length - (end - start), length)
+    return [values[(start, end)] for start, end in spans]
 
 
 class ServerScorer:

@@ -28,6 +28,7 @@ __all__ = [
     "BACKENDS", "GenerationBackend", "GenerationOutput", "GenerationRequest", "RequestKey", "SamplingParams",
     "available_backends", "make_backend", "named_tensors", "register_backend", "HFBackend",
     "SGLangBackend",
-    "SGLangServerBackend", "ScriptedBackend", "round_script", "STOP_ACTION", "STOP_EOS", "STOP_LENGTH", "ActionStopScanner", "RoundCut",
+    "SGLangServerBackend", "ScriptedBackend", "round_script", "STOP_ACTION", "STOP_EOS", "STOP_LENGTH",
+    "ActionStopScanner", "RoundCut",
     "TokenBytes", "action_closing_token_ids", "cut_round",
 ]

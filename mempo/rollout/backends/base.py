@@ -13,6 +13,11 @@ Conventions
 * Sampling: ``temperature == 0`` is greedy; ``top_k <= 0`` and ``top_p >= 1`` disable those
   filters; ``seed`` makes one call reproducible (same requests, same seed, same outputs on the same
   machine and backend).
+* Log-probs: a backend that can (``returns_logprobs = True``) gives each output's ``logprobs``, the
+  log-prob of every returned id under the policy that sampled it at the sampling temperature
+  (``log softmax(logits / T)``, as the trainer computes it; top-k / top-p not applied; the raw
+  distribution when greedy), so the trainer can correct for a rollout policy that differs from the
+  trained one (``actor.rollout_is``). The forced prefix is prompt input: it has none.
 * ``sync_weights(weights)`` loads trainer weights (``{name: tensor}`` or ``[(name, tensor)]``, the
   names of the model's ``state_dict``) without a checkpoint; ``None`` means "the backend shares the
   trainer's model object" (nothing to do).
@@ -90,17 +95,24 @@ class GenerationRequest:
 
 @dataclass
 class GenerationOutput:
-    """The ids generated for one request and why generation stopped (``"action"``, ``"eos"``,
-    ``"length"``, or a backend's own reason string)."""
+    """The ids generated for one request, why generation stopped (``"action"``, ``"eos"``,
+    ``"length"``, or a backend's own reason string), and ``logprobs``: one per id, the sampling
+    policy's log-prob of it (module docstring; None: the backend gives none)."""
 
     token_ids: list[int]
     finish_reason: str = "length"
     metadata: dict[str, Any] = field(default_factory=dict)
+    logprobs: Optional[list[float]] = None
+
+    def __post_init__(self) -> None:
+        if self.logprobs is not None and len(self.logprobs) != len(self.token_ids):
+            raise ValueError(f"{len(self.logprobs)} log-probs for {len(self.token_ids)} generated ids")
 
 
 @runtime_checkable
 class GenerationBackend(Protocol):
-    """What the agent loop needs from a generator."""
+    """What the agent loop needs from a generator (``returns_logprobs``: whether its outputs carry
+    ``logprobs``; a backend without the attribute gives none)."""
 
     def generate(self, requests: Sequence[GenerationRequest], sampling: SamplingParams) -> list[GenerationOutput]:
         """One output per request, in order: the ids generated after each prompt, as generated,

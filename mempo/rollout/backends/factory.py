@@ -7,10 +7,10 @@
   `mempo.rollout.backends.scaffold.ProtocolScaffold`).
 * ``"sglang"`` with ``rollout.sglang_url`` null: `SGLangBackend`, an ``sglang.Engine`` in this
   process, colocated with the trainer on this rank's GPU (``base_gpu_id`` = LOCAL_RANK), loading
-  `model_path` (``rollout.dtype``, else ``actor.param_dtype``, else ``model.dtype``, ``mem_fraction_static = rollout.sglang_mem_fraction``,
-  ``enable_memory_saver=True`` so its memory is released around the trainer's stages,
-  ``random_seed = rollout.seed``). The sglang package must be installed: otherwise a ConfigError
-  naming ``rollout.backend`` at once.
+  `model_path` (``rollout.dtype``, else ``actor.param_dtype``, else ``model.dtype``,
+  ``mem_fraction_static = rollout.sglang_mem_fraction``, ``enable_memory_saver=True`` so its
+  memory is released around the trainer's stages, ``random_seed = rollout.seed``). The sglang
+  package must be installed: otherwise a ConfigError naming ``rollout.backend`` at once.
 * ``"sglang"`` with ``rollout.sglang_url`` set: `SGLangServerBackend` (HTTP); a ConfigError naming
   ``rollout.sglang_url`` when no server answers there. When `model_path` is a local directory the
   server is told to load it first, so it serves exactly the model in question; weight versions are

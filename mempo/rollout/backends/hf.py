@@ -2,6 +2,10 @@
 
 The returned ids are exactly the sampled ones (padding stripped); the model runs in eval mode
 during ``generate`` (its mode restored), so a model shared with the trainer samples without dropout.
+Each output carries the log-prob of every returned id, read off the generation scores as they are
+computed (`_SampledLogProbs`: one ``[rows, V]`` log-softmax held at a time, never the whole score
+history): the model's own ``log softmax(logits / T)``, before the backend's logits processors (the
+protocol scaffold) and top-k / top-p, as the trainer computes log-probs.
 """
 from __future__ import annotations
 
@@ -65,6 +69,32 @@ def _round_stop_class():
     return RoundStop
 
 
+class _SampledLogProbs:
+    """A transformers logits processor (first in the list) that records the log-prob of every id the
+    rows sample: at each step it keeps ``log softmax(scores / T)`` of the step and, at the next step
+    (or in `finish`), reads the id that was sampled from it. Returns the scores unchanged."""
+
+    def __init__(self, temperature: float) -> None:
+        self.temperature = float(temperature) if temperature > 0 else 1.0  # greedy: the raw distribution
+        self.previous: Optional[torch.Tensor] = None
+        self.values: list[torch.Tensor] = []
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        if self.previous is not None:
+            self.values.append(self.previous.gather(1, input_ids[:, -1:])[:, 0])
+        self.previous = torch.log_softmax(scores.float() / self.temperature, dim=-1)
+        return scores
+
+    def finish(self, sequences: torch.Tensor) -> torch.Tensor:
+        """[rows, new ids] float32 on the CPU: the log-prob of each sampled id, in order."""
+        if self.previous is not None:
+            self.values.append(self.previous.gather(1, sequences[:, -1:].to(self.previous.device))[:, 0])
+            self.previous = None
+        if not self.values:
+            return torch.zeros((sequences.shape[0], 0))
+        return torch.stack(self.values, dim=1).cpu()
+
+
 @register_backend("hf")
 class HFBackend:
     """transformers generation behind the backend interface.
@@ -84,6 +114,7 @@ class HFBackend:
     """
 
     name = "hf"
+    returns_logprobs = True
 
     def __init__(self, model: Any, tokenizer: Any = None, *, token_table: Any = None,
                  pad_token_id: Optional[int] = None, max_batch_size: Optional[int] = None,
@@ -168,6 +199,7 @@ class HFBackend:
                            top_k=int(sampling.top_k) if sampling.top_k > 0 else 0)
         config = GenerationConfig(**options)
         criteria = _round_stop_class()(requests, self.token_bytes, width, model_eos)
+        recorder = _SampledLogProbs(sampling.temperature)
         for processor in self.logits_processors:
             begin = getattr(processor, "begin", None)
             if callable(begin):
@@ -176,7 +208,7 @@ class HFBackend:
             sequences = self.model.generate(
                 input_ids=input_ids.to(device), attention_mask=attention_mask.to(device), generation_config=config,
                 stopping_criteria=StoppingCriteriaList([criteria]),
-                logits_processor=LogitsProcessorList(self.logits_processors),
+                logits_processor=LogitsProcessorList([recorder, *self.logits_processors]),
                 # FSDP2-managed modules turn synced_gpus on (one all-reduce per token, a hang when ranks
                 # generate a different number of times); the trainer generates on gathered weights
                 synced_gpus=False,
@@ -184,12 +216,13 @@ class HFBackend:
         if not isinstance(sequences, torch.Tensor):  # a ModelOutput when a config asks for a dict
             sequences = sequences.sequences
         new = sequences[:, width:].tolist()
+        logprobs = recorder.finish(sequences).tolist()
         outputs = []
         for row, request in enumerate(requests):
             length = criteria.lengths[row]
             if length is None:  # generation ended for another reason (e.g. the model's max length)
                 length = min(len(new[row]), request.max_new_tokens)
-            outputs.append(GenerationOutput(new[row][:length], criteria.reasons[row]))
+            outputs.append(GenerationOutput(new[row][:length], criteria.reasons[row], logprobs=logprobs[row][:length]))
         return outputs
 
     def sync_weights(self, weights: Union[None, Mapping[str, Any], Iterable[tuple[str, Any]]] = None) -> None:

@@ -85,9 +85,13 @@ def sampling_params(request: GenerationRequest, sampling: SamplingParams, positi
 def outputs_from_results(requests: Sequence[GenerationRequest], results: Any) -> list[GenerationOutput]:
     """`GenerationOutput` s from SGLang's per-request result dicts (``output_ids``; a reply without
     them is an error naming ``--skip-tokenizer-init``); a matched stop id the engine trimmed from
-    ``output_ids`` is put back. engine.py: ``generate(input_ids=[[...]], sampling_params=[{...}])``
-    under ``skip_tokenizer_init=True`` returns one dict per request with ``output_ids`` and
-    ``meta_info`` (``finish_reason``: ``{"type": "stop" | "length" | "abort", "matched": id}``)."""
+    ``output_ids`` is put back. engine.py: ``generate(input_ids=[[...]], sampling_params=[{...}],
+    return_logprob=True)`` under ``skip_tokenizer_init=True`` returns one dict per request with
+    ``output_ids`` and ``meta_info`` (``finish_reason``: ``{"type": "stop" | "length" | "abort",
+    "matched": id}``; ``output_token_logprobs``: one ``(logprob, id, text or None)`` per output id,
+    the sampling distribution's log-prob after temperature scaling unless the server sets
+    ``SGLANG_RETURN_ORIGINAL_LOGPROB``). The log-probs become ``logprobs`` (None when the reply has
+    none, or none for a stop id put back); ids that do not match theirs are an error."""
     if isinstance(results, Mapping):
         results = [results]
     results = list(results)
@@ -100,13 +104,22 @@ def outputs_from_results(requests: Sequence[GenerationRequest], results: Any) ->
             raise SGLangError(f"SGLang returned no 'output_ids' (got {keys}): run the engine/server with "
                               "skip_tokenizer_init (server: --skip-tokenizer-init), token ids in and out")
         ids = [int(t) for t in result["output_ids"]]
-        finish = (result.get("meta_info") or {}).get("finish_reason") or {}
+        meta = result.get("meta_info") or {}
+        entries = meta.get("output_token_logprobs")
+        logprobs = None
+        if entries is not None:
+            if [int(entry[1]) for entry in entries] != ids:
+                raise SGLangError(f"SGLang's output_token_logprobs are for other ids than its output_ids "
+                                  f"({len(entries)} entries for {len(ids)} ids)")
+            logprobs = [float(entry[0]) for entry in entries]
+        finish = meta.get("finish_reason") or {}
         kind = finish.get("type") if isinstance(finish, Mapping) else str(finish)
         matched = finish.get("matched") if isinstance(finish, Mapping) else None
         if isinstance(matched, int) and (not ids or ids[-1] != matched) and len(ids) < request.max_new_tokens:
             ids.append(matched)
+            logprobs = None  # the engine scored no trimmed stop id
         # SGLang's own reason ("stop", "length", "abort"); the loop's cut decides what the round is
-        outputs.append(GenerationOutput(ids, str(kind or STOP_LENGTH), {"meta_info": result.get("meta_info")}))
+        outputs.append(GenerationOutput(ids, str(kind or STOP_LENGTH), {"meta_info": meta}, logprobs=logprobs))
     return outputs
 
 
@@ -150,6 +163,7 @@ class SGLangBackend:
     """
 
     name = "sglang"
+    returns_logprobs = True
 
     def __init__(self, model_path: Optional[str] = None, tokenizer: Any = None, *, token_table: Any = None,
                  engine: Any = None, engine_kwargs: Optional[dict[str, Any]] = None,
@@ -188,7 +202,8 @@ class SGLangBackend:
                                seed_requests=self.seed_requests)
 
     def generate(self, requests: Sequence[GenerationRequest], sampling: SamplingParams) -> list[GenerationOutput]:
-        """One ``Engine.generate`` call for the whole batch (SGLang schedules it continuously)."""
+        """One ``Engine.generate`` call for the whole batch (SGLang schedules it continuously), with
+        ``return_logprob`` (the sampled ids' log-probs)."""
         if not requests:
             return []
         if self.weights_stale:
@@ -199,6 +214,7 @@ class SGLangBackend:
         results = self.engine.generate(
             input_ids=[list(r.prompt_ids) for r in requests],
             sampling_params=[self._sampling_params(r, sampling, i) for i, r in enumerate(requests)],
+            return_logprob=True,  # the sampled ids' log-probs, for rollout correction (actor.rollout_is)
         )
         return outputs_from_results(requests, results)
 
@@ -251,7 +267,8 @@ class SGLangBackend:
             bucket, index = next(buckets, None), 0
             while bucket is not None:
                 following = next(buckets, None)  # one ahead: the last bucket flushes the cache
-                check_status(self.engine.update_weights_from_tensor(named_tensors=bucket, flush_cache=following is None),
+                check_status(self.engine.update_weights_from_tensor(named_tensors=bucket,
+                                                                    flush_cache=following is None),
                              f"update_weights_from_tensor (bucket {index + 1})")
                 bucket, index = following, index + 1
         except BaseException as error:  # close the session, then raise the first failure
@@ -295,6 +312,7 @@ class SGLangServerBackend:
     """
 
     name = "sglang-server"
+    returns_logprobs = True
 
     def __init__(self, url: str, tokenizer: Any = None, *, token_table: Any = None,
                  save_weights: Optional[Callable[[Weights, Path], None]] = None,
@@ -342,13 +360,14 @@ class SGLangServerBackend:
 
     # -- backend interface ---------------------------------------------------------------------------
     def generate(self, requests: Sequence[GenerationRequest], sampling: SamplingParams) -> list[GenerationOutput]:
-        """One ``POST /generate`` for the whole batch."""
+        """One ``POST /generate`` for the whole batch (``return_logprob``: the sampled ids' log-probs)."""
         if not requests:
             return []
         payload = {
             "input_ids": [[int(t) for t in r.prompt_ids] for r in requests],
             "sampling_params": [sampling_params(r, sampling, i, action_stop_ids=self.action_stop_ids,
                                                 seed_requests=self.seed_requests) for i, r in enumerate(requests)],
+            "return_logprob": True,
         }
         return outputs_from_results(requests, self._call("POST", "/generate", payload))
 

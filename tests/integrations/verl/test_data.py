@@ -98,3 +98,22 @@ def test_outputs_and_episode_counts_that_cannot_work_are_one_line(tmp_path, caps
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and err[0].startswith("mempo verl data: ") and expected in err[0], (argv, err)
     assert (tmp_path / "afile").read_text() == "keep me" and not (tmp_path / "o").exists()
+
+
+def test_the_prompt_style_for_your_tools_names_no_tool(tmp_path, capsys):
+    from mempo.env.data import TOOLS_INSTRUCTIONS, parse_episode_prompt
+
+    train, val = _qa(tmp_path / "train.jsonl", 2), _qa(tmp_path / "val.jsonl", 2)
+    assert main(["--train", str(train), "--val", str(val), "--out", str(tmp_path / "default")]) == 0
+    question, _ = _question(pq.read_table(tmp_path / "default" / "train.parquet").to_pandas().iloc[0]["prompt"])
+    assert "<search>" in question  # the built-in tools' instructions
+    assert main(["--train", str(train), "--val", str(val), "--out", str(tmp_path / "tools"),
+                 "--prompt-style", "tools"]) == 0
+    for split in ("train", "val"):
+        question, _ = _question(pq.read_table(tmp_path / "tools" / f"{split}.parquet").to_pandas().iloc[0]["prompt"])
+        assert question.startswith(TOOLS_INSTRUCTIONS) and "search" not in question and "access" not in question
+        assert parse_episode_prompt(question)[0].startswith("who wrote book")
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as caught:
+        main(["--train", str(train), "--val", str(val), "--out", str(tmp_path / "x"), "--prompt-style", "xml"])
+    assert caught.value.code == 2 and "--prompt-style: invalid choice: 'xml'" in capsys.readouterr().err

@@ -36,8 +36,11 @@ def test_registered_and_runs_with_verls_sync_semantics(tmp_path, monkeypatch):
         self.replay_buffer = self._build_replay_buffer()
 
     monkeypatch.setattr(trainer_base.PPOTrainer, "__init__", base_init)
-    trainer = trainer_v1.MemPOTrainerSync(_config(tmp_path))
+    config = _config(tmp_path)
+    trainer = trainer_v1.MemPOTrainerSync(config)
     assert trainer.trainer_mode == "sync"
+    # the configuration the agent-loop workers get still names mempo's trainer, so a loop can tell
+    assert config.trainer.v1.trainer_mode == trainer.config.trainer.v1.trainer_mode == "mempo_sync"
     assert type(trainer.replay_buffer) is ReplayBuffer and not isinstance(trainer.replay_buffer, ReplayBufferAsync)
 
 

@@ -2,6 +2,8 @@
 seeded batched sampling, left padding, per-row stops on the action marker / EOS / length, weight
 sync, the loop end to end with a real model, and log-prob equality of the per-round training
 sequences with independent recomputations."""
+import json
+
 import pytest
 import torch
 
@@ -53,6 +55,29 @@ def test_seeded_batched_sampling_is_reproducible(tok, model):
     assert torch.equal(state, torch.random.get_rng_state())  # the caller's RNG is untouched
     chunked = HFBackend(model, tok, max_batch_size=2).generate(requests, SamplingParams(temperature=0))
     assert [o.token_ids for o in chunked] == [o.token_ids for o in backend.generate(requests, SamplingParams(0))]
+
+
+def _forward_logprobs(model, prompt, ids, temperature):
+    """log softmax(logits / T) of `ids` after `prompt`, from one forward (what the trainer computes)."""
+    full = prompt + ids
+    with torch.no_grad():
+        logp = torch.log_softmax(model(input_ids=torch.tensor([full])).logits[0].float() / temperature, -1)
+    return [float(logp[len(prompt) - 1 + j, t]) for j, t in enumerate(ids)]
+
+
+@pytest.mark.parametrize("temperature, top_k", [(1.0, 0), (0.7, 5), (0.0, 0)])
+def test_outputs_carry_the_sampled_ids_log_probs(tok, model, temperature, top_k):
+    """Each returned id's log-prob under the model at the sampling temperature (top-k not applied, the
+    raw distribution when greedy), read off the generation scores of a left-padded chunked batch."""
+    backend = HFBackend(model, tok, max_batch_size=2)
+    assert backend.returns_logprobs
+    requests = requests_for(tok, PROMPTS, max_new=9)
+    outputs = backend.generate(requests, SamplingParams(temperature=temperature, top_k=top_k, seed=1))
+    for request, output in zip(requests, outputs):
+        assert len(output.logprobs) == len(output.token_ids) >= 1
+        want = _forward_logprobs(model, request.prompt_ids, output.token_ids, temperature or 1.0)
+        torch.testing.assert_close(torch.tensor(output.logprobs), torch.tensor(want), rtol=0, atol=1e-5)
+        assert max(output.logprobs) < 0  # a random model's ids: probabilities below 1, not a default
 
 
 def test_left_padded_greedy_batch_equals_one_by_one(tok, model):
@@ -199,6 +224,35 @@ def test_hf_backend_in_the_loop(tok, model, bm25):
         assert t.finish_reason == "malformed" and t.score == 0.0
         r = t.rounds[0]
         assert t.response_ids[r.start + r.prefix_len:r.end] == free.outputs[(t.uid, t.sample_index, 0)]
+
+
+def test_trajectories_carry_the_sampled_ids_log_probs(tok, model, bm25):
+    """The loop keeps each sampled id's log-prob at its response position (the backend's, for the ids
+    the round kept); forced-prefix and tool ids were not sampled: 0.0 there, and not sampled_positions.
+    A backend without log-probs gives trajectories without them; the field survives a JSON round trip."""
+    from mempo.records.trajectory import Trajectory
+
+    scripts = [enc(tok, text) for text in needle_scripts(3)]
+    forced = RoundScripts(tok, scripts)  # the model's own log-probs of the scripted ids (before the processor)
+    config = RolloutConfig(group_size=2, max_new_tokens_per_round=64, temperature=0.8, seed=5)
+    backend = HFBackend(model, tok, logits_processors=[forced])
+    trajectories = RolloutEngine(backend, tok, retriever=bm25, config=config).run([needle_task(3)])
+    for t in trajectories:
+        sampled = t.sampled_positions()
+        assert len(t.rollout_logprobs) == len(t.response_ids) == len(sampled)
+        want = torch.tensor(_forward_logprobs(model, t.prompt_ids, t.response_ids, 0.8))
+        got = torch.tensor(t.rollout_logprobs)
+        mask = torch.tensor(sampled)
+        torch.testing.assert_close(got[mask], want[mask], rtol=0, atol=1e-5)
+        assert (got[~mask] == 0.0).all() and (got[mask] < 0).all()
+        for r in t.rounds:  # forced prefix and tool segment: not sampled
+            assert not any(sampled[r.start:r.start + r.prefix_len]) and not any(sampled[r.end:r.tool_end])
+            assert all(sampled[r.start + r.prefix_len:r.end])
+        again = Trajectory.from_dict(json.loads(json.dumps(t.to_dict())))
+        assert again.rollout_logprobs == t.rollout_logprobs
+    plain = ScriptedBackend(round_script(tok, {"q3": needle_scripts(3)}), tok)
+    (t,) = RolloutEngine(plain, tok, retriever=bm25, config=RolloutConfig(group_size=1)).run([needle_task(3)])
+    assert t.rollout_logprobs is None and Trajectory.from_dict(t.to_dict()).rollout_logprobs is None
 
 
 # ------------------------------------------------------------------------------------------------

@@ -78,6 +78,25 @@ def test_requests_and_outputs_map_to_sglang(tok, model):
     seeded = SGLangBackend(tokenizer=tok, engine=engine, seed_requests=True)
     seeded.generate(requests, SamplingParams(temperature=1.0, seed=11))
     assert [p["sampling_seed"] for p in engine.last_sampling_params] == [11, 12]
+    # return_logprob: the engine's output_token_logprobs become each output's logprobs
+    assert engine.last_return_logprob is True and backend.returns_logprobs
+    for output in outputs:
+        assert len(output.logprobs) == len(output.token_ids)
+        want = [e[0] for e in output.metadata["meta_info"]["output_token_logprobs"]]
+        assert output.logprobs == want and max(want) < 0
+
+
+def test_output_token_logprobs_must_be_for_the_output_ids(tok):
+    from mempo.rollout.backends.sglang import outputs_from_results
+
+    request = GenerationRequest([1, 2], 5, 0, (9,))
+    meta = {"finish_reason": {"type": "length"}, "output_token_logprobs": [[-0.5, 4, None], [-1.5, 5, None]]}
+    (out,) = outputs_from_results([request], [{"output_ids": [4, 5], "meta_info": meta}])
+    assert out.logprobs == [-0.5, -1.5]
+    with pytest.raises(SGLangError, match="output_token_logprobs are for other ids"):
+        outputs_from_results([request], [{"output_ids": [4, 6], "meta_info": meta}])
+    (plain,) = outputs_from_results([request], [{"output_ids": [4], "meta_info": {}}])
+    assert plain.logprobs is None  # a reply without them (return_logprob not honoured)
 
 
 def test_a_trimmed_stop_id_is_put_back_and_a_text_reply_is_refused(tok):
@@ -86,7 +105,7 @@ def test_a_trimmed_stop_id_is_put_back_and_a_text_reply_is_refused(tok):
     request = GenerationRequest([1, 2], 5, 0, (9,))
     (out,) = outputs_from_results([request], [{"output_ids": [4, 5], "meta_info": {"finish_reason":
                                                                                    {"type": "stop", "matched": 9}}}])
-    assert out.token_ids == [4, 5, 9] and out.finish_reason == "stop"
+    assert out.token_ids == [4, 5, 9] and out.finish_reason == "stop" and out.logprobs is None
     with pytest.raises(SGLangError, match="skip-tokenizer-init"):
         outputs_from_results([request], [{"text": "hello", "meta_info": {}}])
     with pytest.raises(SGLangError, match="2 results for 1 requests"):
@@ -191,6 +210,7 @@ def test_server_backend_over_http(tmp_path, tok, model):
         outputs = backend.generate(requests, SamplingParams(temperature=0))
         path, body = server.requests[-1]
         assert path == "/generate" and body["input_ids"] == [r.prompt_ids for r in requests]
+        assert body["return_logprob"] is True and all(len(o.logprobs) == len(o.token_ids) for o in outputs)
         assert [p["max_new_tokens"] for p in body["sampling_params"]] == [6, 3]
         assert [o.token_ids for o in outputs] == \
             [o.token_ids for o in HFBackend(model, tok).generate(requests, SamplingParams(temperature=0))]
@@ -242,13 +262,17 @@ def test_train_step_through_an_sglang_server(tmp_path):
     torch.set_num_threads(1)
     base = ["data.questions_per_step=1", "rollout.group_size=2", "trainer.tensorboard=false", "trainer.progress=false",
             "rollout.protocol_scaffold=false", "rollout.max_new_tokens_per_round=16", "actor.lr=1e-2",
-            f"trainer.out_dir={tmp_path}"]
+            "algorithm.skip_zero_variance_groups=false", f"trainer.out_dir={tmp_path}"]  # update even at reward 0
     probe = build_run(load_config(TINY, base))  # the initial model the server starts with
     with StandInServer(copy.deepcopy(probe.model), probe.tokenizer) as server:
         run = build_run(load_config(TINY, base + ["rollout.backend=sglang", f"rollout.sglang_url={server.url}"]))
         assert isinstance(run.ctx.backend, SGLangServerBackend) and run.eval_backend is run.ctx.backend
-        train_step(run.ctx, step_episodes(run.episodes, 1, 1, seed=0), 1)
+        metrics = train_step(run.ctx, step_episodes(run.episodes, 1, 1, seed=0), 1).metrics
         assert any(path == "/generate" for path, _ in server.requests)
+        # SGLang rollouts: rollout correction on by default (actor.rollout_is auto), from the server's log-probs;
+        # the stand-in serves the actor's own fp32 weights, so the weights are ~1 and the KL ~0
+        assert metrics["actor/rollout_is_applied"] == 1.0 and metrics["actor/rollout_is_tokens"] > 0
+        assert abs(metrics["actor/rollout_is_mean"] - 1) < 1e-3 and abs(metrics["actor/rollout_kl"]) < 1e-4
         assert (tmp_path / "sglang_weights" / "v000001" / "config.json").is_file()
         for name, tensor in server.engine.model.state_dict().items():
             assert torch.equal(tensor, run.model.state_dict()[name]), name

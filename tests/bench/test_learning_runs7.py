@@ -1,0 +1,205 @@
+"""bench/learning_runs7/ex7.py (execution 7's rules as code) on constructed inputs: Student's t against
+tabulated quantiles, the pooled estimate and its Welch-Satterthwaite interval, the SFT gate (the lowest
+passing seeds, judged on the validation split), the definition chosen on validation (the graded label,
+ties, eligibility), the signal check, collapse, and every branch of the decision rule; the summary
+written from a constructed folder."""
+import importlib.util
+import json
+import math
+import sys
+
+import pytest
+
+from support.paths import REPO
+
+
+def _ex7():
+    spec = importlib.util.spec_from_file_location("ex7", REPO / "bench" / "learning_runs7" / "ex7.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("ex7", module)
+    spec.loader.exec_module(module)
+    return module
+
+
+ex7 = _ex7()
+
+
+def test_t_quantiles_match_the_tables():
+    for df, q in ((1, 12.706205), (2, 4.302653), (7, 2.364624), (21, 2.079614), (1000, 1.962339)):
+        assert ex7.t_quantile(0.975, df) == pytest.approx(q, abs=1e-5)
+    assert ex7.t_quantile(0.5, 7) == pytest.approx(0.0, abs=1e-6) and ex7.t_cdf(0.0, 3) == 0.5
+    assert ex7.t_cdf(-2.364624, 7) == pytest.approx(0.025, abs=1e-6)
+    with pytest.raises(ValueError):
+        ex7.t_quantile(1.0, 7)
+
+
+def test_pooled_counts_each_model_the_same_with_a_welch_satterthwaite_interval():
+    models = [{"d": 0.05, "se": 0.01, "n": 8}, {"d": 0.04, "se": 0.01, "n": 8}, {"d": 0.06, "se": 0.01, "n": 8}]
+    p = ex7.pooled(models)
+    se = math.sqrt(3e-4) / 3
+    assert p["mean"] == pytest.approx(0.05) and p["se"] == pytest.approx(se) and p["df"] == pytest.approx(21.0)
+    assert p["low"] == pytest.approx(0.05 - 2.079614 * se, abs=1e-6)
+    assert p["high"] == pytest.approx(0.05 + 2.079614 * se, abs=1e-6)
+    assert p["cochran_q"] == pytest.approx(2.0) and p["q_df"] == 2
+    # one noisy model: the df fall towards its 7, the interval widens
+    noisy = ex7.pooled([{"d": 0.05, "se": 0.05, "n": 8}, {"d": 0.04, "se": 0.001, "n": 8}])
+    assert 7.0 <= noisy["df"] < 7.1 and noisy["high"] - noisy["low"] > 2 * 2.36 * noisy["se"] * 0.99
+    with pytest.raises(ValueError):
+        ex7.pooled([{"d": 0.05, "se": None, "n": 1}])
+    with pytest.raises(ValueError):
+        ex7.pooled([])
+
+
+def _row(seed, em8, split="validation"):
+    return {"seed": seed, "split": split, "em_k2": 0.9, "em_k4": 0.5, "em_k8": em8}
+
+
+def test_the_gate_takes_the_lowest_passing_seeds_once_every_lower_seed_is_judged():
+    rows = {0: _row(0, 0.25), 1: _row(1, 0.1), 2: _row(2, 0.3), 3: _row(3, 0.2)}  # 0.2 exactly passes
+    assert ex7.gate(rows) == {"models": [0, 2, 3], "judged": [0, 1, 2, 3], "next": [], "settled": True}
+    assert ex7.gate({0: _row(0, 0.25)})["next"] == [1, 2]
+    gap = ex7.gate({0: _row(0, 0.25), 2: _row(2, 0.3), 3: _row(3, 0.3)})  # seed 1 unjudged: only seed 0 counts
+    assert gap["models"] == [0] and gap["next"] == [1, 4] and not gap["settled"]
+    failing = {s: _row(s, 0.19 if s % 3 else 0.5) for s in range(6)}  # seeds 0 and 3 pass
+    assert ex7.gate(failing) == {"models": [0, 3], "judged": list(range(6)), "next": [], "settled": True}
+    with pytest.raises(ValueError, match="validation-split row"):
+        ex7.gate({0: _row(0, 0.9, split="test")})
+    with pytest.raises(ValueError, match="em_k8"):
+        ex7.passes_gate({"seed": 0, "split": "validation", "em_k2": 0.9})
+
+
+def _signal(values, split="validation", **extra):
+    """A bench_signal results.json: {definition: (share_spearman at k = 4, at k = 8)}."""
+    cells = {name: {f"k={k}": {"all": {"share_spearman": v, **extra}} for k, v in zip((4, 8), pair)}
+             for name, pair in values.items()}
+    return {"split": split, "signal": cells}
+
+
+def test_the_definition_is_the_best_graded_spearman_on_validation():
+    signals = {0: _signal({"paper": (0.1, 0.1), "retrieved_min_c10": (0.4, 0.2), "complete_min_c10": (0.5, None),
+                           "paper_nothresh": (0.3, 0.3), "all_fixes_min_c10": (0.2, 0.2)}),
+               2: _signal({"paper": (0.1, 0.1), "retrieved_min_c10": (0.4, 0.4), "complete_min_c10": (0.9, 0.9),
+                           "paper_nothresh": (0.3, 0.3), "all_fixes_min_c10": (0.2, 0.2)})}
+    chosen = ex7.choose(signals)
+    assert chosen["best"] == "retrieved_min_c10" and "complete_min_c10" not in chosen["scores"]  # None: not eligible
+    assert chosen["scores"]["retrieved_min_c10"] == pytest.approx(0.35)
+    tie = {0: _signal({"paper": (0.3, 0.3), "retrieved_min_c10": (0.3, 0.3), "complete_min_c10": (0.3, 0.3),
+                       "paper_nothresh": (0.3, 0.3), "all_fixes_min_c10": (0.3, 0.3)})}
+    assert ex7.choose(tie)["best"] == "paper"  # ties: the fewest overrides
+    with pytest.raises(ValueError, match="validation split"):
+        ex7.choose({0: _signal({"paper": (0.3, 0.3)}, split="test")})
+    with pytest.raises(ValueError, match="no candidate"):
+        ex7.choose({0: _signal({name: (None, 0.1) for name in ex7.CANDIDATES})})
+
+
+def test_the_candidates_overrides_are_bench_signals():
+    spec = importlib.util.spec_from_file_location("bench_signal", REPO / "bench" / "bench_signal.py")
+    bench_signal = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("bench_signal", bench_signal)
+    spec.loader.exec_module(bench_signal)
+    assert ex7.OVERRIDES == {name: len(bench_signal.DEFINITIONS[name]) for name in ex7.CANDIDATES}
+
+
+def test_signal_present_needs_the_graded_label_and_a_judgeable_pending_auc():
+    def signal(rho, rho_se, auc, auc_se, keeps=40, drops=40):
+        return {"signal": {"d": {"k=8": {"all": {"share_spearman": rho, "share_spearman_se": rho_se,
+                                                 "pending_auc": auc, "pending_auc_se": auc_se,
+                                                 "pending_keeps": keeps, "pending_drops": drops}}}}}
+    assert ex7.signal_present(signal(0.3, 0.1, 0.8, 0.1), "d")["present"]
+    assert not ex7.signal_present(signal(0.3, 0.16, 0.8, 0.1), "d")["present"]  # rho - 2 SE < 0
+    assert not ex7.signal_present(signal(0.3, 0.1, 0.65, 0.1), "d")["present"]  # AUC - 2 SE < 0.5
+    few = ex7.signal_present(signal(0.3, 0.1, 0.3, 0.1, keeps=19), "d")  # not judgeable: the AUC is not required
+    assert few["present"] and not few["pending_judgeable"]
+    assert not ex7.signal_present(signal(None, None, 0.9, 0.01), "d")["present"]
+
+
+def _runs(grpo, mempo, k=8, pending=None):
+    """Run records of one model: per seed GRPO's and MemPO's EM at k (and MemPO's answered-pending share)."""
+    runs = []
+    for seed, (g, m) in enumerate(zip(grpo, mempo)):
+        runs.append({"arm": "grpo", "seed": seed, "rows": {str(k): {"em": g, "answered_pending": 0.1}}})
+        share = 0.1 if pending is None else pending[seed]
+        runs.append({"arm": "mempo_x", "seed": seed, "rows": {str(k): {"em": m, "answered_pending": share}}})
+    return runs
+
+
+def test_model_estimate_and_collapse():
+    grpo = [0.30, 0.32, 0.28, 0.31, 0.29, 0.30, 0.33, 0.27]
+    e = ex7.model_estimate(_runs(grpo, [g + 0.05 + 0.01 * (i % 2) for i, g in enumerate(grpo)]), "mempo_x")
+    assert e["n"] == 8 and e["d"] == pytest.approx(0.055) and e["ahead"] and e["grpo_em"] == pytest.approx(0.3)
+    level = ex7.model_estimate(_runs(grpo, [g + (0.02 if i % 2 else -0.02) for i, g in enumerate(grpo)]), "mempo_x")
+    assert level["d"] == pytest.approx(0.0) and not level["ahead"]
+    pending = [0.1] * 7 + [0.9]  # seed 7 answers with a question pending, its GRPO pair does not
+    assert ex7.model_estimate(_runs(grpo, grpo, pending=pending), "mempo_x")["collapsed"] == [7]
+    assert ex7.model_estimate([], "mempo_x")["n"] == 0
+
+
+def _model(d, se, grpo_em=0.4, signal=True, ahead=None, collapsed=()):
+    return {"d": d, "se": se, "n": 8, "grpo_em": grpo_em, "signal": signal,
+            "ahead": (d > 0 and d >= 2 * se) if ahead is None else ahead, "collapsed": list(collapsed)}
+
+
+def test_every_branch_of_the_decision_rule():
+    helps = {0: _model(0.06, 0.02), 1: _model(0.05, 0.02), 2: _model(0.01, 0.02)}
+    assert ex7.decide(helps)["outcome"] == "helps"
+    assert ex7.decide({**helps, 2: _model(0.01, 0.02, collapsed=[3])})["outcome"] == "not a test"  # a collapse
+    assert ex7.decide({0: _model(0.06, 0.02), 1: _model(0.01, 0.02), 2: _model(0.01, 0.02)})["outcome"] \
+        == "not a test"  # ahead on 1 of 3 only
+    small = {0: _model(0.05, 0.02), 1: _model(0.05, 0.02), 2: _model(-0.02, 0.01)}  # pooled +0.027 < 0.03
+    assert ex7.decide(small)["outcome"] == "not a test"
+    none = {0: _model(0.0, 0.01), 1: _model(0.005, 0.01), 2: _model(-0.01, 0.01)}
+    decision = ex7.decide(none)
+    assert decision["outcome"] == "does not help" and decision["pooled_valid"]["high"] < 0.03
+    floor = {0: _model(0.0, 0.01, grpo_em=0.05), 1: _model(0.0, 0.01, grpo_em=0.9), 2: _model(0.0, 0.01)}
+    assert ex7.decide(floor)["outcome"] == "not a test"  # GRPO at the floor or the ceiling: not valid models
+    silent = {0: _model(0.0, 0.01, signal=False), 1: _model(0.0, 0.01, signal=False), 2: _model(0.0, 0.01)}
+    assert ex7.decide(silent)["outcome"] == "not a test"  # no memory signal on 2 of 3
+    two_valid = {0: _model(0.0, 0.01, signal=False), 1: _model(0.0, 0.01), 2: _model(0.01, 0.01)}
+    assert ex7.decide(two_valid)["outcome"] == "does not help" and ex7.decide(two_valid)["valid"] == [1, 2]
+    wide = {0: _model(0.0, 0.03), 1: _model(0.01, 0.03), 2: _model(-0.01, 0.03)}  # upper end above 0.03
+    assert ex7.decide(wide)["outcome"] == "not a test"
+    assert ex7.decide({0: _model(0.1, 0.01), 1: _model(0.1, 0.01)})["outcome"] == "not a test"  # 2 gated models
+
+
+def test_the_summary_of_a_constructed_execution(tmp_path):
+    pytest.importorskip("matplotlib")
+    (tmp_path / "best.txt").write_text("x\n")
+    (tmp_path / "signal.json").write_text(json.dumps({"models": [0, 2, 3], "best": "x",
+                                                      "signal": {str(s): {"present": True} for s in (0, 2, 3)}}))
+    grpo = [0.30, 0.32, 0.28, 0.31, 0.29, 0.30, 0.33, 0.27]
+    for seed, shift in ((0, 0.0), (2, 0.005), (3, -0.005)):
+        folder = tmp_path / f"m{seed}"
+        folder.mkdir()
+        for i, g in enumerate(grpo):
+            for arm, em in (("grpo", g), ("mempo_x", g + shift + (0.01 if i % 2 else -0.01))):
+                rows = {str(k): {"em": em, "turns": 9.0, "answered_pending": 0.1, "token_ratio": 0.4}
+                        for k in (2, 4, 8)}
+                (folder / f"{arm}_s{i}.json").write_text(json.dumps({"arm": arm, "seed": i, "rows": rows}))
+    assert ex7.main(["summary", str(tmp_path)]) == 0
+    text = (tmp_path / "results.md").read_text()
+    assert "Decision: **does not help**" in text and "Pooled at k = 8 (3 models): +0.000" in text
+    assert (tmp_path / "ablation_e7.png").read_bytes()[:4] == b"\x89PNG"
+    assert ex7.main(["nope", str(tmp_path)]) == 2
+
+
+def test_the_commands_run_sh_calls(tmp_path, capsys):
+    def rows(folder, em8):
+        folder.mkdir(exist_ok=True)
+        for seed, em in em8.items():
+            row = {**_row(seed, em), "weights_sha256": f"w{seed}"}
+            (folder / f"sft_s{seed}.jsonl").write_text(json.dumps(row) + "\n")
+
+    rows(tmp_path, {0: 0.3, 1: 0.1})
+    assert ex7.main(["next", str(tmp_path)]) == 0 and capsys.readouterr().out.strip() == "2 3"
+    assert ex7.main(["models", str(tmp_path)]) == 2  # not settled yet: seeds 2 and 3 first
+    assert "not settled" in capsys.readouterr().err
+    rows(tmp_path, {2: 0.25, 3: 0.4})
+    assert ex7.main(["next", str(tmp_path)]) == 0 and capsys.readouterr().out.strip() == ""
+    assert ex7.main(["models", str(tmp_path)]) == 0 and capsys.readouterr().out.strip() == "0 2 3"
+    few = tmp_path / "few"
+    rows(few, {s: 0.1 for s in range(6)})
+    assert ex7.main(["models", str(few)]) == 3 and "not a test" in capsys.readouterr().err
+    same = [str(tmp_path / "sft_s0.jsonl"), str(tmp_path / "sft_s0.jsonl")]
+    assert ex7.main(["same-weights", *same]) == 0
+    assert ex7.main(["same-weights", same[0], str(tmp_path / "sft_s2.jsonl")]) == 2
+    assert "another CPU" in capsys.readouterr().err
