@@ -9,7 +9,7 @@ import pytest
 from mempo.apps.demo import load_demo_config, rl_episodes
 from mempo.config import ConfigError, load_config
 from mempo.env.build import build_tools
-from mempo.eval import eval_episodes
+from mempo.eval import eval_episodes, held_out_of_training
 from mempo.synthetic.build import build_world, synthetic_world
 from mempo.synthetic.cold_start import oracle_cold_start
 from mempo.synthetic.heldout import held_out_subjects
@@ -21,9 +21,12 @@ from support.paths import REPO
 LEDGER = REPO / "configs" / "ledger.yaml"
 
 
+LEDGER_SMALL = ["synthetic.oracle_episodes=16", "eval.episodes=32"]
+
+
 @pytest.fixture(scope="module")
 def ledger_cfg():
-    return load_demo_config(LEDGER, ["synthetic.oracle_episodes=16", "eval.episodes=32"])
+    return load_demo_config(LEDGER, LEDGER_SMALL)
 
 
 @pytest.fixture(scope="module")
@@ -47,8 +50,8 @@ def test_the_search_task_is_the_demo_as_it_was():
     episodes = task.eval_episodes(env.world, cfg)
     assert {k: [e.to_json() for e in v] for k, v in episodes.items()} == \
         {k: [e.to_json() for e in v] for k, v in eval_episodes(world, cfg).items()}
-    held = task.held_out(env.world, episodes)
-    assert held == held_out_subjects(episodes)
+    held = task.held_out(env.world, cfg)
+    assert held == held_out_subjects(episodes) == held_out_of_training(world, cfg)
     cold = task.cold_start(cfg, env, held)
     assert [t.to_json() for t in cold.trajectories] == \
         [t.to_json() for t in oracle_cold_start(world, build_tools(cfg, retriever), cfg, held).trajectories]
@@ -76,13 +79,16 @@ def test_ledger_evaluation_validation_and_training_never_share_an_account(ledger
     task, ledger = LedgerTask(), ledger_env.world
     names = {e.name for e in ledger.entities}
     test = task.eval_episodes(ledger, ledger_cfg)
-    validation = task.validation_episodes(ledger, ledger_cfg)
+    validation_cfg = load_demo_config(LEDGER, LEDGER_SMALL + ["eval.split=validation",
+                                                              f"eval.validation_episodes={ledger_cfg.eval.episodes}"])
+    validation = task.eval_episodes(ledger, validation_cfg)
     assert sorted(test) == sorted(validation) == ledger_cfg.eval.objectives
     assert all(len(v) == ledger_cfg.eval.episodes for v in test.values())
     test_names = accounts_asked([e for v in test.values() for e in v], names)
     validation_names = accounts_asked([e for v in validation.values() for e in v], names)
     assert test_names and validation_names and not test_names & validation_names
-    held = task.held_out(ledger, test)
+    held = task.held_out(ledger, ledger_cfg)
+    assert task.held_out(ledger, validation_cfg) == held  # whichever split is evaluated
     assert test_names | validation_names <= held and len(held) == 300
     cold = task.cold_start(ledger_cfg, ledger_env, held)
     rl = rl_episodes(ledger_cfg, ledger, held, 5)
@@ -97,7 +103,7 @@ def test_ledger_evaluation_validation_and_training_never_share_an_account(ledger
 
 def test_the_ledger_cold_start_follows_the_oracle_fields(ledger_cfg, ledger_env):
     task = LedgerTask()
-    held = task.held_out(ledger_env.world, {})
+    held = task.held_out(ledger_env.world, ledger_cfg)
     cold = task.cold_start(ledger_cfg, ledger_env, held)
     assert cold.ran == 16 * 4 and len(cold.trajectories) == 64 and len(cold.copy_records) == 2048
     assert cold.held_out == 300 and not cold.scoring_records
