@@ -331,11 +331,11 @@ def test_the_ledger_teacher_through_the_agent_loop_and_the_ledger_memory_table()
 def test_ledger_target_lines_report_the_token_ratio_without_a_target():
     from mempo.apps.demo import TASK_TARGETS
 
-    before = EvalReport([_row(2, 0.6, 0.04, 900.0, 1200.0), _row(4, 0.3, 0.04, 1500.0, 2500.0)], {})
-    after = EvalReport([_row(2, 0.62, 0.04, 900.0, 1200.0), _row(4, 0.45, 0.04, 1500.0, 2400.0)], {})
+    before = EvalReport([_row(2, 0.3, 0.04, 900.0, 1200.0), _row(4, 0.6, 0.04, 1500.0, 2500.0)], {})
+    after = EvalReport([_row(2, 0.45, 0.04, 900.0, 1200.0), _row(4, 0.58, 0.04, 1500.0, 2400.0)], {})
     lines = target_lines(before, after, 800.0, TASK_TARGETS["ledger"])
-    assert lines[1].startswith("target RL gain in EM at k=4 >= +0.00 and > 3 SE: +0.150 (+2.7 SE), MISSED")
-    assert lines[2] == "target no EM drop at k=2 after RL: +0.020, met"
+    assert lines[1].startswith("target RL gain in EM at k=2 >= +0.10 and > 3 SE: +0.150 (+2.7 SE), MISSED")
+    assert lines[2] == "target no EM drop at k=4 after RL: -0.020, MISSED"
     assert lines[3] == "memory/full prompt tokens at k=4 after SFT: 0.60 (reported, no target)"
 
 
@@ -362,7 +362,7 @@ def test_smoke_ledger_demo(tmp_path):
     assert "## Before / after RL" in text and "1 logged steps" in text
     assert "### Closed book" in text and "| memory-closed-book |" in (out / "eval_after.md").read_text()
     assert "## What the last `<mem>` held" in text and "| 4 | after RL | 8 | " in text
-    assert "* target EM after SFT at k=2 >= 0.30: " in text and "* target RL gain in EM at k=4 >= +0.00 and > 3 SE" in text
+    assert "* target EM after SFT at k=2 >= 0.30: " in text and "* target RL gain in EM at k=2 >= +0.10 and > 3 SE" in text
     assert "(reported, no target)" in text
     assert "the ablation measured the search task only, not the ledger task" in text
     config = (out / "config.yaml").read_text()
