@@ -26,6 +26,7 @@ from typing import Any, Callable, Iterator, Mapping, Optional, Sequence
 
 from mempo.algo.outcome import score_outcomes
 from mempo.config import MempoConfig
+from mempo.config.schema import BUILTIN_TOOL_NAMES
 from mempo.env.build import build_tools
 from mempo.env.closed_book import ClosedBookRetriever
 from mempo.eval.episodes import eval_rollout_config
@@ -122,7 +123,7 @@ def evaluate(model: Any, tokenizer: Any, episodes_by_k: Mapping[Any, Sequence[An
                     if row.failed_tool_calls:
                         log(f"eval{' ' + name if name else ''}: k={k} {row_policy}: warning: "
                             f"{row.failed_tool_calls} of {row.tool_calls} tool calls failed "
-                            f"(retriever: {retriever_name(retriever)})")
+                            f"({tools_name(cell_tools, retriever)})")
             examples[(dataset, k)] = found
     metadata = {
         "label": label, "max_turns": cfg.eval.max_turns, "max_new_tokens": max_new,
@@ -135,10 +136,11 @@ def evaluate(model: Any, tokenizer: Any, episodes_by_k: Mapping[Any, Sequence[An
     metadata["tool_calls"] = sum(r.tool_calls for r in rows)
     metadata["failed_tool_calls"] = sum(r.failed_tool_calls for r in rows)
     metadata["retriever_name"] = retriever_name(retriever)
+    metadata["tools_name"] = tools_name(tools, retriever)
     report = EvalReport(rows, metadata, kept, examples)
     if report.all_tool_calls_failed():
         log(f"eval{' ' + label if label else ''}: every tool call failed ({metadata['tool_calls']} calls, "
-            f"retriever: {metadata['retriever_name']}): these numbers measure the model without retrieval")
+            f"{metadata['tools_name']}): these numbers measure the model without its tools' results")
     if records is not None:
         metadata["trajectories"] = {"path": str(records.path), "episodes": records.count}
     return report
@@ -148,6 +150,14 @@ def retriever_name(retriever: Any) -> str:
     """How warnings name a retriever: its class, and its URL when it has one (`HTTPRetriever`)."""
     url = getattr(retriever, "base_url", None)
     return f"{type(retriever).__name__}{' at ' + str(url) if url else ''}"
+
+
+def tools_name(tools: Toolset, retriever: Any) -> str:
+    """How warnings name what failed: the retriever (`retriever_name`) when the toolset has a built-in search
+    tool, which queries it; else the tools by name (a user's tools, the ledger's: the retriever is unused)."""
+    if set(tools.names) & set(BUILTIN_TOOL_NAMES):
+        return f"retriever: {retriever_name(retriever)}"
+    return f"tools: {', '.join(tools.names)}"
 
 
 def _cells(episodes_by_k: Mapping[Any, Sequence[Any]]) -> list[tuple[str, int, list[Any]]]:
