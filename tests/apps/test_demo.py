@@ -204,15 +204,19 @@ def test_target_lines_say_what_was_measured_and_whether_it_met_the_target():
     after = EvalReport([_row(2, 0.445, 0.047, 364.0, 507.0), _row(4, 0.180, 0.032, 500.0, 1100.0)], {})
     lines = target_lines(before, after, 739.3)
     assert lines[0] == "target EM after SFT at k=2 >= 0.30: 0.359 ± 0.045, met"
-    # no trajectories kept: the change's SE is sqrt(0.045^2 + 0.047^2) = 0.0651, 0.086 / 0.0651 = 1.3 SE
-    assert lines[1] == "target RL gain in EM at k=2 >= +0.10 and > 3 SE: +0.086 (+1.3 SE), MISSED"
-    assert lines[2] == "target no EM drop at k=4 after RL: -0.004, MISSED"
+    # no trajectories kept: the change's SE is sqrt(0.033^2 + 0.032^2) = 0.0460, -0.004 / 0.0460 = -0.1 SE
+    assert lines[1] == "target RL gain in EM at k=4 >= +0.10 and > 3 SE: -0.004 (-0.1 SE), MISSED"
+    assert lines[2] == "target no EM drop at k=2 after RL (>= -0.02): +0.086, met"
+    dropped = EvalReport([_row(2, 0.33, 0.045, 364.0, 507.0), _row(4, 0.180, 0.032, 500.0, 1100.0)], {})
+    assert target_lines(before, dropped, 739.3)[2] == "target no EM drop at k=2 after RL (>= -0.02): -0.029, MISSED"
+    exact = EvalReport([_row(2, 0.339, 0.045, 364.0, 507.0), _row(4, 0.180, 0.032, 500.0, 1100.0)], {})
+    assert target_lines(before, exact, 739.3)[2] == "target no EM drop at k=2 after RL (>= -0.02): -0.020, met"
     assert lines[3] == "target memory/full prompt tokens at k=4 after SFT <= 0.5: 0.56, MISSED"
     assert lines[4] == "target memory/full prompt tokens at k=4 after RL <= 0.5: 0.45, met"
     assert lines[5] == "target the demo within 900 s: 739 s without the install, met"
-    loose = DemoTargets(sft_em=0.4, rl_gain=0.05, rl_gain_se=1.0, no_drop_k=2, seconds=600.0)
+    loose = DemoTargets(sft_em=0.4, rl_gain=0.05, rl_gain_se=1.0, rl_k=2, no_drop_k=4, no_drop=0.0, seconds=600.0)
     assert [line.rsplit(", ", 1)[1] for line in target_lines(before, after, 739.3, loose)] == \
-        ["MISSED", "met", "met", "MISSED", "met", "MISSED"]
+        ["MISSED", "met", "MISSED", "MISSED", "met", "MISSED"]
     missing = target_lines(None, after, 10.0)
     assert "no such evaluation cell" in missing[0] and "no such evaluation cells" in missing[1]
     assert "no such evaluation cells" in missing[2]
