@@ -183,6 +183,25 @@ def test_train_eval_and_demo_never_show_a_gold(tmp_path, trace):
     assert violations(trace, AutoTokenizer.from_pretrained(out / "model_sft")) == []
 
 
+def test_the_ledger_demo_never_shows_a_gold(tmp_path, trace):
+    """configs/ledger.yaml's pipeline (its teacher's cold start, SFT, evaluation with the closed-book pass, RL with
+    the memory reward, its lookup and calc tools as JSON tool calls): no generation request holds a gold (a sum, a
+    difference) outside the tool results and the model's own turns."""
+    from transformers import AutoTokenizer
+
+    from mempo.apps.demo import load_demo_config, run_demo
+    from support.demo_smoke import LEDGER_SMOKE
+
+    torch.set_num_threads(1)
+    cfg = load_demo_config(REPO / "configs" / "ledger.yaml", LEDGER_SMOKE + ["rollout.max_new_tokens_per_round=48"])
+    out = tmp_path / "ledger"
+    run_demo(cfg, out, echo=lambda line: None, show_progress=False)
+    counts = summary(trace)
+    assert counts["tasks"] > 0 and counts["generate_calls"] > 0, counts
+    assert any(g.isdigit() for r in trace if r["kind"] == "task" for g in r["golds"])  # numbers among the golds
+    assert violations(trace, AutoTokenizer.from_pretrained(out / "model_sft")) == []
+
+
 def test_the_served_agent_never_shows_a_gold(trace, tok):
     """`mempo serve`'s generation (the agent service behind the OpenAI app, HF backend): the requests
     carry questions only; the prompts of every generate call hold no gold of the episodes asked."""

@@ -2,9 +2,11 @@
 
 One `mempo.config.MempoConfig` (default ``configs/demo.yaml``, `DEMO_CONFIG`; dotted overrides such as
 ``sft.steps=100``) drives every stage; the world, oracle, copy warm-up and the demo's tokenizer and
-model are its ``synthetic`` section. Each stage is a function of the previous stages' values and
-prints what it did and how long it took (``stages.json``). No SFT or RL question is about an entity
-an evaluation question asks about (the held-out subjects).
+model are its ``synthetic`` section, whose ``task`` chooses the world, its tools, episodes and teacher
+(`mempo.apps.tasks`: ``search``, ``configs/demo.yaml``; ``ledger``, ``configs/ledger.yaml``). Each stage
+is a function of the previous stages' values and prints what it did and how long it took
+(``stages.json``). No SFT or RL question is about an entity an evaluation question asks about (the
+held-out subjects; the ledger's: every test and validation account).
 """
 from __future__ import annotations
 
@@ -22,19 +24,18 @@ import torch
 
 from mempo.apps.report import ReportResult, StageRecord, StageTimes, em_change, metric_series, write_report
 from mempo.config import ConfigError, MempoConfig, dump_config, load_config
-from mempo.env.build import build_tools
-from mempo.synthetic.build import SyntheticEnv, build_world
-from mempo.synthetic.oracle_memory import MEMORY_LINE_KINDS, memory_line_kinds
-from mempo.eval import EpisodeRecord, EvalReport, eval_episodes, evaluate, held_out_of_training, render_episode
+from mempo.eval import EpisodeRecord, EvalReport, evaluate, render_episode
 from mempo.protocol.grammar import last_mem
+from mempo.protocol.tags import JSON_TAG_SET
+from mempo.rollout.loop import rollout_system_prompt
 from mempo.model.builtin import default_corpus_texts, tiny_model, train_tokenizer
 from mempo.model.export import save_model_dir
 from mempo.synthetic.copy_warmup import CopyWarmup, copy_warmup
 from mempo.train.logging import MetricsLogger, read_metrics
 from mempo.train.metric_names import MEM_KEEPS
 from mempo.train.sft import run_sft
-from mempo.synthetic.cold_start import ColdStart, oracle_cold_start
-from mempo.synthetic.heldout import training_episodes
+from mempo.synthetic.cold_start import ColdStart
+from mempo.apps.tasks import TASKS, SyntheticTask, TaskEnv, synthetic_task
 from mempo.train.trainer import TrainResult, train
 from mempo.utils.allocator import keep_freed_memory
 from mempo.utils.atomic import check_directory_target, claim_directory
@@ -42,7 +43,7 @@ from mempo.utils.digest import weights_digest
 from mempo.utils.machine import machine_facts
 from mempo.utils.types import PathLike
 
-__all__ = ["DEMO_CONFIG", "load_demo_config", "run_demo", "rl_episodes", "DemoResult", "DemoTargets",
+__all__ = ["DEMO_CONFIG", "load_demo_config", "run_demo", "rl_episodes", "DemoResult", "DemoTargets", "TASK_TARGETS",
            "target_lines", "sft_bound_line"]
 T = TypeVar("T")
 
@@ -67,7 +68,9 @@ def load_demo_config(path: Optional[PathLike] = None, overrides: Sequence[str] =
 
 def _check_demo_config(cfg: MempoConfig) -> None:
     """ConfigError unless ``synthetic.oracle_objectives`` is set and ``sft.trajectories`` is null (the
-    demo draws its cold-start episodes per number of objectives and makes them with the oracle)."""
+    demo draws its cold-start episodes per number of objectives and makes them with the oracle), and,
+    for the ledger, ``trainer.eval_every`` is 0 (the periodic evaluation builds the search world; the
+    demo evaluates before and after RL)."""
     if cfg.synthetic.oracle_objectives is None:
         raise ConfigError("synthetic.oracle_objectives", "the demo draws its cold-start episodes per number of "
                                                          "objectives; list them, e.g. "
@@ -75,6 +78,10 @@ def _check_demo_config(cfg: MempoConfig) -> None:
     if cfg.sft.trajectories is not None:
         raise ConfigError("sft.trajectories", "the demo makes its cold-start data with the oracle; leave it null "
                                               "(mempo sft --trajectories trains on a file)")
+    if cfg.synthetic.task != "search" and cfg.trainer.eval_every:
+        raise ConfigError("trainer.eval_every", f"must be 0 with synthetic.task {cfg.synthetic.task!r} (the RL "
+                                                "stage's periodic evaluation evaluates the search world; the demo "
+                                                "evaluates before and after RL)")
 
 
 # ------------------------------------------------------------------------------------------------
@@ -135,22 +142,25 @@ def _echo(line: str) -> None:
 # ------------------------------------------------------------------------------------------------
 # the stages
 # ------------------------------------------------------------------------------------------------
-def _world_stage(cfg: MempoConfig) -> Staged[SyntheticEnv]:
-    """The synthetic world (``synthetic.world_documents`` documents) and the ``env`` section's
-    retriever over it (`mempo.synthetic.build.build_world`: BM25 by default)."""
-    env = build_world(cfg)
+def _world_stage(cfg: MempoConfig) -> Staged[TaskEnv]:
+    """The task's world and tools (`mempo.apps.tasks`, ``synthetic.task``): the search world and the
+    ``env`` section's retriever over it (BM25 by default) with ``env.tools``, or the ledger with its own
+    lookup and calc."""
+    env = synthetic_task(cfg).build(cfg)
+    if cfg.synthetic.task != "search":
+        return Staged(env, synthetic_task(cfg).describe(env))
     index = "BM25 index built" if cfg.env.retriever == "bm25" else f"retriever at {cfg.env.retriever_url}"
-    return Staged(env, f"{env.world.num_documents} documents ({len(env.world.entities)} entities), {index}")
+    return Staged(env, f"{synthetic_task(cfg).describe(env)}, {index}")
 
 
-def _oracle_stage(cfg: MempoConfig, env: SyntheticEnv, held_out: frozenset[str],
+def _oracle_stage(cfg: MempoConfig, env: TaskEnv, held_out: frozenset[str],
                   show_progress: bool) -> Staged[ColdStart]:
-    """Oracle trajectories (`oracle_cold_start`: memory context, think style ``synthetic.oracle_think``)
-    on ``synthetic.oracle_episodes`` episodes of each of ``synthetic.oracle_objectives`` objectives,
-    drawn with other question seeds than the evaluation's (`mempo.seeds`) and about no held-out
-    subject. ``synthetic.oracle_keep``: ``correct`` keeps score 1 only (the paper's cold-start
-    data); ``all`` (the demo's) keeps every one, the teacher's failures too."""
-    cold = oracle_cold_start(env.world, build_tools(cfg, env.retriever), cfg, held_out, show_progress=show_progress)
+    """Oracle trajectories (the task's `SyntheticTask.cold_start`: memory context, think style
+    ``synthetic.oracle_think``) on ``synthetic.oracle_episodes`` episodes of each of
+    ``synthetic.oracle_objectives`` objectives, drawn with other question seeds than the evaluation's
+    (`mempo.seeds`) and about nothing held out. ``synthetic.oracle_keep``: ``correct`` keeps score 1 only
+    (the paper's cold-start data); ``all`` (the demo's) keeps every one, the teacher's failures too."""
+    cold = synthetic_task(cfg).cold_start(cfg, env, held_out, show_progress=show_progress)
     correct = sum(float(t.score.get("score", 0.0)) == 1.0 for t in cold.trajectories)
     if cfg.synthetic.oracle_keep == "all":
         what = (f"oracle trajectories kept, all ({correct} correct; the teacher drops a needed fact with "
@@ -159,9 +169,10 @@ def _oracle_stage(cfg: MempoConfig, env: SyntheticEnv, held_out: frozenset[str],
         what = ("oracle trajectories kept (none was correct: all kept)" if cold.all_kept
                 else "correct oracle trajectories kept")
     rounds = sum(t.num_rounds for t in cold.trajectories)
+    held = (f"the {cold.held_out} entities the evaluation asks about" if cfg.synthetic.task == "search" else
+            f"the {cold.held_out} test and validation accounts")
     return Staged(cold, f"{len(cold.trajectories)}/{cold.ran} {what} ({rounds} rounds; objectives "
-                        f"{list(cfg.synthetic.oracle_objectives)}; no question about the {cold.held_out} entities the "
-                        f"evaluation asks about"
+                        f"{list(cfg.synthetic.oracle_objectives)}; no question about {held}"
                         f"{'; entity names replaced at random' if cfg.synthetic.oracle_rename else ''})"
                         f"{cold.describe_extras()}")
 
@@ -175,6 +186,8 @@ def _tokenizer_stage(cfg: MempoConfig, world: Any, trajectories: Sequence[Any]) 
     for t in trajectories:
         texts.append(t.prompt)
         texts.append(t.response_text)
+        if t.system_prompt:  # the json format's tool schemas, in every round's prompt
+            texts.append(t.system_prompt)
     # 8 copies: enough for every name's merges to outrank the oracle texts' (all 2,000 names one id
     # at 4,096 ids in the demo's world); a name list carries no fact
     texts.extend([" ".join(sorted({e.name for e in world.entities}))] * 8)
@@ -198,12 +211,12 @@ def _model_stage(cfg: MempoConfig, tokenizer: Any) -> Staged[Any]:
 
 def _copy_stage(cfg: MempoConfig, model: Any, tokenizer: Any, world: Any) -> Staged[CopyWarmup]:
     """The copy warm-up (`mempo.synthetic.copy_warmup`, run when ``synthetic.copy_warmup_steps`` > 0):
-    the model learns to copy ids from its context, on random sequences of the world's one-id names."""
+    the model learns to copy ids from its context, on random sequences of the task's ids
+    (`SyntheticTask.copy_pool`: the world's one-id names; the ledger's with its digits)."""
     d = cfg.synthetic
-    ids = [tokenizer.encode(" " + e.name, add_special_tokens=False) for e in world.entities]
-    pool = sorted({x[0] for x in ids if len(x) == 1})
+    pool, what = synthetic_task(cfg).copy_pool(world, tokenizer)
     result = copy_warmup(model, pool, steps=d.copy_warmup_steps, lr=d.copy_warmup_lr, seed=d.model_seed)
-    return Staged(result, f"{result.steps} steps on random sequences of {len(pool)} name ids, loss "
+    return Staged(result, f"{result.steps} steps on random sequences of {what}, loss "
                           f"{result.first_loss:.3f} -> {result.last_loss:.3f}")
 
 
@@ -232,13 +245,15 @@ def sft_bound_line(cfg: MempoConfig, metrics: dict[str, Any]) -> Optional[str]:
             "depend on its speed")
 
 
-def _eval_stage(cfg: MempoConfig, model: Any, tokenizer: Any, episodes_by_k: dict[int, list], retriever: Any,
+def _eval_stage(cfg: MempoConfig, model: Any, tokenizer: Any, episodes_by_k: dict[int, list], env: TaskEnv,
                 which: str, out: Path, echo: Callable[[str], None], show_progress: bool) -> Staged[EvalReport]:
     """`mempo.eval.evaluate` of ``eval.episodes`` episodes per k in ``eval.objectives`` under
-    ``eval.policies``; with ``eval.closed_book`` the same model closed-book too (every search finds
-    nothing: how much of the EM comes from retrieval). Writes ``eval_<which>.json`` / ``.md``."""
-    report = evaluate(model, tokenizer, episodes_by_k, retriever, cfg, label=f"{which} RL", log=echo,
-                      show_progress=show_progress, keep_trajectories=True)
+    ``eval.policies`` with the task's tools; with ``eval.closed_book`` the same model closed-book too (every
+    search or lookup finds nothing: how much of the EM comes from retrieval). Writes ``eval_<which>.json`` /
+    ``.md``."""
+    report = evaluate(model, tokenizer, episodes_by_k, env.retriever, cfg, label=f"{which} RL", log=echo,
+                      show_progress=show_progress, keep_trajectories=True, tools=env.tools,
+                      closed_book_tools=env.closed_book_tools)
     report.write(out, f"eval_{which}", title=f"Evaluation {which} RL")
     cells = "; ".join(f"k={r.objectives} {r.policy}: EM {r.em:.3f} F1 {r.f1:.3f} "
                       f"prompt tok/episode {r.prompt_tokens_per_episode:.0f}" for r in report.rows)
@@ -248,13 +263,14 @@ def _eval_stage(cfg: MempoConfig, model: Any, tokenizer: Any, episodes_by_k: dic
 def rl_episodes(cfg: MempoConfig, world: Any, held_out: frozenset[str], steps: int) -> list[Any]:
     """The RL stage's training episodes: ``steps * data.questions_per_step`` episodes of
     ``data.num_objectives`` objectives (an int, or a cycle: episode i has ``counts[i % len(counts)]``;
-    question seed ``data.seed``), none asking about a held-out subject
-    (`mempo.synthetic.heldout.training_episodes`; `held_out`: entity names)."""
-    return training_episodes(world, cfg.data.num_objectives, steps * cfg.data.questions_per_step, cfg.data.seed,
-                             held_out)
+    question seed ``data.seed``), none asking about a held-out subject (the task's
+    `SyntheticTask.training_episodes`: `mempo.synthetic.heldout.training_episodes` for the search world, the
+    ledger's train split; `held_out`: names)."""
+    return synthetic_task(cfg).training_episodes(world, cfg.data.num_objectives, steps * cfg.data.questions_per_step,
+                                                 cfg.data.seed, held_out)
 
 
-def _rl_stage(cfg: MempoConfig, model: Any, tokenizer: Any, env: SyntheticEnv, held_out: frozenset[str],
+def _rl_stage(cfg: MempoConfig, model: Any, tokenizer: Any, env: TaskEnv, held_out: frozenset[str],
               out: Path) -> Staged[TrainResult]:
     """MemPO RL (`train`, ``trainer.total_steps`` steps) from `model` into ``<out>/rl``
     (``metrics.jsonl``) on training episodes that ask about no entity the evaluation asks about;
@@ -262,7 +278,7 @@ def _rl_stage(cfg: MempoConfig, model: Any, tokenizer: Any, env: SyntheticEnv, h
     steps = cfg.trainer.total_steps
     episodes = rl_episodes(cfg, env.world, held_out, steps)
     result = train(cfg, model=model, tokenizer=tokenizer, episodes=episodes, retriever=env.retriever,
-                   out_dir=str(out / "rl"))
+                   out_dir=str(out / "rl"), tools=env.tools)
     _save_model(out / "model_rl", result.model, tokenizer)
     rollouts = "answer-blind protocol scaffold" if cfg.rollout.protocol_scaffold else "the model's own"
     counts = cfg.data.objective_counts
@@ -290,37 +306,39 @@ def episode_pair(before: EvalReport, after: EvalReport, episodes_by_k: dict[int,
 
 
 def memory_outcome_section(before: EvalReport, after: EvalReport, episodes_by_k: dict[int, list], tokenizer: Any,
-                           system_prompt: str) -> list[str]:
+                           system_prompt: str, task: SyntheticTask = TASKS["search"]) -> list[str]:
     """The report's table of what the agent's last ``<mem>`` held for each objective
     (`mempo.synthetic.oracle_memory.memory_line_kinds`), per k, before and after RL, from the kept trajectories
     of the memory-context cells (no lines without them). The last round with a ``<mem>`` block is
     read: the answer round's in an answered episode. "answered right" is the share of the
     objectives whose line kept the gold that the answer also got right (exact match); "right by
     position" the share of episodes whose answer to Q1, Q2, ... is right (one position at 0 shows an
-    answer the agent cannot write there: docs/experiments/T14-first-question.md)."""
-    labels = {"gold": "keeps the gold", "dropped": "dropped (`done`)", "other": "other text",
-              "pending": "pending or no line"}
+    answer the agent cannot write there: docs/experiments/T14-first-question.md). For the ledger
+    (`ledger_memory_section`) the items are the accounts of each question and their amounts."""
+    if task.name != "search":
+        return ledger_memory_section(before, after, episodes_by_k, tokenizer, system_prompt, task)
+    labels = task.memory_labels
     rows = []
     for k in sorted(episodes_by_k):
         for which, report in (("after SFT", before), ("after RL", after)):
             played = report.trajectories.get(("", k, "memory"))
             if not played:
                 continue
-            counts = dict.fromkeys(MEMORY_LINE_KINDS, 0)
+            counts = dict.fromkeys(task.memory_kinds, 0)
             kept_right = 0
             right_at = [0] * k
             for trajectory, episode in zip(played, episodes_by_k[k]):
                 record = render_episode(trajectory, episode, tokenizer, system_prompt=system_prompt, with_ids=False)
                 mem = last_mem(r.assistant for r in record.rounds)
                 per_objective = (trajectory.outcome or {}).get("per_objective", [])
-                for i, kind in enumerate(memory_line_kinds(mem, record.golds)):
+                for i, kind in enumerate(task.memory_kinds_of(mem, episode)):
                     counts[kind] += 1
                     right_here = i < len(per_objective) and per_objective[i].get("em", 0.0) == 1.0
                     right_at[i] += right_here
                     if kind == "gold" and right_here:
                         kept_right += 1
             total = sum(counts.values())
-            shares = " | ".join(f"{counts[kind] / total:.2f}" for kind in MEMORY_LINE_KINDS)
+            shares = " | ".join(f"{counts[kind] / total:.2f}" for kind in task.memory_kinds)
             right = f"{kept_right / counts['gold']:.2f}" if counts["gold"] else "-"
             by_position = " / ".join(f"{n / len(played):.2f}" for n in right_at)
             rows.append(f"| {k} | {which} | {total} | {shares} | {right} | {by_position} |")
@@ -331,28 +349,78 @@ def memory_outcome_section(before: EvalReport, after: EvalReport, episodes_by_k:
             "agent's last `<mem>` held (the teacher's imperfect memory writes `done` for a dropped fact), how "
             "often the answer was right when the line kept the gold, and the share of episodes answered right "
             "at each position of the answer (Q1 / Q2 / ...).", "",
-            "| objectives | evaluation | objectives scored | " + " | ".join(labels[k] for k in MEMORY_LINE_KINDS)
+            "| objectives | evaluation | objectives scored | " + " | ".join(labels[k] for k in task.memory_kinds)
             + " | answered right when kept | right by position |",
-            "|---|---|---|" + "---|" * len(MEMORY_LINE_KINDS) + "---|---|", *rows, ""]
+            "|---|---|---|" + "---|" * len(task.memory_kinds) + "---|---|", *rows, ""]
+
+
+def ledger_memory_section(before: EvalReport, after: EvalReport, episodes_by_k: dict[int, list], tokenizer: Any,
+                          system_prompt: str, task: SyntheticTask = TASKS["ledger"]) -> list[str]:
+    """The ledger's table of what the agent's last ``<mem>`` held for each account of the question
+    (`mempo.synthetic.ledger_oracle.ledger_memory_kinds`: its amount kept, dropped as the teacher drops it,
+    other text, pending), per k before and after RL, from the kept memory-context trajectories (no lines
+    without them); with the share of episodes whose memory kept every amount and, of those, the share
+    answered right (exact match). The last round with a ``<mem>`` is read: the answer round's."""
+    rows = []
+    for k in sorted(episodes_by_k):
+        for which, report in (("after SFT", before), ("after RL", after)):
+            played = report.trajectories.get(("", k, "memory"))
+            if not played:
+                continue
+            counts = dict.fromkeys(task.memory_kinds, 0)
+            complete = complete_right = 0
+            for trajectory, episode in zip(played, episodes_by_k[k]):
+                record = render_episode(trajectory, episode, tokenizer, system_prompt=system_prompt, with_ids=False)
+                kinds = task.memory_kinds_of(last_mem((r.assistant for r in record.rounds), JSON_TAG_SET), episode)
+                for kind in kinds:
+                    counts[kind] += 1
+                if all(kind == "kept" for kind in kinds):
+                    complete += 1
+                    complete_right += float((trajectory.outcome or {}).get("em", 0.0)) == 1.0
+            total = sum(counts.values())
+            shares = " | ".join(f"{counts[kind] / total:.2f}" for kind in task.memory_kinds)
+            right = f"{complete_right / complete:.2f}" if complete else "-"
+            rows.append(f"| {k} | {which} | {total} | {shares} | {complete / len(played):.2f} | {right} |")
+    if not rows:
+        return []
+    return ["## What the last `<mem>` held", "",
+            "Each account of the held-out questions (memory context, greedy): what the line `<i>.` of the agent's "
+            "last `<mem>` held (the teacher's imperfect memory writes `done` for a dropped amount), the share of "
+            "episodes whose memory kept every amount, and how often those were answered right.", "",
+            "| accounts | evaluation | accounts scored | " + " | ".join(task.memory_labels[k] for k in task.memory_kinds)
+            + " | episodes keeping every amount | answered right when all kept |",
+            "|---|---|---|" + "---|" * len(task.memory_kinds) + "---|---|", *rows, ""]
 
 
 @dataclass(frozen=True)
 class DemoTargets:
     """The demo's targets (docs/DEMO.md): EM after SFT at ``sft_k``; the RL gain in EM at ``rl_k``
     (at least ``rl_gain`` and more than ``rl_gain_se`` standard errors); no EM drop at ``no_drop_k``
-    after RL (the change >= 0); memory-context prompt
-    tokens at most ``token_ratio`` x the full context's of the same rounds at ``token_k``; the whole
-    run within ``seconds`` (the demo command's install is outside what the demo can time)."""
+    after RL (the change >= -``no_drop``); memory-context prompt
+    tokens at most ``token_ratio`` x the full context's of the same rounds at ``token_k`` (None: the
+    ratio is reported, with no target); the whole run within ``seconds`` (the demo command's install is
+    outside what the demo can time). Each task has its own (`TASK_TARGETS`)."""
 
     sft_em: float = 0.30
     sft_k: int = 2
     rl_gain: float = 0.10
     rl_gain_se: float = 3.0
-    rl_k: int = 2
-    no_drop_k: int = 4
-    token_ratio: float = 0.5
+    rl_k: int = 4
+    no_drop_k: int = 2
+    no_drop: float = 0.02
+    token_ratio: Optional[float] = 0.5
     token_k: int = 4
     seconds: float = 900.0
+
+
+#: The targets per ``synthetic.task``: the search demo's (docs/DEMO.md; issue 44: its SFT model leaves no room at
+#: k = 2, 0.89-0.94, so the gain is judged at k = 4 and k = 2 may not drop by more than 0.02); the ledger's (issue 43: EM after SFT,
+#: an RL gain at more than 3 paired SE, no drop at the other k; its system prompt of tool schemas, when on, makes
+#: the token ratio a report, not a target). The ledger's RL gain is judged at k = 2, where the SFT model leaves
+#: room (it reads "which holds more" as a difference); set after the tuning runs: docs/experiments/G02-ledger-demo-seeds.md
+TASK_TARGETS = {"search": DemoTargets(),
+                "ledger": DemoTargets(sft_em=0.30, sft_k=2, rl_gain=0.10, rl_k=2, no_drop_k=4, no_drop=0.0,
+                                      token_ratio=None)}
 
 
 def target_lines(before: Optional[EvalReport], after: Optional[EvalReport], seconds: float,
@@ -377,12 +445,16 @@ def target_lines(before: Optional[EvalReport], after: Optional[EvalReport], seco
         lines.append(f"target RL gain in EM at k={t.rl_k} >= +{t.rl_gain:.2f} and > {t.rl_gain_se:g} SE: "
                      f"{gain:+.3f} ({z:+.1f} SE), {verdict(gain >= t.rl_gain and z > t.rl_gain_se)}")
     drop = em_change(before, after, t.no_drop_k)
-    lines.append(f"target no EM drop at k={t.no_drop_k} after RL: " +
-                 (f"{drop[0]:+.3f}, {verdict(drop[0] >= 0)}" if drop is not None else "no such evaluation cells"))
+    floor = f" (>= {-t.no_drop:+.2f})" if t.no_drop else ""
+    lines.append(f"target no EM drop at k={t.no_drop_k} after RL{floor}: " +
+                 (f"{drop[0]:+.3f}, {verdict(drop[0] >= -t.no_drop)}" if drop is not None else "no such evaluation cells"))
     for which, report in (("after SFT", before), ("after RL", after)):
         row = report.row(t.token_k, "memory") if report is not None else None
         if row is None or row.token_ratio is None:
             lines.append(f"target memory/full prompt tokens at k={t.token_k} {which}: no such evaluation cell")
+            continue
+        if t.token_ratio is None:
+            lines.append(f"memory/full prompt tokens at k={t.token_k} {which}: {row.token_ratio:.2f} (reported, no target)")
             continue
         lines.append(f"target memory/full prompt tokens at k={t.token_k} {which} <= {t.token_ratio:g}: "
                      f"{row.token_ratio:.2f}, {verdict(row.token_ratio <= t.token_ratio)}")
@@ -436,7 +508,7 @@ def rl_setting_line(cfg: MempoConfig, sft_weights: Optional[str] = None) -> str:
     clip = f" (clip {s.log_clip:g} nats)" if s.reward == "log" else ""
     reduce = f" ({s.objective_reduce})" if s.scored_objectives != "all" else ""
     key = (s.reward, s.comparator, s.threshold, s.scored_objectives, s.objective_reduce, s.log_clip)
-    finding = ABLATION_FINDINGS.get(key)
+    finding = ABLATION_FINDINGS.get(key) if cfg.synthetic.task == "search" else None  # measured on the search world
     if a.memory_weight == 0:
         measured = "with weight 0 this run is GRPO"
     elif finding is not None:
@@ -448,6 +520,8 @@ def rl_setting_line(cfg: MempoConfig, sft_weights: Optional[str] = None) -> str:
             measured += (f"; this run's SFT model is another (weights sha256 {sft_weights[:12]}: the SFT model follows "
                          f"the seed and the CPU's floats), and on another SFT model the memory reward's signal can be "
                          f"absent or inverted (docs/DEMO.md), so that finding need not hold for this run")
+    elif cfg.synthetic.task != "search":
+        measured = f"the ablation measured the search task only, not the {cfg.synthetic.task} task"
     else:
         measured = "this scoring is not one the ablation measured"
     return (f"RL rewarded the outcome and, with weight {a.memory_weight:g}, each `<mem>` block (scoring reward "
@@ -474,21 +548,22 @@ def memory_keeps_line(records: Sequence[dict], window: int = 10) -> Optional[str
 
 def _report(out: Path, stages: _Stages, before: EvalReport, after: EvalReport,
             pair: Optional[tuple[EpisodeRecord, EpisodeRecord]] = None, memory: Sequence[str] = (),
-            notes: Sequence[str] = ()) -> ReportResult:
+            notes: Sequence[str] = (), task: str = "search") -> ReportResult:
     stages.save()
     metrics_path = out / "rl" / "metrics.jsonl"
+    title = "MemPO CPU demo report" + ("" if task == "search" else f" ({task} task)")
+    targets = target_lines(before, after, stages.times.total_seconds, TASK_TARGETS[task])
     return write_report(out, before=before, after=after, metrics_path=metrics_path if metrics_path.is_file() else None,
-                        stages=stages.times, machine=stages.times.machine, title="MemPO CPU demo report",
-                        episode_pair=pair, notes=[*notes, *target_lines(before, after, stages.times.total_seconds)],
-                        sections=[memory] if memory else [])
+                        stages=stages.times, machine=stages.times.machine, title=title,
+                        episode_pair=pair, notes=[*notes, *targets], sections=[memory] if memory else [])
 
 
 def _report_stage(out: Path, stages: _Stages, before: EvalReport, after: EvalReport,
                   pair: Optional[tuple[EpisodeRecord, EpisodeRecord]], memory: Sequence[str],
-                  notes: Sequence[str]) -> Staged[ReportResult]:
-    """``report.md`` + PNG plots (`write_report`); its first lines are the run against the demo's
-    targets (`DemoTargets`, `target_lines`)."""
-    result = _report(out, stages, before, after, pair, memory, notes)
+                  notes: Sequence[str], task: str) -> Staged[ReportResult]:
+    """``report.md`` + PNG plots (`write_report`); its first lines are the run against the task's
+    targets (`TASK_TARGETS`, `target_lines`)."""
+    result = _report(out, stages, before, after, pair, memory, notes, task)
     return Staged(result, f"{result.path} and {len(result.plots)} plots ({', '.join(sorted(result.plots))})")
 
 
@@ -520,9 +595,10 @@ def run_demo(cfg: MempoConfig, out_dir: PathLike, *, echo: Callable[[str], None]
     echo(f"allocator: {keep_freed_memory()}")  # before the stages: their buffers are reused, not page-faulted in
     stages = _Stages(out, 10 if cfg.synthetic.copy_warmup_steps else 9, echo)
 
+    task = synthetic_task(cfg)
     env = stages.run("world", _world_stage, cfg)
-    episodes_by_k = eval_episodes(env.world, cfg)  # the split eval.split names
-    held_out = held_out_of_training(env.world, cfg)  # both splits' entities, whichever is evaluated
+    episodes_by_k = task.eval_episodes(env.world, cfg)
+    held_out = task.held_out(env.world, cfg)  # both splits' names, whichever is evaluated
     cold = stages.run("oracle", _oracle_stage, cfg, env, held_out, show_progress)
     tokenizer = stages.run("tokenizer", _tokenizer_stage, cfg, env.world, cold.trajectories)
     model = stages.run("model", _model_stage, cfg, tokenizer)
@@ -533,19 +609,19 @@ def run_demo(cfg: MempoConfig, out_dir: PathLike, *, echo: Callable[[str], None]
     notes = ([bound] if bound else []) + [rl_setting_line(cfg, weights_digest(out / "model_sft"))]
     if bound:
         echo(bound)
-    before = stages.run("eval-before", _eval_stage, cfg, model, tokenizer, episodes_by_k, env.retriever, "before",
+    before = stages.run("eval-before", _eval_stage, cfg, model, tokenizer, episodes_by_k, env, "before",
                         out, echo, show_progress)
     trained = stages.run("rl", _rl_stage, cfg, model, tokenizer, env, held_out, out)
-    after = stages.run("eval-after", _eval_stage, cfg, trained.model, tokenizer, episodes_by_k, env.retriever,
+    after = stages.run("eval-after", _eval_stage, cfg, trained.model, tokenizer, episodes_by_k, env,
                        "after", out, echo, show_progress)
     rl_metrics = out / "rl" / "metrics.jsonl"
     keeps = memory_keeps_line(read_metrics(rl_metrics)) if rl_metrics.is_file() else None
     notes += [keeps] if keeps else []
-    pair = episode_pair(before, after, episodes_by_k, tokenizer, cfg.rollout.system_prompt)
-    memory = memory_outcome_section(before, after, episodes_by_k, tokenizer, cfg.rollout.system_prompt)
-    report = stages.run("report", _report_stage, out, stages, before, after, pair, memory, notes)
-    # again, so that the stage table includes the report stage itself
-    _report(out, stages, before, after, pair, memory, notes)
+    system = rollout_system_prompt(cfg.rollout, env.tools)  # the system message the agent loop wrote
+    pair = episode_pair(before, after, episodes_by_k, tokenizer, system)
+    memory = memory_outcome_section(before, after, episodes_by_k, tokenizer, system, task)
+    report = stages.run("report", _report_stage, out, stages, before, after, pair, memory, notes, task.name)
+    _report(out, stages, before, after, pair, memory, notes, task.name)  # again, so that the stage table includes the report stage itself
     echo(f"done in {time.perf_counter() - stages.started:.1f} s; report: {report.path}")
     return DemoResult(out, report.path, list(stages.times.stages), before, after)
 

@@ -157,7 +157,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"wrote {', '.join(str(p) for p in paths.values())}")
     if report.all_tool_calls_failed() and not cfg.eval.allow_failed_tools:
         raise ConfigError("eval.allow_failed_tools", f"every tool call failed ({report.metadata['tool_calls']} "
-                          f"calls, retriever: {report.metadata['retriever_name']}); the numbers in "
-                          f"{paths['json']} measure the model without retrieval (set "
+                          f"calls, {report.metadata['tools_name']}); the numbers in "
+                          f"{paths['json']} measure the model without its tools' results (set "
                           "eval.allow_failed_tools=true to accept them)")
     return 0

@@ -45,6 +45,10 @@ MAX_TENSOR_BYTES = 1 << 63
 #: generates and BM25-indexes them at start-up, about 100 s and 4 GB for 10^6 on one core.
 MAX_WORLD_DOCUMENTS = 1_000_000
 _DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+#: The fewest accounts a ledger has (`mempo.synthetic.ledger.MIN_ACCOUNTS`: each split holds a few).
+MIN_LEDGER_ACCOUNTS = 40
+#: The largest ledger amount (a number the agent copies digit by digit; a sum of many stays far below calc's bound).
+MAX_LEDGER_AMOUNT = 10 ** 9
 #: actor.rollout_is: "auto" (on where rollout and training differ), a level, or "off"
 ROLLOUT_IS_LEVELS = ("auto", "token", "sequence", "off")
 
@@ -270,6 +274,11 @@ class RolloutConfig:
     (`mempo.protocol.tags`): ``"tags"`` (one tag per tool, ``<search>q</search>``, answered in
     ``<information>``) or ``"json"`` (Hermes / Qwen ``<tool_call>{"name": ..., "arguments": ...}
     </tool_call>`` answered in ``<tool_response>``, the tools' JSON schemas in the system prompt).
+    tool_schemas: in the json format, whether the system prompt carries the tools' schemas block
+    (`mempo.tools.Toolset.system_prompt`: what a pretrained chat model reads to know its tools); false:
+    ``system_prompt`` alone, for a model trained from scratch on one toolset, which learns the calls from
+    its SFT data (the block is ~220 tokens in every round of configs/ledger.yaml's tokenizer); the json
+    format only.
 
     backend (`mempo.rollout.backends.factory.build_backend`): ``"hf"`` (transformers generate,
     CPU or GPU) or ``"sglang"``: with sglang_url null an ``sglang.Engine`` in this process,
@@ -310,6 +319,7 @@ class RolloutConfig:
     tool_workers: int = 4
     score_mode: Literal["mean", "all", "sum"] = "mean"
     action_format: Literal[ACTION_FORMATS] = "tags"
+    tool_schemas: bool = True
     outcome_reward: str = "em"
 
     def __post_init__(self):
@@ -331,6 +341,9 @@ class RolloutConfig:
                  "needs backend 'hf' (the scaffold is a transformers logits processor)")
         for i, token in enumerate(self.stop_token_ids or ()):
             _require(token >= 0, f"stop_token_ids[{i}]", f"must be a token id >= 0, got {token!r}")
+        _require(self.tool_schemas or self.action_format == "json", "tool_schemas",
+                 "says whether the json format's system prompt carries the tools' schemas, and action_format is "
+                 "'tags' (no schemas block): leave it true")
         _require(self.outcome_reward in BUILTIN_OUTCOME_REWARDS or is_import_path(self.outcome_reward),
                  "outcome_reward", f"must be one of {BUILTIN_OUTCOME_REWARDS} or an import path "
                                    f"'package.module:function', got {self.outcome_reward!r}")
@@ -650,6 +663,23 @@ class SyntheticConfig:
     that builds the world (`mempo train`, `eval`, `sft`, `demo` with ``data.source: synthetic``)
     reads this section, so they agree on it.
 
+    task: the synthetic task (`mempo.apps.tasks`): ``"search"`` (default: the world below, k questions an
+    episode, the built-in search / access tools) or ``"ledger"`` (`mempo.synthetic.ledger`: accounts whose
+    amounts sit on ledger pages, one question an episode over k accounts, the task's own ``lookup`` and
+    ``calc`` tools as JSON tool calls; `mempo demo` only: the other commands build the search world and
+    refuse it). Under ``"ledger"`` the config needs ``rollout.action_format: json``, ``env.tools: []`` and
+    ``data.source: synthetic``; the fields only the other task reads stay at their defaults (a ConfigError
+    names one that does not): the world_* size and shape fields, oracle_memory_style, oracle_query_style
+    and the scoring_* records under the ledger, the ledger_* fields under the search world. world_seed,
+    world_prompt_style (the ledger's: ``"tools"``, the default, or ``"bare"``), the oracle_* fields the
+    ledger's teacher reads (objectives, episodes, keep, think, drop_fact_prob, drop_seed, lost_line,
+    answer_template, rename), the copy warm-up and the model fields serve both.
+
+    Ledger (`mempo.synthetic.ledger.Ledger.generate`, seed world_seed): ledger_accounts accounts (at least
+    `MIN_LEDGER_ACCOUNTS`; 20 % of them test, 10 % validation, the rest train), ledger_page_entries entries
+    a page lists (the account looked up and the distractors beside it), ledger_amounts ``[least, most]``
+    the range of an account's amount.
+
     World (`mempo.synthetic.world.World.generate`; every default leaves the world as it was).
     world_seed / world_entities: the seed and the size in entities; world_documents: when set, the
     world has exactly this many documents instead (entities follow); article_fillers: ``[least,
@@ -719,6 +749,7 @@ class SyntheticConfig:
     copy warm-up's and the SFT data order's seed.
     """
 
+    task: Literal["search", "ledger"] = "search"
     world_seed: int = 0
     world_entities: int = 200
     world_documents: Optional[int] = None
@@ -755,6 +786,9 @@ class SyntheticConfig:
     tie_embeddings: bool = True
     torch_threads: int = 0
     model_seed: int = 0
+    ledger_accounts: int = 1000
+    ledger_page_entries: int = 4
+    ledger_amounts: list[int] = field(default_factory=lambda: [1, 9])
 
     def __post_init__(self):
         _check_types(self)
@@ -810,6 +844,33 @@ class SyntheticConfig:
                      "must list at least one number of objectives, or be null")
             for i, k in enumerate(self.oracle_objectives):
                 _require(k >= 1, f"oracle_objectives[{i}]", f"must be >= 1, got {k!r}")
+        _require(MIN_LEDGER_ACCOUNTS <= self.ledger_accounts <= MAX_WORLD_DOCUMENTS, "ledger_accounts",
+                 f"must be in [{MIN_LEDGER_ACCOUNTS}, {MAX_WORLD_DOCUMENTS:,}] (each split holds some; generated at "
+                 f"every start), got {self.ledger_accounts}")
+        _require(self.ledger_page_entries >= 1, "ledger_page_entries",
+                 f"must be >= 1 (entries a page lists), got {self.ledger_page_entries}")
+        amounts = self.ledger_amounts
+        _require(len(amounts) == 2 and 1 <= amounts[0] < amounts[1] <= MAX_LEDGER_AMOUNT, "ledger_amounts",
+                 f"must be [least, most] with 1 <= least < most <= {MAX_LEDGER_AMOUNT:,}, got {amounts}")
+        other_task = _SEARCH_ONLY_FIELDS if self.task == "ledger" else _LEDGER_ONLY_FIELDS
+        defaults = {f.name: f.default if f.default is not dataclasses.MISSING else f.default_factory()
+                    for f in dataclasses.fields(self)}
+        for name in other_task:
+            _require(getattr(self, name) == defaults[name], name,
+                     f"describes the {'search' if self.task == 'ledger' else 'ledger'} task's world or teacher, and "
+                     f"task is {self.task!r}: leave it at its default ({defaults[name]!r})")
+        _require(self.task != "ledger" or self.world_prompt_style in (None, "tools", "bare"), "world_prompt_style",
+                 f"the ledger's prompts are 'tools' (default) or 'bare'; {self.world_prompt_style!r} names the search "
+                 "tools")
+
+
+#: ``synthetic`` fields only the search world and its teacher read (`SyntheticConfig`: left at their defaults
+#: under ``task: ledger``) and only the ledger reads (left at theirs under ``task: search``).
+_SEARCH_ONLY_FIELDS = ("world_entities", "world_documents", "article_fillers", "world_relations", "world_names",
+                       "world_article_style", "world_chronicles", "world_distractor_ratio", "world_question_hops",
+                       "oracle_memory_style", "oracle_query_style", "scoring_sft_examples", "scoring_records_layout",
+                       "scoring_records_memories")
+_LEDGER_ONLY_FIELDS = ("ledger_accounts", "ledger_page_entries", "ledger_amounts")
 
 
 @dataclass
@@ -849,6 +910,15 @@ class MempoConfig:
         _require(not self.eval.closed_book or set(self.env.tools) <= set(BUILTIN_TOOL_NAMES), "eval.closed_book",
                  "runs the built-in search over a retriever that finds nothing; with a user's tools in env.tools "
                  "a closed book is not defined: set it false")
+        if self.synthetic.task == "ledger":  # the ledger brings its tools and its teacher writes JSON calls
+            _require(self.data.source == "synthetic", "synthetic.task",
+                     f"'ledger' is a synthetic world, and data.source is {self.data.source!r}: set data.source "
+                     "synthetic, or leave the task 'search'")
+            _require(not self.env.tools, "env.tools",
+                     f"must be [] with synthetic.task 'ledger' (its tools, lookup and calc, come with the ledger: "
+                     f"mempo.synthetic.ledger_tools), got {self.env.tools}")
+            _require(self.rollout.action_format == "json", "rollout.action_format",
+                     "must be 'json' with synthetic.task 'ledger' (its teacher writes JSON tool calls)")
         if self.data.gold_field is None:  # no reference answers: nothing may need one
             _require(is_import_path(self.rollout.outcome_reward), "rollout.outcome_reward",
                      f"{self.rollout.outcome_reward!r} compares the answer with reference answers, and "

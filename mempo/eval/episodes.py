@@ -37,9 +37,9 @@ EVAL_SPLITS = ("test", "validation")
 def prompt_style(cfg: MempoConfig) -> str:
     """The layout (`mempo.env.data.PROMPT_STYLES`) of the user turn of the config's episodes, in
     training and evaluation alike: the synthetic world's ``synthetic.world_prompt_style`` (None:
-    ``"numbered"``), `mempo.env.build.qa_prompt_style`'s for QA files."""
+    ``"numbered"``; the ledger's ``"tools"``), `mempo.env.build.qa_prompt_style`'s for QA files."""
     if cfg.data.source == "synthetic":
-        return cfg.synthetic.world_prompt_style or "numbered"
+        return cfg.synthetic.world_prompt_style or ("tools" if cfg.synthetic.task == "ledger" else "numbered")
     return qa_prompt_style(cfg)
 
 

@@ -26,6 +26,7 @@ from typing import Any, Callable, Iterator, Mapping, Optional, Sequence
 
 from mempo.algo.outcome import score_outcomes
 from mempo.config import MempoConfig
+from mempo.config.schema import BUILTIN_TOOL_NAMES
 from mempo.env.build import build_tools
 from mempo.env.closed_book import ClosedBookRetriever
 from mempo.eval.episodes import eval_rollout_config
@@ -33,6 +34,7 @@ from mempo.eval.records import EvalReport, EvalRow, Examples, is_correct, json_d
 from mempo.eval.summary import render_episode, summarize
 from mempo.rollout.backends.factory import hf_backend
 from mempo.rollout.loop import RolloutEngine
+from mempo.tools import Toolset
 from mempo.utils.jsonl import JsonlWriter, jsonl_writer
 from mempo.utils.machine import machine_facts
 from mempo.utils.progress import progress
@@ -54,7 +56,8 @@ def evaluate(model: Any, tokenizer: Any, episodes_by_k: Mapping[Any, Sequence[An
              backend: Any = None, policies: Optional[Sequence[str]] = None, max_new_tokens: Optional[int] = None,
              label: str = "", log: Optional[Callable[[str], None]] = None,
              show_progress: bool = True, keep_trajectories: bool = False,
-             trajectories_path: Optional[PathLike] = None) -> EvalReport:
+             trajectories_path: Optional[PathLike] = None, tools: Optional[Toolset] = None,
+             closed_book_tools: Optional[Toolset] = None) -> EvalReport:
     """Run every episode once under every policy and summarise per (dataset, k, policy): cells in the
     order datasets first appear, k ascending, each with the settings of `eval_rollout_config`.
 
@@ -75,6 +78,10 @@ def evaluate(model: Any, tokenizer: Any, episodes_by_k: Mapping[Any, Sequence[An
         keep_trajectories: keep the trajectories on the report (``report.trajectories``).
         trajectories_path: write every episode's `EpisodeRecord` there as its cell finishes (jsonl;
             the file appears when the evaluation succeeds, never partly written).
+        tools: the agent's tools (None: `mempo.env.build.build_tools` of ``cfg`` over `retriever`), e.g. a
+            synthetic task's own (`mempo.apps.tasks`).
+        closed_book_tools: the closed-book pass's tools (None: ``build_tools`` over a
+            `ClosedBookRetriever`); needed with ``eval.closed_book`` when `tools` is given (ValueError).
     """
     log = log or (lambda line: print(line, file=sys.stderr, flush=True))
     policies = list(policies or cfg.eval.policies)
@@ -83,8 +90,13 @@ def evaluate(model: Any, tokenizer: Any, episodes_by_k: Mapping[Any, Sequence[An
     if backend is None:
         backend = hf_backend(model, tokenizer)
     max_context = model_context_tokens(model)
-    tools = build_tools(cfg, retriever)
-    closed_tools = build_tools(cfg, ClosedBookRetriever()) if cfg.eval.closed_book else None
+    if tools is not None and cfg.eval.closed_book and closed_book_tools is None:
+        raise ValueError("evaluate: with tools given and eval.closed_book on, give closed_book_tools (the same "
+                         "tools finding nothing)")
+    tools = tools if tools is not None else build_tools(cfg, retriever)
+    closed_tools = None
+    if cfg.eval.closed_book:
+        closed_tools = closed_book_tools if closed_book_tools is not None else build_tools(cfg, ClosedBookRetriever())
     rows, kept, examples = [], {}, {}
     started = time.perf_counter()
     with _eval_mode(model), _record_file(trajectories_path) as records:
@@ -111,7 +123,7 @@ def evaluate(model: Any, tokenizer: Any, episodes_by_k: Mapping[Any, Sequence[An
                     if row.failed_tool_calls:
                         log(f"eval{' ' + name if name else ''}: k={k} {row_policy}: warning: "
                             f"{row.failed_tool_calls} of {row.tool_calls} tool calls failed "
-                            f"(retriever: {retriever_name(retriever)})")
+                            f"({tools_name(cell_tools, retriever)})")
             examples[(dataset, k)] = found
     metadata = {
         "label": label, "max_turns": cfg.eval.max_turns, "max_new_tokens": max_new,
@@ -124,10 +136,11 @@ def evaluate(model: Any, tokenizer: Any, episodes_by_k: Mapping[Any, Sequence[An
     metadata["tool_calls"] = sum(r.tool_calls for r in rows)
     metadata["failed_tool_calls"] = sum(r.failed_tool_calls for r in rows)
     metadata["retriever_name"] = retriever_name(retriever)
+    metadata["tools_name"] = tools_name(tools, retriever)
     report = EvalReport(rows, metadata, kept, examples)
     if report.all_tool_calls_failed():
         log(f"eval{' ' + label if label else ''}: every tool call failed ({metadata['tool_calls']} calls, "
-            f"retriever: {metadata['retriever_name']}): these numbers measure the model without retrieval")
+            f"{metadata['tools_name']}): these numbers measure the model without its tools' results")
     if records is not None:
         metadata["trajectories"] = {"path": str(records.path), "episodes": records.count}
     return report
@@ -137,6 +150,14 @@ def retriever_name(retriever: Any) -> str:
     """How warnings name a retriever: its class, and its URL when it has one (`HTTPRetriever`)."""
     url = getattr(retriever, "base_url", None)
     return f"{type(retriever).__name__}{' at ' + str(url) if url else ''}"
+
+
+def tools_name(tools: Toolset, retriever: Any) -> str:
+    """How warnings name what failed: the retriever (`retriever_name`) when the toolset has a built-in search
+    tool, which queries it; else the tools by name (a user's tools, the ledger's: the retriever is unused)."""
+    if set(tools.names) & set(BUILTIN_TOOL_NAMES):
+        return f"retriever: {retriever_name(retriever)}"
+    return f"tools: {', '.join(tools.names)}"
 
 
 def _cells(episodes_by_k: Mapping[Any, Sequence[Any]]) -> list[tuple[str, int, list[Any]]]:

@@ -36,13 +36,21 @@ from mempo.seeds import generation_seed
 from mempo.tools import Tool, ToolResult, Toolset, as_toolset
 
 __all__ = ["RolloutConfig", "RolloutTask", "RolloutStats", "RolloutEngine", "EpisodeRun", "rollout", "as_task",
-           "protocol_tags"]
+           "protocol_tags", "rollout_system_prompt"]
 
 
 def protocol_tags(config: RolloutConfig, tools: Union[Toolset, Mapping[str, Tool], Sequence[Tool]]) -> TagSet:
     """The tag set of a run: ``rollout.action_format`` over the tools' names (`tag_set_for`); what the
     loop, the stopping rule, the scanner and the outcome's format check read."""
     return tag_set_for(config.action_format, as_toolset(tools).names)
+
+
+def rollout_system_prompt(config: RolloutConfig, tools: Union[Toolset, Mapping[str, Tool], Sequence[Tool]]) -> str:
+    """The system message of a run's episodes: ``rollout.system_prompt``, followed in the json format by the
+    tools' schemas block (`Toolset.system_prompt`) unless ``rollout.tool_schemas`` is false."""
+    if config.action_format == "json" and config.tool_schemas:
+        return as_toolset(tools).system_prompt(config.system_prompt)
+    return config.system_prompt
 
 
 @dataclass(frozen=True)
@@ -179,8 +187,7 @@ class RolloutEngine:
             tools = make_tools(retriever)
         self.toolset = as_toolset(tools)
         self.tags = protocol_tags(self.config, self.toolset)
-        self.system_prompt = self.config.system_prompt if self.config.action_format == "tags" \
-            else self.toolset.system_prompt(self.config.system_prompt)
+        self.system_prompt = rollout_system_prompt(self.config, self.toolset)
         self.seed = self.config.seed if seed is None else int(seed)
         self.max_context_tokens = max_context_tokens
         # the memory context re-wraps a cut tool result in the protocol's own tool-result tag

@@ -9,6 +9,9 @@ user brings.
   (its memory format: `oracle_memory`); `mempo.synthetic.backend`: the agent as a generation backend.
 - `mempo.synthetic.cold_start`: the oracle's SFT data from the configuration.
 - `mempo.synthetic.copy_warmup`: the copy warm-up of a model trained from scratch.
+- `mempo.synthetic.ledger`: the ledger, a second task where memory is the bottleneck (accounts on ledger
+  pages, one question over k of them); its tools `mempo.synthetic.ledger_tools` (``lookup``, ``calc``) and
+  its teacher `mempo.synthetic.ledger_oracle` (the demo chooses the task: `mempo.apps.tasks`).
 
 Import the modules directly (importing this package imports nothing else).
 """

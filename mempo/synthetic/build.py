@@ -45,7 +45,12 @@ def check_world_config(cfg: MempoConfig) -> None:
 
 
 def synthetic_world(cfg: MempoConfig) -> World:
-    """The synthetic world ``cfg.synthetic`` describes (checked first: `check_world_config`)."""
+    """The synthetic world ``cfg.synthetic`` describes (checked first: `check_world_config`). The search
+    world only: ``synthetic.task: ledger`` is a ConfigError naming that field (the ledger runs in `mempo
+    demo`, `mempo.apps.tasks`)."""
+    if cfg.synthetic.task != "search":
+        raise ConfigError("synthetic.task", f"{cfg.synthetic.task!r} runs in `mempo demo` only (mempo.apps.tasks); "
+                                            "mempo train, eval, sft and serve build the search world: leave it 'search'")
     check_world_config(cfg)
     s = cfg.synthetic
     fillers = tuple(s.article_fillers) if s.article_fillers is not None else None

@@ -55,10 +55,11 @@ def copy_warmup(model: Any, token_ids: Sequence[int], *, steps: int, lr: float =
     from ``[min_len, max_len]``, the loss on the second half only; returns a `CopyWarmup`.
 
     token_ids: the ids the sequences are drawn from (e.g. the ids of the names a world uses), at
-    least 2 distinct. ValueError on an empty pool, steps < 0 or lengths out of order."""
-    pool = sorted({int(t) for t in token_ids})
-    if len(pool) < 2:
-        raise ValueError(f"copy_warmup needs at least 2 distinct token ids, got {len(pool)}")
+    least 2 distinct; an id listed n times is drawn n times as often (the ledger weights its digits).
+    ValueError on an empty pool, steps < 0 or lengths out of order."""
+    pool = sorted(int(t) for t in token_ids)
+    if len(set(pool)) < 2:
+        raise ValueError(f"copy_warmup needs at least 2 distinct token ids, got {len(set(pool))}")
     if steps < 0 or rows < 1 or not 1 <= min_len <= max_len or lr <= 0:
         raise ValueError(f"copy_warmup: need steps >= 0, rows >= 1, 1 <= min_len <= max_len and lr > 0; got "
                          f"steps={steps}, rows={rows}, min_len={min_len}, max_len={max_len}, lr={lr}")

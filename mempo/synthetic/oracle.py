@@ -24,6 +24,8 @@ from mempo.synthetic.oracle_memory import LOST_LINES, UNKNOWN, HopState, Objecti
 from mempo.protocol.memory import CONTEXT_POLICIES, DEFAULT_SYSTEM_PROMPT, AgentMemory, ShortTextPolicy
 from mempo.protocol.grammar import check_answer_template, parse_round
 from mempo.protocol.reward import compute_score
+from mempo.protocol.tags import TAG_SET, TagSet
+from mempo.tools import Toolset
 
 __all__ = [
     "DEFAULT_MAX_TURNS",
@@ -380,29 +382,36 @@ def _as_tools(tools: Any) -> ToolMap:
 
 def run_oracle(episode: Episode, tools: Union[ToolMap, Any], *, policy: str = "memory",
                max_turns: int = DEFAULT_MAX_TURNS, system_prompt: str = DEFAULT_SYSTEM_PROMPT,
-               short_text_policy: Optional[ShortTextPolicy] = None, agent: Optional[OracleAgent] = None,
-               score_mode: str = "mean") -> OracleTrajectory:
+               short_text_policy: Optional[ShortTextPolicy] = None, agent: Optional[Any] = None,
+               score_mode: str = "mean", tags: TagSet = TAG_SET) -> OracleTrajectory:
     """Run the oracle on one episode under ``policy`` (``"memory"`` or ``"full"``) against real
-    tools (`SearchTool` / `AccessTool` over any retriever, in-process or HTTP); returns an
-    `OracleTrajectory`.
+    tools (`SearchTool` / `AccessTool` over any retriever, in-process or HTTP, or a task's own); returns
+    an `OracleTrajectory`.
 
     Args:
         episode: the episode (its ``prompt`` is the user message, its ``golds`` the answers).
         tools: ``{"search": SearchTool, "access": AccessTool}`` (e.g. `mempo.env.tools.make_tools`, or a
             `mempo.tools.Toolset` such as `mempo.env.build.build_tools` gives) or a `Retriever` to build them
-            from; each call is `Tool.run` (the tags format).
+            from; each call goes through `mempo.tools.Toolset.call` under `tags` (as the agent loop's do; a
+            Toolset keeps its own timeout and length bound, other tools get the defaults).
         policy: the context policy the prompts are built with (`AgentMemory.messages`).
         max_turns: the turn limit (the trajectory ends unanswered after it).
-        system_prompt: the system message.
+        system_prompt: the system message (the json format's: ``Toolset.system_prompt`` of the run's, as the
+            agent loop writes it).
         short_text_policy: how tool results are shortened under the memory policy (default:
-            `AgentMemory`'s).
-        agent: the policy (default ``OracleAgent(max_turns=max_turns)``).
+            `AgentMemory`'s, re-wrapping a cut result in the tool-result tag of `tags`).
+        agent: the policy, anything with ``respond(messages) -> str`` (default ``OracleAgent(max_turns=max_turns)``;
+            the ledger's: `mempo.synthetic.ledger_oracle.LedgerOracle`).
         score_mode: passed to `mempo.protocol.reward.compute_score`.
+        tags: the protocol's tag set (`mempo.protocol.tags`): `TAG_SET` for the search world's teacher,
+            ``JSON_TAG_SET`` for a teacher writing JSON tool calls.
     """
     if policy not in CONTEXT_POLICIES:
         raise ValueError(f"policy must be one of {CONTEXT_POLICIES}, got {policy!r}")
-    tools = _as_tools(tools)
+    toolset = tools if isinstance(tools, Toolset) else Toolset(_as_tools(tools))
     agent = agent or OracleAgent(max_turns=max_turns)
+    if short_text_policy is None and tags.tool_result != ShortTextPolicy().result_tag:
+        short_text_policy = ShortTextPolicy(result_tag=tags.tool_result)
     memory = AgentMemory(episode.prompt, system_prompt=system_prompt, short_text_policy=short_text_policy)
     rounds: list[OracleRound] = []
     final_answer, finished = None, False
@@ -410,23 +419,22 @@ def run_oracle(episode: Episode, tools: Union[ToolMap, Any], *, policy: str = "m
         messages = [dict(m) for m in memory.messages(policy)]
         text = agent.respond(messages)
         memory.add_llm_gen(text)
-        parsed = parse_round(text)
+        parsed = parse_round(text, tags)
         round_ = OracleRound(index, messages, text, parsed.action, parsed.argument)
         rounds.append(round_)
         if parsed.action == "answer":
             final_answer, finished = parsed.argument, True
             break
-        tool = tools.get(parsed.action) if parsed.action else None
-        if tool is None:
+        if parsed.action is None or (tags.call_tag is None and parsed.action not in toolset):
             break
-        result = tool.run(parsed.argument)
+        result = toolset.call(parsed.action, parsed.argument or "", tags)
         round_.tool_text, round_.tool_kind, round_.tool_ok = result.text, result.kind, result.ok
         round_.tool_metadata = dict(result.metadata)
         if result.kind == "webpage":
             memory.add_webpage(result.text)
         else:
             memory.add_search_results(result.text)
-    score = compute_score(_response_text(rounds), episode.golds, mode=score_mode)
+    score = compute_score(_response_text(rounds), episode.golds, mode=score_mode, tags=tags)
     return OracleTrajectory(episode_id=episode.id, policy=policy, system_prompt=system_prompt, prompt=episode.prompt,
                             golds=[list(g) for g in episode.golds], rounds=rounds, final_answer=final_answer,
                             score=score, finished=finished, max_turns=max_turns)

@@ -18,9 +18,10 @@ from mempo.synthetic.oracle import OracleTrajectory
 __all__ = ["rename_trajectories"]
 
 
-def _name_pattern(names: Collection[str]) -> re.Pattern:
-    """One regex matching any of `names` as whole words; where several match at a position, the
-    longest (a multi-word name before the one-word name it starts with).
+def _name_pattern(names: Collection[str], digit_suffix: bool = False) -> re.Pattern:
+    """One regex matching any of `names` as whole words (with `digit_suffix`, also right before a digit:
+    the ledger's ``Tamor3``); where several match at a position, the longest (a multi-word name before the
+    one-word name it starts with).
 
     1. The names go into a character trie.
     2. The trie becomes nested groups, a node's children in character order and its end (when a
@@ -43,11 +44,13 @@ def _name_pattern(names: Collection[str]) -> re.Pattern:
 
     if not trie:
         return re.compile(r"(?!)")  # no names: nothing matches (an empty group would match everywhere)
-    return re.compile(r"(?<!\w)(" + regex(trie) + r")(?!\w)")
+    end = r"(?![^\W\d])" if digit_suffix else r"(?!\w)"  # not before a letter (or, without digit_suffix, a digit)
+    return re.compile(r"(?<!\w)(" + regex(trie) + r")" + end)
 
 
 def rename_trajectories(trajectories: Sequence[OracleTrajectory], entities: Sequence[Any],
-                        held_out: Collection[str] = (), seed: int = 0) -> list[OracleTrajectory]:
+                        held_out: Collection[str] = (), seed: int = 0, *,
+                        digit_suffix: bool = False) -> list[OracleTrajectory]:
     """New trajectories, one per `trajectories[i]`, whose text has every entity name replaced.
 
     1. The names of `entities` (objects with ``name`` and ``kind``) found in trajectory i's texts
@@ -60,7 +63,8 @@ def rename_trajectories(trajectories: Sequence[OracleTrajectory], entities: Sequ
        consistent renaming leaves an answer exactly as right or wrong as it was.
 
     ``tool_metadata`` (document ids) is kept as it is. ValueError when a kind has fewer
-    non-held-out names than a trajectory needs."""
+    non-held-out names than a trajectory needs. digit_suffix: a name directly followed by digits is a
+    name too (the ledger writes an amount right after its account's name, ``Tamor3``)."""
     kind_of = {e.name: e.kind for e in entities}
     pools: dict[str, list[str]] = {}
     held = frozenset(held_out)
@@ -69,7 +73,7 @@ def rename_trajectories(trajectories: Sequence[OracleTrajectory], entities: Sequ
             pools.setdefault(e.kind, []).append(e.name)
     for names in pools.values():
         names.sort()
-    pattern = _name_pattern(kind_of)
+    pattern = _name_pattern(kind_of, digit_suffix)
     renamed = []
     for i, trajectory in enumerate(trajectories):
         texts = _texts(trajectory)

@@ -25,6 +25,7 @@ import torch.distributed as dist
 from mempo.config import ConfigError, MempoConfig, config_to_dict, dump_config, read_yaml_mapping
 from mempo.algo.outcome import resolve_outcome_reward
 from mempo.env.build import build_retriever, build_tools, qa_prompt_style
+from mempo.tools import Toolset
 from mempo.synthetic.build import synthetic_world
 from mempo.synthetic.heldout import training_episodes
 from mempo.env.corpus import iter_corpus
@@ -327,14 +328,16 @@ def _setup_backends(cfg: MempoConfig, model: Any, tokenizer: Any, out_dir: Path,
     return _Backends(backend, eval_backend)
 
 
-def build_run(cfg: MempoConfig, *, model=None, tokenizer=None, episodes=None, retriever=None, out_dir=None) -> Run:
+def build_run(cfg: MempoConfig, *, model=None, tokenizer=None, episodes=None, retriever=None, out_dir=None,
+              tools: Optional[Toolset] = None) -> Run:
     """Assemble, in this order, determinism, world, retriever, episodes, process group, run directory,
     seeds, tokenizer, model, actors, backends and the step context; given parts are used as they
     are. The synthetic world (``data.source == "synthetic"``) is built only when something needs
     it (episodes, retriever or tokenizer not given, or the periodic evaluation on). Retriever:
     `mempo.env.build.build_retriever`, the one `mempo eval` uses (files source with neither corpus
-    nor server: a ConfigError naming ``env.corpus_path``). A ``--out`` that is a file is a
-    ConfigError (`prepare_out_dir`)."""
+    nor server: a ConfigError naming ``env.corpus_path``). Tools: `tools` when given (a synthetic task's
+    own, `mempo.apps.tasks`), else `mempo.env.build.build_tools` over the retriever. A ``--out`` that
+    is a file is a ConfigError (`prepare_out_dir`)."""
     configure_determinism(cfg.trainer.deterministic)
     evaluating = cfg.trainer.eval_every > 0
     world = None
@@ -342,7 +345,8 @@ def build_run(cfg: MempoConfig, *, model=None, tokenizer=None, episodes=None, re
         world = synthetic_world(cfg)
     if retriever is None:  # fail before anything is built or written
         retriever = build_retriever(cfg, world)
-    tools = build_tools(cfg, retriever)  # a user's tools and reward import here, before anything slow
+    if tools is None:
+        tools = build_tools(cfg, retriever)  # a user's tools and reward import here, before anything slow
     resolve_outcome_reward(cfg.rollout.outcome_reward)
     episodes = list(episodes) if episodes is not None else _episode_pool(cfg, world)  # as early: no model needed
     info = init_distributed()
@@ -381,7 +385,7 @@ def periodic_eval(run: Run, step: int) -> dict[str, float]:
 
 
 def train(cfg: MempoConfig, *, model=None, tokenizer=None, episodes=None, retriever=None, out_dir=None,
-          max_steps: Optional[int] = None) -> TrainResult:
+          max_steps: Optional[int] = None, tools: Optional[Toolset] = None) -> TrainResult:
     """Train for ``trainer.total_steps`` steps; returns a TrainResult.
 
     Checkpoints (`mempo.train.checkpoint`: atomic, with a manifest of digests; model, optimiser,
@@ -402,11 +406,13 @@ def train(cfg: MempoConfig, *, model=None, tokenizer=None, episodes=None, retrie
     step (before that step's checkpoint) rank 0 runs `periodic_eval`; its numbers join that step's
     metrics row, logged even off the ``log_every`` grid.
 
-    max_steps: stop after this many steps in this call (tests; the schedule is unchanged)."""
+    max_steps: stop after this many steps in this call (tests; the schedule is unchanged). tools: the
+    agent's tools (None: `mempo.env.build.build_tools` of the config over the retriever; `build_run`)."""
     t = cfg.trainer
     refuse_used_run_dir(t.resume, Path(out_dir or t.out_dir) / "checkpoints")  # before anything is written
     check_checkpoints_writable(Path(out_dir or t.out_dir), Path(out_dir or t.out_dir) / "checkpoints")
-    run = build_run(cfg, model=model, tokenizer=tokenizer, episodes=episodes, retriever=retriever, out_dir=out_dir)
+    run = build_run(cfg, model=model, tokenizer=tokenizer, episodes=episodes, retriever=retriever, out_dir=out_dir,
+                    tools=tools)
     ckpt_root = run.out_dir / "checkpoints"
     check_checkpoint_space(ckpt_root, run.ctx.actor.module)  # collective; before any step is trained
     start, resumed = 0, None

@@ -177,7 +177,8 @@ def test_every_tool_call_failed_is_exit_2_unless_accepted(tmp_path, qa_files, mo
                       answer_rate=1.0, mean_turns=2.0, prompt_tokens_per_episode=10.0, peak_prompt_tokens=10,
                       mean_prompt_tokens_per_turn=5.0, generated_tokens_per_episode=4.0, dataset="alpha",
                       tool_calls=3, failed_tool_calls=3)
-        return EvalReport([row], {"tool_calls": 3, "failed_tool_calls": 3, "retriever_name": "HTTPRetriever at u"})
+        return EvalReport([row], {"tool_calls": 3, "failed_tool_calls": 3, "retriever_name": "HTTPRetriever at u",
+                                    "tools_name": "retriever: HTTPRetriever at u"})
 
     monkeypatch.setattr(mempo.eval, "evaluate", all_failed)
     base = ["--model", str(model_dir), "--no-progress", "--no-trajectories", "--corpus", str(tmp_path / "corpus.jsonl"),

@@ -207,3 +207,42 @@ def test_tools_rewards_and_gold_fields_that_can_work():
     assert free.data.gold_field is None
     assert load_config(None, ["data.source=files", "data.gold_field=reward_model.ground_truth"]).data.gold_field \
         == "reward_model.ground_truth"
+
+
+#: the three settings synthetic.task 'ledger' needs (configs/ledger.yaml holds them)
+LEDGER = ["synthetic.task=ledger", "env.tools=[]", "rollout.action_format=json"]
+
+
+def test_the_ledger_task_and_its_fields():
+    cfg = load_config(None, LEDGER + ["synthetic.ledger_accounts=500", "synthetic.ledger_page_entries=3",
+                                      "synthetic.ledger_amounts=[1,9]", "synthetic.world_prompt_style=bare"])
+    s = cfg.synthetic
+    assert (s.task, s.ledger_accounts, s.ledger_page_entries, s.ledger_amounts) == ("ledger", 500, 3, [1, 9])
+    assert MempoConfig().synthetic.task == "search" and MempoConfig().synthetic.ledger_amounts == [1, 9]
+
+
+@pytest.mark.parametrize("overrides, field, allowed", [
+    (["synthetic.task=bank"], "synthetic.task", "'search', 'ledger'"),
+    (["synthetic.task=ledger"], "env.tools", "must be [] with synthetic.task 'ledger'"),
+    (["synthetic.task=ledger", "env.tools=[]"], "rollout.action_format", "must be 'json' with synthetic.task 'ledger'"),
+    (LEDGER + ["data.source=files"], "synthetic.task", "set data.source synthetic"),
+    (LEDGER + ["synthetic.ledger_accounts=39"], "synthetic.ledger_accounts", "must be in [40, 1,000,000]"),
+    (LEDGER + ["synthetic.ledger_accounts=1000001"], "synthetic.ledger_accounts", "must be in [40, 1,000,000]"),
+    (LEDGER + ["synthetic.ledger_page_entries=0"], "synthetic.ledger_page_entries", "must be >= 1"),
+    (LEDGER + ["synthetic.ledger_amounts=[9,9]"], "synthetic.ledger_amounts", "1 <= least < most <= 1,000,000,000"),
+    (LEDGER + ["synthetic.ledger_amounts=[0,9]"], "synthetic.ledger_amounts", "1 <= least < most"),
+    (LEDGER + ["synthetic.ledger_amounts=[1,2,3]"], "synthetic.ledger_amounts", "[least, most]"),
+    # a field only the other task reads, set anyway: it would change nothing
+    (LEDGER + ["synthetic.world_entities=300"], "synthetic.world_entities", "describes the search task's world"),
+    (LEDGER + ["synthetic.oracle_memory_style=listed"], "synthetic.oracle_memory_style", "task is 'ledger'"),
+    (LEDGER + ["synthetic.scoring_sft_examples=8", "synthetic.oracle_objectives=[1]"], "synthetic.scoring_sft_examples",
+     "leave it at its default (0)"),
+    (["synthetic.ledger_accounts=300"], "synthetic.ledger_accounts", "describes the ledger task's world"),
+    (["synthetic.ledger_amounts=[1,5]"], "synthetic.ledger_amounts", "task is 'search'"),
+    (LEDGER + ["synthetic.world_prompt_style=compact"], "synthetic.world_prompt_style", "names the search tools"),
+    (["rollout.tool_schemas=false"], "rollout.tool_schemas", "action_format is 'tags' (no schemas block)"),
+])
+def test_ledger_settings_that_cannot_work_name_their_field(overrides, field, allowed):
+    with pytest.raises(ConfigError) as info:
+        load_config(None, overrides)
+    assert info.value.field == field and allowed in str(info.value), str(info.value)

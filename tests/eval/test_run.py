@@ -10,6 +10,7 @@ from mempo.synthetic.build import build_world
 from mempo.eval import EvalReport, closed_book_policy, eval_episodes, evaluate, round_prompt_tokens
 from mempo.synthetic.backend import OracleBackend
 from mempo.config import config_from_dict
+from mempo.env.build import build_tools
 from support.rollout_fixtures import chat_tokenizer, tiny_qwen2
 
 
@@ -187,3 +188,16 @@ def test_evaluation_calls_a_users_tools_in_the_json_format_and_scores_with_a_use
     assert user_tools.LOOKUPS == ["sky", "sky"] and row.tool_calls == 2 and row.failed_tool_calls == 0
     assert row.em == row.score == 1.0 and row.format_rate == 1.0 and len(user_tools.REWARD_CALLS) == 2
     assert {e["prompt"] for _, e in user_tools.REWARD_CALLS} == set(answers)
+
+
+def test_a_failed_call_warning_names_the_retriever_only_when_a_builtin_tool_queries_it():
+    from mempo.env.closed_book import ClosedBookRetriever
+    from mempo.eval.run import tools_name
+    from mempo.synthetic.ledger_tools import ledger_tools
+    from mempo.tools import Toolset
+
+    cfg = config_from_dict({})
+    builtin = build_tools(cfg, ClosedBookRetriever())
+    assert tools_name(builtin, ClosedBookRetriever()) == "retriever: ClosedBookRetriever"
+    # the ledger's tools query no retriever (its TaskEnv holds a placeholder): the warning names the tools
+    assert tools_name(Toolset(ledger_tools(None)), ClosedBookRetriever()) == "tools: lookup, calc"

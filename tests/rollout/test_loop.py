@@ -420,6 +420,28 @@ def test_json_tool_calls_reach_a_users_tools_and_every_bad_call_is_one_line(tok)
     assert t.outcome["format_ok"] and t.outcome["score"] == 1.0 and t.final_answer == "blue"
 
 
+def test_json_calls_without_the_schemas_block_when_tool_schemas_is_off(tok):
+    """rollout.tool_schemas=false (configs/ledger.yaml): the json format's calls work the same, and the system
+    message is rollout.system_prompt alone, as rollout_system_prompt says for the teacher and the report."""
+    from mempo.rollout.loop import rollout_system_prompt
+
+    user_tools.LOOKUPS.clear()
+    tools = load_tools("support.user_tools:lookup") + load_tools("support.user_tools:calc_tools")
+    config = RolloutConfig(action_format="json", tool_schemas=False, system_prompt="Be brief.", group_size=1,
+                           max_turns=6, max_new_tokens_per_round=128)
+    backend = ScriptedBackend(round_script(tok, {"c": JSON_ROUNDS}), tok, overgenerate=True)
+    eng = RolloutEngine(backend, tok, tools, config=config)
+    (t,) = eng.run([{"id": "c", "prompt": "What colour is the sky?", "golds": ["blue"]}])
+    assert user_tools.LOOKUPS == ["sky"] and [r.action for r in t.rounds] == ["tool_call"] * 3 + ["answer"]
+    prompt = tok.decode(backend.calls[0][0].prompt_ids)
+    assert "Be brief." in prompt and "<tools>" not in prompt and "# Tools" not in prompt
+    assert eng.system_prompt == rollout_system_prompt(config, tools) == "Be brief."
+    with_block = RolloutConfig(action_format="json", system_prompt="Be brief.")
+    assert rollout_system_prompt(with_block, tools).startswith("Be brief.\n\n# Tools") \
+        and "<tools>" in rollout_system_prompt(with_block, tools)
+    assert rollout_system_prompt(RolloutConfig(system_prompt="Be brief."), tools) == "Be brief."  # tags: no block
+
+
 def test_tags_format_calls_a_users_tool_by_its_tag(tok):
     user_tools.LOOKUPS.clear()
     scripts = {"c": ["</mem>\n<think>\nt\n</think>\n<lookup> grass </lookup>",
