@@ -387,7 +387,8 @@ def ledger_memory_section(before: EvalReport, after: EvalReport, episodes_by_k: 
             "Each account of the held-out questions (memory context, greedy): what the line `<i>.` of the agent's "
             "last `<mem>` held (the teacher's imperfect memory writes `done` for a dropped amount), the share of "
             "episodes whose memory kept every amount, and how often those were answered right.", "",
-            "| accounts | evaluation | accounts scored | " + " | ".join(task.memory_labels[k] for k in task.memory_kinds)
+            "| accounts | evaluation | accounts scored | "
+            + " | ".join(task.memory_labels[k] for k in task.memory_kinds)
             + " | episodes keeping every amount | answered right when all kept |",
             "|---|---|---|" + "---|" * len(task.memory_kinds) + "---|---|", *rows, ""]
 
@@ -414,10 +415,11 @@ class DemoTargets:
 
 
 #: The targets per ``synthetic.task``: the search demo's (docs/DEMO.md; issue 44: its SFT model leaves no room at
-#: k = 2, 0.89-0.94, so the gain is judged at k = 4 and k = 2 may not drop by more than 0.02); the ledger's (issue 43: EM after SFT,
-#: an RL gain at more than 3 paired SE, no drop at the other k; its system prompt of tool schemas, when on, makes
-#: the token ratio a report, not a target). The ledger's RL gain is judged at k = 2, where the SFT model leaves
-#: room (it reads "which holds more" as a difference); set after the tuning runs: docs/experiments/G02-ledger-demo-seeds.md
+#: k = 2, 0.89-0.94, so the gain is judged at k = 4 and k = 2 may not drop by more than 0.02); the ledger's
+#: (issue 43: EM after SFT, an RL gain at more than 3 paired SE, no drop at the other k; its system prompt of
+#: tool schemas, when on, makes the token ratio a report, not a target). The ledger's RL gain is judged at
+#: k = 2, where the SFT model leaves room (it reads "which holds more" as a difference); set after the tuning
+#: runs: docs/experiments/G02-ledger-demo-seeds.md
 TASK_TARGETS = {"search": DemoTargets(),
                 "ledger": DemoTargets(sft_em=0.30, sft_k=2, rl_gain=0.10, rl_k=2, no_drop_k=4, no_drop=0.0,
                                       token_ratio=None)}
@@ -447,14 +449,16 @@ def target_lines(before: Optional[EvalReport], after: Optional[EvalReport], seco
     drop = em_change(before, after, t.no_drop_k)
     floor = f" (>= {-t.no_drop:+.2f})" if t.no_drop else ""
     lines.append(f"target no EM drop at k={t.no_drop_k} after RL{floor}: " +
-                 (f"{drop[0]:+.3f}, {verdict(drop[0] >= -t.no_drop)}" if drop is not None else "no such evaluation cells"))
+                 (f"{drop[0]:+.3f}, {verdict(drop[0] >= -t.no_drop)}" if drop is not None
+                  else "no such evaluation cells"))
     for which, report in (("after SFT", before), ("after RL", after)):
         row = report.row(t.token_k, "memory") if report is not None else None
         if row is None or row.token_ratio is None:
             lines.append(f"target memory/full prompt tokens at k={t.token_k} {which}: no such evaluation cell")
             continue
         if t.token_ratio is None:
-            lines.append(f"memory/full prompt tokens at k={t.token_k} {which}: {row.token_ratio:.2f} (reported, no target)")
+            lines.append(f"memory/full prompt tokens at k={t.token_k} {which}: {row.token_ratio:.2f} "
+                         "(reported, no target)")
             continue
         lines.append(f"target memory/full prompt tokens at k={t.token_k} {which} <= {t.token_ratio:g}: "
                      f"{row.token_ratio:.2f}, {verdict(row.token_ratio <= t.token_ratio)}")
@@ -621,7 +625,8 @@ def run_demo(cfg: MempoConfig, out_dir: PathLike, *, echo: Callable[[str], None]
     pair = episode_pair(before, after, episodes_by_k, tokenizer, system)
     memory = memory_outcome_section(before, after, episodes_by_k, tokenizer, system, task)
     report = stages.run("report", _report_stage, out, stages, before, after, pair, memory, notes, task.name)
-    _report(out, stages, before, after, pair, memory, notes, task.name)  # again, so that the stage table includes the report stage itself
+    # again, so that the stage table includes the report stage itself
+    _report(out, stages, before, after, pair, memory, notes, task.name)
     echo(f"done in {time.perf_counter() - stages.started:.1f} s; report: {report.path}")
     return DemoResult(out, report.path, list(stages.times.stages), before, after)
 

@@ -31,7 +31,7 @@ from mempo.seeds import eval_question_seed, sft_question_seed, validation_questi
 from mempo.synthetic.cold_start import ColdStart, oracle_cold_start
 from mempo.synthetic.build import synthetic_world
 from mempo.synthetic.copy_warmup import copy_records
-from mempo.synthetic.heldout import held_out_subjects, training_episodes
+from mempo.synthetic.heldout import training_episodes
 from mempo.synthetic.ledger import Ledger
 from mempo.synthetic.ledger_oracle import LEDGER_MEMORY_KINDS, LedgerOracle, ledger_memory_kinds
 from mempo.synthetic.ledger_tools import ledger_tools
@@ -247,8 +247,8 @@ class LedgerTask(SyntheticTask):
                              lost_line=s.oracle_lost_line, answer_template=template)
         system = rollout_system_prompt(cfg.rollout, env.tools)  # the agent loop's
         episodes = [e for k in s.oracle_objectives
-                    for e in self.training_episodes(ledger, int(k), s.oracle_episodes, sft_question_seed(cfg.data.seed, k),
-                                                    held)]
+                    for e in self.training_episodes(ledger, int(k), s.oracle_episodes,
+                                                    sft_question_seed(cfg.data.seed, k), held)]
         trajectories = []
         with progress("oracle", total=len(episodes), enabled=show_progress) as bar:
             for episode in episodes:

@@ -50,7 +50,8 @@ def synthetic_world(cfg: MempoConfig) -> World:
     demo`, `mempo.apps.tasks`)."""
     if cfg.synthetic.task != "search":
         raise ConfigError("synthetic.task", f"{cfg.synthetic.task!r} runs in `mempo demo` only (mempo.apps.tasks); "
-                                            "mempo train, eval, sft and serve build the search world: leave it 'search'")
+                                            "mempo train, eval, sft and serve build the search world: leave it "
+                                            "'search'")
     check_world_config(cfg)
     s = cfg.synthetic
     fillers = tuple(s.article_fillers) if s.article_fillers is not None else None

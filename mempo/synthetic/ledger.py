@@ -29,7 +29,8 @@ found must travel in its ``<mem>`` to the calculation: an agent that drops one c
 task k (``eval.objectives``, ``data.num_objectives``, ``synthetic.oracle_objectives``) counts the accounts
 a question needs, and an episode asks one question (one gold).
 
-Golds are strings: a positive integer in digits (a difference subtracts the smallest amount) or an account name. EM compares after SQuAD normalisation (`mempo.protocol.reward.
+Golds are strings: a positive integer in digits (a difference subtracts the smallest amount) or an account
+name. EM compares after SQuAD normalisation (`mempo.protocol.reward.
 normalize_answer`: lower case, punctuation and articles dropped, white space collapsed): ``47``,
 `` 47 `` and ``47.`` match the gold ``47``; ``47.0`` and ``forty-seven`` do not; ``tamor`` matches ``Tamor``.
 
@@ -297,7 +298,8 @@ class Ledger:
             metadata = {"kind": kind, "accounts": names, "amounts": values,
                         "pages": [self.entities[i].doc_id for i in chosen], "expression": expression_of(kind, values),
                         "split": split, "ledger_seed": self.seed,
-                        "chain": [{"relation": "balance", "subject": n, "value": str(v)} for n, v in zip(names, values)]}
+                        "chain": [{"relation": "balance", "subject": n, "value": str(v)}
+                                  for n, v in zip(names, values)]}
             records.append(QARecord(f"ledger{self.seed}-{split}-k{k}-q{seed}-{number}", question_text(kind, names),
                                     [answer_of(kind, names, values)], metadata))
         return records

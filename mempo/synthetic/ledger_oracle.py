@@ -194,7 +194,8 @@ class LedgerOracle:
         if result in (LOST, UNKNOWN):
             return _Plan("answer", UNKNOWN)
         if kind == "larger":
-            return _Plan("answer", accounts[0] if not str(result).startswith("-") and str(result) != "0" else accounts[1])
+            larger_first = not str(result).startswith("-") and str(result) != "0"
+            return _Plan("answer", accounts[0] if larger_first else accounts[1])
         return _Plan("answer", str(result))
 
     def _drops(self, prompt: str, position: int) -> bool:
@@ -256,8 +257,8 @@ LEDGER_MEMORY_KINDS = ("kept", "dropped", "other", "pending")
 
 def ledger_memory_kinds(mem: Optional[str], amounts: Sequence[int]) -> list[str]:
     """For each account of a question (line ``<i>.`` of a teacher-format ``<mem>``): ``"kept"`` (the line ends
-    in its amount, ``Tamor3``), ``"dropped"`` (`LOST` or `UNKNOWN`: closed without its number), ``"pending"`` (no line, or
-    ``?``) or ``"other"`` (any other text: another number, a garbled copy). ``mem`` None: all pending."""
+    in its amount, ``Tamor3``), ``"dropped"`` (`LOST` or `UNKNOWN`: closed without its number), ``"pending"`` (no
+    line, or ``?``) or ``"other"`` (any other text: another number, a garbled copy). ``mem`` None: all pending."""
     bodies: dict[int, str] = {}
     for line in (mem or "").splitlines():
         match = _LINE_RE.match(line.strip())

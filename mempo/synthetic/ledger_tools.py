@@ -40,7 +40,8 @@ _TOKEN_RE = re.compile(r"\s*(?:(?P<number>\d+(?:\.\d+)?)|(?P<op>[-+*/()]))")
 
 class LedgerLookup(Tool):
     """``lookup``: an account's entry and the ledger page listing it (by its exact name: ``Found Tamor3 on L0042:
-    Kodan7, Tamor3.``) or a page by its id (``L0042: Kodan7, Tamor3.``); a key that finds nothing is answered ``No account or page named
+    Kodan7, Tamor3.``) or a page by its id (``L0042: Kodan7, Tamor3.``); a key that finds nothing is answered
+    ``No account or page named
     'X'.`` (a result the agent reads, like a search without hits); a key that is not one line of at most
     `MAX_KEY_CHARS` characters is a `ToolError`. ledger: the book (None: an empty one, the closed book)."""
 

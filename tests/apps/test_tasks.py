@@ -7,13 +7,12 @@ import re
 import pytest
 
 from mempo.apps.demo import load_demo_config, rl_episodes
-from mempo.config import ConfigError, load_config
+from mempo.config import ConfigError
 from mempo.env.build import build_tools
 from mempo.eval import eval_episodes, held_out_of_training
 from mempo.synthetic.build import build_world, synthetic_world
 from mempo.synthetic.cold_start import oracle_cold_start
 from mempo.synthetic.heldout import held_out_subjects
-from mempo.synthetic.ledger_tools import LedgerLookup
 from mempo.apps.tasks import TASKS, LedgerTask, SearchTask, synthetic_task
 from support.demo_smoke import LEDGER_SMOKE, SMOKE
 from support.paths import REPO

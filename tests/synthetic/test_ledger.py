@@ -24,7 +24,8 @@ def amounts_on_pages(ledger):
     for doc in ledger.documents():
         body = doc.text.split(": ", 1)[1].rstrip(".")
         for entry in body.split(", "):
-            name, amount = re.fullmatch(r"([A-Z][a-z]+)(\d+)", entry).groups()  # "Tamor3": the amount right after the name
+            # "Tamor3": the amount right after the name
+            name, amount = re.fullmatch(r"([A-Z][a-z]+)(\d+)", entry).groups()
             assert name not in read, f"{name} listed twice"
             read[name] = int(amount)
     return read
@@ -37,7 +38,8 @@ def test_same_seed_same_ledger_and_questions_other_seed_another():
         [e.to_json() for e in b.episodes([2, 4], 10, 5, split="test")]
     assert [d.text for d in Ledger.generate(8, 120).documents()] != [d.text for d in a.documents()]
     # another question seed draws other questions from the same ledger
-    assert [e.questions for e in a.episodes(2, 10, 5, split="test")] != [e.questions for e in a.episodes(2, 10, 6, split="test")]
+    assert [e.questions for e in a.episodes(2, 10, 5, split="test")] != \
+        [e.questions for e in a.episodes(2, 10, 6, split="test")]
 
 
 def test_pages_hold_every_account_once_with_its_amount(ledger):
@@ -118,7 +120,8 @@ def test_splits_are_disjoint_by_account_and_episodes_keep_to_theirs(ledger):
     assert sum(map(len, sets.values())) == 200 and (len(sets["test"]), len(sets["validation"])) == (40, 20)
     assert not (sets["test"] & sets["validation"]) and not (sets["train"] & (sets["test"] | sets["validation"]))
     for split in SPLITS:
-        used = {a for e in ledger.episodes([1, 2, 3, 4], 40, 9, split=split) for a in e.metadata["records"][0]["accounts"]}
+        used = {a for e in ledger.episodes([1, 2, 3, 4], 40, 9, split=split)
+                for a in e.metadata["records"][0]["accounts"]}
         assert used <= sets[split], split
     # exclusions hold too
     excluded = frozenset(list(sets["train"])[:100])

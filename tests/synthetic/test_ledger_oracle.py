@@ -43,7 +43,8 @@ def test_a_perfect_memory_answers_every_question_in_k_plus_2_rounds(ledger, tool
         assert actions == ["lookup"] * k + ([] if k == 1 else ["calc"])
         assert all(r.tool_ok for r in t.rounds[:-1])
         # the rounds parse as the agent loop parses them, and the last one is the scoring template
-        assert [r.action for r in split_rounds(t.response_text, JSON_TAG_SET)] == ["tool_call"] * (t.num_rounds - 1) + ["answer"]
+        actions = [r.action for r in split_rounds(t.response_text, JSON_TAG_SET)]
+        assert actions == ["tool_call"] * (t.num_rounds - 1) + ["answer"]
         assert t.rounds[-1].assistant.endswith(SPACED_ANSWER_TEMPLATE.replace("{answer}", t.final_answer))
 
 
@@ -109,7 +110,8 @@ def test_closed_book_and_questions_outside_the_grammar_answer_unknown(ledger):
     episode = ledger.episodes(2, 1, seed=8, split="test")[0]
     t = play(episode, closed, LedgerOracle())
     assert t.final_answer == "unknown" and "1. " in t.rounds[-1].assistant and " unknown" in t.rounds[-1].assistant
-    odd = dataclasses.replace(episode, prompt="Questions:\n1. What is the capital of Tamor?\n\nGive the answer in one <answer>.")
+    odd = dataclasses.replace(episode, prompt="Questions:\n1. What is the capital of Tamor?\n\n"
+                                              "Give the answer in one <answer>.")
     t = play(odd, closed, LedgerOracle())
     assert t.num_rounds == 1 and t.final_answer == "unknown"
 

@@ -52,11 +52,13 @@ def test_lookup_shows_an_accounts_entry_and_page_or_a_page_by_id(toolset, ledger
     for key, shown in ((account.name, entry), (f" {account.name} ", entry), (account.doc_id, page)):
         result = call(toolset, "lookup", key=key)
         assert result.ok and body(result) == shown
-    assert f" {account.name}{ledger.amounts[5]}" in f" {page}" and page.count(",") == 3  # three other accounts beside it
+    # three other accounts beside it
+    assert f" {account.name}{ledger.amounts[5]}" in f" {page}" and page.count(",") == 3
 
 
 @pytest.mark.parametrize("arguments, ok, expected", [
-    ({"key": "Nobody"}, True, "No account or page named 'Nobody'."),   # an unknown account: a result, like a search without hits
+    # an unknown account: a result, like a search without hits
+    ({"key": "Nobody"}, True, "No account or page named 'Nobody'."),
     ({"key": "L9999"}, True, "No account or page named 'L9999'."),
     ({"key": ""}, False, "Error: lookup needs an account name or a page id, got ''"),
     ({"key": 17}, False, "Error: lookup needs an account name or a page id, got '17'"),
