@@ -18,7 +18,7 @@ import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Generic, Optional, Sequence, TypeVar
+from typing import Any, Callable, Generic, Iterator, Optional, Sequence, TypeVar
 
 import torch
 
@@ -26,7 +26,7 @@ from mempo.apps.report import ReportResult, StageRecord, StageTimes, em_change, 
 from mempo.config import ConfigError, MempoConfig, dump_config, load_config
 from mempo.eval import EpisodeRecord, EvalReport, evaluate, render_episode
 from mempo.protocol.grammar import last_mem
-from mempo.protocol.tags import JSON_TAG_SET
+from mempo.protocol.tags import JSON_TAG_SET, TAG_SET, TagSet
 from mempo.rollout.loop import rollout_system_prompt
 from mempo.model.builtin import default_corpus_texts, tiny_model, train_tokenizer
 from mempo.model.export import save_model_dir
@@ -305,6 +305,23 @@ def episode_pair(before: EvalReport, after: EvalReport, episodes_by_k: dict[int,
             render_episode(last, episode, tokenizer, system_prompt=system_prompt, with_ids=False))
 
 
+def _last_memories(before: EvalReport, after: EvalReport, episodes_by_k: dict[int, list], tokenizer: Any,
+                   system_prompt: str, tags: TagSet = TAG_SET
+                   ) -> Iterator[tuple[int, str, list[tuple[Any, Any, Optional[str]]]]]:
+    """Per k and evaluation ("after SFT", "after RL") with kept memory-context trajectories: (k, evaluation,
+    [(trajectory, episode, the text of its last ``<mem>`` under `tags`, None without one)])."""
+    for k in sorted(episodes_by_k):
+        for which, report in (("after SFT", before), ("after RL", after)):
+            played = report.trajectories.get(("", k, "memory"))
+            if not played:
+                continue
+            rows = []
+            for trajectory, episode in zip(played, episodes_by_k[k]):
+                record = render_episode(trajectory, episode, tokenizer, system_prompt=system_prompt, with_ids=False)
+                rows.append((trajectory, episode, last_mem((r.assistant for r in record.rounds), tags)))
+            yield k, which, rows
+
+
 def memory_outcome_section(before: EvalReport, after: EvalReport, episodes_by_k: dict[int, list], tokenizer: Any,
                            system_prompt: str, task: SyntheticTask = TASKS["search"]) -> list[str]:
     """The report's table of what the agent's last ``<mem>`` held for each objective
@@ -319,29 +336,23 @@ def memory_outcome_section(before: EvalReport, after: EvalReport, episodes_by_k:
         return ledger_memory_section(before, after, episodes_by_k, tokenizer, system_prompt, task)
     labels = task.memory_labels
     rows = []
-    for k in sorted(episodes_by_k):
-        for which, report in (("after SFT", before), ("after RL", after)):
-            played = report.trajectories.get(("", k, "memory"))
-            if not played:
-                continue
-            counts = dict.fromkeys(task.memory_kinds, 0)
-            kept_right = 0
-            right_at = [0] * k
-            for trajectory, episode in zip(played, episodes_by_k[k]):
-                record = render_episode(trajectory, episode, tokenizer, system_prompt=system_prompt, with_ids=False)
-                mem = last_mem(r.assistant for r in record.rounds)
-                per_objective = (trajectory.outcome or {}).get("per_objective", [])
-                for i, kind in enumerate(task.memory_kinds_of(mem, episode)):
-                    counts[kind] += 1
-                    right_here = i < len(per_objective) and per_objective[i].get("em", 0.0) == 1.0
-                    right_at[i] += right_here
-                    if kind == "gold" and right_here:
-                        kept_right += 1
-            total = sum(counts.values())
-            shares = " | ".join(f"{counts[kind] / total:.2f}" for kind in task.memory_kinds)
-            right = f"{kept_right / counts['gold']:.2f}" if counts["gold"] else "-"
-            by_position = " / ".join(f"{n / len(played):.2f}" for n in right_at)
-            rows.append(f"| {k} | {which} | {total} | {shares} | {right} | {by_position} |")
+    for k, which, played in _last_memories(before, after, episodes_by_k, tokenizer, system_prompt):
+        counts = dict.fromkeys(task.memory_kinds, 0)
+        kept_right = 0
+        right_at = [0] * k
+        for trajectory, episode, mem in played:
+            per_objective = (trajectory.outcome or {}).get("per_objective", [])
+            for i, kind in enumerate(task.memory_kinds_of(mem, episode)):
+                counts[kind] += 1
+                right_here = i < len(per_objective) and per_objective[i].get("em", 0.0) == 1.0
+                right_at[i] += right_here
+                if kind == "gold" and right_here:
+                    kept_right += 1
+        total = sum(counts.values())
+        shares = " | ".join(f"{counts[kind] / total:.2f}" for kind in task.memory_kinds)
+        right = f"{kept_right / counts['gold']:.2f}" if counts["gold"] else "-"
+        by_position = " / ".join(f"{n / len(played):.2f}" for n in right_at)
+        rows.append(f"| {k} | {which} | {total} | {shares} | {right} | {by_position} |")
     if not rows:
         return []
     return ["## What the last `<mem>` held", "",
@@ -362,25 +373,20 @@ def ledger_memory_section(before: EvalReport, after: EvalReport, episodes_by_k: 
     without them); with the share of episodes whose memory kept every amount and, of those, the share
     answered right (exact match). The last round with a ``<mem>`` is read: the answer round's."""
     rows = []
-    for k in sorted(episodes_by_k):
-        for which, report in (("after SFT", before), ("after RL", after)):
-            played = report.trajectories.get(("", k, "memory"))
-            if not played:
-                continue
-            counts = dict.fromkeys(task.memory_kinds, 0)
-            complete = complete_right = 0
-            for trajectory, episode in zip(played, episodes_by_k[k]):
-                record = render_episode(trajectory, episode, tokenizer, system_prompt=system_prompt, with_ids=False)
-                kinds = task.memory_kinds_of(last_mem((r.assistant for r in record.rounds), JSON_TAG_SET), episode)
-                for kind in kinds:
-                    counts[kind] += 1
-                if all(kind == "kept" for kind in kinds):
-                    complete += 1
-                    complete_right += float((trajectory.outcome or {}).get("em", 0.0)) == 1.0
-            total = sum(counts.values())
-            shares = " | ".join(f"{counts[kind] / total:.2f}" for kind in task.memory_kinds)
-            right = f"{complete_right / complete:.2f}" if complete else "-"
-            rows.append(f"| {k} | {which} | {total} | {shares} | {complete / len(played):.2f} | {right} |")
+    for k, which, played in _last_memories(before, after, episodes_by_k, tokenizer, system_prompt, JSON_TAG_SET):
+        counts = dict.fromkeys(task.memory_kinds, 0)
+        complete = complete_right = 0
+        for trajectory, episode, mem in played:
+            kinds = task.memory_kinds_of(mem, episode)
+            for kind in kinds:
+                counts[kind] += 1
+            if all(kind == "kept" for kind in kinds):
+                complete += 1
+                complete_right += float((trajectory.outcome or {}).get("em", 0.0)) == 1.0
+        total = sum(counts.values())
+        shares = " | ".join(f"{counts[kind] / total:.2f}" for kind in task.memory_kinds)
+        right = f"{complete_right / complete:.2f}" if complete else "-"
+        rows.append(f"| {k} | {which} | {total} | {shares} | {complete / len(played):.2f} | {right} |")
     if not rows:
         return []
     return ["## What the last `<mem>` held", "",

@@ -37,10 +37,10 @@ from dataclasses import dataclass
 from typing import Mapping, Optional, Sequence, Union
 
 from mempo.env.data import DataError, parse_episode_prompt
-from mempo.protocol.grammar import ToolCallError, check_answer_template, parse_round, parse_tool_call
+from mempo.protocol.grammar import ToolCallError, parse_round, parse_tool_call
 from mempo.protocol.tags import JSON_TAG_SET
 from mempo.synthetic.ledger import expression_of, parse_ledger_question
-from mempo.synthetic.oracle_memory import LOST, LOST_LINES, UNKNOWN
+from mempo.synthetic.oracle_memory import LOST, UNKNOWN, check_teacher_options
 
 __all__ = ["LedgerOracle", "LEDGER_MEMORY_KINDS", "ledger_memory_kinds", "parse_ledger_memory"]
 
@@ -110,17 +110,7 @@ class LedgerOracle:
 
     def __init__(self, *, think: str = "minimal", drop_fact_prob: float = 0.0, drop_seed: int = 0,
                  lost_line: str = "subject", answer_template: Optional[str] = None) -> None:
-        if think not in self.THINK_STYLES:
-            raise ValueError(f"think must be one of {self.THINK_STYLES}, got {think!r}")
-        if lost_line not in LOST_LINES:
-            raise ValueError(f"lost_line must be one of {LOST_LINES}, got {lost_line!r}")
-        if not 0.0 <= float(drop_fact_prob) <= 1.0:
-            raise ValueError(f"drop_fact_prob must be in [0, 1], got {drop_fact_prob!r}")
-        if answer_template is not None:
-            try:
-                check_answer_template(answer_template)
-            except ValueError as exc:
-                raise ValueError(f"answer_template: {exc}") from None
+        check_teacher_options(think, self.THINK_STYLES, lost_line, drop_fact_prob, answer_template)
         self.think, self.drop_fact_prob, self.drop_seed = think, float(drop_fact_prob), int(drop_seed)
         self.lost_line, self.answer_template = lost_line, answer_template
 

@@ -20,9 +20,10 @@ from mempo.env.tools import make_tools
 from mempo.synthetic.grammar import (
     CHRONICLE_RELATIONS, RELATIONS, fact_pattern, mention, pointer_pattern, question_text,
 )
-from mempo.synthetic.oracle_memory import LOST_LINES, UNKNOWN, HopState, ObjectiveState, parse_oracle_memory
+from mempo.synthetic.oracle_memory import (UNKNOWN, HopState, ObjectiveState, check_teacher_options,
+                                            parse_oracle_memory)
 from mempo.protocol.memory import CONTEXT_POLICIES, DEFAULT_SYSTEM_PROMPT, AgentMemory, ShortTextPolicy
-from mempo.protocol.grammar import check_answer_template, parse_round
+from mempo.protocol.grammar import parse_round
 from mempo.protocol.reward import compute_score
 from mempo.protocol.tags import TAG_SET, TagSet
 from mempo.tools import Toolset
@@ -130,21 +131,11 @@ class OracleAgent:
                  memory_style: str = "labels", query_style: str = "words", lost_line: str = "bare"):
         if max_turns < 1 or max_search_attempts < 1:
             raise ValueError("max_turns and max_search_attempts must be >= 1")
-        if think not in self.THINK_STYLES:
-            raise ValueError(f"think must be one of {self.THINK_STYLES}, got {think!r}")
+        check_teacher_options(think, self.THINK_STYLES, lost_line, drop_fact_prob, answer_template)
         if memory_style not in self.MEMORY_STYLES:
             raise ValueError(f"memory_style must be one of {self.MEMORY_STYLES}, got {memory_style!r}")
         if query_style not in self.QUERY_STYLES:
             raise ValueError(f"query_style must be one of {self.QUERY_STYLES}, got {query_style!r}")
-        if lost_line not in LOST_LINES:
-            raise ValueError(f"lost_line must be one of {LOST_LINES}, got {lost_line!r}")
-        if not 0.0 <= float(drop_fact_prob) <= 1.0:
-            raise ValueError(f"drop_fact_prob must be in [0, 1], got {drop_fact_prob!r}")
-        if answer_template is not None:
-            try:
-                check_answer_template(answer_template)
-            except ValueError as exc:
-                raise ValueError(f"answer_template: {exc}") from None
         self.max_turns = max_turns
         self.max_search_attempts = max_search_attempts
         self.think = think

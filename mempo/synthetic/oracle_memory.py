@@ -25,11 +25,13 @@ import re
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
+from mempo.protocol.grammar import check_answer_template
+
 from mempo.protocol.reward import normalize_answer
 from mempo.synthetic.grammar import RELATIONS, QuestionParse, fact_pattern, parse_question
 
 __all__ = ["UNKNOWN", "LOST", "LOST_LINES", "FACT_STYLES", "HopState", "ObjectiveState", "parse_oracle_memory",
-           "MEMORY_LINE_KINDS", "memory_line_kinds"]
+           "MEMORY_LINE_KINDS", "memory_line_kinds", "check_teacher_options"]
 
 UNKNOWN = "unknown"
 LOST = "done"
@@ -286,3 +288,21 @@ def _read_fact_line(objective: ObjectiveState, body: str) -> None:
             elif pending.group("doc"):
                 hop.pointer = (pending.group("doc"), int(pending.group("page")))
         return
+
+
+def check_teacher_options(think: str, think_styles: Sequence[str], lost_line: str, drop_fact_prob: float,
+                          answer_template: Optional[str]) -> None:
+    """The options every teacher (`mempo.synthetic.oracle.OracleAgent`, `mempo.synthetic.ledger_oracle.LedgerOracle`)
+    shares: ValueError naming the first one out of range (`think` not in `think_styles`, `lost_line` not in
+    `LOST_LINES`, `drop_fact_prob` outside [0, 1], an `answer_template` `check_answer_template` refuses)."""
+    if think not in think_styles:
+        raise ValueError(f"think must be one of {tuple(think_styles)}, got {think!r}")
+    if lost_line not in LOST_LINES:
+        raise ValueError(f"lost_line must be one of {LOST_LINES}, got {lost_line!r}")
+    if not 0.0 <= float(drop_fact_prob) <= 1.0:
+        raise ValueError(f"drop_fact_prob must be in [0, 1], got {drop_fact_prob!r}")
+    if answer_template is not None:
+        try:
+            check_answer_template(answer_template)
+        except ValueError as exc:
+            raise ValueError(f"answer_template: {exc}") from None
