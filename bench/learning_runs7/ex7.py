@@ -8,6 +8,7 @@ decision rule. `run.sh` calls it between its phases; every rule reads only files
     python bench/learning_runs7/ex7.py same-weights KEPT.jsonl REMADE.jsonl  # a remade SFT model is the kept one
     python bench/learning_runs7/ex7.py choose [DIR]    # the definition (best.txt) and the signal check (signal.json)
     python bench/learning_runs7/ex7.py summary [DIR]   # the tables, the pooled estimate, the decision, the plot
+                                                       # (or, with fewer than 3 gated models, the gate's table)
 
 DIR: the folder of execution 7's files (default this one): ``sft_s<seed>.jsonl`` (`tools/sft_seeds.py` rows),
 ``signal_s<seed>/results.json`` (`bench/bench_signal.py` on the validation split), ``m<seed>/<arm>_s<s>.json``
@@ -272,7 +273,11 @@ def _best(folder: Path) -> str:
 
 
 def _summary(folder: Path) -> str:
-    """The tables (per model and pooled, every k), the monitors, the decision; the plot ``ablation_e7.png``."""
+    """The tables (per model and pooled, every k), the monitors, the decision; the plot ``ablation_e7.png``.
+    When fewer than MODELS seeds passed the settled gate: the gate's table and plot, decision "not a test"."""
+    state = gate(sft_rows(folder))
+    if state["settled"] and len(state["models"]) < MODELS:
+        return _gate_summary(folder, state)
     gated = json.loads((folder / "signal.json").read_text())
     best = _best(folder)
     arm = f"mempo_{best}"
@@ -313,6 +318,54 @@ def _summary(folder: Path) -> str:
     lines += ["", f"Decision: **{decision['outcome']}**", "", "```", json.dumps(decision, indent=1, default=str), "```"]
     _plot(folder, estimates, by_model, arm)
     return "\n".join(lines)
+
+
+def _gate_summary(folder: Path, state: Mapping[str, Any]) -> str:
+    """The SFT gate's table (every judged seed: greedy EM at k = 2, 4, 8 on validation, the k = GATE_K
+    diagnostics) and the decision "not a test" (step 1 of the protocol); the plot ``gate_e7.png``."""
+    rows = sft_rows(folder)
+    lines = [f"Execution 7: {len(state['models'])} of SFT seeds {state['judged']} passed the gate (greedy EM >= "
+             f"{GATE_EM} at k = {GATE_K} on the validation split), fewer than {MODELS}: no RL run.", "",
+             "| SFT seed | EM k = 2 | EM k = 4 | EM k = 8 (± SE) | format k = 8 | turns k = 8 | last `<mem>` keeps the "
+             "gold, k = 8 | right by answer position, k = 8 | copy loss (last 50) | SFT loss (last) | passes |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for seed in state["judged"]:
+        r = rows[seed]
+        positions = " ".join(f"{v:.2f}" for v in r.get(f"right_by_position_k{GATE_K}", []))
+        lines.append(f"| {seed} | {r['em_k2']:.3f} | {r['em_k4']:.3f} | {r[f'em_k{GATE_K}']:.3f} ± "
+                     f"{r[f'em_se_k{GATE_K}']:.3f} | {r[f'format_k{GATE_K}']:.2f} | {r[f'turns_k{GATE_K}']:.1f} | "
+                     f"{r[f'mem_kinds_k{GATE_K}']['gold']:.2f} | {positions} | {r['copy_loss_last50']:.3f} | "
+                     f"{r['sft_last_loss']:.3f} | {'yes' if passes_gate(r) else 'no'} |")
+    decision = {"outcome": "not a test", "why": f"{len(state['models'])} gated SFT models, fewer than {MODELS}",
+                "models": state["models"], "judged": state["judged"]}
+    lines += ["", f"Decision: **{decision['outcome']}**", "", "```", json.dumps(decision, indent=1), "```"]
+    _gate_plot(folder, [rows[s] for s in state["judged"]])
+    return "\n".join(lines)
+
+
+def _gate_plot(folder: Path, rows: Sequence[Mapping[str, Any]]) -> None:
+    try:
+        import matplotlib  # reason: optional (the demo extra); the table is written without it
+    except ImportError:
+        return
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # reason: as above
+
+    ks = (2, 4, 8)
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for row in rows:
+        ax.errorbar(ks, [row[f"em_k{k}"] for k in ks], yerr=[row.get(f"em_se_k{k}", 0.0) for k in ks], marker="o",
+                    capsize=3, label=f"SFT seed {row['seed']}")
+    ax.plot([GATE_K - 0.4, GATE_K + 0.4], [GATE_EM, GATE_EM], color="k", linestyle="--", label=f"gate (k = {GATE_K})")
+    ax.set_xticks(list(ks))
+    ax.set_ylim(0.0, 1.0)
+    ax.set_xlabel("objectives k (validation split)")
+    ax.set_ylabel("greedy EM after SFT (± SE)")
+    ax.set_title("Execution 7: the SFT gate")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(folder / "gate_e7.png", dpi=100)
+    plt.close(fig)
 
 
 def _plot(folder: Path, estimates: Mapping[int, Any], by_model: Mapping[int, Any], arm: str) -> None:

@@ -21,6 +21,10 @@ CONFIG=configs/demo_k8.yaml
 MODELS=$S/models
 DEFINITIONS=(paper paper_nothresh retrieved_min_c10 complete_min_c10 all_fixes_min_c10)  # ex7.CANDIDATES
 mkdir -p $S
+# The tree's mempo (PYTHONPATH=.) needs its C++ scanner built in place; without it every job would fail only at its
+# first evaluation, after half an hour of SFT.
+$PY -c "import mempo._scanner" 2>/dev/null || {
+  echo "run.sh: mempo._scanner is not built in this tree: run \`$PY setup.py build_ext --inplace\` first" >&2; exit 2; }
 trap 'jobs -p | xargs -r kill 2>/dev/null || true' EXIT INT TERM  # no job outlives the script
 
 { echo "--- $(date -Is) $(git rev-parse --short HEAD)"; lscpu | grep -E "^Model name|^CPU\(s\)";
@@ -86,6 +90,7 @@ status=0
 models=$($PY $R/ex7.py models $R) || status=$?
 if [ $status -eq 3 ]; then
   echo "fewer than 3 SFT models passed the gate: execution 7 is not a test (docs/experiments/E7-ablation-execution-7.md)"
+  $PY $R/ex7.py summary $R  # the gate's table (results.md) and plot (gate_e7.png)
   exit 0
 fi
 [ $status -eq 0 ] || exit $status

@@ -182,6 +182,21 @@ def test_the_summary_of_a_constructed_execution(tmp_path):
     assert ex7.main(["nope", str(tmp_path)]) == 2
 
 
+def test_the_summary_of_a_failed_gate_is_its_table_and_not_a_test(tmp_path):
+    pytest.importorskip("matplotlib")
+    for seed, em8 in enumerate((0.018, 0.21, 0.0, 0.0, 0.19, 0.05)):  # one seed passes: not a test
+        row = {**_row(seed, em8), "em_se_k8": 0.01, "format_k8": 0.5, "turns_k8": 9.0, "copy_loss_last50": 0.15,
+               "sft_last_loss": 1.4, "mem_kinds_k8": {"gold": 0.1}, "right_by_position_k8": [0.2, 0.1]}
+        (tmp_path / f"sft_s{seed}.jsonl").write_text(json.dumps(row) + "\n")
+    assert ex7.main(["summary", str(tmp_path)]) == 0  # no signal.json, no RL run: the gate's summary
+    text = (tmp_path / "results.md").read_text()
+    assert "1 of SFT seeds [0, 1, 2, 3, 4, 5] passed the gate" in text and "Decision: **not a test**" in text
+    assert "| 1 | 0.900 | 0.500 | 0.210 ± 0.010 |" in text and text.count("| no |") == 5
+    assert (tmp_path / "gate_e7.png").read_bytes()[:4] == b"\x89PNG"
+    (tmp_path / "sft_s5.jsonl").unlink()  # the gate not settled: the summary needs the RL files, and says so
+    assert ex7.main(["summary", str(tmp_path)]) == 2
+
+
 def test_the_commands_run_sh_calls(tmp_path, capsys):
     def rows(folder, em8):
         folder.mkdir(exist_ok=True)
