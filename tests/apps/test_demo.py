@@ -257,7 +257,7 @@ def test_the_sft_time_bound_says_when_it_bound():
     cfg = load_demo_config(None)
     assert sft_bound_line(cfg, {"steps": 3200, "time_bound": False}) is None
     assert sft_bound_line(cfg, {"steps": 2100, "time_bound": True}) == (
-        "SFT was cut by the time bound sft.max_seconds=600 after 2100 of sft.steps=3200 steps: this machine was "
+        "SFT was cut by the time bound sft.max_seconds=900 after 2100 of sft.steps=3200 steps: this machine was "
         "slower than the demo assumes, and the numbers below depend on its speed")
 
 
