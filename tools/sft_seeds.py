@@ -122,6 +122,12 @@ def before_sft(cfg) -> BeforeSFT:
     return BeforeSFT(env, episodes_by_k, held_out, cold, tokenizer, model, copy_losses)
 
 
+def tail_mean(losses: list[float], last: int = 50) -> float:
+    """The mean of the last `last` losses (all when fewer; 0.0 for none), to 3 places: a row's ``copy_loss_last50``."""
+    tail = losses[-last:]
+    return round(sum(tail) / max(1, len(tail)), 3)
+
+
 def check_ks(cfg: "MempoConfig", ks: list[int]) -> None:
     """ConfigError naming ``--ks`` unless every k is one of ``eval.objectives`` (only those are held out)."""
     outside = [k for k in ks if k not in cfg.eval.objectives]
@@ -167,7 +173,7 @@ def run_seed(seed: int, overrides: list[str], episodes_dir: Path, tag: str, thre
                           "right_by_position": per_k["right_by_position_k2"]})
     return {"seed": seed, "overrides": overrides, "config": None if config is None else str(config),
             "ks": list(ks), "split": cfg.eval.split, "weights_sha256": weights, **per_k,
-            "copy_loss_last50": round(sum(copy_losses[-50:]) / max(1, len(copy_losses[-50:])), 3),
+            "copy_loss_last50": tail_mean(copy_losses),
             "sft_steps": sft["steps"], "sft_last_loss": sft["last_loss"],
             "sft_time_bound": sft["time_bound"], "seconds_to_sft_end": round(sft_seconds, 1),
             "seconds": round(time.perf_counter() - began, 1), "threads": threads,

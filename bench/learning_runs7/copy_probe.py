@@ -42,9 +42,8 @@ def main(argv: list[str]) -> int:
             losses = sft_seeds.before_sft(cfg).copy_losses
             row = {"seed": seed, "copy_warmup_steps": steps, "config": str(args.config), "threads": threads,
                    "copy_loss_first": round(losses[0], 3),
-                   "copy_loss_last50": round(sum(losses[-50:]) / max(1, len(losses[-50:])), 3),
-                   "copy_loss_by_500": [round(sum(losses[i:i + 50]) / len(losses[i:i + 50]), 3)
-                                        for i in range(0, len(losses), 500)],
+                   "copy_loss_last50": sft_seeds.tail_mean(losses),
+                   "copy_loss_by_500": [sft_seeds.tail_mean(losses[:i + 50]) for i in range(0, len(losses), 500)],
                    "seconds": round(time.perf_counter() - began, 1), **sft_seeds.cpu_facts()}
             with args.out.open("a") as f:
                 f.write(json.dumps(row) + "\n")

@@ -275,9 +275,10 @@ def _best(folder: Path) -> str:
 def _summary(folder: Path) -> str:
     """The tables (per model and pooled, every k), the monitors, the decision; the plot ``ablation_e7.png``.
     When fewer than MODELS seeds passed the settled gate: the gate's table and plot, decision "not a test"."""
-    state = gate(sft_rows(folder))
+    rows = sft_rows(folder)
+    state = gate(rows)
     if state["settled"] and len(state["models"]) < MODELS:
-        return _gate_summary(folder, state)
+        return _gate_summary(folder, rows, state)
     gated = json.loads((folder / "signal.json").read_text())
     best = _best(folder)
     arm = f"mempo_{best}"
@@ -320,10 +321,9 @@ def _summary(folder: Path) -> str:
     return "\n".join(lines)
 
 
-def _gate_summary(folder: Path, state: Mapping[str, Any]) -> str:
-    """The SFT gate's table (every judged seed: greedy EM at k = 2, 4, 8 on validation, the k = GATE_K
-    diagnostics) and the decision "not a test" (step 1 of the protocol); the plot ``gate_e7.png``."""
-    rows = sft_rows(folder)
+def _gate_summary(folder: Path, rows: Mapping[int, Mapping[str, Any]], state: Mapping[str, Any]) -> str:
+    """The SFT gate's table (every judged seed of `rows`: greedy EM at k = 2, 4, 8 on validation, the k = GATE_K
+    diagnostics) and `decide`'s "not a test" (step 1 of the protocol); the plot ``gate_e7.png``."""
     lines = [f"Execution 7: {len(state['models'])} of SFT seeds {state['judged']} passed the gate (greedy EM >= "
              f"{GATE_EM} at k = {GATE_K} on the validation split), fewer than {MODELS}: no RL run.", "",
              "| SFT seed | EM k = 2 | EM k = 4 | EM k = 8 (± SE) | format k = 8 | turns k = 8 | last `<mem>` keeps the "
@@ -336,21 +336,27 @@ def _gate_summary(folder: Path, state: Mapping[str, Any]) -> str:
                      f"{r[f'em_se_k{GATE_K}']:.3f} | {r[f'format_k{GATE_K}']:.2f} | {r[f'turns_k{GATE_K}']:.1f} | "
                      f"{r[f'mem_kinds_k{GATE_K}']['gold']:.2f} | {positions} | {r['copy_loss_last50']:.3f} | "
                      f"{r['sft_last_loss']:.3f} | {'yes' if passes_gate(r) else 'no'} |")
-    decision = {"outcome": "not a test", "why": f"{len(state['models'])} gated SFT models, fewer than {MODELS}",
-                "models": state["models"], "judged": state["judged"]}
+    decision = {**decide(dict.fromkeys(state["models"], {})), "models": state["models"], "judged": state["judged"]}
     lines += ["", f"Decision: **{decision['outcome']}**", "", "```", json.dumps(decision, indent=1), "```"]
     _gate_plot(folder, [rows[s] for s in state["judged"]])
     return "\n".join(lines)
 
 
-def _gate_plot(folder: Path, rows: Sequence[Mapping[str, Any]]) -> None:
+def _pyplot() -> Any:
+    """matplotlib.pyplot on the Agg backend, or None without matplotlib (the tables are written without it)."""
     try:
-        import matplotlib  # reason: optional (the demo extra); the table is written without it
+        import matplotlib  # reason: optional (the demo extra)
     except ImportError:
-        return
+        return None
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt  # reason: as above
+    return plt
 
+
+def _gate_plot(folder: Path, rows: Sequence[Mapping[str, Any]]) -> None:
+    plt = _pyplot()
+    if plt is None:
+        return
     ks = (2, 4, 8)
     fig, ax = plt.subplots(figsize=(7, 4))
     for row in rows:
@@ -369,12 +375,9 @@ def _gate_plot(folder: Path, rows: Sequence[Mapping[str, Any]]) -> None:
 
 
 def _plot(folder: Path, estimates: Mapping[int, Any], by_model: Mapping[int, Any], arm: str) -> None:
-    try:
-        import matplotlib  # reason: optional (the demo extra); the table is written without it
-    except ImportError:
+    plt = _pyplot()
+    if plt is None:
         return
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt  # reason: as above
 
     fig, ax = plt.subplots(figsize=(7, 4))
     ax.axhline(0.0, color="k", linewidth=0.8)
