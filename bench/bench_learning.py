@@ -75,7 +75,7 @@ import torch
 from mempo.apps.demo import rl_episodes
 from mempo.config import MempoConfig, config_from_dict, config_to_dict, load_config, split_overrides
 from mempo.errors import MempoError
-from mempo.eval import eval_episodes, evaluate, held_out_of_training
+from mempo.eval import eval_episodes, evaluate, held_out_of_training, standard_error
 from mempo.model.loading import pretrained_causal_lm, pretrained_tokenizer
 from mempo.synthetic.build import build_world
 from mempo.synthetic.heldout import held_out_subjects
@@ -223,10 +223,12 @@ def _rows(report: Any, ks: Sequence[int], tokenizer: Any) -> dict[str, dict[str,
     blocks keeping / dropping a gold retrieved before them (None when no block had one), turns per
     episode, the share of the answered episodes answered with a question pending
     (`Trajectory.answered_pending`; None when none was answered), the full context's prompt tokens of
-    the same rounds and the memory / full ratio (``EvalRow.token_ratio``)."""
+    the same rounds and the memory / full ratio (``EvalRow.token_ratio``); ``em_per_episode``: each
+    episode's EM in the evaluation's episode order (the pairing of `gain_over_sft`)."""
     rows = {}
     for k in ks:
         row = report.row(k, "memory")
+        episodes = report.trajectories[("", k, "memory")]
         flags = [flag for t in report.trajectories[("", k, "memory")] for flag in t.memory_keeps(tokenizer)
                  if flag is not None]
         keeps = statistics.fmean(float(f) for f in flags) if flags else None
@@ -239,8 +241,34 @@ def _rows(report: Any, ks: Sequence[int], tokenizer: Any) -> dict[str, dict[str,
                         "answered_pending": statistics.fmean(float(p) for p in pending) if pending else None,
                         "answered": len(pending),
                         "full_context_tokens_per_episode": float(row.full_context_tokens_per_episode),
-                        "token_ratio": row.token_ratio}
+                        "token_ratio": row.token_ratio,
+                        "em_per_episode": [float((t.outcome or {}).get("em", 0.0)) for t in episodes]}
     return rows
+
+
+def _row_summary(rows: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """`_rows` for a log line: without the per-episode lists."""
+    return {k: {m: v for m, v in row.items() if m != "em_per_episode"} for k, row in rows.items()}
+
+
+def gain_over_sft(sft_rows: dict[str, Any], runs: Sequence[dict[str, Any]], arm: str,
+                  ks: Sequence[int]) -> dict[str, dict[str, dict[str, Optional[float]]]]:
+    """Per k and seed of `arm`: RL's EM gain over the SFT model on the same episodes, ``{"gain": EM after -
+    EM before, "se": the SE of the per-episode differences}`` (the demo report's paired SE); ``se`` None
+    when either row lacks ``em_per_episode`` (run files made before it) or the two differ in length."""
+    gains: dict[str, dict[str, dict[str, Optional[float]]]] = {}
+    for k in ks:
+        before = sft_rows[str(k)]
+        per_seed = {}
+        for record in sorted((r for r in runs if r["arm"] == arm), key=lambda r: r["seed"]):
+            after = record["rows"][str(k)]
+            first, last = before.get("em_per_episode"), after.get("em_per_episode")
+            paired = first is not None and last is not None and len(first) == len(last) >= 2
+            per_seed[str(record["seed"])] = {
+                "gain": after["em"] - before["em"],
+                "se": standard_error([b - a for a, b in zip(first, last)]) if paired else None}
+        gains[str(k)] = per_seed
+    return gains
 
 
 def _training_totals(metrics: Sequence[dict[str, Any]]) -> dict[str, Any]:
@@ -351,7 +379,7 @@ def run(demo_out: Path, out: Path, *, seeds: Sequence[int] = tuple(range(8)), st
         sft_record = {"settings": sft_settings, "arm": "sft", "rows": _rows(report, ks, tokenizer),
                       "eval_seconds": time.perf_counter() - began}
         replace_file_atomically(runs_dir / "sft.json", json.dumps(sft_record, indent=2) + "\n")
-    log(f"sft: {sft_record['rows']}")
+    log(f"sft: {_row_summary(sft_record['rows'])}")
     records, reused = [], 0
     for arm, seed, run_cfg, settings, path, record in plan:
         if record is not None:
@@ -375,7 +403,7 @@ def run(demo_out: Path, out: Path, *, seeds: Sequence[int] = tuple(range(8)), st
                   "rows": _rows(report, ks, tokenizer)}
         replace_file_atomically(path, json.dumps(record, indent=2) + "\n")
         records.append(record)
-        log(f"{arm.name} seed {seed}: {record['rows']} ({rl_seconds:.0f} s RL, "
+        log(f"{arm.name} seed {seed}: {_row_summary(record['rows'])} ({rl_seconds:.0f} s RL, "
             f"{time.perf_counter() - began:.0f} s so far)")
     results: dict[str, Any] = {
         "demo_out": str(demo_out), "model_sha256": digest, "steps": steps, "rl_k": cfg.data.num_objectives,
@@ -388,6 +416,7 @@ def run(demo_out: Path, out: Path, *, seeds: Sequence[int] = tuple(range(8)), st
         "summary": {a.name: arm_summary(records, a.name, ks) for a in arms},
         "paired": ({a.name: paired_differences(records, a.name, ks) for a in arms if a.name != BASELINE}
                    if BASELINE in names else {}),
+        "gain_over_sft": {a.name: gain_over_sft(sft_record["rows"], records, a.name, ks) for a in arms},
         "seconds": time.perf_counter() - began, "machine": machine_facts(),
     }
     results["table"] = _table(results, names, ks)
@@ -429,6 +458,15 @@ def _table(results: dict[str, Any], arms: Sequence[str], ks: Sequence[int]) -> s
             lines.append(f"| {arm} | {k} | " + " | ".join(
                 _pm(s[m]["mean"], s[m]["se"], "{:.0f}" if m == "prompt_tokens_per_episode" else "{:.3f}")
                 for m in METRICS) + " |")
+    lines += ["", "RL's EM gain over the SFT model per seed, on the same episodes (SE of the per-episode "
+              "differences; - for run files made without per-episode EM).", "",
+              "| arm | k | gain (SE) per seed |", "|---|---|---|"]
+    for arm in arms:
+        for k in ks:
+            per_seed = results["gain_over_sft"][arm][str(k)]
+            lines.append(f"| {arm} | {k} | " + ", ".join(
+                f"{seed}: {g['gain']:+.3f} ({'-' if g['se'] is None else format(g['se'], '.3f')})"
+                for seed, g in per_seed.items()) + " |")
     if results["paired"]:
         lines += ["", f"Paired difference to {results['baseline']} (arm - {results['baseline']}, same seed); "
                   "ahead: mean >= 2 paired SE.", "",

@@ -72,6 +72,7 @@ def test_the_ablation_runs_paired_arms_resumes_and_refuses_other_settings(tmp_pa
         assert row["token_ratio"] == pytest.approx(ratio)
         assert (row["answered_pending"] is None) == (row["answered"] == 0)
         assert row["answered_pending"] is None or 0.0 <= row["answered_pending"] <= 1.0
+        assert len(row["em_per_episode"]) == 2 and sum(row["em_per_episode"]) / 2 == pytest.approx(row["em"])
         assert record["training"]["steps"] == 1 and record["training"]["trained_tokens"] > 0
         saved = json.loads((out / "runs" / f"{record['arm']}_s{record['seed']}.json").read_text())
         assert saved == record
@@ -86,9 +87,15 @@ def test_the_ablation_runs_paired_arms_resumes_and_refuses_other_settings(tmp_pa
         assert paired["n"] == 2 and paired["mean"] == pytest.approx(sum(diffs) / 2)
         assert paired["se"] == pytest.approx(abs(diffs[0] - diffs[1]) / 2)
     assert "grpo" not in results["paired"]
+    for record in results["runs"]:  # RL's gain over the SFT model on the same episodes, with its paired SE
+        gain = results["gain_over_sft"][record["arm"]]["2"][str(record["seed"])]
+        diffs = [b - a for a, b in zip(results["sft"]["2"]["em_per_episode"], record["rows"]["2"]["em_per_episode"])]
+        assert gain["gain"] == pytest.approx(sum(diffs) / 2)
+        assert gain["se"] == pytest.approx(abs(diffs[0] - diffs[1]) / 2)
     table = (out / "results.md").read_text()
     assert "| SFT (no RL) | 2 |" in table and "| grpo | 2 |" in table and "| mempo_all_fixes | 2 |" in table
     assert "Paired difference to grpo" in table and "RL: 1 steps on k = 2, 4 in turn" in table
+    assert "RL's EM gain over the SFT model per seed" in table and "| mempo | 2 | 0: " in table
     assert "2 held-out test episodes per k" in table and results["split"] == "test"
     assert "| turns | answered with a question pending | memory / full prompt tokens |" in table
     assert (out / "ablation.png").read_bytes()[:8] == PNG_MAGIC
@@ -182,6 +189,22 @@ def test_mean_se_and_paired_differences():
     assert paired["mean"] == pytest.approx(0.2) and paired["se"] == pytest.approx(0.0) and paired["ahead"] is True
     one = bench.paired_differences(runs[:1] + runs[3:4], "mempo", [2])["2"]["em"]
     assert one["n"] == 1 and one["se"] is None and one["ahead"] is None
+
+
+def test_gain_over_sft_pairs_episodes_and_leaves_the_se_out_for_old_run_files():
+    bench = _bench_learning()
+    sft = {"4": {"em": 0.25, "em_per_episode": [0.0, 0.5, 0.25, 0.25]}}
+    runs = [{"arm": "mempo", "seed": 1, "rows": {"4": {"em": 0.5, "em_per_episode": [0.5, 0.5, 0.5, 0.5]}}},
+            {"arm": "mempo", "seed": 0, "rows": {"4": {"em": 0.375}}},  # a run file made before per-episode EM
+            {"arm": "grpo", "seed": 0, "rows": {"4": {"em": 0.0, "em_per_episode": [0.0, 0.0, 0.0]}}}]
+    gains = bench.gain_over_sft(sft, runs, "mempo", [4])["4"]
+    assert list(gains) == ["0", "1"]  # by seed
+    assert gains["0"] == {"gain": pytest.approx(0.125), "se": None}
+    diffs = [0.5, 0.0, 0.25, 0.25]  # after - before, per episode
+    mean = sum(diffs) / 4
+    se = math.sqrt(sum((d - mean) ** 2 for d in diffs) / 3 / 4)
+    assert gains["1"]["gain"] == pytest.approx(0.25) and gains["1"]["se"] == pytest.approx(se)
+    assert bench.gain_over_sft(sft, runs, "grpo", [4])["4"]["0"]["se"] is None  # other episode count: not paired
 
 
 def test_check_held_out_names_how_many_subjects_were_not_held_out():
