@@ -229,10 +229,10 @@ def _rows(report: Any, ks: Sequence[int], tokenizer: Any) -> dict[str, dict[str,
     for k in ks:
         row = report.row(k, "memory")
         episodes = report.trajectories[("", k, "memory")]
-        flags = [flag for t in report.trajectories[("", k, "memory")] for flag in t.memory_keeps(tokenizer)
+        flags = [flag for t in episodes for flag in t.memory_keeps(tokenizer)
                  if flag is not None]
         keeps = statistics.fmean(float(f) for f in flags) if flags else None
-        pending = [p for t in report.trajectories[("", k, "memory")] for p in [t.answered_pending(tokenizer)]
+        pending = [p for t in episodes for p in [t.answered_pending(tokenizer)]
                    if p is not None]
         rows[str(k)] = {"em": float(row.em), "f1": float(row.f1),
                         "prompt_tokens_per_episode": float(row.prompt_tokens_per_episode),
