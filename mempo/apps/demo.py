@@ -488,7 +488,7 @@ class AblationFinding:
 #: template; docs/experiments/E4-ablation-execution-4.md), each remade by the command its page gives
 EXECUTION3_SFT_WEIGHTS = "d31f5e3003ff5d7cc6d20351933b88d483432da093ee3a355918ee54691b29fd"
 EXECUTION5_SFT_WEIGHTS = "fd5d9f05a8bdbf724aa34693736fe92665971c1624ca86b35098d522adf141e9"
-_EXECUTION5_RL = "36 RL steps on k = 2 and 4 in turn (the demo's RL)"
+_EXECUTION5_RL = "36 RL steps on k = 2 and 4 in turn at actor lr 5e-5 (the demo's RL until D14; now lr 1e-4)"
 
 # Keyed by (reward, comparator, threshold, scored_objectives, objective_reduce, log_clip); the report cites
 # the finding so that its reader does not take RL's gain for the memory reward's.

@@ -46,7 +46,8 @@ def test_demo_scoring_is_the_ablations_best_and_the_report_says_what_it_measured
     line = rl_setting_line(cfg)
     assert "reward log (clip 10 nats)" in line and "objectives complete (min)" in line
     assert "definition complete_min_c10: level with GRPO (execution 5" in line
-    assert "with 36 RL steps on k = 2 and 4 in turn (the demo's RL) from one SFT model" in line
+    assert ("with 36 RL steps on k = 2 and 4 in turn at actor lr 5e-5 (the demo's RL until D14; now lr 1e-4) from one "
+            "SFT model") in line
     retrieved = rl_setting_line(load_demo_config(None, ["scoring.scored_objectives=retrieved"]))
     assert "definition retrieved_min_c10: behind GRPO" in retrieved and "answer after one search" in retrieved
     # the library's default scoring (the paper's) cites its own result; an unmeasured one says so; GRPO is GRPO
