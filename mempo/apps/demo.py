@@ -473,14 +473,44 @@ def target_lines(before: Optional[EvalReport], after: Optional[EvalReport], seco
     return lines
 
 
+def _lr_text(lr: float) -> str:
+    """5e-05 -> "5e-5"; 0.001 -> "0.001"."""
+    return f"{lr:g}".replace("e-0", "e-")
+
+
+def _k_cycle_text(counts: Sequence[int]) -> str:
+    """``(2,)`` -> "k = 2"; ``(2, 4)`` -> "k = 2 and 4 in turn"; ``(2, 4, 4, 4)`` -> "k = 2, 4, 4 and 4 in turn"."""
+    if len(counts) == 1:
+        return f"k = {counts[0]}"
+    return f"k = {', '.join(str(k) for k in counts[:-1])} and {counts[-1]} in turn"
+
+
 @dataclass(frozen=True)
 class AblationFinding:
     """What the pre-registered ablation (docs/experiments/E2-ablation-execution-2.md and later executions)
-    measured for one scoring: `text`, the RL it ran (`rl`) and the SFT model it ran from (`sft_weights`,
+    measured for one scoring: `text`, the RL it ran (`rl_steps` steps on the cycle of objective counts
+    `rl_k` at actor lr `rl_lr`) and the SFT model it ran from (`sft_weights`,
     `mempo.utils.digest.weights_digest`)."""
     text: str
-    rl: str
+    rl_steps: int
+    rl_k: tuple[int, ...]
+    rl_lr: float
     sft_weights: str
+
+    @property
+    def rl(self) -> str:
+        return f"{self.rl_steps} RL steps on {_k_cycle_text(self.rl_k)} at actor lr {_lr_text(self.rl_lr)}"
+
+    def rl_differences(self, cfg: MempoConfig) -> list[str]:
+        """How `cfg`'s RL differs from the ablation's (steps, objective counts, actor lr); [] when it is the same."""
+        counts, differences = tuple(cfg.data.objective_counts), []
+        if cfg.trainer.total_steps != self.rl_steps:
+            differences.append(f"{cfg.trainer.total_steps} steps against {self.rl_steps}")
+        if counts != self.rl_k:
+            differences.append(f"{_k_cycle_text(counts)} against {_k_cycle_text(self.rl_k)}")
+        if cfg.actor.lr != self.rl_lr:
+            differences.append(f"actor lr {_lr_text(cfg.actor.lr)} against {_lr_text(self.rl_lr)}")
+        return differences
 
 
 #: SFT models the ablation ran from (the demo's recipe, seed 0, 256 held-out episodes per k): execution 3's
@@ -488,7 +518,7 @@ class AblationFinding:
 #: template; docs/experiments/E4-ablation-execution-4.md), each remade by the command its page gives
 EXECUTION3_SFT_WEIGHTS = "d31f5e3003ff5d7cc6d20351933b88d483432da093ee3a355918ee54691b29fd"
 EXECUTION5_SFT_WEIGHTS = "fd5d9f05a8bdbf724aa34693736fe92665971c1624ca86b35098d522adf141e9"
-_EXECUTION5_RL = "36 RL steps on k = 2 and 4 in turn at actor lr 5e-5 (the demo's RL until D14; now lr 1e-4)"
+_EXECUTION5_RL = dict(rl_steps=36, rl_k=(2, 4), rl_lr=5e-5)  # the demo's RL until D14
 
 # Keyed by (reward, comparator, threshold, scored_objectives, objective_reduce, log_clip); the report cites
 # the finding so that its reader does not take RL's gain for the memory reward's.
@@ -496,15 +526,15 @@ ABLATION_FINDINGS: dict[tuple, AblationFinding] = {
     ("prob", "paper", 0.5, "all", "mean", 1.0): AblationFinding(
         "the paper's definition: level with GRPO (execution 3, 8 paired seeds: paired EM difference +0.002 +- "
         "0.007 at k = 2, +0.027 +- 0.014 at k = 4; behind by 0.089 / 0.068 in execution 2)",
-        "60 RL steps at k = 2", EXECUTION3_SFT_WEIGHTS),
+        rl_steps=60, rl_k=(2,), rl_lr=5e-5, sft_weights=EXECUTION3_SFT_WEIGHTS),
     ("log", "paper", None, "complete", "min", 10.0): AblationFinding(
         "definition complete_min_c10: level with GRPO (execution 5, 8 paired seeds: paired EM difference "
-        "+0.005 +- 0.005 at k = 2, -0.001 +- 0.017 at k = 4)", _EXECUTION5_RL, EXECUTION5_SFT_WEIGHTS),
+        "+0.005 +- 0.005 at k = 2, -0.001 +- 0.017 at k = 4)", **_EXECUTION5_RL, sft_weights=EXECUTION5_SFT_WEIGHTS),
     ("log", "paper", None, "retrieved", "min", 10.0): AblationFinding(
         "definition retrieved_min_c10: behind GRPO (execution 5, 8 paired seeds: paired EM difference -0.183 +- "
         "0.079 at k = 2, -0.110 +- 0.033 at k = 4; on 3 seeds the agent learnt to answer after one search; "
         "with RL at k = 2 from another SFT model, execution 3, ahead at k = 4 by +0.077 +- 0.015)",
-        _EXECUTION5_RL, EXECUTION5_SFT_WEIGHTS),
+        **_EXECUTION5_RL, sft_weights=EXECUTION5_SFT_WEIGHTS),
 }
 
 
@@ -530,6 +560,9 @@ def rl_setting_line(cfg: MempoConfig, sft_weights: Optional[str] = None) -> str:
             measured += (f"; this run's SFT model is another (weights sha256 {sft_weights[:12]}: the SFT model follows "
                          f"the seed and the CPU's floats), and on another SFT model the memory reward's signal can be "
                          f"absent or inverted (docs/DEMO.md), so that finding need not hold for this run")
+        differences = finding.rl_differences(cfg)
+        if differences:
+            measured += f"; this run's RL is another ({', '.join(differences)})"
     elif cfg.synthetic.task != "search":
         measured = f"the ablation measured the search task only, not the {cfg.synthetic.task} task"
     else:

@@ -46,15 +46,22 @@ def test_demo_scoring_is_the_ablations_best_and_the_report_says_what_it_measured
     line = rl_setting_line(cfg)
     assert "reward log (clip 10 nats)" in line and "objectives complete (min)" in line
     assert "definition complete_min_c10: level with GRPO (execution 5" in line
-    assert ("with 36 RL steps on k = 2 and 4 in turn at actor lr 5e-5 (the demo's RL until D14; now lr 1e-4) from one "
-            "SFT model") in line
+    assert "with 36 RL steps on k = 2 and 4 in turn at actor lr 5e-5 from one SFT model" in line
+    # the demo's RL is no longer the one execution 5 ran: the line says how it differs, read from the config
+    assert line.endswith(f"; this run's RL is another (actor lr {cfg.actor.lr:g} against 5e-5).".replace("e-0", "e-"))
+    as_measured = rl_setting_line(load_demo_config(None, ["actor.lr=0.00005"]))
+    assert "this run's RL is another" not in as_measured
+    mixed = rl_setting_line(load_demo_config(None, ["actor.lr=0.00005", "data.num_objectives=[2,4,4,4]",
+                                                    "trainer.total_steps=40"]))
+    assert mixed.endswith("; this run's RL is another (40 steps against 36, k = 2, 4, 4 and 4 in turn against k = 2 "
+                          "and 4 in turn).")
     retrieved = rl_setting_line(load_demo_config(None, ["scoring.scored_objectives=retrieved"]))
     assert "definition retrieved_min_c10: behind GRPO" in retrieved and "answer after one search" in retrieved
     # the library's default scoring (the paper's) cites its own result; an unmeasured one says so; GRPO is GRPO
     paper = load_demo_config(None, ["scoring.reward=prob", "scoring.threshold=0.5", "scoring.scored_objectives=all",
                                     "scoring.objective_reduce=mean", "scoring.log_clip=1.0"])
     assert "the paper's definition: level with GRPO" in rl_setting_line(paper)
-    assert "with 60 RL steps at k = 2 from one SFT model" in rl_setting_line(paper)  # its own execution's RL
+    assert "with 60 RL steps on k = 2 at actor lr 5e-5 from one SFT model" in rl_setting_line(paper)  # its own execution's RL
     assert "reward prob," in rl_setting_line(paper)  # no clip named where the reward is not log
     assert "not one the ablation measured" in rl_setting_line(load_demo_config(None, ["scoring.log_clip=5"]))
     assert "with weight 0 this run is GRPO" in rl_setting_line(load_demo_config(None, ["algorithm.memory_weight=0"]))
@@ -65,10 +72,10 @@ def test_the_report_says_whether_the_ablation_ran_from_this_runs_sft_model():
     cfg = load_demo_config(None)
     assert "this run's SFT model" not in rl_setting_line(cfg)  # no digest given: nothing said either way
     own = rl_setting_line(cfg, EXECUTION5_SFT_WEIGHTS)
-    assert f"weights sha256 {EXECUTION5_SFT_WEIGHTS[:12]}), this run's own SFT model." in own
+    assert f"weights sha256 {EXECUTION5_SFT_WEIGHTS[:12]}), this run's own SFT model" in own
     other = rl_setting_line(cfg, "0123456789ab" + "0" * 52)
     assert "this run's SFT model is another (weights sha256 0123456789ab" in other
-    assert "so that finding need not hold for this run." in other
+    assert "so that finding need not hold for this run" in other
     # GRPO and an unmeasured scoring cite no finding, so no model either
     grpo = rl_setting_line(load_demo_config(None, ["algorithm.memory_weight=0"]), "f" * 64)
     assert "this run's SFT model" not in grpo
