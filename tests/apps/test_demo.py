@@ -32,8 +32,9 @@ def test_config_file_equals_builtin_defaults():
     # bounded by steps, the time bound a safety net; the report's closed-book line; RL on the k of the gain target
     assert cfg.sft.steps == 3200 and cfg.sft.max_seconds is not None and cfg.eval.closed_book is True
     assert DemoTargets().rl_k in cfg.data.objective_counts and cfg.eval.episodes >= 128
-    # RL mostly on k = 4, one k = 2 episode in four: RL at k = 2 alone lowered EM at k = 4 (docs/experiments/R1-mixed-k.md),
-    # k = 4 alone cost a model EM at k = 2 (D15); this cycle met the EM targets on model seeds 0-2 (D16)
+    # RL mostly on k = 4, one k = 2 episode in four: RL at k = 2 alone lowered EM at k = 4
+    # (docs/experiments/R1-mixed-k.md), k = 4 alone cost a model EM at k = 2 (D15); this cycle met the EM targets
+    # on model seeds 0-2 (D16)
     assert cfg.data.objective_counts == (2, 4, 4, 4) and cfg.trainer.total_steps == 36
 
 
@@ -63,7 +64,8 @@ def test_demo_scoring_is_the_ablations_best_and_the_report_says_what_it_measured
     paper = load_demo_config(None, ["scoring.reward=prob", "scoring.threshold=0.5", "scoring.scored_objectives=all",
                                     "scoring.objective_reduce=mean", "scoring.log_clip=1.0"])
     assert "the paper's definition: level with GRPO" in rl_setting_line(paper)
-    assert "with 60 RL steps on k = 2 at actor lr 5e-5 from one SFT model" in rl_setting_line(paper)  # its own execution's RL
+    # its own execution's RL
+    assert "with 60 RL steps on k = 2 at actor lr 5e-5 from one SFT model" in rl_setting_line(paper)
     assert "reward prob," in rl_setting_line(paper)  # no clip named where the reward is not log
     assert "not one the ablation measured" in rl_setting_line(load_demo_config(None, ["scoring.log_clip=5"]))
     assert "with weight 0 this run is GRPO" in rl_setting_line(load_demo_config(None, ["algorithm.memory_weight=0"]))
