@@ -13,7 +13,6 @@ from typing import Any, Iterable, Mapping, Optional, Sequence, Union
 
 import torch
 
-from mempo.model.attention import grouped_kv_attention
 from mempo.rollout.backends.base import (
     GenerationOutput, GenerationRequest, SamplingParams, named_tensors, register_backend,
 )
@@ -205,8 +204,7 @@ class HFBackend:
             begin = getattr(processor, "begin", None)
             if callable(begin):
                 begin(requests)
-        # grouped K/V heads not copied per token on the CPU: the same ids and log-probs, bit for bit
-        with torch.inference_mode(), grouped_kv_attention():
+        with torch.inference_mode():
             sequences = self.model.generate(
                 input_ids=input_ids.to(device), attention_mask=attention_mask.to(device), generation_config=config,
                 stopping_criteria=StoppingCriteriaList([criteria]),
