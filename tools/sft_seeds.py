@@ -173,7 +173,7 @@ def run_seed(seed: int, overrides: list[str], episodes_dir: Path, tag: str, thre
                           "right_by_position": per_k["right_by_position_k2"]})
     return {"seed": seed, "overrides": overrides, "config": None if config is None else str(config),
             "ks": list(ks), "split": cfg.eval.split, "weights_sha256": weights, **per_k,
-            "copy_loss_last50": tail_mean(copy_losses),
+            "copy_loss_last50": tail_mean(copy_losses), "copy_steps": len(copy_losses),
             "sft_steps": sft["steps"], "sft_last_loss": sft["last_loss"],
             "sft_time_bound": sft["time_bound"], "seconds_to_sft_end": round(sft_seconds, 1),
             "seconds": round(time.perf_counter() - began, 1), "threads": threads,

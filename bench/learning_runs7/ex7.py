@@ -1,4 +1,5 @@
-"""Execution 7's rules as code (protocol: docs/experiments/E7-ablation-execution-7.md, written before any run):
+"""Execution 7's rules as code (protocol: docs/experiments/E7-ablation-execution-7.md, written before any run),
+execution 8's too (docs/experiments/E8-ablation-execution-8.md: the same rules on another recipe's files):
 the SFT gate, the definition chosen on the validation split, the signal check, the pooled estimate and the
 decision rule. `run.sh` calls it between its phases; every rule reads only files kept in this folder.
 
@@ -10,7 +11,8 @@ decision rule. `run.sh` calls it between its phases; every rule reads only files
     python bench/learning_runs7/ex7.py summary [DIR]   # the tables, the pooled estimate, the decision, the plot
                                                        # (or, with fewer than 3 gated models, the gate's table)
 
-DIR: the folder of execution 7's files (default this one): ``sft_s<seed>.jsonl`` (`tools/sft_seeds.py` rows),
+DIR: the folder of an execution's files (default this one; ``learning_runs<N>`` holds execution N's):
+``sft_s<seed>.jsonl`` (`tools/sft_seeds.py` rows),
 ``signal_s<seed>/results.json`` (`bench/bench_signal.py` on the validation split), ``m<seed>/<arm>_s<s>.json``
 (`bench/bench_learning.py` run files, the test split).
 """
@@ -18,13 +20,13 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import statistics
 import sys
 from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence
 
-#: The recipe and its SFT seeds, in the order they are run and gated.
-CONFIG = "configs/demo_k8.yaml"
+#: The SFT seeds, in the order they are run and gated (the recipe is run.sh's CONFIG).
 SFT_SEEDS = (0, 1, 2, 3, 4, 5)
 #: How many gated SFT models the execution uses (the lowest-numbered seeds that pass the gate).
 MODELS = 3
@@ -43,6 +45,12 @@ MIN_GAIN, GRPO_EM_RANGE, PRIMARY_K = 0.03, (0.15, 0.8), 8
 #: pending while its GRPO pair's share was at most this (execution 5's failure: answering after one search).
 COLLAPSE_SHARE = 0.5
 ARM_GRPO = "grpo"
+
+
+def execution(folder: Path) -> str:
+    """The execution a folder holds: N of ``learning_runs<N>`` (this folder: "7"), "7" for any other name."""
+    match = re.fullmatch(r"learning_runs(\d+)", Path(folder).resolve().name)
+    return match.group(1) if match else "7"
 
 
 # ------------------------------------------------------------------------------------------------
@@ -273,7 +281,7 @@ def _best(folder: Path) -> str:
 
 
 def _summary(folder: Path) -> str:
-    """The tables (per model and pooled, every k), the monitors, the decision; the plot ``ablation_e7.png``.
+    """The tables (per model and pooled, every k), the monitors, the decision; the plot ``ablation_e<N>.png``.
     When fewer than MODELS seeds passed the settled gate: the gate's table and plot, decision "not a test"."""
     rows = sft_rows(folder)
     state = gate(rows)
@@ -282,7 +290,7 @@ def _summary(folder: Path) -> str:
     gated = json.loads((folder / "signal.json").read_text())
     best = _best(folder)
     arm = f"mempo_{best}"
-    lines = [f"Execution 7: arms grpo and {arm}; models (SFT seeds) {gated['models']}.", "",
+    lines = [f"Execution {execution(folder)}: arms grpo and {arm}; models (SFT seeds) {gated['models']}.", "",
              "| model | k | grpo EM | MemPO EM | paired diff (mean ± SE, n) | ahead | grpo / MemPO turns | "
              "answered pending grpo / MemPO | memory / full tokens grpo / MemPO |",
              "|---|---|---|---|---|---|---|---|---|"]
@@ -323,18 +331,20 @@ def _summary(folder: Path) -> str:
 
 def _gate_summary(folder: Path, rows: Mapping[int, Mapping[str, Any]], state: Mapping[str, Any]) -> str:
     """The SFT gate's table (every judged seed of `rows`: greedy EM at k = 2, 4, 8 on validation, the k = GATE_K
-    diagnostics) and `decide`'s "not a test" (step 1 of the protocol); the plot ``gate_e7.png``."""
-    lines = [f"Execution 7: {len(state['models'])} of SFT seeds {state['judged']} passed the gate (greedy EM >= "
-             f"{GATE_EM} at k = {GATE_K} on the validation split), fewer than {MODELS}: no RL run.", "",
+    diagnostics) and `decide`'s "not a test" (step 1 of the protocol); the plot ``gate_e<N>.png``."""
+    lines = [f"Execution {execution(folder)}: {len(state['models'])} of SFT seeds {state['judged']} passed the gate "
+             f"(greedy EM >= {GATE_EM} at k = {GATE_K} on the validation split), fewer than {MODELS}: no RL run.", "",
              "| SFT seed | EM k = 2 | EM k = 4 | EM k = 8 (± SE) | format k = 8 | turns k = 8 | last `<mem>` keeps the "
-             "gold, k = 8 | right by answer position, k = 8 | copy loss (last 50) | SFT loss (last) | passes |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "gold, k = 8 | right by answer position, k = 8 | copy loss (last 50) | copy steps | SFT loss (last) | "
+             "passes |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for seed in state["judged"]:
         r = rows[seed]
         positions = " ".join(f"{v:.2f}" for v in r.get(f"right_by_position_k{GATE_K}", []))
         lines.append(f"| {seed} | {r['em_k2']:.3f} | {r['em_k4']:.3f} | {r[f'em_k{GATE_K}']:.3f} ± "
                      f"{r[f'em_se_k{GATE_K}']:.3f} | {r[f'format_k{GATE_K}']:.2f} | {r[f'turns_k{GATE_K}']:.1f} | "
                      f"{r[f'mem_kinds_k{GATE_K}']['gold']:.2f} | {positions} | {r['copy_loss_last50']:.3f} | "
+                     f"{r.get('copy_steps', '')} | "
                      f"{r['sft_last_loss']:.3f} | {'yes' if passes_gate(r) else 'no'} |")
     decision = {**decide(dict.fromkeys(state["models"], {})), "models": state["models"], "judged": state["judged"]}
     lines += ["", f"Decision: **{decision['outcome']}**", "", "```", json.dumps(decision, indent=1), "```"]
@@ -367,10 +377,10 @@ def _gate_plot(folder: Path, rows: Sequence[Mapping[str, Any]]) -> None:
     ax.set_ylim(0.0, 1.0)
     ax.set_xlabel("objectives k (validation split)")
     ax.set_ylabel("greedy EM after SFT (± SE)")
-    ax.set_title("Execution 7: the SFT gate")
+    ax.set_title(f"Execution {execution(folder)}: the SFT gate")
     ax.legend()
     fig.tight_layout()
-    fig.savefig(folder / "gate_e7.png", dpi=100)
+    fig.savefig(folder / f"gate_e{execution(folder)}.png", dpi=100)
     plt.close(fig)
 
 
@@ -395,7 +405,7 @@ def _plot(folder: Path, estimates: Mapping[int, Any], by_model: Mapping[int, Any
     ax.set_ylabel(f"EM {arm} - grpo (paired; mean ± SE)")
     ax.legend()
     fig.tight_layout()
-    fig.savefig(folder / "ablation_e7.png", dpi=100)
+    fig.savefig(folder / f"ablation_e{execution(folder)}.png", dpi=100)
     plt.close(fig)
 
 
@@ -423,7 +433,8 @@ def _command(command: str, folder: Path, rest: Sequence[str] = ()) -> int:
             raise ValueError(f"the gate is not settled: run seeds {state['next']} first")
         if len(state["models"]) < MODELS:
             print(f"ex7: {len(state['models'])} of seeds {list(SFT_SEEDS)} passed the SFT gate (EM >= {GATE_EM} at "
-                  f"k = {GATE_K} on validation), fewer than {MODELS}: execution 7 is not a test", file=sys.stderr)
+                  f"k = {GATE_K} on validation), fewer than {MODELS}: execution {execution(folder)} is not a test",
+                  file=sys.stderr)
             return 3
         return 0
     if command == "same-weights":

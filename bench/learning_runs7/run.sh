@@ -6,6 +6,9 @@
 #
 #     bash bench/learning_runs7/run.sh          # then: python bench/learning_runs7/ex7.py summary
 #
+# Execution 8 (docs/experiments/E8-ablation-execution-8.md) runs this script with its own recipe and folders
+# (bench/learning_runs8/run.sh sets EXECUTION=8 and CONFIG); the rules are the same ex7.py's.
+#
 # Everything finished is kept in bench/learning_runs7/ (under git): the SFT rows (sft_s<seed>.jsonl), the signal
 # results (signal_s<seed>/), best.txt and signal.json, each RL run (m<seed>/<arm>_s<s>.json, metrics/), so a rerun
 # (on this machine or a fresh one of the same CPU model) continues where it stopped; the SFT models and rollouts
@@ -15,9 +18,11 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 export PYTHONPATH=.
 PY=${PY:-.venv-test/bin/python}
-R=bench/learning_runs7
-S=scratch/ex7
-CONFIG=configs/demo_k8.yaml
+EXECUTION=${EXECUTION:-7}
+R=bench/learning_runs$EXECUTION
+S=scratch/ex$EXECUTION
+CONFIG=${CONFIG:-configs/demo_k8.yaml}
+RULES="$PY bench/learning_runs7/ex7.py"
 MODELS=$S/models
 DEFINITIONS=(paper paper_nothresh retrieved_min_c10 complete_min_c10 all_fixes_min_c10)  # ex7.CANDIDATES
 mkdir -p $S
@@ -30,7 +35,7 @@ trap 'jobs -p | xargs -r kill 2>/dev/null || true' EXIT INT TERM  # no job outli
 { echo "--- $(date -Is) $(git rev-parse --short HEAD)"; lscpu | grep -E "^Model name|^CPU\(s\)";
   grep -m1 -E "^model\s" /proc/cpuinfo; uptime; } >> $R/machine.txt  # the machine, named at run time
 
-tag() { echo "demo_k8_eval.split-validation_s$1"; }  # tools/sft_seeds.py's model folder of SFT seed $1
+tag() { echo "$(basename "$CONFIG" .yaml)_eval.split-validation_s$1"; }  # tools/sft_seeds.py's model folder of seed $1
 
 two_at_a_time() {  # two_at_a_time FUNCTION ARG...: FUNCTION ARG for each ARG, two at a time; a failure stops all
   local f=$1; shift
@@ -50,7 +55,7 @@ sft() {  # SFT seed $1: its row (greedy EM at k = 2, 4, 8 on validation) in $R, 
   if [ -f $R/sft_s$s.jsonl ]; then  # the row is kept, the model is not (a fresh machine): remake it, same digest
     rm -f $S/remake_s$s.jsonl
     $PY tools/sft_seeds.py "${args[@]}" --out $S/remake_s$s.jsonl > $S/sft_s$s.log 2>&1
-    $PY $R/ex7.py same-weights $R/sft_s$s.jsonl $S/remake_s$s.jsonl
+    $RULES same-weights $R/sft_s$s.jsonl $S/remake_s$s.jsonl
   else
     $PY tools/sft_seeds.py "${args[@]}" --out $S/sft_s$s.jsonl > $S/sft_s$s.log 2>&1
     mv $S/sft_s$s.jsonl $R/sft_s$s.jsonl  # whole, once finished
@@ -82,15 +87,15 @@ rl() {  # rl MODEL SEED...: GRPO and MemPO of each seed, one seed after the othe
 }
 
 # 1. SFT seeds 0-5 in order, two at a time, until the three lowest passing seeds are known (the gate)
-while next=$($PY $R/ex7.py next $R) && [ -n "$next" ]; do
+while next=$($RULES next $R) && [ -n "$next" ]; do
   # shellcheck disable=SC2086
   two_at_a_time sft $next
 done
 status=0
-models=$($PY $R/ex7.py models $R) || status=$?
+models=$($RULES models $R) || status=$?
 if [ $status -eq 3 ]; then
-  echo "fewer than 3 SFT models passed the gate: execution 7 is not a test (docs/experiments/E7-ablation-execution-7.md)"
-  $PY $R/ex7.py summary $R  # the gate's table (results.md) and plot (gate_e7.png)
+  echo "fewer than 3 SFT models passed the gate: execution $EXECUTION is not a test (docs/experiments/E$EXECUTION-*.md)"
+  $RULES summary $R  # the gate's table (results.md) and plot (gate_e7.png)
   exit 0
 fi
 [ $status -eq 0 ] || exit $status
@@ -100,7 +105,7 @@ two_at_a_time sft $models  # a kept row whose model left the machine: remade (an
 # 2. the signal benchmark of each gated model on validation, then the definition and the signal check
 # shellcheck disable=SC2086
 two_at_a_time signal $models
-BEST=$($PY $R/ex7.py choose $R)
+BEST=$($RULES choose $R)
 echo "definition chosen on validation: $BEST"
 
 # 3. RL, model by model: two workers (seeds 0-3, 4-7), the second once the SFT model's evaluation is written
@@ -119,4 +124,4 @@ for m in $models; do
 done
 
 # 4. the tables, the pooled estimate and the decision (results.md, ablation_e7.png)
-$PY $R/ex7.py summary $R
+$RULES summary $R

@@ -215,9 +215,13 @@ def _copy_stage(cfg: MempoConfig, model: Any, tokenizer: Any, world: Any) -> Sta
     (`SyntheticTask.copy_pool`: the world's one-id names; the ledger's with its digits)."""
     d = cfg.synthetic
     pool, what = synthetic_task(cfg).copy_pool(world, tokenizer)
-    result = copy_warmup(model, pool, steps=d.copy_warmup_steps, lr=d.copy_warmup_lr, seed=d.model_seed)
+    result = copy_warmup(model, pool, steps=d.copy_warmup_steps, lr=d.copy_warmup_lr, seed=d.model_seed,
+                         until_loss=d.copy_warmup_until_loss)
+    until = ("" if result.reached_loss is None else
+             f"; mean of the last 50 at most {d.copy_warmup_until_loss:g}: "
+             f"{'reached' if result.reached_loss else 'not reached in ' + str(d.copy_warmup_steps) + ' steps'}")
     return Staged(result, f"{result.steps} steps on random sequences of {what}, loss "
-                          f"{result.first_loss:.3f} -> {result.last_loss:.3f}")
+                          f"{result.first_loss:.3f} -> {result.last_loss:.3f}{until}")
 
 
 def _sft_stage(cfg: MempoConfig, model: Any, tokenizer: Any, trajectories: Sequence[Any],

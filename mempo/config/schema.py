@@ -724,6 +724,8 @@ class SyntheticConfig:
 
     Copy warm-up (`mempo.synthetic.copy_warmup`, the demo before SFT): copy_warmup_steps steps on
     random sequences of the world's name ids (0: none) at learning rate copy_warmup_lr.
+    copy_warmup_until_loss: stop the warm-up once the mean copy loss of its last 50 steps is at most
+    this (the copy head has formed; null: always copy_warmup_steps steps, then the most).
     copy_sft_examples: chat records of the copy task (repeat a random sequence of the world's names,
     held-out ones too: a name carries no fact) added to the cold start's SFT data
     (`mempo.synthetic.copy_warmup.copy_records`; 0: none), so SFT keeps every name trained.
@@ -774,6 +776,7 @@ class SyntheticConfig:
     oracle_rename: bool = False
     copy_warmup_steps: int = 1000
     copy_warmup_lr: float = 1e-3
+    copy_warmup_until_loss: Optional[float] = None
     copy_sft_examples: int = 0
     scoring_sft_examples: int = 0
     scoring_records_layout: Literal["question", "later_round"] = "question"
@@ -796,7 +799,7 @@ class SyntheticConfig:
         _non_negative(self, "world_distractor_ratio", "torch_threads", "copy_warmup_steps", "copy_sft_examples",
                        "scoring_sft_examples")
         _positive(self, "oracle_episodes", "vocab_size", "tokenizer_documents", "max_position_embeddings",
-                  "copy_warmup_lr")
+                  "copy_warmup_lr", "copy_warmup_until_loss")
         _require(self.world_relations is None or len(self.world_relations) > 0, "world_relations",
                  "must list at least one relation, or be null (all)")
         _require(self.world_question_hops is None or (len(self.world_question_hops) > 0

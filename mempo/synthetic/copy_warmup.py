@@ -22,7 +22,7 @@ from __future__ import annotations
 import random
 import time
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Optional, Sequence
 
 import torch
 
@@ -32,11 +32,14 @@ __all__ = ["CopyWarmup", "copy_records", "copy_warmup"]
 @dataclass
 class CopyWarmup:
     """`copy_warmup`'s result: steps done, wall seconds, the loss per step (``losses[i]``: step
-    i's mean cross-entropy in nats, a float) and its first / last values."""
+    i's mean cross-entropy in nats, a float) and its first / last values; ``reached_loss``: True when
+    ``until_loss`` ended the warm-up, False when it was given and the steps ran out first, None
+    without it."""
 
     steps: int
     seconds: float
     losses: list[float] = field(default_factory=list)
+    reached_loss: Optional[bool] = None
 
     @property
     def first_loss(self) -> float:
@@ -49,20 +52,26 @@ class CopyWarmup:
 
 def copy_warmup(model: Any, token_ids: Sequence[int], *, steps: int, lr: float = 1e-3, rows: int = 32,
                 min_len: int = 8, max_len: int = 24, warmup_steps: int = 50, grad_clip: float = 1.0,
-                seed: int = 0) -> CopyWarmup:
+                seed: int = 0, until_loss: Optional[float] = None, window: int = 50) -> CopyWarmup:
     """Train `model` (a causal LM: ``model(input_ids=[rows, T]).logits`` is ``[rows, T, V]``) in place
     on the copy task for `steps` steps: each step ``rows`` rows ``s + s``, ``s`` of one length drawn
     from ``[min_len, max_len]``, the loss on the second half only; returns a `CopyWarmup`.
 
     token_ids: the ids the sequences are drawn from (e.g. the ids of the names a world uses), at
     least 2 distinct; an id listed n times is drawn n times as often (the ledger weights its digits).
-    ValueError on an empty pool, steps < 0 or lengths out of order."""
+    until_loss: stop once the mean loss of the last `window` steps is at most this (the copy head has
+    formed); `steps` is then the most. A run that stops there is the same as the first steps of a
+    longer one (the rows and the schedule do not depend on `steps`).
+    ValueError on an empty pool, steps < 0, lengths out of order, until_loss <= 0 or window < 1."""
     pool = sorted(int(t) for t in token_ids)
     if len(set(pool)) < 2:
         raise ValueError(f"copy_warmup needs at least 2 distinct token ids, got {len(set(pool))}")
     if steps < 0 or rows < 1 or not 1 <= min_len <= max_len or lr <= 0:
         raise ValueError(f"copy_warmup: need steps >= 0, rows >= 1, 1 <= min_len <= max_len and lr > 0; got "
                          f"steps={steps}, rows={rows}, min_len={min_len}, max_len={max_len}, lr={lr}")
+    if until_loss is not None and (not until_loss > 0 or window < 1):
+        raise ValueError(f"copy_warmup: need until_loss > 0 and window >= 1; got until_loss={until_loss}, "
+                         f"window={window}")
     vocab = int(model.get_output_embeddings().weight.shape[0])
     if pool[-1] >= vocab or pool[0] < 0:
         raise ValueError(f"copy_warmup: token ids must be in [0, {vocab}), got {pool[0]}..{pool[-1]}")
@@ -88,8 +97,12 @@ def copy_warmup(model: Any, token_ids: Sequence[int], *, steps: int, lr: float =
         torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
         optimizer.step()
         losses.append(float(loss.detach()))
+        if until_loss is not None and len(losses) >= window and sum(losses[-window:]) / window <= until_loss:
+            break
     model.train(was_training)
-    return CopyWarmup(steps=steps, seconds=time.perf_counter() - began, losses=losses)
+    reached = None if until_loss is None else bool(
+        len(losses) >= window and sum(losses[-window:]) / window <= until_loss)
+    return CopyWarmup(steps=len(losses), seconds=time.perf_counter() - began, losses=losses, reached_loss=reached)
 
 
 def copy_records(names: Sequence[str], count: int, *, seed: int = 0, system_prompt: str = "", min_len: int = 8,

@@ -197,6 +197,23 @@ def test_the_summary_of_a_failed_gate_is_its_table_and_not_a_test(tmp_path):
     assert ex7.main(["summary", str(tmp_path)]) == 2
 
 
+def test_an_execution_folder_names_its_outputs(tmp_path):
+    pytest.importorskip("matplotlib")
+    folder = tmp_path / "learning_runs8"  # execution 8's folder: its number in the text and the plot's name
+    folder.mkdir()
+    for seed in range(6):
+        row = {**_row(seed, 0.0), "em_se_k8": 0.0, "format_k8": 0.5, "turns_k8": 9.0, "copy_loss_last50": 0.149,
+               "copy_steps": 3150 + seed, "sft_last_loss": 1.4, "mem_kinds_k8": {"gold": 0.1},
+               "right_by_position_k8": [0.2]}
+        (folder / f"sft_s{seed}.jsonl").write_text(json.dumps(row) + "\n")
+    assert ex7.execution(folder) == "8" and ex7.execution(tmp_path) == "7"
+    assert ex7.main(["summary", str(folder)]) == 0
+    text = (folder / "results.md").read_text()
+    assert text.startswith("Execution 8: 0 of SFT seeds") and "| 0.149 | 3150 |" in text
+    assert (folder / "gate_e8.png").is_file() and not (folder / "gate_e7.png").exists()
+    assert ex7.main(["models", str(folder)]) == 3
+
+
 def test_the_commands_run_sh_calls(tmp_path, capsys):
     def rows(folder, em8):
         folder.mkdir(exist_ok=True)
