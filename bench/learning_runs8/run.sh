@@ -7,4 +7,12 @@
 #     bash bench/learning_runs8/run.sh          # then: python bench/learning_runs7/ex7.py summary bench/learning_runs8
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+# The protocol puts every job on the Intel Xeon model 167 (the SFT weights follow the CPU's float path): refuse
+# another CPU at once rather than train models that belong to no registered run.
+vendor=$(grep -m1 '^vendor_id' /proc/cpuinfo | awk '{print $NF}'); model=$(grep -m1 -E '^model\s' /proc/cpuinfo | awk '{print $NF}')
+if [ "$vendor" != GenuineIntel ] || [ "$model" != 167 ]; then
+  echo "run.sh: execution 8 runs on the Intel Xeon model 167 only (docs/experiments/E8-ablation-execution-8.md);" \
+       "this CPU is $vendor model $model" >&2
+  exit 2
+fi
 EXECUTION=8 CONFIG=configs/demo_k8_e8.yaml exec bash bench/learning_runs7/run.sh
