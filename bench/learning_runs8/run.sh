@@ -9,7 +9,8 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 # The protocol puts every job on the Intel Xeon model 167 (the SFT weights follow the CPU's float path): refuse
 # another CPU at once rather than train models that belong to no registered run.
-vendor=$(grep -m1 '^vendor_id' /proc/cpuinfo | awk '{print $NF}'); model=$(grep -m1 -E '^model\s' /proc/cpuinfo | awk '{print $NF}')
+CPUINFO=${CPUINFO:-/proc/cpuinfo}  # read from elsewhere only by its test
+vendor=$(grep -m1 '^vendor_id' "$CPUINFO" | awk '{print $NF}'); model=$(grep -m1 -E '^model\s' "$CPUINFO" | awk '{print $NF}')
 if [ "$vendor" != GenuineIntel ] || [ "$model" != 167 ]; then
   echo "run.sh: execution 8 runs on the Intel Xeon model 167 only (docs/experiments/E8-ablation-execution-8.md);" \
        "this CPU is $vendor model $model" >&2
