@@ -95,7 +95,7 @@ status=0
 models=$($RULES models $R) || status=$?
 if [ $status -eq 3 ]; then
   echo "fewer than 3 SFT models passed the gate: execution $EXECUTION is not a test (docs/experiments/E$EXECUTION-*.md)"
-  $RULES summary $R  # the gate's table (results.md) and plot (gate_e7.png)
+  $RULES summary $R  # the gate's table (results.md) and plot (gate_e$EXECUTION.png)
   exit 0
 fi
 [ $status -eq 0 ] || exit $status
@@ -123,5 +123,5 @@ for m in $models; do
   if [ -f $S/rl_m$m/ablation.png ]; then cp $S/rl_m$m/ablation.png $R/m$m/; fi
 done
 
-# 4. the tables, the pooled estimate and the decision (results.md, ablation_e7.png)
+# 4. the tables, the pooled estimate and the decision (results.md, ablation_e$EXECUTION.png)
 $RULES summary $R

@@ -30,7 +30,7 @@ from mempo.protocol.tags import JSON_TAG_SET, TAG_SET, TagSet
 from mempo.rollout.loop import rollout_system_prompt
 from mempo.model.builtin import default_corpus_texts, tiny_model, train_tokenizer
 from mempo.model.export import save_model_dir
-from mempo.synthetic.copy_warmup import CopyWarmup, copy_warmup
+from mempo.synthetic.copy_warmup import LOSS_WINDOW, CopyWarmup, copy_warmup
 from mempo.train.logging import MetricsLogger, read_metrics
 from mempo.train.metric_names import MEM_KEEPS
 from mempo.train.sft import run_sft
@@ -218,7 +218,7 @@ def _copy_stage(cfg: MempoConfig, model: Any, tokenizer: Any, world: Any) -> Sta
     result = copy_warmup(model, pool, steps=d.copy_warmup_steps, lr=d.copy_warmup_lr, seed=d.model_seed,
                          until_loss=d.copy_warmup_until_loss)
     until = ("" if result.reached_loss is None else
-             f"; mean of the last 50 at most {d.copy_warmup_until_loss:g}: "
+             f"; mean of the last {LOSS_WINDOW} at most {d.copy_warmup_until_loss:g}: "
              f"{'reached' if result.reached_loss else 'not reached in ' + str(d.copy_warmup_steps) + ' steps'}")
     return Staged(result, f"{result.steps} steps on random sequences of {what}, loss "
                           f"{result.first_loss:.3f} -> {result.last_loss:.3f}{until}")

@@ -26,7 +26,10 @@ from typing import Any, Optional, Sequence
 
 import torch
 
-__all__ = ["CopyWarmup", "copy_records", "copy_warmup"]
+__all__ = ["CopyWarmup", "LOSS_WINDOW", "copy_records", "copy_warmup"]
+
+#: Steps whose mean copy loss `until_loss` is compared with.
+LOSS_WINDOW = 50
 
 
 @dataclass
@@ -52,7 +55,7 @@ class CopyWarmup:
 
 def copy_warmup(model: Any, token_ids: Sequence[int], *, steps: int, lr: float = 1e-3, rows: int = 32,
                 min_len: int = 8, max_len: int = 24, warmup_steps: int = 50, grad_clip: float = 1.0,
-                seed: int = 0, until_loss: Optional[float] = None, window: int = 50) -> CopyWarmup:
+                seed: int = 0, until_loss: Optional[float] = None, window: int = LOSS_WINDOW) -> CopyWarmup:
     """Train `model` (a causal LM: ``model(input_ids=[rows, T]).logits`` is ``[rows, T, V]``) in place
     on the copy task for `steps` steps: each step ``rows`` rows ``s + s``, ``s`` of one length drawn
     from ``[min_len, max_len]``, the loss on the second half only; returns a `CopyWarmup`.
@@ -81,6 +84,7 @@ def copy_warmup(model: Any, token_ids: Sequence[int], *, steps: int, lr: float =
     was_training = model.training
     model.train()
     losses: list[float] = []
+    reached = None if until_loss is None else False
     began = time.perf_counter()
     for step in range(steps):
         for group in optimizer.param_groups:  # linear warm-up, then constant
@@ -98,10 +102,9 @@ def copy_warmup(model: Any, token_ids: Sequence[int], *, steps: int, lr: float =
         optimizer.step()
         losses.append(float(loss.detach()))
         if until_loss is not None and len(losses) >= window and sum(losses[-window:]) / window <= until_loss:
+            reached = True
             break
     model.train(was_training)
-    reached = None if until_loss is None else bool(
-        len(losses) >= window and sum(losses[-window:]) / window <= until_loss)
     return CopyWarmup(steps=len(losses), seconds=time.perf_counter() - began, losses=losses, reached_loss=reached)
 
 
