@@ -178,6 +178,27 @@ def arm_config(cfg: MempoConfig, arm: Arm, seed: int, steps: int, out_dir: Path)
     return config_from_dict(data, list(arm.overrides))
 
 
+def _dotted(data: dict[str, Any], key: str) -> Any:
+    """The value at dotted `key` (``section.field``) of a config dict."""
+    for part in key.split("."):
+        data = data[part]
+    return data
+
+
+def check_overrides_kept(overrides: Sequence[str], cfg: MempoConfig, run_cfg: MempoConfig, arm: Arm) -> None:
+    """AblationError when an override for every arm (`overrides`, applied in `cfg`) is replaced in
+    `arm`'s run configuration `run_cfg` (the arm's definition or overrides set that field, or the run
+    sets it: seeds, steps, output, the closed-book pass), instead of being dropped silently."""
+    data, run_data = config_to_dict(cfg), config_to_dict(run_cfg)
+    for override in overrides:
+        key = override.split("=", 1)[0].strip()
+        if _dotted(data, key) != _dotted(run_data, key):
+            raise AblationError(f"the override {override!r} is replaced in arm {arm.name}'s runs ({key} = "
+                                f"{_dotted(run_data, key)!r} there): the arms set algorithm.* and scoring.* "
+                                "(give the --best arm's in --best-overrides); --seeds and --steps set the seeds "
+                                "and steps")
+
+
 def episodes_digest(episodes: Sequence[Any]) -> str:
     """sha256 of the episodes' ids and questions, in order (the same digest: the same questions)."""
     text = json.dumps([[e.id, list(e.questions)] for e in episodes])
@@ -361,6 +382,7 @@ def run(demo_out: Path, out: Path, *, seeds: Sequence[int] = tuple(range(8)), st
     for seed in seeds:  # seed-major: an interrupted ablation leaves complete pairs
         for arm in arms:
             run_cfg = arm_config(cfg, arm, seed, steps, out / arm.name / f"seed{seed}")
+            check_overrides_kept(overrides, cfg, run_cfg, arm)
             settings = _settings(run_cfg, arm=arm.name, definition=arm.definition, arm_overrides=list(arm.overrides),
                                  seed=seed, **facts, **rl_facts)
             path = runs_dir / f"{arm.name}_s{seed}.json"

@@ -165,6 +165,14 @@ def test_the_ablation_runs_paired_arms_resumes_and_refuses_other_settings(tmp_pa
     assert "eval.validation_episodes: 2 validation episodes per k are held out; 3 asked for" in capsys.readouterr().err
     assert bench.main(["--demo-out", str(demo_out), "--episodes", "0"]) == 2
     assert "--episodes and --steps must be >= 1, got 0" in capsys.readouterr().err
+    # an override for every arm that an arm replaces is an error naming it, not a silent drop
+    small = ["--demo-out", str(demo_out), "--out", str(tmp_path / "refused"), "--episodes", "2", "--ks", "2"]
+    assert bench.main([*small, "--variants", "--best", "log", "algorithm.memory_weight=2"]) == 2
+    assert ("the override 'algorithm.memory_weight=2' is replaced in arm mempo_log's runs "
+            "(algorithm.memory_weight = 1.0 there)") in capsys.readouterr().err
+    assert bench.main([*small, "--variants", "grpo", "rollout.seed=3"]) == 2
+    assert "the override 'rollout.seed=3' is replaced in arm grpo's runs" in capsys.readouterr().err
+    assert not (tmp_path / "refused").exists()  # refused before anything ran
     assert bench.main(["--demo-out", str(demo_out), "--best-overrides", "algorithm.memory_pooling=group_seen"]) == 2
     assert "--best-overrides needs --best" in capsys.readouterr().err
     assert bench.main(["--demo-out", str(demo_out), "--best", "log", "--best-overrides", "data.seed=3"]) == 2
