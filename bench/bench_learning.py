@@ -51,7 +51,8 @@ Options: --seeds (default 0..7), --steps (RL steps per run; default the demo con
 trainer.total_steps), --ks (default the config's eval.objectives), --episodes (evaluation episodes per
 k; default 256), --variants (default grpo mempo; given empty, only the --best arm), --best,
 --best-overrides, --rerun, --threads, --runs, and
-dotted config overrides for every arm (``key=value``, anywhere). Writes ``<out>/results.json`` (every
+dotted config overrides for every arm (``key=value``, anywhere; one that an arm replaces, such as
+``algorithm.memory_weight``, is refused: the --best arm's go in --best-overrides). Writes ``<out>/results.json`` (every
 run, the per-arm statistics and paired differences), ``<out>/results.md`` (the tables) and
 ``<out>/ablation.png``.
 """
