@@ -64,6 +64,7 @@ import hashlib
 import importlib.util
 import json
 import math
+import operator
 import shutil
 import statistics
 import sys
@@ -179,25 +180,17 @@ def arm_config(cfg: MempoConfig, arm: Arm, seed: int, steps: int, out_dir: Path)
     return config_from_dict(data, list(arm.overrides))
 
 
-def _dotted(data: dict[str, Any], key: str) -> Any:
-    """The value at dotted `key` (``section.field``) of a config dict."""
-    for part in key.split("."):
-        data = data[part]
-    return data
-
-
 def check_overrides_kept(overrides: Sequence[str], cfg: MempoConfig, run_cfg: MempoConfig, arm: Arm) -> None:
     """AblationError when an override for every arm (`overrides`, applied in `cfg`) is replaced in
     `arm`'s run configuration `run_cfg` (the arm's definition or overrides set that field, or the run
     sets it: seeds, steps, output, the closed-book pass), instead of being dropped silently."""
-    data, run_data = config_to_dict(cfg), config_to_dict(run_cfg)
     for override in overrides:
         key = override.split("=", 1)[0].strip()
-        if _dotted(data, key) != _dotted(run_data, key):
+        given, used = operator.attrgetter(key)(cfg), operator.attrgetter(key)(run_cfg)
+        if given != used:
             raise AblationError(f"the override {override!r} is replaced in arm {arm.name}'s runs ({key} = "
-                                f"{_dotted(run_data, key)!r} there): the arms set algorithm.* and scoring.* "
-                                "(give the --best arm's in --best-overrides); --seeds and --steps set the seeds "
-                                "and steps")
+                                f"{used!r} there): the arms set algorithm.* and scoring.* (give the --best "
+                                "arm's in --best-overrides); --seeds and --steps set the seeds and steps")
 
 
 def episodes_digest(episodes: Sequence[Any]) -> str:
