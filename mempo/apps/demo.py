@@ -281,7 +281,10 @@ def _rl_stage(cfg: MempoConfig, model: Any, tokenizer: Any, env: TaskEnv, held_o
     the model is saved to ``<out>/model_rl``."""
     steps = cfg.trainer.total_steps
     episodes = rl_episodes(cfg, env.world, held_out, steps)
-    result = train(cfg, model=model, tokenizer=tokenizer, episodes=episodes, retriever=env.retriever,
+    # the run's config.yaml names the model RL started from (saved by the SFT stage), so that
+    # `mempo export` of its checkpoints builds that architecture, not builtin-tiny's sizes
+    rl_cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, path=str(out / "model_sft")))
+    result = train(rl_cfg, model=model, tokenizer=tokenizer, episodes=episodes, retriever=env.retriever,
                    out_dir=str(out / "rl"), tools=env.tools)
     _save_model(out / "model_rl", result.model, tokenizer)
     rollouts = "answer-blind protocol scaffold" if cfg.rollout.protocol_scaffold else "the model's own"

@@ -72,8 +72,10 @@ def export_checkpoint(checkpoint: PathLike, directory: PathLike, cfg: MempoConfi
         raise CheckpointError(f"{model_dir}: does not hold this model's {', '.join(missing[:8])}")
     for key in keys:
         if tuple(specs[key].shape) != tuple(expected[key].shape):
+            hint = (" (model.path is builtin-tiny: give the config of the model the run started from, "
+                    "model.path set to its directory)" if cfg.model.path == "builtin-tiny" else "")
             raise CheckpointError(f"{model_dir}: {key} has shape {specs[key].shape}, the model's "
-                                  f"{tuple(expected[key].shape)}")
+                                  f"{tuple(expected[key].shape)}{hint}")
     out_dtype = DTYPES[dtype] if dtype else None
     size_of = {k: math.prod(specs[k].shape) * (out_dtype or specs[k].dtype).itemsize for k in keys}
     files = plan_buckets(size_of, max_shard_bytes)

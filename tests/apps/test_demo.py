@@ -1,13 +1,14 @@
 """mempo.apps.demo: without a file the demo reads configs/demo.yaml; a drastically reduced demo completes."""
 
 import pytest
+import torch
 
 pytest.importorskip("transformers")
 pytest.importorskip("matplotlib")
 
 from mempo.apps.demo import (EXECUTION5_SFT_WEIGHTS, DEMO_CONFIG, DemoTargets, load_demo_config, memory_keeps_line,
                              memory_outcome_section, rl_setting_line, target_lines)
-from mempo.config import config_from_dict
+from mempo.config import config_from_dict, load_config
 from mempo.synthetic.build import build_world
 from mempo.synthetic.oracle import OracleAgent
 from mempo.eval import EvalReport, EvalRow, eval_episodes, evaluate
@@ -202,6 +203,15 @@ def test_smoke_demo(tmp_path):
     assert (out / "kl.png").is_file() == updated and ("kl.png (no such metrics logged)" in text) == (not updated)
     for name in ("eval_before.json", "eval_after.json", "stages.json", "rl/metrics.jsonl", "model_rl/config.json"):
         assert (out / name).is_file(), name
+    # the RL run's config names the model it started from, so its checkpoint exports as the demo's
+    # RL model (with model.path builtin-tiny, export built builtin-tiny's sizes and refused the shapes)
+    from safetensors.torch import load_file
+
+    assert load_config(out / "rl" / "config.yaml", []).model.path == str(out / "model_sft")
+    exported = tmp_path / "exported"
+    assert main(["export", "--checkpoint", str(out / "rl" / "checkpoints"), "--out", str(exported)]) == 0
+    saved, written = (load_file(next(d.glob("*.safetensors"))) for d in (out / "model_rl", exported))
+    assert saved.keys() == written.keys() and all(torch.equal(saved[k], written[k]) for k in saved)
 
 
 def _row(k, em, em_se, tokens, full_tokens):
