@@ -43,7 +43,10 @@ class EvalRow:
     context of the same rounds). ``finish_reasons``: episodes per finish reason. ``tool_calls`` /
     ``failed_tool_calls``: the cell's tool calls and those that failed (``Round.tool_ok`` False: the
     retriever answered an error or nothing; a cell whose calls all failed measures a model without
-    retrieval, and `evaluate` says so).
+    retrieval, and `evaluate` says so). ``answered_pending``: the share of the answered episodes
+    answered with a question pending, some objective's gold in none of their search results
+    (`Trajectory.answered_pending`: an answer that cannot be right on that question); None where no
+    episode was answered, the episodes have no golds, or no tokenizer read the results.
     """
 
     objectives: int
@@ -67,6 +70,7 @@ class EvalRow:
     full_context_tokens_per_episode: float = 0.0
     tool_calls: int = 0
     failed_tool_calls: int = 0
+    answered_pending: Optional[float] = None
 
     @property
     def token_ratio(self) -> Optional[float]:
@@ -85,7 +89,8 @@ class EvalRow:
 _TABLE_COLUMNS = (
     ("k", "objectives", "{}"), ("policy", "policy", "{}"), ("episodes", "episodes", "{}"),
     ("EM", "em", "{:.3f}"), ("F1", "f1", "{:.3f}"), ("score", "score", "{:.3f}"),
-    ("format", "format_rate", "{:.2f}"), ("answered", "answer_rate", "{:.2f}"), ("turns", "mean_turns", "{:.1f}"),
+    ("format", "format_rate", "{:.2f}"), ("answered", "answer_rate", "{:.2f}"),
+    ("answered pending", "answered_pending", "{:.2f}"), ("turns", "mean_turns", "{:.1f}"),
     ("prompt tok/episode", "prompt_tokens_per_episode", "{:.0f}"), ("peak prompt tok/turn", "peak_prompt_tokens", "{}"),
     ("gen tok/episode", "generated_tokens_per_episode", "{:.0f}"), ("tool calls", "tool_calls", "{}"),
     ("failed calls", "failed_tool_calls", "{}"), ("seconds", "seconds", "{:.1f}"),

@@ -112,7 +112,8 @@ def evaluate(model: Any, tokenizer: Any, episodes_by_k: Mapping[Any, Sequence[An
                     cell_start = time.perf_counter()
                     trajectories = _roll_out(engine, episodes, cfg.eval.batch_episodes,
                                              f"eval{' ' + name if name else ''} k={k} {row_policy}", show_progress)
-                    row = summarize(trajectories, k, row_policy, time.perf_counter() - cell_start, dataset=dataset)
+                    row = summarize(trajectories, k, row_policy, time.perf_counter() - cell_start, dataset=dataset,
+                                    tokenizer=tokenizer)
                     rows.append(row)
                     if keep_trajectories:
                         kept[(dataset, k, row_policy)] = trajectories

@@ -48,11 +48,11 @@ def standard_error(values: Sequence[float]) -> float:
 
 
 def summarize(trajectories: Sequence[Any], objectives: int, policy: str, seconds: float = 0.0,
-              dataset: str = "") -> EvalRow:
+              dataset: str = "", tokenizer: Any = None) -> EvalRow:
     """One `EvalRow` from the scored trajectories of one (dataset, objectives, policy) cell: means
     over episodes; ``prompt_tokens_per_episode`` the mean of each episode's summed round prompts,
     ``peak_prompt_tokens`` the largest round prompt, ``mean_prompt_tokens_per_turn`` all round
-    prompts over all rounds."""
+    prompts over all rounds; ``answered_pending`` read through `tokenizer` (None without one)."""
     per_episode_tokens, all_rounds = [], []
     for t in trajectories:
         counts = round_prompt_tokens(t)
@@ -63,6 +63,8 @@ def summarize(trajectories: Sequence[Any], objectives: int, policy: str, seconds
         reasons[t.finish_reason] = reasons.get(t.finish_reason, 0) + 1
     outcome = [t.outcome or {} for t in trajectories]
     ems = [float(o.get("em", 0.0)) for o in outcome]
+    pending = ([p for t in trajectories for p in [t.answered_pending(tokenizer)] if p is not None]
+               if tokenizer is not None else [])
     f1s = [float(o.get("f1", 0.0)) for o in outcome]
     return EvalRow(
         objectives=int(objectives), policy=policy, episodes=len(trajectories),
@@ -80,6 +82,7 @@ def summarize(trajectories: Sequence[Any], objectives: int, policy: str, seconds
         seconds=float(seconds), finish_reasons=reasons, dataset=dataset,
         tool_calls=sum(r.tool_ok is not None for t in trajectories for r in t.rounds),
         failed_tool_calls=sum(r.tool_ok is False for t in trajectories for r in t.rounds),
+        answered_pending=_mean([float(p) for p in pending]) if pending else None,
     )
 
 

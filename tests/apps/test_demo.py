@@ -178,6 +178,7 @@ def test_smoke_demo(tmp_path):
         assert f"| {stage} |" in text
     assert "SKIPPED" not in text
     assert "## Before / after RL" in text and "1 logged steps" in text
+    assert "| answered pending before | answered pending after |" in text  # the shortcut's monitor
     assert "## One held-out episode before and after RL" in text
     assert "## What the last `<mem>` held" in text and "| 2 | after RL | " in text
     assert "* target EM after SFT at k=2 >= 0.30: " in text and "* target the demo within 900 s: " in text

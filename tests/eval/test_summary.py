@@ -20,3 +20,24 @@ def test_eval_rows_carry_standard_errors():
     row = summarize([T(1.0), T(0.0), T(1.0), T(0.0)], 2, "memory")
     assert row.em == 0.5 and row.em_se == pytest.approx(math.sqrt(1 / 3 / 4))
     assert summarize([T(1.0)], 2, "memory").em_se == 0.0
+
+
+def test_the_row_says_how_many_answers_came_with_a_question_pending():
+    """``answered_pending``: the share of answered episodes whose answer came before some objective's gold
+    was read (`Trajectory.answered_pending`), None where nothing could be judged."""
+    from support.rollout_fixtures import chat_tokenizer, text_trajectory
+
+    tok = chat_tokenizer()
+    golds = [["Paris"], ["Nefu"]]
+    searched = ("q", "<search>a</search>", "<information>Tamor lives in Paris.</information>")
+    both = text_trajectory(tok, "Where, which university?",
+                           [searched, ("Paris", "<search>b</search>", "<information>Bevat studied at Nefu.</information>"),
+                            ("Paris Nefu", "<answer>Paris; Nefu</answer>", None)], golds)
+    early = text_trajectory(tok, "Where, which university?", [searched, ("Paris", "<answer>Paris; x</answer>", None)],
+                            golds)
+    unanswered = text_trajectory(tok, "Where, which university?", [searched], golds)
+    for t, answer in ((both, "Paris; Nefu"), (early, "Paris; x"), (unanswered, None)):
+        t.final_answer, t.outcome = answer, {"em": 0.0}
+    assert summarize([both, early, unanswered], 2, "memory", tokenizer=tok).answered_pending == 0.5
+    assert summarize([both, early], 2, "memory").answered_pending is None  # no tokenizer: results not read
+    assert summarize([unanswered], 2, "memory", tokenizer=tok).answered_pending is None  # nothing answered
