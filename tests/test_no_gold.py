@@ -14,7 +14,7 @@ import torch
 
 from support.gold_trace import install, processor_state, summary, violations
 from mempo.config import load_config
-from support.paths import REPO
+from support.paths import REPO, load_script
 
 TINY = REPO / "configs" / "tiny.yaml"
 FAST = ["data.questions_per_step=2", "rollout.group_size=2", "trainer.tensorboard=false", "trainer.progress=false",
@@ -168,13 +168,7 @@ def test_train_eval_and_demo_never_show_a_gold(tmp_path, trace):
 
     # 4. the signal benchmark's rollouts from the demo's SFT model (bench/bench_signal.py), plain and
     #    through the protocol scaffold (rollout.protocol_scaffold, as training builds it)
-    import importlib.util
-    import sys
-
-    spec = importlib.util.spec_from_file_location("bench_signal", REPO / "bench" / "bench_signal.py")
-    bench_signal = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = bench_signal
-    spec.loader.exec_module(bench_signal)
+    bench_signal = load_script("bench/bench_signal.py")
     for name, extra in (("plain", []), ("scaffold", ["rollout.protocol_scaffold=true"])):
         bench_signal.run(out, tmp_path / f"signal_{name}", questions=1, samples=2, ks=[2],
                          definitions=["paper"], overrides=extra, log=lambda line: None)

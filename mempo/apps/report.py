@@ -361,7 +361,8 @@ def _before_after_section(before: Any, after: Any) -> list[str]:
         lines += [f"### {policy} context", ""]
         lines += _table(("objectives", "episodes", "EM before", "EM after", "EM change", "F1 before", "F1 after",
                          "format before", "format after", "turns before", "turns after",
-                         "answered pending before", "answered pending after", "prompt tok/episode before", "prompt tok/episode after",
+                         "answered pending before", "answered pending after",
+                         "prompt tok/episode before", "prompt tok/episode after",
                          "peak prompt tok/turn before", "peak prompt tok/turn after"), rows)
         lines.append("")
         if policy == "memory":

@@ -7,11 +7,9 @@ is refused (exit 2) unless --rerun; an evaluation of entities the demo's SFT dat
 is refused; ``eval.split=validation`` evaluates the validation episodes instead (disjoint by entity
 from the test ones); the monitors (turns, answers with a question pending, memory / full prompt
 tokens) are recorded; the statistics and `check_held_out` themselves."""
-import importlib.util
 import json
 import math
 import shutil
-import sys
 
 import pytest
 
@@ -19,17 +17,13 @@ pytest.importorskip("transformers")
 pytest.importorskip("matplotlib")
 
 from support.demo_smoke import SMOKE
-from support.paths import REPO
+from support.paths import load_script
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
 def _bench_learning():
-    spec = importlib.util.spec_from_file_location("bench_learning", REPO / "bench" / "bench_learning.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
+    return load_script("bench/bench_learning.py")
 
 
 def test_the_ablation_runs_paired_arms_resumes_and_refuses_other_settings(tmp_path, capsys, monkeypatch):

@@ -5,23 +5,17 @@ input giving their documented results, never NaN; definitions as config override
 to end on a smoke demo's output: held-out episodes of the split named (test or validation), rollouts
 made once and reused, every definition on the same rollouts, results that the written per-round rows
 reproduce."""
-import importlib.util
 import json
 import math
 import random
-import sys
 
 import pytest
 
-from support.paths import REPO
+from support.paths import REPO, load_script
 
 
 def _bench_signal():
-    spec = importlib.util.spec_from_file_location("bench_signal", REPO / "bench" / "bench_signal.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
+    return load_script("bench/bench_signal.py")
 
 
 bench = _bench_signal()

@@ -3,22 +3,16 @@ tabulated quantiles, the pooled estimate and its Welch-Satterthwaite interval, t
 passing seeds, judged on the validation split), the definition chosen on validation (the graded label,
 ties, eligibility), the signal check, collapse, and every branch of the decision rule; the summary
 written from a constructed folder."""
-import importlib.util
 import json
 import math
-import sys
 
 import pytest
 
-from support.paths import REPO
+from support.paths import load_script
 
 
 def _ex7():
-    spec = importlib.util.spec_from_file_location("ex7", REPO / "bench" / "learning_runs7" / "ex7.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("ex7", module)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("bench/learning_runs7/ex7.py")
 
 
 ex7 = _ex7()
@@ -93,10 +87,7 @@ def test_the_definition_is_the_best_graded_spearman_on_validation():
 
 
 def test_the_candidates_overrides_are_bench_signals():
-    spec = importlib.util.spec_from_file_location("bench_signal", REPO / "bench" / "bench_signal.py")
-    bench_signal = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("bench_signal", bench_signal)
-    spec.loader.exec_module(bench_signal)
+    bench_signal = load_script("bench/bench_signal.py")
     assert ex7.OVERRIDES == {name: len(bench_signal.DEFINITIONS[name]) for name in ex7.CANDIDATES}
 
 

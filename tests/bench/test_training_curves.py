@@ -1,19 +1,15 @@
 """bench/training_curves.py: first/last-window means per run from each run's metrics.jsonl, then mean ± SE
 per arm; steps without a metric are skipped; no runs is an error."""
-import importlib.util
 import json
 
 import pytest
 
-from support.paths import REPO
+from support.paths import load_script
 
 
 @pytest.fixture(scope="module")
 def curves():
-    spec = importlib.util.spec_from_file_location("training_curves", REPO / "bench" / "training_curves.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("bench/training_curves.py")
 
 
 def _write(path, rows):

@@ -30,9 +30,9 @@ def test_the_row_says_how_many_answers_came_with_a_question_pending():
     tok = chat_tokenizer()
     golds = [["Paris"], ["Nefu"]]
     searched = ("q", "<search>a</search>", "<information>Tamor lives in Paris.</information>")
+    second = ("Paris", "<search>b</search>", "<information>Bevat studied at Nefu.</information>")
     both = text_trajectory(tok, "Where, which university?",
-                           [searched, ("Paris", "<search>b</search>", "<information>Bevat studied at Nefu.</information>"),
-                            ("Paris Nefu", "<answer>Paris; Nefu</answer>", None)], golds)
+                           [searched, second, ("Paris Nefu", "<answer>Paris; Nefu</answer>", None)], golds)
     early = text_trajectory(tok, "Where, which university?", [searched, ("Paris", "<answer>Paris; x</answer>", None)],
                             golds)
     unanswered = text_trajectory(tok, "Where, which university?", [searched], golds)

@@ -1,7 +1,10 @@
 """Where things are: the repository root, tests/ and tests/support/; the environment under which a
 subprocess (a torchrun worker, a `mempo` command) can import `support`."""
+import importlib.util
 import os
+import sys
 from pathlib import Path
+from types import ModuleType
 from typing import Mapping, Optional
 
 SUPPORT = Path(__file__).resolve().parent
@@ -16,3 +19,15 @@ def python_path_env(env: Optional[Mapping[str, str]] = None, *first: Path) -> di
     entries = [str(p) for p in first] + [str(TESTS)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])
     env["PYTHONPATH"] = os.pathsep.join(entries)
     return env
+
+
+def load_script(relative: str) -> ModuleType:
+    """A script of the repository that is not in a package (``tools/sft_seeds.py``, ``bench/bench_learning.py``)
+    as a module named after its file, registered in sys.modules first (its dataclasses look their module up
+    there)."""
+    path = REPO / relative
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module

@@ -1,23 +1,17 @@
 """tools/failure_anatomy.py: each objective lands in the first stage that failed, queries of both styles are
 read, and the command writes one row per file."""
 import dataclasses
-import importlib.util
 import json
-import sys
 
 import pytest
 
 from mempo.eval.records import EpisodeRecord, RoundRecord
-from support.paths import REPO
+from support.paths import load_script
 
 
 def load_tool():
     """tools/failure_anatomy.py as a module (tools/ is not a package)."""
-    spec = importlib.util.spec_from_file_location("failure_anatomy", REPO / "tools" / "failure_anatomy.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("failure_anatomy", module)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("tools/failure_anatomy.py")
 
 
 def _round(index, mem_lines, action, argument, result=None):

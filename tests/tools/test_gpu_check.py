@@ -6,7 +6,6 @@ the three scoring methods) or SKIPs with a reason. Running it here keeps the scr
 its imports resolve against the current code, every section is enumerated and reports, the RESULT
 lines parse, and the JSON report is written. About 40 s on the 2-core dev machine.
 """
-import importlib.util
 import json
 import os
 import re
@@ -16,18 +15,14 @@ import sys
 import pytest
 import torch
 
-from support.paths import REPO
+from support.paths import REPO, load_script
 
 LINE = re.compile(r"^RESULT (\S+?)\.(\S+) (PASS|FAIL|SKIP|INFO)( \S+=\S+)*$")
 
 
 def load_gpu_check():
     """tools/gpu_check.py as a module (tools/ is not a package)."""
-    spec = importlib.util.spec_from_file_location("gpu_check", REPO / "tools" / "gpu_check.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("gpu_check", module)  # dataclasses look their module up by name
-    spec.loader.exec_module(module)
-    return module
+    return load_script("tools/gpu_check.py")
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="plumbing mode is the CPU mode (on a GPU, run the check itself)")

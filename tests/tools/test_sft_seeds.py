@@ -2,25 +2,19 @@
 one row per seed with the evaluation at k = 2 (or the --ks of a --config, on the split eval.split
 names) and the memory shares, a rerun skips finished seeds, and the memory shares are those of the
 last `<mem>` of each episode."""
-import importlib.util
 import json
-import sys
 
 from mempo.config import load_config
 from mempo.eval import eval_episodes
 from mempo.synthetic.build import synthetic_world
 from mempo.utils.digest import weights_digest
 from support.demo_smoke import SMOKE
-from support.paths import REPO
+from support.paths import REPO, load_script
 
 
 def load_sft_seeds():
     """tools/sft_seeds.py as a module (tools/ is not a package)."""
-    spec = importlib.util.spec_from_file_location("sft_seeds", REPO / "tools" / "sft_seeds.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("sft_seeds", module)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("tools/sft_seeds.py")
 
 
 def test_one_row_per_seed_and_a_rerun_continues(tmp_path):
