@@ -237,7 +237,7 @@ def _rows(report: Any, ks: Sequence[int], tokenizer: Any) -> dict[str, dict[str,
     """Per k: EM, F1, prompt tokens per episode (memory context), the shares of scored ``<mem>``
     blocks keeping / dropping a gold retrieved before them (None when no block had one), turns per
     episode, the share of the answered episodes answered with a question pending
-    (``EvalRow.answered_pending``; None when none was answered), the full context's prompt tokens of
+    (`Trajectory.answered_pending`; None when none was answered), the full context's prompt tokens of
     the same rounds and the memory / full ratio (``EvalRow.token_ratio``); ``em_per_episode``: each
     episode's EM in the evaluation's episode order (the pairing of `gain_over_sft`)."""
     rows = {}
@@ -247,12 +247,16 @@ def _rows(report: Any, ks: Sequence[int], tokenizer: Any) -> dict[str, dict[str,
         flags = [flag for t in episodes for flag in t.memory_keeps(tokenizer)
                  if flag is not None]
         keeps = statistics.fmean(float(f) for f in flags) if flags else None
+        # computed here, not read from EvalRow.answered_pending: bench/demo_seeds/screen.sh runs this script
+        # against the mempo of an earlier commit, whose rows lack that field
+        pending = [p for t in episodes for p in [t.answered_pending(tokenizer)]
+                   if p is not None]
         rows[str(k)] = {"em": float(row.em), "f1": float(row.f1),
                         "prompt_tokens_per_episode": float(row.prompt_tokens_per_episode),
                         "memory_keeps": keeps, "memory_drops": None if keeps is None else 1.0 - keeps,
                         "memory_judged": len(flags), "turns": float(row.mean_turns),
-                        "answered_pending": row.answered_pending,
-                        "answered": sum(t.final_answer is not None for t in episodes),
+                        "answered_pending": statistics.fmean(float(p) for p in pending) if pending else None,
+                        "answered": len(pending),
                         "full_context_tokens_per_episode": float(row.full_context_tokens_per_episode),
                         "token_ratio": row.token_ratio,
                         "em_per_episode": [float((t.outcome or {}).get("em", 0.0)) for t in episodes]}
