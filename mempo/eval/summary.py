@@ -63,9 +63,9 @@ def summarize(trajectories: Sequence[Any], objectives: int, policy: str, seconds
         reasons[t.finish_reason] = reasons.get(t.finish_reason, 0) + 1
     outcome = [t.outcome or {} for t in trajectories]
     ems = [float(o.get("em", 0.0)) for o in outcome]
+    f1s = [float(o.get("f1", 0.0)) for o in outcome]
     pending = ([p for t in trajectories for p in [t.answered_pending(tokenizer)] if p is not None]
                if tokenizer is not None else [])
-    f1s = [float(o.get("f1", 0.0)) for o in outcome]
     return EvalRow(
         objectives=int(objectives), policy=policy, episodes=len(trajectories),
         em=_mean(ems), f1=_mean(f1s), em_se=standard_error(ems), f1_se=standard_error(f1s),
