@@ -121,11 +121,12 @@ def transitions(before: Sequence[EpisodeRecord], after: Sequence[EpisodeRecord])
 
 def transition_line(pairs: Counter[tuple[str, str]]) -> str:
     """Right in both; lost (right -> stage); gained (stage -> right); the largest three of each."""
-    top = lambda counts: ", ".join(f"{stage} {n}" for stage, n in counts.most_common(3))  # noqa: E731
+    def largest(counts: Counter[str]) -> str:
+        return f"{sum(counts.values())} ({', '.join(f'{stage} {n}' for stage, n in counts.most_common(3))})"
+
     lost = Counter({b: n for (a, b), n in pairs.items() if a == "right" and b != "right"})
     gained = Counter({a: n for (a, b), n in pairs.items() if b == "right" and a != "right"})
-    return (f"right in both {pairs[('right', 'right')]}; lost {sum(lost.values())} ({top(lost)}); "
-            f"gained {sum(gained.values())} ({top(gained)})")
+    return f"right in both {pairs[('right', 'right')]}; lost {largest(lost)}; gained {largest(gained)}"
 
 
 def read_records(path: Path) -> list[EpisodeRecord]:
