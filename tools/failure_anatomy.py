@@ -12,7 +12,7 @@ order, the first that holds (`STAGES`):
 3. ``not_searched``: no search named its subject (`query_parse`: a grammar question or a ``words`` query
    names its subject; any other query when the name is one of its words);
 4. ``other_relation``: every search of its subject asked another relation (one `query_parse` reads);
-5. ``not_retrieved``: no search result held its gold;
+5. ``not_retrieved``: no search result held its gold (`mempo.protocol.reward.retrieved_objectives`);
 6. then what the last ``<mem>`` holds for it (`mempo.synthetic.oracle_memory.memory_line_kinds`):
    ``mem_dropped`` (a lost line, ``Q1: Bedur done``), ``mem_pending`` (``?`` or no line), ``mem_other``
    (another text: another entity's fact, another value), or ``mem_gold`` (the memory held the gold and
@@ -35,7 +35,7 @@ from typing import Iterable, Optional, Sequence
 
 from mempo.eval.records import EpisodeRecord
 from mempo.protocol.grammar import last_mem
-from mempo.protocol.reward import em_check
+from mempo.protocol.reward import em_check, retrieved_objectives
 from mempo.synthetic.grammar import RELATIONS, QuestionParse, parse_question
 from mempo.synthetic.oracle_memory import memory_line_kinds
 
@@ -62,12 +62,13 @@ def objective_stages(record: EpisodeRecord) -> list[str]:
     is not one of the world's grammar (the anatomy is the search world's)."""
     searches = [r.action_argument or "" for r in record.rounds if r.action == "search"]
     parsed = [query_parse(q) for q in searches]
-    results = [r.tool_result or "" for r in record.rounds if r.tool_result]
+    retrieved = set(retrieved_objectives(" ".join(r.tool_result or "" for r in record.rounds), record.golds))
     mem_kinds = memory_line_kinds(last_mem(r.assistant for r in record.rounds), record.golds)
     predictions = list(record.predictions or []) + [None] * len(record.golds)
     answered = record.finish_reason == "answer"
     stages = []
-    for question, golds, prediction, mem_kind in zip(record.questions, record.golds, predictions, mem_kinds):
+    for index, (question, golds, prediction, mem_kind) in enumerate(zip(record.questions, record.golds, predictions,
+                                                                         mem_kinds)):
         asked = parse_question(question)
         # 1. the subject's searches: a query read by query_parse names its subject; any other names it as a word
         about = [p for q, p in zip(searches, parsed)
@@ -81,16 +82,11 @@ def objective_stages(record: EpisodeRecord) -> list[str]:
         # 2. a query query_parse cannot read counts as asking the right relation
         elif all(p is not None and p.relations != asked.relations for p in about):
             stages.append("other_relation")
-        elif not any(holds_gold(text, golds) for text in results):
+        elif index not in retrieved:
             stages.append("not_retrieved")
         else:
             stages.append(f"mem_{mem_kind}")
     return stages
-
-
-def holds_gold(text: str, golds: Sequence[str]) -> bool:
-    """Whether one of the gold aliases appears in `text` as whole words."""
-    return any(re.search(rf"\b{re.escape(g)}\b", text) for g in golds if g)
 
 
 def anatomy(records: Iterable[EpisodeRecord], k: Optional[int] = None) -> dict[str, float]:
