@@ -2,6 +2,8 @@
 
     outcome = compute_score(protocol_text, golds, mode, format_kwargs)    "em" (default; no golds: {})
     score   = the mode's aggregate of the per-objective token F1           "f1"
+    score   = the "em" score if every objective's gold was in a tool result   "em_retrieved"
+              before the answer, else 0 (an answer with a question never searched)
     score   = reward(answer, example)                                     a user's (rollout.outcome_reward)
 
 each 0 when the response breaks the protocol's format (`mempo.protocol.grammar.validate_format` under
@@ -26,7 +28,7 @@ from typing import Any, Callable, Mapping, Optional, Sequence, Union
 from mempo.config import ConfigError
 from mempo.errors import MempoError
 from mempo.protocol.grammar import extract_solution, validate_format
-from mempo.protocol.reward import compute_score
+from mempo.protocol.reward import compute_score, response_retrieved_objectives
 from mempo.protocol.tags import TAG_SET, TagSet
 from mempo.records.trajectory import Trajectory
 from mempo.utils.imports import is_import_path, load_object
@@ -34,7 +36,7 @@ from mempo.utils.imports import is_import_path, load_object
 __all__ = ["BUILTIN_REWARDS", "OutcomeRewardError", "OutcomeReward", "outcome", "resolve_outcome_reward",
            "reward_name", "score_outcomes", "text_outcome"]
 
-BUILTIN_REWARDS = ("em", "f1")
+BUILTIN_REWARDS = ("em", "f1", "em_retrieved")
 OutcomeReward = Union[str, Callable[[Optional[str], dict], float]]
 
 
@@ -116,13 +118,20 @@ def text_outcome(text: str, golds: Any, example: Mapping[str, Any], *, mode: str
         f1 = [item["f1"] for item in result["per_objective"]]
         aggregate = {"mean": sum(f1) / len(f1), "all": float(all(v == 1.0 for v in f1)), "sum": float(sum(f1))}[mode]
         result["score"] = aggregate if result["format_ok"] else 0.0
+    elif reward == "em_retrieved":
+        # an answer given before every objective's gold was in some tool result earns nothing, even
+        # where it is right: answering early with a question never searched is no shortcut (D22)
+        retrieved = response_retrieved_objectives(text, golds, tags)
+        result["all_retrieved"] = len(retrieved) == result["num_objectives"]
+        result["score"] = result["score"] if result["all_retrieved"] else 0.0
     return result
 
 
 def outcome(trajectory: Trajectory, *, mode: str = "mean", format_kwargs: Optional[Mapping[str, Any]] = None,
             reward: OutcomeReward = "em", tags: TagSet = TAG_SET) -> dict[str, Any]:
     """The outcome of one trajectory under `reward` (see the module docstring): `compute_score`'s dict,
-    with ``score`` replaced by the F1 aggregate ("f1") or the user's value (a callable; its raw value
+    with ``score`` replaced by the F1 aggregate ("f1"), 0 where a gold was in no tool result
+    ("em_retrieved", which adds ``all_retrieved``), or the user's value (a callable; its raw value
     also as ``reward``). {} for a built-in reward and a trajectory without golds. ValueError for a
     trajectory with no protocol text to score; `OutcomeRewardError` for a user's reward that fails."""
     reward = resolve_outcome_reward(reward)
@@ -142,8 +151,8 @@ def score_outcomes(trajectories: Sequence[Trajectory], *, mode: str = "mean",
 
     mode: how per-objective values become the score (``rollout.score_mode``: "mean", "all", "sum");
     format_kwargs: keyword arguments of the format check (None: its defaults, which every command uses);
-    reward: ``rollout.outcome_reward`` ("em", "f1", an import path or a function); tags: the run's tag set
-    (`mempo.rollout.loop.protocol_tags`, ``RolloutEngine.tags``).
+    reward: ``rollout.outcome_reward`` ("em", "f1", "em_retrieved", an import path or a function); tags: the
+    run's tag set (`mempo.rollout.loop.protocol_tags`, ``RolloutEngine.tags``).
     """
     reward = resolve_outcome_reward(reward)
     return [dataclasses.replace(t, outcome=outcome(t, mode=mode, format_kwargs=format_kwargs, reward=reward,

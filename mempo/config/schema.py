@@ -34,7 +34,7 @@ LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "se
 #: the built-in tools `env.tools` names without an import path (`mempo.env.tools.BUILTIN_TOOLS`)
 BUILTIN_TOOL_NAMES = ("search", "access")
 #: the built-in outcome rewards `rollout.outcome_reward` names without an import path (`mempo.algo.outcome`)
-BUILTIN_OUTCOME_REWARDS = ("em", "f1")
+BUILTIN_OUTCOME_REWARDS = ("em", "f1", "em_retrieved")
 KL_ESTIMATORS = ("k1", "k2", "k3", "low_var_kl")
 #: The most decoder layers of a builtin-tiny model: each layer is built as a module (also on the meta
 #: device, by `mempo plan`), about 1 ms a layer; published LLMs have fewer than 200.
@@ -267,7 +267,9 @@ class RolloutConfig:
     tool calls. score_mode: how per-objective EM becomes the outcome score
     (`mempo.protocol.reward.compute_score`: ``"mean"``, ``"all"``, ``"sum"``). outcome_reward: the
     outcome reward (`mempo.algo.outcome`): ``"em"`` (exact match, the paper's), ``"f1"`` (token F1, per
-    objective aggregated by score_mode), or the import path of a user's function ``reward(answer,
+    objective aggregated by score_mode), ``"em_retrieved"`` (EM, and 0 for an answer given while some
+    objective's gold was in none of the tool results: `mempo.protocol.reward.response_retrieved_objectives`),
+    or the import path of a user's function ``reward(answer,
     example) -> float`` (``"package.module:function"``; the answer is the final ``<answer>`` text or
     None, the example a dict with the question(s), golds and the record's other fields); a response
     that breaks the format scores 0 whichever it is. action_format: how the agent calls its tools

@@ -14,7 +14,7 @@ from collections import Counter
 from numbers import Real
 from typing import Any, Iterable, Mapping, Optional, Sequence, Union
 
-from mempo.protocol.grammar import extract_solution, validate_format
+from mempo.protocol.grammar import extract_solution, split_rounds, validate_format
 from mempo.protocol.tags import TAG_SET, TagSet
 
 __all__ = [
@@ -29,6 +29,7 @@ __all__ = [
     "memory_kept_share",
     "objectives_seen",
     "retrieved_objectives",
+    "response_retrieved_objectives",
 ]
 
 SCORE_MODES = ("mean", "all", "sum")
@@ -249,6 +250,13 @@ def retrieved_objectives(seen_text: str, golds: Any) -> list[int]:
     seen = _word_text(seen_text)
     return [j for j, aliases in enumerate(objectives_from_golds(golds))
             if any(f" {normalize_answer(a)} " in seen for a in aliases if normalize_answer(a))]
+
+
+def response_retrieved_objectives(response_text: str, golds: Any, tags: TagSet = TAG_SET) -> list[int]:
+    """`retrieved_objectives` of everything the response's tool results (``<information>`` blocks, or the
+    tag set's tool-result tag) showed the agent: the objectives it could have read its gold in."""
+    seen = " ".join(r.information for r in split_rounds(response_text, tags) if r.information)
+    return retrieved_objectives(seen, golds)
 
 
 def objectives_seen(seen_text: str, golds: Any) -> int:

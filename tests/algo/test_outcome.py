@@ -70,6 +70,22 @@ def test_a_users_reward_reads_the_answer_and_the_example():
     assert scored(json_text, reward="f1", tags=JSON_TAG_SET)["format_ok"]
 
 
+def test_em_retrieved_scores_an_answer_only_after_every_gold_was_retrieved():
+    searched = ("<mem>m</mem><think>t</think><search>where</search>"
+                "<information>Paris is a city. {more}</information>\n")
+    both = searched.format(more="So is Rome.") + TWO
+    one = searched.format(more="") + TWO.replace("big red Rome", "Rome")
+    assert scored(both, reward="em_retrieved")["score"] == scored(both)["score"] == 0.5
+    assert scored(both, reward="em_retrieved")["all_retrieved"] is True
+    guessed = scored(one, reward="em_retrieved")  # both right, but Rome was never in a tool result
+    assert guessed["score"] == 0.0 and guessed["em"] == 1.0 and guessed["all_retrieved"] is False
+    assert scored(one)["score"] == 1.0  # plain EM pays the guess
+    assert scored(TWO, reward="em_retrieved")["score"] == 0.0  # nothing searched at all
+    assert scored(both, reward="em_retrieved", mode="sum")["score"] == 1.0
+    assert scored(searched.format(more="Rome.") + BROKEN, reward="em_retrieved")["score"] == 0.0  # format gate
+    assert outcome(dataclasses.replace(trajectory(), golds=None, protocol_text=both), reward="em_retrieved") == {}
+
+
 @pytest.mark.parametrize("name, fragment", [
     ("nan_reward", "returned nan on trajectory q/0; it must return a finite float"),
     ("string_reward", "returned str '1.0' on trajectory q/0; it must return a float"),
@@ -87,7 +103,7 @@ def test_a_bad_reward_is_one_clear_error_naming_the_function(name, fragment):
 @pytest.mark.parametrize("spec, fragment", [
     ("support.user_tools:nope", "has no attribute 'nope'"),
     ("support.user_tools:TABLE", "is a dict, not a function"),
-    ("exact", "must be one of ('em', 'f1') or an import path"),
+    ("exact", "must be one of ('em', 'f1', 'em_retrieved') or an import path"),
 ])
 def test_reward_specs_that_cannot_work_fail_at_once(spec, fragment):
     with pytest.raises(ConfigError) as caught:

@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 from mempo.protocol.reward import memory_keeps as reward_memory_keeps
-from mempo.protocol.reward import memory_kept_share, retrieved_objectives
+from mempo.protocol.reward import memory_kept_share, response_retrieved_objectives, retrieved_objectives
 from mempo.protocol.reward import (
     compute_score,
     em_check,
@@ -12,6 +12,7 @@ from mempo.protocol.reward import (
     objectives_from_golds,
     split_answer,
 )
+from mempo.protocol.tags import JSON_TAG_SET
 
 
 def respond(answer: str) -> str:
@@ -205,3 +206,16 @@ def test_retrieved_objectives():
     assert retrieved_objectives("Belisar of Romans", golds) == []  # whole words only
     assert retrieved_objectives("", "Paris") == []
     assert retrieved_objectives("the capital is Paris", ["Paris", "paris"]) == [0]  # one objective, two aliases
+
+
+def test_response_retrieved_objectives_reads_only_the_tool_results():
+    golds = [["Belis"], ["Roma"]]
+    response = ("<mem>Q1: ? Q2: Roma</mem><think>Roma, I guess</think><search>Tamor born</search>"
+                "<information>Tamor was born in Belis.</information>"
+                "<mem>Q1: Belis</mem><think>t</think><answer>Belis; Roma</answer>")
+    assert response_retrieved_objectives(response, golds) == [0]  # Roma only in the agent's own text
+    assert response_retrieved_objectives(response.replace("Belis.", "Belis, Roma."), golds) == [0, 1]
+    assert response_retrieved_objectives("<mem>m</mem><think>t</think><answer>Belis</answer>", golds) == []
+    json_response = response.replace("<search>Tamor born</search>", '<tool_call>{"name": "search"}</tool_call>') \
+        .replace("information>", "tool_response>")
+    assert response_retrieved_objectives(json_response, golds, JSON_TAG_SET) == [0]  # the tag set's result tag

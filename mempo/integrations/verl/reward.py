@@ -18,8 +18,8 @@ text (its round and tool texts as generated, `mempo.algo.outcome`), or verl's de
 ``solution_str`` for a row from another loop; the format check uses the loop's tags (its
 ``rollout.action_format`` and tool names, ``extra_info["mempo_action_format"]`` / ``["mempo_tools"]``).
 
-A mempo outcome reward, ``reward(answer, example) -> float`` named by import path (or "em" / "f1"), is
-verl's reward function through `outcome_reward_score`::
+A mempo outcome reward, ``reward(answer, example) -> float`` named by import path (or "em" / "f1" /
+"em_retrieved"), is verl's reward function through `outcome_reward_score`::
 
     reward.custom_reward_function.path=pkg://mempo.integrations.verl.reward
     reward.custom_reward_function.name=outcome_reward_score
@@ -108,8 +108,9 @@ def compute_score(data_source: Any = None, solution_str: str = "", ground_truth:
 
 def _reward(spec: Any) -> Any:
     if spec is None:
-        raise ConfigError(OUTCOME_REWARD_OPTION, "must name the reward outcome_reward_score calls: 'em', 'f1' or "
-                                                 "'package.module:function' (reward(answer, example) -> float)")
+        raise ConfigError(OUTCOME_REWARD_OPTION, "must name the reward outcome_reward_score calls: 'em', 'f1', "
+                                                 "'em_retrieved' or 'package.module:function' "
+                                                 "(reward(answer, example) -> float)")
     return _resolved(str(spec))
 
 
@@ -122,8 +123,8 @@ def _resolved(spec: str) -> Any:
 
 
 def check_outcome_reward(spec: Any) -> None:
-    """ConfigError naming `OUTCOME_REWARD_OPTION` unless `spec` is "em", "f1" or the import path of a
-    function (`mempo.algo.outcome.resolve_outcome_reward`)."""
+    """ConfigError naming `OUTCOME_REWARD_OPTION` unless `spec` is "em", "f1", "em_retrieved" or the import
+    path of a function (`mempo.algo.outcome.resolve_outcome_reward`)."""
     _reward(spec)
 
 
@@ -131,15 +132,15 @@ def outcome_reward_score(data_source: Any = None, solution_str: str = "", ground
                          extra_info: Optional[Mapping[str, Any]] = None, *, outcome_reward: Any = None,
                          **unused: Any) -> dict[str, float]:
     """A mempo outcome reward as verl's reward function (module docstring): `outcome_reward` (verl's
-    ``reward_kwargs``) is "em", "f1" or ``"package.module:function"``, called as mempo calls it,
-    ``reward(answer, example)`` (`mempo.algo.outcome.text_outcome`): `answer` the ``<answer>`` of the
+    ``reward_kwargs``) is "em", "f1", "em_retrieved" or ``"package.module:function"``, called as mempo
+    calls it,     ``reward(answer, example)`` (`mempo.algo.outcome.text_outcome`): `answer` the ``<answer>`` of the
     loop's protocol text (`solution_str` for another loop's row) under the row's tags (`row_tags`);
     `example` the dataset's ``extra_info`` fields with ``id``, ``prompt`` (the question the loop ran),
     ``questions`` (its numbered questions, else [prompt]), ``golds`` (one alias list per objective of
     ``reward_model.ground_truth``; None without it) and ``data_source``. A format break scores 0, as in
     `mempo train`. -> ``{"score", "acc", "mempo_reward", "mempo_em", "mempo_f1", "mempo_format_ok"}``.
     ConfigError naming `OUTCOME_REWARD_OPTION` for a bad setting; `OutcomeRewardError` naming the
-    function for a raise, a NaN or a value that is not a real number; ValueError for "em" / "f1"
+    function for a raise, a NaN or a value that is not a real number; ValueError for a built-in reward
     without golds."""
     reward = _reward(outcome_reward)
     info = dict(extra_info or {})

@@ -110,6 +110,11 @@ def test_a_mempo_outcome_reward_is_verls_reward_function():
     half = dict(JSON_ROW, mempo_protocol_text=JSON_TEXT.replace("<answer>blue</answer>", "<answer>light blue</answer>"))
     assert _adapter(ground_truth="blue", extra_info=half, outcome_reward="f1")["score"] == pytest.approx(2 / 3)
     assert _adapter(ground_truth="blue", extra_info=half, outcome_reward="em")["score"] == 0.0
+    # EM once every gold was in a tool result (the row's tool-result tag: <tool_response>)
+    assert _adapter(ground_truth="blue", extra_info=dict(JSON_ROW), outcome_reward="em_retrieved")["score"] == 1.0
+    unread = dict(JSON_ROW, mempo_protocol_text=JSON_TEXT.replace("sky is blue</tool_response>", "no</tool_response>"))
+    assert _adapter(ground_truth="blue", extra_info=unread, outcome_reward="em_retrieved")["score"] == 0.0
+    assert _adapter(ground_truth="blue", extra_info=unread, outcome_reward="em")["score"] == 1.0
 
 
 @pytest.mark.parametrize("spec, match", [
