@@ -18,7 +18,11 @@ order, the first that holds (`STAGES`):
    (another text: another entity's fact, another value), or ``mem_gold`` (the memory held the gold and
    the answer was still wrong).
 
-Prints one row per file: the number of objectives and the share in each stage; ``--json`` writes them.
+Prints one row per file: the number of objectives, the share in each stage and, apart from the stages,
+``no_answer_looped``: the share of objectives in episodes without an answer whose last round repeats the round
+before it word for word (`looped`: in the memory context a round's prompt is the question and the round before
+with its tool result, so greedy decoding that repeats a round after the same result repeats it to the turn
+limit); ``--json`` writes them.
 ``--pairs``: the files are (before, after) pairs of evaluations of the same episodes (an SFT model and the RL
 model trained from it); for each pair also the objectives right in both, lost by the second (by the stage
 they fell to) and gained by it (by the stage they came from). Used in docs/experiments/D22-demo-failure-anatomy.md.
@@ -41,6 +45,8 @@ from mempo.synthetic.oracle_memory import memory_line_kinds
 
 STAGES = ("right", "no_answer", "not_searched", "other_relation", "not_retrieved",
           "mem_dropped", "mem_pending", "mem_other", "mem_gold")
+#: the columns after the stages: a part of ``no_answer`` (`looped`)
+EXTRA_COLUMNS = ("no_answer_looped",)
 
 
 def query_parse(query: str) -> Optional[QuestionParse]:
@@ -89,17 +95,25 @@ def objective_stages(record: EpisodeRecord) -> list[str]:
     return stages
 
 
+def looped(record: EpisodeRecord) -> bool:
+    """Whether `record` ended without an answer on a round that repeats the round before it (its text)."""
+    rounds = record.rounds
+    return record.finish_reason != "answer" and len(rounds) >= 2 and rounds[-1].assistant == rounds[-2].assistant
+
+
 def anatomy(records: Iterable[EpisodeRecord], k: Optional[int] = None) -> dict[str, float]:
-    """``{"objectives": n, <stage>: share, ...}`` over the objectives of `records` (those with ``k``
-    objectives only, when given); every stage of `STAGES` is present. ValueError for no objectives."""
+    """``{"objectives": n, <stage>: share, ..., "no_answer_looped": share}`` over the objectives of `records`
+    (those with ``k`` objectives only, when given); every stage of `STAGES` is present. ValueError for no
+    objectives."""
     counts: Counter[str] = Counter()
     for record in records:
         if k is None or record.objectives == k:
             counts.update(objective_stages(record))
-    total = sum(counts.values())
+            counts["no_answer_looped"] += record.objectives if looped(record) else 0
+    total = sum(counts[stage] for stage in STAGES)
     if not total:
         raise ValueError(f"no objectives to classify{'' if k is None else f' at k = {k}'}")
-    return {"objectives": total, **{stage: round(counts[stage] / total, 4) for stage in STAGES}}
+    return {"objectives": total, **{column: round(counts[column] / total, 4) for column in STAGES + EXTRA_COLUMNS}}
 
 
 def transitions(before: Sequence[EpisodeRecord], after: Sequence[EpisodeRecord]) -> Counter[tuple[str, str]]:
@@ -145,10 +159,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             parser.error(f"no such trajectories file: {path}")
         records[path] = [r for r in read_records(path) if args.k is None or r.objectives == args.k]
         rows[str(path)] = anatomy(records[path], args.k)
-    print("| file | objectives | " + " | ".join(STAGES) + " |")
-    print("|---|---|" + "---|" * len(STAGES))
+    columns = STAGES + EXTRA_COLUMNS
+    print("| file | objectives | " + " | ".join(columns) + " |")
+    print("|---|---|" + "---|" * len(columns))
     for name, row in rows.items():
-        print(f"| {name} | {row['objectives']} | " + " | ".join(f"{row[s]:.3f}" for s in STAGES) + " |")
+        print(f"| {name} | {row['objectives']} | " + " | ".join(f"{row[c]:.3f}" for c in columns) + " |")
     for before, after in zip(args.files[::2], args.files[1::2]) if args.pairs else ():
         print(f"{before} -> {after}: {transition_line(transitions(records[before], records[after]))}")
     if args.json:

@@ -92,12 +92,21 @@ def test_shares_by_k_and_the_command_writes_one_row_per_file(tmp_path, capsys):
     assert shares["objectives"] == 9 and shares["right"] == round(1 / 9, 4) and shares["no_answer"] == round(1 / 9, 4)
     assert sum(shares[s] for s in tool.STAGES) == pytest.approx(1.0, abs=1e-3)
     assert tool.anatomy([_answered(), _unanswered()], k=1)["no_answer"] == 1.0
+    assert shares["no_answer_looped"] == 0.0  # one round: nothing repeated
+    first = _unanswered().rounds[0]
+    stuck = dataclasses.replace(_unanswered(), rounds=[first, dataclasses.replace(first, index=1, tool_result=None)])
+    assert tool.looped(stuck) and not tool.looped(_unanswered()) and not tool.looped(_answered())
+    assert not tool.looped(dataclasses.replace(stuck, finish_reason="answer"))
+    moved = dataclasses.replace(stuck.rounds[1], assistant=first.assistant.replace("Q1: ?", "Q1: Minu"))
+    assert not tool.looped(dataclasses.replace(stuck, rounds=[first, moved]))  # the memory changed
+    assert tool.anatomy([_answered(), stuck])["no_answer_looped"] == round(1 / 9, 4)
     with pytest.raises(ValueError, match="no objectives to classify at k = 4"):
         tool.anatomy([_answered()], k=4)
     path = tmp_path / "eval_trajectories.jsonl"
     path.write_text("".join(json.dumps(e.to_dict()) + "\n" for e in (_answered(), _unanswered())))
     assert tool.main([str(path), "--json", str(tmp_path / "rows.json")]) == 0
-    assert f"| {path} | 9 | 0.111 |" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert f"| {path} | 9 | 0.111 |" in printed and "| mem_gold | no_answer_looped |" in printed
     assert json.loads((tmp_path / "rows.json").read_text())[str(path)]["mem_gold"] == round(1 / 9, 4)
     with pytest.raises(SystemExit):
         tool.main([str(tmp_path / "missing.jsonl")])
