@@ -356,12 +356,13 @@ def _before_after_section(before: Any, after: Any) -> list[str]:
                          get(b, "format_rate"), get(a, "format_rate"),
                          get(b, "mean_turns"), get(a, "mean_turns"),
                          get(b, "answered_pending"), get(a, "answered_pending"),
+                         get(b, "looped"), get(a, "looped"),
                          get(b, "prompt_tokens_per_episode"), get(a, "prompt_tokens_per_episode"),
                          get(b, "peak_prompt_tokens"), get(a, "peak_prompt_tokens")))
         lines += [f"### {policy} context", ""]
         lines += _table(("objectives", "episodes", "EM before", "EM after", "EM change", "F1 before", "F1 after",
                          "format before", "format after", "turns before", "turns after",
-                         "answered pending before", "answered pending after",
+                         "answered pending before", "answered pending after", "looped before", "looped after",
                          "prompt tok/episode before", "prompt tok/episode after",
                          "peak prompt tok/turn before", "peak prompt tok/turn after"), rows)
         lines.append("")

@@ -46,7 +46,10 @@ class EvalRow:
     retrieval, and `evaluate` says so). ``answered_pending``: the share of the answered episodes
     answered with a question pending, some objective's gold in none of their search results
     (`Trajectory.answered_pending`: an answer that cannot be right on that question); None where no
-    episode was answered, the episodes have no golds, or no tokenizer read the results.
+    episode was answered, the episodes have no golds, or no tokenizer read the results. ``looped``: the
+    share of the episodes that ended without an answer on a round repeating the round before it
+    (`Trajectory.looped`: under greedy decoding in the memory context, stuck until the turn limit);
+    None in rows written before it was counted.
     """
 
     objectives: int
@@ -71,6 +74,7 @@ class EvalRow:
     tool_calls: int = 0
     failed_tool_calls: int = 0
     answered_pending: Optional[float] = None
+    looped: Optional[float] = None
 
     @property
     def token_ratio(self) -> Optional[float]:
@@ -90,7 +94,8 @@ _TABLE_COLUMNS = (
     ("k", "objectives", "{}"), ("policy", "policy", "{}"), ("episodes", "episodes", "{}"),
     ("EM", "em", "{:.3f}"), ("F1", "f1", "{:.3f}"), ("score", "score", "{:.3f}"),
     ("format", "format_rate", "{:.2f}"), ("answered", "answer_rate", "{:.2f}"),
-    ("answered pending", "answered_pending", "{:.2f}"), ("turns", "mean_turns", "{:.1f}"),
+    ("answered pending", "answered_pending", "{:.2f}"), ("looped", "looped", "{:.2f}"),
+    ("turns", "mean_turns", "{:.1f}"),
     ("prompt tok/episode", "prompt_tokens_per_episode", "{:.0f}"), ("peak prompt tok/turn", "peak_prompt_tokens", "{}"),
     ("gen tok/episode", "generated_tokens_per_episode", "{:.0f}"), ("tool calls", "tool_calls", "{}"),
     ("failed calls", "failed_tool_calls", "{}"), ("seconds", "seconds", "{:.1f}"),

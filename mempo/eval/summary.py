@@ -83,6 +83,7 @@ def summarize(trajectories: Sequence[Any], objectives: int, policy: str, seconds
         tool_calls=sum(r.tool_ok is not None for t in trajectories for r in t.rounds),
         failed_tool_calls=sum(r.tool_ok is False for t in trajectories for r in t.rounds),
         answered_pending=_mean([float(p) for p in pending]) if pending else None,
+        looped=_mean([1.0 if t.looped() else 0.0 for t in trajectories]),
     )
 
 

@@ -213,6 +213,16 @@ class Trajectory:
                                   self.golds)
                 for r, seen in zip(self.scored_rounds(), self.read_before_scored(tokenizer))]
 
+    def looped(self) -> bool:
+        """Whether the episode ended without an answer on a round whose ids repeat the round before it.
+        In the memory context a round's prompt is the question and the round before with its tool
+        result, so under greedy decoding a round repeated after the same result repeats to the turn
+        limit: the agent is stuck, not slow."""
+        if self.finish_reason == "answer" or len(self.rounds) < 2:
+            return False
+        last, before = self.rounds[-1], self.rounds[-2]
+        return self.response_ids[last.start:last.end] == self.response_ids[before.start:before.end]
+
     def answered_pending(self, tokenizer: Any) -> Optional[bool]:
         """Whether the episode was answered with a question still pending: it ends with an answer
         (``final_answer`` not None) and some objective's gold appeared in none of its ``<information>``

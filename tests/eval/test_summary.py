@@ -17,6 +17,9 @@ def test_eval_rows_carry_standard_errors():
             self.outcome, self.rounds, self.prompt_ids, self.response_mask = {"em": em, "f1": em}, [], [1], [1]
             self.finish_reason = "answer"
 
+        def looped(self):
+            return False
+
     row = summarize([T(1.0), T(0.0), T(1.0), T(0.0)], 2, "memory")
     assert row.em == 0.5 and row.em_se == pytest.approx(math.sqrt(1 / 3 / 4))
     assert summarize([T(1.0)], 2, "memory").em_se == 0.0
@@ -41,3 +44,15 @@ def test_the_row_says_how_many_answers_came_with_a_question_pending():
     assert summarize([both, early, unanswered], 2, "memory", tokenizer=tok).answered_pending == 0.5
     assert summarize([both, early], 2, "memory").answered_pending is None  # no tokenizer: results not read
     assert summarize([unanswered], 2, "memory", tokenizer=tok).answered_pending is None  # nothing answered
+
+
+def test_the_row_says_how_many_episodes_ended_in_a_loop():
+    from support.rollout_fixtures import chat_tokenizer, text_trajectory
+
+    tok = chat_tokenizer()
+    search = ("Q1: ?", "<search>a</search>", "<information>nothing</information>")
+    stuck = text_trajectory(tok, "Where?", [search, search], [["Paris"]])
+    slow = text_trajectory(tok, "Where?", [search, ("Q1: ? ?", "<search>b</search>", None)], [["Paris"]])
+    for t in (stuck, slow):
+        t.finish_reason, t.outcome = "turn_limit", {"em": 0.0}
+    assert summarize([stuck, slow], 1, "memory").looped == 0.5

@@ -79,3 +79,22 @@ def test_memory_kept_shares_and_answered_pending():
     assert early.answered_pending(tok) is True  # Nefu was never read: answered with a question pending
     early.golds = None
     assert early.answered_pending(tok) is None
+
+
+def test_looped_is_an_unanswered_episode_ending_on_a_repeated_round():
+    """The same round twice in a row (same ids) at the end of an episode without an answer: stuck."""
+    from support.rollout_fixtures import chat_tokenizer, text_trajectory
+
+    tok = chat_tokenizer()
+    search = ("Q1: ?", "<search>a</search>", "<information>nothing</information>")
+    stuck = text_trajectory(tok, "Where?", [search, search, search], [["Paris"]])
+    stuck.finish_reason = "turn_limit"
+    assert stuck.looped()
+    moved = text_trajectory(tok, "Where?", [search, ("Q1: Paris", "<search>b</search>", None)], [["Paris"]])
+    moved.finish_reason = "turn_limit"
+    assert not moved.looped()  # the last round differs from the one before
+    once = text_trajectory(tok, "Where?", [search], [["Paris"]])
+    once.finish_reason = "turn_limit"
+    assert not once.looped()
+    stuck.finish_reason = "answer"
+    assert not stuck.looped()  # an answered episode is not stuck

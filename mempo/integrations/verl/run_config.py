@@ -113,7 +113,7 @@ def _is_mempo_reward_module(path: str) -> bool:
 def outcome_reward_problem(config: Any) -> Optional[str]:
     """One line naming ``reward.custom_reward_function.reward_kwargs.outcome_reward`` when verl's reward
     function is mempo's `outcome_reward_score` and that setting names no reward it can call ("em",
-    "f1" or a function's import path); None otherwise (verl copies a top-level
+    "f1", "em_retrieved" or a function's import path); None otherwise (verl copies a top-level
     ``custom_reward_function`` there, so either place is read)."""
     for prefix in ("reward.custom_reward_function", "custom_reward_function"):
         path = select(config, f"{prefix}.path")
