@@ -269,8 +269,8 @@ class RolloutConfig:
     outcome reward (`mempo.algo.outcome`): ``"em"`` (exact match, the paper's), ``"f1"`` (token F1, per
     objective aggregated by score_mode), ``"em_retrieved"`` (EM, and 0 for an answer given while some
     objective's gold was in none of the tool results: `mempo.protocol.reward.response_retrieved_objectives`),
-    or the import path of a user's function ``reward(answer,
-    example) -> float`` (``"package.module:function"``; the answer is the final ``<answer>`` text or
+    or the import path of a user's function ``reward(answer, example) -> float``
+    (``"package.module:function"``; the answer is the final ``<answer>`` text or
     None, the example a dict with the question(s), golds and the record's other fields); a response
     that breaks the format scores 0 whichever it is. action_format: how the agent calls its tools
     (`mempo.protocol.tags`): ``"tags"`` (one tag per tool, ``<search>q</search>``, answered in

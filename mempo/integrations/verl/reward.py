@@ -133,8 +133,8 @@ def outcome_reward_score(data_source: Any = None, solution_str: str = "", ground
                          **unused: Any) -> dict[str, float]:
     """A mempo outcome reward as verl's reward function (module docstring): `outcome_reward` (verl's
     ``reward_kwargs``) is "em", "f1", "em_retrieved" or ``"package.module:function"``, called as mempo
-    calls it,     ``reward(answer, example)`` (`mempo.algo.outcome.text_outcome`): `answer` the ``<answer>`` of the
-    loop's protocol text (`solution_str` for another loop's row) under the row's tags (`row_tags`);
+    calls it, ``reward(answer, example)`` (`mempo.algo.outcome.text_outcome`): `answer` the ``<answer>`` of
+    the loop's protocol text (`solution_str` for another loop's row) under the row's tags (`row_tags`);
     `example` the dataset's ``extra_info`` fields with ``id``, ``prompt`` (the question the loop ran),
     ``questions`` (its numbered questions, else [prompt]), ``golds`` (one alias list per objective of
     ``reward_model.ground_truth``; None without it) and ``data_source``. A format break scores 0, as in
