@@ -57,8 +57,9 @@ def test_report_numbers_and_plots(run_dir):
     assert "| sft | 123.400 | 90 steps |" in text and "| rl | 77.700 | 4 steps |" in text
     # before / after, memory context, 2 and 4 objectives
     # (rows without standard errors: they read as 0, and the change has no SE count)
+    # (files without answered_pending and looped: "-")
     assert ("| 2 | 20 | 0.125 ± 0.000 | 0.375 ± 0.000 | +0.250 | 0.250 ± 0.000 | 0.500 ± 0.000 | 0.900 | 0.900 | "
-            "3.500 | 3.500 | - | - | - | - | 1234 | 1111 | 567 | 555 |" in text)  # files without answered_pending, looped
+            "3.500 | 3.500 | - | - | - | - | 1234 | 1111 | 567 | 555 |" in text)
     assert ("| 4 | 20 | 0.062 ± 0.000 | 0.188 ± 0.000 | +0.125 | 0.125 ± 0.000 | 0.312 ± 0.000 |" in text
             or "| 4 | 20 | 0.063 ± 0.000 | 0.188 ± 0.000 | +0.125 | 0.125 ± 0.000 | 0.312 ± 0.000 |" in text)
     assert "### full context" in text and "4321" in text

@@ -72,7 +72,8 @@ def test_defaults_match_the_brief():
     ("model.vocab_size=100000000000000000", "model.vocab_size", "(hidden_size x vocab_size) in float32 would reach "
                                                                  "2^63 bytes"),
     ("rollout.action_format=xml", "rollout.action_format", "'tags', 'json'"),
-    ("rollout.outcome_reward=exact", "rollout.outcome_reward", "must be one of ('em', 'f1', 'em_retrieved') or an import path"),
+    ("rollout.outcome_reward=exact", "rollout.outcome_reward",
+     "must be one of ('em', 'f1', 'em_retrieved') or an import path"),
     ("rollout.outcome_reward=my.module", "rollout.outcome_reward", "'package.module:function'"),
     ("env.tools=[search, browse]", "env.tools[1]", "a built-in tool ('search', 'access') or an import path"),
     ("env.tools=[search, search]", "env.tools", "lists ['search'] more than once"),
