@@ -20,9 +20,8 @@ order, the first that holds (`STAGES`):
 
 Prints one row per file: the number of objectives, the share in each stage and, apart from the stages,
 ``no_answer_looped``: the share of objectives in episodes without an answer whose last round repeats the round
-before it word for word (`looped`: in the memory context a round's prompt is the question and the round before
-with its tool result, so greedy decoding that repeats a round after the same result repeats it to the turn
-limit); ``--json`` writes them.
+before it word for word (`looped`, `mempo.records.trajectory.ended_in_loop`: stuck under greedy decoding in the
+memory context); ``--json`` writes them.
 ``--pairs``: the files are (before, after) pairs of evaluations of the same episodes (an SFT model and the RL
 model trained from it); for each pair also the objectives right in both, lost by the second (by the stage
 they fell to) and gained by it (by the stage they came from). Used in docs/experiments/D22-demo-failure-anatomy.md.
@@ -40,6 +39,7 @@ from typing import Iterable, Optional, Sequence
 from mempo.eval.records import EpisodeRecord
 from mempo.protocol.grammar import last_mem
 from mempo.protocol.reward import em_check, retrieved_objectives
+from mempo.records.trajectory import ended_in_loop
 from mempo.synthetic.grammar import RELATIONS, QuestionParse, parse_question
 from mempo.synthetic.oracle_memory import memory_line_kinds
 
@@ -96,9 +96,9 @@ def objective_stages(record: EpisodeRecord) -> list[str]:
 
 
 def looped(record: EpisodeRecord) -> bool:
-    """Whether `record` ended without an answer on a round that repeats the round before it (its text)."""
-    rounds = record.rounds
-    return record.finish_reason != "answer" and len(rounds) >= 2 and rounds[-1].assistant == rounds[-2].assistant
+    """Whether `record` ended without an answer on a round whose text repeats the round before it
+    (`mempo.records.trajectory.ended_in_loop`, the rule of `Trajectory.looped`)."""
+    return ended_in_loop(record.finish_reason, [r.assistant for r in record.rounds[-2:]])
 
 
 def anatomy(records: Iterable[EpisodeRecord], k: Optional[int] = None) -> dict[str, float]:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Iterator, NamedTuple, Optional, Union
+from typing import Any, Iterable, Iterator, NamedTuple, Optional, Sequence, Union
 
 from mempo.protocol.memory import CONTEXT_POLICIES
 from mempo.protocol.reward import memory_keeps, memory_kept_share, objectives_from_golds, retrieved_objectives
@@ -23,11 +23,20 @@ from mempo.utils.jsonl import iter_jsonl_records, write_jsonl
 from mempo.utils.tokens import decode_ids
 from mempo.utils.types import PathLike
 
-__all__ = ["FINISH_REASONS", "Round", "Trajectory", "RoundInput", "round_training_inputs",
+__all__ = ["FINISH_REASONS", "Round", "Trajectory", "ended_in_loop", "RoundInput", "round_training_inputs",
            "write_trajectories_jsonl", "read_trajectories_jsonl", "iter_trajectories_jsonl"]
 
 #: why a trajectory ended; "malformed": a round ended without an action (outcome 0 by the format check)
 FINISH_REASONS = ("answer", "turn_limit", "token_budget", "malformed")
+
+
+def ended_in_loop(finish_reason: str, round_contents: Sequence[Any]) -> bool:
+    """Whether an episode ended without an answer on a round that repeats the round before it.
+    round_contents: each round's content, in order (a `Trajectory`'s round ids, an evaluation record's
+    round texts). In the memory context a round's prompt is the question and the round before with its
+    tool result, so under greedy decoding a round repeated after the same result repeats to the turn
+    limit: the agent is stuck, not slow."""
+    return finish_reason != "answer" and len(round_contents) >= 2 and round_contents[-1] == round_contents[-2]
 
 
 def _pair(value: Any) -> Optional[tuple[int, int]]:
@@ -214,14 +223,9 @@ class Trajectory:
                 for r, seen in zip(self.scored_rounds(), self.read_before_scored(tokenizer))]
 
     def looped(self) -> bool:
-        """Whether the episode ended without an answer on a round whose ids repeat the round before it.
-        In the memory context a round's prompt is the question and the round before with its tool
-        result, so under greedy decoding a round repeated after the same result repeats to the turn
-        limit: the agent is stuck, not slow."""
-        if self.finish_reason == "answer" or len(self.rounds) < 2:
-            return False
-        last, before = self.rounds[-1], self.rounds[-2]
-        return self.response_ids[last.start:last.end] == self.response_ids[before.start:before.end]
+        """Whether the episode ended without an answer on a round whose ids repeat the round before it
+        (`ended_in_loop`)."""
+        return ended_in_loop(self.finish_reason, [self.response_ids[r.start:r.end] for r in self.rounds[-2:]])
 
     def answered_pending(self, tokenizer: Any) -> Optional[bool]:
         """Whether the episode was answered with a question still pending: it ends with an answer
