@@ -59,6 +59,8 @@ sft() {  # SFT seed $1: its row (greedy EM at k = 2, 4, 8 on validation) in $R, 
   else
     $PY tools/sft_seeds.py "${args[@]}" --out $S/sft_s$s.jsonl > $S/sft_s$s.log 2>&1
     mv $S/sft_s$s.jsonl $R/sft_s$s.jsonl  # whole, once finished
+    # the CPU of the first finished row is the execution's from then on (execution 8's run.sh reads it back)
+    if [ -n "${CPU_PIN:-}" ] && [ ! -f "$CPU_PIN_FILE" ]; then echo "$CPU_PIN" > "$CPU_PIN_FILE"; fi
   fi
 }
 
