@@ -282,10 +282,11 @@ def _best(folder: Path) -> str:
 
 def _summary(folder: Path) -> str:
     """The tables (per model and pooled, every k), the monitors, the decision; the plot ``ablation_e<N>.png``.
-    When fewer than MODELS seeds passed the settled gate: the gate's table and plot, decision "not a test"."""
+    When fewer than MODELS seeds passed the settled gate: the gate's table and plot, decision "not a test"; before
+    the gated models' signal benchmarks are chosen on (no ``signal.json``): the gate's table so far, "unfinished"."""
     rows = sft_rows(folder)
     state = gate(rows)
-    if state["settled"] and len(state["models"]) < MODELS:
+    if (state["settled"] and len(state["models"]) < MODELS) or not (folder / "signal.json").is_file():
         return _gate_summary(folder, rows, state)
     gated = json.loads((folder / "signal.json").read_text())
     best = _best(folder)
@@ -331,9 +332,18 @@ def _summary(folder: Path) -> str:
 
 def _gate_summary(folder: Path, rows: Mapping[int, Mapping[str, Any]], state: Mapping[str, Any]) -> str:
     """The SFT gate's table (every judged seed of `rows`: greedy EM at k = 2, 4, 8 on validation, the k = GATE_K
-    diagnostics) and `decide`'s "not a test" (step 1 of the protocol); the plot ``gate_e<N>.png``."""
-    lines = [f"Execution {execution(folder)}: {len(state['models'])} of SFT seeds {state['judged']} passed the gate "
-             f"(greedy EM >= {GATE_EM} at k = {GATE_K} on the validation split), fewer than {MODELS}: no RL run.", "",
+    diagnostics) and `decide`'s "not a test" once the gate is settled with fewer than MODELS (step 1 of the
+    protocol), else "unfinished" with what runs next; the plot ``gate_e<N>.png``."""
+    failed = state["settled"] and len(state["models"]) < MODELS
+    head = (f"Execution {execution(folder)}: {len(state['models'])} of SFT seeds {state['judged']} passed the gate "
+            f"(greedy EM >= {GATE_EM} at k = {GATE_K} on the validation split)")
+    if failed:
+        head += f", fewer than {MODELS}: no RL run."
+    elif not state["settled"]:
+        head += f" so far; SFT seeds {state['next']} run next (partial: step 12)."
+    else:
+        head += "; the signal benchmarks and the definition's choice run next (partial: step 12)."
+    lines = [head, "",
              "| SFT seed | EM k = 2 | EM k = 4 | EM k = 8 (± SE) | format k = 8 | turns k = 8 | last `<mem>` keeps the "
              "gold, k = 8 | right by answer position, k = 8 | copy loss (last 50) | copy steps | SFT loss (last) | "
              "passes |",
@@ -346,7 +356,10 @@ def _gate_summary(folder: Path, rows: Mapping[int, Mapping[str, Any]], state: Ma
                      f"{r[f'mem_kinds_k{GATE_K}']['gold']:.2f} | {positions} | {r['copy_loss_last50']:.3f} | "
                      f"{r.get('copy_steps', '')} | "
                      f"{r['sft_last_loss']:.3f} | {'yes' if passes_gate(r) else 'no'} |")
-    decision = {**decide(dict.fromkeys(state["models"], {})), "models": state["models"], "judged": state["judged"]}
+    decision = (decide(dict.fromkeys(state["models"], {})) if failed
+                else {"outcome": "unfinished", "why": "the gate is not settled" if not state["settled"]
+                      else "no signal.json yet"})
+    decision = {**decision, "models": state["models"], "judged": state["judged"]}
     lines += ["", f"Decision: **{decision['outcome']}**", "", "```", json.dumps(decision, indent=1), "```"]
     _gate_plot(folder, [rows[s] for s in state["judged"]])
     return "\n".join(lines)

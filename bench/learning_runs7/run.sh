@@ -13,14 +13,15 @@
 # results (signal_s<seed>/), best.txt and signal.json, each RL run (m<seed>/<arm>_s<s>.json, metrics/), so a rerun
 # (on this machine or a fresh one of the same CPU model) continues where it stopped; the SFT models and rollouts
 # live in scratch/ex7/ (remade from the kept rows' seeds when missing, their weights' digests checked). Two jobs of
-# one torch thread at a time (2 cores). Stopping this script (Ctrl-C, kill) stops every job it started.
+# one torch thread at a time (2 cores). Stopping this script (Ctrl-C, or kill $(cat scratch/ex<N>/run.pid)) stops
+# every job it started.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 export PYTHONPATH=.
 PY=${PY:-.venv-test/bin/python}
 EXECUTION=${EXECUTION:-7}
-R=bench/learning_runs$EXECUTION
-S=scratch/ex$EXECUTION
+R=${RUNS_DIR:-bench/learning_runs$EXECUTION}  # elsewhere only in its test
+S=${SCRATCH_DIR:-scratch/ex$EXECUTION}        # likewise
 CONFIG=${CONFIG:-configs/demo_k8.yaml}
 RULES="$PY bench/learning_runs7/ex7.py"
 MODELS=$S/models
@@ -30,7 +31,14 @@ mkdir -p $S
 # first evaluation, after half an hour of SFT.
 $PY -c "import mempo._scanner" 2>/dev/null || {
   echo "run.sh: mempo._scanner is not built in this tree: run \`$PY setup.py build_ext --inplace\` first" >&2; exit 2; }
-trap 'jobs -p | xargs -r kill 2>/dev/null || true' EXIT INT TERM  # no job outlives the script
+# No job outlives the script: a job is a subshell running python, and a killed subshell leaves its python running,
+# so each job's whole process tree is listed first, then killed.
+# ($(jobs -p) is read before the pipe: inside one it lists no jobs)
+tree() { echo "$1"; local child; for child in $(pgrep -P "$1"); do tree "$child"; done; }
+stop_jobs() { local pids pid; pids=$(jobs -p); for pid in $pids; do tree "$pid"; done | xargs -r kill 2>/dev/null || true; }
+trap stop_jobs EXIT
+trap 'exit 143' INT TERM  # exit runs the EXIT trap; no job starts after it
+echo $$ > $S/run.pid  # stop it with: kill $(cat $S/run.pid) (pkill -f would also hit the jobs' subshells first)
 
 { echo "--- $(date -Is) $(git rev-parse --short HEAD)"; lscpu | grep -E "^Model name|^CPU\(s\)";
   grep -m1 -E "^model\s" /proc/cpuinfo; uptime; } >> $R/machine.txt  # the machine, named at run time
