@@ -52,8 +52,8 @@ def main(argv):
                 else:
                     unknown += 1
         print(f"{path}: {len(rows)} episodes, {searches} searches: {right} name a question's subject, {other} another "
-              f"person ({other_held} of them held-out subjects), {thing} an entity of another kind, {unknown} no name of the "
-              "world")
+              f"person ({other_held} of them held-out subjects), {thing} an entity of another kind, {unknown} no name "
+              "of the world")
     return 0
 
 
