@@ -8,20 +8,20 @@ of those name a held-out subject (validation or test split) against the share of
     PYTHONPATH=. python bench/learning_runs8/name_probe.py M/config.yaml OUT/s0k2_trajectories.jsonl ...
 """
 import json
-import re
 import sys
 from pathlib import Path
 
 from mempo.apps import demo
 from mempo.eval import held_out_of_training
-
-# the recipe's two question templates (`mempo.synthetic.world`'s relations born_in and studied_at)
-SUBJECT = re.compile(r"^(?:In which city was (?P<a>.+) born|At which university did (?P<b>.+) study)\?$")
+from mempo.synthetic.grammar import parse_question
 
 
 def subject(question: str):
-    match = SUBJECT.match(question.strip())
-    return None if match is None else (match["a"] or match["b"])
+    """The entity a question of the world's grammar starts from; None for any other text."""
+    try:
+        return parse_question(question).start
+    except ValueError:
+        return None
 
 
 def main(argv):

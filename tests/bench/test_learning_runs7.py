@@ -5,10 +5,14 @@ ties, eligibility), the signal check, collapse, and every branch of the decision
 written from a constructed folder."""
 import json
 import math
+import os
+import signal
+import subprocess
+import time
 
 import pytest
 
-from support.paths import load_script
+from support.paths import REPO, load_script
 
 
 def _ex7():
@@ -242,13 +246,6 @@ def test_stopping_the_runner_stops_every_process_it_started(tmp_path):
     """run.sh killed (as a session's end does) leaves none of its jobs' processes running: each job is a subshell
     running python, and a killed subshell alone would leave its python going. The jobs here are stand-ins for
     python (PY: the scanner check passes, the gate asks for seeds 0 and 1, an SFT job sleeps)."""
-    import os
-    import signal
-    import subprocess
-    import time
-
-    from support.paths import REPO
-
     pids = tmp_path / "pids"
     fake = tmp_path / "py"
     fake.write_text('#!/bin/bash\ncase "$*" in\n  *"ex7.py next"*) echo "0 1";;\n'
