@@ -157,8 +157,9 @@ def passes_gate(row: Mapping[str, Any]) -> bool:
 def gate(rows: Mapping[int, Mapping[str, Any]]) -> dict[str, Any]:
     """The gated models: the MODELS lowest seeds of SFT_SEEDS that pass, once every lower seed is judged.
     ``models``: those seeds (complete when MODELS of them); ``next``: the seeds to run next (the lowest
-    not yet run, two at a time; [] when the gate is settled); ``settled``: True when the models are known
-    or every seed has run (then fewer than MODELS passed: the execution is not a test)."""
+    not yet run, two at a time; [] when the gate is settled); ``settled``: True when the models are known,
+    or when MODELS passes can no longer be reached even if every unjudged seed passed (E8's amendment A2;
+    every seed having run is one case): then fewer than MODELS passed and the execution is not a test."""
     models, judged = [], []
     for seed in SFT_SEEDS:
         if seed not in rows:
@@ -169,8 +170,9 @@ def gate(rows: Mapping[int, Mapping[str, Any]]) -> dict[str, Any]:
         if len(models) == MODELS:
             return {"models": models, "judged": judged, "next": [], "settled": True}
     remaining = [s for s in SFT_SEEDS if s not in rows]
-    settled = not remaining
-    return {"models": models, "judged": judged, "next": remaining[:2], "settled": settled}
+    if len(models) + len(SFT_SEEDS) - len(judged) < MODELS:  # the unjudged seeds cannot make up MODELS passes
+        return {"models": models, "judged": judged, "next": [], "settled": True}
+    return {"models": models, "judged": judged, "next": remaining[:2], "settled": False}
 
 
 # ------------------------------------------------------------------------------------------------
@@ -338,7 +340,11 @@ def _gate_summary(folder: Path, rows: Mapping[int, Mapping[str, Any]], state: Ma
     head = (f"Execution {execution(folder)}: {len(state['models'])} of SFT seeds {state['judged']} passed the gate "
             f"(greedy EM >= {GATE_EM} at k = {GATE_K} on the validation split)")
     if failed:
+        unrun = [s for s in SFT_SEEDS if s not in state["judged"]]
         head += f", fewer than {MODELS}: no RL run."
+        if unrun:
+            head += (f" SFT seeds {unrun} were not run: with every one of them passing the gate would still have "
+                     f"fewer than {MODELS} (E8's amendment A2).")
     elif not state["settled"]:
         head += f" so far; SFT seeds {state['next']} run next (partial: step 12)."
     else:
@@ -445,7 +451,7 @@ def _command(command: str, folder: Path, rest: Sequence[str] = ()) -> int:
         if not state["settled"]:
             raise ValueError(f"the gate is not settled: run seeds {state['next']} first")
         if len(state["models"]) < MODELS:
-            print(f"ex7: {len(state['models'])} of seeds {list(SFT_SEEDS)} passed the SFT gate (EM >= {GATE_EM} at "
+            print(f"ex7: {len(state['models'])} of seeds {state['judged']} passed the SFT gate (EM >= {GATE_EM} at "
                   f"k = {GATE_K} on validation), fewer than {MODELS}: execution {execution(folder)} is not a test",
                   file=sys.stderr)
             return 3

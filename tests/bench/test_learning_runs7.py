@@ -60,6 +60,15 @@ def test_the_gate_takes_the_lowest_passing_seeds_once_every_lower_seed_is_judged
     assert gap["models"] == [0] and gap["next"] == [1, 4] and not gap["settled"]
     failing = {s: _row(s, 0.19 if s % 3 else 0.5) for s in range(6)}  # seeds 0 and 3 pass
     assert ex7.gate(failing) == {"models": [0, 3], "judged": list(range(6)), "next": [], "settled": True}
+    # E8's amendment A2: settled once the unjudged seeds cannot make up three passes, not before
+    two_failed = {0: _row(0, 0.1), 1: _row(1, 0.0)}
+    assert ex7.gate(two_failed) == {"models": [], "judged": [0, 1], "next": [2, 3], "settled": False}
+    four_failed = {**two_failed, 2: _row(2, 0.19), 3: _row(3, 0.0)}
+    assert ex7.gate(four_failed) == {"models": [], "judged": [0, 1, 2, 3], "next": [], "settled": True}
+    one_of_four = {**four_failed, 2: _row(2, 0.2)}  # one pass, two seeds left: three still reachable
+    assert ex7.gate(one_of_four) == {"models": [2], "judged": [0, 1, 2, 3], "next": [4, 5], "settled": False}
+    one_of_five = {**one_of_four, 4: _row(4, 0.0)}
+    assert ex7.gate(one_of_five) == {"models": [2], "judged": [0, 1, 2, 3, 4], "next": [], "settled": True}
     with pytest.raises(ValueError, match="validation-split row"):
         ex7.gate({0: _row(0, 0.9, split="test")})
     with pytest.raises(ValueError, match="em_k8"):
@@ -188,12 +197,17 @@ def test_the_summary_of_a_failed_gate_is_its_table_and_not_a_test(tmp_path):
     assert "1 of SFT seeds [0, 1, 2, 3, 4, 5] passed the gate" in text and "Decision: **not a test**" in text
     assert "| 1 | 0.900 | 0.500 | 0.210 ± 0.010 |" in text and text.count("| no |") == 5
     assert (tmp_path / "gate_e7.png").read_bytes()[:4] == b"\x89PNG"
-    (tmp_path / "sft_s5.jsonl").unlink()  # the gate not settled: the table so far, the next seeds, unfinished
+    (tmp_path / "sft_s5.jsonl").unlink()  # one pass, one seed left: settled, seed 5 not run (A2)
     assert ex7.main(["summary", str(tmp_path)]) == 0
     text = (tmp_path / "results.md").read_text()
-    assert "1 of SFT seeds [0, 1, 2, 3, 4] passed the gate (greedy EM >= 0.2 at k = 8 on the validation split) so " \
-           "far; SFT seeds [5] run next" in text
-    assert "Decision: **unfinished**" in text and "not a test" not in text and text.count("| no |") == 4
+    assert "1 of SFT seeds [0, 1, 2, 3, 4] passed the gate (greedy EM >= 0.2 at k = 8 on the validation split), " \
+           "fewer than 3: no RL run. SFT seeds [5] were not run" in text and "Decision: **not a test**" in text
+    (tmp_path / "sft_s4.jsonl").unlink()  # the gate not settled: the table so far, the next seeds, unfinished
+    assert ex7.main(["summary", str(tmp_path)]) == 0
+    text = (tmp_path / "results.md").read_text()
+    assert "1 of SFT seeds [0, 1, 2, 3] passed the gate (greedy EM >= 0.2 at k = 8 on the validation split) so " \
+           "far; SFT seeds [4, 5] run next" in text
+    assert "Decision: **unfinished**" in text and "not a test" not in text and text.count("| no |") == 3
     for seed in (2, 3, 4):  # three pass: settled, but no signal benchmark chosen on yet
         row = {**json.loads((tmp_path / "sft_s0.jsonl").read_text()), "seed": seed, "em_k8": 0.3}
         (tmp_path / f"sft_s{seed}.jsonl").write_text(json.dumps(row) + "\n")
