@@ -340,7 +340,7 @@ def _gate_summary(folder: Path, rows: Mapping[int, Mapping[str, Any]], state: Ma
     head = (f"Execution {execution(folder)}: {len(state['models'])} of SFT seeds {state['judged']} passed the gate "
             f"(greedy EM >= {GATE_EM} at k = {GATE_K} on the validation split)")
     if failed:
-        unrun = [s for s in SFT_SEEDS if s not in state["judged"]]
+        unrun = [s for s in SFT_SEEDS if s not in rows]
         head += f", fewer than {MODELS}: no RL run."
         if unrun:
             head += (f" SFT seeds {unrun} were not run: with every one of them passing the gate would still have "

@@ -10,10 +10,7 @@ from pathlib import Path
 
 import torch
 
-from mempo.config import load_config
-from mempo.eval import held_out_of_training
-from mempo.model.loading import load_model_dir
-from mempo.synthetic.build import synthetic_world
+from probe_world import probe_world, sft_model
 
 
 def one_id_names(tokenizer, names):
@@ -25,14 +22,11 @@ def one_id_names(tokenizer, names):
 def main(argv):
     torch.set_num_threads(1)
     for model_dir in map(Path, argv):
-        cfg = load_config(model_dir / "config.yaml", [])
-        world = synthetic_world(cfg)
-        held = held_out_of_training(world, cfg)
-        model, tokenizer = load_model_dir(str(model_dir / "model_sft"), cfg.model.dtype)
+        cfg, _, held, people = probe_world(model_dir / "config.yaml")
+        model, tokenizer = sft_model(model_dir, cfg)
         emb = model.get_input_embeddings().weight.detach()
-        people = [e.name for e in world.entities if e.kind == "person"]
-        held_ids = one_id_names(tokenizer, [p for p in people if p in held])
-        trained_ids = one_id_names(tokenizer, [p for p in people if p not in held])
+        held_ids = one_id_names(tokenizer, sorted(people & held))
+        trained_ids = one_id_names(tokenizer, sorted(people - held))
         centroid = emb[trained_ids].mean(0, keepdim=True)
         for label, ids in (("held-out", held_ids), ("trained", trained_ids)):
             cos = torch.nn.functional.cosine_similarity(emb[ids], centroid).mean().item()

@@ -11,9 +11,8 @@ import json
 import sys
 from pathlib import Path
 
-from mempo.apps import demo
-from mempo.eval import held_out_of_training
 from mempo.synthetic.grammar import parse_question
+from probe_world import probe_world
 
 
 def subject(question: str):
@@ -25,10 +24,7 @@ def subject(question: str):
 
 
 def main(argv):
-    cfg = demo.load_demo_config(Path(argv[0]), [])
-    world = demo._world_stage(cfg).value.world
-    held = held_out_of_training(world, cfg)
-    people = {e.name for e in world.entities if e.kind == "person"}
+    _, world, held, people = probe_world(Path(argv[0]))
     named = {e.name for e in world.entities}
     print(f"world: {len(people)} people, {len(held & people)} of them held-out subjects "
           f"({len(held & people) / len(people):.2f})")

@@ -11,12 +11,10 @@ from pathlib import Path
 
 import torch
 
-from mempo.config import load_config
 from mempo.env.build import build_retriever
-from mempo.eval import evaluate, held_out_of_training, validation_episodes
-from mempo.model.loading import load_model_dir
-from mempo.synthetic.build import synthetic_world
+from mempo.eval import evaluate, validation_episodes
 from mempo.synthetic.heldout import training_episodes
+from probe_world import probe_world, sft_model
 
 #: A question seed no split and no SFT draw of the recipe uses (theirs: `mempo.seeds`).
 QUESTION_SEED = 90_210
@@ -26,16 +24,14 @@ KS = (2, 8)
 def main(argv):
     model_dir, n = Path(argv[0]), int(argv[1]) if len(argv) > 1 else 128
     torch.set_num_threads(1)
-    cfg = load_config(model_dir / "config.yaml", ["eval.closed_book=true"])
-    world = synthetic_world(cfg)
-    held = held_out_of_training(world, cfg)
+    cfg, world, held, _ = probe_world(model_dir / "config.yaml", ["eval.closed_book=true"])
     validation = validation_episodes(world, cfg, n, KS)
     episodes = {}
     for k in KS:
         episodes[("validation", k)] = validation[k]
         episodes[("trained subjects", k)] = training_episodes(world, k, n, QUESTION_SEED, held)
     retriever = build_retriever(cfg, world)
-    model, tokenizer = load_model_dir(str(model_dir / "model_sft"), cfg.model.dtype)
+    model, tokenizer = sft_model(model_dir, cfg)
     report = evaluate(model, tokenizer, episodes, retriever, cfg, show_progress=False, label=model_dir.name)
     print(f"{model_dir}: {len(held)} held-out subjects; {n} episodes per cell; question seed {QUESTION_SEED}")
     for row in report.rows:
