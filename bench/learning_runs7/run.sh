@@ -6,8 +6,8 @@
 #
 #     bash bench/learning_runs7/run.sh          # then: python bench/learning_runs7/ex7.py summary
 #
-# Execution 8 (docs/experiments/E8-ablation-execution-8.md) runs this script with its own recipe and folders
-# (bench/learning_runs8/run.sh sets EXECUTION=8 and CONFIG); the rules are the same ex7.py's.
+# Executions 8 and 9 (docs/experiments/E8-*.md, E9-*.md) run this script with their own recipes and folders
+# (bench/learning_runs<N>/run.sh sets EXECUTION=<N> and CONFIG, after cpu_guard.sh); the rules are the same ex7.py's.
 #
 # Everything finished is kept in bench/learning_runs7/ (under git): the SFT rows (sft_s<seed>.jsonl), the signal
 # results (signal_s<seed>/), best.txt and signal.json, each RL run (m<seed>/<arm>_s<s>.json, metrics/), so a rerun
@@ -67,7 +67,7 @@ sft() {  # SFT seed $1: its row (greedy EM at k = 2, 4, 8 on validation) in $R, 
   else
     $PY tools/sft_seeds.py "${args[@]}" --out $S/sft_s$s.jsonl > $S/sft_s$s.log 2>&1
     mv $S/sft_s$s.jsonl $R/sft_s$s.jsonl  # whole, once finished
-    # the CPU of the first finished row is the execution's from then on (execution 8's run.sh reads it back)
+    # the CPU of the first finished row is the execution's from then on (cpu_guard.sh reads it back)
     if [ -n "${CPU_PIN:-}" ] && [ ! -f "$CPU_PIN_FILE" ]; then echo "$CPU_PIN" > "$CPU_PIN_FILE"; fi
   fi
 }

@@ -37,7 +37,7 @@ from mempo.synthetic.ledger_oracle import LEDGER_MEMORY_KINDS, LedgerOracle, led
 from mempo.synthetic.ledger_tools import ledger_tools
 from mempo.synthetic.oracle import run_oracle
 from mempo.synthetic.oracle_memory import MEMORY_LINE_KINDS, memory_line_kinds
-from mempo.synthetic.rename import rename_trajectories
+from mempo.synthetic.rename import rename_excluded, rename_trajectories
 from mempo.tools import Toolset
 from mempo.utils.progress import progress
 
@@ -234,7 +234,8 @@ class LedgerTask(SyntheticTask):
         ``oracle_drop_fact_prob``, ``oracle_drop_seed``, ``oracle_lost_line``, and the teacher-scoring template
         with ``oracle_answer_template``) under the memory context with the task's tools in the json format and
         the system prompt the agent loop writes; ``oracle_keep`` as for the search world; ``oracle_rename``
-        renames the accounts of each kept trajectory (`mempo.synthetic.rename`, drawn from the train split);
+        renames the accounts of each kept trajectory (`mempo.synthetic.rename`, drawn from the train split, or
+        from every account with ``oracle_rename_pool: all``);
         ``copy_sft_examples`` copy-task records over entries as pages write them (`copy_entries`)."""
         s = cfg.synthetic
         if s.oracle_objectives is None:
@@ -259,7 +260,8 @@ class LedgerTask(SyntheticTask):
         all_kept = not kept
         kept = kept or trajectories
         if s.oracle_rename:
-            kept = rename_trajectories(kept, ledger.entities, held, seed=cfg.data.seed, digit_suffix=True)
+            kept = rename_trajectories(kept, ledger.entities, rename_excluded(s.oracle_rename_pool, held),
+                                       seed=cfg.data.seed, digit_suffix=True)
         copies = copy_records(copy_entries(ledger), s.copy_sft_examples, seed=s.model_seed,
                               system_prompt=cfg.rollout.system_prompt)
         return ColdStart(kept, len(trajectories), len(held), all_kept, copies, [])

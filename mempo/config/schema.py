@@ -722,7 +722,10 @@ class SyntheticConfig:
     each kept trajectory replaced, consistently within it, by a random name of the same kind that no
     evaluation question asks about (`mempo.synthetic.rename`): SFT cannot learn facts or subjects by
     heart and learns to copy names from the question and the results (the oracle_objectives way
-    only).
+    only). oracle_rename_pool: the names it draws from: ``"not_held_out"`` (those of entities no
+    evaluation question asks about) or ``"all"`` (every entity's of the kind: a held-out name then
+    stands in a renamed trajectory with facts that are not its own, so SFT writes every name while
+    the held-out entities' facts and questions stay out of it; docs/experiments/E9-ablation-execution-9.md).
 
     Copy warm-up (`mempo.synthetic.copy_warmup`, the demo before SFT): copy_warmup_steps steps on
     random sequences of the world's name ids (0: none) at learning rate copy_warmup_lr.
@@ -776,6 +779,7 @@ class SyntheticConfig:
     oracle_lost_line: Literal["bare", "subject", "value"] = "bare"
     oracle_answer_template: bool = False
     oracle_rename: bool = False
+    oracle_rename_pool: Literal["not_held_out", "all"] = "not_held_out"
     copy_warmup_steps: int = 1000
     copy_warmup_lr: float = 1e-3
     copy_warmup_until_loss: Optional[float] = None
@@ -810,6 +814,9 @@ class SyntheticConfig:
                  f"must be a non-empty list of hops >= 1, or null; got {self.world_question_hops}")
         _require(not self.oracle_rename or self.oracle_objectives is not None, "oracle_rename",
                  "renames the cold start drawn per oracle_objectives, which is null: set oracle_objectives")
+        _require(self.oracle_rename_pool == "not_held_out" or self.oracle_rename, "oracle_rename_pool",
+                 "says which names oracle_rename draws from, and oracle_rename is false: set it, or leave the pool "
+                 "'not_held_out'")
         _require(not self.copy_sft_examples or self.oracle_objectives is not None, "copy_sft_examples",
                  "adds to the cold start drawn per oracle_objectives, which is null: set oracle_objectives")
         _require(not self.scoring_sft_examples or self.oracle_objectives is not None, "scoring_sft_examples",

@@ -22,7 +22,7 @@ from mempo.seeds import sft_question_seed
 from mempo.synthetic.copy_warmup import copy_records
 from mempo.synthetic.heldout import training_episodes
 from mempo.synthetic.oracle import OracleAgent, OracleTrajectory, run_oracle
-from mempo.synthetic.rename import rename_trajectories
+from mempo.synthetic.rename import rename_excluded, rename_trajectories
 from mempo.synthetic.scoring_records import scoring_layout_records
 from mempo.utils.progress import progress
 
@@ -92,7 +92,8 @@ def oracle_cold_start(world: Any, tools: Mapping[str, Any], cfg: MempoConfig, he
     all_kept = not kept
     kept = kept or trajectories
     if s.oracle_rename:
-        kept = rename_trajectories(kept, world.entities, held, seed=cfg.data.seed)
+        kept = rename_trajectories(kept, world.entities, rename_excluded(s.oracle_rename_pool, held),
+                                   seed=cfg.data.seed)
     copies = copy_records([e.name for e in world.entities], s.copy_sft_examples, seed=s.model_seed,
                           system_prompt=cfg.rollout.system_prompt)
     scoring = scoring_layout_records(kept, s.scoring_sft_examples, seed=s.model_seed, layout=s.scoring_records_layout,

@@ -4,7 +4,9 @@ the world's facts or its question subjects by heart and must copy names from the
 search results (the held-out evaluation asks about entities SFT never saw as subjects).
 
 Names are drawn from entities no evaluation question asks about (``held_out`` excluded), so the
-held-out split stays as it is. The renaming is a pure function of (trajectory index, seed).
+held-out split stays as it is, or, with ``synthetic.oracle_rename_pool: all`` (`rename_excluded`), from
+every entity, so SFT writes every name, a held-out one only with facts that are not its own. The renaming
+is a pure function of (trajectory index, seed).
 """
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ from typing import Any, Collection, Optional, Sequence
 
 from mempo.synthetic.oracle import OracleTrajectory
 
-__all__ = ["rename_trajectories"]
+__all__ = ["rename_excluded", "rename_trajectories"]
 
 
 def _name_pattern(names: Collection[str], digit_suffix: bool = False) -> re.Pattern:
@@ -46,6 +48,14 @@ def _name_pattern(names: Collection[str], digit_suffix: bool = False) -> re.Patt
         return re.compile(r"(?!)")  # no names: nothing matches (an empty group would match everywhere)
     end = r"(?![^\W\d])" if digit_suffix else r"(?!\w)"  # not before a letter (or, without digit_suffix, a digit)
     return re.compile(r"(?<!\w)(" + regex(trie) + r")" + end)
+
+
+def rename_excluded(pool: str, held_out: Collection[str]) -> frozenset[str]:
+    """The names a renaming may not draw, by `pool` (``synthetic.oracle_rename_pool``, `mempo.config.SyntheticConfig`):
+    `held_out` for ``"not_held_out"``, none for ``"all"``."""
+    if pool not in ("not_held_out", "all"):
+        raise ValueError(f"oracle_rename_pool must be 'not_held_out' or 'all', got {pool!r}")
+    return frozenset(held_out) if pool == "not_held_out" else frozenset()
 
 
 def rename_trajectories(trajectories: Sequence[OracleTrajectory], entities: Sequence[Any],

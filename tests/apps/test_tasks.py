@@ -98,6 +98,11 @@ def test_ledger_evaluation_validation_and_training_never_share_an_account(ledger
         assert questions and not accounts_asked([type("E", (), {"questions": questions})()], held)
     # the same draw without the exclusion asks about held-out accounts: the check can fail
     assert accounts_asked(ledger.episodes(2, 64, 0, split="test"), held)
+    # oracle_rename_pool=all: renamed to any account, held-out ones too; the questions drawn stay the train split's
+    every = task.cold_start(load_demo_config(LEDGER, LEDGER_SMALL + ["synthetic.oracle_rename_pool=all"]), ledger_env,
+                            held)
+    assert accounts_asked([type("E", (), {"questions": [t.prompt for t in every.trajectories]})()], held)
+    assert every.ran == cold.ran and every.held_out == cold.held_out
 
 
 def test_the_ledger_cold_start_follows_the_oracle_fields(ledger_cfg, ledger_env):

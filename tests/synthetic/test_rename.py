@@ -10,7 +10,7 @@ from mempo.env.build import build_tools
 from mempo.protocol.reward import compute_score
 from mempo.synthetic.build import build_world
 from mempo.synthetic.cold_start import oracle_cold_start
-from mempo.synthetic.rename import _name_pattern, rename_trajectories
+from mempo.synthetic.rename import _name_pattern, rename_excluded, rename_trajectories
 from support.small_world import SMALL
 
 OVERRIDES = SMALL + ["synthetic.oracle_objectives=[1,2]", "synthetic.oracle_episodes=6", "synthetic.oracle_keep=all",
@@ -74,6 +74,28 @@ def test_the_cold_start_renames_when_configured_and_only_the_listed_way():
     assert renamed.trajectories != plain.trajectories
     with pytest.raises(ConfigError, match="oracle_rename"):
         load_config(None, SMALL + ["synthetic.oracle_rename=true"])
+
+
+def test_the_rename_pool_all_draws_held_out_names_too():
+    """oracle_rename_pool=all: the renaming may draw a held-out name (so SFT writes it), the default never does;
+    the pool is refused without oracle_rename, which alone reads it."""
+    renaming = OVERRIDES + ["synthetic.oracle_rename=true"]
+    cfg = load_config(None, renaming)
+    env = build_world(cfg)
+    tools = build_tools(cfg, env.retriever)
+    kind = {e.name: e.kind for e in env.world.entities}
+    held = frozenset(sorted(n for n in kind if kind[n] == "person")[::2])  # half the persons held out
+    plain = oracle_cold_start(env.world, tools, load_config(None, OVERRIDES), held).trajectories
+    default = oracle_cold_start(env.world, tools, cfg, held).trajectories
+    every = oracle_cold_start(env.world, tools, load_config(None, renaming + ["synthetic.oracle_rename_pool=all"]),
+                              held).trajectories
+    assert not {n for t in default for n in _names_in(t, kind)} & held
+    assert {n for t in every for n in _names_in(t, kind)} & held
+    assert every == rename_trajectories(plain, env.world.entities, (), seed=cfg.data.seed)
+    with pytest.raises(ConfigError, match="oracle_rename_pool"):
+        load_config(None, OVERRIDES + ["synthetic.oracle_rename_pool=all"])
+    with pytest.raises(ValueError, match="oracle_rename_pool must be"):
+        rename_excluded("everyone", held)
 
 
 def test_the_cold_start_adds_copy_records_over_every_name_when_configured():

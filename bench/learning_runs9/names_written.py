@@ -1,0 +1,40 @@
+"""Which person names a recipe's SFT trajectories write (the assistant's text: searches, memories, answers), split by
+whether an evaluation question may ask about them (held out) or not: what E9's one change to E8's recipe does to SFT
+data, and the demo's for comparison (docs/experiments/E9-ablation-execution-9.md). No training, no evaluation; the
+splits are read only to know which names are held out. E8's and E9's recipes side by side, then the demo's:
+
+    cd bench/learning_runs9 && export PYTHONPATH=../..
+    python names_written.py ../../configs/demo_k8_e8.yaml > smoke/names_e8.txt &
+    python names_written.py ../../configs/demo_k8_e9.yaml > smoke/names_e9.txt; wait
+    python names_written.py ../../configs/demo.yaml > smoke/names_demo.txt
+"""
+import sys
+from collections import Counter
+from pathlib import Path
+
+from mempo.apps import demo
+from mempo.eval import held_out_of_training
+from mempo.synthetic.rename import _name_pattern
+
+
+def main(argv):
+    cfg = demo.load_demo_config(Path(argv[0]), [])
+    env = demo._world_stage(cfg).value
+    held = held_out_of_training(env.world, cfg)
+    cold = demo._oracle_stage(cfg, env, held, False).value
+    persons = {e.name for e in env.world.entities if e.kind == "person"}
+    pattern = _name_pattern(persons)
+    written = Counter(m.group(1) for t in cold.trajectories for r in t.rounds for m in pattern.finditer(r.assistant))
+    held_persons = persons & held
+    held_written = {n for n in written if n in held}
+    trained_written = set(written) - held_written
+    print(f"{argv[0]} (oracle_rename_pool {cfg.synthetic.oracle_rename_pool}): {len(cold.trajectories)} trajectories; "
+          f"{len(persons)} persons, {len(held_persons)} held out.\n"
+          f"  held-out persons SFT writes: {len(held_written)} of {len(held_persons)}, "
+          f"{sum(written[n] for n in held_written)} occurrences\n"
+          f"  other persons SFT writes: {len(trained_written)} of {len(persons - held_persons)}, "
+          f"{sum(written[n] for n in trained_written)} occurrences", flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
