@@ -1,0 +1,34 @@
+"""Exploratory, after E9's first gate rows (not part of its protocol; it changes nothing in it): what values an SFT
+model writes into its `<mem>` fact lines, and whether its last `<mem>` holds each question's gold. Reads evaluation
+trajectories (the `mempo eval` line in bench/learning_runs8/name_probe.py's docstring):
+
+    python bench/learning_runs9/memory_values_probe.py OUT/s0k2_trajectories.jsonl ...
+"""
+import json
+import re
+import sys
+from collections import Counter
+from pathlib import Path
+
+MEM = re.compile(r"<mem>(.*?)</mem>", re.S)
+VALUE = re.compile(r"(?:studied at|in the city of) (\w+)\.")  # the world's two fact sentences, as `<mem>` copies them
+
+
+def main(argv):
+    for path in argv:
+        rows = [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+        kept = questions = 0
+        written = Counter()
+        for row in rows:
+            mems = [m.group(1) for m in (MEM.search(turn["assistant"]) for turn in row["rounds"]) if m]
+            last = mems[-1] if mems else ""
+            for golds in row["golds"]:
+                questions += 1
+                kept += any(gold in last for gold in golds)
+            written.update(v for mem in mems for v in VALUE.findall(mem))
+        print(f"{path}: {len(rows)} episodes; the last <mem> holds the gold for {kept} of {questions} questions; "
+              f"{len(written)} distinct values written, most often {written.most_common(3)}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
