@@ -1,5 +1,6 @@
 """Exploratory, after E9's first gate rows (not part of its protocol; it changes nothing in it): what values an SFT
-model writes into its `<mem>` fact lines, and whether its last `<mem>` holds each question's gold. Reads evaluation
+model writes into its `<mem>` fact lines, whether its last `<mem>` holds each question's gold, and, by the answer's
+position, how often the answer is right and how often it is wrong though that `<mem>` held the gold. Reads evaluation
 trajectories (the `mempo eval` line in bench/learning_runs8/name_probe.py's docstring):
 
     python bench/learning_runs9/memory_values_probe.py OUT/s0k2_trajectories.jsonl ...
@@ -18,16 +19,22 @@ def main(argv):
     for path in argv:
         rows = [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
         kept = questions = 0
-        written = Counter()
+        written, right, lost = Counter(), Counter(), Counter()  # right / wrong-though-kept, by answer position
         for row in rows:
             mems = [m.group(1) for m in (MEM.search(turn["assistant"]) for turn in row["rounds"]) if m]
             last = mems[-1] if mems else ""
-            for golds in row["golds"]:
+            predictions = list(row["predictions"] or []) + [""] * len(row["golds"])
+            for position, (golds, predicted) in enumerate(zip(row["golds"], predictions), start=1):
                 questions += 1
-                kept += any(gold in last for gold in golds)
+                in_mem = any(gold in last for gold in golds)
+                kept += in_mem
+                right[position] += predicted in golds
+                lost[position] += in_mem and predicted not in golds
             written.update(v for mem in mems for v in VALUE.findall(mem))
         print(f"{path}: {len(rows)} episodes; the last <mem> holds the gold for {kept} of {questions} questions; "
-              f"{len(written)} distinct values written, most often {written.most_common(3)}")
+              f"{len(written)} distinct values written, most often {written.most_common(3)}; by answer position, right "
+              f"{[right[p] for p in sorted(right)]}, wrong though the last <mem> held the gold "
+              f"{[lost[p] for p in sorted(lost)]}")
 
 
 if __name__ == "__main__":
