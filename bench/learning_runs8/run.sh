@@ -7,6 +7,6 @@
 #     bash bench/learning_runs8/run.sh          # then: python bench/learning_runs7/ex7.py summary bench/learning_runs8
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-EXECUTION=8
+export EXECUTION=8
 source bench/learning_runs7/cpu_guard.sh  # one CPU model for every job (amendment A1)
-EXECUTION=8 CONFIG=configs/demo_k8_e8.yaml CPU_PIN="$here" CPU_PIN_FILE="$PINNED" exec bash bench/learning_runs7/run.sh
+CONFIG=configs/demo_k8_e8.yaml CPU_PIN="$here" CPU_PIN_FILE="$PINNED" exec bash bench/learning_runs7/run.sh

@@ -3,31 +3,33 @@ whether an evaluation question may ask about them (held out) or not: what E9's o
 data, and the demo's for comparison (docs/experiments/E9-ablation-execution-9.md). No training, no evaluation; the
 splits are read only to know which names are held out. E8's and E9's recipes side by side, then the demo's:
 
-    cd bench/learning_runs9 && export PYTHONPATH=../..
-    python names_written.py ../../configs/demo_k8_e8.yaml > smoke/names_e8.txt &
-    python names_written.py ../../configs/demo_k8_e9.yaml > smoke/names_e9.txt; wait
-    python names_written.py ../../configs/demo.yaml > smoke/names_demo.txt
+    export PYTHONPATH=.; W=bench/learning_runs9
+    python $W/names_written.py configs/demo_k8_e8.yaml > $W/smoke/names_e8.txt &
+    python $W/names_written.py configs/demo_k8_e9.yaml > $W/smoke/names_e9.txt; wait
+    python $W/names_written.py configs/demo.yaml > $W/smoke/names_demo.txt
 """
 import sys
 from collections import Counter
 from pathlib import Path
 
-from mempo.apps import demo
+from mempo.apps.tasks import synthetic_task
+from mempo.config import load_config
 from mempo.eval import held_out_of_training
 from mempo.synthetic.rename import _name_pattern
 
 
 def main(argv):
-    cfg = demo.load_demo_config(Path(argv[0]), [])
-    env = demo._world_stage(cfg).value
+    cfg = load_config(Path(argv[0]), [])
+    task = synthetic_task(cfg)
+    env = task.build(cfg)  # the world and the tools over its retriever: the oracle searches
     held = held_out_of_training(env.world, cfg)
-    cold = demo._oracle_stage(cfg, env, held, False).value
+    cold = task.cold_start(cfg, env, held)
     persons = {e.name for e in env.world.entities if e.kind == "person"}
     pattern = _name_pattern(persons)
     written = Counter(m.group(1) for t in cold.trajectories for r in t.rounds for m in pattern.finditer(r.assistant))
     held_persons = persons & held
-    held_written = {n for n in written if n in held}
-    trained_written = set(written) - held_written
+    held_written = set(written) & held
+    trained_written = set(written) - held
     print(f"{argv[0]} (oracle_rename_pool {cfg.synthetic.oracle_rename_pool}): {len(cold.trajectories)} trajectories; "
           f"{len(persons)} persons, {len(held_persons)} held out.\n"
           f"  held-out persons SFT writes: {len(held_written)} of {len(held_persons)}, "

@@ -7,6 +7,6 @@
 #     bash bench/learning_runs9/run.sh          # then: python bench/learning_runs7/ex7.py summary bench/learning_runs9
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-EXECUTION=9
+export EXECUTION=9
 source bench/learning_runs7/cpu_guard.sh  # one CPU model for every job, as E8's amendment A1
-EXECUTION=9 CONFIG=configs/demo_k8_e9.yaml CPU_PIN="$here" CPU_PIN_FILE="$PINNED" exec bash bench/learning_runs7/run.sh
+CONFIG=configs/demo_k8_e9.yaml CPU_PIN="$here" CPU_PIN_FILE="$PINNED" exec bash bench/learning_runs7/run.sh
