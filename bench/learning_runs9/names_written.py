@@ -11,19 +11,32 @@ splits are read only to know which names are held out. E8's and E9's recipes sid
 import sys
 from collections import Counter
 from pathlib import Path
+from typing import Any, NamedTuple
 
 from mempo.apps.tasks import synthetic_task
-from mempo.config import load_config
+from mempo.config import MempoConfig, load_config
 from mempo.eval import held_out_of_training
 from mempo.synthetic.rename import _name_pattern
 
 
-def main(argv):
-    cfg = load_config(Path(argv[0]), [])
+class SftData(NamedTuple):
+    cfg: MempoConfig
+    env: Any                 # the world and the tools over its retriever: the oracle searches
+    held: frozenset[str]     # entity names no SFT or RL question asks about (`held_out_of_training`)
+    cold: Any                # the task's cold start: the oracle trajectories SFT trains on
+
+
+def sft_data(config: Path) -> SftData:
+    """The SFT data of the recipe `config`, built as training builds it (no training, no evaluation)."""
+    cfg = load_config(config, [])
     task = synthetic_task(cfg)
-    env = task.build(cfg)  # the world and the tools over its retriever: the oracle searches
+    env = task.build(cfg)
     held = held_out_of_training(env.world, cfg)
-    cold = task.cold_start(cfg, env, held)
+    return SftData(cfg, env, held, task.cold_start(cfg, env, held))
+
+
+def main(argv):
+    cfg, env, held, cold = sft_data(Path(argv[0]))
     persons = {e.name for e in env.world.entities if e.kind == "person"}
     pattern = _name_pattern(persons)
     written = Counter(m.group(1) for t in cold.trajectories for r in t.rounds for m in pattern.finditer(r.assistant))

@@ -7,35 +7,29 @@ the SFT data teaches the first position anything the others are not taught, sinc
     PYTHONPATH=. python bench/learning_runs9/sft_answer_positions.py configs/demo_k8_e9.yaml \
         > bench/learning_runs9/smoke/sft_answer_positions_e9.txt
 """
-import re
 import sys
 from collections import Counter
 from pathlib import Path
 
-from mempo.apps.tasks import synthetic_task
-from mempo.config import load_config
-from mempo.eval import held_out_of_training
+from names_written import sft_data
 
-MEM = re.compile(r"<mem>(.*?)</mem>", re.S)
-ANSWER = re.compile(r"<answer>(.*?)</answer>", re.S)
+from mempo.protocol.grammar import last_mem
+from mempo.protocol.reward import split_answer
 
 
 def main(argv):
-    cfg = load_config(Path(argv[0]), [])
-    task = synthetic_task(cfg)
-    env = task.build(cfg)
-    cold = task.cold_start(cfg, env, held_out_of_training(env.world, cfg))
+    cold = sft_data(Path(argv[0])).cold
     items, in_mem, right = Counter(), Counter(), Counter()  # by (objectives, answer position)
     for trajectory in cold.trajectories:
-        mems = [m for r in trajectory.rounds for m in MEM.findall(r.assistant)]
-        answer = ANSWER.search(trajectory.rounds[-1].assistant)
-        if not mems or not answer:
+        memory = last_mem(r.assistant for r in trajectory.rounds)
+        if memory is None or trajectory.final_answer is None:
             continue
         k = len(trajectory.golds)
-        for position, (item, golds) in enumerate(zip(answer.group(1).split(";"), trajectory.golds), start=1):
+        for position, (item, golds) in enumerate(zip(split_answer(trajectory.final_answer, k), trajectory.golds),
+                                                 start=1):
             items[k, position] += 1
-            in_mem[k, position] += item.strip() in mems[-1]
-            right[k, position] += item.strip() in golds
+            in_mem[k, position] += item is not None and item in memory
+            right[k, position] += item in golds
     print(f"{argv[0]}: {len(cold.trajectories)} trajectories; by objectives k, per answer position: the share whose "
           f"item is in the last <mem>, the share that is a gold")
     for k in sorted({k for k, _ in items}):
