@@ -1,5 +1,6 @@
 """Execution 7's rules as code (protocol: docs/experiments/E7-ablation-execution-7.md, written before any run),
-execution 8's too (docs/experiments/E8-ablation-execution-8.md: the same rules on another recipe's files):
+executions 8-10's too (docs/experiments/E8-*.md to E10-*.md: the same rules on other recipes' files; E10 gates
+seeds 0-11):
 the SFT gate, the definition chosen on the validation split, the signal check, the pooled estimate and the
 decision rule. `run.sh` calls it between its phases; every rule reads only files kept in this folder.
 
@@ -28,6 +29,9 @@ from typing import Any, Mapping, Optional, Sequence
 
 #: The SFT seeds, in the order they are run and gated (the recipe is run.sh's CONFIG).
 SFT_SEEDS = (0, 1, 2, 3, 4, 5)
+#: Executions that gate other seeds (`sft_seeds`): E10 is E9's gate extended to seeds 0-11
+#: (docs/experiments/E10-ablation-execution-10.md; its folder holds E9's six rows).
+SFT_SEEDS_BY_EXECUTION = {"10": tuple(range(12))}
 #: How many gated SFT models the execution uses (the lowest-numbered seeds that pass the gate).
 MODELS = 3
 #: The SFT gate: greedy EM at k = GATE_K on the validation split's 128 episodes, after SFT, at least GATE_EM.
@@ -51,6 +55,11 @@ def execution(folder: Path) -> str:
     """The execution a folder holds: N of ``learning_runs<N>`` (this folder: "7"), "7" for any other name."""
     match = re.fullmatch(r"learning_runs(\d+)", Path(folder).resolve().name)
     return match.group(1) if match else "7"
+
+
+def sft_seeds(folder: Path) -> tuple[int, ...]:
+    """The SFT seeds the execution of `folder` gates, in order: SFT_SEEDS unless SFT_SEEDS_BY_EXECUTION names others."""
+    return SFT_SEEDS_BY_EXECUTION.get(execution(folder), SFT_SEEDS)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -146,6 +155,11 @@ def sft_rows(folder: Path) -> dict[int, dict[str, Any]]:
     return rows
 
 
+def folder_gate(folder: Path) -> dict[str, Any]:
+    """`gate` of the SFT rows kept in `folder`, over the seeds its execution gates (`sft_seeds`)."""
+    return gate(sft_rows(folder), sft_seeds(folder))
+
+
 def passes_gate(row: Mapping[str, Any]) -> bool:
     """The SFT gate: the row was evaluated on the validation split and its greedy EM at k = GATE_K is at
     least GATE_EM. ValueError for a row of the test split or without that k (not this protocol's)."""
@@ -154,14 +168,15 @@ def passes_gate(row: Mapping[str, Any]) -> bool:
     return float(row[f"em_k{GATE_K}"]) >= GATE_EM
 
 
-def gate(rows: Mapping[int, Mapping[str, Any]]) -> dict[str, Any]:
-    """The gated models: the MODELS lowest seeds of SFT_SEEDS that pass, once every lower seed is judged.
+def gate(rows: Mapping[int, Mapping[str, Any]], seeds: Sequence[int] = SFT_SEEDS) -> dict[str, Any]:
+    """The gated models: the MODELS lowest of `seeds` (in order; a folder's: `folder_gate`) that pass, once every
+    lower seed is judged.
     ``models``: those seeds (complete when MODELS of them); ``next``: the seeds to run next (the lowest
     not yet run, two at a time; [] when the gate is settled); ``settled``: True when the models are known,
     or when MODELS passes can no longer be reached even if every unjudged seed passed (E8's amendment A2;
     every seed having run is one case): then fewer than MODELS passed and the execution is not a test."""
     models, judged = [], []
-    for seed in SFT_SEEDS:
+    for seed in seeds:
         if seed not in rows:
             break
         judged.append(seed)
@@ -169,8 +184,8 @@ def gate(rows: Mapping[int, Mapping[str, Any]]) -> dict[str, Any]:
             models.append(seed)
         if len(models) == MODELS:
             return {"models": models, "judged": judged, "next": [], "settled": True}
-    remaining = [s for s in SFT_SEEDS if s not in rows]
-    if len(models) + len(SFT_SEEDS) - len(judged) < MODELS:  # the unjudged seeds cannot make up MODELS passes
+    remaining = [s for s in seeds if s not in rows]
+    if len(models) + len(seeds) - len(judged) < MODELS:  # the unjudged seeds cannot make up MODELS passes
         return {"models": models, "judged": judged, "next": [], "settled": True}
     return {"models": models, "judged": judged, "next": remaining[:2], "settled": False}
 
@@ -287,7 +302,7 @@ def _summary(folder: Path) -> str:
     When fewer than MODELS seeds passed the settled gate: the gate's table and plot, decision "not a test"; before
     the gated models' signal benchmarks are chosen on (no ``signal.json``): the gate's table so far, "unfinished"."""
     rows = sft_rows(folder)
-    state = gate(rows)
+    state = gate(rows, sft_seeds(folder))
     if (state["settled"] and len(state["models"]) < MODELS) or not (folder / "signal.json").is_file():
         return _gate_summary(folder, rows, state)
     gated = json.loads((folder / "signal.json").read_text())
@@ -340,7 +355,7 @@ def _gate_summary(folder: Path, rows: Mapping[int, Mapping[str, Any]], state: Ma
     head = (f"Execution {execution(folder)}: {len(state['models'])} of SFT seeds {state['judged']} passed the gate "
             f"(greedy EM >= {GATE_EM} at k = {GATE_K} on the validation split)")
     if failed:
-        unrun = [s for s in SFT_SEEDS if s not in rows]
+        unrun = [s for s in sft_seeds(folder) if s not in rows]
         head += f", fewer than {MODELS}: no RL run."
         if unrun:
             head += (f" SFT seeds {unrun} were not run: with every one of them passing the gate would still have "
@@ -440,13 +455,13 @@ def main(argv: Sequence[str]) -> int:
 
 def _command(command: str, folder: Path, rest: Sequence[str] = ()) -> int:
     if command == "gate":
-        print(json.dumps(gate(sft_rows(folder))))
+        print(json.dumps(folder_gate(folder)))
         return 0
     if command == "next":
-        print(" ".join(map(str, gate(sft_rows(folder))["next"])))
+        print(" ".join(map(str, folder_gate(folder)["next"])))
         return 0
     if command == "models":
-        state = gate(sft_rows(folder))
+        state = folder_gate(folder)
         print(" ".join(map(str, state["models"])))
         if not state["settled"]:
             raise ValueError(f"the gate is not settled: run seeds {state['next']} first")
@@ -465,7 +480,7 @@ def _command(command: str, folder: Path, rest: Sequence[str] = ()) -> int:
             return 2
         return 0
     if command == "choose":
-        settled = gate(sft_rows(folder))
+        settled = folder_gate(folder)
         signals = {s: json.loads((folder / f"signal_s{s}" / "results.json").read_text()) for s in settled["models"]}
         chosen = choose(signals)
         presence = {str(s): signal_present(signals[s], chosen["best"]) for s in settled["models"]}

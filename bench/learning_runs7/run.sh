@@ -6,7 +6,7 @@
 #
 #     bash bench/learning_runs7/run.sh          # then: python bench/learning_runs7/ex7.py summary
 #
-# Executions 8 and 9 (docs/experiments/E8-*.md, E9-*.md) run this script with their own recipes and folders
+# Executions 8-10 (docs/experiments/E8-*.md to E10-*.md) run this script with their own recipes and folders
 # (bench/learning_runs<N>/run.sh sets EXECUTION=<N> and CONFIG, after cpu_guard.sh); the rules are the same ex7.py's.
 #
 # Everything finished is kept in bench/learning_runs7/ (under git): the SFT rows (sft_s<seed>.jsonl), the signal
@@ -109,17 +109,23 @@ if [ $status -eq 3 ]; then
   exit 0
 fi
 [ $status -eq 0 ] || exit $status
-# shellcheck disable=SC2086
-two_at_a_time sft $models  # a kept row whose model left the machine: remade (and checked) here
+# A kept row whose model left the machine (a fresh one) is remade, and checked, only where a step still needs the
+# model: a session remakes the models of the work left, not all three.
 
 # 2. the signal benchmark of each gated model on validation, then the definition and the signal check
+sft_signal() { if [ ! -f $R/signal_s$1/results.json ]; then sft "$1"; signal "$1"; fi; }
 # shellcheck disable=SC2086
-two_at_a_time signal $models
+two_at_a_time sft_signal $models
 BEST=$($RULES choose $R)
 echo "definition chosen on validation: $BEST"
 
-# 3. RL, model by model: two workers (seeds 0-3, 4-7), the second once the SFT model's evaluation is written
-for m in $models; do
+# 3. RL, model by model, skipping finished models (results.json kept); the first two unfinished ones remade together.
+# Two workers per model (seeds 0-3, 4-7), the second once the SFT model's evaluation is written
+todo=()
+for m in $models; do if [ ! -f $R/m$m/results.json ]; then todo+=("$m"); fi; done
+two_at_a_time sft "${todo[@]:0:2}"
+for m in "${todo[@]}"; do
+  sft "$m"
   rl "$m" 0 1 2 3 > $S/rl_m${m}_w0.log 2>&1 &
   w0=$!
   while [ ! -f $R/m$m/sft.json ] && kill -0 $w0 2>/dev/null; do sleep 10; done

@@ -1,4 +1,4 @@
-"""bench/learning_runs7/cpu_guard.sh, as executions 8 and 9 run it (bench/learning_runs<N>/run.sh): an execution runs
+"""bench/learning_runs7/cpu_guard.sh, as executions 8-10 run it (bench/learning_runs<N>/run.sh): an execution runs
 on one CPU model, either of the workplace's two, the one its first finished SFT row was made on (E8's amendment A1)."""
 import subprocess
 
@@ -6,7 +6,7 @@ import pytest
 
 from support.paths import REPO
 
-EXECUTIONS = [8, 9]
+EXECUTIONS = [8, 9, 10]
 
 
 def run_on(tmp_path, vendor, model, pinned=None, execution=8):
@@ -52,3 +52,9 @@ def test_the_pinned_cpu_passes_and_the_other_is_refused(tmp_path, execution):
     done = run_on(tmp_path, "GenuineIntel", "167", pinned="AuthenticAMD model 17", execution=execution)
     assert done.returncode == 2
     assert "made on AuthenticAMD model 17" in done.stderr and "this CPU is GenuineIntel model 167" in done.stderr
+
+
+def test_execution_10_keeps_execution_9s_cpu():
+    """E10 remakes E9's models (its rows are E9's), so it is pinned to E9's CPU from the start."""
+    runs = REPO / "bench"
+    assert (runs / "learning_runs10" / "cpu.txt").read_text() == (runs / "learning_runs9" / "cpu.txt").read_text()

@@ -75,6 +75,41 @@ def test_the_gate_takes_the_lowest_passing_seeds_once_every_lower_seed_is_judged
         ex7.passes_gate({"seed": 0, "split": "validation", "em_k2": 0.9})
 
 
+def test_an_execution_may_gate_other_seeds(tmp_path):
+    """E10 gates seeds 0-11 (its folder holds E9's rows 0-5): two passes of six leave it open, where E9's six
+    seeds settled it; the 12 seeds settle it as the six did (A2), and the summary names the unrun seeds of 0-11."""
+    e9_like = {s: _row(s, 0.5 if s in (3, 4) else 0.1) for s in range(6)}
+    assert ex7.gate(e9_like)["settled"] and ex7.gate(e9_like)["models"] == [3, 4]
+    seeds = ex7.SFT_SEEDS_BY_EXECUTION["10"]
+    assert seeds == tuple(range(12))
+    assert ex7.gate(e9_like, seeds) == {"models": [3, 4], "judged": list(range(6)), "next": [6, 7], "settled": False}
+    assert ex7.gate({**e9_like, 6: _row(6, 0.0), 7: _row(7, 0.2)}, seeds)["models"] == [3, 4, 7]
+    failing = {**e9_like, **{s: _row(s, 0.1) for s in range(6, 12)}}
+    assert ex7.gate(failing, seeds) == {"models": [3, 4], "judged": list(range(12)), "next": [], "settled": True}
+    folder = tmp_path / "learning_runs10"
+    folder.mkdir()
+    assert ex7.sft_seeds(folder) == seeds and ex7.sft_seeds(tmp_path) == ex7.SFT_SEEDS
+    none_pass = {s: {**_row(s, 0.0), "em_se_k8": 0.0, "format_k8": 0.5, "turns_k8": 9.0, "copy_loss_last50": 0.15,
+                     "sft_last_loss": 1.4, "mem_kinds_k8": {"gold": 0.1}} for s in range(10)}
+    for seed, row in none_pass.items():
+        (folder / f"sft_s{seed}.jsonl").write_text(json.dumps(row) + "\n")
+    assert ex7.folder_gate(folder)["settled"]  # 0 passes, 2 seeds left: three cannot be reached
+    assert ex7.main(["models", str(folder)]) == 3
+    pytest.importorskip("matplotlib")
+    assert ex7.main(["summary", str(folder)]) == 0
+    text = (folder / "results.md").read_text()
+    assert text.startswith("Execution 10: 0 of SFT seeds [0, 1, 2, 3, 4, 5, 6, 7, 8, 9] passed") and \
+        "SFT seeds [10, 11] were not run" in text
+
+
+def test_execution_10_starts_from_execution_9s_rows():
+    """E10's folder holds E9's six SFT rows unchanged (its protocol reuses them), so its gate opens at seeds 6-7."""
+    e9, e10 = REPO / "bench" / "learning_runs9", REPO / "bench" / "learning_runs10"
+    for seed in range(6):
+        assert (e10 / f"sft_s{seed}.jsonl").read_text() == (e9 / f"sft_s{seed}.jsonl").read_text()
+    assert ex7.folder_gate(e10)["models"][:2] == [3, 4]
+
+
 def _signal(values, split="validation", **extra):
     """A bench_signal results.json: {definition: (share_spearman at k = 4, at k = 8)}."""
     cells = {name: {f"k={k}": {"all": {"share_spearman": v, **extra}} for k, v in zip((4, 8), pair)}
@@ -295,3 +330,48 @@ def test_stopping_the_runner_stops_every_process_it_started(tmp_path):
             os.killpg(runner.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
+
+
+def test_a_fresh_machine_remakes_only_the_models_of_the_work_left(tmp_path):
+    """run.sh past a settled gate on a machine without models (PY: a stand-in logging each call): a model whose
+    signal benchmark and RL runs are kept is not remade; the others are remade once, checked by digest, and the
+    two still to run RL are remade together before the first's runs."""
+    log, runs, scratch = tmp_path / "calls", tmp_path / "runs", tmp_path / "s"
+    fake = tmp_path / "py"
+    fake.write_text(f"""#!/bin/bash
+arg() {{ local want=$1; shift; while [ $# -gt 0 ]; do [ "$1" = "$want" ] && {{ echo "$2"; return; }}; shift; done; }}
+case "$*" in
+  *"ex7.py next"*) ;;
+  *"ex7.py models"*) echo "3 4 7";;
+  *"ex7.py choose"*) echo paper;;
+  *"ex7.py same-weights"*) echo "same-weights $(basename "$4")" >> {log};;
+  *"ex7.py summary"*) echo summary >> {log};;
+  *sft_seeds.py*) s=$(arg --seeds "$@"); echo "sft $s" >> {log}; sleep 0.2
+     mkdir -p "$(arg --models-dir "$@")/demo_k8_e9_eval.split-validation_s$s/model_sft"; touch "$(arg --out "$@")";;
+  *bench_signal.py*) echo "signal $(arg --out "$@")" >> {log}; mkdir -p "$(arg --out "$@")"
+     touch "$(arg --out "$@")/results.md" "$(arg --out "$@")/results.json";;
+  *bench_learning.py*) out=$(arg --out "$@"); echo "rl $(basename "$out") $(arg --seeds "$@")" >> {log}
+     mkdir -p "$out"; touch "$out/results.md" "$out/results.json";;
+esac
+""")
+    fake.chmod(0o755)
+    runs.mkdir()
+    for seed in (3, 4, 7):
+        (runs / f"sft_s{seed}.jsonl").write_text(json.dumps({**_row(seed, 0.5), "weights_sha256": "w"}) + "\n")
+    for seed in (3, 4):  # seed 7's signal benchmark is not kept
+        (runs / f"signal_s{seed}").mkdir()
+        (runs / f"signal_s{seed}" / "results.json").write_text("{}")
+    (runs / "m3").mkdir()
+    (runs / "m3" / "results.json").write_text("{}")  # model 3's RL is finished
+    env = {**os.environ, "PY": str(fake), "RUNS_DIR": str(runs), "SCRATCH_DIR": str(scratch),
+           "CONFIG": "configs/demo_k8_e9.yaml"}
+    done = subprocess.run(["bash", str(REPO / "bench/learning_runs7/run.sh")], env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    calls = log.read_text().splitlines()
+    assert [c for c in calls if c.startswith("sft")] == ["sft 7", "sft 4"]  # 7 for its signal, 4 for its RL; not 3
+    assert calls[:3] == ["sft 7", "same-weights remake_s7.jsonl", f"signal {scratch}/signal_s7"]
+    assert calls.index("sft 4") < min(i for i, c in enumerate(calls) if c.startswith("rl rl_m4"))
+    assert not any(c.startswith("rl rl_m3") for c in calls)
+    assert sorted(c for c in calls if c.startswith("rl rl_m4_s")) == sorted(f"rl rl_m4_s{s} {s}" for s in range(8))
+    assert calls[-1] == "summary" and (runs / "m7" / "results.json").exists()
