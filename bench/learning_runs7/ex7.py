@@ -402,17 +402,18 @@ def _gate_plot(folder: Path, rows: Sequence[Mapping[str, Any]]) -> None:
     if plt is None:
         return
     ks = (2, 4, 8)
-    fig, ax = plt.subplots(figsize=(7, 4))
-    for row in rows:
+    fig, ax = plt.subplots(figsize=(8, 4))
+    colors = plt.get_cmap("tab10" if len(rows) <= 10 else "tab20")  # tab10 is the default cycle; E10 has 12 seeds
+    for i, row in enumerate(rows):
         ax.errorbar(ks, [row[f"em_k{k}"] for k in ks], yerr=[row.get(f"em_se_k{k}", 0.0) for k in ks], marker="o",
-                    capsize=3, label=f"SFT seed {row['seed']}")
+                    capsize=3, color=colors(i), label=f"SFT seed {row['seed']}")
     ax.plot([GATE_K - 0.4, GATE_K + 0.4], [GATE_EM, GATE_EM], color="k", linestyle="--", label=f"gate (k = {GATE_K})")
     ax.set_xticks(list(ks))
     ax.set_ylim(0.0, 1.0)
     ax.set_xlabel("objectives k (validation split)")
     ax.set_ylabel("greedy EM after SFT (± SE)")
     ax.set_title(f"Execution {execution(folder)}: the SFT gate")
-    ax.legend()
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="small")  # beside the axes: it hides no point
     fig.tight_layout()
     fig.savefig(folder / f"gate_e{execution(folder)}.png", dpi=100)
     plt.close(fig)
