@@ -35,7 +35,8 @@ override ``eval.split=validation`` evaluates the first ``--episodes`` validation
 every choice a pre-registered test run must not be tuned on); the results and the table name it.
 
 Resumable: every finished (arm, seed) run is written at once, atomically, to
-``<runs>/<arm>_s<seed>.json`` (its settings, evaluation rows and training totals; ``--runs``, default
+``<runs>/<arm>_s<seed>.json`` (its settings, evaluation rows and training totals; its per-step training metrics
+just before it, to ``<runs>/metrics/<arm>_s<seed>.jsonl``; ``--runs``, default
 ``<out>/runs``: the executions in docs/experiments keep them under git in ``bench/learning_runs*/``, so
 that a fresh machine continues one once its SFT model is remade), the SFT model's evaluation to
 ``<runs>/sft.json``; a rerun with the same settings reuses them and runs only the missing ones (the
@@ -415,10 +416,13 @@ def run(demo_out: Path, out: Path, *, seeds: Sequence[int] = tuple(range(8)), st
         rl_seconds = time.perf_counter() - start
         report = evaluate(trained.model, tokenizer, episodes_by_k, env.retriever, run_cfg, show_progress=False,
                           log=lambda s: None, keep_trajectories=True)
+        metrics = run_dir / "metrics.jsonl"
         record = {"settings": settings, "arm": arm.name, "seed": seed, "rl_seconds": rl_seconds,
                   "eval_seconds": time.perf_counter() - start - rl_seconds,
-                  "training": _training_totals(read_metrics(run_dir / "metrics.jsonl")),
-                  "rows": _rows(report, ks, tokenizer)}
+                  "training": _training_totals(read_metrics(metrics)), "rows": _rows(report, ks, tokenizer)}
+        # its per-step metrics kept beside it, before it: a run file's presence says both are whole
+        (runs_dir / "metrics").mkdir(parents=True, exist_ok=True)
+        replace_file_atomically(runs_dir / "metrics" / f"{arm.name}_s{seed}.jsonl", metrics.read_bytes())
         replace_file_atomically(path, json.dumps(record, indent=2) + "\n")
         records.append(record)
         log(f"{arm.name} seed {seed}: {_row_summary(record['rows'])} ({rl_seconds:.0f} s RL, "

@@ -83,16 +83,11 @@ signal() {  # the signal benchmark of model $1 on the validation split: 32 episo
 }
 
 rl() {  # rl MODEL SEED...: GRPO and MemPO of each seed, one seed after the other, on the test split
-  local m=$1 seed arm; shift
+  local m=$1 seed; shift
   for seed in "$@"; do
+    # each finished run's file and metrics (m<m>/metrics/<arm>_s<s>.jsonl) are kept by bench_learning as it ends
     $PY bench/bench_learning.py --demo-out $MODELS/$(tag "$m") --runs $R/m$m --out $S/rl_m${m}_s$seed \
         --variants grpo --best "$BEST" --steps 36 --episodes 128 --ks 2 4 8 --threads 1 --seeds "$seed" eval.split=test
-    mkdir -p $R/m$m/metrics
-    for arm in grpo "mempo_$BEST"; do
-      if [ -f $S/rl_m${m}_s$seed/$arm/seed$seed/metrics.jsonl ]; then
-        cp $S/rl_m${m}_s$seed/$arm/seed$seed/metrics.jsonl $R/m$m/metrics/${arm}_s$seed.jsonl
-      fi
-    done
   done
 }
 

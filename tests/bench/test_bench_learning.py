@@ -73,8 +73,10 @@ def test_the_ablation_runs_paired_arms_resumes_and_refuses_other_settings(tmp_pa
         assert record["training"]["steps"] == 1 and record["training"]["trained_tokens"] > 0
         saved = json.loads((out / "runs" / f"{record['arm']}_s{record['seed']}.json").read_text())
         assert saved == record
-        metrics = (out / record["arm"] / f"seed{record['seed']}" / "metrics.jsonl").read_text().splitlines()
-        assert len(metrics) == 1  # one RL step each
+        metrics = (out / record["arm"] / f"seed{record['seed']}" / "metrics.jsonl").read_text()
+        assert len(metrics.splitlines()) == 1  # one RL step each
+        # kept beside the run file, so a kept runs folder holds each finished run's curve
+        assert (out / "runs" / "metrics" / f"{record['arm']}_s{record['seed']}.jsonl").read_text() == metrics
     # the paired differences are the per-seed differences to grpo, their mean and SE
     em = {(r["arm"], r["seed"]): r["rows"]["2"]["em"] for r in results["runs"]}
     for arm in ("mempo", "mempo_all_fixes"):

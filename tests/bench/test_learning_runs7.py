@@ -351,7 +351,7 @@ case "$*" in
   *bench_signal.py*) echo "signal $(arg --out "$@")" >> {log}; mkdir -p "$(arg --out "$@")"
      touch "$(arg --out "$@")/results.md" "$(arg --out "$@")/results.json";;
   *bench_learning.py*) out=$(arg --out "$@"); echo "rl $(basename "$out") $(arg --seeds "$@")" >> {log}
-     mkdir -p "$out"; touch "$out/results.md" "$out/results.json";;
+     mkdir -p "$out" "$(arg --runs "$@")"; touch "$out/results.md" "$out/results.json";;
 esac
 """)
     fake.chmod(0o755)
