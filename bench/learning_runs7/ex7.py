@@ -290,6 +290,23 @@ def decide(models: Mapping[int, Mapping[str, Any]]) -> dict[str, Any]:
     return {"outcome": "not a test", **facts}
 
 
+def reachable(models: Mapping[int, Mapping[str, Any]], finished: Sequence[int]) -> set[str]:
+    """The outcomes of `decide` the runs left can still give (E10's amendment A3), from each gated model's
+    `model_estimate` at k = 8 plus ``signal``; a model not in ``finished`` may still come out ahead and, with a
+    signal, valid for a negative. "not a test" is always reachable, so the decision is settled there once
+    this is the only one."""
+    unfinished = [s for s in models if s not in finished]
+    ahead = [s for s in finished if models[s]["ahead"]]
+    valid = [s for s in finished if models[s]["signal"] and models[s]["grpo_em"] is not None
+             and GRPO_EM_RANGE[0] <= models[s]["grpo_em"] <= GRPO_EM_RANGE[1]]
+    outcomes = {"not a test"}
+    if len(models) >= MODELS and len(ahead) + len(unfinished) >= 2:
+        outcomes.add("helps")
+    if len(models) >= MODELS and len(valid) + sum(1 for s in unfinished if models[s]["signal"]) >= 2:
+        outcomes.add("does not help")
+    return outcomes
+
+
 # ------------------------------------------------------------------------------------------------
 # the command line
 # ------------------------------------------------------------------------------------------------
@@ -332,7 +349,9 @@ def _summary(folder: Path) -> str:
                          f"{arm_mean(arm, 'turns')} | {arm_mean(ARM_GRPO, 'answered_pending')} / "
                          f"{arm_mean(arm, 'answered_pending')} | {arm_mean(ARM_GRPO, 'token_ratio')} / "
                          f"{arm_mean(arm, 'token_ratio')} |")
-    finished = len(estimates) == len(gated["models"]) and all(e["n"] >= 2 for e in estimates.values())
+    # a model is finished when the runner kept its results.json (after its last pair), not at a count of pairs
+    done = [s for s in gated["models"] if (folder / f"m{s}" / "results.json").is_file()]
+    finished = len(done) == len(gated["models"])
     lines.append("")
     for k in (2, 4, 8):
         if finished:
@@ -341,7 +360,13 @@ def _summary(folder: Path) -> str:
             lines.append(f"Pooled at k = {k} ({p['models']} models): {p['mean']:+.3f} ± {p['se']:.3f}, 95 % "
                          f"interval [{p['low']:+.3f}, {p['high']:+.3f}] (df {p['df']:.1f}); Cochran's Q {q} on "
                          f"{p['q_df']} df.")
-    decision = decide(estimates) if finished else {"outcome": "unfinished", "why": "runs missing"}
+    if finished:
+        decision = decide(estimates)
+    elif reachable(estimates, done) == {"not a test"}:
+        decision = {"outcome": "not a test", "why": f"settled with models {done} finished (E10's amendment A3): "
+                    "no runs left can make the memory reward help or not help", "finished": done}
+    else:
+        decision = {"outcome": "unfinished", "why": "runs missing", "finished": done}
     lines += ["", f"Decision: **{decision['outcome']}**", "", "```", json.dumps(decision, indent=1, default=str), "```"]
     _plot(folder, estimates, by_model, arm)
     return "\n".join(lines)

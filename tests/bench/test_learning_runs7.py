@@ -200,6 +200,19 @@ def test_every_branch_of_the_decision_rule():
     assert ex7.decide({0: _model(0.1, 0.01), 1: _model(0.1, 0.01)})["outcome"] == "not a test"  # 2 gated models
 
 
+def test_the_decision_is_settled_when_only_not_a_test_can_be_reached():
+    """E10's amendment A3: an unfinished model may still be ahead and, with a signal, valid for a negative."""
+    e10 = {3: _model(-0.003, 0.004, grpo_em=0.964), 4: _model(-0.01, 0.005, signal=False), 8: _model(0.0, 0.0)}
+    assert ex7.reachable(e10, [3]) == {"helps", "not a test"}  # models 4 and 8 may both be ahead
+    assert ex7.reachable(e10, [3, 4]) == {"not a test"}  # settled: one model left can be neither two
+    assert ex7.reachable({**e10, 4: _model(0.05, 0.01, signal=False)}, [3, 4]) == {"helps", "not a test"}
+    valid = {0: _model(0.0, 0.01), 1: _model(0.0, 0.01), 2: _model(0.0, 0.01)}
+    assert ex7.reachable(valid, []) == {"helps", "does not help", "not a test"}
+    assert ex7.reachable(valid, [0, 1]) == {"does not help", "not a test"}
+    assert ex7.reachable(valid, [0, 1, 2]) == {"does not help", "not a test"}  # finished: decide reads it
+    assert ex7.reachable({0: _model(0.1, 0.01), 1: _model(0.1, 0.01)}, []) == {"not a test"}  # 2 gated models
+
+
 def test_the_summary_of_a_constructed_execution(tmp_path):
     pytest.importorskip("matplotlib")
     (tmp_path / "best.txt").write_text("x\n")
@@ -214,6 +227,12 @@ def test_the_summary_of_a_constructed_execution(tmp_path):
                 rows = {str(k): {"em": em, "turns": 9.0, "answered_pending": 0.1, "token_ratio": 0.4}
                         for k in (2, 4, 8)}
                 (folder / f"{arm}_s{i}.json").write_text(json.dumps({"arm": arm, "seed": i, "rows": rows}))
+    (tmp_path / "m0" / "results.json").write_text("{}")  # the runner's mark of a finished model
+    (tmp_path / "m2" / "results.json").write_text("{}")
+    assert ex7.main(["summary", str(tmp_path)]) == 0  # 8 pairs on each model, but model 3 not marked finished
+    text = (tmp_path / "results.md").read_text()
+    assert "Decision: **unfinished**" in text and "Pooled at k = 8" not in text
+    (tmp_path / "m3" / "results.json").write_text("{}")
     assert ex7.main(["summary", str(tmp_path)]) == 0
     text = (tmp_path / "results.md").read_text()
     assert "Decision: **does not help**" in text and "Pooled at k = 8 (3 models): +0.000" in text
