@@ -263,6 +263,12 @@ def collapsed(run: Mapping[str, Any], grpo: Mapping[str, Any], k: int = PRIMARY_
     return mine is not None and mine > COLLAPSE_SHARE and (theirs is None or theirs <= COLLAPSE_SHARE)
 
 
+def valid_for_negative(model: Mapping[str, Any]) -> bool:
+    """A model "does not help" may read (step 10): its signal present and GRPO's k = 8 EM within GRPO_EM_RANGE."""
+    return bool(model["signal"]) and model["grpo_em"] is not None and \
+        GRPO_EM_RANGE[0] <= model["grpo_em"] <= GRPO_EM_RANGE[1]
+
+
 def decide(models: Mapping[int, Mapping[str, Any]]) -> dict[str, Any]:
     """The decision rule (issue 44), from each gated model's `model_estimate` at k = 8 plus ``signal``
     (`signal_present`'s ``present``):
@@ -278,8 +284,7 @@ def decide(models: Mapping[int, Mapping[str, Any]]) -> dict[str, Any]:
     ahead = [s for s, m in models.items() if m["ahead"]]
     collapses = {s: m["collapsed"] for s, m in models.items() if m["collapsed"]}
     everything = pooled(list(models.values()))
-    valid = [s for s, m in models.items() if m["signal"] and m["grpo_em"] is not None
-             and GRPO_EM_RANGE[0] <= m["grpo_em"] <= GRPO_EM_RANGE[1]]
+    valid = [s for s, m in models.items() if valid_for_negative(m)]
     facts = {"ahead": ahead, "collapsed": collapses, "pooled": everything, "valid": valid}
     if len(ahead) >= 2 and everything["mean"] >= MIN_GAIN and everything["low"] > 0 and not collapses:
         return {"outcome": "helps", **facts}
@@ -295,14 +300,15 @@ def reachable(models: Mapping[int, Mapping[str, Any]], finished: Sequence[int]) 
     `model_estimate` at k = 8 plus ``signal``; a model not in ``finished`` may still come out ahead and, with a
     signal, valid for a negative. "not a test" is always reachable, so the decision is settled there once
     this is the only one."""
+    outcomes = {"not a test"}
+    if len(models) < MODELS:
+        return outcomes
     unfinished = [s for s in models if s not in finished]
     ahead = [s for s in finished if models[s]["ahead"]]
-    valid = [s for s in finished if models[s]["signal"] and models[s]["grpo_em"] is not None
-             and GRPO_EM_RANGE[0] <= models[s]["grpo_em"] <= GRPO_EM_RANGE[1]]
-    outcomes = {"not a test"}
-    if len(models) >= MODELS and len(ahead) + len(unfinished) >= 2:
+    valid = [s for s in finished if valid_for_negative(models[s])]
+    if len(ahead) + len(unfinished) >= 2:
         outcomes.add("helps")
-    if len(models) >= MODELS and len(valid) + sum(1 for s in unfinished if models[s]["signal"]) >= 2:
+    if len(valid) + sum(1 for s in unfinished if models[s]["signal"]) >= 2:
         outcomes.add("does not help")
     return outcomes
 
